@@ -1,0 +1,279 @@
+#include "base/env.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+extern char** environ;
+
+namespace lbcc::env {
+namespace {
+
+// The declarations. Keep sorted by name; add a variable here and nowhere else.
+constexpr Spec kSpecs[] = {
+    {"LBCC_DEBUG", Type::kEnum, "WARN",
+     "Log level: NONE, VERSION, WARN, INFO or TRACE (like NCCL_DEBUG).",
+     "NONE|VERSION|WARN|INFO|TRACE"},
+    {"LBCC_DEBUG_FILE", Type::kString, "",
+     "Write logs to this file instead of stderr; %h expands to the host name, %p to the pid."},
+    {"LBCC_SIMD", Type::kEnum, "auto",
+     "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
+     "auto|avx2|scalar"},
+};
+
+constexpr absl::string_view kPrefix = "LBCC_";
+
+absl::string_view TypeName(Type type) {
+  switch (type) {
+    case Type::kBool:
+      return "bool";
+    case Type::kInt:
+      return "int";
+    case Type::kDouble:
+      return "double";
+    case Type::kString:
+      return "string";
+    case Type::kEnum:
+      return "enum";
+    case Type::kBytes:
+      return "bytes";
+  }
+  return "?";
+}
+
+bool Bounded(const Spec& spec) { return spec.min != spec.max; }
+
+std::string RangeText(const Spec& spec) {
+  if (!Bounded(spec)) return "";
+  return absl::StrCat(" in [", spec.min, ", ", spec.max, "]");
+}
+
+absl::StatusOr<const Spec*> Lookup(absl::string_view name, std::initializer_list<Type> types) {
+  const Spec* spec = FindSpec(name);
+  if (spec == nullptr) {
+    return absl::InternalError(absl::StrCat(name, " is not declared in base/env.cc"));
+  }
+  if (std::find(types.begin(), types.end(), spec->type) == types.end()) {
+    return absl::InternalError(
+        absl::StrCat(name, " is declared as ", TypeName(spec->type), " but read as another type"));
+  }
+  return spec;
+}
+
+// The user's value, or the declared default when unset. `from_user` says which.
+std::string RawValue(const Spec& spec, bool* from_user) {
+  const char* value = std::getenv(std::string(spec.name).c_str());
+  *from_user = value != nullptr;
+  return value != nullptr ? std::string(value) : std::string(spec.default_value);
+}
+
+absl::Status BadValue(const Spec& spec, absl::string_view value, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(spec.name, "='", value, "' is invalid: expected ", expected));
+}
+
+absl::StatusOr<int64_t> CheckIntRange(const Spec& spec, absl::string_view value, int64_t parsed,
+                                      absl::string_view what) {
+  if (Bounded(spec) && (parsed < spec.min || parsed > spec.max)) {
+    return BadValue(spec, value, absl::StrCat(what, RangeText(spec)));
+  }
+  return parsed;
+}
+
+absl::StatusOr<bool> ParseBoolSpec(const Spec& spec, const std::string& value) {
+  absl::StatusOr<bool> parsed = ParseBool(value);
+  if (!parsed.ok()) return BadValue(spec, value, "1/0, true/false, yes/no or on/off");
+  return parsed;
+}
+
+absl::StatusOr<int64_t> ParseIntSpec(const Spec& spec, const std::string& value) {
+  int64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return BadValue(spec, value, absl::StrCat("an integer", RangeText(spec)));
+  }
+  return CheckIntRange(spec, value, parsed, "an integer");
+}
+
+absl::StatusOr<double> ParseDoubleSpec(const Spec& spec, const std::string& value) {
+  double parsed = 0;
+  if (!absl::SimpleAtod(value, &parsed) || !std::isfinite(parsed) ||
+      (Bounded(spec) && (parsed < spec.min || parsed > spec.max))) {
+    return BadValue(spec, value, absl::StrCat("a number", RangeText(spec)));
+  }
+  return parsed;
+}
+
+absl::StatusOr<std::string> ParseEnumSpec(const Spec& spec, const std::string& value) {
+  for (absl::string_view choice : absl::StrSplit(spec.choices, '|')) {
+    if (absl::EqualsIgnoreCase(choice, absl::StripAsciiWhitespace(value))) {
+      return std::string(choice);
+    }
+  }
+  return BadValue(spec, value, absl::StrCat("one of ", spec.choices));
+}
+
+absl::StatusOr<int64_t> ParseBytesSpec(const Spec& spec, const std::string& value) {
+  absl::StatusOr<int64_t> parsed = ParseBytes(value);
+  if (!parsed.ok()) {
+    return BadValue(spec, value, absl::StrCat("a byte count like 4096, 256K or 1G", RangeText(spec)));
+  }
+  return CheckIntRange(spec, value, *parsed, "a byte count");
+}
+
+// Validates the current value of `spec` whatever its type.
+absl::Status ValidateOne(const Spec& spec) {
+  bool from_user = false;
+  const std::string value = RawValue(spec, &from_user);
+  switch (spec.type) {
+    case Type::kBool:
+      return ParseBoolSpec(spec, value).status();
+    case Type::kInt:
+      return ParseIntSpec(spec, value).status();
+    case Type::kDouble:
+      return ParseDoubleSpec(spec, value).status();
+    case Type::kString:
+      return absl::OkStatus();
+    case Type::kEnum:
+      return ParseEnumSpec(spec, value).status();
+    case Type::kBytes:
+      return ParseBytesSpec(spec, value).status();
+  }
+  return absl::InternalError("unreachable");
+}
+
+}  // namespace
+
+absl::Span<const Spec> AllSpecs() { return kSpecs; }
+
+const Spec* FindSpec(absl::string_view name) {
+  for (const Spec& spec : kSpecs) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<bool> ParseBool(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a boolean"));
+}
+
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
+  absl::string_view rest = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < rest.size() && absl::ascii_isdigit(rest[digits])) ++digits;
+  int64_t number = 0;
+  if (digits == 0 || !absl::SimpleAtoi(rest.substr(0, digits), &number)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a byte count"));
+  }
+  std::string suffix = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(rest.substr(digits)));
+  if (absl::EndsWith(suffix, "IB")) {
+    suffix.erase(suffix.size() - 2);
+  } else if (suffix.size() == 2 && suffix[1] == 'B') {
+    suffix.erase(1);
+  } else if (suffix == "B") {
+    suffix.clear();
+  }
+  int shift = 0;
+  if (suffix.empty()) {
+    shift = 0;
+  } else if (suffix == "K") {
+    shift = 10;
+  } else if (suffix == "M") {
+    shift = 20;
+  } else if (suffix == "G") {
+    shift = 30;
+  } else if (suffix == "T") {
+    shift = 40;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' has an unknown size suffix"));
+  }
+  if (number > (INT64_MAX >> shift)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' overflows"));
+  }
+  return number << shift;
+}
+
+absl::StatusOr<bool> GetBool(absl::string_view name) {
+  auto spec = Lookup(name, {Type::kBool});
+  if (!spec.ok()) return spec.status();
+  bool from_user = false;
+  return ParseBoolSpec(**spec, RawValue(**spec, &from_user));
+}
+
+absl::StatusOr<int64_t> GetInt(absl::string_view name) {
+  auto spec = Lookup(name, {Type::kInt});
+  if (!spec.ok()) return spec.status();
+  bool from_user = false;
+  return ParseIntSpec(**spec, RawValue(**spec, &from_user));
+}
+
+absl::StatusOr<double> GetDouble(absl::string_view name) {
+  auto spec = Lookup(name, {Type::kDouble});
+  if (!spec.ok()) return spec.status();
+  bool from_user = false;
+  return ParseDoubleSpec(**spec, RawValue(**spec, &from_user));
+}
+
+absl::StatusOr<std::string> GetString(absl::string_view name) {
+  auto spec = Lookup(name, {Type::kString, Type::kEnum});
+  if (!spec.ok()) return spec.status();
+  bool from_user = false;
+  std::string value = RawValue(**spec, &from_user);
+  if ((*spec)->type == Type::kEnum) return ParseEnumSpec(**spec, value);
+  return value;
+}
+
+absl::StatusOr<int64_t> GetBytes(absl::string_view name) {
+  auto spec = Lookup(name, {Type::kBytes});
+  if (!spec.ok()) return spec.status();
+  bool from_user = false;
+  return ParseBytesSpec(**spec, RawValue(**spec, &from_user));
+}
+
+absl::Status ValidateEnvironment() {
+  std::vector<std::string> problems;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    absl::string_view assignment(*entry);
+    if (!absl::StartsWith(assignment, kPrefix)) continue;
+    absl::string_view name = assignment.substr(0, assignment.find('='));
+    if (FindSpec(name) == nullptr) {
+      problems.push_back(absl::StrCat(name, " is not an LBCC variable (misspelt?)"));
+    }
+  }
+  for (const Spec& spec : kSpecs) {
+    absl::Status status = ValidateOne(spec);
+    if (!status.ok()) problems.push_back(std::string(status.message()));
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
+}
+
+std::string DescribeAll() {
+  std::string out = "| variable | type | default | current | meaning |\n|---|---|---|---|---|\n";
+  for (const Spec& spec : kSpecs) {
+    bool from_user = false;
+    std::string value = RawValue(spec, &from_user);
+    std::string type(TypeName(spec.type));
+    if (spec.type == Type::kEnum) type = std::string(spec.choices);
+    if (Bounded(spec)) absl::StrAppend(&type, RangeText(spec));
+    absl::Status status = ValidateOne(spec);
+    std::string current = from_user ? absl::StrCat("`", value, "`") : "(default)";
+    if (!status.ok()) absl::StrAppend(&current, " INVALID");
+    absl::StrAppend(&out, "| ", spec.name, " | ", type, " | `", spec.default_value, "` | ",
+                    current, " | ", spec.help, " |\n");
+  }
+  return out;
+}
+
+}  // namespace lbcc::env
