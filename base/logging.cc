@@ -13,7 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "base/env.h"
 
 namespace lbcc {
@@ -23,7 +23,7 @@ constexpr int kUnset = -100;
 std::atomic<int> g_level{kUnset};
 
 struct Destination {
-  absl::Mutex mu;
+  lbcc::Mutex mu;
   LogSink sink ABSL_GUARDED_BY(mu);
   FILE* file ABSL_GUARDED_BY(mu) = nullptr;
   bool file_opened ABSL_GUARDED_BY(mu) = false;
@@ -123,7 +123,7 @@ absl::Status ReloadLogLevelFromEnv() {
 
 void SetLogSink(LogSink sink) {
   Destination& destination = GetDestination();
-  absl::MutexLock lock(&destination.mu);
+  MutexLock lock(&destination.mu);
   destination.sink = std::move(sink);
 }
 
@@ -136,7 +136,7 @@ LogMessage::~LogMessage() {
   const std::string message = stream_.str();
   Destination& destination = GetDestination();
   {
-    absl::MutexLock lock(&destination.mu);
+    MutexLock lock(&destination.mu);
     if (destination.sink) {
       destination.sink(level_, file_, line_, message);
     } else {

@@ -4,7 +4,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "base/check.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -17,7 +17,7 @@ using ::lbcc::testing::IsOkAndHolds;
 using ::lbcc::testing::StatusIs;
 
 struct Captured {
-  absl::Mutex mu;
+  lbcc::Mutex mu;
   std::vector<std::string> lines ABSL_GUARDED_BY(mu);
 };
 
@@ -25,7 +25,7 @@ class LoggingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SetLogSink([this](LogLevel level, absl::string_view, int, absl::string_view message) {
-      absl::MutexLock lock(&captured_.mu);
+      MutexLock lock(&captured_.mu);
       captured_.lines.push_back(std::string(LogLevelName(level)) + " " + std::string(message));
     });
   }
@@ -34,7 +34,7 @@ class LoggingTest : public ::testing::Test {
     SetLogLevel(LogLevel::kWarn);
   }
   std::vector<std::string> Lines() {
-    absl::MutexLock lock(&captured_.mu);
+    MutexLock lock(&captured_.mu);
     return captured_.lines;
   }
   Captured captured_;
