@@ -28,6 +28,10 @@ constexpr Spec kSpecs[] = {
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},
+    {"LBCC_SLOW_RANKS", Type::kString, "",
+     "Comma-separated ranks whose every link is slow (e.g. 2,3), on top of the topology."},
+    {"LBCC_TOPO_FILE", Type::kString, "",
+     "Topology JSON file (islands, replicas, link overrides); default: same host = fast island."},
 };
 
 constexpr absl::string_view kPrefix = "LBCC_";
