@@ -1,0 +1,373 @@
+#include "comm/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+
+namespace lbcc::comm {
+namespace {
+
+constexpr char kIdMagic[4] = {'L', 'B', 'I', 'D'};
+constexpr uint32_t kIdVersion = 1;
+constexpr uint32_t kHelloMagic = 0x4c424248;  // "HBBL"
+constexpr uint32_t kMaxBlobBytes = 1 << 20;
+
+// An owned socket descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) close(fd_);
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+absl::Status Errno(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat("bootstrap: ", what, ": ", std::strerror(errno)));
+}
+
+absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
+  std::vector<std::string> parts = absl::StrSplit(address, ':');
+  int port = 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port < 0 || port > 65535 ||
+      inet_pton(AF_INET, parts[0].c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bootstrap: '", address, "' is not an IPv4 host:port"));
+  }
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+std::string FormatAddress(const sockaddr_in& addr) {
+  char host[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(addr.sin_port));
+}
+
+// Waits for `events` on `fd` until `deadline`.
+absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_view what) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("bootstrap: timed out ", what));
+    }
+    pollfd p{fd, events, 0};
+    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000));
+    const int n = poll(&p, 1, ms);
+    if (n < 0 && errno != EINTR) return Errno("poll");
+    if (n > 0) return absl::OkStatus();
+  }
+}
+
+absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    LBCC_RETURN_IF_ERROR(WaitFor(fd, POLLOUT, deadline, "sending"));
+    const ssize_t n = send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Errno("send");
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    LBCC_RETURN_IF_ERROR(WaitFor(fd, POLLIN, deadline, "waiting for the other side"));
+    const ssize_t n = recv(fd, p, size, 0);
+    if (n == 0) return absl::UnavailableError("bootstrap: connection closed by the other side");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Errno("recv");
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendFrame(int fd, absl::string_view bytes, absl::Time deadline) {
+  const uint32_t size = static_cast<uint32_t>(bytes.size());
+  LBCC_RETURN_IF_ERROR(SendAll(fd, &size, sizeof(size), deadline));
+  return SendAll(fd, bytes.data(), bytes.size(), deadline);
+}
+
+absl::StatusOr<std::string> RecvFrame(int fd, absl::Time deadline, uint32_t max_bytes) {
+  uint32_t size = 0;
+  LBCC_RETURN_IF_ERROR(RecvAll(fd, &size, sizeof(size), deadline));
+  if (size > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bootstrap: frame of ", size, " bytes"));
+  }
+  std::string bytes(size, '\0');
+  LBCC_RETURN_IF_ERROR(RecvAll(fd, bytes.data(), size, deadline));
+  return bytes;
+}
+
+template <typename T>
+void Append(std::string* out, T value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+template <typename T>
+bool Take(absl::string_view* in, T* value) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(value, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+
+// Reply: u8 ok; then either u32 count + frames of blobs, or the error code + message.
+std::string ErrorReply(const absl::Status& status) {
+  std::string reply(1, '\0');
+  Append<uint32_t>(&reply, static_cast<uint32_t>(status.code()));
+  reply.append(status.message().data(), status.message().size());
+  return reply;
+}
+
+struct Joined {
+  Fd fd;
+  std::string blob;
+};
+
+// The root: accepts `nranks` hellos until `deadline`, then answers everyone.
+void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
+  std::map<int, Joined> joined;
+  std::vector<std::pair<Fd, absl::Status>> rejected;
+  while (static_cast<int>(joined.size()) < nranks) {
+    if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
+    Fd conn(accept(listener.get(), nullptr, nullptr));
+    if (conn.get() < 0) continue;
+    // A slow or silent client must not hold up the root past its deadline.
+    absl::StatusOr<std::string> hello =
+        RecvFrame(conn.get(), std::min(deadline, absl::Now() + absl::Seconds(10)), kMaxBlobBytes + 64);
+    if (!hello.ok()) continue;
+    absl::string_view in = *hello;
+    uint32_t magic = 0, their_nranks = 0, rank = 0;
+    uint64_t their_session = 0;
+    if (!Take(&in, &magic) || !Take(&in, &their_session) || !Take(&in, &their_nranks) ||
+        !Take(&in, &rank) || magic != kHelloMagic) {
+      continue;  // Not an LBCC rank.
+    }
+    absl::Status problem;
+    if (their_session != session) {
+      problem = absl::InvalidArgumentError("bootstrap: the unique id belongs to another job");
+    } else if (static_cast<int>(their_nranks) != nranks) {
+      problem = absl::InvalidArgumentError(absl::StrCat(
+          "bootstrap: rank ", rank, " says nranks ", their_nranks, ", the root expects ", nranks));
+    } else if (static_cast<int>(rank) >= nranks) {
+      problem = absl::InvalidArgumentError(absl::StrCat("bootstrap: rank ", rank, " >= nranks"));
+    } else if (joined.count(static_cast<int>(rank))) {
+      problem = absl::InvalidArgumentError(
+          absl::StrCat("bootstrap: two processes claim rank ", rank));
+    }
+    if (!problem.ok()) {
+      (void)SendFrame(conn.get(), ErrorReply(problem), absl::Now() + absl::Seconds(5));
+      continue;
+    }
+    joined[static_cast<int>(rank)] = Joined{std::move(conn), std::string(in)};
+  }
+  const absl::Time reply_deadline = absl::Now() + absl::Seconds(30);
+  if (static_cast<int>(joined.size()) < nranks) {
+    std::vector<int> missing;
+    for (int r = 0; r < nranks; ++r) {
+      if (!joined.count(r)) missing.push_back(r);
+    }
+    const absl::Status status = absl::DeadlineExceededError(
+        absl::StrCat("bootstrap: rank(s) ", absl::StrJoin(missing, ","), " of ", nranks,
+                     " never joined before the timeout"));
+    LBCC_LOG(WARN) << status.message();
+    for (auto& [rank, j] : joined) (void)SendFrame(j.fd.get(), ErrorReply(status), reply_deadline);
+    return;
+  }
+  std::string table(1, '\1');
+  Append<uint32_t>(&table, static_cast<uint32_t>(nranks));
+  for (auto& [rank, j] : joined) {
+    Append<uint32_t>(&table, static_cast<uint32_t>(j.blob.size()));
+    table += j.blob;
+  }
+  for (auto& [rank, j] : joined) (void)SendFrame(j.fd.get(), table, reply_deadline);
+  LBCC_LOG(INFO) << "bootstrap: all " << nranks << " ranks joined";
+}
+
+absl::StatusOr<Fd> Listen(const sockaddr_in& addr, sockaddr_in* bound) {
+  Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return Errno("socket");
+  const int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno(absl::StrCat("bind ", FormatAddress(addr)));
+  }
+  if (listen(fd.get(), 1024) != 0) return Errno("listen");
+  socklen_t len = sizeof(*bound);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(bound), &len) != 0) {
+    return Errno("getsockname");
+  }
+  return fd;
+}
+
+UniqueId MakeId(const std::string& address, uint64_t session) {
+  UniqueId id{};
+  std::memcpy(id.internal, kIdMagic, 4);
+  std::memcpy(id.internal + 4, &kIdVersion, 4);
+  std::memcpy(id.internal + 8, &session, 8);
+  std::strncpy(id.internal + 16, address.c_str(), kUniqueIdBytes - 17);
+  return id;
+}
+
+absl::Status CheckArgs(int nranks, absl::Duration timeout) {
+  if (nranks < 1) return absl::InvalidArgumentError(absl::StrCat("nranks ", nranks, " < 1"));
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("bootstrap timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StartRootAt(const sockaddr_in& addr, int nranks, uint64_t session,
+                         absl::Duration timeout, std::string* address) {
+  sockaddr_in bound{};
+  LBCC_ASSIGN_OR_RETURN(Fd listener, Listen(addr, &bound));
+  *address = FormatAddress(bound);
+  LBCC_LOG(INFO) << "bootstrap: root for " << nranks << " ranks at " << *address;
+  std::thread(RunRoot, std::move(listener), nranks, session, absl::Now() + timeout).detach();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueId> CreateUniqueId(int nranks, absl::string_view listen_host,
+                                        absl::Duration timeout) {
+  LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
+  LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(absl::StrCat(listen_host, ":0")));
+  std::random_device random;
+  const uint64_t session = (static_cast<uint64_t>(random()) << 32) ^ random() ^ 1;
+  std::string address;
+  LBCC_RETURN_IF_ERROR(StartRootAt(addr, nranks, session, timeout, &address));
+  return MakeId(address, session);
+}
+
+absl::Status StartRoot(absl::string_view address, int nranks, uint64_t session,
+                       absl::Duration timeout) {
+  LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
+  LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
+  std::string bound;
+  return StartRootAt(addr, nranks, session, timeout, &bound);
+}
+
+absl::StatusOr<UniqueId> UniqueIdFromAddress(absl::string_view address, uint64_t session) {
+  LBCC_RETURN_IF_ERROR(ParseAddress(address).status());
+  return MakeId(std::string(address), session);
+}
+
+std::string UniqueIdAddress(const UniqueId& id) {
+  return std::string(id.internal + 16, strnlen(id.internal + 16, kUniqueIdBytes - 16));
+}
+
+absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
+                                                           int rank, absl::string_view blob,
+                                                           absl::Duration timeout) {
+  LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
+  if (rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", nranks, ")"));
+  }
+  if (blob.size() > kMaxBlobBytes) return absl::InvalidArgumentError("bootstrap blob too large");
+  uint32_t version = 0;
+  std::memcpy(&version, id.internal + 4, 4);
+  if (std::memcmp(id.internal, kIdMagic, 4) != 0 || version != kIdVersion) {
+    return absl::InvalidArgumentError("not an LBCC unique id (or from another LBCC version)");
+  }
+  uint64_t session = 0;
+  std::memcpy(&session, id.internal + 8, 8);
+  LBCC_ASSIGN_OR_RETURN(sockaddr_in root, ParseAddress(UniqueIdAddress(id)));
+  const absl::Time deadline = absl::Now() + timeout;
+
+  // Connect, retrying while the root is not up yet.
+  Fd fd;
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    fd = Fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (fd.get() < 0) return Errno("socket");
+    if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&root), sizeof(root)) == 0) break;
+    if (errno != ECONNREFUSED && errno != EINTR && errno != ETIMEDOUT) {
+      return Errno(absl::StrCat("connect to ", UniqueIdAddress(id)));
+    }
+    if (absl::Now() + backoff > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "bootstrap: rank ", rank, " could not reach the root at ", UniqueIdAddress(id)));
+    }
+    absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+  std::string hello;
+  Append<uint32_t>(&hello, kHelloMagic);
+  Append<uint64_t>(&hello, session);
+  Append<uint32_t>(&hello, static_cast<uint32_t>(nranks));
+  Append<uint32_t>(&hello, static_cast<uint32_t>(rank));
+  hello.append(blob.data(), blob.size());
+  LBCC_RETURN_IF_ERROR(SendFrame(fd.get(), hello, deadline));
+  // The root answers at its own deadline at the latest; allow it a little longer to say why.
+  LBCC_ASSIGN_OR_RETURN(std::string reply,
+                        RecvFrame(fd.get(), deadline + absl::Seconds(5),
+                                  static_cast<uint32_t>(nranks) * (kMaxBlobBytes + 4) + 5),
+                        _.Prepend(absl::StrCat("bootstrap: rank ", rank, " waiting for all ranks")));
+  absl::string_view in = reply;
+  uint8_t ok = 0;
+  if (!Take(&in, &ok)) return absl::UnavailableError("bootstrap: empty reply from the root");
+  if (!ok) {
+    uint32_t code = 0;
+    if (!Take(&in, &code)) return absl::UnavailableError("bootstrap: malformed error reply");
+    return absl::Status(static_cast<absl::StatusCode>(code), in);
+  }
+  uint32_t count = 0;
+  if (!Take(&in, &count) || static_cast<int>(count) != nranks) {
+    return absl::UnavailableError("bootstrap: malformed table from the root");
+  }
+  std::vector<std::string> blobs;
+  for (uint32_t r = 0; r < count; ++r) {
+    uint32_t size = 0;
+    if (!Take(&in, &size) || size > in.size()) {
+      return absl::UnavailableError("bootstrap: malformed table from the root");
+    }
+    blobs.emplace_back(in.substr(0, size));
+    in.remove_prefix(size);
+  }
+  return blobs;
+}
+
+}  // namespace lbcc::comm

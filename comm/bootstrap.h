@@ -1,0 +1,62 @@
+// Bootstrap: how N ranks that know only a unique id find each other, like NCCL's.
+//
+// One process creates the id (CreateUniqueId): that starts a root, a background thread
+// listening on a TCP socket whose address the id carries. Every rank then calls
+// BootstrapExchange(id, nranks, rank, blob): it connects to the root, says who it is, and gets
+// back every rank's blob (its transport address, host name, ...). The root checks that every
+// rank agrees on nranks and the session, that no rank number is taken twice, and answers once
+// all ranks have joined. The root exits after answering, or at its deadline.
+//
+// Launchers without a way to pass an id (torchrun, mpirun) use a fixed root address instead:
+// rank 0 calls StartRoot(address, ...) and every rank calls UniqueIdFromAddress(address).
+//
+// Errors (every call has a deadline; nothing hangs):
+//   DeadlineExceeded  a rank never joined (every joined rank is told which ranks are missing),
+//                     or the root could not be reached in time;
+//   InvalidArgument   bad arguments, a malformed address, or disagreement between ranks
+//                     (different nranks, a rank number taken twice, a foreign session);
+//   Unavailable       a socket failed mid-exchange.
+// Thread-safety: all functions are thread-safe; ranks may be threads of one process.
+#ifndef LBCC_COMM_BOOTSTRAP_H_
+#define LBCC_COMM_BOOTSTRAP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace lbcc::comm {
+
+inline constexpr int kUniqueIdBytes = 128;
+
+// Opaque to callers; bytes are: "LBID", u32 version, u64 session, NUL-terminated "host:port".
+struct UniqueId {
+  char internal[kUniqueIdBytes];
+};
+
+// Starts a root listening on `listen_host` (an IPv4 address; port chosen by the kernel) for
+// `nranks` ranks until `timeout` passes, and returns the id that names it.
+absl::StatusOr<UniqueId> CreateUniqueId(int nranks, absl::string_view listen_host,
+                                        absl::Duration timeout);
+
+// Starts a root on the fixed "host:port" `address` (torchrun/mpirun style). `session` must be
+// the same on every rank (e.g. derived from the job id); 0 is fine for one job per address.
+absl::Status StartRoot(absl::string_view address, int nranks, uint64_t session,
+                       absl::Duration timeout);
+absl::StatusOr<UniqueId> UniqueIdFromAddress(absl::string_view address, uint64_t session);
+
+// The "host:port" an id names (for logs).
+std::string UniqueIdAddress(const UniqueId& id);
+
+// Joins the job as `rank` of `nranks` and returns every rank's blob, in rank order. Retries the
+// connection until `timeout` (the root may start after this rank).
+absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
+                                                           int rank, absl::string_view blob,
+                                                           absl::Duration timeout);
+
+}  // namespace lbcc::comm
+
+#endif  // LBCC_COMM_BOOTSTRAP_H_

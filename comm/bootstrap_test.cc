@@ -1,0 +1,132 @@
+#include "comm/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::comm {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+std::vector<absl::StatusOr<std::vector<std::string>>> RunRanks(const UniqueId& id, int nranks,
+                                                                std::vector<int> ranks,
+                                                                absl::Duration timeout) {
+  std::vector<absl::StatusOr<std::vector<std::string>>> results(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = BootstrapExchange(id, nranks, ranks[i], absl::StrCat("blob-", ranks[i]), timeout);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(BootstrapTest, EightThreadRanksExchangeBlobs) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId(8, "127.0.0.1", absl::Seconds(30)));
+  EXPECT_THAT(UniqueIdAddress(id), HasSubstr("127.0.0.1:"));
+  auto results = RunRanks(id, 8, {7, 3, 0, 1, 2, 6, 5, 4}, absl::Seconds(30));
+  std::vector<std::string> expected;
+  for (int r = 0; r < 8; ++r) expected.push_back(absl::StrCat("blob-", r));
+  for (auto& r : results) EXPECT_THAT(r, ::lbcc::testing::IsOkAndHolds(ElementsAreArray(expected)));
+}
+
+TEST(BootstrapTest, MissingRankTimesOutOnEveryJoinedRank) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId(4, "127.0.0.1", absl::Seconds(1)));
+  auto results = RunRanks(id, 4, {0, 1, 3}, absl::Seconds(1));
+  for (auto& r : results) {
+    EXPECT_THAT(r, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank(s) 2 of 4")));
+  }
+}
+
+TEST(BootstrapTest, DisagreementsAreRejected) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId(2, "127.0.0.1", absl::Seconds(2)));
+  // A rank that believes in a different world size is turned away at once.
+  EXPECT_THAT(BootstrapExchange(id, 3, 1, "x", absl::Seconds(2)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nranks 3")));
+  // Two ranks claim rank 0: one of them joins, the other is told.
+  auto results = RunRanks(id, 2, {0, 0, 1}, absl::Seconds(2));
+  int ok = 0, duplicate = 0;
+  for (auto& r : results) {
+    if (r.ok()) ++ok;
+    if (r.status().code() == absl::StatusCode::kInvalidArgument &&
+        absl::StrContains(r.status().message(), "claim rank 0")) {
+      ++duplicate;
+    }
+  }
+  EXPECT_EQ(ok, 2);
+  EXPECT_EQ(duplicate, 1);
+}
+
+TEST(BootstrapTest, BadArguments) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, UniqueIdFromAddress("127.0.0.1:1", 5));
+  EXPECT_THAT(BootstrapExchange(id, 2, 2, "", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(BootstrapExchange(id, 0, 0, "", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  UniqueId garbage{};
+  EXPECT_THAT(BootstrapExchange(garbage, 1, 0, "", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unique id")));
+  EXPECT_THAT(UniqueIdFromAddress("localhost", 0), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(CreateUniqueId(2, "not-an-ip", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Nobody listens on port 1: the rank gives up at its deadline.
+  EXPECT_THAT(BootstrapExchange(id, 1, 0, "", absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("could not reach")));
+}
+
+// A port nobody listens on right now (the kernel's choice for a socket bound to port 0).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(BootstrapTest, ProcessesWithAFixedRootAddress) {
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, UniqueIdFromAddress(address, 42));
+  // Children first (before this process starts the root thread): they retry until it is up.
+  std::vector<pid_t> children;
+  for (int rank = 1; rank < 3; ++rank) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      auto blobs = BootstrapExchange(id, 3, rank, absl::StrCat("p", rank), absl::Seconds(20));
+      _exit(blobs.ok() && blobs->size() == 3 && (*blobs)[0] == "p0" && (*blobs)[2] == "p2" ? 0 : 1);
+    }
+    children.push_back(pid);
+  }
+  LBCC_ASSERT_OK(StartRoot(address, 3, 42, absl::Seconds(20)));
+  auto blobs = BootstrapExchange(id, 3, 0, "p0", absl::Seconds(20));
+  EXPECT_THAT(blobs, ::lbcc::testing::IsOkAndHolds(ElementsAreArray({"p0", "p1", "p2"})));
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << pid;
+  }
+}
+
+}  // namespace
+}  // namespace lbcc::comm
