@@ -62,7 +62,8 @@ def lbcc_cuda_library(name, cu_srcs, hdrs, host_fallback_srcs, deps = [], **kwar
             cmd = ("CUDA=$${CUDA_PATH:-/usr/local/cuda}; " +
                    "$$CUDA/bin/nvcc " + " ".join(NVCC_FLAGS) +
                    " -I. -c $(location " + src + ") -o $@"),
-            tags = ["cuda"],
+            # Built only through the select below (--config=cuda), never by //... .
+            tags = ["cuda", "manual"],
             visibility = ["//visibility:private"],
         )
         objects.append(":" + obj)
