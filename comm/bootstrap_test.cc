@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,22 +56,34 @@ TEST(BootstrapTest, MissingRankTimesOutOnEveryJoinedRank) {
 }
 
 TEST(BootstrapTest, DisagreementsAreRejected) {
-  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId(2, "127.0.0.1", absl::Seconds(2)));
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId(3, "127.0.0.1", absl::Seconds(20)));
   // A rank that believes in a different world size is turned away at once.
-  EXPECT_THAT(BootstrapExchange(id, 3, 1, "x", absl::Seconds(2)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nranks 3")));
-  // Two ranks claim rank 0: one of them joins, the other is told.
-  auto results = RunRanks(id, 2, {0, 0, 1}, absl::Seconds(2));
-  int ok = 0, duplicate = 0;
-  for (auto& r : results) {
-    if (r.ok()) ++ok;
-    if (r.status().code() == absl::StatusCode::kInvalidArgument &&
-        absl::StrContains(r.status().message(), "claim rank 0")) {
-      ++duplicate;
-    }
+  EXPECT_THAT(BootstrapExchange(id, 4, 1, "x", absl::Seconds(20)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nranks 4")));
+  // Two processes claim rank 0. Neither can finish before ranks 1 and 2 join, so the first to
+  // return is the one the root turned away.
+  Mutex mu;
+  CondVar cv;
+  std::vector<absl::Status> finished;
+  std::vector<std::thread> claimants;
+  for (int i = 0; i < 2; ++i) {
+    claimants.emplace_back([&] {
+      absl::Status status = BootstrapExchange(id, 3, 0, "blob-0", absl::Seconds(20)).status();
+      MutexLock lock(&mu);
+      finished.push_back(status);
+      cv.SignalAll();
+    });
   }
-  EXPECT_EQ(ok, 2);
-  EXPECT_EQ(duplicate, 1);
+  {
+    MutexLock lock(&mu);
+    while (finished.empty()) cv.Wait(&mu);
+    EXPECT_THAT(finished[0],
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("claim rank 0")));
+  }
+  auto results = RunRanks(id, 3, {1, 2}, absl::Seconds(20));
+  for (auto& t : claimants) t.join();
+  for (auto& r : results) EXPECT_THAT(r, IsOk());
+  EXPECT_THAT(finished[1], IsOk());
 }
 
 TEST(BootstrapTest, BadArguments) {
