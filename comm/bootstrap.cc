@@ -166,11 +166,11 @@ struct Joined {
   std::string blob;
 };
 
-// The root: accepts `nranks` hellos until `deadline`, then answers everyone.
+// The root: accepts `nranks` hellos until `deadline`, then answers everyone. With nranks 0,
+// the first valid hello sets it.
 void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
   std::map<int, Joined> joined;
-  std::vector<std::pair<Fd, absl::Status>> rejected;
-  while (static_cast<int>(joined.size()) < nranks) {
+  while (nranks == 0 || static_cast<int>(joined.size()) < nranks) {
     if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
     Fd conn(accept(listener.get(), nullptr, nullptr));
     if (conn.get() < 0) continue;
@@ -186,6 +186,9 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
       continue;  // Not an LBCC rank.
     }
     absl::Status problem;
+    if (nranks == 0 && their_session == session && their_nranks > 0) {
+      nranks = static_cast<int>(their_nranks);
+    }
     if (their_session != session) {
       problem = absl::InvalidArgumentError("bootstrap: the unique id belongs to another job");
     } else if (static_cast<int>(their_nranks) != nranks) {
@@ -204,6 +207,7 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
     joined[static_cast<int>(rank)] = Joined{std::move(conn), std::string(in)};
   }
   const absl::Time reply_deadline = absl::Now() + absl::Seconds(30);
+  if (nranks == 0) return;  // Nobody came.
   if (static_cast<int>(joined.size()) < nranks) {
     std::vector<int> missing;
     for (int r = 0; r < nranks; ++r) {
@@ -264,21 +268,20 @@ absl::Status StartRootAt(const sockaddr_in& addr, int nranks, uint64_t session,
   sockaddr_in bound{};
   LBCC_ASSIGN_OR_RETURN(Fd listener, Listen(addr, &bound));
   *address = FormatAddress(bound);
-  LBCC_LOG(INFO) << "bootstrap: root for " << nranks << " ranks at " << *address;
+  LBCC_LOG(INFO) << "bootstrap: root at " << *address;
   std::thread(RunRoot, std::move(listener), nranks, session, absl::Now() + timeout).detach();
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<UniqueId> CreateUniqueId(int nranks, absl::string_view listen_host,
-                                        absl::Duration timeout) {
-  LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
+absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout) {
+  LBCC_RETURN_IF_ERROR(CheckArgs(1, timeout));
   LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(absl::StrCat(listen_host, ":0")));
   std::random_device random;
   const uint64_t session = (static_cast<uint64_t>(random()) << 32) ^ random() ^ 1;
   std::string address;
-  LBCC_RETURN_IF_ERROR(StartRootAt(addr, nranks, session, timeout, &address));
+  LBCC_RETURN_IF_ERROR(StartRootAt(addr, /*nranks=*/0, session, timeout, &address));
   return MakeId(address, session);
 }
 

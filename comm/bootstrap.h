@@ -37,13 +37,13 @@ struct UniqueId {
   char internal[kUniqueIdBytes];
 };
 
-// Starts a root listening on `listen_host` (an IPv4 address; port chosen by the kernel) for
-// `nranks` ranks until `timeout` passes, and returns the id that names it.
-absl::StatusOr<UniqueId> CreateUniqueId(int nranks, absl::string_view listen_host,
-                                        absl::Duration timeout);
+// Starts a root listening on `listen_host` (an IPv4 address; port chosen by the kernel) until
+// `timeout` passes, and returns the id that names it. Like ncclGetUniqueId, the root learns
+// nranks from the first rank that joins; every later rank must agree.
+absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout);
 
-// Starts a root on the fixed "host:port" `address` (torchrun/mpirun style). `session` must be
-// the same on every rank (e.g. derived from the job id); 0 is fine for one job per address.
+// Starts a root on the fixed "host:port" `address` (torchrun/mpirun style) for `nranks` ranks.
+// `session` must be the same on every rank (e.g. derived from the job id).
 absl::Status StartRoot(absl::string_view address, int nranks, uint64_t session,
                        absl::Duration timeout);
 absl::StatusOr<UniqueId> UniqueIdFromAddress(absl::string_view address, uint64_t session);
