@@ -20,18 +20,32 @@ namespace {
 
 // The declarations. Keep sorted by name; add a variable here and nowhere else.
 constexpr Spec kSpecs[] = {
+    {"LBCC_ALGO", Type::kString, "",
+     "Override the algorithm table per collective, e.g. allgatherv=ring,allreduce=ring "
+     "(algorithms: direct, ring, hierarchical)."},
+    {"LBCC_BOOTSTRAP_ADDR", Type::kString, "",
+     "host:port of the bootstrap root for launches from the environment (mpirun; torchrun "
+     "defaults to MASTER_ADDR:MASTER_PORT+1)."},
     {"LBCC_DEBUG", Type::kEnum, "WARN",
      "Log level: NONE, VERSION, WARN, INFO or TRACE (like NCCL_DEBUG).",
      "NONE|VERSION|WARN|INFO|TRACE"},
     {"LBCC_DEBUG_FILE", Type::kString, "",
      "Write logs to this file instead of stderr; %h expands to the host name, %p to the pid."},
+    {"LBCC_LISTEN_ADDR", Type::kString, "127.0.0.1",
+     "IPv4 address this rank listens on for other ranks (its own address on the network)."},
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},
     {"LBCC_SLOW_RANKS", Type::kString, "",
      "Comma-separated ranks whose every link is slow (e.g. 2,3), on top of the topology."},
+    {"LBCC_TIMEOUT_S", Type::kDouble, "300",
+     "Seconds a communicator waits for set-up or for one operation before failing it.", {},
+     0.001, 86400},
     {"LBCC_TOPO_FILE", Type::kString, "",
      "Topology JSON file (islands, replicas, link overrides); default: same host = fast island."},
+    {"LBCC_TRANSPORT", Type::kEnum, "ucx",
+     "Transport backend of communicators: ucx, or loopback (in-process, for tests).",
+     "ucx|loopback"},
 };
 
 constexpr absl::string_view kPrefix = "LBCC_";

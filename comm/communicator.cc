@@ -1,0 +1,268 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/env.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "base/version.h"
+
+namespace lbcc::comm {
+namespace {
+
+// Bounds what one peer may make us allocate for one payload.
+constexpr size_t kMaxPayloadBytes = size_t{1} << 40;
+
+absl::StatusOr<int> IntFromEnv(const char* name) {
+  const char* value = std::getenv(name);
+  int parsed = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " is not set to an integer"));
+  }
+  return parsed;
+}
+
+absl::Status CheckHostTensor(const TensorView& t, absl::string_view what) {
+  if (!t.is_host()) {
+    return absl::UnimplementedError(absl::StrCat(what, ": only host tensors are supported"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FabricOptions> FabricOptionsFromEnv() {
+  FabricOptions options;
+  LBCC_ASSIGN_OR_RETURN(options.backend, env::GetString("LBCC_TRANSPORT"));
+  LBCC_ASSIGN_OR_RETURN(options.listen_host, env::GetString("LBCC_LISTEN_ADDR"));
+  LBCC_ASSIGN_OR_RETURN(double seconds, env::GetDouble("LBCC_TIMEOUT_S"));
+  options.timeout = absl::Seconds(seconds);
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(const UniqueId& id, int nranks,
+                                                                 int rank, FabricOptions options) {
+  LBCC_LOG(VERSION) << "LBCC version " << LBCC_VERSION_STRING;
+  LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Fabric> fabric,
+                        Fabric::Create(id, nranks, rank, std::move(options)));
+  std::vector<int> ranks(nranks);
+  for (int r = 0; r < nranks; ++r) ranks[r] = r;
+  return std::unique_ptr<Communicator>(new Communicator(std::move(fabric), std::move(ranks), 1));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::InitFromEnvironment(
+    FabricOptions options) {
+  int rank = 0, nranks = 0;
+  if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(rank, IntFromEnv("OMPI_COMM_WORLD_RANK"));
+    LBCC_ASSIGN_OR_RETURN(nranks, IntFromEnv("OMPI_COMM_WORLD_SIZE"));
+  } else {
+    LBCC_ASSIGN_OR_RETURN(rank, IntFromEnv("RANK"), _.Prepend("torchrun environment"));
+    LBCC_ASSIGN_OR_RETURN(nranks, IntFromEnv("WORLD_SIZE"), _.Prepend("torchrun environment"));
+  }
+  LBCC_ASSIGN_OR_RETURN(std::string address, env::GetString("LBCC_BOOTSTRAP_ADDR"));
+  if (address.empty()) {
+    const char* host = std::getenv("MASTER_ADDR");
+    LBCC_ASSIGN_OR_RETURN(int port, IntFromEnv("MASTER_PORT"),
+                          _.Prepend("set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT"));
+    if (host == nullptr) {
+      return absl::InvalidArgumentError("set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT");
+    }
+    address = absl::StrCat(std::string(host) == "localhost" ? "127.0.0.1" : host, ":", port + 1);
+  }
+  if (rank == 0) LBCC_RETURN_IF_ERROR(StartRoot(address, nranks, 0, options.timeout));
+  LBCC_ASSIGN_OR_RETURN(UniqueId id, UniqueIdFromAddress(address, 0));
+  return Init(id, nranks, rank, std::move(options));
+}
+
+Communicator::Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> ranks,
+                           uint32_t comm_id)
+    : fabric_(std::move(fabric)), comm_id_(comm_id) {
+  group_.fabric = fabric_.get();
+  group_.ranks = std::move(ranks);
+  group_.me = static_cast<int>(std::find(group_.ranks.begin(), group_.ranks.end(),
+                                         fabric_->rank()) -
+                               group_.ranks.begin());
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+Communicator::~Communicator() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  worker_.join();
+}
+
+void Communicator::WorkerLoop() {
+  while (true) {
+    Pending pending;
+    bool cancelled = false;
+    {
+      MutexLock lock(&mu_);
+      while (queue_.empty() && !stopping_) cv_.Wait(&mu_);
+      if (queue_.empty()) return;
+      pending = std::move(queue_.front());
+      queue_.pop_front();
+      cancelled = stopping_;
+    }
+    if (cancelled) {
+      pending.request->Complete(absl::CancelledError(
+          absl::StrCat(pending.name, ": communicator destroyed before it ran")));
+      continue;
+    }
+    absl::Status status = fabric_->aborted();
+    if (!status.ok()) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat(pending.name, ": the communicator failed earlier (", status.ToString(),
+                       "); recreate it"));
+    } else {
+      const absl::Time deadline = absl::Now() + fabric_->options().timeout;
+      status = Annotate(pending.op(group_, pending.tag, deadline),
+                        absl::StrCat(pending.name, " on rank ", group_.me));
+      LBCC_LOG_IF(WARN, !status.ok()) << status;
+    }
+    pending.request->Complete(std::move(status));
+  }
+}
+
+RequestPtr Communicator::Post(absl::string_view name, Op op) {
+  auto request = std::make_shared<Request>();
+  MutexLock lock(&mu_);
+  if (stopping_) {
+    request->Complete(absl::CancelledError("communicator is being destroyed"));
+    return request;
+  }
+  queue_.push_back(
+      Pending{std::string(name), std::move(op), MakeTag(comm_id_, sequence_++, 0), request});
+  cv_.SignalAll();
+  return request;
+}
+
+void Communicator::Abort() { fabric_->Abort(absl::CancelledError("communicator aborted")); }
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
+  // Everyone learns everyone's (color, key).
+  std::string mine(8, '\0');
+  std::memcpy(mine.data(), &color, 4);
+  std::memcpy(mine.data() + 4, &key, 4);
+  std::vector<std::string> all;
+  LBCC_RETURN_IF_ERROR(AllGatherV(&mine, &all, Algorithm::kDirect)->Wait());
+  const uint64_t split = ++splits_;
+  if (color < 0) return std::unique_ptr<Communicator>();
+  std::vector<std::tuple<int, int>> members;  // (key, global rank)
+  for (int i = 0; i < nranks(); ++i) {
+    if (all[i].size() != 8) return absl::DataLossError("Split: malformed color/key");
+    int c = 0, k = 0;
+    std::memcpy(&c, all[i].data(), 4);
+    std::memcpy(&k, all[i].data() + 4, 4);
+    if (c == color) members.emplace_back(k, group_.ranks[i]);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  for (const auto& [k, r] : members) ranks.push_back(r);
+  // A tag space of its own: derived from the parent's id, the split count and the color, the
+  // same on every member.
+  uint64_t h = (static_cast<uint64_t>(comm_id_) * 0x9e3779b97f4a7c15ull) ^
+               (split * 0xbf58476d1ce4e5b9ull) ^ (static_cast<uint64_t>(color) * 0x94d049bb133111ebull);
+  h ^= h >> 29;
+  uint32_t id = static_cast<uint32_t>(h & 0xffff);
+  if (id < 2) id += 2;  // 0 is reserved, 1 is the world communicator.
+  return std::unique_ptr<Communicator>(new Communicator(fabric_, std::move(ranks), id));
+}
+
+RequestPtr Communicator::AllGatherV(const std::string* mine, std::vector<std::string>* out,
+                                    Algorithm algorithm, transport::Priority priority) {
+  if (mine == nullptr || out == nullptr) {
+    return CompletedRequest(absl::InvalidArgumentError("AllGatherV: null argument"));
+  }
+  return Post("AllGatherV", [this, mine, out, algorithm, priority](
+                                const Group& group, transport::Tag tag, absl::Time deadline) {
+    LBCC_ASSIGN_OR_RETURN(
+        Algorithm chosen,
+        SelectAlgorithm(Collective::kAllGatherV, ShapeOf(topology(), group.ranks), mine->size(),
+                        algorithm));
+    return comm::AllGatherV(group, tag, *mine, out, chosen, priority, deadline, kMaxPayloadBytes);
+  });
+}
+
+RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, ReduceOp op) {
+  absl::Status check = CheckHostTensor(in, "AllReduce");
+  if (check.ok()) check = CheckHostTensor(out, "AllReduce");
+  if (check.ok() && (in.dtype() != out.dtype() || in.num_elements() != out.num_elements())) {
+    check = absl::InvalidArgumentError(absl::StrCat("AllReduce: in ", in.DebugString(),
+                                                    " and out ", out.DebugString(), " differ"));
+  }
+  if (check.ok() && !IsFloating(in.dtype())) {
+    check = absl::InvalidArgumentError(
+        absl::StrCat("AllReduce: dtype ", DTypeName(in.dtype()), " is not f32, f16 or bf16"));
+  }
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("AllReduce", [this, in, out, op](const Group& group, transport::Tag tag,
+                                               absl::Time deadline) {
+    LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
+                          SelectAlgorithm(Collective::kAllReduce, ShapeOf(topology(), group.ranks),
+                                          in.num_bytes()));
+    (void)chosen;  // The table offers ring only.
+    return AllReduceRing(group, tag, in.data(), out.data(), in.num_elements(), in.dtype(), op,
+                         deadline);
+  });
+}
+
+RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out) {
+  absl::Status check = CheckHostTensor(in, "AllGather");
+  if (check.ok()) check = CheckHostTensor(out, "AllGather");
+  if (check.ok() && (in.dtype() != out.dtype() ||
+                     out.num_elements() != in.num_elements() * nranks())) {
+    check = absl::InvalidArgumentError(absl::StrCat("AllGather: out ", out.DebugString(),
+                                                    " must hold nranks x in ", in.DebugString()));
+  }
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("AllGather", [this, in, out](const Group& group, transport::Tag tag,
+                                           absl::Time deadline) {
+    const std::string mine(static_cast<const char*>(in.data()), in.num_bytes());
+    std::vector<std::string> all;
+    LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
+                          SelectAlgorithm(Collective::kAllGatherV, ShapeOf(topology(), group.ranks),
+                                          mine.size()));
+    LBCC_RETURN_IF_ERROR(comm::AllGatherV(group, tag, mine, &all, chosen,
+                                          transport::Priority::kNormal, deadline, in.num_bytes()));
+    for (int i = 0; i < group.size(); ++i) {
+      if (all[i].size() != in.num_bytes()) {
+        return absl::DataLossError(absl::StrCat("AllGather: rank ", i, " sent ", all[i].size(),
+                                                " bytes, expected ", in.num_bytes()));
+      }
+      std::memcpy(static_cast<char*>(out.data()) + i * in.num_bytes(), all[i].data(),
+                  in.num_bytes());
+    }
+    return absl::OkStatus();
+  });
+}
+
+RequestPtr Communicator::Broadcast(const TensorView& buffer, int root) {
+  absl::Status check = CheckHostTensor(buffer, "Broadcast");
+  if (check.ok() && (root < 0 || root >= nranks())) {
+    check = absl::InvalidArgumentError(absl::StrCat("Broadcast: root ", root, " out of range"));
+  }
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("Broadcast", [buffer, root](const Group& group, transport::Tag tag,
+                                          absl::Time deadline) {
+    return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root, deadline);
+  });
+}
+
+RequestPtr Communicator::Barrier() {
+  return Post("Barrier", [this](const Group& group, transport::Tag tag, absl::Time deadline) {
+    std::vector<std::string> all;
+    return comm::AllGatherV(group, tag, std::string(), &all, Algorithm::kDirect,
+                            transport::Priority::kHigh, deadline, 0);
+  });
+}
+
+}  // namespace lbcc::comm

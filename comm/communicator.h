@@ -1,0 +1,121 @@
+// Communicator: LBCC's C++ API, in NCCL's shape. A communicator is a group of ranks that run
+// collectives together; ranks post operations in the same order, each post returns a Request
+// (comm/request.h) at once, and the communicator's worker thread runs them in order.
+//
+//   LBCC_ASSIGN_OR_RETURN(UniqueId id, CreateUniqueId("10.0.0.1", absl::Minutes(5)));  // one rank
+//   ... send id to every rank ...
+//   LBCC_ASSIGN_OR_RETURN(auto comm, Communicator::Init(id, nranks, rank, options));
+//   RequestPtr r = comm->AllReduce(grad, grad, ReduceOp::kMean);
+//   LBCC_RETURN_IF_ERROR(r->Wait());
+//
+// Failure semantics (like NCCL's): an operation that fails (peer lost, timeout, corrupt data)
+// aborts the communicator's connections, so every rank's pending operation fails within the
+// timeout instead of hanging; later operations fail with FailedPrecondition naming the first
+// error. Recreate the communicator to continue.
+//
+// Communicators made by Split() share their parent's connections; destroying the parent while
+// children live is fine (the connections live until the last one is gone).
+//
+// Thread-safety: posting from several threads is allowed but ranks must agree on the order of
+// operations, so post from one thread per rank. Requests are thread-safe.
+#ifndef LBCC_COMM_COMMUNICATOR_H_
+#define LBCC_COMM_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/mutex.h"
+#include "base/tensor_view.h"
+#include "comm/algorithms.h"
+#include "comm/bootstrap.h"
+#include "comm/collectives.h"
+#include "comm/fabric.h"
+#include "comm/request.h"
+
+namespace lbcc::comm {
+
+// Reads LBCC_TRANSPORT, LBCC_LISTEN_ADDR and LBCC_TIMEOUT_S.
+absl::StatusOr<FabricOptions> FabricOptionsFromEnv();
+
+class Communicator {
+ public:
+  // Joins the job named by `id` as `rank` of `nranks` (blocks until every rank joined or the
+  // timeout). Errors: InvalidArgument, DeadlineExceeded, Unavailable (see bootstrap.h, fabric.h).
+  static absl::StatusOr<std::unique_ptr<Communicator>> Init(const UniqueId& id, int nranks,
+                                                             int rank, FabricOptions options);
+
+  // Joins from the launcher's environment: torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+  // LBCC's root listens on MASTER_PORT + 1 unless LBCC_BOOTSTRAP_ADDR is set) or Open MPI's
+  // mpirun (OMPI_COMM_WORLD_RANK/SIZE with LBCC_BOOTSTRAP_ADDR). Rank 0 starts the root.
+  static absl::StatusOr<std::unique_ptr<Communicator>> InitFromEnvironment(FabricOptions options);
+
+  ~Communicator();  // Fails queued operations with Cancelled, waits for the running one.
+
+  int rank() const { return group_.me; }
+  int nranks() const { return group_.size(); }
+  // This rank's number in the job (the Fabric), and every member's.
+  int global_rank() const { return group_.ranks[group_.me]; }
+  const std::vector<int>& global_ranks() const { return group_.ranks; }
+  const Topology& topology() const { return fabric_->topology(); }
+  Fabric* fabric() const { return fabric_.get(); }
+
+  // Like ncclCommSplit: ranks passing the same color form a new communicator, ordered by (key,
+  // rank); a negative color returns nullptr. Collective and blocking.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key);
+
+  // Every rank's `mine` into (*out)[i] in rank order. `mine` and `out` must outlive the request.
+  RequestPtr AllGatherV(const std::string* mine, std::vector<std::string>* out,
+                        Algorithm algorithm = Algorithm::kAuto,
+                        transport::Priority priority = transport::Priority::kNormal);
+  // Dense all-reduce of f32, f16 or bf16 host tensors of equal shape (in may equal out).
+  RequestPtr AllReduce(const TensorView& in, const TensorView& out, ReduceOp op);
+  // out holds nranks() times in, in rank order.
+  RequestPtr AllGather(const TensorView& in, const TensorView& out);
+  RequestPtr Broadcast(const TensorView& buffer, int root);
+  RequestPtr Barrier();
+
+  // Runs `op` on the worker thread, in order, with this operation's tag base and deadline. The
+  // collectives above are built on it; comm/ adds SparseAllReduce and compressed point-to-point
+  // the same way.
+  using Op = std::function<absl::Status(const Group& group, transport::Tag tag,
+                                        absl::Time deadline)>;
+  RequestPtr Post(absl::string_view name, Op op);
+
+  // Aborts the connections: running and queued operations fail, on every rank. Idempotent.
+  void Abort();
+  // OK while usable; the first failure afterwards.
+  absl::Status status() const { return fabric_->aborted(); }
+
+ private:
+  Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> ranks, uint32_t comm_id);
+  void WorkerLoop();
+
+  struct Pending {
+    std::string name;
+    Op op;
+    transport::Tag tag;
+    RequestPtr request;
+  };
+
+  std::shared_ptr<Fabric> fabric_;
+  Group group_;
+  uint32_t comm_id_;
+  uint64_t splits_ = 0;  // Splits made so far (only touched by the posting thread).
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
+};
+
+}  // namespace lbcc::comm
+
+#endif  // LBCC_COMM_COMMUNICATOR_H_

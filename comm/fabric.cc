@@ -1,0 +1,332 @@
+#include "comm/fabric.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/check.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "transport/loopback.h"
+#include "transport/options.h"
+#include "transport/ucx_transport.h"
+
+namespace lbcc::comm {
+namespace {
+
+using transport::Endpoint;
+using transport::Tag;
+
+// The tag of the hello a connecting rank sends first: its rank number.
+constexpr Tag kHelloTag = ~Tag{0};
+
+absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend) {
+  LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
+  if (backend == "loopback") return transport::NewLoopbackTransport(options);
+  if (backend == "ucx") return transport::NewUcxTransport(options);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport backend '", backend, "' (ucx or loopback)"));
+}
+
+std::string Hostname() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// Waits until `count` callbacks ran or `deadline` passed.
+struct Latch {
+  Mutex mu;
+  CondVar cv;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int nranks, int rank,
+                                                       FabricOptions options) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " of ", nranks, " is not a valid rank"));
+  }
+  std::shared_ptr<Fabric> fabric(new Fabric());
+  fabric->rank_ = rank;
+  fabric->nranks_ = nranks;
+  fabric->options_ = options;
+  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend));
+  std::string listen = absl::StrCat(options.listen_host, ":0");
+  if (options.backend == "loopback") {
+    std::random_device random;
+    listen = absl::StrCat("lbcc-", random(), random(), "-r", rank);
+  }
+  LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
+                        _.Prepend("comm: listen"));
+  const std::string hostname = Hostname();
+  LBCC_ASSIGN_OR_RETURN(
+      std::vector<std::string> blobs,
+      BootstrapExchange(id, nranks, rank, absl::StrCat(hostname, "\n", address), options.timeout));
+  std::vector<std::string> addresses;
+  for (const std::string& blob : blobs) {
+    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 1));
+    if (parts.size() != 2) return absl::InternalError("comm: malformed bootstrap blob");
+    fabric->hostnames_.push_back(parts[0]);
+    addresses.push_back(parts[1]);
+  }
+  if (options.topology.has_value()) {
+    if (options.topology->nranks() != nranks) {
+      return absl::InvalidArgumentError(absl::StrCat("comm: the topology has ",
+                                                     options.topology->nranks(),
+                                                     " ranks, the communicator ", nranks));
+    }
+    fabric->topology_ = *options.topology;
+  } else {
+    LBCC_ASSIGN_OR_RETURN(fabric->topology_, Topology::FromEnvironment(fabric->hostnames_));
+  }
+  LBCC_RETURN_IF_ERROR(fabric->Connect(addresses));
+  LBCC_LOG(INFO) << "comm: rank " << rank << "/" << nranks << " connected over "
+                 << fabric->transport_->backend() << ", topology " << fabric->topology_.ToJson();
+  return fabric;
+}
+
+absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
+  out_.resize(nranks_);
+  in_.resize(nranks_);
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  // Accept the nranks-1 incoming connections while connecting out.
+  absl::Status accept_status;
+  std::vector<std::unique_ptr<Endpoint>> accepted;
+  std::thread acceptor([&] {
+    for (int i = 0; i < nranks_ - 1; ++i) {
+      absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
+          transport_->Accept(deadline - absl::Now());
+      if (!endpoint.ok()) {
+        accept_status = Annotate(endpoint.status(), "comm: accept");
+        return;
+      }
+      accepted.push_back(*std::move(endpoint));
+    }
+  });
+  absl::Status connect_status;
+  for (int peer = 0; peer < nranks_ && connect_status.ok(); ++peer) {
+    if (peer == rank_) continue;
+    transport::ConnectOptions connect_options;
+    connect_options.has_link_class = true;
+    connect_options.link_class = topology_.link(rank_, peer) == LinkClass::kFast
+                                     ? transport::LinkClass::kFast
+                                     : transport::LinkClass::kSlow;
+    absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
+        transport_->Connect(addresses[peer], deadline - absl::Now(), connect_options);
+    if (!endpoint.ok()) {
+      connect_status = Annotate(endpoint.status(), absl::StrCat("comm: connect to rank ", peer));
+      break;
+    }
+    out_[peer] = *std::move(endpoint);
+  }
+  acceptor.join();
+  LBCC_RETURN_IF_ERROR(connect_status);
+  LBCC_RETURN_IF_ERROR(accept_status);
+  // Hellos: every outgoing endpoint says who we are; every accepted one tells us its peer.
+  std::vector<uint32_t> peer_of(accepted.size(), 0);
+  const uint32_t me = static_cast<uint32_t>(rank_);
+  auto latch = std::make_shared<Latch>();
+  {
+    MutexLock lock(&latch->mu);
+    latch->pending = 2 * (nranks_ - 1);
+  }
+  auto done = [latch](const absl::Status& status) {
+    MutexLock lock(&latch->mu);
+    if (!status.ok() && latch->first_error.ok()) latch->first_error = status;
+    --latch->pending;
+    latch->cv.SignalAll();
+  };
+  for (int peer = 0; peer < nranks_; ++peer) {
+    if (peer == rank_) continue;
+    out_[peer]->Send(kHelloTag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&me), 4),
+                     {}, [done](absl::Status s) { done(s); });
+  }
+  for (size_t i = 0; i < accepted.size(); ++i) {
+    accepted[i]->Recv(kHelloTag,
+                      absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(&peer_of[i]), 4),
+                      [done](absl::StatusOr<size_t> n) {
+                        done(n.ok() && *n != 4 ? absl::DataLossError("comm: bad hello")
+                                               : n.status());
+                      });
+  }
+  absl::Status status;
+  {
+    MutexLock lock(&latch->mu);
+    while (latch->pending > 0) {
+      if (latch->cv.WaitWithDeadline(&latch->mu, deadline) && latch->pending > 0) {
+        status = absl::DeadlineExceededError("comm: peers did not say hello in time");
+        break;
+      }
+    }
+    if (status.ok()) status = latch->first_error;
+  }
+  if (!status.ok()) {
+    for (auto& e : out_) {
+      if (e) e->Close();
+    }
+    for (auto& e : accepted) e->Close();
+    MutexLock lock(&latch->mu);
+    while (latch->pending > 0) latch->cv.Wait(&latch->mu);  // Close() completes everything.
+    return status;
+  }
+  for (size_t i = 0; i < accepted.size(); ++i) {
+    const uint32_t peer = peer_of[i];
+    if (peer >= static_cast<uint32_t>(nranks_) || peer == me || in_[peer]) {
+      return absl::InternalError(absl::StrCat("comm: unexpected hello from rank ", peer));
+    }
+    in_[peer] = std::move(accepted[i]);
+  }
+  return absl::OkStatus();
+}
+
+Fabric::~Fabric() { Abort(absl::CancelledError("communicator destroyed")); }
+
+void Fabric::Abort(absl::Status why) {
+  {
+    MutexLock lock(&mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = why.ok() ? absl::CancelledError("aborted") : why;
+  }
+  LBCC_LOG_IF(INFO, !absl::IsCancelled(why)) << "comm: rank " << rank_ << " aborts: " << why;
+  for (auto& e : out_) {
+    if (e) e->Close();
+  }
+  for (auto& e : in_) {
+    if (e) e->Close();
+  }
+}
+
+absl::Status Fabric::aborted() const {
+  MutexLock lock(&mu_);
+  return aborted_;
+}
+
+Fabric::ClassBytes Fabric::BytesByClass() const {
+  ClassBytes bytes;
+  for (int peer = 0; peer < nranks_; ++peer) {
+    if (peer == rank_) continue;
+    const bool slow = topology_.link(rank_, peer) == LinkClass::kSlow;
+    const uint64_t sent = out_[peer] ? out_[peer]->counters().bytes_sent : 0;
+    const uint64_t received = in_[peer] ? in_[peer]->counters().bytes_received : 0;
+    (slow ? bytes.slow_sent : bytes.fast_sent) += sent;
+    (slow ? bytes.slow_received : bytes.fast_received) += received;
+  }
+  return bytes;
+}
+
+transport::LinkCounters Fabric::Counters(int peer) const {
+  transport::LinkCounters counters;
+  if (peer == rank_ || peer < 0 || peer >= nranks_) return counters;
+  if (out_[peer]) counters = out_[peer]->counters();
+  if (in_[peer]) {
+    const transport::LinkCounters in = in_[peer]->counters();
+    counters.bytes_received = in.bytes_received;
+    counters.messages_received = in.messages_received;
+    counters.chunks_received = in.chunks_received;
+    counters.recv_bytes_per_second = in.recv_bytes_per_second;
+  }
+  return counters;
+}
+
+struct Batch::State {
+  Mutex mu;
+  CondVar cv;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+};
+
+Batch::Batch(Fabric* fabric, absl::Time deadline)
+    : fabric_(fabric), deadline_(deadline), state_(std::make_shared<State>()) {}
+
+Batch::~Batch() {
+  MutexLock lock(&state_->mu);
+  while (state_->pending > 0) state_->cv.Wait(&state_->mu);
+}
+
+void Batch::Done(const absl::Status& status) {
+  MutexLock lock(&state_->mu);
+  if (!status.ok() && state_->first_error.ok()) state_->first_error = status;
+  --state_->pending;
+  state_->cv.SignalAll();
+}
+
+void Batch::Send(int peer, transport::Tag tag, absl::Span<const uint8_t> data,
+                 transport::Priority priority) {
+  {
+    MutexLock lock(&state_->mu);
+    ++state_->pending;
+  }
+  fabric_->out(peer)->Send(tag, data, {priority}, [this, peer](absl::Status status) {
+    Done(Annotate(status, absl::StrCat("send to rank ", peer)));
+  });
+}
+
+void Batch::Recv(int peer, transport::Tag tag, absl::Span<uint8_t> buffer) {
+  {
+    MutexLock lock(&state_->mu);
+    ++state_->pending;
+  }
+  const size_t expected = buffer.size();
+  fabric_->in(peer)->Recv(tag, buffer, [this, peer, expected](absl::StatusOr<size_t> n) {
+    absl::Status status = n.status();
+    if (n.ok() && *n != expected) {
+      status = absl::DataLossError(
+          absl::StrCat("expected ", expected, " bytes, the message has ", *n));
+    }
+    Done(Annotate(status, absl::StrCat("receive from rank ", peer)));
+  });
+}
+
+void Batch::RecvAny(int peer, transport::Tag tag, std::string* out, size_t max_bytes) {
+  {
+    MutexLock lock(&state_->mu);
+    ++state_->pending;
+  }
+  fabric_->in(peer)->Recv(
+      tag,
+      [out, max_bytes](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+        if (size > max_bytes) {
+          return absl::DataLossError(
+              absl::StrCat("message of ", size, " bytes exceeds the limit of ", max_bytes));
+        }
+        out->resize(size);
+        return absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(out->data()), size);
+      },
+      [this, peer](absl::StatusOr<size_t> n) {
+        Done(Annotate(n.status(), absl::StrCat("receive from rank ", peer)));
+      });
+}
+
+absl::Status Batch::Wait() {
+  absl::Status status;
+  {
+    MutexLock lock(&state_->mu);
+    while (state_->pending > 0 && state_->first_error.ok()) {
+      if (state_->cv.WaitWithDeadline(&state_->mu, deadline_) && state_->pending > 0 &&
+          state_->first_error.ok()) {
+        status = absl::DeadlineExceededError(
+            "a peer did not answer before the communicator's timeout");
+        break;
+      }
+    }
+    if (status.ok()) status = state_->first_error;
+  }
+  if (!status.ok()) {
+    // Fail fast everywhere: closing every endpoint fails our pending work (so no callback
+    // touches the caller's buffers after we return) and the peers' work with Unavailable.
+    fabric_->Abort(status);
+    MutexLock lock(&state_->mu);
+    while (state_->pending > 0) state_->cv.Wait(&state_->mu);
+  }
+  return status;
+}
+
+}  // namespace lbcc::comm

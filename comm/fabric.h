@@ -1,0 +1,119 @@
+// Fabric: one rank's connections to every other rank of a job, set up from a unique id.
+//
+// Create() makes a Transport (UCX, or in-process loopback for tests), listens, exchanges
+// addresses and host names through the bootstrap (comm/bootstrap.h), settles the topology, and
+// connects every pair of ranks both ways: this rank sends on the endpoint it connected to a
+// peer (whose link class it sets from the topology, so slow links get the slow-link scheduler)
+// and receives on the endpoint the peer connected to it. Communicators made by Split() share
+// their parent's Fabric and use their own tag space.
+//
+// Batch posts sends and receives and waits for all of them with a deadline; any failure or the
+// deadline aborts the Fabric (every endpoint closed, so peers fail fast too, NCCL-style) and the
+// Batch returns the first error once no callback can touch its buffers any more.
+//
+// Errors: Unavailable (a peer or link was lost; the communicator must be recreated),
+// DeadlineExceeded (a peer did not answer in time), InvalidArgument (bad options), Cancelled
+// (aborted).
+// Thread-safety: Fabric methods are thread-safe. A Batch belongs to one thread.
+#ifndef LBCC_COMM_FABRIC_H_
+#define LBCC_COMM_FABRIC_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "base/mutex.h"
+#include "comm/bootstrap.h"
+#include "comm/topology.h"
+#include "transport/transport.h"
+
+namespace lbcc::comm {
+
+struct FabricOptions {
+  std::string backend = "ucx";          // "ucx" or "loopback" (LBCC_TRANSPORT).
+  std::string listen_host = "127.0.0.1";  // IPv4 address to listen on (LBCC_LISTEN_ADDR).
+  absl::Duration timeout = absl::Seconds(300);  // Set-up and per-operation (LBCC_TIMEOUT_S).
+  std::optional<Topology> topology;     // Unset: LBCC_TOPO_FILE, else same host = island.
+};
+
+class Fabric {
+ public:
+  static absl::StatusOr<std::shared_ptr<Fabric>> Create(const UniqueId& id, int nranks, int rank,
+                                                        FabricOptions options);
+  ~Fabric();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const Topology& topology() const { return topology_; }
+  const FabricOptions& options() const { return options_; }
+  const std::vector<std::string>& hostnames() const { return hostnames_; }
+
+  // Endpoints to `peer` (!= rank()): send on out, receive on in.
+  transport::Endpoint* out(int peer) const { return out_[peer].get(); }
+  transport::Endpoint* in(int peer) const { return in_[peer].get(); }
+
+  // Closes every endpoint: pending operations here and at the peers fail. Idempotent; the
+  // first status is kept and returned by aborted().
+  void Abort(absl::Status why);
+  // OK while usable; the abort reason afterwards.
+  absl::Status aborted() const;
+
+  // Bytes sent and received on fast and slow links since creation (all communicators).
+  struct ClassBytes {
+    uint64_t fast_sent = 0, fast_received = 0, slow_sent = 0, slow_received = 0;
+  };
+  ClassBytes BytesByClass() const;
+  // Counters of the link to `peer`: the send side from out(peer), the receive side from in(peer).
+  transport::LinkCounters Counters(int peer) const;
+
+ private:
+  Fabric() = default;
+  absl::Status Connect(const std::vector<std::string>& addresses);
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  FabricOptions options_;
+  Topology topology_ = Topology::Flat(1);
+  std::vector<std::string> hostnames_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::vector<std::unique_ptr<transport::Endpoint>> out_;
+  std::vector<std::unique_ptr<transport::Endpoint>> in_;
+  mutable Mutex mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+};
+
+// Sends and receives posted together and awaited together.
+class Batch {
+ public:
+  Batch(Fabric* fabric, absl::Time deadline);
+  ~Batch();  // Waits for outstanding callbacks (after Wait, there are none).
+
+  // `data` / `buffer` must stay valid until Wait() returns.
+  void Send(int peer, transport::Tag tag, absl::Span<const uint8_t> data,
+            transport::Priority priority = transport::Priority::kNormal);
+  // Receives exactly buffer.size() bytes; a message of another size is an error (DataLoss).
+  void Recv(int peer, transport::Tag tag, absl::Span<uint8_t> buffer);
+  // Receives a message of any size (up to `max_bytes`) into `out`, resized to fit.
+  void RecvAny(int peer, transport::Tag tag, std::string* out, size_t max_bytes);
+
+  // Waits for everything posted. On the first failure or at the deadline it aborts the Fabric.
+  absl::Status Wait();
+
+ private:
+  struct State;
+  void Done(const absl::Status& status);
+
+  Fabric* fabric_;
+  absl::Time deadline_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace lbcc::comm
+
+#endif  // LBCC_COMM_FABRIC_H_
