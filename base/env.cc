@@ -25,9 +25,42 @@ constexpr Spec kSpecs[] = {
      "NONE|VERSION|WARN|INFO|TRACE"},
     {"LBCC_DEBUG_FILE", Type::kString, "",
      "Write logs to this file instead of stderr; %h expands to the host name, %p to the pid."},
+    {"LBCC_FAST_CHUNK_BYTES", Type::kBytes, "64M",
+     "Transport: fast links carry messages in chunks of this size.", {}, 4096, 1 << 30},
+    {"LBCC_LINK_CLASS", Type::kEnum, "auto",
+     "Transport: class of every link: auto (topology file, then a timed probe at connect), fast "
+     "or slow.",
+     "auto|fast|slow"},
+    {"LBCC_LINK_PROBE_BYTES", Type::kBytes, "64M",
+     "Transport: largest transfer per direction of the connect-time link probe (it grows from "
+     "64K until a transfer takes 20 ms).",
+     {}, 65536, 1 << 30},
+    {"LBCC_PEER_TIMEOUT_MS", Type::kInt, "10000",
+     "Transport: a peer that stops answering fails pending work with Unavailable after about "
+     "this many milliseconds.",
+     {}, 100, 3600000},
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},
+    {"LBCC_SLOW_CHUNK_BYTES", Type::kBytes, "256K",
+     "Transport: slow links send messages in chunks of this size; a higher-priority message "
+     "waits for at most the chunks in flight.",
+     {}, 4096, 64 << 20},
+    {"LBCC_SLOW_LINK_GBITS", Type::kDouble, "10",
+     "Transport: a link probed below this rate (Gbit/s, either direction) is slow.", {}, 1e-6,
+     1e6},
+    {"LBCC_SLOW_PACE_MBITS", Type::kDouble, "0",
+     "Transport: pace each slow link's sends to this rate in Mbit/s (token bucket); 0: no "
+     "pacing.",
+     {}, 0, 1e7},
+    {"LBCC_SLOW_STRIPES", Type::kInt, "1",
+     "Transport: connections each slow link stripes its chunks over.", {}, 1, 16},
+    {"LBCC_SLOW_WINDOW_BYTES", Type::kBytes, "0",
+     "Transport: unacknowledged bytes a slow link keeps in flight; 0: max(stripes x chunk, "
+     "2 x probed rate x RTT).",
+     {}, 0, 1 << 30},
+    {"LBCC_TOPOLOGY_FILE", Type::kString, "",
+     "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer."},
 };
 
 constexpr absl::string_view kPrefix = "LBCC_";
