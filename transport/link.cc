@@ -1,0 +1,567 @@
+#include "transport/link.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/check.h"
+#include "base/logging.h"
+
+namespace lbcc::transport {
+
+Link::Link(std::shared_ptr<Executor> executor, std::string peer_address)
+    : executor_(std::move(executor)), peer_address_(std::move(peer_address)) {}
+
+Link::~Link() {
+  // Every operation keeps the Link alive until its callback is posted, so nothing is pending.
+  absl::MutexLock lock(&mu_);
+  LBCC_DCHECK(out_.empty()) << out_.size() << " sends outstanding";
+}
+
+void Link::AddLane(std::shared_ptr<Lane> lane) {
+  absl::MutexLock lock(&mu_);
+  lanes_.push_back(std::move(lane));
+  lane_inflight_.push_back(0);
+  counters_.stripes = static_cast<int>(lanes_.size());
+}
+
+void Link::Configure(LinkClass link_class, const SchedulerOptions& scheduler,
+                     int64_t fast_chunk_bytes, const ProbeResult& probe) {
+  absl::MutexLock lock(&mu_);
+  configured_ = true;
+  link_class_ = link_class;
+  scheduler_ = scheduler;
+  fast_chunk_bytes_ = std::max<int64_t>(fast_chunk_bytes, 1);
+  probe_ = probe;
+  scheduler_.stripes = std::max<int>(1, static_cast<int>(lanes_.size()));
+  window_bytes_ = WindowBytes(scheduler_, std::min(probe.send_bytes_per_second,
+                                                   probe.recv_bytes_per_second),
+                              probe.rtt_seconds);
+  if (scheduler_.pace_bytes_per_second > 0) {
+    bucket_.emplace(scheduler_.pace_bytes_per_second, static_cast<double>(scheduler_.chunk_bytes),
+                    absl::Now());
+  } else {
+    bucket_.reset();
+  }
+  counters_.link_class = link_class;
+  counters_.probed_send_bytes_per_second = probe.send_bytes_per_second;
+  counters_.probed_recv_bytes_per_second = probe.recv_bytes_per_second;
+  counters_.probed_rtt_seconds = probe.rtt_seconds;
+}
+
+void Link::AddRetries(uint64_t retries) {
+  absl::MutexLock lock(&mu_);
+  counters_.retries += retries;
+}
+
+void Link::SetKick(std::function<void()> kick) {
+  absl::MutexLock lock(&mu_);
+  kick_ = std::move(kick);
+}
+
+void Link::Kick() {
+  std::function<void()> kick;
+  {
+    absl::MutexLock lock(&mu_);
+    kick = kick_;
+  }
+  if (kick) kick();
+}
+
+LinkClass Link::link_class() const {
+  absl::MutexLock lock(&mu_);
+  return link_class_;
+}
+
+bool Link::failed() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+LinkCounters Link::counters() const {
+  absl::MutexLock lock(&mu_);
+  LinkCounters c = counters_;
+  const absl::Time now = absl::Now();
+  absl::Duration send_busy = send_busy_;
+  absl::Duration recv_busy = recv_busy_;
+  if (send_active_ > 0) send_busy += now - send_busy_since_;
+  if (recv_active_ > 0) recv_busy += now - recv_busy_since_;
+  if (send_busy > absl::ZeroDuration()) {
+    c.send_bytes_per_second = c.bytes_sent / absl::ToDoubleSeconds(send_busy);
+  }
+  if (recv_busy > absl::ZeroDuration()) {
+    c.recv_bytes_per_second = c.bytes_received / absl::ToDoubleSeconds(recv_busy);
+  }
+  c.queued_messages = 0;
+  c.queued_bytes = 0;
+  for (const auto& queue : queues_) {
+    c.queued_messages += queue.size();
+    for (const OutMsg* msg : queue) c.queued_bytes += msg->size - msg->next_offset;
+  }
+  c.inflight_bytes = inflight_bytes_;
+  return c;
+}
+
+void Link::SendBusyLocked(int delta) {
+  if (delta > 0 && send_active_++ == 0) send_busy_since_ = absl::Now();
+  if (delta < 0 && --send_active_ == 0) send_busy_ += absl::Now() - send_busy_since_;
+}
+
+void Link::RecvBusyLocked(int delta) {
+  if (delta > 0 && recv_active_++ == 0) recv_busy_since_ = absl::Now();
+  if (delta < 0 && --recv_active_ == 0) recv_busy_ += absl::Now() - recv_busy_since_;
+}
+
+void Link::PostSendDone(SendCallback done, absl::Status status) {
+  executor_->Post([done = std::move(done), status = std::move(status)]() mutable {
+    done(std::move(status));
+  });
+}
+
+void Link::PostRecvDone(RecvCallback done, absl::StatusOr<size_t> result) {
+  executor_->Post([done = std::move(done), result = std::move(result)]() mutable {
+    done(std::move(result));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Send side.
+
+void Link::Send(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    SendLocked(tag, data, options, std::move(done));
+  }
+  Kick();
+}
+
+void Link::SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions options,
+                      SendCallback done) {
+  if (failed_) {
+    PostSendDone(std::move(done), failure_);
+    return;
+  }
+  const int priority = static_cast<int>(options.priority);
+  if (priority < 0 || priority >= kNumPriorities) {
+    PostSendDone(std::move(done), absl::InvalidArgumentError(
+                                      absl::StrCat("unknown priority ", priority)));
+    return;
+  }
+  if (!configured_ || lanes_.empty()) {
+    PostSendDone(std::move(done),
+                 absl::FailedPreconditionError("endpoint is not connected yet"));
+    return;
+  }
+  auto owned = std::make_unique<OutMsg>();
+  OutMsg* msg = owned.get();
+  msg->seq = next_seq_++;
+  msg->tag = tag;
+  msg->tag_seq = next_tag_seq_[tag]++;
+  msg->data = data.data();
+  msg->size = data.size();
+  msg->priority = options.priority;
+  msg->done = std::move(done);
+  out_.emplace(msg->seq, std::move(owned));
+  SendBusyLocked(+1);
+
+  if (link_class_ == LinkClass::kFast) {
+    // Fast links bypass the scheduler: every chunk goes to lane 0 now.
+    const uint64_t chunk = static_cast<uint64_t>(fast_chunk_bytes_);
+    do {
+      const uint32_t length =
+          static_cast<uint32_t>(std::min<uint64_t>(chunk, msg->size - msg->next_offset));
+      const uint64_t offset = msg->next_offset;
+      msg->next_offset += length;
+      HandChunkLocked(msg, 0, offset, length, /*credit=*/false);
+    } while (msg->next_offset < msg->size);
+    msg->all_handed = true;
+    return;
+  }
+  queues_[priority].push_back(msg);
+  counters_.max_queued_messages = std::max<uint64_t>(
+      counters_.max_queued_messages,
+      queues_[0].size() + queues_[1].size() + queues_[2].size());
+  PumpLocked();
+}
+
+void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t length, bool credit) {
+  ChunkHeader header{};
+  header.msg_seq = msg->seq;
+  header.tag = msg->tag;
+  header.tag_seq = msg->tag_seq;
+  header.total_size = msg->size;
+  header.offset = offset;
+  header.length = length;
+  header.priority = static_cast<uint8_t>(msg->priority);
+  header.flags = credit ? kChunkNeedsCredit : 0;
+  header.version = kWireVersion;
+  ++msg->chunks_outstanding;
+  if (credit) {
+    inflight_bytes_ += length;
+    lane_inflight_[lane] += length;
+  }
+  lanes_[lane]->SendChunk(
+      header, msg->data + offset, length,
+      [self = shared_from_this(), seq = msg->seq, lane, length, credit](absl::Status status) {
+        self->OnChunkSent(seq, lane, length, credit, std::move(status));
+      });
+}
+
+void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit,
+                       absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = out_.find(seq);
+    LBCC_CHECK(it != out_.end()) << "completion for unknown message " << seq;
+    OutMsg* msg = it->second.get();
+    --msg->chunks_outstanding;
+    if (status.ok()) {
+      counters_.bytes_sent += length;
+      ++counters_.chunks_sent;
+      MaybeFinishSendLocked(msg);
+    } else {
+      if (msg->status.ok()) msg->status = status;
+      // A chunk that was never delivered returns no credit.
+      if (credit) {
+        inflight_bytes_ -= std::min<uint64_t>(inflight_bytes_, length);
+        lane_inflight_[lane] -= std::min<uint64_t>(lane_inflight_[lane], length);
+      }
+      MaybeFinishSendLocked(msg);  // May destroy msg.
+      if (!failed_) {
+        FailLocked(status.code() == absl::StatusCode::kCancelled
+                       ? status
+                       : absl::UnavailableError(
+                             absl::StrCat("link to ", peer_address_, " lost: ", status.message())));
+      }
+    }
+  }
+  Kick();
+}
+
+void Link::MaybeFinishSendLocked(OutMsg* msg) {
+  if (!msg->all_handed || msg->chunks_outstanding > 0) return;
+  absl::Status status = msg->status;
+  if (status.ok()) ++counters_.messages_sent;
+  PostSendDone(std::move(msg->done), std::move(status));
+  out_.erase(msg->seq);  // Destroys msg.
+  SendBusyLocked(-1);
+}
+
+void Link::PumpLocked() {
+  if (link_class_ != LinkClass::kSlow) return;
+  const uint64_t chunk = static_cast<uint64_t>(scheduler_.chunk_bytes);
+  while (!failed_) {
+    int priority = 0;
+    while (priority < kNumPriorities && queues_[priority].empty()) ++priority;
+    if (priority == kNumPriorities) return;
+    if (inflight_bytes_ >= static_cast<uint64_t>(window_bytes_)) return;
+    OutMsg* msg = queues_[priority].front();
+    const uint32_t length =
+        static_cast<uint32_t>(std::min<uint64_t>(chunk, msg->size - msg->next_offset));
+    if (bucket_.has_value() && length > 0) {
+      absl::Time ready_at;
+      if (!bucket_->TryTake(length, absl::Now(), &ready_at)) {
+        ++counters_.pacing_waits;
+        if (!pacing_timer_armed_) {
+          pacing_timer_armed_ = true;
+          executor_->PostAt(ready_at, [weak = weak_from_this()] {
+            if (std::shared_ptr<Link> self = weak.lock()) self->OnPacingTimer();
+          });
+        }
+        return;
+      }
+    }
+    // Striping: the lane with the fewest bytes in flight.
+    int lane = 0;
+    for (int i = 1; i < static_cast<int>(lanes_.size()); ++i) {
+      if (lane_inflight_[i] < lane_inflight_[lane]) lane = i;
+    }
+    const uint64_t offset = msg->next_offset;
+    msg->next_offset += length;
+    if (msg->next_offset == msg->size) {
+      queues_[priority].pop_front();
+      msg->all_handed = true;
+    }
+    HandChunkLocked(msg, lane, offset, length, /*credit=*/length > 0);
+  }
+}
+
+void Link::OnPacingTimer() {
+  {
+    absl::MutexLock lock(&mu_);
+    pacing_timer_armed_ = false;
+    PumpLocked();
+  }
+  Kick();
+}
+
+void Link::OnCredit(int lane, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (lane < 0 || lane >= static_cast<int>(lanes_.size())) return;
+  inflight_bytes_ -= std::min(inflight_bytes_, bytes);
+  lane_inflight_[lane] -= std::min(lane_inflight_[lane], bytes);
+  PumpLocked();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receive side.
+
+void Link::Recv(Tag tag, absl::Span<uint8_t> buffer, RecvCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    RecvLocked(tag, PostedRecv{buffer, nullptr, std::move(done)});
+  }
+  Kick();
+}
+
+void Link::Recv(Tag tag, RecvAllocator allocate, RecvCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!allocate) {
+      PostRecvDone(std::move(done), absl::InvalidArgumentError("null RecvAllocator"));
+      return;
+    }
+    RecvLocked(tag, PostedRecv{{}, std::move(allocate), std::move(done)});
+  }
+  Kick();
+}
+
+void Link::RecvLocked(Tag tag, PostedRecv recv) {
+  if (failed_) {
+    PostRecvDone(std::move(recv.done), failure_);
+    return;
+  }
+  tags_[tag].posted.push_back(std::move(recv));
+  TryMatchLocked(tag);
+}
+
+void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
+                   std::unique_ptr<DeferredPayload> deferred) {
+  absl::MutexLock lock(&mu_);
+  if (failed_) return;  // `deferred` is discarded.
+  if (h.version != kWireVersion || h.offset > h.total_size ||
+      h.length > h.total_size - h.offset || (h.length == 0 && h.total_size != 0) ||
+      lane < 0 || lane >= static_cast<int>(lanes_.size())) {
+    FailLocked(absl::DataLossError(absl::StrCat(
+        "malformed chunk from ", peer_address_, ": version ", h.version, " offset ", h.offset,
+        " length ", h.length, " of ", h.total_size)));
+    return;
+  }
+  if ((h.flags & kChunkNeedsCredit) && h.length > 0) lanes_[lane]->SendCredit(h.length);
+  ++counters_.chunks_received;
+
+  InMsg* msg;
+  auto it = in_.find(h.msg_seq);
+  if (it == in_.end()) {
+    auto owned = std::make_unique<InMsg>();
+    msg = owned.get();
+    msg->seq = h.msg_seq;
+    msg->tag = h.tag;
+    msg->tag_seq = h.tag_seq;
+    msg->total = h.total_size;
+    in_.emplace(h.msg_seq, std::move(owned));
+    RecvBusyLocked(+1);
+    TagState& state = tags_[h.tag];
+    if (h.tag_seq < state.next_match || !state.unmatched.emplace(h.tag_seq, msg).second) {
+      FailLocked(absl::DataLossError(absl::StrCat("duplicate message ", h.tag_seq, " for tag ",
+                                                  h.tag, " from ", peer_address_)));
+      return;
+    }
+  } else {
+    msg = it->second.get();
+    if (msg->tag != h.tag || msg->tag_seq != h.tag_seq || msg->total != h.total_size ||
+        h.length > msg->total - msg->bytes_seen) {
+      FailLocked(absl::DataLossError(
+          absl::StrCat("inconsistent chunk of message ", h.msg_seq, " from ", peer_address_)));
+      return;
+    }
+  }
+  msg->bytes_seen += h.length;
+  if (msg->discard) {
+    // Dropped: `deferred` goes out of scope.
+  } else if (msg->matched) {
+    PlaceLocked(msg, h.offset, h.length, data, std::move(deferred));
+  } else {
+    StagedChunk staged;
+    staged.offset = h.offset;
+    staged.length = h.length;
+    if (deferred != nullptr) {
+      staged.deferred = std::move(deferred);
+    } else if (h.length > 0) {
+      staged.bytes.assign(data, data + h.length);
+    }
+    msg->staged.push_back(std::move(staged));
+    TryMatchLocked(h.tag);
+  }
+  // `msg` may have completed inside TryMatchLocked; look it up again.
+  auto again = in_.find(h.msg_seq);
+  if (again != in_.end()) MaybeFinishRecvLocked(again->second.get());
+}
+
+void Link::TryMatchLocked(Tag tag) {
+  TagState& state = tags_[tag];
+  while (!state.posted.empty()) {
+    auto it = state.unmatched.find(state.next_match);
+    if (it == state.unmatched.end()) return;
+    InMsg* msg = it->second;
+    state.unmatched.erase(it);
+    ++state.next_match;
+    PostedRecv recv = std::move(state.posted.front());
+    state.posted.pop_front();
+    MatchLocked(msg, std::move(recv));
+  }
+}
+
+void Link::MatchLocked(InMsg* msg, PostedRecv recv) {
+  msg->matched = true;
+  msg->done = std::move(recv.done);
+  absl::Status status;
+  if (recv.allocate) {
+    absl::StatusOr<absl::Span<uint8_t>> buffer = recv.allocate(msg->total);
+    if (!buffer.ok()) {
+      status = buffer.status();
+    } else if (buffer->size() < msg->total) {
+      status = absl::InvalidArgumentError(absl::StrCat("RecvAllocator returned ", buffer->size(),
+                                                       " bytes for a ", msg->total,
+                                                       "-byte message"));
+    } else {
+      msg->buffer = buffer->data();
+    }
+  } else if (recv.buffer.size() < msg->total) {
+    status = absl::InvalidArgumentError(absl::StrCat("message of ", msg->total, " bytes (tag ",
+                                                     msg->tag, ") does not fit the ",
+                                                     recv.buffer.size(), "-byte buffer"));
+  } else {
+    msg->buffer = recv.buffer.data();
+  }
+  std::vector<StagedChunk> staged = std::move(msg->staged);
+  msg->staged.clear();
+  if (!status.ok()) {
+    msg->discard = true;  // `staged` is dropped with this scope.
+    msg->status = status;
+  } else {
+    for (StagedChunk& chunk : staged) {
+      PlaceLocked(msg, chunk.offset, chunk.length,
+                  chunk.bytes.empty() ? nullptr : chunk.bytes.data(), std::move(chunk.deferred));
+    }
+  }
+  MaybeFinishRecvLocked(msg);  // May destroy msg.
+}
+
+void Link::PlaceLocked(InMsg* msg, uint64_t offset, uint32_t length, const uint8_t* bytes,
+                       std::unique_ptr<DeferredPayload> deferred) {
+  if (deferred != nullptr) {
+    ++msg->fetches_outstanding;
+    deferred->Fetch(msg->buffer + offset,
+                    [self = shared_from_this(), seq = msg->seq, length](absl::Status status) {
+                      self->OnFetchDone(seq, length, std::move(status));
+                    });
+    return;
+  }
+  if (length > 0) std::memcpy(msg->buffer + offset, bytes, length);
+  msg->bytes_placed += length;
+  counters_.bytes_received += length;
+}
+
+void Link::OnFetchDone(uint64_t seq, uint32_t length, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  auto it = in_.find(seq);
+  LBCC_CHECK(it != in_.end()) << "fetch completion for unknown message " << seq;
+  InMsg* msg = it->second.get();
+  --msg->fetches_outstanding;
+  if (status.ok()) {
+    msg->bytes_placed += length;
+    counters_.bytes_received += length;
+    MaybeFinishRecvLocked(msg);
+  } else {
+    if (msg->status.ok()) msg->status = status;
+    MaybeFinishRecvLocked(msg);  // May destroy msg.
+    if (!failed_) {
+      FailLocked(status.code() == absl::StatusCode::kCancelled
+                     ? status
+                     : absl::UnavailableError(absl::StrCat("link to ", peer_address_,
+                                                           " lost: ", status.message())));
+    }
+  }
+}
+
+void Link::MaybeFinishRecvLocked(InMsg* msg) {
+  if (msg->matched && !msg->done_posted && msg->fetches_outstanding == 0 &&
+      (!msg->status.ok() || msg->bytes_placed == msg->total)) {
+    msg->done_posted = true;
+    if (msg->status.ok()) {
+      ++counters_.messages_received;
+      PostRecvDone(std::move(msg->done), static_cast<size_t>(msg->total));
+    } else {
+      PostRecvDone(std::move(msg->done), msg->status);
+    }
+  }
+  // Forget the message once its callback is posted and no chunk of it can still arrive.
+  const bool all_seen = msg->bytes_seen == msg->total || failed_;
+  if (msg->done_posted && msg->fetches_outstanding == 0 && all_seen) {
+    in_.erase(msg->seq);  // Destroys msg.
+    RecvBusyLocked(-1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure.
+
+void Link::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_) FailLocked(absl::CancelledError("endpoint closed"));
+  }
+  Kick();
+}
+
+void Link::Fail(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_) FailLocked(std::move(status));
+  }
+  Kick();
+}
+
+void Link::FailLocked(absl::Status status) {
+  LBCC_DCHECK(!status.ok());
+  if (failed_) return;
+  failed_ = true;
+  failure_ = status;
+  LBCC_LOG_IF(INFO, status.code() != absl::StatusCode::kCancelled)
+      << "link to " << peer_address_ << " failed: " << status;
+
+  // Sends: unscheduled chunks are dropped; messages finish once their handed chunks return.
+  for (auto& queue : queues_) queue.clear();
+  std::vector<OutMsg*> sends;
+  for (auto& [seq, msg] : out_) sends.push_back(msg.get());
+  for (OutMsg* msg : sends) {
+    msg->all_handed = true;
+    if (msg->status.ok()) msg->status = status;
+    MaybeFinishSendLocked(msg);
+  }
+
+  // Receives: posted ones fail now, matched ones once their fetches return; staged chunks go.
+  for (auto& [tag, state] : tags_) {
+    for (PostedRecv& recv : state.posted) PostRecvDone(std::move(recv.done), status);
+    state.posted.clear();
+    state.unmatched.clear();
+  }
+  std::vector<InMsg*> receives;
+  for (auto& [seq, msg] : in_) receives.push_back(msg.get());
+  for (InMsg* msg : receives) {
+    msg->staged.clear();
+    if (!msg->matched) {
+      in_.erase(msg->seq);
+      RecvBusyLocked(-1);
+      continue;
+    }
+    if (msg->status.ok()) msg->status = status;
+    MaybeFinishRecvLocked(msg);
+  }
+
+  for (auto& lane : lanes_) lane->Close();
+}
+
+}  // namespace lbcc::transport

@@ -1,0 +1,221 @@
+// Link: the backend-independent half of an Endpoint. It turns messages into chunks over one or
+// more Lanes (transport/lane.h), matches incoming messages to posted receives by (tag, order),
+// schedules slow links (priority queues, credit window, token-bucket pacing, striping), keeps the
+// per-link counters and fails pending work exactly once on Close() or a lost peer.
+//
+// Both backends build their Endpoints on a Link: the loopback backend with in-memory lanes, UCX
+// with one ucp endpoint per lane. Fast links send every chunk at once on lane 0; slow links queue
+// messages by priority and hand chunks to the least-loaded lane while the bytes in flight (not yet
+// credited back by the receiver) stay under the window and the token bucket allows.
+//
+// Thread-safety: all public methods are thread-safe. Lock order: a backend's own lock (the UCX
+// worker) may be held when calling On*(); the Link's mutex is never held while calling user code
+// other than a RecvAllocator, and user callbacks run on the Executor.
+#ifndef LBCC_TRANSPORT_LINK_H_
+#define LBCC_TRANSPORT_LINK_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/executor.h"
+#include "transport/lane.h"
+#include "transport/options.h"
+#include "transport/token_bucket.h"
+#include "transport/transport.h"
+
+namespace lbcc::transport {
+
+// What the connect-time probe measured (zeros when the class was configured).
+struct ProbeResult {
+  double send_bytes_per_second = 0;
+  double recv_bytes_per_second = 0;
+  double rtt_seconds = 0;
+};
+
+class Link : public std::enable_shared_from_this<Link> {
+ public:
+  Link(std::shared_ptr<Executor> executor, std::string peer_address);
+  ~Link();
+
+  // Set-up by the backend. Lanes may be added until the first Send; chunks may arrive on a lane
+  // as soon as it is added. Configure() must come before the first Send.
+  void AddLane(std::shared_ptr<Lane> lane);
+  void Configure(LinkClass link_class, const SchedulerOptions& scheduler, int64_t fast_chunk_bytes,
+                 const ProbeResult& probe);
+  // Called after the Link's mutex is released in calling paths, so that the backend can make
+  // progress on the caller's thread (UCX: try the worker lock and progress).
+  void SetKick(std::function<void()> kick);
+  // Connection attempts the backend repeated while setting the link up (a counter).
+  void AddRetries(uint64_t retries);
+
+  // The Endpoint API (see transport.h for the contracts).
+  void Send(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done);
+  void Recv(Tag tag, absl::Span<uint8_t> buffer, RecvCallback done);
+  void Recv(Tag tag, RecvAllocator allocate, RecvCallback done);
+  void Close();
+  LinkClass link_class() const;
+  LinkCounters counters() const;
+  const std::string& peer_address() const { return peer_address_; }
+
+  // From the backend. `data` (valid during the call) holds the chunk's bytes, or `deferred` does.
+  void OnChunk(int lane, const ChunkHeader& header, const uint8_t* data,
+               std::unique_ptr<DeferredPayload> deferred);
+  void OnCredit(int lane, uint64_t bytes);
+  // Fails all pending and future work with `status` (Unavailable for a lost peer).
+  void Fail(absl::Status status);
+  bool failed() const;
+
+ private:
+  struct OutMsg {
+    uint64_t seq = 0;
+    Tag tag = 0;
+    uint64_t tag_seq = 0;
+    const uint8_t* data = nullptr;
+    uint64_t size = 0;
+    Priority priority = Priority::kNormal;
+    uint64_t next_offset = 0;        // First byte not yet handed to a lane.
+    uint64_t chunks_outstanding = 0;  // Handed to a lane, `done` not yet run.
+    bool all_handed = false;          // No more chunks will be handed (sent or failed).
+    absl::Status status;
+    SendCallback done;
+  };
+  struct PostedRecv {
+    absl::Span<uint8_t> buffer;
+    RecvAllocator allocate;  // Null: use `buffer`.
+    RecvCallback done;
+  };
+  struct StagedChunk {
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    std::vector<uint8_t> bytes;                 // Arrived with the header...
+    std::unique_ptr<DeferredPayload> deferred;  // ...or still at the sender.
+  };
+  struct InMsg {
+    uint64_t seq = 0;
+    Tag tag = 0;
+    uint64_t tag_seq = 0;
+    uint64_t total = 0;
+    uint64_t bytes_seen = 0;    // Chunk lengths that arrived.
+    uint64_t bytes_placed = 0;  // Bytes that landed in `buffer`.
+    int fetches_outstanding = 0;
+    bool matched = false;
+    bool discard = false;      // Matched, failed; later chunks are dropped.
+    bool done_posted = false;
+    uint8_t* buffer = nullptr;
+    absl::Status status;
+    RecvCallback done;
+    std::vector<StagedChunk> staged;
+  };
+  struct TagState {
+    uint64_t next_match = 0;  // tag_seq the next posted receive takes.
+    std::deque<PostedRecv> posted;
+    std::map<uint64_t, InMsg*> unmatched;  // By tag_seq.
+  };
+
+  void SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t length, bool credit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, absl::Status status);
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnPacingTimer();
+  void MaybeFinishSendLocked(OutMsg* msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void TryMatchLocked(Tag tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MatchLocked(InMsg* msg, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceLocked(InMsg* msg, uint64_t offset, uint32_t length, const uint8_t* bytes,
+                   std::unique_ptr<DeferredPayload> deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFetchDone(uint64_t seq, uint32_t length, absl::Status status);
+  void MaybeFinishRecvLocked(InMsg* msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostSendDone(SendCallback done, absl::Status status);
+  void PostRecvDone(RecvCallback done, absl::StatusOr<size_t> result);
+  void Kick();
+
+  // Busy-time accounting for the achieved rates.
+  void SendBusyLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecvBusyLocked(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::shared_ptr<Executor> executor_;
+  const std::string peer_address_;
+
+  mutable absl::Mutex mu_;
+  std::function<void()> kick_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> lane_inflight_ ABSL_GUARDED_BY(mu_);
+  bool configured_ ABSL_GUARDED_BY(mu_) = false;
+  LinkClass link_class_ ABSL_GUARDED_BY(mu_) = LinkClass::kFast;
+  SchedulerOptions scheduler_ ABSL_GUARDED_BY(mu_);
+  int64_t fast_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 64 << 20;
+  int64_t window_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  ProbeResult probe_ ABSL_GUARDED_BY(mu_);
+  std::optional<TokenBucket> bucket_ ABSL_GUARDED_BY(mu_);
+  bool pacing_timer_armed_ ABSL_GUARDED_BY(mu_) = false;
+
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+
+  // Send side.
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<Tag, uint64_t> next_tag_seq_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::unique_ptr<OutMsg>> out_ ABSL_GUARDED_BY(mu_);
+  std::deque<OutMsg*> queues_[kNumPriorities] ABSL_GUARDED_BY(mu_);
+  uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Receive side.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<InMsg>> in_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Tag, TagState> tags_ ABSL_GUARDED_BY(mu_);
+
+  // Counters.
+  LinkCounters counters_ ABSL_GUARDED_BY(mu_);
+  int send_active_ ABSL_GUARDED_BY(mu_) = 0;
+  int recv_active_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time send_busy_since_ ABSL_GUARDED_BY(mu_);
+  absl::Time recv_busy_since_ ABSL_GUARDED_BY(mu_);
+  absl::Duration send_busy_ ABSL_GUARDED_BY(mu_);
+  absl::Duration recv_busy_ ABSL_GUARDED_BY(mu_);
+};
+
+// The Endpoint handed to callers: a Link plus whatever backend state must outlive it.
+class LinkEndpoint final : public Endpoint {
+ public:
+  LinkEndpoint(std::shared_ptr<Link> link, std::shared_ptr<void> backend)
+      : link_(std::move(link)), backend_(std::move(backend)) {}
+  ~LinkEndpoint() override { link_->Close(); }
+
+  void Send(Tag tag, absl::Span<const uint8_t> data, SendOptions options,
+            SendCallback done) override {
+    link_->Send(tag, data, options, std::move(done));
+  }
+  void Recv(Tag tag, absl::Span<uint8_t> buffer, RecvCallback done) override {
+    link_->Recv(tag, buffer, std::move(done));
+  }
+  void Recv(Tag tag, RecvAllocator allocate, RecvCallback done) override {
+    link_->Recv(tag, std::move(allocate), std::move(done));
+  }
+  void Close() override { link_->Close(); }
+  LinkClass link_class() const override { return link_->link_class(); }
+  LinkCounters counters() const override { return link_->counters(); }
+  std::string peer_address() const override { return link_->peer_address(); }
+
+ private:
+  std::shared_ptr<Link> link_;
+  std::shared_ptr<void> backend_;
+};
+
+}  // namespace lbcc::transport
+
+#endif  // LBCC_TRANSPORT_LINK_H_

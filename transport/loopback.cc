@@ -1,0 +1,276 @@
+#include "transport/loopback.h"
+
+#include <atomic>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/executor.h"
+#include "transport/link.h"
+
+namespace lbcc::transport {
+namespace {
+
+// Chunks at least this large travel as deferred payloads (the receiver pulls them).
+constexpr size_t kDeferredBytes = 64 << 10;
+
+struct State;
+
+// Process-wide map of listening names.
+struct Registry {
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, std::weak_ptr<State>> listeners ABSL_GUARDED_BY(mu);
+};
+Registry& GetRegistry() {
+  static Registry* registry = new Registry;
+  return *registry;
+}
+
+// Per-Transport state, shared with its lanes and endpoints.
+struct State {
+  explicit State(const TransportOptions& o)
+      : options(o),
+        callbacks(std::make_shared<Executor>("lbcc-loop-cb")),
+        wire(std::make_shared<Executor>("lbcc-loop-wire")) {}
+
+  const TransportOptions options;
+  const std::shared_ptr<Executor> callbacks;  // User callbacks and timers.
+  const std::shared_ptr<Executor> wire;       // Deliveries into this Transport's links.
+
+  absl::Mutex mu;
+  std::string name ABSL_GUARDED_BY(mu);
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  std::deque<std::shared_ptr<Link>> accept_queue ABSL_GUARDED_BY(mu);
+  std::vector<std::weak_ptr<Link>> links ABSL_GUARDED_BY(mu);
+  uint64_t accepted ABSL_GUARDED_BY(mu) = 0;
+};
+
+// The sender's bytes of a large chunk, fetched by the receiver.
+class LoopbackDeferred final : public DeferredPayload {
+ public:
+  LoopbackDeferred(const uint8_t* data, size_t length, DoneCallback sender_done,
+                   std::shared_ptr<Executor> receiver_wire)
+      : data_(data),
+        length_(length),
+        sender_done_(std::move(sender_done)),
+        receiver_wire_(std::move(receiver_wire)) {}
+  ~LoopbackDeferred() override {
+    // Discarded by the receiver: the sender's part is over all the same.
+    if (sender_done_) {
+      receiver_wire_->Post(
+          [done = std::move(sender_done_)]() mutable { done(absl::OkStatus()); });
+    }
+  }
+  void Fetch(uint8_t* dst, DoneCallback done) override {
+    receiver_wire_->Post([data = data_, length = length_, dst, done = std::move(done),
+                          sender_done = std::move(sender_done_)]() mutable {
+      std::memcpy(dst, data, length);
+      done(absl::OkStatus());
+      sender_done(absl::OkStatus());
+    });
+    sender_done_ = nullptr;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t length_;
+  DoneCallback sender_done_;
+  std::shared_ptr<Executor> receiver_wire_;
+};
+
+// One direction-pair of an in-memory connection, as seen from one side.
+class LoopbackLane final : public Lane {
+ public:
+  LoopbackLane(int index, std::shared_ptr<Executor> peer_wire)
+      : index_(index), peer_wire_(std::move(peer_wire)) {}
+  void Bind(std::weak_ptr<Link> peer) { peer_ = std::move(peer); }
+
+  void SendChunk(const ChunkHeader& header, const uint8_t* data, size_t length,
+                 DoneCallback done) override {
+    if (closed_.load()) {
+      peer_wire_->Post([done = std::move(done)]() mutable {
+        done(absl::CancelledError("lane closed"));
+      });
+      return;
+    }
+    peer_wire_->Post([peer = peer_, index = index_, header, data, length, done = std::move(done),
+                      wire = peer_wire_]() mutable {
+      std::shared_ptr<Link> link = peer.lock();
+      if (link == nullptr) {
+        done(absl::UnavailableError("loopback peer is gone"));
+        return;
+      }
+      if (length >= kDeferredBytes) {
+        link->OnChunk(index, header, nullptr,
+                      std::make_unique<LoopbackDeferred>(data, length, std::move(done), wire));
+      } else {
+        link->OnChunk(index, header, data, nullptr);
+        done(absl::OkStatus());
+      }
+    });
+  }
+
+  void SendCredit(uint64_t bytes) override {
+    peer_wire_->Post([peer = peer_, index = index_, bytes] {
+      if (std::shared_ptr<Link> link = peer.lock()) link->OnCredit(index, bytes);
+    });
+  }
+
+  void Close() override {
+    if (closed_.exchange(true)) return;
+    peer_wire_->Post([peer = peer_] {
+      if (std::shared_ptr<Link> link = peer.lock()) {
+        link->Fail(absl::UnavailableError("loopback peer closed the endpoint"));
+      }
+    });
+  }
+
+ private:
+  const int index_;
+  const std::shared_ptr<Executor> peer_wire_;
+  std::weak_ptr<Link> peer_;
+  std::atomic<bool> closed_{false};
+};
+
+class LoopbackTransport final : public Transport {
+ public:
+  explicit LoopbackTransport(const TransportOptions& options)
+      : state_(std::make_shared<State>(options)) {}
+
+  ~LoopbackTransport() override {
+    std::vector<std::shared_ptr<Link>> links;
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->shut_down = true;
+      for (auto& weak : state_->links) {
+        if (std::shared_ptr<Link> link = weak.lock()) links.push_back(std::move(link));
+      }
+      state_->accept_queue.clear();
+      if (!state_->name.empty()) {
+        Registry& registry = GetRegistry();
+        absl::MutexLock registry_lock(&registry.mu);
+        registry.listeners.erase(state_->name);
+      }
+    }
+    for (auto& link : links) link->Fail(absl::CancelledError("transport shut down"));
+  }
+
+  absl::string_view backend() const override { return "loopback"; }
+
+  absl::StatusOr<std::string> Listen(absl::string_view address) override {
+    if (address.empty()) return absl::InvalidArgumentError("loopback address must be a name");
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->name.empty()) return absl::FailedPreconditionError("already listening");
+    Registry& registry = GetRegistry();
+    absl::MutexLock registry_lock(&registry.mu);
+    std::weak_ptr<State>& slot = registry.listeners[std::string(address)];
+    if (slot.lock() != nullptr) {
+      return absl::UnavailableError(absl::StrCat("loopback name '", address, "' is in use"));
+    }
+    slot = state_;
+    state_->name = std::string(address);
+    return state_->name;
+  }
+
+  absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view address,
+                                                    absl::Duration timeout,
+                                                    ConnectOptions options) override {
+    if (address.empty()) return absl::InvalidArgumentError("loopback address must be a name");
+    const absl::Time deadline = absl::Now() + timeout;
+    std::shared_ptr<State> server;
+    uint64_t retries = 0;
+    while (true) {
+      {
+        Registry& registry = GetRegistry();
+        absl::MutexLock lock(&registry.mu);
+        auto it = registry.listeners.find(std::string(address));
+        if (it != registry.listeners.end()) server = it->second.lock();
+      }
+      if (server != nullptr) break;
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(absl::StrCat("nobody listens on loopback '", address, "'"));
+      }
+      ++retries;
+      absl::SleepFor(absl::Milliseconds(1));  // Waiting for a peer to start listening.
+    }
+
+    // The class: explicit, then either side's configuration (slow wins), else fast.
+    LinkClass link_class = LinkClass::kFast;
+    if (options.has_link_class) {
+      link_class = options.link_class;
+    } else {
+      std::optional<LinkClass> mine = state_->options.ConfiguredClass(address, 0);
+      std::optional<LinkClass> theirs = server->options.link_class;
+      if (mine == LinkClass::kSlow || theirs == LinkClass::kSlow) link_class = LinkClass::kSlow;
+    }
+    const int lanes =
+        link_class == LinkClass::kSlow ? std::max(1, state_->options.scheduler.stripes) : 1;
+
+    uint64_t connection;
+    {
+      absl::MutexLock lock(&server->mu);
+      if (server->shut_down) return absl::UnavailableError("loopback listener shut down");
+      connection = server->accepted++;
+    }
+    auto client = std::make_shared<Link>(state_->callbacks, absl::StrCat("loop:", address));
+    auto accepted = std::make_shared<Link>(
+        server->callbacks, absl::StrCat("loop:", address, "#", connection));
+    for (int i = 0; i < lanes; ++i) {
+      auto client_lane = std::make_shared<LoopbackLane>(i, server->wire);
+      auto server_lane = std::make_shared<LoopbackLane>(i, state_->wire);
+      client_lane->Bind(accepted);
+      server_lane->Bind(client);
+      client->AddLane(client_lane);
+      accepted->AddLane(server_lane);
+    }
+    client->Configure(link_class, state_->options.scheduler, state_->options.fast_chunk_bytes, {});
+    accepted->Configure(link_class, server->options.scheduler, server->options.fast_chunk_bytes,
+                        {});
+    client->AddRetries(retries);
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->shut_down) return absl::CancelledError("transport shut down");
+      state_->links.push_back(client);
+    }
+    {
+      absl::MutexLock lock(&server->mu);
+      if (server->shut_down) {
+        client->Fail(absl::UnavailableError("loopback listener shut down"));
+        return absl::UnavailableError("loopback listener shut down");
+      }
+      server->links.push_back(accepted);
+      server->accept_queue.push_back(accepted);
+    }
+    return std::make_unique<LinkEndpoint>(client, state_);
+  }
+
+  absl::StatusOr<std::unique_ptr<Endpoint>> Accept(absl::Duration timeout) override {
+    absl::MutexLock lock(&state_->mu);
+    if (state_->name.empty()) return absl::FailedPreconditionError("not listening");
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      return !state_->accept_queue.empty() || state_->shut_down;
+    };
+    if (!state_->mu.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+      return absl::DeadlineExceededError("no connection to accept");
+    }
+    if (state_->shut_down) return absl::CancelledError("transport shut down");
+    std::shared_ptr<Link> link = std::move(state_->accept_queue.front());
+    state_->accept_queue.pop_front();
+    return std::make_unique<LinkEndpoint>(std::move(link), state_);
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> NewLoopbackTransport(const TransportOptions& options) {
+  return std::make_unique<LoopbackTransport>(options);
+}
+
+}  // namespace lbcc::transport

@@ -1,0 +1,96 @@
+// Configuration of a Transport: slow-link scheduling, link classification and peer timeouts,
+// read from the LBCC_* environment (base/env.cc declares every variable) or set in code, and the
+// topology file that names the class of links to given peers.
+//
+// Topology file (LBCC_TOPOLOGY_FILE), one rule per line, '#' starts a comment:
+//
+//   # peer            class
+//   10.77.0.3         slow      # any port on that host
+//   10.77.0.4:5000    fast
+//   *                 slow      # everyone else
+//
+// The most specific rule wins (host:port, then host, then *). Peers are matched by the address
+// given to Connect() on the client and by the connecting address on the server.
+//
+// Thread-safety: values; Topology is immutable after Parse().
+#ifndef LBCC_TRANSPORT_OPTIONS_H_
+#define LBCC_TRANSPORT_OPTIONS_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "transport/transport.h"
+
+namespace lbcc::transport {
+
+absl::StatusOr<LinkClass> ParseLinkClass(absl::string_view text);  // "fast" or "slow".
+
+// How a slow link sends.
+struct SchedulerOptions {
+  int64_t chunk_bytes = 256 << 10;  // LBCC_SLOW_CHUNK_BYTES.
+  double pace_bytes_per_second = 0;  // LBCC_SLOW_PACE_MBITS; 0: no pacing.
+  int stripes = 1;                   // LBCC_SLOW_STRIPES: connections per slow link.
+  // LBCC_SLOW_WINDOW_BYTES: bytes handed to the connections and not yet acknowledged by the
+  // receiver. Small keeps high-priority chunks from waiting behind bulk ones in socket buffers
+  // and shaper queues; large fills long links. 0: automatic (see WindowBytes()).
+  int64_t window_bytes = 0;
+};
+
+// The window a slow link uses: the configured one, or max(stripes * chunk, 2 * rate * rtt) so that
+// a long link stays full while a short one keeps about one chunk per connection in flight.
+int64_t WindowBytes(const SchedulerOptions& options, double rate_bytes_per_second,
+                    double rtt_seconds);
+
+class Topology {
+ public:
+  // Parses the file format above. InvalidArgument naming the line for a bad rule.
+  static absl::StatusOr<Topology> Parse(absl::string_view text);
+  // Reads and parses `path`; InvalidArgument when it cannot be read.
+  static absl::StatusOr<Topology> Load(const std::string& path);
+
+  // The class for a peer at host:port (port 0: unknown), if a rule covers it.
+  std::optional<LinkClass> Lookup(absl::string_view host, int port) const;
+  bool empty() const { return rules_.empty(); }
+
+ private:
+  std::map<std::string, LinkClass> rules_;  // "host:port", "host" or "*".
+};
+
+struct TransportOptions {
+  SchedulerOptions scheduler;
+  // Messages on fast links travel in chunks of this size (LBCC_FAST_CHUNK_BYTES), so that any
+  // size works whatever the backend's limits.
+  int64_t fast_chunk_bytes = 64 << 20;
+  // Explicit class for every link (LBCC_LINK_CLASS=fast|slow); unset: topology, then the probe.
+  std::optional<LinkClass> link_class;
+  Topology topology;  // LBCC_TOPOLOGY_FILE.
+  // A link whose probed rate in either direction is below this is slow (LBCC_SLOW_LINK_GBITS).
+  double slow_threshold_bits_per_second = 10e9;
+  // Largest probe transfer per direction (LBCC_LINK_PROBE_BYTES); the probe doubles its size until
+  // a transfer takes probe_min_time or reaches this.
+  int64_t probe_max_bytes = 64 << 20;
+  absl::Duration probe_min_time = absl::Milliseconds(20);
+  // A peer that stops answering fails pending work with Unavailable within about this long
+  // (LBCC_PEER_TIMEOUT_MS).
+  absl::Duration peer_timeout = absl::Seconds(10);
+
+  // UCX only. Empty: UCX's own settings (UCX_TLS, UCX_NET_DEVICES). Pin one device per Transport
+  // so that a fast and a slow device are never striped in one UCX endpoint.
+  std::string ucx_tls;
+  std::string ucx_net_devices;
+
+  // Reads every LBCC_* variable above (InvalidArgument for a bad value or topology file).
+  static absl::StatusOr<TransportOptions> FromEnv();
+
+  // The explicit class for a peer: topology rule, then link_class. nullopt: probe.
+  std::optional<LinkClass> ConfiguredClass(absl::string_view host, int port) const;
+};
+
+}  // namespace lbcc::transport
+
+#endif  // LBCC_TRANSPORT_OPTIONS_H_

@@ -1,0 +1,106 @@
+#include "transport/options.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::transport {
+namespace {
+
+using ::lbcc::testing::IsOkAndHolds;
+using ::lbcc::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+TEST(TopologyTest, MostSpecificRuleWins) {
+  LBCC_ASSERT_OK_AND_ASSIGN(Topology topology, Topology::Parse(R"(
+      # peer          class
+      10.0.0.3        slow   # whole host
+      10.0.0.3:5000   fast
+      *               slow
+  )"));
+  EXPECT_THAT(topology.Lookup("10.0.0.3", 5000), Optional(LinkClass::kFast));
+  EXPECT_THAT(topology.Lookup("10.0.0.3", 6000), Optional(LinkClass::kSlow));
+  EXPECT_THAT(topology.Lookup("10.0.0.9", 0), Optional(LinkClass::kSlow));
+}
+
+TEST(TopologyTest, NoRuleNoClass) {
+  LBCC_ASSERT_OK_AND_ASSIGN(Topology topology, Topology::Parse("10.0.0.3 slow\n"));
+  EXPECT_EQ(topology.Lookup("10.0.0.4", 1), std::nullopt);
+}
+
+TEST(TopologyTest, BadLinesNameTheLine) {
+  EXPECT_THAT(Topology::Parse("a fast\nb medium\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
+  EXPECT_THAT(Topology::Parse("a fast extra\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
+  EXPECT_THAT(Topology::Parse("a:99999 fast\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("port")));
+}
+
+TEST(TopologyTest, MissingFileIsInvalidArgument) {
+  EXPECT_THAT(Topology::Load("/nonexistent/lbcc-topology"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ParseLinkClassTest, FastAndSlow) {
+  EXPECT_THAT(ParseLinkClass(" Slow "), IsOkAndHolds(LinkClass::kSlow));
+  EXPECT_THAT(ParseLinkClass("fast"), IsOkAndHolds(LinkClass::kFast));
+  EXPECT_THAT(ParseLinkClass("auto"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+class FromEnvTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* name :
+         {"LBCC_SLOW_CHUNK_BYTES", "LBCC_SLOW_PACE_MBITS", "LBCC_SLOW_STRIPES",
+          "LBCC_LINK_CLASS", "LBCC_TOPOLOGY_FILE", "LBCC_SLOW_LINK_GBITS", "LBCC_PEER_TIMEOUT_MS"}) {
+      unsetenv(name);
+    }
+  }
+};
+
+TEST_F(FromEnvTest, DefaultsMatchTheIssue) {
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions options, TransportOptions::FromEnv());
+  EXPECT_EQ(options.scheduler.chunk_bytes, 256 << 10);
+  EXPECT_EQ(options.scheduler.pace_bytes_per_second, 0);
+  EXPECT_EQ(options.scheduler.stripes, 1);
+  EXPECT_EQ(options.link_class, std::nullopt);
+  EXPECT_DOUBLE_EQ(options.slow_threshold_bits_per_second, 10e9);
+  EXPECT_EQ(options.peer_timeout, absl::Seconds(10));
+}
+
+TEST_F(FromEnvTest, ReadsEveryVariable) {
+  const std::string path = ::testing::TempDir() + "/topology";
+  std::ofstream(path) << "10.1.1.1 slow\n";
+  setenv("LBCC_SLOW_CHUNK_BYTES", "64K", 1);
+  setenv("LBCC_SLOW_PACE_MBITS", "100", 1);
+  setenv("LBCC_SLOW_STRIPES", "4", 1);
+  setenv("LBCC_LINK_CLASS", "slow", 1);
+  setenv("LBCC_TOPOLOGY_FILE", path.c_str(), 1);
+  setenv("LBCC_SLOW_LINK_GBITS", "1", 1);
+  setenv("LBCC_PEER_TIMEOUT_MS", "2500", 1);
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions options, TransportOptions::FromEnv());
+  EXPECT_EQ(options.scheduler.chunk_bytes, 64 << 10);
+  EXPECT_DOUBLE_EQ(options.scheduler.pace_bytes_per_second, 12.5e6);
+  EXPECT_EQ(options.scheduler.stripes, 4);
+  EXPECT_THAT(options.link_class, Optional(LinkClass::kSlow));
+  EXPECT_THAT(options.ConfiguredClass("10.1.1.1", 7), Optional(LinkClass::kSlow));
+  EXPECT_DOUBLE_EQ(options.slow_threshold_bits_per_second, 1e9);
+  EXPECT_EQ(options.peer_timeout, absl::Milliseconds(2500));
+}
+
+TEST_F(FromEnvTest, BadValuesAreInvalidArgument) {
+  setenv("LBCC_SLOW_STRIPES", "0", 1);
+  EXPECT_THAT(TransportOptions::FromEnv(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    HasSubstr("LBCC_SLOW_STRIPES")));
+  unsetenv("LBCC_SLOW_STRIPES");
+  setenv("LBCC_TOPOLOGY_FILE", "/nonexistent/topology", 1);
+  EXPECT_THAT(TransportOptions::FromEnv(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace lbcc::transport
