@@ -111,8 +111,7 @@ absl::Status Hierarchical(const Group& g, Tag tag, std::vector<std::string>* out
     batch.RecvAny(g.ranks[leader], tag + 2, &all, bundle_max);
     LBCC_RETURN_IF_ERROR(batch.Wait());
     std::vector<bool> have(g.size(), false);
-    have[g.me] = true;
-    std::string own = (*out)[g.me];
+    const std::string own = (*out)[g.me];
     LBCC_RETURN_IF_ERROR(Unbundle(all, out, &have));
     if (std::count(have.begin(), have.end(), true) != g.size() || (*out)[g.me] != own) {
       return absl::DataLossError("leader's bundle misses payloads");

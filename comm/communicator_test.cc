@@ -1,0 +1,226 @@
+#include "comm/communicator.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
+#include "base/status_matchers.h"
+#include "comm/testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::comm {
+namespace {
+
+using ::lbcc::comm::testing::RankOptions;
+using ::lbcc::comm::testing::RunRanks;
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::AnyOf;
+using ::testing::Each;
+
+Topology Hetero4() {
+  // Ranks 0 and 1 share a fast island; 2 and 3 are alone behind slow links.
+  return *Topology::FromJson(R"({"nranks": 4, "islands": [[0, 1]]})");
+}
+
+std::string PayloadOf(int rank, size_t size) {
+  std::string s(size, '\0');
+  for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>((rank * 131 + i * 7) & 0xff);
+  return s;
+}
+
+class AllGatherVTest : public ::testing::TestWithParam<Algorithm> {};
+
+TEST_P(AllGatherVTest, EveryRankGetsEveryPayload) {
+  RankOptions options;
+  options.topology = Hetero4();
+  auto results = RunRanks(4, options, [](int rank, Communicator& comm) -> absl::Status {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{1000}, size_t{3} << 20}) {
+      const std::string mine = PayloadOf(rank, size + rank);  // Different sizes per rank.
+      std::vector<std::string> all;
+      LBCC_RETURN_IF_ERROR(comm.AllGatherV(&mine, &all, GetParam())->Wait());
+      for (int r = 0; r < 4; ++r) {
+        if (all[r] != PayloadOf(r, size + r)) {
+          return absl::InternalError(absl::StrCat("rank ", rank, " got a wrong payload from ", r));
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, AllGatherVTest,
+                         ::testing::Values(Algorithm::kAuto, Algorithm::kDirect, Algorithm::kRing,
+                                           Algorithm::kHierarchical),
+                         [](const auto& info) { return std::string(AlgorithmName(info.param)); });
+
+std::vector<float> InputOf(int rank, size_t n) {
+  std::mt19937 rng(rank + 1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+TEST(CommunicatorTest, AllReduceSumAndMeanAreIdenticalOnEveryRank) {
+  constexpr int kRanks = 3;
+  constexpr size_t kCount = 10007;  // Not divisible by the rank count.
+  Mutex mu;
+  std::vector<std::vector<float>> sums(kRanks), means(kRanks);
+  auto results = RunRanks(kRanks, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> data = InputOf(rank, kCount);
+    std::vector<float> out(kCount);
+    LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(data.data(), {kCount}));
+    LBCC_ASSIGN_OR_RETURN(TensorView outv, TensorView::Host(out.data(), {kCount}));
+    LBCC_RETURN_IF_ERROR(comm.AllReduce(in, outv, ReduceOp::kSum)->Wait());
+    LBCC_RETURN_IF_ERROR(comm.AllReduce(in, in, ReduceOp::kMean)->Wait());  // In place.
+    MutexLock lock(&mu);
+    sums[rank] = out;
+    means[rank] = data;
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(results, Each(IsOk()));
+  for (size_t i = 0; i < kCount; ++i) {
+    double expected = 0;
+    for (int r = 0; r < kRanks; ++r) expected += InputOf(r, kCount)[i];
+    EXPECT_NEAR(sums[0][i], expected, 1e-5);
+    EXPECT_NEAR(means[0][i], expected / kRanks, 1e-5);
+  }
+  for (int r = 1; r < kRanks; ++r) {
+    EXPECT_EQ(std::memcmp(sums[r].data(), sums[0].data(), kCount * 4), 0) << "rank " << r;
+    EXPECT_EQ(std::memcmp(means[r].data(), means[0].data(), kCount * 4), 0) << "rank " << r;
+  }
+}
+
+TEST(CommunicatorTest, AllReduceBf16) {
+  constexpr size_t kCount = 999;
+  auto results = RunRanks(4, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<uint16_t> data(kCount);
+    for (size_t i = 0; i < kCount; ++i) data[i] = F32ToBf16(static_cast<float>(rank + 1) * 0.5f);
+    LBCC_ASSIGN_OR_RETURN(TensorView v, TensorView::Create(data.data(), DType::kBF16, {kCount}));
+    LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kSum)->Wait());
+    for (uint16_t x : data) {
+      if (Bf16ToF32(x) != 5.0f) return absl::InternalError(absl::StrCat("got ", Bf16ToF32(x)));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(CommunicatorTest, AllGatherBroadcastBarrier) {
+  auto results = RunRanks(4, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    int32_t mine[3] = {rank, rank * 10, rank * 100};
+    int32_t all[12] = {};
+    LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Create(mine, DType::kI32, {3}));
+    LBCC_ASSIGN_OR_RETURN(TensorView out, TensorView::Create(all, DType::kI32, {4, 3}));
+    LBCC_RETURN_IF_ERROR(comm.AllGather(in, out)->Wait());
+    for (int r = 0; r < 4; ++r) {
+      if (all[3 * r] != r || all[3 * r + 2] != r * 100) return absl::InternalError("allgather");
+    }
+    int64_t value[2] = {rank == 2 ? 77 : 0, rank == 2 ? -5 : 0};
+    LBCC_ASSIGN_OR_RETURN(TensorView b, TensorView::Create(value, DType::kI64, {2}));
+    LBCC_RETURN_IF_ERROR(comm.Broadcast(b, 2)->Wait());
+    if (value[0] != 77 || value[1] != -5) return absl::InternalError("broadcast");
+    return comm.Barrier()->Wait();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(CommunicatorTest, SplitFormsIndependentGroups) {
+  auto results = RunRanks(5, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    // Colors: even ranks, odd ranks; rank 4 opts out. Keys reverse the order.
+    const int color = rank == 4 ? -1 : rank % 2;
+    LBCC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub, comm.Split(color, -rank));
+    if (rank == 4) {
+      if (sub != nullptr) return absl::InternalError("not null");
+      return comm.Barrier()->Wait();
+    }
+    if (sub->nranks() != 2) return absl::InternalError("size");
+    if (sub->rank() != (rank < 2 ? 1 : 0)) return absl::InternalError("order by key");
+    float x = static_cast<float>(rank);
+    LBCC_ASSIGN_OR_RETURN(TensorView v, TensorView::Host(&x, {1}));
+    LBCC_RETURN_IF_ERROR(sub->AllReduce(v, v, ReduceOp::kSum)->Wait());
+    const float expected = rank % 2 == 0 ? 2.0f : 4.0f;  // 0+2, 1+3
+    if (x != expected) return absl::InternalError(absl::StrCat("sum ", x));
+    // The parent still works alongside.
+    return comm.Barrier()->Wait();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(CommunicatorTest, BadArgumentsFailAtOnce) {
+  auto results = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    float a[4], b[3];
+    int32_t c[4];
+    auto va = *TensorView::Host(a, {4});
+    auto vb = *TensorView::Host(b, {3});
+    auto vc = *TensorView::Create(c, DType::kI32, {4});
+    if (comm.AllReduce(va, vb, ReduceOp::kSum)->status().code() !=
+        absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("shape mismatch accepted");
+    }
+    if (comm.AllReduce(vc, vc, ReduceOp::kSum)->status().code() !=
+        absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("int all-reduce accepted");
+    }
+    if (comm.Broadcast(va, 5)->status().code() != absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("bad root accepted");
+    }
+    if (comm.AllGather(va, va)->status().code() != absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("small allgather output accepted");
+    }
+    return comm.Barrier()->Wait();  // Nothing was posted by the bad calls: still in step.
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(CommunicatorTest, AMissingRankFailsEveryoneWithinTheTimeout) {
+  RankOptions options;
+  options.timeout = absl::Seconds(2);
+  auto results = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
+    float x[1000] = {};
+    auto v = *TensorView::Host(x, {1000});
+    if (rank == 2) return absl::OkStatus();  // Never posts: its communicator is destroyed.
+    absl::Status status = comm.AllReduce(v, v, ReduceOp::kSum)->Wait();
+    // The next operation reports the earlier failure instead of trying again.
+    absl::Status next = comm.Barrier()->Wait();
+    if (next.code() != absl::StatusCode::kFailedPrecondition) {
+      return absl::InternalError(absl::StrCat("after a failure: ", next.ToString()));
+    }
+    return status;
+  });
+  EXPECT_THAT(results[2], IsOk());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(results[r], StatusIs(AnyOf(absl::StatusCode::kUnavailable,
+                                           absl::StatusCode::kDeadlineExceeded,
+                                           absl::StatusCode::kCancelled)))
+        << "rank " << r;
+  }
+}
+
+TEST(CommunicatorTest, AbortFailsPendingWorkEverywhere) {
+  auto results = RunRanks(3, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> x(1 << 16);
+    auto v = *TensorView::Host(x.data(), {1 << 16});
+    if (rank == 0) {
+      comm.Abort();
+      return comm.AllReduce(v, v, ReduceOp::kSum)->Wait();
+    }
+    return comm.AllReduce(v, v, ReduceOp::kSum)->Wait();
+  });
+  EXPECT_THAT(results[0], StatusIs(absl::StatusCode::kFailedPrecondition));
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_THAT(results[r], StatusIs(AnyOf(absl::StatusCode::kUnavailable,
+                                           absl::StatusCode::kCancelled)))
+        << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace lbcc::comm
