@@ -37,6 +37,7 @@
 #include "comm/collectives.h"
 #include "comm/fabric.h"
 #include "comm/request.h"
+#include "codecs/codec.h"
 
 namespace lbcc::comm {
 
@@ -79,6 +80,40 @@ class Communicator {
   RequestPtr AllGather(const TensorView& in, const TensorView& out);
   RequestPtr Broadcast(const TensorView& buffer, int root);
   RequestPtr Barrier();
+
+  // SparseLoCo's exchange for a list of tensors. For each tensor, `codec` (a TopKEfCodec, or
+  // any codec) encodes `delta` with the tensor's `state` (error feedback), every rank's payloads
+  // reach every rank (algorithm from the table: flat direct/ring, or hierarchical over fast
+  // islands), and each rank decodes all payloads in rank order into `out` with `decode`
+  // (SparseLoCo's mean over the replicas that selected a coordinate, plain mean, or sum). Every
+  // rank ends with identical bits. States are committed only when the whole exchange succeeded;
+  // on any failure they are aborted (no error-feedback mass is lost) and no `out` is written.
+  // A rank whose input is rejected (NaN/Inf, bad shape) still takes part: every rank's request
+  // fails with InvalidArgument naming it, and the communicator stays usable.
+  // Tensors, states and the codec must outlive the request.
+  struct SparseTensor {
+    TensorView delta;             // Host f32 pseudo-gradient.
+    TensorView out;               // Host f32 aggregate, same shape.
+    codecs::CodecState* state;    // The tensor's error feedback (nullptr for stateless codecs).
+  };
+  RequestPtr SparseAllReduce(std::vector<SparseTensor> tensors, const codecs::Codec* codec,
+                             codecs::DecodeOptions decode = {},
+                             Algorithm algorithm = Algorithm::kAuto);
+
+  // Compressed point-to-point, for pipeline boundaries. Not ordered with collectives: these go
+  // straight to the transport at high priority and complete on their own. Messages between two
+  // ranks with the same tag arrive in order. `input`, `state` and `codec` must outlive the
+  // request; the state is committed once the payload was delivered, aborted otherwise.
+  RequestPtr SendCompressed(const TensorView& input, const codecs::Codec* codec,
+                            codecs::CodecState* state, int peer, uint32_t tag);
+  // Receives a payload from `peer` and decodes it into `out` (host f32, same shape as sent): the
+  // codec and shape come from the payload. `decode` turns a payload into `out`; default:
+  // codecs::DecodeAccumulate (top-k and dense codecs). DataLoss for a corrupt payload,
+  // InvalidArgument for a shape that does not match `out` (out untouched either way).
+  using PayloadDecoder =
+      std::function<absl::Status(absl::Span<const uint8_t> payload, const TensorView& out)>;
+  RequestPtr RecvCompressed(const TensorView& out, int peer, uint32_t tag,
+                            PayloadDecoder decode = nullptr);
 
   // Runs `op` on the worker thread, in order, with this operation's tag base and deadline. The
   // collectives above are built on it; comm/ adds SparseAllReduce and compressed point-to-point

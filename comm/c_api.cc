@@ -1,0 +1,480 @@
+// The C API (comm/lbcc.h) over the C++ Communicator. Statuses become lbccResult_t in exactly
+// one place (Fail), which also keeps the full message for lbccGetLastError.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/env.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
+#include "base/version.h"
+#include "codecs/dense_quant.h"
+#include "codecs/topk_ef.h"
+#include "comm/communicator.h"
+#include "comm/lbcc.h"
+
+struct lbccComm {
+  std::unique_ptr<lbcc::comm::Communicator> comm;
+  lbcc::Mutex mu;
+  std::string last_error ABSL_GUARDED_BY(mu);
+};
+
+struct lbccRequest {
+  lbcc::comm::RequestPtr request;
+  lbccComm* comm = nullptr;
+  std::shared_ptr<void> keep_alive;  // Codecs and views the operation uses.
+};
+
+struct lbccTopKState {
+  lbcc::codecs::TopKEfState state;
+};
+
+namespace {
+
+using lbcc::comm::Communicator;
+
+thread_local std::string g_last_error;
+
+static_assert(sizeof(lbccUniqueId) == sizeof(lbcc::comm::UniqueId), "unique id size");
+
+lbccResult_t ToResult(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return lbccSuccess;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+      return lbccInvalidArgument;
+    case absl::StatusCode::kFailedPrecondition:
+      return lbccInvalidUsage;
+    case absl::StatusCode::kUnavailable:
+      return lbccSystemError;
+    case absl::StatusCode::kDeadlineExceeded:
+      return lbccTimeout;
+    case absl::StatusCode::kDataLoss:
+      return lbccDataLoss;
+    case absl::StatusCode::kUnimplemented:
+      return lbccUnimplemented;
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+      return lbccCancelled;
+    default:
+      return lbccInternalError;
+  }
+}
+
+// The one conversion from Status: records the message and returns the code.
+lbccResult_t Fail(const absl::Status& status, lbccComm* comm = nullptr) {
+  if (status.ok()) return lbccSuccess;
+  g_last_error = status.ToString();
+  if (comm != nullptr) {
+    lbcc::MutexLock lock(&comm->mu);
+    comm->last_error = g_last_error;
+  }
+  return ToResult(status.code());
+}
+
+lbccResult_t NullArgument(const char* function, const char* name) {
+  return Fail(absl::InvalidArgumentError(absl::StrCat(function, ": ", name, " is NULL")));
+}
+
+#define LBCC_C_CHECK_PTR(function, ptr) \
+  if ((ptr) == nullptr) return NullArgument(function, #ptr)
+
+absl::StatusOr<lbcc::DType> ToDType(lbccDataType_t type) {
+  const uint8_t value = static_cast<uint8_t>(type);
+  if (static_cast<int>(type) < 0 || static_cast<int>(type) > 255 || !lbcc::IsValidDType(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown lbccDataType_t ", static_cast<int>(type)));
+  }
+  return static_cast<lbcc::DType>(value);  // lbccDataType_t mirrors DType's wire ids.
+}
+
+absl::StatusOr<lbcc::comm::FabricOptions> OptionsFrom(const lbccConfig_t* config) {
+  LBCC_ASSIGN_OR_RETURN(lbcc::comm::FabricOptions options, lbcc::comm::FabricOptionsFromEnv());
+  if (config == nullptr) return options;
+  if (config->size != sizeof(lbccConfig_t)) {
+    return absl::InvalidArgumentError(
+        "lbccConfig_t.size is wrong: initialise it with LBCC_CONFIG_INITIALIZER");
+  }
+  if (config->transport != nullptr) options.backend = config->transport;
+  if (config->listenAddr != nullptr) options.listen_host = config->listenAddr;
+  if (config->timeoutSeconds > 0) options.timeout = absl::Seconds(config->timeoutSeconds);
+  if (config->topologyFile != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(options.topology, lbcc::comm::Topology::FromFile(config->topologyFile));
+  }
+  return options;
+}
+
+lbccResult_t Finish(lbcc::comm::RequestPtr request, lbccComm* comm, lbccRequest_t* out,
+                    std::shared_ptr<void> keep_alive = nullptr) {
+  // Argument errors are known at once: report them from the call itself.
+  if (request->Test() && !request->status().ok()) return Fail(request->status(), comm);
+  *out = new lbccRequest{std::move(request), comm, std::move(keep_alive)};
+  return lbccSuccess;
+}
+
+absl::StatusOr<lbcc::codecs::TopKEfOptions> TopKOptions(const lbccTopKConfig_t* config) {
+  lbcc::codecs::TopKEfOptions options;
+  if (config == nullptr) return options;
+  if (config->size != sizeof(lbccTopKConfig_t)) {
+    return absl::InvalidArgumentError(
+        "lbccTopKConfig_t.size is wrong: initialise it with LBCC_TOPK_CONFIG_INITIALIZER");
+  }
+  options.top_k = config->topK;
+  options.beta = config->beta;
+  options.lr = config->lr;
+  switch (config->values) {
+    case lbccValues2Bit:
+      options.values = lbcc::codecs::ValueCoding::kBinMean2;
+      break;
+    case lbccValues4Bit:
+      options.values = lbcc::codecs::ValueCoding::kBinMean4;
+      break;
+    case lbccValues8Bit:
+      options.values = lbcc::codecs::ValueCoding::kBinMean8;
+      break;
+    case lbccValuesBf16:
+      options.values = lbcc::codecs::ValueCoding::kBf16;
+      break;
+    case lbccValuesFp16:
+      options.values = lbcc::codecs::ValueCoding::kF16;
+      break;
+    case lbccValuesFp32:
+      options.values = lbcc::codecs::ValueCoding::kF32;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown lbccValueCoding_t ", static_cast<int>(config->values)));
+  }
+  LBCC_RETURN_IF_ERROR(options.Validate());
+  return options;
+}
+
+}  // namespace
+
+extern "C" {
+
+lbccResult_t lbccGetVersion(int* version) {
+  LBCC_C_CHECK_PTR("lbccGetVersion", version);
+  *version = LBCC_VERSION_CODE;
+  return lbccSuccess;
+}
+
+const char* lbccGetErrorString(lbccResult_t result) {
+  switch (result) {
+    case lbccSuccess:
+      return "no error";
+    case lbccSystemError:
+      return "a peer or link was lost (unhandled system error)";
+    case lbccInternalError:
+      return "internal error (an LBCC bug)";
+    case lbccInvalidArgument:
+      return "invalid argument";
+    case lbccInvalidUsage:
+      return "invalid usage (wrong state)";
+    case lbccRemoteError:
+      return "remote process exited or there was a network error";
+    case lbccInProgress:
+      return "operation in progress";
+    case lbccTimeout:
+      return "timed out waiting for a peer";
+    case lbccDataLoss:
+      return "corrupt or foreign payload";
+    case lbccUnimplemented:
+      return "not supported for this input";
+    case lbccCancelled:
+      return "cancelled (aborted or destroyed)";
+    default:
+      return "unknown result code";
+  }
+}
+
+const char* lbccGetLastError(lbccComm_t comm) {
+  if (comm == nullptr) return g_last_error.c_str();
+  lbcc::MutexLock lock(&comm->mu);
+  // The communicator outlives the call; the pointer stays valid until its next failure.
+  return comm->last_error.c_str();
+}
+
+lbccResult_t lbccGetUniqueId(lbccUniqueId* unique_id) {
+  LBCC_C_CHECK_PTR("lbccGetUniqueId", unique_id);
+  absl::StatusOr<lbcc::comm::FabricOptions> options = lbcc::comm::FabricOptionsFromEnv();
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<lbcc::comm::UniqueId> id =
+      lbcc::comm::CreateUniqueId(options->listen_host, options->timeout);
+  if (!id.ok()) return Fail(id.status());
+  std::memcpy(unique_id, &*id, sizeof(*unique_id));
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommInitRank(lbccComm_t* comm, int nranks, lbccUniqueId comm_id, int rank,
+                              const lbccConfig_t* config) {
+  LBCC_C_CHECK_PTR("lbccCommInitRank", comm);
+  *comm = nullptr;
+  absl::StatusOr<lbcc::comm::FabricOptions> options = OptionsFrom(config);
+  if (!options.ok()) return Fail(options.status());
+  lbcc::comm::UniqueId id;
+  std::memcpy(&id, &comm_id, sizeof(id));
+  absl::StatusOr<std::unique_ptr<Communicator>> created =
+      Communicator::Init(id, nranks, rank, *std::move(options));
+  if (!created.ok()) return Fail(created.status());
+  *comm = new lbccComm();
+  (*comm)->comm = *std::move(created);
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommInitFromEnv(lbccComm_t* comm, const lbccConfig_t* config) {
+  LBCC_C_CHECK_PTR("lbccCommInitFromEnv", comm);
+  *comm = nullptr;
+  absl::StatusOr<lbcc::comm::FabricOptions> options = OptionsFrom(config);
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<std::unique_ptr<Communicator>> created =
+      Communicator::InitFromEnvironment(*std::move(options));
+  if (!created.ok()) return Fail(created.status());
+  *comm = new lbccComm();
+  (*comm)->comm = *std::move(created);
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommSplit(lbccComm_t comm, int color, int key, lbccComm_t* newcomm) {
+  LBCC_C_CHECK_PTR("lbccCommSplit", comm);
+  LBCC_C_CHECK_PTR("lbccCommSplit", newcomm);
+  *newcomm = nullptr;
+  absl::StatusOr<std::unique_ptr<Communicator>> split =
+      comm->comm->Split(color < 0 ? -1 : color, key);
+  if (!split.ok()) return Fail(split.status(), comm);
+  if (*split != nullptr) {
+    *newcomm = new lbccComm();
+    (*newcomm)->comm = *std::move(split);
+  }
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommDestroy(lbccComm_t comm) {
+  LBCC_C_CHECK_PTR("lbccCommDestroy", comm);
+  delete comm;
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommAbort(lbccComm_t comm) {
+  LBCC_C_CHECK_PTR("lbccCommAbort", comm);
+  comm->comm->Abort();
+  delete comm;
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommCount(const lbccComm_t comm, int* count) {
+  LBCC_C_CHECK_PTR("lbccCommCount", comm);
+  LBCC_C_CHECK_PTR("lbccCommCount", count);
+  *count = comm->comm->nranks();
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommUserRank(const lbccComm_t comm, int* rank) {
+  LBCC_C_CHECK_PTR("lbccCommUserRank", comm);
+  LBCC_C_CHECK_PTR("lbccCommUserRank", rank);
+  *rank = comm->comm->rank();
+  return lbccSuccess;
+}
+
+lbccResult_t lbccCommLinkBytes(const lbccComm_t comm, uint64_t* fast_sent, uint64_t* fast_recv,
+                               uint64_t* slow_sent, uint64_t* slow_recv) {
+  LBCC_C_CHECK_PTR("lbccCommLinkBytes", comm);
+  const lbcc::comm::Fabric::ClassBytes bytes = comm->comm->fabric()->BytesByClass();
+  if (fast_sent) *fast_sent = bytes.fast_sent;
+  if (fast_recv) *fast_recv = bytes.fast_received;
+  if (slow_sent) *slow_sent = bytes.slow_sent;
+  if (slow_recv) *slow_recv = bytes.slow_received;
+  return lbccSuccess;
+}
+
+lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           lbccDataType_t datatype, lbccRedOp_t op, lbccComm_t comm,
+                           lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccAllReduce", comm);
+  LBCC_C_CHECK_PTR("lbccAllReduce", request);
+  if (count > 0) {
+    LBCC_C_CHECK_PTR("lbccAllReduce", sendbuff);
+    LBCC_C_CHECK_PTR("lbccAllReduce", recvbuff);
+  }
+  if (op != lbccSum && op != lbccAvg) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("unknown lbccRedOp_t ", op)), comm);
+  }
+  absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
+  if (!dtype.ok()) return Fail(dtype.status(), comm);
+  const int64_t n = static_cast<int64_t>(count);
+  absl::StatusOr<lbcc::TensorView> in =
+      lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});
+  if (!in.ok()) return Fail(in.status(), comm);
+  absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Create(recvbuff, *dtype, {n});
+  if (!out.ok()) return Fail(out.status(), comm);
+  return Finish(comm->comm->AllReduce(*in, *out,
+                                      op == lbccSum ? lbcc::comm::ReduceOp::kSum
+                                                    : lbcc::comm::ReduceOp::kMean),
+                comm, request);
+}
+
+lbccResult_t lbccAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           lbccDataType_t datatype, lbccComm_t comm, lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccAllGather", comm);
+  LBCC_C_CHECK_PTR("lbccAllGather", request);
+  if (sendcount > 0) {
+    LBCC_C_CHECK_PTR("lbccAllGather", sendbuff);
+    LBCC_C_CHECK_PTR("lbccAllGather", recvbuff);
+  }
+  absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
+  if (!dtype.ok()) return Fail(dtype.status(), comm);
+  const int64_t n = static_cast<int64_t>(sendcount);
+  absl::StatusOr<lbcc::TensorView> in =
+      lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});
+  if (!in.ok()) return Fail(in.status(), comm);
+  absl::StatusOr<lbcc::TensorView> out =
+      lbcc::TensorView::Create(recvbuff, *dtype, {n * comm->comm->nranks()});
+  if (!out.ok()) return Fail(out.status(), comm);
+  return Finish(comm->comm->AllGather(*in, *out), comm, request);
+}
+
+lbccResult_t lbccBroadcast(void* buff, size_t count, lbccDataType_t datatype, int root,
+                           lbccComm_t comm, lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccBroadcast", comm);
+  LBCC_C_CHECK_PTR("lbccBroadcast", request);
+  if (count > 0) LBCC_C_CHECK_PTR("lbccBroadcast", buff);
+  absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
+  if (!dtype.ok()) return Fail(dtype.status(), comm);
+  absl::StatusOr<lbcc::TensorView> view =
+      lbcc::TensorView::Create(buff, *dtype, {static_cast<int64_t>(count)});
+  if (!view.ok()) return Fail(view.status(), comm);
+  return Finish(comm->comm->Broadcast(*view, root), comm, request);
+}
+
+lbccResult_t lbccBarrier(lbccComm_t comm, lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccBarrier", comm);
+  LBCC_C_CHECK_PTR("lbccBarrier", request);
+  return Finish(comm->comm->Barrier(), comm, request);
+}
+
+lbccResult_t lbccTopKStateCreate(lbccTopKState_t* state) {
+  LBCC_C_CHECK_PTR("lbccTopKStateCreate", state);
+  *state = new lbccTopKState();
+  return lbccSuccess;
+}
+
+lbccResult_t lbccTopKStateDestroy(lbccTopKState_t state) {
+  LBCC_C_CHECK_PTR("lbccTopKStateDestroy", state);
+  delete state;
+  return lbccSuccess;
+}
+
+lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float* const* outs,
+                                 const int* ranks, const int64_t* const* dims,
+                                 lbccTopKState_t* states, const lbccTopKConfig_t* config,
+                                 lbccAggregation_t aggregation, lbccComm_t comm,
+                                 lbccRequest_t* request) {
+  const char* kName = "lbccSparseAllReduce";
+  LBCC_C_CHECK_PTR(kName, comm);
+  LBCC_C_CHECK_PTR(kName, request);
+  if (ntensors < 0) return Fail(absl::InvalidArgumentError("ntensors < 0"), comm);
+  if (ntensors > 0) {
+    LBCC_C_CHECK_PTR(kName, deltas);
+    LBCC_C_CHECK_PTR(kName, outs);
+    LBCC_C_CHECK_PTR(kName, ranks);
+    LBCC_C_CHECK_PTR(kName, dims);
+    LBCC_C_CHECK_PTR(kName, states);
+  }
+  absl::StatusOr<lbcc::codecs::TopKEfOptions> options = TopKOptions(config);
+  if (!options.ok()) return Fail(options.status(), comm);
+  absl::StatusOr<std::unique_ptr<lbcc::codecs::TopKEfCodec>> codec =
+      lbcc::codecs::TopKEfCodec::Create(*options);
+  if (!codec.ok()) return Fail(codec.status(), comm);
+  lbcc::codecs::DecodeOptions decode;
+  switch (aggregation) {
+    case lbccAggSparseLoCo:
+      decode.aggregation = lbcc::codecs::Aggregation::kSparseLoCoMean;
+      break;
+    case lbccAggMean:
+      decode.aggregation = lbcc::codecs::Aggregation::kMean;
+      break;
+    case lbccAggSum:
+      decode.aggregation = lbcc::codecs::Aggregation::kSum;
+      break;
+    default:
+      return Fail(absl::InvalidArgumentError(
+                      absl::StrCat("unknown lbccAggregation_t ", static_cast<int>(aggregation))),
+                  comm);
+  }
+  std::vector<Communicator::SparseTensor> tensors;
+  for (int i = 0; i < ntensors; ++i) {
+    if (deltas[i] == nullptr || outs[i] == nullptr || states[i] == nullptr ||
+        (ranks[i] > 0 && dims[i] == nullptr)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(kName, ": tensor ", i,
+                                                          " has a NULL pointer")),
+                  comm);
+    }
+    if (ranks[i] < 0 || ranks[i] > lbcc::kMaxRank) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": bad rank ", ranks[i])),
+                  comm);
+    }
+    lbcc::Shape shape(dims[i], dims[i] + ranks[i]);
+    absl::StatusOr<lbcc::TensorView> delta =
+        lbcc::TensorView::Host(const_cast<float*>(deltas[i]), shape);
+    if (!delta.ok()) return Fail(delta.status(), comm);
+    absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Host(outs[i], shape);
+    if (!out.ok()) return Fail(out.status(), comm);
+    tensors.push_back({*delta, *out, &states[i]->state});
+  }
+  std::shared_ptr<lbcc::codecs::TopKEfCodec> shared(std::move(*codec));
+  return Finish(comm->comm->SparseAllReduce(std::move(tensors), shared.get(), decode), comm,
+                request, shared);
+}
+
+lbccResult_t lbccSendCompressed(const float* buff, size_t count, int peer, uint32_t tag,
+                                lbccComm_t comm, lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccSendCompressed", comm);
+  LBCC_C_CHECK_PTR("lbccSendCompressed", request);
+  if (count > 0) LBCC_C_CHECK_PTR("lbccSendCompressed", buff);
+  absl::StatusOr<lbcc::TensorView> view =
+      lbcc::TensorView::Host(const_cast<float*>(buff), {static_cast<int64_t>(count)});
+  if (!view.ok()) return Fail(view.status(), comm);
+  absl::StatusOr<std::unique_ptr<lbcc::codecs::DenseQuantCodec>> codec =
+      lbcc::codecs::DenseQuantCodec::Create({});
+  if (!codec.ok()) return Fail(codec.status(), comm);
+  std::shared_ptr<lbcc::codecs::DenseQuantCodec> shared(std::move(*codec));
+  return Finish(comm->comm->SendCompressed(*view, shared.get(), nullptr, peer, tag), comm,
+                request, shared);
+}
+
+lbccResult_t lbccRecvCompressed(float* buff, size_t count, int peer, uint32_t tag,
+                                lbccComm_t comm, lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccRecvCompressed", comm);
+  LBCC_C_CHECK_PTR("lbccRecvCompressed", request);
+  if (count > 0) LBCC_C_CHECK_PTR("lbccRecvCompressed", buff);
+  absl::StatusOr<lbcc::TensorView> view =
+      lbcc::TensorView::Host(buff, {static_cast<int64_t>(count)});
+  if (!view.ok()) return Fail(view.status(), comm);
+  return Finish(comm->comm->RecvCompressed(*view, peer, tag), comm, request);
+}
+
+lbccResult_t lbccTest(lbccRequest_t request) {
+  LBCC_C_CHECK_PTR("lbccTest", request);
+  if (!request->request->Test()) return lbccInProgress;
+  return Fail(request->request->status(), request->comm);
+}
+
+lbccResult_t lbccWait(lbccRequest_t request) {
+  LBCC_C_CHECK_PTR("lbccWait", request);
+  return Fail(request->request->Wait(), request->comm);
+}
+
+lbccResult_t lbccRequestFree(lbccRequest_t request) {
+  LBCC_C_CHECK_PTR("lbccRequestFree", request);
+  // A request freed while running would leave its operation writing into buffers the caller
+  // may reuse: wait for it first.
+  (void)request->request->Wait();
+  delete request;
+  return lbccSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,245 @@
+// Communicator's compressed operations: SparseAllReduce and compressed point-to-point.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "comm/communicator.h"
+
+namespace lbcc::comm {
+namespace {
+
+// A rank's contribution to SparseAllReduce: u8 ok, then either u32 count + (u64 size, bytes)
+// per tensor, or the error message that made this rank give up.
+std::string ErrorBlob(const absl::Status& status) {
+  std::string blob(1, '\0');
+  blob += status.ToString();
+  return blob;
+}
+
+absl::StatusOr<std::vector<absl::Span<const uint8_t>>> SplitBlob(const std::string& blob,
+                                                                 size_t tensors, int rank) {
+  auto corrupt = [rank](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("payloads from rank ", rank, ": ", what));
+  };
+  if (blob.empty()) return corrupt("empty");
+  if (blob[0] == '\0') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " could not encode its input: ", blob.substr(1)));
+  }
+  size_t offset = 1;
+  uint32_t count = 0;
+  if (blob.size() < offset + 4) return corrupt("truncated");
+  std::memcpy(&count, blob.data() + offset, 4);
+  offset += 4;
+  if (count != tensors) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " sent ", count,
+                                                   " tensors, this rank has ", tensors));
+  }
+  std::vector<absl::Span<const uint8_t>> spans;
+  for (uint32_t t = 0; t < count; ++t) {
+    uint64_t size = 0;
+    if (blob.size() - offset < 8) return corrupt("truncated");
+    std::memcpy(&size, blob.data() + offset, 8);
+    offset += 8;
+    if (blob.size() - offset < size) return corrupt("truncated");
+    spans.emplace_back(reinterpret_cast<const uint8_t*>(blob.data()) + offset, size);
+    offset += size;
+  }
+  if (offset != blob.size()) return corrupt("trailing bytes");
+  return spans;
+}
+
+// P2P tags: the sequence field holds the user's tag and the step field this marker, so they
+// never meet a collective's tags (whose steps stay far below it).
+constexpr uint32_t kP2pStep = 0xffff;
+
+}  // namespace
+
+RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
+                                         const codecs::Codec* codec, codecs::DecodeOptions decode,
+                                         Algorithm algorithm) {
+  if (codec == nullptr) {
+    return CompletedRequest(absl::InvalidArgumentError("SparseAllReduce: null codec"));
+  }
+  return Post("SparseAllReduce", [this, tensors = std::move(tensors), codec, decode, algorithm](
+                                     const Group& group, transport::Tag tag,
+                                     absl::Time deadline) -> absl::Status {
+    auto abort_states = [&tensors] {
+      for (const SparseTensor& t : tensors) {
+        if (t.state != nullptr && t.state->has_pending()) (void)t.state->Abort();
+      }
+    };
+    // 1. Encode every tensor (or record why not).
+    std::string blob(1, '\1');
+    absl::Status local;
+    {
+      const uint32_t count = static_cast<uint32_t>(tensors.size());
+      blob.append(reinterpret_cast<const char*>(&count), 4);
+      std::vector<uint8_t> buffer;
+      for (size_t i = 0; i < tensors.size() && local.ok(); ++i) {
+        const SparseTensor& t = tensors[i];
+        if (t.out.shape() != t.delta.shape() || t.out.dtype() != DType::kF32) {
+          local = absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": out ",
+                                                          t.out.DebugString(), " must be f32 of ",
+                                                          t.delta.DebugString(), "'s shape"));
+          break;
+        }
+        absl::StatusOr<size_t> max = codec->MaxEncodedBytes(t.delta.shape());
+        if (!max.ok()) {
+          local = Annotate(max.status(), absl::StrCat("tensor ", i));
+          break;
+        }
+        buffer.resize(*max);
+        absl::StatusOr<size_t> size = codec->Encode(t.delta, t.state, absl::MakeSpan(buffer));
+        if (!size.ok()) {
+          local = Annotate(size.status(), absl::StrCat("tensor ", i));
+          break;
+        }
+        const uint64_t size64 = *size;
+        blob.append(reinterpret_cast<const char*>(&size64), 8);
+        blob.append(reinterpret_cast<const char*>(buffer.data()), *size);
+      }
+    }
+    if (!local.ok()) {
+      abort_states();
+      blob = ErrorBlob(local);
+    }
+    // 2. Exchange.
+    std::vector<std::string> all;
+    absl::StatusOr<Algorithm> chosen = SelectAlgorithm(
+        Collective::kAllGatherV, ShapeOf(topology(), group.ranks), blob.size(), algorithm);
+    if (!chosen.ok()) {
+      abort_states();
+      return chosen.status();
+    }
+    absl::Status exchanged = comm::AllGatherV(group, tag, blob, &all, *chosen,
+                                              transport::Priority::kBulk, deadline,
+                                              size_t{1} << 40);
+    if (!exchanged.ok()) {
+      abort_states();
+      return exchanged;
+    }
+    if (!local.ok()) return local;
+    // 3. Validate every payload of every rank before writing any output.
+    std::vector<std::vector<absl::Span<const uint8_t>>> per_rank(group.size());
+    for (int r = 0; r < group.size(); ++r) {
+      absl::StatusOr<std::vector<absl::Span<const uint8_t>>> spans =
+          SplitBlob(all[r], tensors.size(), r);
+      if (!spans.ok()) {
+        abort_states();
+        return spans.status();
+      }
+      for (size_t i = 0; i < spans->size(); ++i) {
+        absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload((*spans)[i]);
+        absl::Status status = summary.status();
+        if (status.ok() && summary->shape != tensors[i].out.shape()) {
+          status = absl::InvalidArgumentError(
+              absl::StrCat("shape ", ShapeToString(summary->shape), " != ",
+                           ShapeToString(tensors[i].out.shape())));
+        }
+        if (!status.ok()) {
+          abort_states();
+          return Annotate(status, absl::StrCat("payload of rank ", r, ", tensor ", i));
+        }
+      }
+      per_rank[r] = *std::move(spans);
+    }
+    // 4. Decode in rank order, then commit.
+    codecs::DecodeScratch scratch;
+    std::vector<absl::Span<const uint8_t>> payloads(group.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      for (int r = 0; r < group.size(); ++r) payloads[r] = per_rank[r][i];
+      absl::Status status = codecs::DecodeAccumulate(payloads, decode, tensors[i].out, &scratch);
+      if (!status.ok()) {
+        abort_states();  // Validated above: an error here is an LBCC bug.
+        return absl::InternalError(absl::StrCat("tensor ", i, ": ", status.ToString()));
+      }
+    }
+    for (const SparseTensor& t : tensors) {
+      if (t.state != nullptr) LBCC_RETURN_IF_ERROR(t.state->Commit());
+    }
+    return absl::OkStatus();
+  });
+}
+
+RequestPtr Communicator::SendCompressed(const TensorView& input, const codecs::Codec* codec,
+                                        codecs::CodecState* state, int peer, uint32_t tag) {
+  if (codec == nullptr || peer < 0 || peer >= nranks() || peer == rank()) {
+    return CompletedRequest(absl::InvalidArgumentError(
+        absl::StrCat("SendCompressed: bad codec or peer ", peer)));
+  }
+  absl::Status status = fabric_->aborted();
+  if (!status.ok()) {
+    return CompletedRequest(absl::FailedPreconditionError(
+        absl::StrCat("SendCompressed: the communicator failed earlier: ", status.ToString())));
+  }
+  absl::StatusOr<size_t> max = codec->MaxEncodedBytes(input.shape());
+  if (!max.ok()) return CompletedRequest(max.status());
+  auto payload = std::make_shared<std::vector<uint8_t>>(*max);
+  absl::StatusOr<size_t> size = codec->Encode(input, state, absl::MakeSpan(*payload));
+  if (!size.ok()) return CompletedRequest(Annotate(size.status(), "SendCompressed"));
+  payload->resize(*size);
+  auto request = std::make_shared<Request>();
+  fabric_->out(group_.ranks[peer])
+      ->Send(MakeTag(comm_id_, tag, kP2pStep), *payload, {transport::Priority::kHigh},
+             [request, payload, state](absl::Status status) {
+               if (state != nullptr) {
+                 absl::Status s = status.ok() ? state->Commit() : state->Abort();
+                 if (status.ok()) status = s;
+               }
+               request->Complete(Annotate(status, "SendCompressed"));
+             });
+  return request;
+}
+
+RequestPtr Communicator::RecvCompressed(const TensorView& out, int peer, uint32_t tag,
+                                        PayloadDecoder decode) {
+  if (peer < 0 || peer >= nranks() || peer == rank()) {
+    return CompletedRequest(
+        absl::InvalidArgumentError(absl::StrCat("RecvCompressed: bad peer ", peer)));
+  }
+  if (!out.is_host() || out.dtype() != DType::kF32) {
+    return CompletedRequest(
+        absl::InvalidArgumentError("RecvCompressed: out must be a host f32 tensor"));
+  }
+  absl::Status status = fabric_->aborted();
+  if (!status.ok()) {
+    return CompletedRequest(absl::FailedPreconditionError(
+        absl::StrCat("RecvCompressed: the communicator failed earlier: ", status.ToString())));
+  }
+  if (!decode) {
+    decode = [](absl::Span<const uint8_t> payload, const TensorView& target) {
+      codecs::DecodeOptions options;
+      options.aggregation = codecs::Aggregation::kSum;
+      return codecs::DecodeAccumulate({payload}, options, target);
+    };
+  }
+  auto request = std::make_shared<Request>();
+  auto buffer = std::make_shared<std::vector<uint8_t>>();
+  // A payload is at most the dense f32 tensor plus headers, whatever the codec.
+  const size_t limit = out.num_bytes() + (size_t{1} << 20);
+  fabric_->in(group_.ranks[peer])
+      ->Recv(
+          MakeTag(comm_id_, tag, kP2pStep),
+          [buffer, limit](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+            if (size > limit) {
+              return absl::DataLossError(
+                  absl::StrCat("compressed message of ", size, " bytes for a tensor of ",
+                               limit - (size_t{1} << 20), " bytes"));
+            }
+            buffer->resize(size);
+            return absl::MakeSpan(*buffer);
+          },
+          [request, buffer, out, decode](absl::StatusOr<size_t> n) {
+            absl::Status status = n.status();
+            if (status.ok()) status = decode(*buffer, out);
+            request->Complete(Annotate(status, "RecvCompressed"));
+          });
+  return request;
+}
+
+}  // namespace lbcc::comm
