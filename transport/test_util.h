@@ -11,7 +11,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "transport/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -32,7 +32,7 @@ class Result {
 
   absl::AnyInvocable<void(T)> Callback() {
     return [this](T value) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (!value_.has_value()) value_.emplace(std::move(value));
       thread_ = std::this_thread::get_id();
       ++calls_;
@@ -40,29 +40,29 @@ class Result {
   }
   // The value, or DeadlineExceeded (and a test failure) after `timeout`.
   T Wait(absl::Duration timeout = kWait) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return value_.has_value(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    if (!mu_.AwaitWithTimeout(ready, timeout)) {
       ADD_FAILURE() << "callback did not run within " << timeout;
       return T(absl::DeadlineExceededError("test wait"));
     }
     return *value_;
   }
   bool done() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return value_.has_value();
   }
   int calls() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return calls_;
   }
   std::thread::id thread() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return thread_;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::optional<T> value_ ABSL_GUARDED_BY(mu_);
   std::thread::id thread_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;

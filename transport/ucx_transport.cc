@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,7 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "transport/mutex.h"
 #include "base/check.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -208,6 +209,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static ucs_status_t OnAmControl(void* arg, const void* header, size_t header_length,
                                   void* data, size_t length, const ucp_am_recv_param_t* param);
   void HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& header);
+  // Connection set-up messages; returns the reply to send, if any.
+  std::optional<ControlHeader> HandleSetupLocked(const std::shared_ptr<UcxLane>& lane,
+                                                 const ControlHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
   std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
   int RunLocked();
   int DrainCommandsLocked();
@@ -242,20 +247,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int event_fd_ = -1;
   int epoll_fd_ = -1;
 
-  absl::Mutex worker_mu_;
+  Mutex worker_mu_;
   absl::flat_hash_map<ucp_ep_h, std::shared_ptr<UcxLane>> eps_ ABSL_GUARDED_BY(worker_mu_);
   std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
   int64_t outstanding_ ABSL_GUARDED_BY(worker_mu_) = 0;     // Requests awaiting callbacks.
   ucp_listener_h listener_ ABSL_GUARDED_BY(worker_mu_) = nullptr;
 
-  absl::Mutex cmd_mu_;
+  Mutex cmd_mu_;
   std::vector<Command> commands_ ABSL_GUARDED_BY(cmd_mu_);
   bool stopped_ ABSL_GUARDED_BY(cmd_mu_) = false;
 
   std::atomic<bool> stop_progress_{false};
   std::thread progress_thread_;
 
-  absl::Mutex ctl_mu_;
+  Mutex ctl_mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(ctl_mu_);
   std::deque<std::shared_ptr<Conn>> accept_queue_ ABSL_GUARDED_BY(ctl_mu_);
   bool listening_ ABSL_GUARDED_BY(ctl_mu_) = false;
@@ -502,7 +507,7 @@ void Engine::Wake() {
 
 void Engine::Submit(Command command) {
   {
-    absl::MutexLock lock(&cmd_mu_);
+    MutexLock lock(&cmd_mu_);
     if (!stopped_) {
       commands_.push_back(std::move(command));
       command = nullptr;
@@ -526,7 +531,7 @@ void Engine::Kick() {
 
 template <typename Fn>
 auto Engine::OnWorker(Fn fn) {
-  absl::MutexLock lock(&worker_mu_);
+  MutexLock lock(&worker_mu_);
   t_worker_owner = this;
   auto result = fn();
   RunLocked();
@@ -539,7 +544,7 @@ int Engine::DrainCommandsLocked() {
   while (true) {
     std::vector<Command> batch;
     {
-      absl::MutexLock lock(&cmd_mu_);
+      MutexLock lock(&cmd_mu_);
       batch.swap(commands_);
     }
     if (batch.empty()) return total;
@@ -582,7 +587,7 @@ void Engine::ProgressLoop() {
   while (!stop_progress_.load()) {
     bool sleep = false;
     {
-      absl::MutexLock lock(&worker_mu_);
+      MutexLock lock(&worker_mu_);
       t_worker_owner = this;
       const int work = RunLocked();
       const absl::Time now = absl::Now();
@@ -591,7 +596,7 @@ void Engine::ProgressLoop() {
       } else if (now - last_activity > kSpin) {
         bool queued;
         {
-          absl::MutexLock cmd_lock(&cmd_mu_);
+          MutexLock cmd_lock(&cmd_mu_);
           queued = !commands_.empty();
         }
         // Arm returns BUSY when events are already pending: progress again instead of sleeping.
@@ -617,7 +622,7 @@ void Engine::ProgressLoop() {
 void Engine::Shutdown() {
   std::vector<std::shared_ptr<Link>> links;
   {
-    absl::MutexLock lock(&ctl_mu_);
+    MutexLock lock(&ctl_mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
     for (auto& [id, conn] : conns_) links.push_back(conn->link);
@@ -638,11 +643,11 @@ void Engine::Shutdown() {
     });
     // Let the progress thread finish cancelled requests and endpoint closes.
     {
-      absl::MutexLock lock(&worker_mu_);
+      MutexLock lock(&worker_mu_);
       auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(worker_mu_) {
         return outstanding_ == 0 && closing_.empty();
       };
-      if (!worker_mu_.AwaitWithTimeout(absl::Condition(&quiet), kShutdownGrace)) {
+      if (!worker_mu_.AwaitWithTimeout(quiet, kShutdownGrace)) {
         LBCC_LOG(WARN) << "UCX transport shut down with " << outstanding_
                        << " requests and " << closing_.size() << " endpoint closes unfinished";
       }
@@ -652,11 +657,11 @@ void Engine::Shutdown() {
   if (event_fd_ >= 0) Wake();
   if (progress_thread_.joinable()) progress_thread_.join();
   if (worker_ != nullptr) {
-    absl::MutexLock lock(&worker_mu_);
+    MutexLock lock(&worker_mu_);
     t_worker_owner = this;
     RunLocked();  // Commands queued meanwhile see closed lanes and complete with Cancelled.
     {
-      absl::MutexLock cmd_lock(&cmd_mu_);
+      MutexLock cmd_lock(&cmd_mu_);
       stopped_ = true;
     }
     DrainCommandsLocked();
@@ -667,14 +672,14 @@ void Engine::Shutdown() {
     worker_ = nullptr;
     t_worker_owner = nullptr;
   } else {
-    absl::MutexLock cmd_lock(&cmd_mu_);
+    MutexLock cmd_lock(&cmd_mu_);
     stopped_ = true;
   }
   if (context_ != nullptr) {
     ucp_cleanup(context_);
     context_ = nullptr;
   }
-  absl::MutexLock lock(&ctl_mu_);
+  MutexLock lock(&ctl_mu_);
   conns_.clear();
 }
 
@@ -777,7 +782,7 @@ void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
   if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_.push_back(request);
   // A link whose connections are all closed is forgotten.
   if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
-    absl::MutexLock lock(&ctl_mu_);
+    MutexLock lock(&ctl_mu_);
     bool any_open = false;
     for (auto& [index, other] : conn->lanes) any_open |= other != nullptr && !other->closed;
     if (!any_open && (conn->link == nullptr || conn->link->failed())) conns_.erase(conn->id);
@@ -867,7 +872,7 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       std::shared_ptr<Conn> conn = lane->conn.lock();
       if (conn == nullptr) return;
       if (conn->client) {
-        absl::MutexLock lock(&ctl_mu_);
+        MutexLock lock(&ctl_mu_);
         conn->probe_data_seq = std::max(conn->probe_data_seq, h.a);
       } else {
         ControlHeader reply{};
@@ -889,10 +894,21 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       break;
   }
 
-  absl::MutexLock lock(&ctl_mu_);
+  // Set-up messages update connection state under ctl_mu_; UCX is never called with it held
+  // (UCX calls our error handler with its own locks held, and that handler takes ctl_mu_).
+  std::optional<ControlHeader> reply;
+  {
+    MutexLock lock(&ctl_mu_);
+    reply = HandleSetupLocked(lane, h);
+  }
+  if (reply.has_value()) SendControl(lane, *reply, nullptr, nullptr);
+}
+
+std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<UcxLane>& lane,
+                                                       const ControlHeader& h) {
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kHello: {
-      if (shutting_down_ || h.lane > 64) return;
+      if (shutting_down_ || h.lane > 64) return std::nullopt;
       std::shared_ptr<Conn>& conn = conns_[h.conn_id];
       if (conn == nullptr) {
         conn = std::make_shared<Conn>();
@@ -918,19 +934,18 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       reply.type = static_cast<uint32_t>(Ctl::kWelcome);
       reply.conn_id = h.conn_id;
       reply.a = !mine.has_value() ? 0 : (*mine == LinkClass::kSlow ? 2 : 1);
-      SendControl(lane, reply, nullptr, nullptr);
-      return;
+      return reply;
     }
     case Ctl::kWelcome: {
       if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
         ++conn->welcomes;
         conn->server_class = static_cast<int>(h.a);
       }
-      return;
+      return std::nullopt;
     }
     case Ctl::kReady: {
       std::shared_ptr<Conn> conn = lane->conn.lock();
-      if (conn == nullptr || conn->ready || shutting_down_) return;
+      if (conn == nullptr || conn->ready || shutting_down_) return std::nullopt;
       conn->ready = true;
       ProbeResult probe;
       probe.send_bytes_per_second = h.y;  // The client's receive rate is our send rate.
@@ -939,23 +954,23 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       conn->link->Configure(h.a == 1 ? LinkClass::kSlow : LinkClass::kFast, options_.scheduler,
                             options_.fast_chunk_bytes, probe);
       if (!conn->link->failed()) accept_queue_.push_back(conn);
-      return;
+      return std::nullopt;
     }
     case Ctl::kPong: {
       if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
         conn->pong_seq = std::max(conn->pong_seq, h.a);
       }
-      return;
+      return std::nullopt;
     }
     case Ctl::kProbeAck: {
       if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
         conn->probe_ack_seq = std::max(conn->probe_ack_seq, h.a);
       }
-      return;
+      return std::nullopt;
     }
     default:
       LBCC_LOG(WARN) << "unknown control message " << h.type << " from " << lane->peer();
-      return;
+      return std::nullopt;
   }
 }
 
@@ -969,12 +984,14 @@ void Engine::OnConnRequest(ucp_conn_request_h request, void* arg) {
     peer = SockaddrToString(attr.client_address, &port);
     peer = absl::StrCat(peer, ":", port);
   }
+  bool shutting_down;
   {
-    absl::MutexLock lock(&engine->ctl_mu_);
-    if (engine->shutting_down_) {
-      ucp_listener_reject(engine->listener_, request);
-      return;
-    }
+    MutexLock lock(&engine->ctl_mu_);
+    shutting_down = engine->shutting_down_;
+  }
+  if (shutting_down) {
+    ucp_listener_reject(engine->listener_, request);
+    return;
   }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -1003,7 +1020,7 @@ void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
       absl::StrCat("connection to ", lane->peer(), " lost: ", ucs_status_string(status)));
   std::shared_ptr<Conn> conn = lane->conn.lock();
   if (conn != nullptr) {
-    absl::MutexLock lock(&engine->ctl_mu_);
+    MutexLock lock(&engine->ctl_mu_);
     if (conn->error.ok()) conn->error = error;
   }
   // No more UCX calls on the failed endpoint; queued work on it completes with Cancelled. The
@@ -1022,7 +1039,7 @@ void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
   LBCC_ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
   {
-    absl::MutexLock lock(&ctl_mu_);
+    MutexLock lock(&ctl_mu_);
     if (shutting_down_) return absl::CancelledError("transport shut down");
     if (listening_) return absl::FailedPreconditionError("already listening");
   }
@@ -1048,7 +1065,7 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
     return port;
   });
   if (!port.ok()) return port.status();
-  absl::MutexLock lock(&ctl_mu_);
+  MutexLock lock(&ctl_mu_);
   listening_ = true;
   return absl::StrCat(parsed.host, ":", *port);
 }
@@ -1057,7 +1074,7 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
                                           const sockaddr_in& addr) {
   auto lane = std::make_shared<UcxLane>(weak_from_this(), executor_, conn->peer);
   {
-    absl::MutexLock lock(&ctl_mu_);
+    MutexLock lock(&ctl_mu_);
     conn->lanes[index] = lane;
   }
   OnWorker([&] {
@@ -1077,7 +1094,7 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     const ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
     if (status != UCS_OK) {
       lane->closed = true;
-      absl::MutexLock lock(&ctl_mu_);
+      MutexLock lock(&ctl_mu_);
       conn->error = FromUcs(status, absl::StrCat("connect to ", conn->peer));
       return 0;
     }
@@ -1102,11 +1119,11 @@ void Engine::SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlHe
 
 absl::Status Engine::WaitFor(const std::shared_ptr<Conn>& conn, absl::Time deadline,
                              absl::FunctionRef<bool(const Conn&)> done, absl::string_view what) {
-  absl::MutexLock lock(&ctl_mu_);
+  MutexLock lock(&ctl_mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
     return done(*conn) || !conn->error.ok() || shutting_down_;
   };
-  if (!ctl_mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+  if (!ctl_mu_.AwaitWithDeadline(ready, deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(what, " from ", conn->peer, " timed out"));
   }
   if (shutting_down_) return absl::CancelledError("transport shut down");
@@ -1187,7 +1204,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
     if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
   });
   {
-    absl::MutexLock lock(&ctl_mu_);
+    MutexLock lock(&ctl_mu_);
     if (shutting_down_) return absl::CancelledError("transport shut down");
     conn->id = random_();
     conns_[conn->id] = conn;
@@ -1197,7 +1214,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
     conn->link->Fail(status);
     std::vector<std::shared_ptr<UcxLane>> lanes;
     {
-      absl::MutexLock lock(&ctl_mu_);
+      MutexLock lock(&ctl_mu_);
       for (auto& [index, lane] : conn->lanes) lanes.push_back(lane);
       conns_.erase(conn->id);
     }
@@ -1229,7 +1246,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
       return 0;
     });
     {
-      absl::MutexLock lock(&ctl_mu_);
+      MutexLock lock(&ctl_mu_);
       conn->error = absl::OkStatus();
     }
     absl::SleepFor(backoff);  // Retry back-off while the peer is not listening yet.
@@ -1244,7 +1261,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
     std::optional<LinkClass> mine = options_.ConfiguredClass(parsed.host, parsed.port);
     int theirs;
     {
-      absl::MutexLock lock(&ctl_mu_);
+      MutexLock lock(&ctl_mu_);
       theirs = conn->server_class;
     }
     if (mine == LinkClass::kSlow || theirs == 2) {
@@ -1289,12 +1306,12 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
 }
 
 absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Accept(absl::Duration timeout) {
-  absl::MutexLock lock(&ctl_mu_);
+  MutexLock lock(&ctl_mu_);
   if (!listening_) return absl::FailedPreconditionError("not listening");
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
     return !accept_queue_.empty() || shutting_down_;
   };
-  if (!ctl_mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+  if (!ctl_mu_.AwaitWithTimeout(ready, timeout)) {
     return absl::DeadlineExceededError("no connection to accept");
   }
   if (shutting_down_) return absl::CancelledError("transport shut down");
