@@ -7,12 +7,12 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "transport/mutex.h"
 
 namespace lbcc::transport {
 
 struct Executor::State {
-  absl::Mutex mu;
+  Mutex mu;
   std::deque<absl::AnyInvocable<void()>> tasks ABSL_GUARDED_BY(mu);
   std::multimap<absl::Time, absl::AnyInvocable<void()>> timers ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
@@ -23,7 +23,7 @@ struct Executor::State {
     while (true) {
       absl::AnyInvocable<void()> task;
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         while (true) {
           if (!tasks.empty()) break;
           if (stopping) return;
@@ -34,7 +34,7 @@ struct Executor::State {
           auto ready = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
             return !tasks.empty() || stopping || timer_generation != generation;
           };
-          mu.AwaitWithDeadline(absl::Condition(&ready), wake);
+          mu.AwaitWithDeadline(ready, wake);
         }
         if (!tasks.empty()) {
           task = std::move(tasks.front());
@@ -58,7 +58,7 @@ Executor::Executor(std::string name) : state_(std::make_shared<State>()) {
 
 Executor::~Executor() {
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     state_->stopping = true;
     state_->timers.clear();
   }
@@ -70,12 +70,12 @@ Executor::~Executor() {
 }
 
 void Executor::Post(absl::AnyInvocable<void()> task) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   state_->tasks.push_back(std::move(task));
 }
 
 void Executor::PostAt(absl::Time when, absl::AnyInvocable<void()> task) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (state_->stopping) return;
   state_->timers.emplace(when, std::move(task));
   ++state_->timer_generation;

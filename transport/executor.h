@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace lbcc::transport {

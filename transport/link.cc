@@ -15,12 +15,12 @@ Link::Link(std::shared_ptr<Executor> executor, std::string peer_address)
 
 Link::~Link() {
   // Every operation keeps the Link alive until its callback is posted, so nothing is pending.
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   LBCC_DCHECK(out_.empty()) << out_.size() << " sends outstanding";
 }
 
 void Link::AddLane(std::shared_ptr<Lane> lane) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   lanes_.push_back(std::move(lane));
   lane_inflight_.push_back(0);
   counters_.stripes = static_cast<int>(lanes_.size());
@@ -28,7 +28,7 @@ void Link::AddLane(std::shared_ptr<Lane> lane) {
 
 void Link::Configure(LinkClass link_class, const SchedulerOptions& scheduler,
                      int64_t fast_chunk_bytes, const ProbeResult& probe) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   configured_ = true;
   link_class_ = link_class;
   scheduler_ = scheduler;
@@ -51,36 +51,36 @@ void Link::Configure(LinkClass link_class, const SchedulerOptions& scheduler,
 }
 
 void Link::AddRetries(uint64_t retries) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   counters_.retries += retries;
 }
 
 void Link::SetKick(std::function<void()> kick) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   kick_ = std::move(kick);
 }
 
 void Link::Kick() {
   std::function<void()> kick;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     kick = kick_;
   }
   if (kick) kick();
 }
 
 LinkClass Link::link_class() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return link_class_;
 }
 
 bool Link::failed() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return failed_;
 }
 
 LinkCounters Link::counters() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   LinkCounters c = counters_;
   const absl::Time now = absl::Now();
   absl::Duration send_busy = send_busy_;
@@ -130,7 +130,7 @@ void Link::PostRecvDone(RecvCallback done, absl::StatusOr<size_t> result) {
 
 void Link::Send(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     SendLocked(tag, data, options, std::move(done));
   }
   Kick();
@@ -211,7 +211,7 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
 void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit,
                        absl::Status status) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = out_.find(seq);
     LBCC_CHECK(it != out_.end()) << "completion for unknown message " << seq;
     OutMsg* msg = it->second.get();
@@ -289,7 +289,7 @@ void Link::PumpLocked() {
 
 void Link::OnPacingTimer() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     pacing_timer_armed_ = false;
     PumpLocked();
   }
@@ -297,7 +297,7 @@ void Link::OnPacingTimer() {
 }
 
 void Link::OnCredit(int lane, uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (lane < 0 || lane >= static_cast<int>(lanes_.size())) return;
   inflight_bytes_ -= std::min(inflight_bytes_, bytes);
   lane_inflight_[lane] -= std::min(lane_inflight_[lane], bytes);
@@ -309,7 +309,7 @@ void Link::OnCredit(int lane, uint64_t bytes) {
 
 void Link::Recv(Tag tag, absl::Span<uint8_t> buffer, RecvCallback done) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     RecvLocked(tag, PostedRecv{buffer, nullptr, std::move(done)});
   }
   Kick();
@@ -317,7 +317,7 @@ void Link::Recv(Tag tag, absl::Span<uint8_t> buffer, RecvCallback done) {
 
 void Link::Recv(Tag tag, RecvAllocator allocate, RecvCallback done) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!allocate) {
       PostRecvDone(std::move(done), absl::InvalidArgumentError("null RecvAllocator"));
       return;
@@ -338,7 +338,7 @@ void Link::RecvLocked(Tag tag, PostedRecv recv) {
 
 void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
                    std::unique_ptr<DeferredPayload> deferred) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (failed_) return;  // `deferred` is discarded.
   if (h.version != kWireVersion || h.offset > h.total_size ||
       h.length > h.total_size - h.offset || (h.length == 0 && h.total_size != 0) ||
@@ -465,7 +465,7 @@ void Link::PlaceLocked(InMsg* msg, uint64_t offset, uint32_t length, const uint8
 }
 
 void Link::OnFetchDone(uint64_t seq, uint32_t length, absl::Status status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = in_.find(seq);
   LBCC_CHECK(it != in_.end()) << "fetch completion for unknown message " << seq;
   InMsg* msg = it->second.get();
@@ -510,7 +510,7 @@ void Link::MaybeFinishRecvLocked(InMsg* msg) {
 
 void Link::Close() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!failed_) FailLocked(absl::CancelledError("endpoint closed"));
   }
   Kick();
@@ -518,7 +518,7 @@ void Link::Close() {
 
 void Link::Fail(absl::Status status) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!failed_) FailLocked(std::move(status));
   }
   Kick();

@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "transport/mutex.h"
 #include "absl/time/time.h"
 #include "transport/executor.h"
 #include "transport/lane.h"
@@ -152,7 +152,7 @@ class Link : public std::enable_shared_from_this<Link> {
   const std::shared_ptr<Executor> executor_;
   const std::string peer_address_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::function<void()> kick_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> lane_inflight_ ABSL_GUARDED_BY(mu_);

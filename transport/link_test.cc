@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "transport/mutex.h"
+#include "transport/test_util.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,7 +22,9 @@ using ::lbcc::testing::IsOkAndHolds;
 using ::lbcc::testing::StatusIs;
 using ::testing::ElementsAre;
 
-constexpr absl::Duration kWait = absl::Seconds(30);  // Generous: sanitizer builds are slow.
+using ::lbcc::transport::testing::kWait;
+using ::lbcc::transport::testing::RecvResult;
+using ::lbcc::transport::testing::SendResult;
 
 // Records what a Link hands to a lane; the test completes it.
 class FakeLane final : public Lane {
@@ -35,31 +37,31 @@ class FakeLane final : public Lane {
   };
   void SendChunk(const ChunkHeader& header, const uint8_t* data, size_t length,
                  DoneCallback done) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     sent_.push_back({header, data, length, std::move(done)});
   }
   void SendCredit(uint64_t bytes) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     credits_.push_back(bytes);
   }
   void Close() override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     closed_ = true;
   }
 
   size_t sent_count() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return sent_.size();
   }
   ChunkHeader header(size_t i) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return sent_.at(i).header;
   }
   // Runs the `done` of chunk i (on the test thread, which holds no Link lock).
   void Complete(size_t i, absl::Status status = absl::OkStatus()) {
     DoneCallback done;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       done = std::move(sent_.at(i).done);
     }
     done(std::move(status));
@@ -68,7 +70,7 @@ class FakeLane final : public Lane {
   void CompleteRest(absl::Status status) {
     std::vector<DoneCallback> rest;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       for (Sent& sent : sent_) {
         if (sent.done) rest.push_back(std::move(sent.done));
       }
@@ -76,21 +78,21 @@ class FakeLane final : public Lane {
     for (DoneCallback& done : rest) done(status);
   }
   std::vector<uint64_t> credits() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return credits_;
   }
   bool closed() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return closed_;
   }
   bool WaitForSent(size_t n, absl::Duration timeout = kWait) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sent_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    return mu_.AwaitWithTimeout(ready, timeout);
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<Sent> sent_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> credits_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -122,54 +124,11 @@ class FakeDeferred final : public DeferredPayload {
   DoneCallback* fetch_done_;
 };
 
-// A callback result the test can wait for; records the thread it ran on.
-template <typename T>
-class Result {
- public:
-  absl::AnyInvocable<void(T)> Callback() {
-    return [this](T value) {
-      absl::MutexLock lock(&mu_);
-      value_.emplace(std::move(value));
-      thread_ = std::this_thread::get_id();
-      ++calls_;
-    };
-  }
-  T Wait() {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return value_.has_value(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), kWait)) {
-      ADD_FAILURE() << "callback did not run within " << kWait;
-      return T(absl::DeadlineExceededError("test wait"));
-    }
-    return *value_;
-  }
-  bool done() {
-    absl::MutexLock lock(&mu_);
-    return value_.has_value();
-  }
-  int calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-  std::thread::id thread() {
-    absl::MutexLock lock(&mu_);
-    return thread_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::optional<T> value_ ABSL_GUARDED_BY(mu_);
-  std::thread::id thread_ ABSL_GUARDED_BY(mu_);
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
-};
-using SendResult = Result<absl::Status>;
-using RecvResult = Result<absl::StatusOr<size_t>>;
-
 // Waits until everything posted to the executor so far has run.
 void Drain(Executor& executor) {
-  auto done = std::make_shared<absl::Notification>();
-  executor.Post([done] { done->Notify(); });
-  ASSERT_TRUE(done->WaitForNotificationWithTimeout(kWait));
+  auto done = std::make_shared<SendResult>();
+  executor.Post([callback = done->Callback()]() mutable { callback(absl::OkStatus()); });
+  ASSERT_THAT(done->Wait(), IsOk());
 }
 
 std::vector<uint8_t> Bytes(size_t n, uint8_t seed) {

@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "transport/mutex.h"
 #include "transport/executor.h"
 #include "transport/link.h"
 
@@ -22,7 +22,7 @@ struct State;
 
 // Process-wide map of listening names.
 struct Registry {
-  absl::Mutex mu;
+  Mutex mu;
   absl::flat_hash_map<std::string, std::weak_ptr<State>> listeners ABSL_GUARDED_BY(mu);
 };
 Registry& GetRegistry() {
@@ -41,7 +41,7 @@ struct State {
   const std::shared_ptr<Executor> callbacks;  // User callbacks and timers.
   const std::shared_ptr<Executor> wire;       // Deliveries into this Transport's links.
 
-  absl::Mutex mu;
+  Mutex mu;
   std::string name ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   std::deque<std::shared_ptr<Link>> accept_queue ABSL_GUARDED_BY(mu);
@@ -144,7 +144,7 @@ class LoopbackTransport final : public Transport {
   ~LoopbackTransport() override {
     std::vector<std::shared_ptr<Link>> links;
     {
-      absl::MutexLock lock(&state_->mu);
+      MutexLock lock(&state_->mu);
       state_->shut_down = true;
       for (auto& weak : state_->links) {
         if (std::shared_ptr<Link> link = weak.lock()) links.push_back(std::move(link));
@@ -152,7 +152,7 @@ class LoopbackTransport final : public Transport {
       state_->accept_queue.clear();
       if (!state_->name.empty()) {
         Registry& registry = GetRegistry();
-        absl::MutexLock registry_lock(&registry.mu);
+        MutexLock registry_lock(&registry.mu);
         registry.listeners.erase(state_->name);
       }
     }
@@ -163,10 +163,10 @@ class LoopbackTransport final : public Transport {
 
   absl::StatusOr<std::string> Listen(absl::string_view address) override {
     if (address.empty()) return absl::InvalidArgumentError("loopback address must be a name");
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (!state_->name.empty()) return absl::FailedPreconditionError("already listening");
     Registry& registry = GetRegistry();
-    absl::MutexLock registry_lock(&registry.mu);
+    MutexLock registry_lock(&registry.mu);
     std::weak_ptr<State>& slot = registry.listeners[std::string(address)];
     if (slot.lock() != nullptr) {
       return absl::UnavailableError(absl::StrCat("loopback name '", address, "' is in use"));
@@ -186,7 +186,7 @@ class LoopbackTransport final : public Transport {
     while (true) {
       {
         Registry& registry = GetRegistry();
-        absl::MutexLock lock(&registry.mu);
+        MutexLock lock(&registry.mu);
         auto it = registry.listeners.find(std::string(address));
         if (it != registry.listeners.end()) server = it->second.lock();
       }
@@ -212,7 +212,7 @@ class LoopbackTransport final : public Transport {
 
     uint64_t connection;
     {
-      absl::MutexLock lock(&server->mu);
+      MutexLock lock(&server->mu);
       if (server->shut_down) return absl::UnavailableError("loopback listener shut down");
       connection = server->accepted++;
     }
@@ -232,12 +232,12 @@ class LoopbackTransport final : public Transport {
                         {});
     client->AddRetries(retries);
     {
-      absl::MutexLock lock(&state_->mu);
+      MutexLock lock(&state_->mu);
       if (state_->shut_down) return absl::CancelledError("transport shut down");
       state_->links.push_back(client);
     }
     {
-      absl::MutexLock lock(&server->mu);
+      MutexLock lock(&server->mu);
       if (server->shut_down) {
         client->Fail(absl::UnavailableError("loopback listener shut down"));
         return absl::UnavailableError("loopback listener shut down");
@@ -249,12 +249,12 @@ class LoopbackTransport final : public Transport {
   }
 
   absl::StatusOr<std::unique_ptr<Endpoint>> Accept(absl::Duration timeout) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (state_->name.empty()) return absl::FailedPreconditionError("not listening");
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
       return !state_->accept_queue.empty() || state_->shut_down;
     };
-    if (!state_->mu.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    if (!state_->mu.AwaitWithTimeout(ready, timeout)) {
       return absl::DeadlineExceededError("no connection to accept");
     }
     if (state_->shut_down) return absl::CancelledError("transport shut down");

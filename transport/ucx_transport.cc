@@ -1,0 +1,1352 @@
+#include "transport/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "transport/mutex.h"
+#include "base/check.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "transport/executor.h"
+#include "transport/link.h"
+
+namespace lbcc::transport {
+namespace {
+
+// Active message ids.
+constexpr unsigned kAmControl = 7;
+constexpr unsigned kAmData = 8;
+
+// How long the progress thread keeps polling after the last event before it sleeps on the
+// worker's event fd: long enough to catch the next message of a burst without a wake-up.
+constexpr absl::Duration kSpin = absl::Microseconds(50);
+// Transport destruction waits this long for UCX to finish cancelled requests.
+constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
+// First size of the link probe.
+constexpr int64_t kProbeFirstBytes = 64 << 10;
+
+enum class Ctl : uint32_t {
+  kHello = 1,         // client -> server on each new connection: conn_id, lane
+  kWelcome = 2,       // server -> client: a = server's configured class (0 none, 1 fast, 2 slow)
+  kReady = 3,         // client -> server: a = class, x/y = client's send/recv rate, z = rtt
+  kPing = 4,          // a = sequence
+  kPong = 5,          // a = sequence
+  kProbeData = 6,     // a = sequence, payload = probe bytes
+  kProbeAck = 7,      // server -> client: a = sequence of the ProbeData fully received
+  kProbeRequest = 8,  // client -> server: a = sequence, b = bytes to send back as ProbeData
+  kCredit = 9,        // a = bytes
+};
+
+struct ControlHeader {
+  uint32_t type;
+  uint32_t lane;
+  uint64_t conn_id;
+  uint64_t a;
+  uint64_t b;
+  double x;
+  double y;
+  double z;
+  uint32_t version;
+  uint32_t reserved;
+};
+static_assert(sizeof(ControlHeader) == 64, "ControlHeader is a wire format");
+
+absl::Status FromUcs(ucs_status_t status, absl::string_view what) {
+  if (status == UCS_OK) return absl::OkStatus();
+  if (status == UCS_ERR_CANCELED) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
+}
+
+struct ParsedAddress {
+  std::string host;  // Numeric.
+  int port = 0;
+  sockaddr_in addr{};
+};
+
+absl::StatusOr<ParsedAddress> ParseAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UCX address '", address, "' is not host:port"));
+  }
+  ParsedAddress parsed;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &parsed.port) || parsed.port < 0 ||
+      parsed.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad port in UCX address '", address, "'"));
+  }
+  const std::string host(address.substr(0, colon));
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* info = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &info) != 0 || info == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve host '", host, "' of UCX address '", address, "'"));
+  }
+  std::memcpy(&parsed.addr, info->ai_addr, sizeof(sockaddr_in));
+  freeaddrinfo(info);
+  parsed.addr.sin_port = htons(static_cast<uint16_t>(parsed.port));
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &parsed.addr.sin_addr, text, sizeof(text));
+  parsed.host = text;
+  return parsed;
+}
+
+std::string SockaddrToString(const sockaddr_storage& storage, int* port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  *port = 0;
+  if (storage.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&storage);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    *port = ntohs(in->sin_port);
+  } else if (storage.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    *port = ntohs(in6->sin6_port);
+  }
+  return text;
+}
+
+class Engine;
+class UcxLane;
+
+// One link being set up or running: its Link and its connections. Guarded by Engine::ctl_mu_.
+struct Conn {
+  uint64_t id = 0;
+  bool client = false;
+  std::string peer;       // Address string.
+  std::string peer_host;  // For topology lookups.
+  int peer_port = 0;
+  std::shared_ptr<Link> link;
+  std::map<int, std::shared_ptr<UcxLane>> lanes;  // Server: connections by lane index.
+  int lanes_added = 0;                            // Server: lanes handed to the Link, in order.
+  int welcomes = 0;                               // Client: WELCOMEs received.
+  int server_class = 0;                           // Client: from WELCOME.
+  absl::Status error;                             // Client: set-up failure.
+  bool ready = false;                             // Server: READY received.
+  uint64_t pong_seq = 0;
+  uint64_t probe_ack_seq = 0;
+  uint64_t probe_data_seq = 0;
+};
+
+thread_local const Engine* t_worker_owner = nullptr;
+
+// Runs `done` of a request exactly once with the status UCX gives it.
+struct RequestCtx {
+  Engine* engine = nullptr;
+  std::shared_ptr<UcxLane> lane;        // Keeps the lane (and its endpoint bookkeeping) alive.
+  ChunkHeader chunk_header{};           // UCX reads the header until the send completes.
+  ControlHeader control_header{};
+  std::shared_ptr<std::vector<uint8_t>> payload;  // Owned payload (probe data).
+  DoneCallback done;
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  using Command = absl::AnyInvocable<void(bool live)>;
+
+  static absl::StatusOr<std::shared_ptr<Engine>> Create(const TransportOptions& options);
+  ~Engine();
+
+  void Shutdown();
+  absl::StatusOr<std::string> Listen(absl::string_view address);
+  absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view address,
+                                                    absl::Duration timeout,
+                                                    ConnectOptions options);
+  absl::StatusOr<std::unique_ptr<Endpoint>> Accept(absl::Duration timeout);
+
+  // Queues `command` to run under the worker lock with live = true, on the progress thread or a
+  // calling thread. After shutdown it runs with live = false on the callback thread instead.
+  void Submit(Command command);
+  // Tries to run queued work and progress on the calling thread.
+  void Kick();
+
+  ucp_worker_h worker() const { return worker_; }  // Under the worker lock only.
+  const std::shared_ptr<Executor>& executor() const { return executor_; }
+
+  // Worker context (lock held).
+  void SendControl(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
+                   std::shared_ptr<std::vector<uint8_t>> payload, DoneCallback done);
+  void SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& header,
+                 const uint8_t* data, size_t length, DoneCallback done);
+  void CloseLane(const std::shared_ptr<UcxLane>& lane);
+  // A request's context goes to StartRequest with what UCX returned; a UCX callback of a request
+  // that was in flight calls CompleteRequest. Either runs ctx->done once and frees ctx.
+  void StartRequest(void* status_ptr, RequestCtx* ctx, absl::string_view what);
+  void CompleteRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
+
+ private:
+  explicit Engine(const TransportOptions& options);
+  absl::Status Init();
+
+  // Worker context.
+  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t OnAmData(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnAmControl(void* arg, const void* header, size_t header_length,
+                                  void* data, size_t length, const ucp_am_recv_param_t* param);
+  void HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& header);
+  // Connection set-up messages; returns the reply to send, if any.
+  std::optional<ControlHeader> HandleSetupLocked(const std::shared_ptr<UcxLane>& lane,
+                                                 const ControlHeader& header)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
+  std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
+  int RunLocked();
+  int DrainCommandsLocked();
+  void FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
+  int ProgressLocked();
+
+  void ProgressLoop();
+  void Wake();
+  // Locks the worker (blocking) and runs `fn` in worker context: for set-up calls from user
+  // threads, never from callbacks.
+  template <typename Fn>
+  auto OnWorker(Fn fn);
+
+  // Client set-up helpers (user thread).
+  std::shared_ptr<UcxLane> OpenLane(const std::shared_ptr<Conn>& conn, int index,
+                                    const sockaddr_in& addr);
+  void SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
+                           std::shared_ptr<std::vector<uint8_t>> payload = nullptr);
+  // Waits on ctl_mu_ until `done(conn)` or an error, shutdown or the deadline.
+  absl::Status WaitFor(const std::shared_ptr<Conn>& conn, absl::Time deadline,
+                       absl::FunctionRef<bool(const Conn&)> done, absl::string_view what);
+  absl::StatusOr<ProbeResult> Probe(const std::shared_ptr<Conn>& conn,
+                                    const std::shared_ptr<UcxLane>& lane, absl::Time deadline,
+                                    bool rates);
+
+  const TransportOptions options_;
+  const std::shared_ptr<Executor> executor_;
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_efd_ = -1;
+  int event_fd_ = -1;
+  int epoll_fd_ = -1;
+
+  Mutex worker_mu_;
+  absl::flat_hash_map<ucp_ep_h, std::shared_ptr<UcxLane>> eps_ ABSL_GUARDED_BY(worker_mu_);
+  std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
+  int64_t outstanding_ ABSL_GUARDED_BY(worker_mu_) = 0;     // Requests awaiting callbacks.
+  ucp_listener_h listener_ ABSL_GUARDED_BY(worker_mu_) = nullptr;
+
+  Mutex cmd_mu_;
+  std::vector<Command> commands_ ABSL_GUARDED_BY(cmd_mu_);
+  bool stopped_ ABSL_GUARDED_BY(cmd_mu_) = false;
+
+  std::atomic<bool> stop_progress_{false};
+  std::thread progress_thread_;
+
+  Mutex ctl_mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(ctl_mu_);
+  std::deque<std::shared_ptr<Conn>> accept_queue_ ABSL_GUARDED_BY(ctl_mu_);
+  bool listening_ ABSL_GUARDED_BY(ctl_mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(ctl_mu_) = false;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(ctl_mu_){std::random_device{}()};
+};
+
+// One UCP endpoint. Its fields are touched in worker context only, except the immutable ones.
+class UcxLane final : public Lane, public std::enable_shared_from_this<UcxLane> {
+ public:
+  UcxLane(std::weak_ptr<Engine> engine, std::shared_ptr<Executor> executor, std::string peer)
+      : engine_(std::move(engine)), executor_(std::move(executor)), peer_(std::move(peer)) {}
+
+  void SendChunk(const ChunkHeader& header, const uint8_t* data, size_t length,
+                 DoneCallback done) override {
+    Submit([self = shared_from_this(), header, data, length,
+            done = std::move(done)](Engine* engine) mutable {
+      if (engine == nullptr) {
+        done(absl::CancelledError("transport shut down"));
+        return;
+      }
+      engine->SendChunk(self, header, data, length, std::move(done));
+    });
+  }
+
+  void SendCredit(uint64_t bytes) override {
+    Submit([self = shared_from_this(), bytes](Engine* engine) {
+      if (engine == nullptr) return;
+      ControlHeader header{};
+      header.type = static_cast<uint32_t>(Ctl::kCredit);
+      header.a = bytes;
+      engine->SendControl(self, header, nullptr, nullptr);
+    });
+  }
+
+  void Close() override {
+    Submit([self = shared_from_this()](Engine* engine) {
+      if (engine != nullptr) engine->CloseLane(self);
+    });
+  }
+
+  // Worker context.
+  ucp_ep_h ep = nullptr;
+  bool closed = false;  // Closed by us or failed: no new operations on `ep`.
+  int index = -1;
+  std::weak_ptr<Conn> conn;
+  std::weak_ptr<Link> link;
+  const std::string& peer() const { return peer_; }
+
+ private:
+  // Runs `fn(engine)` in worker context, or `fn(nullptr)` on the callback thread once the
+  // transport is gone.
+  template <typename Fn>
+  void Submit(Fn fn) {
+    if (std::shared_ptr<Engine> engine = engine_.lock()) {
+      engine->Submit([engine_ptr = engine.get(), fn = std::move(fn)](bool live) mutable {
+        fn(live ? engine_ptr : nullptr);
+      });
+    } else {
+      executor_->Post([fn = std::move(fn)]() mutable { fn(nullptr); });
+    }
+  }
+
+  const std::weak_ptr<Engine> engine_;
+  const std::shared_ptr<Executor> executor_;
+  const std::string peer_;
+};
+
+// A rendezvous chunk whose bytes are still at the sender.
+class UcxDeferred final : public DeferredPayload {
+ public:
+  UcxDeferred(std::weak_ptr<Engine> engine, std::shared_ptr<Executor> executor,
+              std::shared_ptr<UcxLane> lane, void* desc, size_t length)
+      : engine_(std::move(engine)),
+        executor_(std::move(executor)),
+        lane_(std::move(lane)),
+        desc_(desc),
+        length_(length) {}
+
+  ~UcxDeferred() override {
+    if (consumed_) return;
+    Run([lane = lane_, desc = desc_](Engine* engine) {
+      // Releasing a rendezvous descriptor answers the sender through the endpoint it came on; once
+      // that endpoint is destroyed the descriptor is left to the worker, which frees it.
+      if (engine != nullptr && lane->ep != nullptr) ucp_am_data_release(engine->worker(), desc);
+    });
+  }
+
+  void Fetch(uint8_t* dst, DoneCallback done) override {
+    consumed_ = true;
+    Run([lane = lane_, desc = desc_, dst, length = length_,
+         done = std::move(done)](Engine* engine) mutable {
+      if (engine == nullptr || lane->closed) {
+        done(absl::CancelledError("connection closed before the chunk was fetched"));
+        return;
+      }
+      auto* ctx = new RequestCtx;
+      ctx->engine = engine;
+      ctx->lane = lane;
+      ctx->done = std::move(done);
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+        auto* ctx = static_cast<RequestCtx*>(user_data);
+        ucp_request_free(request);
+        ctx->engine->CompleteRequest(ctx, status, "rendezvous receive");
+      };
+      param.user_data = ctx;
+      engine->StartRequest(ucp_am_recv_data_nbx(engine->worker(), desc, dst, length, &param),
+                           ctx, "rendezvous receive");
+    });
+  }
+
+ private:
+  template <typename Fn>
+  void Run(Fn fn) {
+    if (std::shared_ptr<Engine> engine = engine_.lock()) {
+      engine->Submit([engine_ptr = engine.get(), fn = std::move(fn)](bool live) mutable {
+        fn(live ? engine_ptr : nullptr);
+      });
+    } else {
+      executor_->Post([fn = std::move(fn)]() mutable { fn(nullptr); });
+    }
+  }
+
+  std::weak_ptr<Engine> engine_;
+  std::shared_ptr<Executor> executor_;
+  std::shared_ptr<UcxLane> lane_;
+  void* desc_;
+  size_t length_;
+  bool consumed_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Engine: creation, progress, shutdown.
+
+Engine::Engine(const TransportOptions& options)
+    : options_(options), executor_(std::make_shared<Executor>("lbcc-ucx-cb")) {}
+
+absl::StatusOr<std::shared_ptr<Engine>> Engine::Create(const TransportOptions& options) {
+  std::shared_ptr<Engine> engine(new Engine(options));
+  LBCC_RETURN_IF_ERROR(engine->Init());
+  engine->progress_thread_ = std::thread([raw = engine.get()] { raw->ProgressLoop(); });
+  pthread_setname_np(engine->progress_thread_.native_handle(), "lbcc-ucx-prog");
+  return engine;
+}
+
+absl::Status Engine::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) return FromUcs(status, "ucp_config_read");
+  auto modify = [&](const char* name, const std::string& value) -> absl::Status {
+    ucs_status_t s = ucp_config_modify(config, name, value.c_str());
+    if (s != UCS_OK) {
+      return absl::InvalidArgumentError(absl::StrCat("UCX rejected ", name, "=", value, ": ",
+                                                     ucs_status_string(s)));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status configured = [&]() -> absl::Status {
+    if (!options_.ucx_tls.empty()) LBCC_RETURN_IF_ERROR(modify("TLS", options_.ucx_tls));
+    if (!options_.ucx_net_devices.empty()) {
+      LBCC_RETURN_IF_ERROR(modify("NET_DEVICES", options_.ucx_net_devices));
+    }
+    // One rendezvous rail: a fast and a slow device never carry parts of one message.
+    LBCC_RETURN_IF_ERROR(modify("MAX_RNDV_RAILS", "1"));
+    // A silent peer is noticed within about the peer timeout.
+    const double interval_s = absl::ToDoubleSeconds(options_.peer_timeout) / 3;
+    LBCC_RETURN_IF_ERROR(modify("KEEPALIVE_INTERVAL", absl::StrCat(interval_s, "s")));
+    return absl::OkStatus();
+  }();
+  if (!configured.ok()) {
+    ucp_config_release(config);
+    return configured;
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "lbcc";
+  status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) return FromUcs(status, "ucp_init");
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
+  worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // Every call under worker_mu_.
+  worker_params.events = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TAG_SEND |
+                         UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status != UCS_OK) return FromUcs(status, "ucp_worker_create");
+
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  status = ucp_worker_query(worker_, &attr);
+  if (status != UCS_OK) return FromUcs(status, "ucp_worker_query");
+  if (attr.max_am_header < sizeof(ControlHeader)) {
+    return absl::UnavailableError(absl::StrCat("UCX allows active-message headers of ",
+                                               attr.max_am_header, " bytes; LBCC needs ",
+                                               sizeof(ControlHeader)));
+  }
+
+  for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmData, &Engine::OnAmData},
+                        {kAmControl, &Engine::OnAmControl}}) {
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                         UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = id;
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+    handler.cb = cb;
+    handler.arg = this;
+    status = ucp_worker_set_am_recv_handler(worker_, &handler);
+    if (status != UCS_OK) return FromUcs(status, "ucp_worker_set_am_recv_handler");
+  }
+
+  status = ucp_worker_get_efd(worker_, &worker_efd_);
+  if (status != UCS_OK) return FromUcs(status, "ucp_worker_get_efd");
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (event_fd_ < 0 || epoll_fd_ < 0) {
+    return absl::UnavailableError(absl::StrCat("eventfd/epoll: ", std::strerror(errno)));
+  }
+  for (int fd : {worker_efd_, event_fd_}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      return absl::UnavailableError(absl::StrCat("epoll_ctl: ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Engine::~Engine() {
+  Shutdown();
+  if (event_fd_ >= 0) close(event_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+void Engine::Wake() {
+  const uint64_t one = 1;
+  ssize_t ignored = write(event_fd_, &one, sizeof(one));
+  (void)ignored;  // A full counter still wakes the reader.
+}
+
+void Engine::Submit(Command command) {
+  {
+    MutexLock lock(&cmd_mu_);
+    if (!stopped_) {
+      commands_.push_back(std::move(command));
+      command = nullptr;
+    }
+  }
+  if (command) {
+    executor_->Post([command = std::move(command)]() mutable { command(false); });
+    return;
+  }
+  if (t_worker_owner != this) Wake();
+}
+
+void Engine::Kick() {
+  if (t_worker_owner == this) return;  // The holder drains what we queued.
+  if (!worker_mu_.TryLock()) return;   // Someone is progressing; the queue reaches them.
+  t_worker_owner = this;
+  if (worker_ != nullptr) RunLocked();
+  t_worker_owner = nullptr;
+  worker_mu_.Unlock();
+}
+
+template <typename Fn>
+auto Engine::OnWorker(Fn fn) {
+  MutexLock lock(&worker_mu_);
+  t_worker_owner = this;
+  auto result = fn();
+  RunLocked();
+  t_worker_owner = nullptr;
+  return result;
+}
+
+int Engine::DrainCommandsLocked() {
+  int total = 0;
+  while (true) {
+    std::vector<Command> batch;
+    {
+      MutexLock lock(&cmd_mu_);
+      batch.swap(commands_);
+    }
+    if (batch.empty()) return total;
+    total += static_cast<int>(batch.size());
+    for (Command& command : batch) command(true);
+  }
+}
+
+int Engine::ProgressLocked() {
+  int total = 0;
+  for (int i = 0; i < 64; ++i) {
+    const unsigned n = ucp_worker_progress(worker_);
+    if (n == 0) break;
+    total += static_cast<int>(n);
+  }
+  for (auto it = closing_.begin(); it != closing_.end();) {
+    if (ucp_request_check_status(*it) != UCS_INPROGRESS) {
+      ucp_request_free(*it);
+      it = closing_.erase(it);
+      ++total;
+    } else {
+      ++it;
+    }
+  }
+  return total;
+}
+
+int Engine::RunLocked() {
+  int total = 0;
+  for (int round = 0; round < 16; ++round) {
+    const int n = DrainCommandsLocked() + ProgressLocked();
+    total += n;
+    if (n == 0) break;
+  }
+  return total;
+}
+
+void Engine::ProgressLoop() {
+  absl::Time last_activity = absl::Now();
+  while (!stop_progress_.load()) {
+    bool sleep = false;
+    {
+      MutexLock lock(&worker_mu_);
+      t_worker_owner = this;
+      const int work = RunLocked();
+      const absl::Time now = absl::Now();
+      if (work > 0) {
+        last_activity = now;
+      } else if (now - last_activity > kSpin) {
+        bool queued;
+        {
+          MutexLock cmd_lock(&cmd_mu_);
+          queued = !commands_.empty();
+        }
+        // Arm returns BUSY when events are already pending: progress again instead of sleeping.
+        if (!queued && ucp_worker_arm(worker_) == UCS_OK) sleep = true;
+      }
+      t_worker_owner = nullptr;
+    }
+    if (sleep) {
+      epoll_event events[2];
+      const int n = epoll_wait(epoll_fd_, events, 2, /*timeout_ms=*/100);
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.fd == event_fd_) {
+          uint64_t value;
+          ssize_t ignored = read(event_fd_, &value, sizeof(value));
+          (void)ignored;
+        }
+      }
+      last_activity = absl::Now();  // Poll a little after every wake-up.
+    }
+  }
+}
+
+void Engine::Shutdown() {
+  std::vector<std::shared_ptr<Link>> links;
+  {
+    MutexLock lock(&ctl_mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    for (auto& [id, conn] : conns_) links.push_back(conn->link);
+    accept_queue_.clear();
+  }
+  for (auto& link : links) link->Fail(absl::CancelledError("transport shut down"));
+  if (worker_ != nullptr) {
+    OnWorker([this] {
+      if (listener_ != nullptr) {
+        ucp_listener_destroy(listener_);
+        listener_ = nullptr;
+      }
+      // Connections that never became links (half-open handshakes) close here too.
+      std::vector<std::shared_ptr<UcxLane>> lanes;
+      for (auto& [ep, lane] : eps_) lanes.push_back(lane);
+      for (auto& lane : lanes) CloseLane(lane);
+      return 0;
+    });
+    // Let the progress thread finish cancelled requests and endpoint closes.
+    {
+      MutexLock lock(&worker_mu_);
+      auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(worker_mu_) {
+        return outstanding_ == 0 && closing_.empty();
+      };
+      if (!worker_mu_.AwaitWithTimeout(quiet, kShutdownGrace)) {
+        LBCC_LOG(WARN) << "UCX transport shut down with " << outstanding_
+                       << " requests and " << closing_.size() << " endpoint closes unfinished";
+      }
+    }
+  }
+  stop_progress_.store(true);
+  if (event_fd_ >= 0) Wake();
+  if (progress_thread_.joinable()) progress_thread_.join();
+  if (worker_ != nullptr) {
+    MutexLock lock(&worker_mu_);
+    t_worker_owner = this;
+    RunLocked();  // Commands queued meanwhile see closed lanes and complete with Cancelled.
+    {
+      MutexLock cmd_lock(&cmd_mu_);
+      stopped_ = true;
+    }
+    DrainCommandsLocked();
+    for (void* request : closing_) ucp_request_free(request);
+    closing_.clear();
+    eps_.clear();
+    ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+    t_worker_owner = nullptr;
+  } else {
+    MutexLock cmd_lock(&cmd_mu_);
+    stopped_ = true;
+  }
+  if (context_ != nullptr) {
+    ucp_cleanup(context_);
+    context_ = nullptr;
+  }
+  MutexLock lock(&ctl_mu_);
+  conns_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests.
+
+void Engine::StartRequest(void* status_ptr, RequestCtx* ctx, absl::string_view what) {
+  if (status_ptr == nullptr) {
+    FinishRequest(ctx, UCS_OK, what);  // Completed at once: UCX does not call the callback.
+  } else if (UCS_PTR_IS_ERR(status_ptr)) {
+    FinishRequest(ctx, UCS_PTR_STATUS(status_ptr), what);
+  } else {
+    ++outstanding_;
+  }
+}
+
+void Engine::CompleteRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what) {
+  --outstanding_;
+  FinishRequest(ctx, status, what);
+}
+
+void Engine::FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what) {
+  std::unique_ptr<RequestCtx> owned(ctx);
+  if (!ctx->done) return;
+  if (status == UCS_OK) {
+    ctx->done(absl::OkStatus());
+  } else {
+    ctx->done(FromUcs(status, absl::StrCat(what, " to ", ctx->lane->peer())));
+  }
+}
+
+void Engine::SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& header,
+                       const uint8_t* data, size_t length, DoneCallback done) {
+  if (lane->closed) {
+    done(absl::CancelledError("connection closed"));
+    return;
+  }
+  auto* ctx = new RequestCtx;
+  ctx->engine = this;
+  ctx->lane = lane;
+  ctx->chunk_header = header;
+  ctx->done = std::move(done);
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    auto* ctx = static_cast<RequestCtx*>(user_data);
+    ucp_request_free(request);
+    ctx->engine->CompleteRequest(ctx, status, "send");
+  };
+  param.user_data = ctx;
+  StartRequest(ucp_am_send_nbx(lane->ep, kAmData, &ctx->chunk_header, sizeof(ChunkHeader), data,
+                               length, &param),
+               ctx, "send");
+}
+
+void Engine::SendControl(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
+                         std::shared_ptr<std::vector<uint8_t>> payload, DoneCallback done) {
+  if (lane->closed) {
+    if (done) done(absl::CancelledError("connection closed"));
+    return;
+  }
+  auto* ctx = new RequestCtx;
+  ctx->engine = this;
+  ctx->lane = lane;
+  ctx->control_header = header;
+  ctx->control_header.lane = static_cast<uint32_t>(std::max(lane->index, 0));
+  ctx->control_header.version = kWireVersion;
+  ctx->payload = std::move(payload);
+  ctx->done = std::move(done);
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    auto* ctx = static_cast<RequestCtx*>(user_data);
+    ucp_request_free(request);
+    ctx->engine->CompleteRequest(ctx, status, "control message");
+  };
+  param.user_data = ctx;
+  const void* data = ctx->payload ? ctx->payload->data() : nullptr;
+  const size_t length = ctx->payload ? ctx->payload->size() : 0;
+  StartRequest(ucp_am_send_nbx(lane->ep, kAmControl, &ctx->control_header, sizeof(ControlHeader),
+                               data, length, &param),
+               ctx, "control message");
+}
+
+void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
+  lane->closed = true;
+  if (lane->ep == nullptr) return;
+  lane->closed = true;
+  ucp_ep_h ep = lane->ep;
+  lane->ep = nullptr;
+  eps_.erase(ep);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* request = ucp_ep_close_nbx(ep, &param);
+  if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_.push_back(request);
+  // A link whose connections are all closed is forgotten.
+  if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
+    MutexLock lock(&ctl_mu_);
+    bool any_open = false;
+    for (auto& [index, other] : conn->lanes) any_open |= other != nullptr && !other->closed;
+    if (!any_open && (conn->link == nullptr || conn->link->failed())) conns_.erase(conn->id);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Incoming (worker context).
+
+std::shared_ptr<UcxLane> Engine::LaneFor(const ucp_am_recv_param_t* param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
+  auto it = eps_.find(param->reply_ep);
+  if (it == eps_.end() || it->second->closed) return nullptr;
+  return it->second;
+}
+
+ucs_status_t Engine::OnAmData(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
+  auto* engine = static_cast<Engine*>(arg);
+  std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
+  std::shared_ptr<Link> link = lane ? lane->link.lock() : nullptr;
+  if (link == nullptr || header_length != sizeof(ChunkHeader)) return UCS_OK;  // Dropped.
+  ChunkHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  if (h.length != length) {
+    link->Fail(absl::DataLossError(absl::StrCat("chunk from ", lane->peer(), " announces ",
+                                                h.length, " bytes and carries ", length)));
+    return UCS_OK;
+  }
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    link->OnChunk(lane->index, h, nullptr,
+                  std::make_unique<UcxDeferred>(engine->weak_from_this(), engine->executor_, lane,
+                                                data, length));
+    return UCS_INPROGRESS;  // The descriptor is ours until fetched or released.
+  }
+  link->OnChunk(lane->index, h, static_cast<const uint8_t*>(data), nullptr);
+  return UCS_OK;
+}
+
+ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param) {
+  auto* engine = static_cast<Engine*>(arg);
+  std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
+  if (lane == nullptr || header_length != sizeof(ControlHeader)) return UCS_OK;
+  ControlHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  if (static_cast<Ctl>(h.type) == Ctl::kProbeData && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    // Probe bytes must really cross the link: receive them into a scratch buffer first.
+    auto* ctx = new RequestCtx;
+    ctx->engine = engine;
+    ctx->lane = lane;
+    ctx->payload = std::make_shared<std::vector<uint8_t>>(length);
+    ctx->done = [engine, lane, h](absl::Status status) {
+      if (status.ok()) engine->HandleControl(lane, h);
+    };
+    ucp_request_param_t rparam{};
+    rparam.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rparam.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+      auto* ctx = static_cast<RequestCtx*>(user_data);
+      ucp_request_free(request);
+      ctx->engine->CompleteRequest(ctx, status, "probe receive");
+    };
+    rparam.user_data = ctx;
+    engine->StartRequest(ucp_am_recv_data_nbx(engine->worker_, data, ctx->payload->data(), length,
+                                              &rparam),
+                         ctx, "probe receive");
+    return UCS_INPROGRESS;
+  }
+  engine->HandleControl(lane, h);
+  return UCS_OK;
+}
+
+void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& h) {
+  switch (static_cast<Ctl>(h.type)) {
+    case Ctl::kCredit: {
+      if (std::shared_ptr<Link> link = lane->link.lock()) link->OnCredit(lane->index, h.a);
+      return;
+    }
+    case Ctl::kPing: {
+      ControlHeader reply{};
+      reply.type = static_cast<uint32_t>(Ctl::kPong);
+      reply.a = h.a;
+      SendControl(lane, reply, nullptr, nullptr);
+      return;
+    }
+    case Ctl::kProbeData: {
+      std::shared_ptr<Conn> conn = lane->conn.lock();
+      if (conn == nullptr) return;
+      if (conn->client) {
+        MutexLock lock(&ctl_mu_);
+        conn->probe_data_seq = std::max(conn->probe_data_seq, h.a);
+      } else {
+        ControlHeader reply{};
+        reply.type = static_cast<uint32_t>(Ctl::kProbeAck);
+        reply.a = h.a;
+        SendControl(lane, reply, nullptr, nullptr);
+      }
+      return;
+    }
+    case Ctl::kProbeRequest: {
+      ControlHeader reply{};
+      reply.type = static_cast<uint32_t>(Ctl::kProbeData);
+      reply.a = h.a;
+      const uint64_t bytes = std::min<uint64_t>(h.b, 1ull << 30);
+      SendControl(lane, reply, std::make_shared<std::vector<uint8_t>>(bytes), nullptr);
+      return;
+    }
+    default:
+      break;
+  }
+
+  // Set-up messages update connection state under ctl_mu_; UCX is never called with it held
+  // (UCX calls our error handler with its own locks held, and that handler takes ctl_mu_).
+  std::optional<ControlHeader> reply;
+  {
+    MutexLock lock(&ctl_mu_);
+    reply = HandleSetupLocked(lane, h);
+  }
+  if (reply.has_value()) SendControl(lane, *reply, nullptr, nullptr);
+}
+
+std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<UcxLane>& lane,
+                                                       const ControlHeader& h) {
+  switch (static_cast<Ctl>(h.type)) {
+    case Ctl::kHello: {
+      if (shutting_down_ || h.lane > 64) return std::nullopt;
+      std::shared_ptr<Conn>& conn = conns_[h.conn_id];
+      if (conn == nullptr) {
+        conn = std::make_shared<Conn>();
+        conn->id = h.conn_id;
+        conn->peer = lane->peer();
+        const size_t colon = conn->peer.rfind(':');
+        conn->peer_host = conn->peer.substr(0, colon);
+        conn->link = std::make_shared<Link>(executor_, conn->peer);
+        conn->link->SetKick([weak = weak_from_this()] {
+          if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
+        });
+      }
+      lane->index = static_cast<int>(h.lane);
+      lane->conn = conn;
+      lane->link = conn->link;
+      conn->lanes[lane->index] = lane;
+      while (conn->lanes.count(conn->lanes_added)) {
+        conn->link->AddLane(conn->lanes[conn->lanes_added]);
+        ++conn->lanes_added;
+      }
+      std::optional<LinkClass> mine = options_.ConfiguredClass(conn->peer_host, 0);
+      ControlHeader reply{};
+      reply.type = static_cast<uint32_t>(Ctl::kWelcome);
+      reply.conn_id = h.conn_id;
+      reply.a = !mine.has_value() ? 0 : (*mine == LinkClass::kSlow ? 2 : 1);
+      return reply;
+    }
+    case Ctl::kWelcome: {
+      if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
+        ++conn->welcomes;
+        conn->server_class = static_cast<int>(h.a);
+      }
+      return std::nullopt;
+    }
+    case Ctl::kReady: {
+      std::shared_ptr<Conn> conn = lane->conn.lock();
+      if (conn == nullptr || conn->ready || shutting_down_) return std::nullopt;
+      conn->ready = true;
+      ProbeResult probe;
+      probe.send_bytes_per_second = h.y;  // The client's receive rate is our send rate.
+      probe.recv_bytes_per_second = h.x;
+      probe.rtt_seconds = h.z;
+      conn->link->Configure(h.a == 1 ? LinkClass::kSlow : LinkClass::kFast, options_.scheduler,
+                            options_.fast_chunk_bytes, probe);
+      if (!conn->link->failed()) accept_queue_.push_back(conn);
+      return std::nullopt;
+    }
+    case Ctl::kPong: {
+      if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
+        conn->pong_seq = std::max(conn->pong_seq, h.a);
+      }
+      return std::nullopt;
+    }
+    case Ctl::kProbeAck: {
+      if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
+        conn->probe_ack_seq = std::max(conn->probe_ack_seq, h.a);
+      }
+      return std::nullopt;
+    }
+    default:
+      LBCC_LOG(WARN) << "unknown control message " << h.type << " from " << lane->peer();
+      return std::nullopt;
+  }
+}
+
+void Engine::OnConnRequest(ucp_conn_request_h request, void* arg) {
+  auto* engine = static_cast<Engine*>(arg);
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string peer = "unknown";
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) {
+    int port = 0;
+    peer = SockaddrToString(attr.client_address, &port);
+    peer = absl::StrCat(peer, ":", port);
+  }
+  bool shutting_down;
+  {
+    MutexLock lock(&engine->ctl_mu_);
+    shutting_down = engine->shutting_down_;
+  }
+  if (shutting_down) {
+    ucp_listener_reject(engine->listener_, request);
+    return;
+  }
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Engine::OnEpError;
+  params.err_handler.arg = engine;
+  ucp_ep_h ep = nullptr;
+  const ucs_status_t status = ucp_ep_create(engine->worker_, &params, &ep);
+  if (status != UCS_OK) {
+    LBCC_LOG(WARN) << "cannot accept connection from " << peer << ": " << ucs_status_string(status);
+    return;
+  }
+  auto lane = std::make_shared<UcxLane>(engine->weak_from_this(), engine->executor_, peer);
+  lane->ep = ep;
+  engine->eps_[ep] = lane;
+}
+
+void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* engine = static_cast<Engine*>(arg);
+  auto it = engine->eps_.find(ep);
+  if (it == engine->eps_.end()) return;
+  std::shared_ptr<UcxLane> lane = it->second;
+  const absl::Status error = absl::UnavailableError(
+      absl::StrCat("connection to ", lane->peer(), " lost: ", ucs_status_string(status)));
+  std::shared_ptr<Conn> conn = lane->conn.lock();
+  if (conn != nullptr) {
+    MutexLock lock(&engine->ctl_mu_);
+    if (conn->error.ok()) conn->error = error;
+  }
+  // No more UCX calls on the failed endpoint; queued work on it completes with Cancelled. The
+  // endpoint itself is closed after this callback returns.
+  lane->closed = true;
+  // Failing the link first queues the release of its rendezvous descriptors ahead of the close.
+  if (std::shared_ptr<Link> link = lane->link.lock()) link->Fail(error);
+  engine->Submit([engine, lane](bool live) {
+    if (live) engine->CloseLane(lane);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up (user threads).
+
+absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
+  LBCC_ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
+  {
+    MutexLock lock(&ctl_mu_);
+    if (shutting_down_) return absl::CancelledError("transport shut down");
+    if (listening_) return absl::FailedPreconditionError("already listening");
+  }
+  absl::StatusOr<int> port = OnWorker([&]() -> absl::StatusOr<int> {
+    ucp_listener_params_t params{};
+    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&parsed.addr);
+    params.sockaddr.addrlen = sizeof(parsed.addr);
+    params.conn_handler.cb = &Engine::OnConnRequest;
+    params.conn_handler.arg = this;
+    ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
+    if (status != UCS_OK) {
+      listener_ = nullptr;
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ",
+                                                 ucs_status_string(status)));
+    }
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    status = ucp_listener_query(listener_, &attr);
+    if (status != UCS_OK) return FromUcs(status, "ucp_listener_query");
+    int port = 0;
+    SockaddrToString(attr.sockaddr, &port);
+    return port;
+  });
+  if (!port.ok()) return port.status();
+  MutexLock lock(&ctl_mu_);
+  listening_ = true;
+  return absl::StrCat(parsed.host, ":", *port);
+}
+
+std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int index,
+                                          const sockaddr_in& addr) {
+  auto lane = std::make_shared<UcxLane>(weak_from_this(), executor_, conn->peer);
+  {
+    MutexLock lock(&ctl_mu_);
+    conn->lanes[index] = lane;
+  }
+  OnWorker([&] {
+    lane->index = index;
+    lane->conn = conn;
+    lane->link = conn->link;
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    params.sockaddr.addrlen = sizeof(addr);
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &Engine::OnEpError;
+    params.err_handler.arg = this;
+    ucp_ep_h ep = nullptr;
+    const ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
+    if (status != UCS_OK) {
+      lane->closed = true;
+      MutexLock lock(&ctl_mu_);
+      conn->error = FromUcs(status, absl::StrCat("connect to ", conn->peer));
+      return 0;
+    }
+    lane->ep = ep;
+    eps_[ep] = lane;
+    ControlHeader hello{};
+    hello.type = static_cast<uint32_t>(Ctl::kHello);
+    hello.conn_id = conn->id;
+    SendControl(lane, hello, nullptr, nullptr);
+    return 0;
+  });
+  return lane;
+}
+
+void Engine::SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
+                                 std::shared_ptr<std::vector<uint8_t>> payload) {
+  OnWorker([&] {
+    SendControl(lane, header, std::move(payload), nullptr);
+    return 0;
+  });
+}
+
+absl::Status Engine::WaitFor(const std::shared_ptr<Conn>& conn, absl::Time deadline,
+                             absl::FunctionRef<bool(const Conn&)> done, absl::string_view what) {
+  MutexLock lock(&ctl_mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
+    return done(*conn) || !conn->error.ok() || shutting_down_;
+  };
+  if (!ctl_mu_.AwaitWithDeadline(ready, deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(what, " from ", conn->peer, " timed out"));
+  }
+  if (shutting_down_) return absl::CancelledError("transport shut down");
+  if (!done(*conn)) return conn->error;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ProbeResult> Engine::Probe(const std::shared_ptr<Conn>& conn,
+                                          const std::shared_ptr<UcxLane>& lane,
+                                          absl::Time deadline, bool rates) {
+  ProbeResult result;
+  uint64_t seq = 0;
+  double rtt = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    ControlHeader ping{};
+    ping.type = static_cast<uint32_t>(Ctl::kPing);
+    ping.a = ++seq;
+    const absl::Time start = absl::Now();
+    SendControlFromUser(lane, ping);
+    LBCC_RETURN_IF_ERROR(WaitFor(
+        conn, deadline, [seq](const Conn& c) { return c.pong_seq >= seq; }, "ping"));
+    rtt = std::min(rtt, absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  result.rtt_seconds = rtt;
+  if (!rates) return result;
+
+  // One direction: transfers grow until one takes probe_min_time or reaches probe_max_bytes.
+  auto measure = [&](bool up) -> absl::StatusOr<double> {
+    int64_t bytes = std::min<int64_t>(kProbeFirstBytes, options_.probe_max_bytes);
+    while (true) {
+      ControlHeader header{};
+      header.a = ++seq;
+      const uint64_t want = seq;
+      auto payload = up ? std::make_shared<std::vector<uint8_t>>(bytes) : nullptr;
+      const absl::Time start = absl::Now();
+      if (up) {
+        header.type = static_cast<uint32_t>(Ctl::kProbeData);
+        SendControlFromUser(lane, header, std::move(payload));
+        LBCC_RETURN_IF_ERROR(WaitFor(
+            conn, deadline, [want](const Conn& c) { return c.probe_ack_seq >= want; }, "probe"));
+      } else {
+        header.type = static_cast<uint32_t>(Ctl::kProbeRequest);
+        header.b = static_cast<uint64_t>(bytes);
+        SendControlFromUser(lane, header);
+        LBCC_RETURN_IF_ERROR(WaitFor(
+            conn, deadline, [want](const Conn& c) { return c.probe_data_seq >= want; },
+            "probe"));
+      }
+      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+      if (elapsed >= absl::ToDoubleSeconds(options_.probe_min_time) ||
+          bytes >= options_.probe_max_bytes) {
+        // The round trip is not transfer time; keep at least half the sample.
+        return bytes / std::max(elapsed - rtt, elapsed / 2);
+      }
+      bytes = std::min<int64_t>(bytes * 4, options_.probe_max_bytes);
+    }
+  };
+  LBCC_ASSIGN_OR_RETURN(result.send_bytes_per_second, measure(/*up=*/true));
+  LBCC_ASSIGN_OR_RETURN(result.recv_bytes_per_second, measure(/*up=*/false));
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view address,
+                                                          absl::Duration timeout,
+                                                          ConnectOptions options) {
+  LBCC_ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
+  if (parsed.port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("UCX address '", address, "' has port 0"));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  auto conn = std::make_shared<Conn>();
+  conn->client = true;
+  conn->peer = absl::StrCat(parsed.host, ":", parsed.port);
+  conn->peer_host = parsed.host;
+  conn->peer_port = parsed.port;
+  conn->link = std::make_shared<Link>(executor_, conn->peer);
+  conn->link->SetKick([weak = weak_from_this()] {
+    if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
+  });
+  {
+    MutexLock lock(&ctl_mu_);
+    if (shutting_down_) return absl::CancelledError("transport shut down");
+    conn->id = random_();
+    conns_[conn->id] = conn;
+  }
+  // On any failure below, the Link's Fail closes every connection opened so far.
+  auto fail = [&](absl::Status status) {
+    conn->link->Fail(status);
+    std::vector<std::shared_ptr<UcxLane>> lanes;
+    {
+      MutexLock lock(&ctl_mu_);
+      for (auto& [index, lane] : conn->lanes) lanes.push_back(lane);
+      conns_.erase(conn->id);
+    }
+    OnWorker([&] {
+      for (auto& lane : lanes) CloseLane(lane);
+      return 0;
+    });
+    return status;
+  };
+
+  // Connection 0, retried while the peer refuses (it may not listen yet).
+  uint64_t retries = 0;
+  std::shared_ptr<UcxLane> lane0;
+  absl::Duration backoff = absl::Milliseconds(5);
+  while (true) {
+    lane0 = OpenLane(conn, 0, parsed.addr);
+    absl::Status welcomed =
+        WaitFor(conn, deadline, [](const Conn& c) { return c.welcomes >= 1; }, "handshake");
+    if (welcomed.ok()) break;
+    if (welcomed.code() != absl::StatusCode::kUnavailable) return fail(welcomed);
+    if (absl::Now() + backoff >= deadline) {
+      return fail(absl::UnavailableError(
+          absl::StrCat("cannot connect to ", conn->peer, " within ", absl::FormatDuration(timeout),
+                       ": ", welcomed.message())));
+    }
+    ++retries;
+    OnWorker([&] {
+      CloseLane(lane0);
+      return 0;
+    });
+    {
+      MutexLock lock(&ctl_mu_);
+      conn->error = absl::OkStatus();
+    }
+    absl::SleepFor(backoff);  // Retry back-off while the peer is not listening yet.
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
+
+  // The link class: explicit, configured on either side (slow wins), or measured.
+  std::optional<LinkClass> link_class;
+  if (options.has_link_class) {
+    link_class = options.link_class;
+  } else {
+    std::optional<LinkClass> mine = options_.ConfiguredClass(parsed.host, parsed.port);
+    int theirs;
+    {
+      MutexLock lock(&ctl_mu_);
+      theirs = conn->server_class;
+    }
+    if (mine == LinkClass::kSlow || theirs == 2) {
+      link_class = LinkClass::kSlow;
+    } else if (mine.has_value() || theirs == 1) {
+      link_class = LinkClass::kFast;
+    }
+  }
+  absl::StatusOr<ProbeResult> probe = Probe(conn, lane0, deadline, !link_class.has_value());
+  if (!probe.ok()) return fail(probe.status());
+  if (!link_class.has_value()) {
+    const double slowest = std::min(probe->send_bytes_per_second, probe->recv_bytes_per_second);
+    link_class = slowest * 8 < options_.slow_threshold_bits_per_second ? LinkClass::kSlow
+                                                                       : LinkClass::kFast;
+    LBCC_LOG(INFO) << "link to " << conn->peer << " probed at "
+                   << probe->send_bytes_per_second * 8e-9 << " Gbit/s up, "
+                   << probe->recv_bytes_per_second * 8e-9 << " Gbit/s down, rtt "
+                   << probe->rtt_seconds * 1e6 << " us: " << LinkClassName(*link_class);
+  }
+
+  // Stripes: more connections for a slow link.
+  std::vector<std::shared_ptr<UcxLane>> lanes = {lane0};
+  const int stripes =
+      *link_class == LinkClass::kSlow ? std::max(1, options_.scheduler.stripes) : 1;
+  for (int i = 1; i < stripes; ++i) lanes.push_back(OpenLane(conn, i, parsed.addr));
+  absl::Status welcomed = WaitFor(
+      conn, deadline, [stripes](const Conn& c) { return c.welcomes >= stripes; }, "handshake");
+  if (!welcomed.ok()) return fail(welcomed);
+  for (auto& lane : lanes) conn->link->AddLane(lane);
+  conn->link->Configure(*link_class, options_.scheduler, options_.fast_chunk_bytes, *probe);
+  conn->link->AddRetries(retries);
+
+  ControlHeader ready{};
+  ready.type = static_cast<uint32_t>(Ctl::kReady);
+  ready.conn_id = conn->id;
+  ready.a = *link_class == LinkClass::kSlow ? 1 : 0;
+  ready.x = probe->send_bytes_per_second;
+  ready.y = probe->recv_bytes_per_second;
+  ready.z = probe->rtt_seconds;
+  SendControlFromUser(lane0, ready);
+  return std::make_unique<LinkEndpoint>(conn->link, shared_from_this());
+}
+
+absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Accept(absl::Duration timeout) {
+  MutexLock lock(&ctl_mu_);
+  if (!listening_) return absl::FailedPreconditionError("not listening");
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
+    return !accept_queue_.empty() || shutting_down_;
+  };
+  if (!ctl_mu_.AwaitWithTimeout(ready, timeout)) {
+    return absl::DeadlineExceededError("no connection to accept");
+  }
+  if (shutting_down_) return absl::CancelledError("transport shut down");
+  std::shared_ptr<Conn> conn = std::move(accept_queue_.front());
+  accept_queue_.pop_front();
+  return std::make_unique<LinkEndpoint>(conn->link, shared_from_this());
+}
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  ~UcxTransport() override { engine_->Shutdown(); }
+
+  absl::string_view backend() const override { return "ucx"; }
+  absl::StatusOr<std::string> Listen(absl::string_view address) override {
+    return engine_->Listen(address);
+  }
+  absl::StatusOr<std::unique_ptr<Endpoint>> Connect(absl::string_view address,
+                                                    absl::Duration timeout,
+                                                    ConnectOptions options) override {
+    return engine_->Connect(address, timeout, options);
+  }
+  absl::StatusOr<std::unique_ptr<Endpoint>> Accept(absl::Duration timeout) override {
+    return engine_->Accept(timeout);
+  }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> NewUcxTransport(const TransportOptions& options) {
+  LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Engine> engine, Engine::Create(options));
+  return std::make_unique<UcxTransport>(std::move(engine));
+}
+
+}  // namespace lbcc::transport

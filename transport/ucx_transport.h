@@ -1,0 +1,44 @@
+// The UCX backend: Endpoints over UCP active messages (Debian's UCX 1.13.1).
+//
+// One Transport is one UCP context and worker, pinned to the devices and transports in
+// TransportOptions (ucx_tls, ucx_net_devices; UCX's own UCX_* variables otherwise) with one
+// rendezvous rail, so a fast and a slow device are never striped in one UCP endpoint. Listen()
+// opens a sockaddr listener (port 0 picks a free one; the returned address names the real port);
+// Connect() opens UCP endpoints to it in peer error-handling mode, so a lost peer fails pending
+// work with Unavailable instead of hanging.
+//
+// Set-up of a link (client side, inside Connect):
+//   1. HELLO/WELCOME on connection 0 (refused connections are retried until the timeout);
+//   2. the link class: ConnectOptions, then either side's topology or LBCC_LINK_CLASS (slow wins),
+//      else a timed probe both ways (pings for the round trip, then transfers that grow 4x from
+//      64 KiB until one takes 20 ms or reaches LBCC_LINK_PROBE_BYTES): slow if either direction is
+//      below LBCC_SLOW_LINK_GBITS. UCX's nominal device bandwidths are not used;
+//   3. slow links open LBCC_SLOW_STRIPES - 1 more connections;
+//   4. READY tells the server the class and the probe figures; Accept() returns the endpoint.
+//
+// Data chunks travel as active messages whose header is a ChunkHeader; UCX picks eager or
+// rendezvous per size. A rendezvous chunk's bytes stay at the sender until the receiver has
+// matched the message to a Recv and knows where they go.
+//
+// Threading: every UCP call happens under one worker mutex, taken by the Transport's progress
+// thread (which sleeps on the worker's event fd when idle) or, opportunistically, by a calling
+// thread after it queued work (progress in calling paths). Completion callbacks run on the
+// Transport's callback thread.
+#ifndef LBCC_TRANSPORT_UCX_TRANSPORT_H_
+#define LBCC_TRANSPORT_UCX_TRANSPORT_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "transport/options.h"
+#include "transport/transport.h"
+
+namespace lbcc::transport {
+
+// Errors: Unavailable when UCX cannot start (no usable transport or device), InvalidArgument for a
+// UCX setting it rejects.
+absl::StatusOr<std::unique_ptr<Transport>> NewUcxTransport(const TransportOptions& options);
+
+}  // namespace lbcc::transport
+
+#endif  // LBCC_TRANSPORT_UCX_TRANSPORT_H_
