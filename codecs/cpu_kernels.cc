@@ -27,8 +27,9 @@ uint32_t EfUpdateScalar(const float* e, const float* d, float* out, int64_t n, f
 }
 
 int64_t CompactScalar(const float* block, int64_t stride, int64_t h, int64_t w, uint32_t thr,
-                      uint32_t* idx, uint32_t* bits) {
+                      uint32_t* idx, uint32_t* bits, uint32_t* max_abs) {
   int64_t m = 0;
+  uint32_t max_bits = 0;
   for (int64_t r = 0; r < h; ++r) {
     const float* row = block + r * stride;
     for (int64_t c = 0; c < w; ++c) {
@@ -37,9 +38,22 @@ int64_t CompactScalar(const float* block, int64_t stride, int64_t h, int64_t w, 
       idx[m] = static_cast<uint32_t>(r * w + c);
       bits[m] = raw;
       m += (raw & kAbsMask) >= thr;
+      max_bits = std::max(max_bits, raw & kAbsMask);
     }
   }
+  *max_abs = max_bits;
   return m;
+}
+
+int64_t FilterGeScalar(const uint32_t* idx, const uint32_t* bits, int64_t m, uint32_t thr,
+                       uint32_t* out_idx, uint32_t* out_bits) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    out_idx[n] = idx[i];
+    out_bits[n] = bits[i];
+    n += (bits[i] & kAbsMask) >= thr;
+  }
+  return n;
 }
 
 int64_t CountGeScalar(const uint32_t* bits, int64_t m, uint32_t thr) {
@@ -88,7 +102,7 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 }
 
 const CpuKernels kScalarKernels = {
-    SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,          CountGeScalar,
+    SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,   FilterGeScalar,   CountGeScalar,
     BinMeanCodesScalar,  Absmax8BlockScalar,  Dequant8BlockScalar,    Dequant8BlockAddScalar,
 };
 

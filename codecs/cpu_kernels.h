@@ -28,10 +28,16 @@ struct CpuKernels {
                         float lr);
 
   // Candidates of an h x w block (rows `stride` floats apart): the local positions r * w + c
-  // whose |value| bits are >= thr, ascending, and the values' raw bits. Returns the count. idx
-  // and bits need h * w + 8 entries (the vector version stores whole vectors).
+  // whose |value| bits are >= thr, ascending, and the values' raw bits. Returns the count and
+  // the largest |value| bits of the whole block in *max_abs. idx and bits need h * w + 8
+  // entries (the vector version stores whole vectors).
   int64_t (*compact)(const float* block, int64_t stride, int64_t h, int64_t w, uint32_t thr,
-                     uint32_t* idx, uint32_t* bits);
+                     uint32_t* idx, uint32_t* bits, uint32_t* max_abs);
+
+  // The same over a list: keeps the entries i < m with (bits[i] & kAbsMask) >= thr, in order.
+  // out_idx and out_bits need (result + 8) entries.
+  int64_t (*filter_ge)(const uint32_t* idx, const uint32_t* bits, int64_t m, uint32_t thr,
+                       uint32_t* out_idx, uint32_t* out_bits);
 
   // Number of i < m with (bits[i] & kAbsMask) >= thr.
   int64_t (*count_ge)(const uint32_t* bits, int64_t m, uint32_t thr);

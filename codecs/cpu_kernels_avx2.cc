@@ -79,8 +79,10 @@ LBCC_AVX2 uint32_t EfUpdateAvx2(const float* e, const float* d, float* out, int6
 }
 
 LBCC_AVX2 int64_t CompactAvx2(const float* block, int64_t stride, int64_t h, int64_t w,
-                              uint32_t thr, uint32_t* idx, uint32_t* bits) {
+                              uint32_t thr, uint32_t* idx, uint32_t* bits, uint32_t* max_abs) {
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  __m256i vmax = _mm256_setzero_si256();
+  uint32_t max_bits = 0;
   // abs bits are < 2^31, so a signed compare against thr - 1 is abs >= thr (thr 0: all).
   const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -92,6 +94,7 @@ LBCC_AVX2 int64_t CompactAvx2(const float* block, int64_t stride, int64_t h, int
     for (; c + 8 <= w; c += 8) {
       const __m256i raw = _mm256_castps_si256(_mm256_loadu_ps(row + c));
       const __m256i a = _mm256_and_si256(raw, mask);
+      vmax = _mm256_max_epu32(vmax, a);
       const int sel = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below)));
       const __m256i perm =
           _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompactLut.lanes[sel]));
@@ -109,9 +112,37 @@ LBCC_AVX2 int64_t CompactAvx2(const float* block, int64_t stride, int64_t h, int
       idx[m] = static_cast<uint32_t>(base + c);
       bits[m] = raw;
       m += (raw & kAbsMask) >= thr;
+      max_bits = std::max(max_bits, raw & kAbsMask);
     }
   }
+  *max_abs = std::max(max_bits, HorizontalMaxU32(vmax));
   return m;
+}
+
+LBCC_AVX2 int64_t FilterGeAvx2(const uint32_t* idx, const uint32_t* bits, int64_t m, uint32_t thr,
+                               uint32_t* out_idx, uint32_t* out_bits) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1);
+  int64_t n = 0, i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i));
+    const __m256i pos = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i));
+    const __m256i a = _mm256_and_si256(raw, mask);
+    const int sel = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below)));
+    const __m256i perm =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompactLut.lanes[sel]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_bits + n),
+                        _mm256_permutevar8x32_epi32(raw, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_idx + n),
+                        _mm256_permutevar8x32_epi32(pos, perm));
+    n += __builtin_popcount(static_cast<unsigned>(sel));
+  }
+  for (; i < m; ++i) {
+    out_idx[n] = idx[i];
+    out_bits[n] = bits[i];
+    n += (bits[i] & kAbsMask) >= thr;
+  }
+  return n;
 }
 
 LBCC_AVX2 int64_t CountGeAvx2(const uint32_t* bits, int64_t m, uint32_t thr) {
@@ -232,7 +263,7 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 }
 
 const CpuKernels kAvx2Kernels = {
-    SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,       CountGeAvx2,
+    SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,   FilterGeAvx2,    CountGeAvx2,
     BinMeanCodesAvx2, Absmax8BlockAvx2,  Dequant8BlockAvx2, Dequant8BlockAddAvx2,
 };
 

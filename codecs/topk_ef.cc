@@ -19,7 +19,7 @@ namespace {
 
 // Elements of e, delta and e' one EF-update group covers (128 KiB each): the group's chunks are
 // then selected while they are in L2.
-constexpr int64_t kGroupElements = 32768;
+constexpr int64_t kGroupElements = 262144;
 // The next chunk's compaction threshold is this fraction of the last chunk's exact threshold:
 // a few more candidates than k on smooth data, rarely fewer (then it halves and retries).
 constexpr float kHintFactor = 0.9f;
@@ -42,11 +42,21 @@ void BuildLocalOffsets(const ChunkGeometry& g, std::vector<int64_t>* out) {
   for (int64_t l = 0; l < g.chunk_len; ++l) (*out)[l] = (l / g.w) * g.cols + (l % g.w);
 }
 
+// Lowers a threshold (|v| bits) after a chunk had fewer than k candidates: by 10 %, then 19 %,
+// 34 %, ... (the factor squares on each retry), so a badly stale guess costs a few passes.
+uint32_t LowerThreshold(uint32_t thr, float* factor) {
+  const uint32_t lowered = AbsBitsOf(BitsToFloat(thr) * *factor);
+  *factor *= *factor;
+  return lowered < thr ? lowered : 0;
+}
+
 // Selects the k entries of largest |v| of the chunk at `block` (ties: lower local position),
-// writing local positions (ascending) and values. out_idx / out_val need one slack entry.
+// writing local positions (ascending) and values. `cand_*` and `sel_*` are scratch of
+// chunk_len + 8 entries; out_idx / out_val hold k entries.
 void SelectChunk(const CpuKernels& kern, const float* block, const ChunkGeometry& g, int64_t k,
                  const int64_t* local_offset, uint32_t* cand_idx, uint32_t* cand_bits,
-                 uint16_t* out_idx, float* out_val, uint32_t* hint) {
+                 uint32_t* sel_idx, uint32_t* sel_bits, uint16_t* out_idx, float* out_val,
+                 uint32_t* hint) {
   const int64_t n = g.chunk_len;
   if (k >= n) {
     for (int64_t l = 0; l < n; ++l) {
@@ -55,38 +65,52 @@ void SelectChunk(const CpuKernels& kern, const float* block, const ChunkGeometry
     }
     return;
   }
-  uint32_t thr = *hint;
+  uint32_t thr = *hint, max_abs = 0;
+  float factor = 0.9f;
   int64_t m;
   for (;;) {
-    m = kern.compact(block, g.cols, g.h, g.w, thr, cand_idx, cand_bits);
+    m = kern.compact(block, g.cols, g.h, g.w, thr, cand_idx, cand_bits, &max_abs);
     if (m >= k) break;
-    thr = thr > 0x00800000u ? thr - 0x00800000u : 0;  // halve the threshold and retry
+    thr = LowerThreshold(thr, &factor);
   }
-  uint32_t max_abs = 0;
-  for (int64_t i = 0; i < m; ++i) max_abs = std::max(max_abs, cand_bits[i] & kAbsMask);
   // T = the k-th largest |v|: the largest t with count(|v| >= t) >= k, t in [thr, max_abs].
   uint32_t lo = thr, hi = max_abs + 1;
+  int64_t count_lo = m, count_hi = 0;
   while (hi - lo > 1) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    if (kern.count_ge(cand_bits, m, mid) >= k) {
+    const int64_t count = kern.count_ge(cand_bits, m, mid);
+    if (count >= k) {
       lo = mid;
+      count_lo = count;
     } else {
       hi = mid;
+      count_hi = count;
     }
   }
   const uint32_t t = lo;
-  int64_t need_eq = k - kern.count_ge(cand_bits, m, t + 1);
-  int64_t j = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    const uint32_t a = cand_bits[i] & kAbsMask;
-    const bool eq = a == t;
-    const bool take = (a > t) | (eq & (need_eq > 0));
-    need_eq -= static_cast<int64_t>(eq & take);
-    out_idx[j] = static_cast<uint16_t>(cand_idx[i]);
-    out_val[j] = BitsToFloat(cand_bits[i]);
-    j += take;
+  if (count_lo == k) {
+    // No tie at the threshold to break: everything >= T, in order.
+    const int64_t taken = kern.filter_ge(cand_idx, cand_bits, m, t, sel_idx, sel_bits);
+    LBCC_DCHECK(taken == k);
+    (void)taken;
+  } else {
+    // count_hi entries are > T; the first k - count_hi entries equal to T complete the set.
+    int64_t need_eq = k - count_hi, j = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t a = cand_bits[i] & kAbsMask;
+      const bool eq = a == t;
+      const bool take = (a > t) | (eq & (need_eq > 0));
+      need_eq -= static_cast<int64_t>(eq & take);
+      sel_idx[j] = cand_idx[i];
+      sel_bits[j] = cand_bits[i];
+      j += take;
+    }
+    LBCC_DCHECK(j == k);
   }
-  LBCC_DCHECK(j == k);
+  for (int64_t j = 0; j < k; ++j) {
+    out_idx[j] = static_cast<uint16_t>(sel_idx[j]);
+    out_val[j] = BitsToFloat(sel_bits[j]);
+  }
   *hint = AbsBitsOf(BitsToFloat(t) * kHintFactor);
 }
 
@@ -227,12 +251,14 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
   const int64_t k = g.num_chunks > 0 ? KPerChunk(g.chunk_len, options_.top_k) : 0;
   const IndexLayout layout{g.num_chunks, k, g.chunk_len};
   const int64_t total = layout.count();
-  Grow(&st.sel_local_, static_cast<size_t>(total) + 1);
-  Grow(&st.sel_value_, static_cast<size_t>(total) + 1);
+  Grow(&st.sel_local_, static_cast<size_t>(total));
+  Grow(&st.sel_value_, static_cast<size_t>(total));
   Grow(&st.centered_, static_cast<size_t>(total));
   Grow(&st.codes_, static_cast<size_t>(total));
   Grow(&st.cand_idx_, static_cast<size_t>(g.chunk_len) + 8);
   Grow(&st.cand_bits_, static_cast<size_t>(g.chunk_len) + 8);
+  Grow(&st.sel_idx_, static_cast<size_t>(g.chunk_len) + 8);
+  Grow(&st.sel_bits_, static_cast<size_t>(g.chunk_len) + 8);
 
   // 1-2. e' = beta * e + lr * delta into the pending buffer, and the selection, group by group.
   const CpuKernels& kern = ActiveKernels();
@@ -260,7 +286,8 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
       for (int64_t x = x0; x < x1; ++x) {
         const int64_t c = y * g.chunks_x + x;
         SelectChunk(kern, next + ChunkCorner(g, c), g, k, st.local_offset_.data(),
-                    st.cand_idx_.data(), st.cand_bits_.data(), st.sel_local_.data() + c * k,
+                    st.cand_idx_.data(), st.cand_bits_.data(), st.sel_idx_.data(),
+                    st.sel_bits_.data(), st.sel_local_.data() + c * k,
                     st.sel_value_.data() + c * k, &st.hint_);
       }
     }
@@ -313,6 +340,11 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
     float* corner = next + ChunkCorner(g, c);
     const uint16_t* idx = st.sel_local_.data() + c * k;
     const float* v_hat = st.sel_value_.data() + c * k;
+    if (c + 1 < g.num_chunks) {  // the next chunk's rows are far apart: start fetching them
+      float* ahead = next + ChunkCorner(g, c + 1);
+      const uint16_t* ahead_idx = idx + k;
+      for (int64_t j = 0; j < k; ++j) __builtin_prefetch(ahead + local_offset[ahead_idx[j]], 1);
+    }
     for (int64_t j = 0; j < k; ++j) {
       float& slot = corner[local_offset[idx[j]]];
       slot = slot - v_hat[j];

@@ -117,6 +117,8 @@ class TopKEfState final : public CodecState {
   std::vector<uint8_t> codes_;
   std::vector<uint32_t> cand_idx_;
   std::vector<uint32_t> cand_bits_;
+  std::vector<uint32_t> sel_idx_;
+  std::vector<uint32_t> sel_bits_;
   uint32_t hint_ = 0;  // threshold guess carried between chunks (speed only)
 };
 
