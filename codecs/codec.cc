@@ -45,8 +45,11 @@ absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloa
     return absl::InvalidArgumentError(
         absl::StrCat("decode: output must be f32, got ", DTypeName(out.dtype())));
   }
-  DecodeScratch local;
-  if (scratch == nullptr) scratch = &local;
+  std::unique_ptr<DecodeScratch> local;
+  if (scratch == nullptr) {
+    local = std::make_unique<DecodeScratch>();
+    scratch = local.get();
+  }
   internal::DecodeScratchImpl& s = scratch->impl();
   s.infos.resize(payloads.size());
   for (size_t r = 0; r < payloads.size(); ++r) {
