@@ -1,0 +1,126 @@
+// LSB-first bit streams for the variable-length parts of codec bodies (adaptive index coding).
+//
+// BitWriter fills a buffer whose size the codec computed beforehand (writing past it is an LBCC
+// bug and is checked). BitReader reads untrusted bytes: every read reports running out instead
+// of reading past the span, and unary runs are bounded by the caller.
+// Bit order: the first bit written is bit 0 of byte 0; a value of n bits is written low bit
+// first; a unary value q is q one-bits followed by one zero-bit.
+//
+// Thread-safety: a writer or reader belongs to one thread.
+#ifndef LBCC_CODECS_BITSTREAM_H_
+#define LBCC_CODECS_BITSTREAM_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "base/check.h"
+
+namespace lbcc::codecs {
+
+class BitWriter {
+ public:
+  // `out` must outlive the writer.
+  explicit BitWriter(absl::Span<uint8_t> out) : out_(out) {}
+
+  // Appends the low `bits` bits of `value` (bits <= 32; higher bits of value must be zero).
+  void Put(uint32_t value, int bits) {
+    acc_ |= static_cast<uint64_t>(value) << fill_;
+    fill_ += bits;
+    while (fill_ >= 8) Flush8();
+  }
+  // q one-bits, then a zero-bit.
+  void PutUnary(uint32_t q) {
+    while (q >= 24) {
+      Put(0xFFFFFFu, 24);
+      q -= 24;
+    }
+    Put((1u << q) - 1u, static_cast<int>(q) + 1);
+  }
+  uint64_t bits_written() const { return static_cast<uint64_t>(pos_) * 8 + fill_; }
+  // Writes the last partial byte (zero-padded); returns the bytes written.
+  size_t Finish() {
+    if (fill_ > 0) {
+      LBCC_CHECK_LT(pos_, out_.size()) << "BitWriter overflow";
+      out_[pos_++] = static_cast<uint8_t>(acc_);
+      acc_ = 0;
+      fill_ = 0;
+    }
+    return pos_;
+  }
+
+ private:
+  void Flush8() {
+    LBCC_CHECK_LT(pos_, out_.size()) << "BitWriter overflow";
+    out_[pos_++] = static_cast<uint8_t>(acc_);
+    acc_ >>= 8;
+    fill_ -= 8;
+  }
+  absl::Span<uint8_t> out_;
+  size_t pos_ = 0;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+class BitReader {
+ public:
+  // `in` must outlive the reader.
+  explicit BitReader(absl::Span<const uint8_t> in) : in_(in) {}
+
+  // Reads `bits` (<= 32) bits into *value; false when the stream runs out.
+  bool Get(int bits, uint32_t* value) {
+    if (fill_ < bits) {
+      Refill();
+      if (fill_ < bits) return false;
+    }
+    *value = bits == 0 ? 0u : static_cast<uint32_t>(acc_ & ((uint64_t{1} << bits) - 1));
+    acc_ >>= bits;
+    fill_ -= bits;
+    return true;
+  }
+  // Reads a unary value; false when the stream runs out or the value exceeds `max`.
+  bool GetUnary(uint32_t max, uint32_t* q) {
+    uint32_t total = 0;
+    for (;;) {
+      if (fill_ == 0) {
+        Refill();
+        if (fill_ == 0) return false;
+      }
+      // Ones at the bottom of the accumulator; the bits above fill_ are zero, so the count
+      // stops at fill_ at the latest.
+      const uint64_t zeros = ~acc_;
+      int ones = zeros == 0 ? 64 : __builtin_ctzll(zeros);
+      if (ones > fill_) ones = fill_;
+      if (ones < fill_) {
+        total += static_cast<uint32_t>(ones);
+        if (total > max) return false;
+        acc_ >>= ones + 1;
+        fill_ -= ones + 1;
+        *q = total;
+        return true;
+      }
+      total += static_cast<uint32_t>(ones);
+      if (total > max) return false;
+      acc_ = 0;
+      fill_ = 0;
+    }
+  }
+  // True when every byte was consumed and the unread bits of the last byte are zero.
+  bool AtCleanEnd() const { return pos_ == in_.size() && fill_ < 8 && acc_ == 0; }
+
+ private:
+  void Refill() {
+    while (fill_ <= 56 && pos_ < in_.size()) {
+      acc_ |= static_cast<uint64_t>(in_[pos_++]) << fill_;
+      fill_ += 8;
+    }
+  }
+  absl::Span<const uint8_t> in_;
+  size_t pos_ = 0;
+  uint64_t acc_ = 0;
+  int fill_ = 0;
+};
+
+}  // namespace lbcc::codecs
+
+#endif  // LBCC_CODECS_BITSTREAM_H_

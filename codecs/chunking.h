@@ -1,0 +1,68 @@
+// SparseLoCo's shape-aware chunking: how a tensor is cut into the chunks top-k selects from.
+//
+// Every tensor is first viewed as a matrix [rows, cols]:
+//   rank 2 [R, C]         -> [R, C]                        (the reference's rule)
+//   rank 1 [N]            -> [1, N]                        (edge(1) = 1, so chunks are rows of
+//                                                           edge(N) elements: the reference's
+//                                                           "(c s) -> c s")
+//   rank 0 []             -> [1, 1]                        (one chunk of one element)
+//   rank > 2 [d0, .., dn] -> [d0 * .. * d(n-1), dn]        (leading dims fold into rows, so a
+//                                                           stack of matrices chunks like each
+//                                                           matrix when 64 divides its rows)
+// The reference handles ranks 1 and 2 only; ranks 0 and > 2 are LBCC's documented extension.
+// Chunk edges: h = ChunkEdge(rows), w = ChunkEdge(cols), where ChunkEdge(n) is the largest
+// divisor of n that is <= 64. The matrix is cut "(y h) (x w) -> y x h w": chunk (y, x) is the
+// h*w block at rows [y*h, y*h+h), cols [x*w, x*w+w), numbered c = y * (cols / w) + x, and a
+// position inside it is local = r * w + col (row-major within the block), so local < 4096.
+// k per chunk = clamp(max(1, round_half_even(chunk_len * top_k / 4096)), 1, chunk_len).
+//
+// Thread-safety: value types and pure functions.
+#ifndef LBCC_CODECS_CHUNKING_H_
+#define LBCC_CODECS_CHUNKING_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace lbcc::codecs {
+
+inline constexpr int64_t kChunkEdgeTarget = 64;
+inline constexpr int64_t kTopKReferenceChunk = 4096;  // top_k is "per 64 * 64 elements"
+
+// Python's round(): to nearest, ties to even, whatever the FPU rounding mode.
+double RoundHalfEven(double x);
+
+// The largest divisor of n that is <= 64 (n itself when n <= 64). n >= 1.
+int64_t ChunkEdge(int64_t n);
+
+struct ChunkGeometry {
+  int64_t rows = 0;        // matrix view
+  int64_t cols = 0;
+  int64_t h = 0;           // chunk edge along rows
+  int64_t w = 0;           // chunk edge along cols
+  int64_t chunk_len = 0;   // h * w, <= 4096
+  int64_t chunks_y = 0;    // rows / h
+  int64_t chunks_x = 0;    // cols / w
+  int64_t num_chunks = 0;  // chunks_y * chunks_x; 0 for an empty tensor
+  int64_t num_elements = 0;
+
+  // Flat (row-major) offset in the tensor of `local` inside chunk `c`.
+  int64_t Offset(int64_t c, int64_t local) const {
+    const int64_t y = c / chunks_x, x = c - y * chunks_x;
+    const int64_t r = local / w, col = local - r * w;
+    return (y * h + r) * cols + x * w + col;
+  }
+};
+
+// InvalidArgument for an invalid shape (negative dims, rank > kMaxRank, overflow).
+absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape);
+
+// k per chunk for `top_k` selected per 4096 elements (fractional values allowed: density *
+// 4096). Half-to-even rounding of chunk_len * top_k / 4096, then clamped to [1, chunk_len].
+// Returns 0 for chunk_len 0. top_k must be finite and > 0 (checked by the options).
+int64_t KPerChunk(int64_t chunk_len, double top_k);
+
+}  // namespace lbcc::codecs
+
+#endif  // LBCC_CODECS_CHUNKING_H_

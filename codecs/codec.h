@@ -1,0 +1,137 @@
+// The codec interface: tensors in, self-describing payloads out, and back.
+//
+// An encoder is a Codec object built from options (TopKEfCodec, DenseQuantCodec); it is
+// immutable and may be shared by threads. Codecs with memory across calls (TopK-EF's error
+// feedback) keep it in a CodecState the caller owns, one per tensor; a state is used by one
+// thread at a time. Encoding is two-phase for stateful codecs: Encode() leaves the state's
+// update pending, Commit() applies it once the payload was delivered, Abort() drops it, so a
+// failed exchange loses nothing.
+//
+// Decoding needs no codec object: DecodeAccumulate() reads the codec from the payloads (see
+// payload.h) and combines one or many of them, given in rank order, into a dense tensor.
+// Every payload is validated completely before the output is touched: on any error nothing is
+// written.
+//
+// Memory: encoders write into a caller buffer of MaxEncodedBytes(); states and DecodeScratch
+// grow on first use and are reused, so steady-state calls do not allocate.
+//
+// Implementations: topk_ef.h (chunked top-k with error feedback, SparseLoCo), dense_quant.h
+// (int8 / 4-bit absmax, fp16, bf16).
+#ifndef LBCC_CODECS_CODEC_H_
+#define LBCC_CODECS_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "base/tensor_view.h"
+#include "codecs/payload.h"
+
+namespace lbcc::codecs {
+
+// How payloads of several replicas combine, per coordinate. Accumulation order is the order of
+// the payloads (rank order), so every rank computes the same bits:
+//   agg = (v_0 + v_1) + v_2 ... over the payloads that carry the coordinate, left to right in
+//         fp32, then
+//   kSparseLoCoMean  agg / n_selected   (SparseLoCo: mean over the replicas that selected it;
+//                                         0 where none did)
+//   kMean            agg / n_payloads   (plain mean over all replicas)
+//   kSum             agg
+// For dense payloads every payload carries every coordinate, so the two means agree.
+enum class Aggregation : uint8_t { kSparseLoCoMean = 0, kMean = 1, kSum = 2 };
+
+absl::string_view AggregationName(Aggregation aggregation);  // "sparseloco", "mean", "sum"
+absl::StatusOr<Aggregation> ParseAggregation(absl::string_view name);
+
+struct DecodeOptions {
+  Aggregation aggregation = Aggregation::kSparseLoCoMean;
+  // false: out = aggregate (coordinates no payload carries become 0).
+  // true:  out += aggregate (coordinates no payload carries are left as they are), e.g. to
+  //        apply an outer step straight into a buffer.
+  bool accumulate = false;
+};
+
+// Per-tensor memory of a stateful codec. Created by Codec::NewState(); owned by the caller.
+class CodecState {
+ public:
+  virtual ~CodecState() = default;
+  virtual CodecId codec() const = 0;
+  // True between a successful Encode() and Commit() / Abort().
+  virtual bool has_pending() const = 0;
+  // Applies the pending update (the payload was delivered). FailedPrecondition if none.
+  virtual absl::Status Commit() = 0;
+  // Drops the pending update; the state is as before Encode(). FailedPrecondition if none.
+  virtual absl::Status Abort() = 0;
+};
+
+namespace internal {
+struct DecodeScratchImpl;
+}  // namespace internal
+
+// Reusable decoding memory; one per thread. Grows to the largest call and keeps its buffers.
+class DecodeScratch {
+ public:
+  DecodeScratch();
+  ~DecodeScratch();
+  DecodeScratch(const DecodeScratch&) = delete;
+  DecodeScratch& operator=(const DecodeScratch&) = delete;
+  internal::DecodeScratchImpl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<internal::DecodeScratchImpl> impl_;
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  virtual CodecId id() const = 0;
+  // The options, for logs: "topk_ef(top_k=64, beta=0.95, ...)".
+  virtual std::string Describe() const = 0;
+  // Bytes Encode() may write for a tensor of `shape`. InvalidArgument for a bad shape.
+  virtual absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const = 0;
+  // A fresh state for one tensor, or nullptr for stateless codecs.
+  virtual std::unique_ptr<CodecState> NewState() const { return nullptr; }
+  // Encodes `input` (host fp32) into `out`, which must hold MaxEncodedBytes(input.shape())
+  // bytes; returns the payload's size. `state` is the tensor's state (nullptr for stateless
+  // codecs); input and out are only used during the call.
+  // Errors: InvalidArgument (bad buffer, shape or state, NaN/Inf in the input: the state is
+  // then untouched), FailedPrecondition (the state has a pending update), Unimplemented (device
+  // memory or a dtype other than fp32).
+  virtual absl::StatusOr<size_t> Encode(const TensorView& input, CodecState* state,
+                                        absl::Span<uint8_t> out) const = 0;
+};
+
+// Decodes `payloads` (rank order; all of the same codec and of out's shape) and writes or adds
+// their aggregate into `out` (host fp32). The payload bytes are only read during the call.
+// `scratch` may be nullptr (then the call allocates). Errors: DataLoss for a corrupt or
+// foreign payload (nothing is written to out), InvalidArgument for a shape, codec or dtype
+// that does not match out, or no payloads, Unimplemented for device memory.
+absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloads,
+                              const DecodeOptions& options, const TensorView& out,
+                              DecodeScratch* scratch = nullptr);
+
+// What a payload holds, for tools and logs.
+struct PayloadSummary {
+  CodecId codec = CodecId::kTopKEf;
+  int codec_version = 0;
+  DType dtype = DType::kF32;
+  Shape shape;
+  int64_t num_elements = 0;
+  size_t total_bytes = 0;
+  double bits_per_param = 0;  // total_bytes * 8 / num_elements
+  int64_t k_per_chunk = 0;    // top-k codecs; 0 otherwise
+  int64_t selected = 0;       // values carried (num_elements for dense codecs)
+  std::string details;        // codec-specific, one line
+};
+
+// Validates `bytes` as fully as a decoder would (DataLoss otherwise) and summarises it.
+absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes);
+
+}  // namespace lbcc::codecs
+
+#endif  // LBCC_CODECS_CODEC_H_

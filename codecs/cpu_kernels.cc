@@ -1,0 +1,127 @@
+#include "codecs/cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace lbcc::codecs {
+namespace {
+
+inline uint32_t AbsBits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & kAbsMask;
+}
+
+uint32_t EfUpdateScalar(const float* e, const float* d, float* out, int64_t n, float beta,
+                        float lr) {
+  uint32_t max_bits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = beta * e[i];
+    const float v = lr * d[i];
+    const float r = u + v;
+    out[i] = r;
+    max_bits = std::max(max_bits, AbsBits(r));
+  }
+  return max_bits;
+}
+
+int64_t CompactScalar(const float* block, int64_t stride, int64_t h, int64_t w, uint32_t thr,
+                      uint32_t* idx, uint32_t* bits, uint32_t* max_abs) {
+  int64_t m = 0;
+  uint32_t max_bits = 0;
+  for (int64_t r = 0; r < h; ++r) {
+    const float* row = block + r * stride;
+    for (int64_t c = 0; c < w; ++c) {
+      uint32_t raw;
+      std::memcpy(&raw, row + c, sizeof(raw));
+      idx[m] = static_cast<uint32_t>(r * w + c);
+      bits[m] = raw;
+      m += (raw & kAbsMask) >= thr;
+      max_bits = std::max(max_bits, raw & kAbsMask);
+    }
+  }
+  *max_abs = max_bits;
+  return m;
+}
+
+int64_t FilterGeScalar(const uint32_t* idx, const uint32_t* bits, int64_t m, uint32_t thr,
+                       uint32_t* out_idx, uint32_t* out_bits) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    out_idx[n] = idx[i];
+    out_bits[n] = bits[i];
+    n += (bits[i] & kAbsMask) >= thr;
+  }
+  return n;
+}
+
+int64_t CountGeScalar(const uint32_t* bits, int64_t m, uint32_t thr) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m; ++i) n += (bits[i] & kAbsMask) >= thr;
+  return n;
+}
+
+void BinMeanCodesScalar(const float* c, int64_t n, float scale, float offset, float max_code,
+                        uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = (c[i] / scale) + offset;
+    const float q = std::min(std::max(RoundHalfEvenF(t), 0.0f), max_code);
+    codes[i] = static_cast<uint8_t>(q);
+  }
+}
+
+float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max_abs_bits) {
+  uint32_t max_bits = 0;
+  for (int64_t i = 0; i < n; ++i) max_bits = std::max(max_bits, AbsBits(x[i]));
+  *max_abs_bits = max_bits;
+  float absmax;
+  std::memcpy(&absmax, &max_bits, sizeof(absmax));
+  const float scale = absmax / 127.0f;
+  if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
+    std::memset(codes, 0, static_cast<size_t>(n));
+    return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = std::min(std::max(RoundHalfEvenF(x[i] / scale), -127.0f), 127.0f);
+    codes[i] = static_cast<int8_t>(q);
+  }
+  return scale;
+}
+
+void Dequant8BlockScalar(const int8_t* codes, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<float>(std::max<int>(codes[i], -127)) * scale;
+  }
+}
+
+void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] += static_cast<float>(std::max<int>(codes[i], -127)) * scale;
+  }
+}
+
+const CpuKernels kScalarKernels = {
+    SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,   FilterGeScalar,   CountGeScalar,
+    BinMeanCodesScalar,  Absmax8BlockScalar,  Dequant8BlockScalar,    Dequant8BlockAddScalar,
+};
+
+}  // namespace
+
+float RoundHalfEvenF(float x) {
+  const float r = std::floor(x);
+  const float d = x - r;  // exact: r and x share the binade or r is 0 / -1
+  if (d > 0.5f) return r + 1.0f;
+  if (d == 0.5f && std::fmod(r, 2.0f) != 0.0f) return r + 1.0f;
+  return r;
+}
+
+const CpuKernels& KernelsFor(SimdLevel level) {
+  static const bool has_avx2 = CpuHasAvx2Fma();
+  if (level == SimdLevel::kAvx2 && has_avx2) return internal::Avx2Kernels();
+  return kScalarKernels;
+}
+
+const CpuKernels& ActiveKernels() { return KernelsFor(ActiveSimdLevel()); }
+
+}  // namespace lbcc::codecs

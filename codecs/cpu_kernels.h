@@ -1,0 +1,73 @@
+// The CPU inner loops of the codecs, in a portable version and an AVX2 version (chosen at run
+// time from base/cpu.h's ActiveSimdLevel()). Both versions produce bit-identical results: they
+// perform the same IEEE fp32 operations in the same order per element (no FMA contraction: the
+// codecs build with -ffp-contract=off), and integer work is exact.
+//
+// Thread-safety: the functions are pure; the tables are immutable.
+#ifndef LBCC_CODECS_CPU_KERNELS_H_
+#define LBCC_CODECS_CPU_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/cpu.h"
+
+namespace lbcc::codecs {
+
+// Bits of |x| for a float x: order-preserving for finite values; > kMaxFiniteAbsBits means
+// infinite or NaN.
+inline constexpr uint32_t kAbsMask = 0x7fffffffu;
+inline constexpr uint32_t kMaxFiniteAbsBits = 0x7f7fffffu;
+
+struct CpuKernels {
+  SimdLevel level;
+
+  // out[i] = (beta * e[i]) + (lr * d[i]) in fp32 (two products, then the sum). Returns the
+  // largest |out[i]| as bits (see kMaxFiniteAbsBits). out may not alias e or d.
+  uint32_t (*ef_update)(const float* e, const float* d, float* out, int64_t n, float beta,
+                        float lr);
+
+  // Candidates of an h x w block (rows `stride` floats apart): the local positions r * w + c
+  // whose |value| bits are >= thr, ascending, and the values' raw bits. Returns the count and
+  // the largest |value| bits of the whole block in *max_abs. idx and bits need h * w + 8
+  // entries (the vector version stores whole vectors).
+  int64_t (*compact)(const float* block, int64_t stride, int64_t h, int64_t w, uint32_t thr,
+                     uint32_t* idx, uint32_t* bits, uint32_t* max_abs);
+
+  // The same over a list: keeps the entries i < m with (bits[i] & kAbsMask) >= thr, in order.
+  // out_idx and out_bits need (result + 8) entries.
+  int64_t (*filter_ge)(const uint32_t* idx, const uint32_t* bits, int64_t m, uint32_t thr,
+                       uint32_t* out_idx, uint32_t* out_bits);
+
+  // Number of i < m with (bits[i] & kAbsMask) >= thr.
+  int64_t (*count_ge)(const uint32_t* bits, int64_t m, uint32_t thr);
+
+  // Bin-mean codes of centered values c: codes[i] = clamp(round_half_even((c[i] / scale) +
+  // offset), 0, max_code), fp32 operations.
+  void (*binmean_codes)(const float* c, int64_t n, float scale, float offset, float max_code,
+                        uint8_t* codes);
+
+  // Dense blockwise int8 absmax over one block of n values: returns the block's scale
+  // (absmax / 127, 0 for an all-zero block) after writing codes; max_abs_bits receives the
+  // largest |x| as bits (non-finite check). Round half to even.
+  float (*absmax8_block)(const float* x, int64_t n, int8_t* codes, uint32_t* max_abs_bits);
+  // out[i] = codes[i] * scale (codes clamped to [-127, 127]); accumulate: out[i] += that.
+  void (*dequant8_block)(const int8_t* codes, int64_t n, float scale, float* out);
+  void (*dequant8_block_add)(const int8_t* codes, int64_t n, float scale, float* out);
+};
+
+const CpuKernels& KernelsFor(SimdLevel level);
+// KernelsFor(ActiveSimdLevel()).
+const CpuKernels& ActiveKernels();
+
+// Python's round() on floats, independent of the FPU rounding mode.
+float RoundHalfEvenF(float x);
+
+namespace internal {
+// Defined in cpu_kernels_avx2.cc; only called when the CPU has AVX2 and FMA.
+const CpuKernels& Avx2Kernels();
+}  // namespace internal
+
+}  // namespace lbcc::codecs
+
+#endif  // LBCC_CODECS_CPU_KERNELS_H_

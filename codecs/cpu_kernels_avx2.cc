@@ -1,0 +1,276 @@
+// AVX2 versions of cpu_kernels.h. Every function carries target("avx2,fma") so the file builds
+// with the default flags and the rest of the binary stays runnable on CPUs without AVX2; they
+// are only reached through KernelsFor(), which checks the CPU first.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "codecs/cpu_kernels.h"
+
+#define LBCC_AVX2 __attribute__((target("avx2,fma")))
+
+namespace lbcc::codecs {
+namespace {
+
+// For each 8-bit mask, the lanes whose bit is set, in order (then zeros): the permutation that
+// packs the selected lanes to the front.
+struct CompactLut {
+  alignas(32) uint32_t lanes[256][8];
+  constexpr CompactLut() : lanes() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int n = 0;
+      for (int lane = 0; lane < 8; ++lane) {
+        if (mask & (1 << lane)) lanes[mask][n++] = static_cast<uint32_t>(lane);
+      }
+      for (; n < 8; ++n) lanes[mask][n] = 0;
+    }
+  }
+};
+constexpr CompactLut kCompactLut;
+
+inline uint32_t AbsBits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & kAbsMask;
+}
+
+LBCC_AVX2 inline uint32_t HorizontalMaxU32(__m256i v) {
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+}
+
+LBCC_AVX2 uint32_t EfUpdateAvx2(const float* e, const float* d, float* out, int64_t n, float beta,
+                                float lr) {
+  const __m256 vb = _mm256_set1_ps(beta), vl = _mm256_set1_ps(lr);
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  __m256i vmax0 = _mm256_setzero_si256(), vmax1 = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 u0 = _mm256_mul_ps(vb, _mm256_loadu_ps(e + i));
+    const __m256 u1 = _mm256_mul_ps(vb, _mm256_loadu_ps(e + i + 8));
+    const __m256 v0 = _mm256_mul_ps(vl, _mm256_loadu_ps(d + i));
+    const __m256 v1 = _mm256_mul_ps(vl, _mm256_loadu_ps(d + i + 8));
+    const __m256 r0 = _mm256_add_ps(u0, v0);
+    const __m256 r1 = _mm256_add_ps(u1, v1);
+    _mm256_storeu_ps(out + i, r0);
+    _mm256_storeu_ps(out + i + 8, r1);
+    vmax0 = _mm256_max_epu32(vmax0, _mm256_and_si256(_mm256_castps_si256(r0), mask));
+    vmax1 = _mm256_max_epu32(vmax1, _mm256_and_si256(_mm256_castps_si256(r1), mask));
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 r = _mm256_add_ps(_mm256_mul_ps(vb, _mm256_loadu_ps(e + i)),
+                                   _mm256_mul_ps(vl, _mm256_loadu_ps(d + i)));
+    _mm256_storeu_ps(out + i, r);
+    vmax0 = _mm256_max_epu32(vmax0, _mm256_and_si256(_mm256_castps_si256(r), mask));
+  }
+  uint32_t max_bits = HorizontalMaxU32(_mm256_max_epu32(vmax0, vmax1));
+  for (; i < n; ++i) {
+    const float u = beta * e[i];
+    const float v = lr * d[i];
+    const float r = u + v;
+    out[i] = r;
+    max_bits = std::max(max_bits, AbsBits(r));
+  }
+  return max_bits;
+}
+
+LBCC_AVX2 int64_t CompactAvx2(const float* block, int64_t stride, int64_t h, int64_t w,
+                              uint32_t thr, uint32_t* idx, uint32_t* bits, uint32_t* max_abs) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  __m256i vmax = _mm256_setzero_si256();
+  uint32_t max_bits = 0;
+  // abs bits are < 2^31, so a signed compare against thr - 1 is abs >= thr (thr 0: all).
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1);
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t m = 0;
+  for (int64_t r = 0; r < h; ++r) {
+    const float* row = block + r * stride;
+    const int64_t base = r * w;
+    int64_t c = 0;
+    for (; c + 8 <= w; c += 8) {
+      const __m256i raw = _mm256_castps_si256(_mm256_loadu_ps(row + c));
+      const __m256i a = _mm256_and_si256(raw, mask);
+      vmax = _mm256_max_epu32(vmax, a);
+      const int sel = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below)));
+      const __m256i perm =
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompactLut.lanes[sel]));
+      const __m256i positions =
+          _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(base + c)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + m),
+                          _mm256_permutevar8x32_epi32(raw, perm));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + m),
+                          _mm256_permutevar8x32_epi32(positions, perm));
+      m += __builtin_popcount(static_cast<unsigned>(sel));
+    }
+    for (; c < w; ++c) {
+      uint32_t raw;
+      std::memcpy(&raw, row + c, sizeof(raw));
+      idx[m] = static_cast<uint32_t>(base + c);
+      bits[m] = raw;
+      m += (raw & kAbsMask) >= thr;
+      max_bits = std::max(max_bits, raw & kAbsMask);
+    }
+  }
+  *max_abs = std::max(max_bits, HorizontalMaxU32(vmax));
+  return m;
+}
+
+LBCC_AVX2 int64_t FilterGeAvx2(const uint32_t* idx, const uint32_t* bits, int64_t m, uint32_t thr,
+                               uint32_t* out_idx, uint32_t* out_bits) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1);
+  int64_t n = 0, i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i));
+    const __m256i pos = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i));
+    const __m256i a = _mm256_and_si256(raw, mask);
+    const int sel = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below)));
+    const __m256i perm =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompactLut.lanes[sel]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_bits + n),
+                        _mm256_permutevar8x32_epi32(raw, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_idx + n),
+                        _mm256_permutevar8x32_epi32(pos, perm));
+    n += __builtin_popcount(static_cast<unsigned>(sel));
+  }
+  for (; i < m; ++i) {
+    out_idx[n] = idx[i];
+    out_bits[n] = bits[i];
+    n += (bits[i] & kAbsMask) >= thr;
+  }
+  return n;
+}
+
+LBCC_AVX2 int64_t CountGeAvx2(const uint32_t* bits, int64_t m, uint32_t thr) {
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1);
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  __m256i acc = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m256i a = _mm256_and_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
+    acc = _mm256_sub_epi32(acc, _mm256_cmpgt_epi32(a, below));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  int64_t n = 0;
+  for (int lane = 0; lane < 8; ++lane) n += lanes[lane];
+  for (; i < m; ++i) n += (bits[i] & kAbsMask) >= thr;
+  return n;
+}
+
+LBCC_AVX2 void BinMeanCodesAvx2(const float* c, int64_t n, float scale, float offset,
+                                float max_code, uint8_t* codes) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256 voff = _mm256_set1_ps(offset), vmaxc = _mm256_set1_ps(max_code);
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 t = _mm256_add_ps(_mm256_div_ps(_mm256_loadu_ps(c + i), vscale), voff);
+    __m256 q = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(_mm256_max_ps(q, zero), vmaxc);
+    const __m256i qi = _mm256_cvttps_epi32(q);
+    const __m128i p16 =
+        _mm_packus_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(p16, p16));
+  }
+  for (; i < n; ++i) {
+    const float t = (c[i] / scale) + offset;
+    const float q = std::min(std::max(RoundHalfEvenF(t), 0.0f), max_code);
+    codes[i] = static_cast<uint8_t>(q);
+  }
+}
+
+LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
+                                 uint32_t* max_abs_bits) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  __m256i vmax0 = _mm256_setzero_si256(), vmax1 = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    vmax0 = _mm256_max_epu32(
+        vmax0, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), mask));
+    vmax1 = _mm256_max_epu32(
+        vmax1, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i + 8)), mask));
+  }
+  uint32_t max_bits = HorizontalMaxU32(_mm256_max_epu32(vmax0, vmax1));
+  for (; i < n; ++i) max_bits = std::max(max_bits, AbsBits(x[i]));
+  *max_abs_bits = max_bits;
+  float absmax;
+  std::memcpy(&absmax, &max_bits, sizeof(absmax));
+  const float scale = absmax / 127.0f;
+  if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
+    std::memset(codes, 0, static_cast<size_t>(n));
+    return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
+  }
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) {
+      __m256 t = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), vs), kRound);
+      t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+      q[j] = _mm256_cvttps_epi32(t);
+    }
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), p);
+  }
+  for (; i < n; ++i) {
+    const float q = std::min(std::max(RoundHalfEvenF(x[i] / scale), -127.0f), 127.0f);
+    codes[i] = static_cast<int8_t>(q);
+  }
+  return scale;
+}
+
+template <bool kAdd>
+LBCC_AVX2 inline void Dequant8Avx2(const int8_t* codes, int64_t n, float scale, float* out) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i floor = _mm256_set1_epi32(-127);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    const __m256i a = _mm256_max_epi32(_mm256_cvtepi8_epi32(raw), floor);
+    const __m256i b = _mm256_max_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)), floor);
+    __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(a), vs);
+    __m256 fb = _mm256_mul_ps(_mm256_cvtepi32_ps(b), vs);
+    if (kAdd) {
+      fa = _mm256_add_ps(_mm256_loadu_ps(out + i), fa);
+      fb = _mm256_add_ps(_mm256_loadu_ps(out + i + 8), fb);
+    }
+    _mm256_storeu_ps(out + i, fa);
+    _mm256_storeu_ps(out + i + 8, fb);
+  }
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(std::max<int>(codes[i], -127)) * scale;
+    out[i] = kAdd ? out[i] + v : v;
+  }
+}
+
+LBCC_AVX2 void Dequant8BlockAvx2(const int8_t* codes, int64_t n, float scale, float* out) {
+  Dequant8Avx2<false>(codes, n, scale, out);
+}
+
+LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale, float* out) {
+  Dequant8Avx2<true>(codes, n, scale, out);
+}
+
+const CpuKernels kAvx2Kernels = {
+    SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,   FilterGeAvx2,    CountGeAvx2,
+    BinMeanCodesAvx2, Absmax8BlockAvx2,  Dequant8BlockAvx2, Dequant8BlockAddAvx2,
+};
+
+}  // namespace
+
+namespace internal {
+const CpuKernels& Avx2Kernels() { return kAvx2Kernels; }
+}  // namespace internal
+
+}  // namespace lbcc::codecs

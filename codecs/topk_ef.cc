@@ -1,0 +1,516 @@
+#include "codecs/topk_ef.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/check.h"
+#include "base/dtype.h"
+#include "base/status_macros.h"
+#include "codecs/cpu_kernels.h"
+#include "codecs/decode_scratch.h"
+#include "codecs/payload.h"
+
+namespace lbcc::codecs {
+namespace {
+
+// Elements of e, delta and e' one EF-update group covers (128 KiB each): the group's chunks are
+// then selected while they are in L2.
+constexpr int64_t kGroupElements = 262144;
+// The next chunk's compaction threshold is this fraction of the last chunk's exact threshold:
+// a few more candidates than k on smooth data, rarely fewer (then it halves and retries).
+constexpr float kHintFactor = 0.9f;
+constexpr size_t kFixedParamBytes = 16;
+constexpr int64_t kMaxPayloads = 65535;  // selection counts are 16-bit
+
+absl::Status Corrupt(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("corrupt topk_ef payload: ", what));
+}
+
+uint32_t AbsBitsOf(float x) { return FloatBits(x) & kAbsMask; }
+
+int64_t ChunkCorner(const ChunkGeometry& g, int64_t c) {
+  const int64_t y = c / g.chunks_x, x = c - y * g.chunks_x;
+  return y * g.h * g.cols + x * g.w;
+}
+
+void BuildLocalOffsets(const ChunkGeometry& g, std::vector<int64_t>* out) {
+  out->resize(static_cast<size_t>(g.chunk_len));
+  for (int64_t l = 0; l < g.chunk_len; ++l) (*out)[l] = (l / g.w) * g.cols + (l % g.w);
+}
+
+// Lowers a threshold (|v| bits) after a chunk had fewer than k candidates: by 10 %, then 19 %,
+// 34 %, ... (the factor squares on each retry), so a badly stale guess costs a few passes.
+uint32_t LowerThreshold(uint32_t thr, float* factor) {
+  const uint32_t lowered = AbsBitsOf(BitsToFloat(thr) * *factor);
+  *factor *= *factor;
+  return lowered < thr ? lowered : 0;
+}
+
+// Selects the k entries of largest |v| of the chunk at `block` (ties: lower local position),
+// writing local positions (ascending) and values. `cand_*` and `sel_*` are scratch of
+// chunk_len + 8 entries; out_idx / out_val hold k entries.
+void SelectChunk(const CpuKernels& kern, const float* block, const ChunkGeometry& g, int64_t k,
+                 const int64_t* local_offset, uint32_t* cand_idx, uint32_t* cand_bits,
+                 uint32_t* sel_idx, uint32_t* sel_bits, uint16_t* out_idx, float* out_val,
+                 uint32_t* hint) {
+  const int64_t n = g.chunk_len;
+  if (k >= n) {
+    for (int64_t l = 0; l < n; ++l) {
+      out_idx[l] = static_cast<uint16_t>(l);
+      out_val[l] = block[local_offset[l]];
+    }
+    return;
+  }
+  uint32_t thr = *hint, max_abs = 0;
+  float factor = 0.9f;
+  int64_t m;
+  for (;;) {
+    m = kern.compact(block, g.cols, g.h, g.w, thr, cand_idx, cand_bits, &max_abs);
+    if (m >= k) break;
+    thr = LowerThreshold(thr, &factor);
+  }
+  // T = the k-th largest |v|: the largest t with count(|v| >= t) >= k, t in [thr, max_abs].
+  uint32_t lo = thr, hi = max_abs + 1;
+  int64_t count_lo = m, count_hi = 0;
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    const int64_t count = kern.count_ge(cand_bits, m, mid);
+    if (count >= k) {
+      lo = mid;
+      count_lo = count;
+    } else {
+      hi = mid;
+      count_hi = count;
+    }
+  }
+  const uint32_t t = lo;
+  if (count_lo == k) {
+    // No tie at the threshold to break: everything >= T, in order.
+    const int64_t taken = kern.filter_ge(cand_idx, cand_bits, m, t, sel_idx, sel_bits);
+    LBCC_DCHECK(taken == k);
+    (void)taken;
+  } else {
+    // count_hi entries are > T; the first k - count_hi entries equal to T complete the set.
+    int64_t need_eq = k - count_hi, j = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t a = cand_bits[i] & kAbsMask;
+      const bool eq = a == t;
+      const bool take = (a > t) | (eq & (need_eq > 0));
+      need_eq -= static_cast<int64_t>(eq & take);
+      sel_idx[j] = cand_idx[i];
+      sel_bits[j] = cand_bits[i];
+      j += take;
+    }
+    LBCC_DCHECK(j == k);
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    out_idx[j] = static_cast<uint16_t>(sel_idx[j]);
+    out_val[j] = BitsToFloat(sel_bits[j]);
+  }
+  *hint = AbsBitsOf(BitsToFloat(t) * kHintFactor);
+}
+
+template <typename T>
+void Grow(std::vector<T>* v, size_t n) {
+  if (v->size() < n) v->resize(n);
+}
+
+}  // namespace
+
+absl::Status TopKEfOptions::Validate() const {
+  if (!(top_k > 0 && top_k <= kTopKReferenceChunk)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_ef: top_k ", top_k, " must be in (0, 4096] (per 4096 elements)"));
+  }
+  if (!std::isfinite(beta)) return absl::InvalidArgumentError("topk_ef: beta must be finite");
+  if (!std::isfinite(lr)) return absl::InvalidArgumentError("topk_ef: lr must be finite");
+  if (!IsValidValueCoding(static_cast<uint8_t>(values))) {
+    return absl::InvalidArgumentError("topk_ef: unknown value coding");
+  }
+  if (indices != IndexCoding::kAuto && indices != IndexCoding::kPacked12 &&
+      indices != IndexCoding::kAdaptive) {
+    return absl::InvalidArgumentError("topk_ef: unknown index coding");
+  }
+  if (!(range_sigmas > 0) || !std::isfinite(range_sigmas)) {
+    return absl::InvalidArgumentError("topk_ef: range_sigmas must be finite and > 0");
+  }
+  if (value_block < 1 || value_block > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError("topk_ef: value_block must be in [1, 2^20]");
+  }
+  return absl::OkStatus();
+}
+
+std::string TopKEfOptions::ToString() const {
+  return absl::StrFormat(
+      "topk_ef(top_k=%g per 4096, beta=%g, lr=%g, values=%s, indices=%s, range_sigmas=%g, "
+      "value_block=%d)",
+      top_k, beta, lr, std::string(ValueCodingName(values)),
+      std::string(IndexCodingName(indices)), range_sigmas, value_block);
+}
+
+absl::Status TopKEfState::Reset(absl::Span<const int64_t> shape) {
+  LBCC_ASSIGN_OR_RETURN(ChunkGeometry g, MakeChunkGeometry(shape));
+  geometry_ = g;
+  shape_.assign(shape.begin(), shape.end());
+  error_.assign(static_cast<size_t>(g.num_elements), 0.0f);
+  next_.assign(static_cast<size_t>(g.num_elements), 0.0f);
+  if (g.num_chunks > 0) BuildLocalOffsets(g, &local_offset_);
+  pending_ = false;
+  initialized_ = true;
+  hint_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status TopKEfState::Load(absl::Span<const int64_t> shape, absl::Span<const float> error) {
+  LBCC_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
+  if (static_cast<int64_t>(error.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef state: ", error.size(),
+                                                   " values for shape ", ShapeToString(shape)));
+  }
+  for (size_t i = 0; i < error.size(); ++i) {
+    if (!std::isfinite(error[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("topk_ef state: entry ", i, " is not finite"));
+    }
+  }
+  LBCC_RETURN_IF_ERROR(Reset(shape));
+  std::copy(error.begin(), error.end(), error_.begin());
+  return absl::OkStatus();
+}
+
+absl::Status TopKEfState::Commit() {
+  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing to commit");
+  std::swap(error_, next_);
+  pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status TopKEfState::Abort() {
+  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing to abort");
+  pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TopKEfCodec>> TopKEfCodec::Create(const TopKEfOptions& options) {
+  LBCC_RETURN_IF_ERROR(options.Validate());
+  return std::unique_ptr<TopKEfCodec>(new TopKEfCodec(options));
+}
+
+std::string TopKEfCodec::Describe() const { return options_.ToString(); }
+
+std::unique_ptr<CodecState> TopKEfCodec::NewState() const {
+  return std::make_unique<TopKEfState>();
+}
+
+absl::StatusOr<size_t> TopKEfCodec::MaxEncodedBytes(absl::Span<const int64_t> shape) const {
+  LBCC_ASSIGN_OR_RETURN(ChunkGeometry g, MakeChunkGeometry(shape));
+  const int64_t k = g.num_chunks > 0 ? KPerChunk(g.chunk_len, options_.top_k) : 0;
+  const IndexLayout layout{g.num_chunks, k, g.chunk_len};
+  size_t index_bytes = Packed12Bytes(layout.count());
+  if (options_.indices == IndexCoding::kAdaptive) index_bytes = AdaptiveMaxBytes(layout);
+  const size_t params = kFixedParamBytes + ValueParamBytes(options_.values);
+  const size_t body =
+      index_bytes + ValueSectionBytes(options_.values, layout.count(), options_.value_block);
+  return PayloadBytes(shape.size(), params, body);
+}
+
+absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* state_base,
+                                           absl::Span<uint8_t> out) const {
+  if (state_base == nullptr || state_base->codec() != CodecId::kTopKEf) {
+    return absl::InvalidArgumentError("topk_ef: Encode needs the tensor's TopKEfState");
+  }
+  TopKEfState& st = static_cast<TopKEfState&>(*state_base);
+  if (!delta.is_host()) {
+    return absl::UnimplementedError("topk_ef: the CPU codec encodes host memory only");
+  }
+  if (delta.dtype() != DType::kF32) {
+    return absl::UnimplementedError(
+        absl::StrCat("topk_ef: encodes f32 tensors, got ", DTypeName(delta.dtype())));
+  }
+  if (st.pending_) {
+    return absl::FailedPreconditionError(
+        "topk_ef: the previous update is still pending; Commit() or Abort() it first");
+  }
+  if (!st.initialized_) {
+    LBCC_RETURN_IF_ERROR(st.Reset(delta.shape()));
+  } else if (st.shape_ != delta.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef: delta shape ",
+                                                   ShapeToString(delta.shape()),
+                                                   " differs from the state's ",
+                                                   ShapeToString(st.shape_)));
+  }
+  LBCC_ASSIGN_OR_RETURN(const size_t max_bytes, MaxEncodedBytes(delta.shape()));
+  if (out.size() < max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef: output buffer holds ", out.size(),
+                                                   " bytes, MaxEncodedBytes is ", max_bytes));
+  }
+  const ChunkGeometry& g = st.geometry_;
+  const int64_t k = g.num_chunks > 0 ? KPerChunk(g.chunk_len, options_.top_k) : 0;
+  const IndexLayout layout{g.num_chunks, k, g.chunk_len};
+  const int64_t total = layout.count();
+  Grow(&st.sel_local_, static_cast<size_t>(total));
+  Grow(&st.sel_value_, static_cast<size_t>(total));
+  Grow(&st.centered_, static_cast<size_t>(total));
+  Grow(&st.codes_, static_cast<size_t>(total));
+  Grow(&st.cand_idx_, static_cast<size_t>(g.chunk_len) + 8);
+  Grow(&st.cand_bits_, static_cast<size_t>(g.chunk_len) + 8);
+  Grow(&st.sel_idx_, static_cast<size_t>(g.chunk_len) + 8);
+  Grow(&st.sel_bits_, static_cast<size_t>(g.chunk_len) + 8);
+
+  // 1-2. e' = beta * e + lr * delta into the pending buffer, and the selection, group by group.
+  const CpuKernels& kern = ActiveKernels();
+  const float* e = st.error_.data();
+  const float* d = delta.data_as<const float>();
+  float* next = st.next_.data();
+  const int64_t group =
+      g.num_chunks > 0 ? std::clamp<int64_t>(kGroupElements / g.chunk_len, 1, g.chunks_x) : 1;
+  for (int64_t y = 0; y < g.chunks_y; ++y) {
+    for (int64_t x0 = 0; x0 < g.chunks_x; x0 += group) {
+      const int64_t x1 = std::min(g.chunks_x, x0 + group);
+      const int64_t len = (x1 - x0) * g.w;
+      uint32_t max_bits = 0;
+      for (int64_t r = 0; r < g.h; ++r) {
+        const int64_t off = (y * g.h + r) * g.cols + x0 * g.w;
+        max_bits = std::max(
+            max_bits, kern.ef_update(e + off, d + off, next + off, len, options_.beta, options_.lr));
+      }
+      if (max_bits > kMaxFiniteAbsBits) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "topk_ef: delta has a NaN or infinite entry (or beta * e + lr * delta overflows) in "
+            "rows ",
+            y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
+      }
+      for (int64_t x = x0; x < x1; ++x) {
+        const int64_t c = y * g.chunks_x + x;
+        SelectChunk(kern, next + ChunkCorner(g, c), g, k, st.local_offset_.data(),
+                    st.cand_idx_.data(), st.cand_bits_.data(), st.sel_idx_.data(),
+                    st.sel_bits_.data(), st.sel_local_.data() + c * k,
+                    st.sel_value_.data() + c * k, &st.hint_);
+      }
+    }
+  }
+
+  // 3. Index coding choice, then the payload.
+  const absl::Span<const uint16_t> local(st.sel_local_.data(), static_cast<size_t>(total));
+  IndexCoding coding = options_.indices;
+  AdaptiveChoice adaptive;
+  size_t index_bytes = Packed12Bytes(total);
+  if (coding != IndexCoding::kPacked12) {
+    adaptive = ChooseAdaptive(local, layout);
+    const size_t adaptive_bytes = static_cast<size_t>((adaptive.bits + 7) / 8);
+    if (coding == IndexCoding::kAuto) {
+      coding = adaptive_bytes < index_bytes ? IndexCoding::kAdaptive : IndexCoding::kPacked12;
+    }
+    if (coding == IndexCoding::kAdaptive) index_bytes = adaptive_bytes;
+  }
+  const size_t value_param_bytes = ValueParamBytes(options_.values);
+  const size_t value_bytes = ValueSectionBytes(options_.values, total, options_.value_block);
+  PayloadWriter writer;
+  LBCC_RETURN_IF_ERROR(writer.Begin(out, CodecId::kTopKEf, kTopKEfVersion, DType::kF32,
+                                    delta.shape(), kFixedParamBytes + value_param_bytes,
+                                    index_bytes + value_bytes));
+  ByteWriter params(writer.params());
+  params.U32(static_cast<uint32_t>(k));
+  params.U8(static_cast<uint8_t>(options_.values));
+  params.U8(static_cast<uint8_t>(coding));
+  params.U8(coding == IndexCoding::kAdaptive ? static_cast<uint8_t>(adaptive.params.sub_block_log2)
+                                             : 0);
+  params.U8(coding == IndexCoding::kAdaptive ? static_cast<uint8_t>(adaptive.params.rice) : 0);
+  params.U64(index_bytes);
+  const absl::Span<uint8_t> index_section = writer.body().subspan(0, index_bytes);
+  if (coding == IndexCoding::kAdaptive) {
+    EncodeAdaptive(local, layout, adaptive.params, index_section);
+  } else {
+    EncodePacked12(local, index_section);
+  }
+  const absl::Span<float> values(st.sel_value_.data(), static_cast<size_t>(total));
+  EncodeValues(options_.values, ValueEncodeOptions{options_.range_sigmas, options_.value_block},
+               values, writer.params().subspan(kFixedParamBytes, value_param_bytes),
+               writer.body().subspan(index_bytes, value_bytes),
+               absl::MakeSpan(st.centered_.data(), static_cast<size_t>(total)),
+               absl::MakeSpan(st.codes_.data(), static_cast<size_t>(total)));
+  const size_t size = writer.Finish();
+
+  // 4. e_new = e' - v_hat at the selected positions (values now hold v_hat).
+  const int64_t* local_offset = st.local_offset_.data();
+  for (int64_t c = 0; c < g.num_chunks; ++c) {
+    float* corner = next + ChunkCorner(g, c);
+    const uint16_t* idx = st.sel_local_.data() + c * k;
+    const float* v_hat = st.sel_value_.data() + c * k;
+    if (c + 1 < g.num_chunks) {  // the next chunk's rows are far apart: start fetching them
+      float* ahead = next + ChunkCorner(g, c + 1);
+      const uint16_t* ahead_idx = idx + k;
+      for (int64_t j = 0; j < k; ++j) __builtin_prefetch(ahead + local_offset[ahead_idx[j]], 1);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      float& slot = corner[local_offset[idx[j]]];
+      slot = slot - v_hat[j];
+    }
+  }
+  st.pending_ = true;
+  return size;
+}
+
+absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info) {
+  if (info.codec != CodecId::kTopKEf) return Corrupt("not a topk_ef payload");
+  if (info.codec_version != kTopKEfVersion) {
+    return Corrupt(absl::StrCat("unknown topk_ef version ", info.codec_version,
+                                " (this build reads ", kTopKEfVersion, ")"));
+  }
+  if (info.dtype != DType::kF32) {
+    return Corrupt(absl::StrCat("dtype ", DTypeName(info.dtype), " (topk_ef carries f32)"));
+  }
+  if (info.flags != 0) return Corrupt(absl::StrCat("unknown flags ", info.flags));
+  TopKEfHeader h;
+  absl::StatusOr<ChunkGeometry> g = MakeChunkGeometry(info.shape);
+  if (!g.ok()) return Corrupt(g.status().message());
+  h.geometry = *g;
+  ByteReader params(info.params);
+  LBCC_ASSIGN_OR_RETURN(const uint32_t k, params.U32("k"));
+  LBCC_ASSIGN_OR_RETURN(const uint8_t value_coding, params.U8("value coding"));
+  LBCC_ASSIGN_OR_RETURN(const uint8_t index_coding, params.U8("index coding"));
+  LBCC_ASSIGN_OR_RETURN(const uint8_t sub_block_log2, params.U8("sub-block size"));
+  LBCC_ASSIGN_OR_RETURN(const uint8_t rice, params.U8("Rice parameter"));
+  LBCC_ASSIGN_OR_RETURN(const uint64_t index_bytes, params.U64("index section length"));
+  if (h.geometry.num_chunks == 0 ? k != 0 : (k < 1 || k > h.geometry.chunk_len)) {
+    return Corrupt(absl::StrCat("k ", k, " for chunks of ", h.geometry.chunk_len));
+  }
+  if (!IsValidValueCoding(value_coding)) {
+    return Corrupt(absl::StrCat("unknown value coding ", value_coding));
+  }
+  h.values = static_cast<ValueCoding>(value_coding);
+  if (index_coding == static_cast<uint8_t>(IndexCoding::kPacked12)) {
+    if (sub_block_log2 != 0 || rice != 0) return Corrupt("packed12 with adaptive parameters");
+  } else if (index_coding == static_cast<uint8_t>(IndexCoding::kAdaptive)) {
+    if ((sub_block_log2 != 6 && sub_block_log2 != 7) || rice > sub_block_log2) {
+      return Corrupt(absl::StrCat("adaptive sub-block log2 ", sub_block_log2, ", Rice ", rice));
+    }
+  } else {
+    return Corrupt(absl::StrCat("unknown index coding ", index_coding));
+  }
+  h.indices = static_cast<IndexCoding>(index_coding);
+  h.adaptive = {sub_block_log2, rice};
+  LBCC_ASSIGN_OR_RETURN(h.value_params, params.Bytes(params.remaining(), "value params"));
+  if (index_bytes > info.body.size()) {
+    return Corrupt(absl::StrCat("index section of ", index_bytes, " bytes in a body of ",
+                                info.body.size()));
+  }
+  h.layout = {h.geometry.num_chunks, static_cast<int64_t>(k), h.geometry.chunk_len};
+  h.index_section = info.body.subspan(0, static_cast<size_t>(index_bytes));
+  h.value_section = info.body.subspan(static_cast<size_t>(index_bytes));
+  return h;
+}
+
+namespace internal {
+namespace {
+
+template <Aggregation kRule, bool kAccumulate>
+void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payloads,
+                   DecodeScratchImpl& s, float* out) {
+  float* acc = s.acc.data();
+  uint16_t* count = s.count.data();
+  float* vals = s.values.data();
+  const int64_t* local_offset = s.local_offset.data();
+  const float replicas = static_cast<float>(payloads.size());
+  for (int64_t c = 0; c < g.num_chunks; ++c) {
+    for (const TopKParsed& p : s.topk) {
+      const uint16_t* idx = s.indices.data() + p.index_offset + c * p.k;
+      p.values.Decode(c * p.k, p.k, vals);
+      for (int64_t j = 0; j < p.k; ++j) {
+        acc[idx[j]] += vals[j];
+        ++count[idx[j]];
+      }
+    }
+    float* corner = out + ChunkCorner(g, c);
+    for (const TopKParsed& p : s.topk) {
+      const uint16_t* idx = s.indices.data() + p.index_offset + c * p.k;
+      for (int64_t j = 0; j < p.k; ++j) {
+        const uint16_t l = idx[j];
+        if (count[l] == 0) continue;  // already written by an earlier payload's list
+        float agg = acc[l];
+        if (kRule == Aggregation::kSparseLoCoMean) agg = agg / static_cast<float>(count[l]);
+        if (kRule == Aggregation::kMean) agg = agg / replicas;
+        float& slot = corner[local_offset[l]];
+        slot = kAccumulate ? slot + agg : agg;
+        acc[l] = -0.0f;
+        count[l] = 0;
+      }
+    }
+  }
+}
+
+template <Aggregation kRule>
+void Scatter(bool accumulate, const ChunkGeometry& g, absl::Span<const PayloadInfo> payloads,
+             DecodeScratchImpl& s, float* out) {
+  if (accumulate) {
+    ScatterChunks<kRule, true>(g, payloads, s, out);
+  } else {
+    ScatterChunks<kRule, false>(g, payloads, s, out);
+  }
+}
+
+}  // namespace
+
+absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
+                                    const DecodeOptions& options, const TensorView& out,
+                                    DecodeScratchImpl& s) {
+  if (static_cast<int64_t>(payloads.size()) > kMaxPayloads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_ef: at most ", kMaxPayloads, " payloads per call"));
+  }
+  // Phase 1: validate everything (indices decoded into scratch) before touching `out`.
+  s.topk.resize(payloads.size());
+  size_t total = 0;
+  ChunkGeometry g;
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    LBCC_ASSIGN_OR_RETURN(TopKEfHeader h, ParseTopKEfHeader(payloads[r]),
+                          _.Prepend(absl::StrCat("payload ", r)));
+    g = h.geometry;
+    s.topk[r].k = h.layout.k;
+    s.topk[r].index_offset = total;
+    total += static_cast<size_t>(h.layout.count());
+  }
+  if (s.indices.size() < total) s.indices.resize(total);
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    const TopKEfHeader h = *ParseTopKEfHeader(payloads[r]);  // validated above
+    const absl::Span<uint16_t> indices(s.indices.data() + s.topk[r].index_offset,
+                                       static_cast<size_t>(h.layout.count()));
+    absl::Status status = h.indices == IndexCoding::kAdaptive
+                              ? DecodeAdaptive(h.index_section, h.layout, h.adaptive, indices)
+                              : DecodePacked12(h.index_section, h.layout, indices);
+    if (status.ok()) {
+      status = s.topk[r].values.Init(h.values, h.value_params, h.value_section, h.layout.count());
+    }
+    if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
+  }
+  // Phase 2: aggregate chunk by chunk (each chunk's accumulator stays in L1).
+  float* o = out.data_as<float>();
+  if (!options.accumulate && out.num_elements() > 0) {
+    std::memset(o, 0, static_cast<size_t>(out.num_elements()) * sizeof(float));
+  }
+  if (g.num_chunks == 0) return absl::OkStatus();
+  if (s.acc.size() < static_cast<size_t>(g.chunk_len)) {
+    s.acc.assign(kTopKReferenceChunk, -0.0f);  // -0 + v == v for every v, -0 included
+    s.count.assign(kTopKReferenceChunk, 0);
+    s.values.resize(kTopKReferenceChunk);
+  }
+  BuildLocalOffsets(g, &s.local_offset);
+  switch (options.aggregation) {
+    case Aggregation::kSparseLoCoMean:
+      Scatter<Aggregation::kSparseLoCoMean>(options.accumulate, g, payloads, s, o);
+      break;
+    case Aggregation::kMean:
+      Scatter<Aggregation::kMean>(options.accumulate, g, payloads, s, o);
+      break;
+    case Aggregation::kSum:
+      Scatter<Aggregation::kSum>(options.accumulate, g, payloads, s, o);
+      break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace lbcc::codecs

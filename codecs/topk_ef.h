@@ -1,0 +1,168 @@
+// TopK-EF: chunked top-k with error feedback, SparseLoCo's pseudo-gradient compressor.
+//
+// Per tensor and round, with e the error-feedback buffer held by a TopKEfState:
+//   1. e' = (beta * e) + (lr * delta)          fp32: two products, then the sum, no FMA
+//   2. chunk e' (chunking.h) and select in each chunk the k entries of largest |e'|; ties go to
+//      the lower local position (row-major within the chunk), so the selection is a function
+//      of the values alone, whatever the SIMD level or the order of work
+//   3. code the selected values (value_coding.h: SparseLoCo's 2-bit bin-mean by default) and
+//      their positions (index_coding.h: 12-bit or adaptive)
+//   4. e_new = e' - v_hat at the selected positions (fp32 subtraction of the decoder's exact
+//      reconstruction v_hat), e_new = e' elsewhere; so e_new + v_hat == e' up to that one
+//      rounding, and bitwise e_new == fl(fl(fl(beta * e) + fl(lr * delta)) - v_hat)
+// SparseLoCo-compatible mode is the default options (top_k 64 per 4096, beta 0.95, lr 1,
+// 2-bit bin-mean values with range 6 sigma); the index coding does not change the result.
+//
+// Two-phase update: Encode() writes e_new into the state's pending buffer and leaves the
+// committed buffer as it was; Commit() makes e_new the state (a pointer swap), Abort() drops it.
+// Encode() refuses to run while an update is pending (FailedPrecondition).
+//
+// NaN and infinity: a delta with a non-finite entry, or an e' that overflows fp32, is
+// InvalidArgument; the state is untouched and nothing is pending.
+//
+// Payload (codec id kTopKEf, version 1, dtype f32, the tensor's shape), params, little-endian:
+//   u32 k per chunk | u8 value coding | u8 index coding (1 packed12, 2 adaptive) |
+//   u8 sub-block log2 (adaptive; else 0) | u8 Rice parameter (adaptive; else 0) |
+//   u64 index section bytes | value coding params (value_coding.h)
+// Body: index section, then value section. The chunk geometry follows from the shape.
+//
+// Performance: one pass streams e, delta and the pending buffer (like a triad); selection runs
+// on cache-resident groups of chunks with AVX2 (compaction against a threshold carried from
+// chunk to chunk, then an exact threshold search on the few candidates). One thread per call;
+// encode different tensors on different threads.
+//
+// Thread-safety: TopKEfCodec is immutable and shareable; a TopKEfState belongs to one thread at
+// a time.
+#ifndef LBCC_CODECS_TOPK_EF_H_
+#define LBCC_CODECS_TOPK_EF_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "base/tensor_view.h"
+#include "codecs/chunking.h"
+#include "codecs/codec.h"
+#include "codecs/index_coding.h"
+#include "codecs/value_coding.h"
+
+namespace lbcc::codecs {
+
+inline constexpr uint8_t kTopKEfVersion = 1;
+
+struct TopKEfOptions {
+  double top_k = 64;  // selected per 4096 elements (= density * 4096), in (0, 4096]
+  float beta = 0.95f;  // error decay
+  float lr = 1.0f;     // outer learning rate, applied before compression
+  ValueCoding values = ValueCoding::kBinMean2;
+  IndexCoding indices = IndexCoding::kAuto;
+  float range_sigmas = 6.0f;  // bin-mean range
+  int64_t value_block = 64;   // absmax codings: selected values per scale, [1, 2^20]
+
+  static TopKEfOptions FromDensity(double density) {
+    TopKEfOptions o;
+    o.top_k = density * kTopKReferenceChunk;
+    return o;
+  }
+  // InvalidArgument naming the bad field.
+  absl::Status Validate() const;
+  std::string ToString() const;
+};
+
+class TopKEfState final : public CodecState {
+ public:
+  TopKEfState() = default;
+  TopKEfState(const TopKEfState&) = delete;
+  TopKEfState& operator=(const TopKEfState&) = delete;
+
+  // Fixes the tensor's shape and zeroes e (drops a pending update). InvalidArgument for a bad
+  // shape. A state that was never reset takes the shape of its first Encode().
+  absl::Status Reset(absl::Span<const int64_t> shape);
+  // Reset(shape), then e = error (e.g. from a checkpoint). InvalidArgument on a size mismatch
+  // or a non-finite entry.
+  absl::Status Load(absl::Span<const int64_t> shape, absl::Span<const float> error);
+
+  bool initialized() const { return initialized_; }
+  const Shape& shape() const { return shape_; }
+  // The committed buffer e; valid until the next Reset/Load/Commit.
+  absl::Span<const float> error() const { return error_; }
+  // The pending e_new; empty unless has_pending().
+  absl::Span<const float> pending_error() const {
+    return pending_ ? absl::Span<const float>(next_) : absl::Span<const float>();
+  }
+
+  CodecId codec() const override { return CodecId::kTopKEf; }
+  bool has_pending() const override { return pending_; }
+  absl::Status Commit() override;
+  absl::Status Abort() override;
+
+ private:
+  friend class TopKEfCodec;
+
+  bool initialized_ = false;
+  bool pending_ = false;
+  Shape shape_;
+  ChunkGeometry geometry_;
+  std::vector<float> error_;  // committed e
+  std::vector<float> next_;   // pending e_new (same size; swapped on Commit)
+  // Encoder scratch, grown on first use and reused.
+  std::vector<int64_t> local_offset_;  // local position -> offset from the chunk's corner
+  std::vector<uint16_t> sel_local_;
+  std::vector<float> sel_value_;
+  std::vector<float> centered_;
+  std::vector<uint8_t> codes_;
+  std::vector<uint32_t> cand_idx_;
+  std::vector<uint32_t> cand_bits_;
+  std::vector<uint32_t> sel_idx_;
+  std::vector<uint32_t> sel_bits_;
+  uint32_t hint_ = 0;  // threshold guess carried between chunks (speed only)
+};
+
+class TopKEfCodec final : public Codec {
+ public:
+  // InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<TopKEfCodec>> Create(const TopKEfOptions& options);
+
+  const TopKEfOptions& options() const { return options_; }
+  CodecId id() const override { return CodecId::kTopKEf; }
+  std::string Describe() const override;
+  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override;
+  std::unique_ptr<CodecState> NewState() const override;
+  // `state` must be a TopKEfState (InvalidArgument otherwise). See codec.h for the rest.
+  absl::StatusOr<size_t> Encode(const TensorView& delta, CodecState* state,
+                                absl::Span<uint8_t> out) const override;
+
+ private:
+  explicit TopKEfCodec(const TopKEfOptions& options) : options_(options) {}
+  TopKEfOptions options_;
+};
+
+// The parsed params of a TopK-EF payload (for decoders, tools and tests).
+struct TopKEfHeader {
+  ChunkGeometry geometry;
+  IndexLayout layout;
+  ValueCoding values = ValueCoding::kBinMean2;
+  IndexCoding indices = IndexCoding::kPacked12;
+  AdaptiveParams adaptive;
+  absl::Span<const uint8_t> value_params;
+  absl::Span<const uint8_t> index_section;
+  absl::Span<const uint8_t> value_section;
+};
+// Validates a parsed envelope as TopK-EF v1 params and body lengths. DataLoss otherwise.
+absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info);
+
+namespace internal {
+struct DecodeScratchImpl;
+// The TopK-EF half of DecodeAccumulate (codec.h), after the envelopes were parsed.
+absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
+                                    const DecodeOptions& options, const TensorView& out,
+                                    DecodeScratchImpl& scratch);
+}  // namespace internal
+
+}  // namespace lbcc::codecs
+
+#endif  // LBCC_CODECS_TOPK_EF_H_

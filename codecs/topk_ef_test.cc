@@ -1,0 +1,781 @@
+#include "codecs/topk_ef.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/dtype.h"
+#include "base/status_matchers.h"
+#include "codecs/codec.h"
+#include "codecs/payload.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::codecs {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::HasSubstr;
+
+using Bytes = std::vector<uint8_t>;
+
+// ---------------------------------------------------------------------------------------------
+// An independent model of SparseLoCo's compressor, written from the reference description
+// (../shared/reference/sparseloco.md) and the operation order documented in topk_ef.h and
+// value_coding.h: plain loops, sorting for the selection, no SIMD.
+
+int64_t BruteEdge(int64_t n) {
+  int64_t best = 1;
+  for (int64_t d = 1; d <= std::min<int64_t>(n, 64); ++d) {
+    if (n % d == 0) best = d;
+  }
+  return best;
+}
+
+struct RefOut {
+  int64_t k = 0;
+  std::vector<int64_t> pos;  // global positions, chunk after chunk, ascending within a chunk
+  std::vector<float> value;  // e' at pos
+  std::vector<float> v_hat;  // reconstruction at pos
+  std::vector<float> e_new;
+};
+
+struct RefOptions {
+  double top_k = 64;
+  float beta = 0.95f, lr = 1.0f;
+  int bits = 2;  // bin-mean bits; 0: fp32 values
+  float range = 6.0f;
+};
+
+RefOut Reference(const std::vector<int64_t>& shape, const std::vector<float>& e,
+                 const std::vector<float>& d, const RefOptions& o) {
+  RefOut r;
+  const int64_t n = static_cast<int64_t>(e.size());
+  std::vector<float> ep(e.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = o.beta * e[i];
+    const float v = o.lr * d[i];
+    ep[i] = u + v;
+  }
+  int64_t rows = 1, cols = 1;
+  if (!shape.empty()) {
+    cols = shape.back();
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  }
+  r.e_new = ep;
+  if (n == 0) return r;
+  const int64_t h = BruteEdge(rows), w = BruteEdge(cols), len = h * w;
+  r.k = std::clamp<int64_t>(
+      std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(len * o.top_k / 4096.0))), 1, len);
+  for (int64_t y = 0; y < rows / h; ++y) {
+    for (int64_t x = 0; x < cols / w; ++x) {
+      std::vector<int64_t> local(len);
+      std::iota(local.begin(), local.end(), 0);
+      auto at = [&](int64_t l) { return (y * h + l / w) * cols + x * w + l % w; };
+      std::stable_sort(local.begin(), local.end(), [&](int64_t a, int64_t b) {
+        return std::fabs(ep[at(a)]) > std::fabs(ep[at(b)]);
+      });
+      local.resize(r.k);
+      std::sort(local.begin(), local.end());
+      for (int64_t l : local) {
+        r.pos.push_back(at(l));
+        r.value.push_back(ep[at(l)]);
+      }
+    }
+  }
+  const std::vector<float>& v = r.value;
+  const int64_t m = static_cast<int64_t>(v.size());
+  if (o.bits == 0) {
+    r.v_hat = v;
+  } else {
+    const int bins = 1 << o.bits;
+    double lanes[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < m; ++i) lanes[i % 4] += v[i];
+    const float shift = static_cast<float>(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) / m);
+    std::vector<float> c(m);
+    double sq[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < m; ++i) {
+      c[i] = v[i] - shift;
+      sq[i % 4] += static_cast<double>(c[i]) * c[i];
+    }
+    const float norm = static_cast<float>(std::sqrt((sq[0] + sq[1]) + (sq[2] + sq[3])));
+    const float sigma = m > 1 ? norm / static_cast<float>(std::sqrt(double(m - 1))) : 0.0f;
+    float scale = (o.range * sigma) / static_cast<float>(bins);
+    if (scale == 0 || !std::isfinite(scale)) scale = 1;
+    std::vector<int> q(m);
+    std::vector<double> sums(bins, 0);
+    std::vector<int64_t> counts(bins, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      const float t = (c[i] / scale) + static_cast<float>(bins / 2);
+      q[i] = static_cast<int>(std::min(std::max(std::nearbyint(t), 0.0f), float(bins - 1)));
+      sums[q[i]] += c[i];
+      ++counts[q[i]];
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float lookup = static_cast<float>(sums[q[i]] / counts[q[i]]);
+      r.v_hat.push_back(lookup + shift);
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) r.e_new[r.pos[i]] = ep[r.pos[i]] - r.v_hat[i];
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Sparse {
+  std::vector<int64_t> pos;
+  std::vector<float> value;
+  IndexCoding indices;
+};
+
+Sparse DecodeSparse(const Bytes& payload) {
+  Sparse s;
+  absl::StatusOr<PayloadInfo> info = ParsePayload(payload);
+  EXPECT_THAT(info, IsOk());
+  absl::StatusOr<TopKEfHeader> h = ParseTopKEfHeader(*info);
+  EXPECT_THAT(h, IsOk());
+  std::vector<uint16_t> local(h->layout.count());
+  if (h->indices == IndexCoding::kAdaptive) {
+    EXPECT_THAT(DecodeAdaptive(h->index_section, h->layout, h->adaptive, absl::MakeSpan(local)),
+                IsOk());
+  } else {
+    EXPECT_THAT(DecodePacked12(h->index_section, h->layout, absl::MakeSpan(local)), IsOk());
+  }
+  ValueDecoder values;
+  EXPECT_THAT(values.Init(h->values, h->value_params, h->value_section, h->layout.count()),
+              IsOk());
+  s.value.resize(local.size());
+  if (!local.empty()) values.Decode(0, static_cast<int64_t>(local.size()), s.value.data());
+  for (size_t t = 0; t < local.size(); ++t) {
+    s.pos.push_back(h->geometry.Offset(static_cast<int64_t>(t) / h->layout.k, local[t]));
+  }
+  s.indices = h->indices;
+  return s;
+}
+
+std::vector<float> Normals(int64_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Small integers: ties everywhere.
+std::vector<float> Ties(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(-3, 3);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = static_cast<float>(dist(rng));
+  return v;
+}
+
+int64_t Count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::unique_ptr<TopKEfCodec> MakeCodec(const TopKEfOptions& options) {
+  absl::StatusOr<std::unique_ptr<TopKEfCodec>> codec = TopKEfCodec::Create(options);
+  EXPECT_THAT(codec, IsOk());
+  return *std::move(codec);
+}
+
+Bytes Encode(const TopKEfCodec& codec, TopKEfState& state, std::vector<float>& delta,
+             const std::vector<int64_t>& shape) {
+  Bytes out(*codec.MaxEncodedBytes(shape));
+  absl::StatusOr<TensorView> view = TensorView::Host(delta.data(), Shape(shape.begin(), shape.end()));
+  EXPECT_THAT(view, IsOk());
+  absl::StatusOr<size_t> size = codec.Encode(*view, &state, absl::MakeSpan(out));
+  EXPECT_THAT(size, IsOk());
+  out.resize(size.ok() ? *size : 0);
+  return out;
+}
+
+// Recomputes the checksum after a deliberate edit, so the codec's own checks are what rejects.
+void Reseal(Bytes& bytes) {
+  const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size() - 8);
+  std::memcpy(bytes.data() + bytes.size() - 8, &sum, 8);
+}
+
+class SimdTest : public ::testing::TestWithParam<SimdLevel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == SimdLevel::kAvx2 && !CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 on this CPU";
+    SetSimdLevelForTesting(GetParam());
+  }
+  void TearDown() override { SetSimdLevelForTesting(SimdLevel::kScalar); }
+};
+
+const std::vector<std::vector<int64_t>>& Shapes() {
+  static const auto* shapes = new std::vector<std::vector<int64_t>>{
+      {64, 64},  {128, 192}, {61, 61},  {100, 130}, {67, 5},    {4096},  {1000}, {7},
+      {},        {3, 5, 7},  {2, 64, 128}, {97, 200}, {1, 4096}, {257, 3}, {1, 1}, {0, 8},
+  };
+  return *shapes;
+}
+
+// The codec's payloads and error-feedback state equal the reference bit for bit over several
+// rounds, for many shapes (prime, odd, 1-D, rank 0 and 3), tie-heavy data and two value codings.
+TEST_P(SimdTest, MatchesTheReferenceCompressorBitForBit) {
+  for (const std::vector<int64_t>& shape : Shapes()) {
+    for (int bits : {2, 0}) {
+      for (bool ties : {false, true}) {
+        TopKEfOptions options;
+        options.values = bits == 2 ? ValueCoding::kBinMean2 : ValueCoding::kF32;
+        options.top_k = ties ? 300 : 64;
+        RefOptions ref_options{options.top_k, options.beta, options.lr, bits, 6.0f};
+        auto codec = MakeCodec(options);
+        TopKEfState state;
+        const int64_t n = Count(shape);
+        std::vector<float> e(n, 0.0f);
+        for (int round = 0; round < 3; ++round) {
+          std::vector<float> delta = ties ? Ties(n, 7 + round) : Normals(n, 11 + round);
+          const RefOut ref = Reference(shape, e, delta, ref_options);
+          const Bytes payload = Encode(*codec, state, delta, shape);
+          const Sparse got = DecodeSparse(payload);
+          ASSERT_EQ(got.pos, ref.pos) << ShapeToString(shape) << " round " << round;
+          ASSERT_EQ(got.value.size(), ref.v_hat.size());
+          for (size_t i = 0; i < got.value.size(); ++i) {
+            ASSERT_EQ(FloatBits(got.value[i]), FloatBits(ref.v_hat[i])) << i;
+          }
+          const absl::Span<const float> pending = state.pending_error();
+          ASSERT_EQ(pending.size(), ref.e_new.size());
+          for (size_t i = 0; i < pending.size(); ++i) {
+            ASSERT_EQ(FloatBits(pending[i]), FloatBits(ref.e_new[i])) << i;
+          }
+          ASSERT_THAT(state.Commit(), IsOk());
+          e = ref.e_new;
+        }
+      }
+    }
+  }
+}
+
+// beta * e_old + lr * delta == e_new + reconstruction, exactly in the documented fp32 order:
+// e_new = fl(fl(fl(beta * e_old) + fl(lr * delta)) - v_hat) where selected, e' elsewhere; and
+// adding v_hat back recovers e' to within half an ulp of e'.
+TEST_P(SimdTest, ErrorFeedbackIdentityIsExact) {
+  const std::vector<int64_t> shape = {192, 320};
+  TopKEfOptions options;
+  options.beta = 0.9f;
+  options.lr = 0.7f;
+  auto codec = MakeCodec(options);
+  TopKEfState state;
+  ASSERT_THAT(state.Load(shape, Normals(Count(shape), 3, 2.0f)), IsOk());
+  std::vector<float> delta = Normals(Count(shape), 4);
+  const std::vector<float> e_old(state.error().begin(), state.error().end());
+  const Bytes payload = Encode(*codec, state, delta, shape);
+  const Sparse sparse = DecodeSparse(payload);
+  std::vector<float> recon(e_old.size(), 0.0f);
+  std::vector<bool> selected(e_old.size(), false);
+  for (size_t i = 0; i < sparse.pos.size(); ++i) {
+    recon[sparse.pos[i]] = sparse.value[i];
+    selected[sparse.pos[i]] = true;
+  }
+  const absl::Span<const float> e_new = state.pending_error();
+  for (size_t i = 0; i < e_old.size(); ++i) {
+    const float u = options.beta * e_old[i];
+    const float v = options.lr * delta[i];
+    const float e_prime = u + v;
+    const float expected = selected[i] ? e_prime - recon[i] : e_prime;
+    ASSERT_EQ(FloatBits(e_new[i]), FloatBits(expected)) << i;
+    const double residual = (static_cast<double>(e_new[i]) + recon[i]) - e_prime;
+    ASSERT_LE(std::fabs(residual),
+              0.5 * std::fabs(std::nextafter(e_prime, INFINITY) - e_prime) + 1e-45)
+        << i;
+  }
+}
+
+// A brute-force aggregation of 8 replicas (mixed index codings) for every rule, overwriting and
+// accumulating.
+TEST_P(SimdTest, AggregationOfEightReplicasEqualsBruteForce) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{128, 192}, {100, 130}, {1000}}) {
+    const int64_t n = Count(shape);
+    std::vector<Bytes> payloads;
+    for (int r = 0; r < 8; ++r) {
+      TopKEfOptions options;
+      options.indices = r % 2 ? IndexCoding::kAdaptive : IndexCoding::kPacked12;
+      options.values = r == 5 ? ValueCoding::kBf16 : ValueCoding::kBinMean2;
+      options.top_k = r == 3 ? 128 : 64;  // replicas may even differ in k
+      auto codec = MakeCodec(options);
+      TopKEfState state;
+      // Replicas share part of their signal, so selections overlap.
+      std::vector<float> delta = Normals(n, 100 + r);
+      const std::vector<float> common = Normals(n, 99);
+      for (int64_t i = 0; i < n; ++i) delta[i] += 1.5f * common[i];
+      payloads.push_back(Encode(*codec, state, delta, shape));
+    }
+    std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
+    std::vector<Sparse> sparse;
+    for (const Bytes& p : payloads) sparse.push_back(DecodeSparse(p));
+    DecodeScratch scratch;
+    for (Aggregation rule : {Aggregation::kSparseLoCoMean, Aggregation::kMean, Aggregation::kSum}) {
+      for (bool accumulate : {false, true}) {
+        std::vector<float> before = Normals(n, 5);
+        std::vector<float> out = before;
+        ASSERT_THAT(DecodeAccumulate(spans, {rule, accumulate},
+                                     *TensorView::Host(out.data(), Shape(shape.begin(), shape.end())),
+                                     &scratch),
+                    IsOk());
+        std::vector<float> sum(n, 0.0f);
+        std::vector<int> count(n, 0);
+        for (const Sparse& s : sparse) {
+          for (size_t i = 0; i < s.pos.size(); ++i) {
+            const int64_t p = s.pos[i];
+            sum[p] = count[p] == 0 ? s.value[i] : sum[p] + s.value[i];
+            ++count[p];
+          }
+        }
+        int64_t overlapping = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          float expected = accumulate ? before[i] : 0.0f;
+          if (count[i] > 0) {
+            overlapping += count[i] > 1;
+            float agg = sum[i];
+            if (rule == Aggregation::kSparseLoCoMean) agg = agg / static_cast<float>(count[i]);
+            if (rule == Aggregation::kMean) agg = agg / 8.0f;
+            expected = accumulate ? before[i] + agg : agg;
+          }
+          ASSERT_EQ(FloatBits(out[i]), FloatBits(expected))
+              << AggregationName(rule) << " " << accumulate << " at " << i;
+        }
+        EXPECT_GT(overlapping, 0);
+      }
+    }
+  }
+}
+
+// Scalar and AVX2 produce the same payload bytes and the same state.
+TEST(TopKEfSimdTest, Avx2AndScalarPayloadsAreIdentical) {
+  if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (const std::vector<int64_t>& shape : Shapes()) {
+    for (ValueCoding values : {ValueCoding::kBinMean2, ValueCoding::kBinMean8, ValueCoding::kAbsmax4}) {
+      TopKEfOptions options;
+      options.values = values;
+      auto codec = MakeCodec(options);
+      TopKEfState scalar, avx2;
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float> delta = round == 1 ? Ties(Count(shape), 3) : Normals(Count(shape), 9 + round);
+        SetSimdLevelForTesting(SimdLevel::kScalar);
+        const Bytes a = Encode(*codec, scalar, delta, shape);
+        SetSimdLevelForTesting(SimdLevel::kAvx2);
+        const Bytes b = Encode(*codec, avx2, delta, shape);
+        SetSimdLevelForTesting(SimdLevel::kScalar);
+        ASSERT_EQ(a, b) << ShapeToString(shape);
+        ASSERT_TRUE(std::equal(scalar.pending_error().begin(), scalar.pending_error().end(),
+                               avx2.pending_error().begin(), avx2.pending_error().end(),
+                               [](float x, float y) { return FloatBits(x) == FloatBits(y); }));
+        ASSERT_THAT(scalar.Commit(), IsOk());
+        ASSERT_THAT(avx2.Commit(), IsOk());
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, SimdTest, ::testing::Values(SimdLevel::kScalar, SimdLevel::kAvx2),
+                         [](const auto& info) { return std::string(SimdLevelName(info.param)); });
+
+size_t ExpectedValueBytes(const TopKEfOptions& o, int64_t count) {
+  return ValueParamBytes(o.values) + ValueSectionBytes(o.values, count, o.value_block);
+}
+
+TEST(TopKEfTest, PayloadSizeEqualsTheFormulaPerIndexCoding) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{256, 512}, {61, 61}, {100, 130}, {4096}}) {
+    for (ValueCoding values : {ValueCoding::kBinMean2, ValueCoding::kF32, ValueCoding::kAbsmax8}) {
+      std::vector<float> delta = Normals(Count(shape), 1);
+      TopKEfOptions options;
+      options.values = values;
+      size_t sizes[3];
+      for (IndexCoding indices : {IndexCoding::kPacked12, IndexCoding::kAdaptive, IndexCoding::kAuto}) {
+        options.indices = indices;
+        auto codec = MakeCodec(options);
+        TopKEfState state;
+        const Bytes payload = Encode(*codec, state, delta, shape);
+        const Sparse sparse = DecodeSparse(payload);
+        const int64_t count = static_cast<int64_t>(sparse.pos.size());
+        LBCC_ASSERT_OK_AND_ASSIGN(PayloadInfo info, ParsePayload(payload));
+        LBCC_ASSERT_OK_AND_ASSIGN(TopKEfHeader h, ParseTopKEfHeader(info));
+        size_t index_bytes = Packed12Bytes(count);
+        if (h.indices == IndexCoding::kAdaptive) {
+          std::vector<uint16_t> local(count);
+          ASSERT_THAT(DecodeAdaptive(h.index_section, h.layout, h.adaptive, absl::MakeSpan(local)),
+                      IsOk());
+          index_bytes = (AdaptiveBits(local, h.layout, h.adaptive) + 7) / 8;
+          EXPECT_EQ(h.adaptive.rice, AdaptiveRice(h.layout, h.adaptive.sub_block_log2));
+        }
+        const size_t expected = PayloadBytes(shape.size(), 16 + ValueParamBytes(values),
+                                             index_bytes + ExpectedValueBytes(options, count) -
+                                                 ValueParamBytes(values));
+        EXPECT_EQ(payload.size(), expected) << IndexCodingName(indices);
+        EXPECT_LE(payload.size(), *codec->MaxEncodedBytes(shape));
+        sizes[static_cast<int>(indices)] = payload.size();
+        if (indices != IndexCoding::kAuto) EXPECT_EQ(h.indices, indices);
+      }
+      EXPECT_EQ(sizes[0], std::min(sizes[1], sizes[2]));  // auto is the smaller
+    }
+  }
+}
+
+// SparseLoCo's production setting on i.i.d. data (uniformly random positions): 12-bit indices
+// and 2-bit values cost 0.21875 bits per parameter plus the header; adaptive stays below 0.17.
+TEST(TopKEfTest, BitsPerParameterAtTopK64) {
+  const std::vector<int64_t> shape = {1024, 1024};
+  std::vector<float> delta = Normals(Count(shape), 2);
+  for (IndexCoding indices : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+    TopKEfOptions options;
+    options.indices = indices;
+    auto codec = MakeCodec(options);
+    TopKEfState state;
+    const Bytes payload = Encode(*codec, state, delta, shape);
+    const double bits = 8.0 * payload.size() / Count(shape);
+    const double header = 8.0 * PayloadBytes(2, 16 + 20, 0) / Count(shape);
+    if (indices == IndexCoding::kPacked12) {
+      EXPECT_DOUBLE_EQ(bits, 0.21875 + header);
+    } else {
+      EXPECT_LT(bits, 0.17);
+    }
+  }
+}
+
+TEST(TopKEfTest, RandomizedRoundTripsThroughDecodeAccumulate) {
+  std::mt19937 rng(2024);
+  const std::vector<ValueCoding> codings = {
+      ValueCoding::kF32,      ValueCoding::kBf16,     ValueCoding::kF16,     ValueCoding::kBinMean2,
+      ValueCoding::kBinMean4, ValueCoding::kBinMean8, ValueCoding::kAbsmax8, ValueCoding::kAbsmax4};
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<int64_t> shape;
+    const int rank = static_cast<int>(rng() % 4);
+    for (int i = 0; i < rank; ++i) shape.push_back(1 + static_cast<int64_t>(rng() % 150));
+    TopKEfOptions options;
+    const double top_ks[] = {1, 7.5, 64, 300, 4096};
+    options.top_k = top_ks[rng() % 5];
+    options.values = codings[rng() % codings.size()];
+    options.indices = static_cast<IndexCoding>(rng() % 3);
+    options.beta = 0.5f + 0.5f * static_cast<float>(rng() % 100) / 100;
+    options.lr = 0.1f + static_cast<float>(rng() % 100) / 50;
+    options.value_block = 1 + static_cast<int64_t>(rng() % 100);
+    auto codec = MakeCodec(options);
+    TopKEfState state;
+    const int64_t n = Count(shape);
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> delta = Normals(n, trial * 10 + round, 0.01f + trial);
+      std::vector<float> e_old;
+      if (state.initialized()) e_old.assign(state.error().begin(), state.error().end());
+      const Bytes payload = Encode(*codec, state, delta, shape);
+      const Sparse sparse = DecodeSparse(payload);
+      std::vector<float> out(n, 123.0f);
+      const absl::Span<const uint8_t> span(payload);
+      ASSERT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {Aggregation::kSum, false},
+                                   *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
+                  IsOk());
+      std::vector<float> expected(n, 0.0f);
+      for (size_t i = 0; i < sparse.pos.size(); ++i) expected[sparse.pos[i]] = sparse.value[i];
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(out[i]), FloatBits(expected[i])) << i;
+      // Mass is conserved up to one rounding per element: e_new + v_hat ~= beta e + lr delta.
+      for (int64_t i = 0; i < n; ++i) {
+        const float e0 = e_old.empty() ? 0.0f : e_old[i];
+        const float e_prime = (options.beta * e0) + (options.lr * delta[i]);
+        ASSERT_NEAR(state.pending_error()[i] + expected[i], e_prime,
+                    1e-6f * (1 + std::fabs(e_prime) + std::fabs(expected[i])));
+      }
+      if (options.values == ValueCoding::kF32) {
+        for (int64_t p : sparse.pos) ASSERT_EQ(state.pending_error()[p], 0.0f);
+      }
+      ASSERT_THAT(state.Commit(), IsOk());
+    }
+  }
+}
+
+TEST(TopKEfTest, TwoPhaseUpdateLosesNoMassOnAbort) {
+  const std::vector<int64_t> shape = {128, 128};
+  auto codec = MakeCodec(TopKEfOptions());
+  TopKEfState state;
+  std::vector<float> d1 = Normals(Count(shape), 1), d2 = Normals(Count(shape), 2);
+  const Bytes p1 = Encode(*codec, state, d1, shape);
+  ASSERT_TRUE(state.has_pending());
+  // A second Encode before Commit/Abort is refused and changes nothing.
+  Bytes out(*codec->MaxEncodedBytes(shape));
+  EXPECT_THAT(codec->Encode(*TensorView::Host(d2.data(), {128, 128}), &state, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  const std::vector<float> pending1(state.pending_error().begin(), state.pending_error().end());
+  ASSERT_THAT(state.Commit(), IsOk());
+  EXPECT_TRUE(std::equal(pending1.begin(), pending1.end(), state.error().begin()));
+  const std::vector<float> committed(state.error().begin(), state.error().end());
+
+  // Round 2 fails on the network: Abort restores exactly the committed state.
+  const Bytes p2 = Encode(*codec, state, d2, shape);
+  ASSERT_THAT(state.Abort(), IsOk());
+  EXPECT_FALSE(state.has_pending());
+  EXPECT_TRUE(state.pending_error().empty());
+  EXPECT_TRUE(std::equal(committed.begin(), committed.end(), state.error().begin()));
+  // Retrying the same round gives the same payload and, once committed, the state a successful
+  // first attempt would have produced.
+  const Bytes retry = Encode(*codec, state, d2, shape);
+  EXPECT_EQ(retry, p2);
+  ASSERT_THAT(state.Commit(), IsOk());
+  TopKEfState twin;
+  Encode(*codec, twin, d1, shape);
+  ASSERT_THAT(twin.Commit(), IsOk());
+  Encode(*codec, twin, d2, shape);
+  ASSERT_THAT(twin.Commit(), IsOk());
+  EXPECT_TRUE(std::equal(twin.error().begin(), twin.error().end(), state.error().begin()));
+
+  EXPECT_THAT(state.Commit(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(state.Abort(), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(TopKEfTest, NonFiniteInputIsRejectedAndTheStateUntouched) {
+  const std::vector<int64_t> shape = {64, 96};
+  auto codec = MakeCodec(TopKEfOptions());
+  TopKEfState state;
+  ASSERT_THAT(state.Load(shape, Normals(Count(shape), 1)), IsOk());
+  const std::vector<float> before(state.error().begin(), state.error().end());
+  Bytes out(*codec->MaxEncodedBytes(shape));
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(), 3.4e38f};
+  for (float bad : bad_values) {
+    for (int64_t where : {int64_t{0}, int64_t{777}, Count(shape) - 1}) {
+      std::vector<float> delta = Normals(Count(shape), 2);
+      delta[where] = bad;
+      if (bad == 3.4e38f) {
+        // Finite, but e' = 0.95 * e + delta overflows when e is also huge.
+        std::vector<float> e = before;
+        e[where] = 3.4e38f;
+        ASSERT_THAT(state.Load(shape, e), IsOk());
+      }
+      const std::vector<float> state_before(state.error().begin(), state.error().end());
+      EXPECT_THAT(codec->Encode(*TensorView::Host(delta.data(), {64, 96}), &state, absl::MakeSpan(out)),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NaN or infinite")))
+          << bad << " at " << where;
+      EXPECT_FALSE(state.has_pending());
+      EXPECT_TRUE(std::equal(state_before.begin(), state_before.end(), state.error().begin()));
+      if (bad == 3.4e38f) ASSERT_THAT(state.Load(shape, before), IsOk());
+    }
+  }
+  std::vector<float> with_nan = before;
+  with_nan[5] = NAN;
+  EXPECT_THAT(state.Load(shape, with_nan), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(TopKEfTest, CallerErrors) {
+  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.top_k = 0; return o; }()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.top_k = 5000; return o; }()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.beta = NAN; return o; }()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.value_block = 0; return o; }()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  auto codec = MakeCodec(TopKEfOptions::FromDensity(64.0 / 4096));
+  EXPECT_EQ(codec->options().top_k, 64);
+  std::vector<float> delta(64 * 64, 1.0f);
+  const TensorView view = *TensorView::Host(delta.data(), {64, 64});
+  Bytes out(*codec->MaxEncodedBytes({64, 64}));
+  EXPECT_THAT(codec->Encode(view, nullptr, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  TopKEfState state;
+  EXPECT_THAT(codec->Encode(view, &state, absl::MakeSpan(out).subspan(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MaxEncodedBytes")));
+  ASSERT_THAT(state.Reset({32, 128}), IsOk());
+  EXPECT_THAT(codec->Encode(view, &state, absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape")));
+  std::vector<uint16_t> half(64 * 64);
+  EXPECT_THAT(codec->Encode(*TensorView::Create(half.data(), DType::kBF16, {64, 64}), &state,
+                            absl::MakeSpan(out)),
+              StatusIs(absl::StatusCode::kUnimplemented));
+  EXPECT_NE(codec->NewState(), nullptr);
+  EXPECT_THAT(codec->Describe(), HasSubstr("top_k=64"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rejections: DataLoss (or InvalidArgument for caller mistakes) and not one byte written.
+
+class RejectTest : public ::testing::Test {
+ protected:
+  // A [61, 61] tensor: chunk_len 3721 < 4096, so a 12-bit index can point outside its chunk.
+  Bytes Make(IndexCoding indices = IndexCoding::kPacked12,
+             ValueCoding values = ValueCoding::kBinMean2, std::vector<int64_t> shape = {61, 61}) {
+    TopKEfOptions options;
+    options.indices = indices;
+    options.values = values;
+    auto codec = MakeCodec(options);
+    TopKEfState state;
+    std::vector<float> delta = Normals(Count(shape), 77);
+    return Encode(*codec, state, delta, shape);
+  }
+
+  // Decodes `payloads` into a sentinel-filled output; expects `code` and an untouched output.
+  void ExpectRejected(const std::vector<Bytes>& payloads, absl::StatusCode code,
+                      const std::string& message = "", std::vector<int64_t> shape = {61, 61}) {
+    std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
+    std::vector<float> out(Count(shape), 7.0f);
+    for (bool accumulate : {false, true}) {
+      EXPECT_THAT(DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, accumulate},
+                                   *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
+                  StatusIs(code, HasSubstr(message)));
+      EXPECT_THAT(out, ::testing::Each(7.0f));
+    }
+    if (code == absl::StatusCode::kDataLoss && payloads.size() == 1) {
+      EXPECT_THAT(InspectPayload(payloads[0]), StatusIs(absl::StatusCode::kDataLoss));
+    }
+  }
+
+  static size_t ParamsOffset(const Bytes& p) { return 24 + 8 * p[9]; }
+};
+
+TEST_F(RejectTest, GoodPayloadsDecode) {
+  for (IndexCoding indices : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+    const Bytes good = Make(indices);
+    std::vector<float> out(61 * 61, 7.0f);
+    const absl::Span<const uint8_t> span(good);
+    EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {},
+                                 *TensorView::Host(out.data(), {61, 61})),
+                IsOk());
+    LBCC_ASSERT_OK_AND_ASSIGN(PayloadSummary summary, InspectPayload(good));
+    EXPECT_EQ(summary.codec, CodecId::kTopKEf);
+    EXPECT_EQ(summary.k_per_chunk, 58);  // round(3721 * 64 / 4096)
+    EXPECT_EQ(summary.selected, 58);
+    EXPECT_EQ(summary.total_bytes, good.size());
+    EXPECT_THAT(summary.details, HasSubstr(std::string(IndexCodingName(indices))));
+  }
+}
+
+TEST_F(RejectTest, UnknownVersionAndCodecId) {
+  Bytes p = Make();
+  p[5] = 2;  // codec version
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "unknown topk_ef version 2");
+  p = Make();
+  p[6] = 99;  // codec id
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "unknown codec id");
+  p = Make();
+  p[4] = 9;  // envelope version
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "envelope version");
+}
+
+TEST_F(RejectTest, BadChecksumAndTruncation) {
+  const Bytes good = Make();
+  Bytes p = good;
+  p[p.size() / 2] ^= 0x10;
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "checksum");
+  for (size_t cut : {size_t{0}, size_t{10}, size_t{30}, good.size() / 2, good.size() - 1}) {
+    ExpectRejected({Bytes(good.begin(), good.begin() + cut)}, absl::StatusCode::kDataLoss);
+  }
+  Bytes longer = good;
+  longer.push_back(0);
+  ExpectRejected({longer}, absl::StatusCode::kDataLoss, "trailing");
+}
+
+TEST_F(RejectTest, OutOfRangeAndRepeatedIndices) {
+  const Bytes good = Make();
+  const size_t body = ParamsOffset(good) + 16 + 20;
+  Bytes p = good;
+  // First index := 4000 (>= 3721): low byte 0xA0, high nibble 0xF.
+  p[body] = 0xA0;
+  p[body + 1] = static_cast<uint8_t>((p[body + 1] & 0xF0) | 0x0F);
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "outside the chunk");
+  p = good;
+  // Second index := first index (a repeat).
+  const uint32_t first = p[body] | ((p[body + 1] & 0x0F) << 8);
+  p[body + 1] = static_cast<uint8_t>((p[body + 1] & 0x0F) | ((first & 0xF) << 4));
+  p[body + 2] = static_cast<uint8_t>(first >> 4);
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "ascending");
+}
+
+TEST_F(RejectTest, BadParams) {
+  const Bytes good = Make();
+  const size_t params = ParamsOffset(good);
+  auto edit = [&](size_t offset, uint8_t value) {
+    Bytes p = good;
+    p[params + offset] = value;
+    Reseal(p);
+    return p;
+  };
+  ExpectRejected({edit(0, 0)}, absl::StatusCode::kDataLoss, "k 0");
+  ExpectRejected({edit(1, 0xFF)}, absl::StatusCode::kDataLoss);  // k = 65338 > chunk
+  ExpectRejected({edit(4, 9)}, absl::StatusCode::kDataLoss, "value coding");
+  ExpectRejected({edit(5, 3)}, absl::StatusCode::kDataLoss, "index coding");
+  ExpectRejected({edit(6, 6)}, absl::StatusCode::kDataLoss, "packed12 with adaptive");
+  ExpectRejected({edit(15, 1)}, absl::StatusCode::kDataLoss, "index section");
+  ExpectRejected({edit(8, 0)}, absl::StatusCode::kDataLoss);  // index length != formula
+  // Lookup table entry := NaN.
+  Bytes p = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(p.data() + params + 16 + 8, &nan, 4);
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "not finite");
+  // Flags.
+  p = good;
+  p[10] = 1;
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "flags");
+}
+
+TEST_F(RejectTest, AdaptiveCorruption) {
+  const Bytes good = Make(IndexCoding::kAdaptive);
+  const size_t params = ParamsOffset(good);
+  ASSERT_EQ(good[params + 5], static_cast<uint8_t>(IndexCoding::kAdaptive));
+  Bytes p = good;
+  p[params + 6] = 8;  // sub-block log2
+  Reseal(p);
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "sub-block");
+  // Flip each bit of the index section: decoding fails or yields a valid list; never a crash.
+  const size_t body = params + 16 + 20;
+  uint64_t index_bytes;
+  std::memcpy(&index_bytes, good.data() + params + 8, 8);
+  for (size_t bit = 0; bit < 8 * index_bytes; bit += 3) {
+    p = good;
+    p[body + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    Reseal(p);
+    std::vector<float> out(61 * 61, 7.0f);
+    const absl::Span<const uint8_t> span(p);
+    const absl::Status status = DecodeAccumulate(absl::MakeConstSpan(&span, 1), {},
+                                                 *TensorView::Host(out.data(), {61, 61}));
+    if (!status.ok()) {
+      ASSERT_EQ(status.code(), absl::StatusCode::kDataLoss);
+      ASSERT_THAT(out, ::testing::Each(7.0f));
+    }
+  }
+}
+
+TEST_F(RejectTest, OneBadPayloadAmongGoodOnesWritesNothing) {
+  const Bytes good = Make();
+  Bytes bad = good;
+  bad[bad.size() - 20] ^= 1;
+  ExpectRejected({good, good, bad}, absl::StatusCode::kDataLoss, "payload 2");
+  ExpectRejected({good, good, Bytes(good.begin(), good.end() - 1)}, absl::StatusCode::kDataLoss,
+                 "payload 2");
+}
+
+TEST_F(RejectTest, CallerMistakesAreInvalidArgument) {
+  const Bytes good = Make();
+  ExpectRejected({good, Make(IndexCoding::kPacked12, ValueCoding::kBinMean2, {61, 62})},
+                 absl::StatusCode::kInvalidArgument, "shape");
+  ExpectRejected({}, absl::StatusCode::kInvalidArgument, "no payloads");
+  std::vector<float> out(61 * 62, 7.0f);
+  const absl::Span<const uint8_t> span(good);
+  EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {},
+                               *TensorView::Host(out.data(), {61, 62})),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out, ::testing::Each(7.0f));
+}
+
+}  // namespace
+}  // namespace lbcc::codecs
