@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "transport/loopback.h"
 #include "transport/options.h"
+#include "transport/ucx_transport.h"
 
 namespace lbcc::comm {
 namespace {
@@ -22,13 +23,15 @@ using transport::Tag;
 
 // The tag of the hello a connecting rank sends first: its rank number.
 constexpr Tag kHelloTag = ~Tag{0};
+// The tag of the goodbye every rank sends before it closes its connections.
+constexpr Tag kByeTag = ~Tag{0} - 1;
+// How long a closing rank waits for its peers' goodbyes at most.
+constexpr absl::Duration kByeTimeout = absl::Seconds(30);
 
 absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend) {
   LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
-  if (backend == "ucx") {
-    return absl::UnimplementedError("MERGE-PENDING: the UCX backend lands with transport/");
-  }
+  if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
       absl::StrCat("unknown transport backend '", backend, "' (ucx or loopback)"));
 }
@@ -188,7 +191,27 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
   return absl::OkStatus();
 }
 
-Fabric::~Fabric() { Abort(absl::CancelledError("communicator destroyed")); }
+Fabric::~Fabric() {
+  // Orderly close: a rank may still be receiving the last message of an operation that already
+  // completed here, so say goodbye to everyone and close only once everyone said goodbye (or
+  // failed). Skipped when the fabric was aborted: peers are failing anyway.
+  if (aborted().ok() && nranks_ > 1) {
+    const absl::Time deadline = absl::Now() + std::min(options_.timeout, kByeTimeout);
+    Batch batch(this, deadline);
+    const uint8_t bye = 0;
+    for (int peer = 0; peer < nranks_; ++peer) {
+      if (peer == rank_) continue;
+      batch.Send(peer, kByeTag, absl::Span<const uint8_t>(&bye, 1));
+    }
+    std::vector<std::string> byes(nranks_);
+    for (int peer = 0; peer < nranks_; ++peer) {
+      if (peer != rank_) batch.RecvAny(peer, kByeTag, &byes[peer], 1);
+    }
+    const absl::Status status = batch.Wait();
+    LBCC_LOG_IF(INFO, !status.ok()) << "comm: rank " << rank_ << " closing: " << status;
+  }
+  Abort(absl::CancelledError("communicator destroyed"));
+}
 
 void Fabric::Abort(absl::Status why) {
   {
