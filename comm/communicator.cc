@@ -47,7 +47,7 @@ absl::StatusOr<FabricOptions> FabricOptionsFromEnv() {
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(const UniqueId& id, int nranks,
                                                                  int rank, FabricOptions options) {
-  LBCC_LOG(VERSION) << "LBCC version " << LBCC_VERSION_STRING;
+  LBCC_LOG(INFO) << "LBCC version " << LBCC_VERSION_STRING;
   LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Fabric> fabric,
                         Fabric::Create(id, nranks, rank, std::move(options)));
   std::vector<int> ranks(nranks);
