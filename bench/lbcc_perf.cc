@@ -124,8 +124,11 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
     LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(input.data(), shape));
     LBCC_ASSIGN_OR_RETURN(TensorView out, TensorView::Host(output.data(), shape));
     iteration = [&, in, out] {
-      return comm.SparseAllReduce({{in, out, &state}}, topk.get(),
-                                  {codecs::Aggregation::kSparseLoCoMean, false}, algorithm)
+      comm::OpOptions op = Communicator::BulkOptions();
+      op.algorithm = algorithm;
+      return comm
+          .SparseAllReduce({{in, out, &state}}, topk.get(),
+                           {codecs::Aggregation::kSparseLoCoMean, false}, op)
           ->Wait();
     };
     // Relative L2 error of the aggregate against the dense mean (first exchange, fresh state).
