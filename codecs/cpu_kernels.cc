@@ -77,7 +77,7 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
   *max_abs_bits = max_bits;
   float absmax;
   std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = absmax / 127.0f;
+  const float scale = std::min(absmax / 127.0f, kMaxScale8);
   if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
     std::memset(codes, 0, static_cast<size_t>(n));
     return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;

@@ -201,7 +201,7 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
   *max_abs_bits = max_bits;
   float absmax;
   std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = absmax / 127.0f;
+  const float scale = std::min(absmax / 127.0f, kMaxScale8);
   if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
     std::memset(codes, 0, static_cast<size_t>(n));
     return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;

@@ -401,6 +401,30 @@ absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info) {
   h.layout = {h.geometry.num_chunks, static_cast<int64_t>(k), h.geometry.chunk_len};
   h.index_section = info.body.subspan(0, static_cast<size_t>(index_bytes));
   h.value_section = info.body.subspan(static_cast<size_t>(index_bytes));
+  // Every value costs at least 2 bits: this bounds the count (and what decoders allocate for it)
+  // by the payload's size before any length arithmetic.
+  const int64_t count = h.layout.count();
+  if (static_cast<uint64_t>(count) > 4 * static_cast<uint64_t>(info.body.size())) {
+    return Corrupt(absl::StrCat(count, " values cannot fit in a body of ", info.body.size(),
+                                " bytes"));
+  }
+  if (h.value_params.size() != ValueParamBytes(h.values)) {
+    return Corrupt(absl::StrCat(ValueCodingName(h.values), " parameters have ",
+                                h.value_params.size(), " bytes, expected ",
+                                ValueParamBytes(h.values)));
+  }
+  int64_t block = 0;
+  if (IsAbsmax(h.values)) {
+    uint32_t b;
+    std::memcpy(&b, h.value_params.data(), 4);
+    if (b < 1) return Corrupt("absmax block of 0 values");
+    block = b;
+  }
+  if (h.value_section.size() != ValueSectionBytes(h.values, count, block)) {
+    return Corrupt(absl::StrCat(ValueCodingName(h.values), " section has ",
+                                h.value_section.size(), " bytes, ", count, " values need ",
+                                ValueSectionBytes(h.values, count, block)));
+  }
   return h;
 }
 

@@ -118,7 +118,7 @@ void EncodeAbsmax(ValueCoding coding, const ValueEncodeOptions& options, absl::S
     const int64_t begin = b * block, end = std::min(n, begin + block);
     float absmax = 0;
     for (int64_t i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(values[i]));
-    const float scale = absmax / qmax;
+    const float scale = std::min(absmax / qmax, bits == 8 ? kMaxScale8 : kMaxScale4);
     StoreLe<float>(scales + 4 * b, scale);
     for (int64_t i = begin; i < end; ++i) {
       float q = 0;
@@ -354,8 +354,9 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
       codes_ = section.data() + 4 * blocks;
       for (int64_t b = 0; b < blocks; ++b) {
         const float scale = LoadLe<float>(scales_ + 4 * b);
-        if (!std::isfinite(scale) || !(scale >= 0.0f)) {
-          return Corrupt(absl::StrCat("absmax scale ", b, " is negative or not finite"));
+        const float cap = coding == ValueCoding::kAbsmax8 ? kMaxScale8 : kMaxScale4;
+        if (!(scale >= 0.0f && scale <= cap)) {
+          return Corrupt(absl::StrCat("absmax scale ", b, " is negative, too large or not finite"));
         }
       }
       if (coding == ValueCoding::kAbsmax4 && count % 2 == 1 &&
