@@ -89,6 +89,24 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
   return scale;
 }
 
+void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                         int64_t stride, int rule, float replicas, bool accumulate) {
+  for (int64_t r = 0; r < h; ++r) {
+    float* a = acc + r * w;
+    uint16_t* n = count + r * w;
+    float* o = out + r * stride;
+    for (int64_t c = 0; c < w; ++c) {
+      if (n[c] == 0) continue;
+      float agg = a[c];
+      if (rule == 0) agg = agg / static_cast<float>(n[c]);
+      if (rule == 1) agg = agg / replicas;
+      o[c] = accumulate ? o[c] + agg : agg;
+      a[c] = -0.0f;
+      n[c] = 0;
+    }
+  }
+}
+
 void Dequant8BlockScalar(const int8_t* codes, int64_t n, float scale, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     out[i] = static_cast<float>(std::max<int>(codes[i], -127)) * scale;
@@ -103,7 +121,8 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 
 const CpuKernels kScalarKernels = {
     SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,   FilterGeScalar,   CountGeScalar,
-    BinMeanCodesScalar,  Absmax8BlockScalar,  Dequant8BlockScalar,    Dequant8BlockAddScalar,
+    BinMeanCodesScalar,  FinalizeBlockScalar, Absmax8BlockScalar,  Dequant8BlockScalar,
+    Dequant8BlockAddScalar,
 };
 
 }  // namespace

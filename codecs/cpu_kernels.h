@@ -47,6 +47,14 @@ struct CpuKernels {
   void (*binmean_codes)(const float* c, int64_t n, float scale, float offset, float max_code,
                         uint8_t* codes);
 
+  // Writes one chunk's aggregate into the output, position by position over the h x w block:
+  // where count[l] > 0, agg = acc[l] (kSum), acc[l] / count[l] (kSparseLoCoMean) or
+  // acc[l] / replicas (kMean), fp32 division, and out = agg (or out + agg when accumulate);
+  // where count[l] is 0 the output keeps its bits. Resets acc to -0 and count to 0.
+  // `rule` is codec.h's Aggregation as an int (0 sparseloco, 1 mean, 2 sum).
+  void (*finalize_block)(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                         int64_t stride, int rule, float replicas, bool accumulate);
+
   // Dense blockwise int8 absmax over one block of n values: returns the block's scale
   // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits receives the
   // largest |x| as bits (non-finite check). Round half to even.

@@ -341,6 +341,11 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
           return Corrupt(absl::StrCat("bin-mean lookup[", b, "] is not finite"));
         }
       }
+      if (bits == 2) {
+        for (int byte = 0; byte < 256; ++byte) {
+          for (int i = 0; i < 4; ++i) quad_[byte][i] = table_[(byte >> (2 * i)) & 3];
+        }
+      }
       const int64_t used_bits = (count * bits) % 8;
       if (used_bits != 0 && (section[section.size() - 1] >> used_bits) != 0) {
         return Corrupt("non-zero padding after the last code");
@@ -381,11 +386,13 @@ void ValueDecoder::Decode(int64_t first, int64_t n, float* out) const {
     case ValueCoding::kF16:
       for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(LoadLe<uint16_t>(codes_ + 2 * (first + i)));
       return;
-    case ValueCoding::kBinMean2:
-      for (int64_t i = 0, t = first; i < n; ++i, ++t) {
-        out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
-      }
+    case ValueCoding::kBinMean2: {
+      int64_t i = 0, t = first;
+      for (; i < n && (t & 3) != 0; ++i, ++t) out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
+      for (; i + 4 <= n; i += 4, t += 4) std::memcpy(out + i, quad_[codes_[t >> 2]].data(), 16);
+      for (; i < n; ++i, ++t) out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
       return;
+    }
     case ValueCoding::kBinMean4:
       for (int64_t i = 0, t = first; i < n; ++i, ++t) {
         out[i] = table_[(codes_[t >> 1] >> ((t & 1) * 4)) & 15];

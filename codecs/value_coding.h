@@ -118,6 +118,8 @@ class ValueDecoder {
   const uint8_t* codes_ = nullptr;
   const uint8_t* scales_ = nullptr;  // absmax: fp32 per block (unaligned)
   std::array<float, 256> table_{};   // bin-mean: lookup[b] + shift
+  // 2-bit bin-mean: the four values of every code byte.
+  std::array<std::array<float, 4>, 256> quad_{};
 };
 
 }  // namespace lbcc::codecs
