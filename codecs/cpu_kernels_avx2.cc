@@ -201,7 +201,7 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
   *max_abs_bits = max_bits;
   float absmax;
   std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = absmax / 127.0f;
+  const float scale = std::min(absmax / 127.0f, kMaxScale8);
   if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
     std::memset(codes, 0, static_cast<size_t>(n));
     return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
@@ -228,6 +228,43 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
     codes[i] = static_cast<int8_t>(q);
   }
   return scale;
+}
+
+LBCC_AVX2 void FinalizeBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                                 int64_t stride, int rule, float replicas, bool accumulate) {
+  const __m256 neg_zero = _mm256_set1_ps(-0.0f);
+  const __m256 vreplicas = _mm256_set1_ps(replicas);
+  const __m256i zero = _mm256_setzero_si256();
+  for (int64_t r = 0; r < h; ++r) {
+    float* a = acc + r * w;
+    uint16_t* n = count + r * w;
+    float* o = out + r * stride;
+    int64_t c = 0;
+    for (; c + 8 <= w; c += 8) {
+      const __m256i cnt = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(n + c)));
+      const __m256 taken = _mm256_castsi256_ps(
+          _mm256_xor_si256(_mm256_cmpeq_epi32(cnt, zero), _mm256_set1_epi32(-1)));
+      // No branch on `taken`: on dense chunks it would mispredict; untouched lanes are rewritten
+      // with their own bits.
+      __m256 agg = _mm256_loadu_ps(a + c);
+      if (rule == 0) agg = _mm256_div_ps(agg, _mm256_cvtepi32_ps(cnt));
+      if (rule == 1) agg = _mm256_div_ps(agg, vreplicas);
+      const __m256 old = _mm256_loadu_ps(o + c);
+      const __m256 value = accumulate ? _mm256_add_ps(old, agg) : agg;
+      _mm256_storeu_ps(o + c, _mm256_blendv_ps(old, value, taken));
+      _mm256_storeu_ps(a + c, neg_zero);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(n + c), _mm_setzero_si128());
+    }
+    for (; c < w; ++c) {
+      if (n[c] == 0) continue;
+      float agg = a[c];
+      if (rule == 0) agg = agg / static_cast<float>(n[c]);
+      if (rule == 1) agg = agg / replicas;
+      o[c] = accumulate ? o[c] + agg : agg;
+      a[c] = -0.0f;
+      n[c] = 0;
+    }
+  }
 }
 
 template <bool kAdd>
@@ -264,7 +301,8 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 
 const CpuKernels kAvx2Kernels = {
     SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,   FilterGeAvx2,    CountGeAvx2,
-    BinMeanCodesAvx2, Absmax8BlockAvx2,  Dequant8BlockAvx2, Dequant8BlockAddAvx2,
+    BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2,  Dequant8BlockAvx2,
+    Dequant8BlockAddAvx2,
 };
 
 }  // namespace

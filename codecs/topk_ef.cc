@@ -401,11 +401,51 @@ absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info) {
   h.layout = {h.geometry.num_chunks, static_cast<int64_t>(k), h.geometry.chunk_len};
   h.index_section = info.body.subspan(0, static_cast<size_t>(index_bytes));
   h.value_section = info.body.subspan(static_cast<size_t>(index_bytes));
+  // Every value costs at least 2 bits: this bounds the count (and what decoders allocate for it)
+  // by the payload's size before any length arithmetic.
+  const int64_t count = h.layout.count();
+  if (static_cast<uint64_t>(count) > 4 * static_cast<uint64_t>(info.body.size())) {
+    return Corrupt(absl::StrCat(count, " values cannot fit in a body of ", info.body.size(),
+                                " bytes"));
+  }
+  if (h.value_params.size() != ValueParamBytes(h.values)) {
+    return Corrupt(absl::StrCat(ValueCodingName(h.values), " parameters have ",
+                                h.value_params.size(), " bytes, expected ",
+                                ValueParamBytes(h.values)));
+  }
+  int64_t block = 0;
+  if (IsAbsmax(h.values)) {
+    uint32_t b;
+    std::memcpy(&b, h.value_params.data(), 4);
+    if (b < 1) return Corrupt("absmax block of 0 values");
+    block = b;
+  }
+  if (h.value_section.size() != ValueSectionBytes(h.values, count, block)) {
+    return Corrupt(absl::StrCat(ValueCodingName(h.values), " section has ",
+                                h.value_section.size(), " bytes, ", count, " values need ",
+                                ValueSectionBytes(h.values, count, block)));
+  }
   return h;
 }
 
 namespace internal {
 namespace {
+
+// agg / d in fp32. For a power of two d the product with the exact reciprocal is the same
+// number (both are the correctly rounded agg * 2^-n) and avoids a division.
+inline float DivideBy(float agg, uint32_t d) {
+  if ((d & (d - 1)) == 0) return agg * BitsToFloat((127u - __builtin_ctz(d)) << 23);
+  return agg / static_cast<float>(d);
+}
+
+// Hints the h rows of chunk c's block into the cache before the chunk is written.
+inline void PrefetchBlock(const ChunkGeometry& g, const float* out, int64_t c) {
+  const float* corner = out + ChunkCorner(g, c);
+  for (int64_t r = 0; r < g.h; ++r) {
+    const float* row = corner + r * g.cols;
+    for (int64_t x = 0; x < g.w; x += 16) __builtin_prefetch(row + x, 1);
+  }
+}
 
 template <Aggregation kRule, bool kAccumulate>
 void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payloads,
@@ -414,8 +454,17 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
   uint16_t* count = s.count.data();
   float* vals = s.values.data();
   const int64_t* local_offset = s.local_offset.data();
-  const float replicas = static_cast<float>(payloads.size());
+  const uint32_t replicas = static_cast<uint32_t>(payloads.size());
+  // Many selections per chunk: finish the chunk position by position (vectorised, the block's
+  // rows in order); few: follow the payloads' index lists. Both give the same bits.
+  int64_t per_chunk = 0;
+  for (const TopKParsed& p : s.topk) per_chunk += p.k;
+  const bool dense = per_chunk * 16 >= g.chunk_len;
+  const CpuKernels& kern = ActiveKernels();
+  constexpr int64_t kAhead = 2;
+  for (int64_t c = 0; c < std::min(kAhead, g.num_chunks); ++c) PrefetchBlock(g, out, c);
   for (int64_t c = 0; c < g.num_chunks; ++c) {
+    if (c + kAhead < g.num_chunks) PrefetchBlock(g, out, c + kAhead);
     for (const TopKParsed& p : s.topk) {
       const uint16_t* idx = s.indices.data() + p.index_offset + c * p.k;
       p.values.Decode(c * p.k, p.k, vals);
@@ -425,14 +474,20 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
       }
     }
     float* corner = out + ChunkCorner(g, c);
+    if (dense) {
+      kern.finalize_block(acc, count, g.h, g.w, corner, g.cols, static_cast<int>(kRule),
+                          static_cast<float>(replicas), kAccumulate);
+      continue;
+    }
     for (const TopKParsed& p : s.topk) {
       const uint16_t* idx = s.indices.data() + p.index_offset + c * p.k;
       for (int64_t j = 0; j < p.k; ++j) {
         const uint16_t l = idx[j];
-        if (count[l] == 0) continue;  // already written by an earlier payload's list
+        const uint32_t n = count[l];
+        if (n == 0) continue;  // already written by an earlier payload's list
         float agg = acc[l];
-        if (kRule == Aggregation::kSparseLoCoMean) agg = agg / static_cast<float>(count[l]);
-        if (kRule == Aggregation::kMean) agg = agg / replicas;
+        if (kRule == Aggregation::kSparseLoCoMean) agg = DivideBy(agg, n);
+        if (kRule == Aggregation::kMean) agg = DivideBy(agg, replicas);
         float& slot = corner[local_offset[l]];
         slot = kAccumulate ? slot + agg : agg;
         acc[l] = -0.0f;

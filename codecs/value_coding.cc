@@ -118,7 +118,7 @@ void EncodeAbsmax(ValueCoding coding, const ValueEncodeOptions& options, absl::S
     const int64_t begin = b * block, end = std::min(n, begin + block);
     float absmax = 0;
     for (int64_t i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(values[i]));
-    const float scale = absmax / qmax;
+    const float scale = std::min(absmax / qmax, bits == 8 ? kMaxScale8 : kMaxScale4);
     StoreLe<float>(scales + 4 * b, scale);
     for (int64_t i = begin; i < end; ++i) {
       float q = 0;
@@ -341,6 +341,11 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
           return Corrupt(absl::StrCat("bin-mean lookup[", b, "] is not finite"));
         }
       }
+      if (bits == 2) {
+        for (int byte = 0; byte < 256; ++byte) {
+          for (int i = 0; i < 4; ++i) quad_[byte][i] = table_[(byte >> (2 * i)) & 3];
+        }
+      }
       const int64_t used_bits = (count * bits) % 8;
       if (used_bits != 0 && (section[section.size() - 1] >> used_bits) != 0) {
         return Corrupt("non-zero padding after the last code");
@@ -354,8 +359,9 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
       codes_ = section.data() + 4 * blocks;
       for (int64_t b = 0; b < blocks; ++b) {
         const float scale = LoadLe<float>(scales_ + 4 * b);
-        if (!std::isfinite(scale) || !(scale >= 0.0f)) {
-          return Corrupt(absl::StrCat("absmax scale ", b, " is negative or not finite"));
+        const float cap = coding == ValueCoding::kAbsmax8 ? kMaxScale8 : kMaxScale4;
+        if (!(scale >= 0.0f && scale <= cap)) {
+          return Corrupt(absl::StrCat("absmax scale ", b, " is negative, too large or not finite"));
         }
       }
       if (coding == ValueCoding::kAbsmax4 && count % 2 == 1 &&
@@ -380,11 +386,13 @@ void ValueDecoder::Decode(int64_t first, int64_t n, float* out) const {
     case ValueCoding::kF16:
       for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(LoadLe<uint16_t>(codes_ + 2 * (first + i)));
       return;
-    case ValueCoding::kBinMean2:
-      for (int64_t i = 0, t = first; i < n; ++i, ++t) {
-        out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
-      }
+    case ValueCoding::kBinMean2: {
+      int64_t i = 0, t = first;
+      for (; i < n && (t & 3) != 0; ++i, ++t) out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
+      for (; i + 4 <= n; i += 4, t += 4) std::memcpy(out + i, quad_[codes_[t >> 2]].data(), 16);
+      for (; i < n; ++i, ++t) out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
       return;
+    }
     case ValueCoding::kBinMean4:
       for (int64_t i = 0, t = first; i < n; ++i, ++t) {
         out[i] = table_[(codes_[t >> 1] >> ((t & 1) * 4)) & 15];
