@@ -374,7 +374,7 @@ absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t
   const int64_t n = tokens * k;
   switch (dtype) {
     case DType::kF32:
-      std::memcpy(p, coef_.data(), sizeof(float) * n);
+      if (n > 0) std::memcpy(p, coef_.data(), sizeof(float) * n);
       break;
     case DType::kBF16:
     case DType::kF16:
@@ -384,7 +384,7 @@ absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t
       } else {
         ConvertF32ToF16(absl::MakeConstSpan(coef_.data(), n), absl::MakeSpan(half_));
       }
-      std::memcpy(p, half_.data(), sizeof(uint16_t) * n);
+      if (n > 0) std::memcpy(p, half_.data(), sizeof(uint16_t) * n);
       break;
     case DType::kI8: {
       uint8_t* scales = p;
@@ -564,12 +564,12 @@ absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const
   coef_.resize(static_cast<size_t>(n));
   switch (h.coefficient_dtype) {
     case DType::kF32:
-      std::memcpy(coef_.data(), coefficients, sizeof(float) * n);
+      if (n > 0) std::memcpy(coef_.data(), coefficients, sizeof(float) * n);
       break;
     case DType::kBF16:
     case DType::kF16:
       half_.resize(static_cast<size_t>(n));
-      std::memcpy(half_.data(), coefficients, sizeof(uint16_t) * n);
+      if (n > 0) std::memcpy(half_.data(), coefficients, sizeof(uint16_t) * n);
       if (h.coefficient_dtype == DType::kBF16) {
         ConvertBf16ToF32(half_, absl::MakeSpan(coef_));
       } else {
