@@ -313,28 +313,64 @@ void SubspaceCodec::ProjectWithSelectors(const float* x, int64_t tokens, const u
 }
 
 void SubspaceCodec::Reconstruct(const float* coef, int64_t tokens, const uint8_t* selectors,
-                                int64_t block, const int32_t* ids, float* out) const {
+                                int64_t block, const int32_t* ids, float* out) {
   const SubspaceBasis& b = *basis_;
   const int64_t d = b.model_dim(), k = b.rank(), ld = b.ld();
   const bool add_table = ids != nullptr && b.has_table();
-  // With a table, rows of T[y] are gathered into the output chunk by chunk so that the product
-  // (beta = 1) finds them in cache.
-  const int64_t chunk = add_table ? std::max<int64_t>(16, (int64_t{1} << 18) / d) : tokens;
   const float* table = b.table().data();
-  ForEachRun(tokens, selectors, block, [&](int64_t r0, int64_t r1, int c) {
-    for (int64_t c0 = r0; c0 < r1; c0 += chunk) {
-      const int64_t c1 = std::min(r1, c0 + chunk);
-      if (add_table) {
-        for (int64_t t = c0; t < c1; ++t) {
-          std::memcpy(out + t * d, table + static_cast<int64_t>(ids[t]) * d, sizeof(float) * d);
-        }
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(c1 - c0),
-                  static_cast<int>(d), static_cast<int>(k), 1.0f, coef + c0 * k,
-                  static_cast<int>(k), b.component(c), static_cast<int>(ld),
-                  add_table ? 1.0f : 0.0f, out + c0 * d, static_cast<int>(d));
+  auto gather_table = [&](int64_t t0, int64_t t1, float* dst) {
+    for (int64_t t = t0; t < t1; ++t, dst += d) {
+      std::memcpy(dst, table + static_cast<int64_t>(ids[t]) * d, sizeof(float) * d);
     }
-  });
+  };
+  // Rows per product when the output is staged: about 1 MiB of output, so that T[y] gathered
+  // into it (beta = 1) is still in cache when the product reads it.
+  const int64_t chunk = std::max<int64_t>(16, (int64_t{1} << 18) / d);
+  if (selectors == nullptr) {
+    const int64_t step = add_table ? chunk : tokens;
+    for (int64_t t0 = 0; t0 < tokens; t0 += step) {
+      const int64_t t1 = std::min(tokens, t0 + step);
+      if (add_table) gather_table(t0, t1, out + t0 * d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t1 - t0),
+                  static_cast<int>(d), static_cast<int>(k), 1.0f, coef + t0 * k,
+                  static_cast<int>(k), b.component(0), static_cast<int>(ld),
+                  add_table ? 1.0f : 0.0f, out + t0 * d, static_cast<int>(d));
+    }
+    return;
+  }
+  // Mixture: per component, the blocks that chose it are staged together (coefficients and
+  // T[y] rows), multiplied in one product and copied out, instead of one small product per
+  // block.
+  const int64_t blocks = CeilDiv(tokens, block);
+  const int64_t capacity = std::max(block, chunk - chunk % block);
+  stage_coef_.resize(static_cast<size_t>(capacity * k));
+  stage_out_.resize(static_cast<size_t>(capacity * d));
+  std::vector<int64_t> staged;
+  for (int64_t c = 0; c < b.components(); ++c) {
+    for (int64_t blk = 0; blk < blocks;) {
+      staged.clear();
+      int64_t rows = 0;
+      for (; blk < blocks && rows + block <= capacity; ++blk) {
+        if (selectors[blk] != c) continue;
+        const int64_t t0 = blk * block, t1 = std::min(tokens, t0 + block);
+        std::memcpy(stage_coef_.data() + rows * k, coef + t0 * k, sizeof(float) * (t1 - t0) * k);
+        if (add_table) gather_table(t0, t1, stage_out_.data() + rows * d);
+        staged.push_back(blk);
+        rows += t1 - t0;
+      }
+      if (rows == 0) continue;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(d), static_cast<int>(k), 1.0f, stage_coef_.data(),
+                  static_cast<int>(k), b.component(c), static_cast<int>(ld),
+                  add_table ? 1.0f : 0.0f, stage_out_.data(), static_cast<int>(d));
+      const float* src = stage_out_.data();
+      for (int64_t s : staged) {
+        const int64_t t0 = s * block, t1 = std::min(tokens, t0 + block);
+        std::memcpy(out + t0 * d, src, sizeof(float) * (t1 - t0) * d);
+        src += (t1 - t0) * d;
+      }
+    }
+  }
 }
 
 absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t tokens,

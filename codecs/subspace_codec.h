@@ -176,7 +176,7 @@ class SubspaceCodec {
                             int64_t block);
   // out = coef U_sel^T (+ T[ids] when ids is non-null and the basis has a table).
   void Reconstruct(const float* coef, int64_t tokens, const uint8_t* selectors, int64_t block,
-                   const int32_t* ids, float* out) const;
+                   const int32_t* ids, float* out);
   size_t PayloadBytes(SubspaceDirection direction, int64_t tokens, int64_t block) const;
   // Writes the payload from coef_ and selectors_.
   absl::StatusOr<size_t> Write(SubspaceDirection direction, int64_t tokens, int64_t block,
@@ -191,6 +191,8 @@ class SubspaceCodec {
   std::vector<float> all_coef_;   // [tokens x M*k] (mixture encode)
   std::vector<float> coef_;       // [tokens x k]
   std::vector<uint16_t> half_;    // bf16 / f16 staging
+  std::vector<float> stage_coef_; // mixture decode: coefficients of one component's blocks
+  std::vector<float> stage_out_;  // ... and their output rows
   std::vector<uint8_t> selectors_;
   std::vector<int32_t> ids_;
 };

@@ -347,6 +347,33 @@ TEST(SubspaceCodecTest, MixtureChoosesTheComponentHoldingEachBlock) {
   }
 }
 
+TEST(SubspaceCodecTest, LargeModelDimDecodesInStages) {
+  // At d = 4096 the decoder stages 64 output rows at a time: several stages per component and
+  // for the single basis, with partial blocks and a partial last stage.
+  const int64_t d = 4096, k = 3, v = 50, block = 8, tokens = 203;
+  std::vector<uint8_t> truth;
+  for (int64_t b = 0; b < 26; ++b) truth.push_back(static_cast<uint8_t>((b * b + b / 5) % 2));
+  const std::vector<int32_t> ids = Ids(tokens, v, 40);
+  for (int64_t m : {1, 2}) {
+    auto basis = MakeBasis(d, k, m, v, true, 41);
+    SubspaceCodec codec = MakeCodec(basis, DType::kF32, block);
+    std::vector<float> h = InSubspace(*basis, ids, tokens, m > 1 ? truth : std::vector<uint8_t>{},
+                                      block, 42);
+    SubspaceSelectors chosen;
+    LBCC_ASSERT_OK_AND_ASSIGN(auto payload, codec.EncodeForward(View(h, tokens, d), ids, &chosen));
+    if (m > 1) EXPECT_EQ(chosen.values, truth);
+    std::vector<float> out(tokens * d);
+    ASSERT_THAT(codec.DecodeForward(payload, View(out, tokens, d)), IsOk());
+    EXPECT_LT(SquaredDistance(h, out), 1e-10 * SquaredNorm(h)) << "M = " << m;
+    for (int64_t t = 0; t < tokens; ++t) {  // row by row: a misplaced row cannot hide
+      ASSERT_LT(SquaredDistance(absl::MakeSpan(h).subspan(t * d, d),
+                                absl::MakeSpan(out).subspan(t * d, d)),
+                1e-8)
+          << "token " << t << " M = " << m;
+    }
+  }
+}
+
 // Everything a decoder rejects, and the output it must leave untouched.
 class SubspaceRejectionTest : public ::testing::Test {
  protected:
