@@ -51,12 +51,12 @@ enum class Ctl : uint32_t {
   kHello = 1,         // client -> server on each new connection: conn_id, lane
   kWelcome = 2,       // server -> client: a = server's configured class (0 none, 1 fast, 2 slow)
   kReady = 3,         // client -> server: a = class, x/y = client's send/recv rate, z = rtt
-  kPing = 4,          // a = sequence
+  kPing = 4,          // a = sequence, b = largest probe transfer to come (0: none)
   kPong = 5,          // a = sequence
   kProbeData = 6,     // a = sequence, payload = probe bytes
   kProbeAck = 7,      // server -> client: a = sequence of the ProbeData fully received
   kProbeRequest = 8,  // client -> server: a = sequence, b = bytes to send back as ProbeData
-  kCredit = 9,        // a = bytes
+  kCredit = 9,        // a = bytes, b = priority of the chunks
 };
 
 struct ControlHeader {
@@ -215,6 +215,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
   std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
   int RunLocked();
+  // A probe buffer of `bytes`, kept for reuse: allocating (and zeroing) inside a timed probe
+  // transfer would make the link look slower than it is. Its contents do not matter.
+  std::shared_ptr<std::vector<uint8_t>> Scratch(size_t bytes);
   int DrainCommandsLocked();
   void FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
   int ProgressLocked();
@@ -252,6 +255,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
   int64_t outstanding_ ABSL_GUARDED_BY(worker_mu_) = 0;     // Requests awaiting callbacks.
   ucp_listener_h listener_ ABSL_GUARDED_BY(worker_mu_) = nullptr;
+  std::map<size_t, std::shared_ptr<std::vector<uint8_t>>> scratch_ ABSL_GUARDED_BY(worker_mu_);
 
   Mutex cmd_mu_;
   std::vector<Command> commands_ ABSL_GUARDED_BY(cmd_mu_);
@@ -286,12 +290,13 @@ class UcxLane final : public Lane, public std::enable_shared_from_this<UcxLane> 
     });
   }
 
-  void SendCredit(uint64_t bytes) override {
-    Submit([self = shared_from_this(), bytes](Engine* engine) {
+  void SendCredit(uint64_t bytes, uint8_t priority) override {
+    Submit([self = shared_from_this(), bytes, priority](Engine* engine) {
       if (engine == nullptr) return;
       ControlHeader header{};
       header.type = static_cast<uint32_t>(Ctl::kCredit);
       header.a = bytes;
+      header.b = priority;
       engine->SendControl(self, header, nullptr, nullptr);
     });
   }
@@ -683,6 +688,12 @@ void Engine::Shutdown() {
   conns_.clear();
 }
 
+std::shared_ptr<std::vector<uint8_t>> Engine::Scratch(size_t bytes) {
+  std::shared_ptr<std::vector<uint8_t>>& buffer = scratch_[bytes];
+  if (buffer == nullptr) buffer = std::make_shared<std::vector<uint8_t>>(bytes);
+  return buffer;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Requests.
 
@@ -834,7 +845,7 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
     auto* ctx = new RequestCtx;
     ctx->engine = engine;
     ctx->lane = lane;
-    ctx->payload = std::make_shared<std::vector<uint8_t>>(length);
+    ctx->payload = engine->Scratch(length);
     ctx->done = [engine, lane, h](absl::Status status) {
       if (status.ok()) engine->HandleControl(lane, h);
     };
@@ -858,10 +869,18 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
 void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& h) {
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kCredit: {
-      if (std::shared_ptr<Link> link = lane->link.lock()) link->OnCredit(lane->index, h.a);
+      if (std::shared_ptr<Link> link = lane->link.lock()) {
+        link->OnCredit(lane->index, h.a, static_cast<uint8_t>(h.b));
+      }
       return;
     }
     case Ctl::kPing: {
+      // A client about to probe announces its largest transfer: allocate the buffers now, not
+      // inside the timed transfers.
+      for (uint64_t bytes = std::min<uint64_t>(kProbeFirstBytes, h.b); bytes > 0;
+           bytes = bytes >= h.b ? 0 : std::min<uint64_t>(bytes * 4, h.b)) {
+        Scratch(std::min<uint64_t>(bytes, 1ull << 30));
+      }
       ControlHeader reply{};
       reply.type = static_cast<uint32_t>(Ctl::kPong);
       reply.a = h.a;
@@ -887,7 +906,7 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       reply.type = static_cast<uint32_t>(Ctl::kProbeData);
       reply.a = h.a;
       const uint64_t bytes = std::min<uint64_t>(h.b, 1ull << 30);
-      SendControl(lane, reply, std::make_shared<std::vector<uint8_t>>(bytes), nullptr);
+      SendControl(lane, reply, Scratch(bytes), nullptr);
       return;
     }
     default:
@@ -1141,6 +1160,7 @@ absl::StatusOr<ProbeResult> Engine::Probe(const std::shared_ptr<Conn>& conn,
     ControlHeader ping{};
     ping.type = static_cast<uint32_t>(Ctl::kPing);
     ping.a = ++seq;
+    ping.b = rates && i == 0 ? static_cast<uint64_t>(options_.probe_max_bytes) : 0;
     const absl::Time start = absl::Now();
     SendControlFromUser(lane, ping);
     LBCC_RETURN_IF_ERROR(WaitFor(
