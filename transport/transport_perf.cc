@@ -155,10 +155,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start() {
     const size_t max_bytes = static_cast<size_t>(Bytes(absl::GetFlag(FLAGS_max_bytes)));
-    for (int i = 0; i < 16; ++i) {
-      bulk_.emplace_back(max_bytes);
-      PostBulk(i);
-    }
+    // All buffers first: completions of early receives read bulk_ on the callback thread.
+    bulk_.assign(16, std::vector<uint8_t>(max_bytes));
+    for (int i = 0; i < 16; ++i) PostBulk(i);
     ping_.resize(max_bytes);
     PostPing();
     PostSync();
