@@ -79,6 +79,16 @@ bool Link::failed() const {
   return failed_;
 }
 
+bool Link::HasPendingWork() const {
+  MutexLock lock(&mu_);
+  if (failed_) return false;
+  if (!out_.empty() || !in_.empty()) return true;
+  for (const auto& [tag, state] : tags_) {
+    if (!state.posted.empty()) return true;
+  }
+  return false;
+}
+
 LinkCounters Link::counters() const {
   MutexLock lock(&mu_);
   LinkCounters c = counters_;

@@ -75,6 +75,8 @@ class Link : public std::enable_shared_from_this<Link> {
   // Fails all pending and future work with `status` (Unavailable for a lost peer).
   void Fail(absl::Status status);
   bool failed() const;
+  // True while a send or receive is pending (the backend's silent-peer watchdog cares only then).
+  bool HasPendingWork() const;
 
  private:
   struct OutMsg {

@@ -1,7 +1,7 @@
-// Multi-process tests over UCX tcp inside the testbed (tools/testbed): three emulated hosts, the
-// down-link of host 2 shaped to 100 Mbit/s. Checks link classification by probe, pacing and
-// priority on a real shaped link. Needs root and network namespaces; skips with the reason
-// otherwise.
+// Multi-process tests over UCX tcp inside the testbed (tools/testbed): four emulated hosts, the
+// down-link of host 2 shaped to 100 Mbit/s, host 3 unplugged by one test. Checks link
+// classification by probe, pacing and priority on a real shaped link, and a vanished peer.
+// Needs root and network namespaces; skips with the reason otherwise.
 #include <unistd.h>
 
 #include <memory>
@@ -39,7 +39,7 @@ class TestbedTest : public ::testing::Test {
     (void)testing::Run({*testbed_, "down", "--stale"}, absl::Seconds(30));
     name_ = new std::string(absl::StrCat("tt", getpid()));
     absl::StatusOr<std::string> up =
-        testing::Run({*testbed_, "up", "--name", *name_, "--hosts", "3", "--rate", "100mbit", "--slow", "2",
+        testing::Run({*testbed_, "up", "--name", *name_, "--hosts", "4", "--rate", "100mbit", "--slow", "2",
              "--owner-pid", std::to_string(getpid())},
             absl::Seconds(60));
     if (!up.ok()) setup_error_ = new std::string(up.status().ToString());
@@ -140,6 +140,26 @@ TEST_F(TestbedTest, HighPriorityOvertakesQueuedBulkOnTheShapedLink) {
   for (const json& sample : result["samples"]) {
     EXPECT_GT(sample["queued_bytes_at_send"].get<uint64_t>(), 0u) << sample.dump();
   }
+}
+
+TEST_F(TestbedTest, VanishedPeerFailsPendingWorkWithinThePeerTimeout) {
+  const std::string server = Serve(3);
+  absl::StatusOr<std::unique_ptr<Subprocess>> client = Subprocess::Start(
+      {*testbed_, "exec", "--name", *name_, "0", "--", "env", "LBCC_PEER_TIMEOUT_MS=2000", *perf_,
+       "bw", "--connect=" + server, "--devices=eth0", "--link_class=fast", "--bytes=1M",
+       "--count=1000000", "--announce"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)
+                  ->ReadLine([](const std::string& l) { return l.find("bulk_started") != l.npos; },
+                             kTimeout)
+                  .ok());
+  // No reset reaches the client: only the silent-peer watchdog can end its pending sends.
+  ASSERT_TRUE(testing::Run({*testbed_, "cut", "--name", *name_, "3"}, kTimeout).ok());
+  absl::StatusOr<std::string> error = (*client)->ReadLine(
+      [](const std::string& l) { return l.find("\"error\"") != l.npos; }, kTimeout);
+  ASSERT_TRUE(error.ok()) << error.status() << "; output: " << (*client)->output();
+  EXPECT_EQ(json::parse(*error)["code"], "UNAVAILABLE") << *error;
+  EXPECT_EQ((*client)->Wait(kTimeout).value_or(-1), 1);
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ ABSL_FLAG(int, rounds, 20, "prio: round trips per phase");
 ABSL_FLAG(std::string, bulk_bytes, "4M", "prio: size of the bulk messages that load the link");
 ABSL_FLAG(std::string, max_bytes, "16M", "serve: largest message the sink accepts");
 ABSL_FLAG(double, timeout_s, 120, "set-up and per-phase timeout in seconds");
+ABSL_FLAG(bool, announce, false, "bw: print {\"event\": \"bulk_started\"} before the bulk phase");
 
 namespace lbcc::transport {
 namespace {
@@ -75,9 +76,14 @@ int64_t Bytes(const std::string& text) {
   return *bytes;
 }
 
+// Reports the failure on stderr and as a JSON line on stdout (for the tools reading it), then
+// exits 1 at once (pending callbacks may still reference this thread's stack).
 [[noreturn]] void Die(const absl::Status& status, const std::string& what) {
   std::fprintf(stderr, "transport_perf: %s: %s\n", what.c_str(), status.ToString().c_str());
   std::fflush(stderr);
+  std::printf("{\"error\": \"%s\", \"code\": \"%s\"}\n", what.c_str(),
+              absl::StatusCodeToString(status.code()).c_str());
+  std::fflush(stdout);
   std::_Exit(1);
 }
 
@@ -364,6 +370,7 @@ int Bandwidth() {
 
   BulkStream stream(*endpoint, bytes, absl::GetFlag(FLAGS_window),
                     ParsePriority(absl::GetFlag(FLAGS_priority)));
+  if (absl::GetFlag(FLAGS_announce)) Print(json{{"event", "bulk_started"}});
   const absl::Time start = absl::Now();
   stream.Start(count);
   absl::StatusOr<uint64_t> sent = stream.Drain();

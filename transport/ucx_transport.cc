@@ -57,6 +57,7 @@ enum class Ctl : uint32_t {
   kProbeAck = 7,      // server -> client: a = sequence of the ProbeData fully received
   kProbeRequest = 8,  // client -> server: a = sequence, b = bytes to send back as ProbeData
   kCredit = 9,        // a = bytes, b = priority of the chunks
+  kHeartbeat = 10,    // every peer_timeout / 4 on connection 0 of a running link
 };
 
 struct ControlHeader {
@@ -149,6 +150,10 @@ struct Conn {
   uint64_t pong_seq = 0;
   uint64_t probe_ack_seq = 0;
   uint64_t probe_data_seq = 0;
+  // Silent-peer watchdog; worker context only (not ctl_mu_).
+  bool running = false;               // Set up: heartbeats flow and the watchdog applies.
+  absl::Time last_heard;              // Last message from the peer, on any connection.
+  absl::Time last_heartbeat;          // Last heartbeat we sent.
 };
 
 thread_local const Engine* t_worker_owner = nullptr;
@@ -192,6 +197,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& header,
                  const uint8_t* data, size_t length, DoneCallback done);
   void CloseLane(const std::shared_ptr<UcxLane>& lane);
+  // The peer of `lane` is alive (it sent something, or a transfer from it completed).
+  void HeardFrom(const UcxLane& lane);
   // A request's context goes to StartRequest with what UCX returned; a UCX callback of a request
   // that was in flight calls CompleteRequest. Either runs ctx->done once and frees ctx.
   void StartRequest(void* status_ptr, RequestCtx* ctx, absl::string_view what);
@@ -215,6 +222,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
   std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
   int RunLocked();
+  // Sends heartbeats and fails links whose peer has been silent for the peer timeout while work
+  // was pending (a vanished host sends no reset; TCP alone would retry for many minutes).
+  void WatchPeersLocked();
+  void MarkRunningLocked(const std::shared_ptr<Conn>& conn);
+  absl::Time next_watch_ ABSL_GUARDED_BY(worker_mu_);
   // A probe buffer of `bytes`, kept for reuse: allocating (and zeroing) inside a timed probe
   // transfer would make the link look slower than it is. Its contents do not matter.
   std::shared_ptr<std::vector<uint8_t>> Scratch(size_t bytes);
@@ -371,6 +383,7 @@ class UcxDeferred final : public DeferredPayload {
       param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
         auto* ctx = static_cast<RequestCtx*>(user_data);
         ucp_request_free(request);
+        if (status == UCS_OK) ctx->engine->HeardFrom(*ctx->lane);
         ctx->engine->CompleteRequest(ctx, status, "rendezvous receive");
       };
       param.user_data = ctx;
@@ -596,6 +609,7 @@ void Engine::ProgressLoop() {
       t_worker_owner = this;
       const int work = RunLocked();
       const absl::Time now = absl::Now();
+      if (now >= next_watch_) WatchPeersLocked();
       if (work > 0) {
         last_activity = now;
       } else if (now - last_activity > kSpin) {
@@ -688,6 +702,46 @@ void Engine::Shutdown() {
   conns_.clear();
 }
 
+void Engine::MarkRunningLocked(const std::shared_ptr<Conn>& conn) {
+  conn->running = true;
+  conn->last_heard = absl::Now();
+  conn->last_heartbeat = absl::Now();
+}
+
+void Engine::WatchPeersLocked() {
+  const absl::Time now = absl::Now();
+  const absl::Duration beat = options_.peer_timeout / 4;
+  next_watch_ = now + std::min(beat, absl::Milliseconds(100));
+  std::vector<std::shared_ptr<Conn>> conns;
+  {
+    MutexLock lock(&ctl_mu_);
+    for (auto& [id, conn] : conns_) {
+      if (conn->running) conns.push_back(conn);
+    }
+  }
+  for (const std::shared_ptr<Conn>& conn : conns) {
+    std::shared_ptr<UcxLane> lane0;
+    {
+      MutexLock lock(&ctl_mu_);
+      auto it = conn->lanes.find(0);
+      if (it != conn->lanes.end()) lane0 = it->second;
+    }
+    if (lane0 == nullptr || lane0->closed || conn->link->failed()) continue;
+    if (now - conn->last_heartbeat >= beat) {
+      conn->last_heartbeat = now;
+      ControlHeader heartbeat{};
+      heartbeat.type = static_cast<uint32_t>(Ctl::kHeartbeat);
+      SendControl(lane0, heartbeat, nullptr, nullptr);
+    }
+    const absl::Duration silent = now - conn->last_heard;
+    if (silent > options_.peer_timeout && conn->link->HasPendingWork()) {
+      conn->link->Fail(absl::UnavailableError(
+          absl::StrCat("no word from ", conn->peer, " for ", absl::FormatDuration(silent),
+                       " (peer timeout ", absl::FormatDuration(options_.peer_timeout), ")")));
+    }
+  }
+}
+
 std::shared_ptr<std::vector<uint8_t>> Engine::Scratch(size_t bytes) {
   std::shared_ptr<std::vector<uint8_t>>& buffer = scratch_[bytes];
   if (buffer == nullptr) buffer = std::make_shared<std::vector<uint8_t>>(bytes);
@@ -740,6 +794,8 @@ void Engine::SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& 
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
     auto* ctx = static_cast<RequestCtx*>(user_data);
     ucp_request_free(request);
+    // A rendezvous send completes on the peer's acknowledgement: it is alive.
+    if (status == UCS_OK) ctx->engine->HeardFrom(*ctx->lane);
     ctx->engine->CompleteRequest(ctx, status, "send");
   };
   param.user_data = ctx;
@@ -779,6 +835,10 @@ void Engine::SendControl(const std::shared_ptr<UcxLane>& lane, ControlHeader hea
                ctx, "control message");
 }
 
+void Engine::HeardFrom(const UcxLane& lane) {
+  if (std::shared_ptr<Conn> conn = lane.conn.lock()) conn->last_heard = absl::Now();
+}
+
 void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
   lane->closed = true;
   if (lane->ep == nullptr) return;
@@ -816,6 +876,7 @@ ucs_status_t Engine::OnAmData(void* arg, const void* header, size_t header_lengt
   std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
   std::shared_ptr<Link> link = lane ? lane->link.lock() : nullptr;
   if (link == nullptr || header_length != sizeof(ChunkHeader)) return UCS_OK;  // Dropped.
+  engine->HeardFrom(*lane);
   ChunkHeader h;
   std::memcpy(&h, header, sizeof(h));
   if (h.length != length) {
@@ -838,6 +899,7 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
   auto* engine = static_cast<Engine*>(arg);
   std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
   if (lane == nullptr || header_length != sizeof(ControlHeader)) return UCS_OK;
+  engine->HeardFrom(*lane);
   ControlHeader h;
   std::memcpy(&h, header, sizeof(h));
   if (static_cast<Ctl>(h.type) == Ctl::kProbeData && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
@@ -874,6 +936,8 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       }
       return;
     }
+    case Ctl::kHeartbeat:
+      return;  // HeardFrom() already noted it.
     case Ctl::kPing: {
       // A client about to probe announces its largest transfer: allocate the buffers now, not
       // inside the timed transfers.
@@ -973,6 +1037,7 @@ std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<Ucx
       conn->link->Configure(h.a == 1 ? LinkClass::kSlow : LinkClass::kFast, options_.scheduler,
                             options_.fast_chunk_bytes, probe);
       if (!conn->link->failed()) accept_queue_.push_back(conn);
+      MarkRunningLocked(conn);  // Worker context: this runs inside progress.
       return std::nullopt;
     }
     case Ctl::kPong: {
@@ -1321,7 +1386,11 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   ready.x = probe->send_bytes_per_second;
   ready.y = probe->recv_bytes_per_second;
   ready.z = probe->rtt_seconds;
-  SendControlFromUser(lane0, ready);
+  OnWorker([&] {
+    SendControl(lane0, ready, nullptr, nullptr);
+    MarkRunningLocked(conn);
+    return 0;
+  });
   return std::make_unique<LinkEndpoint>(conn->link, shared_from_this());
 }
 

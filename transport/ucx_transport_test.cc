@@ -169,6 +169,25 @@ TEST(UcxTransportTest, ConnectRetriesUntilThePeerListens) {
   ASSERT_THAT(accepted, IsOk());
 }
 
+TEST(UcxTransportTest, QuietButAlivePeerOutlivesThePeerTimeout) {
+  TransportOptions options = LoopbackTcp();
+  options.link_class = LinkClass::kFast;
+  options.peer_timeout = absl::Seconds(1);
+  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(options, options));
+  std::vector<uint8_t> in(8);
+  RecvResult received;
+  pair.b->Recv(1, absl::MakeSpan(in), received.Callback());
+  // The receive waits several peer timeouts for a message that comes late; heartbeats keep the
+  // link alive meanwhile. (The pause is the behaviour under test, not a synchronisation.)
+  absl::SleepFor(options.peer_timeout * 5 / 2);
+  EXPECT_FALSE(received.done());
+  const std::vector<uint8_t> data = {1, 2, 3};
+  SendResult sent;
+  pair.a->Send(1, data, {}, sent.Callback());
+  EXPECT_THAT(received.Wait(), IsOkAndHolds(3u));
+  EXPECT_THAT(sent.Wait(), IsOk());
+}
+
 TEST(UcxTransportTest, KilledPeerFailsPendingWorkWithUnavailable) {
   TransportOptions options = LoopbackTcp();
   LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> server, NewUcxTransport(options));
