@@ -244,6 +244,29 @@ TEST_P(TransportTest, CloseCancelsPendingWorkAndThePeerSeesUnavailable) {
   EXPECT_THAT(peer_after.Wait(), StatusIs(absl::StatusCode::kUnavailable));
 }
 
+TEST_P(TransportTest, CloseDuringATransferCancelsBothEnds) {
+  const size_t bytes = size_t{128} << 20;
+  const std::vector<uint8_t>& data = buffers_.emplace_back(Pattern(bytes, 5));
+  std::vector<uint8_t>& in = buffers_.emplace_back(bytes);
+  RecvResult& received = NewRecv();
+  SendResult& sent = NewSend();
+  b_->Recv(1, absl::MakeSpan(in), received.Callback());
+  a_->Send(1, data, {Priority::kBulk}, sent.Callback());
+  // Close the receiver once the message is partly across (fetches may be in flight).
+  const absl::Time deadline = absl::Now() + kWait;
+  while (b_->counters().chunks_received == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Microseconds(200));  // Polling a counter, bounded by the deadline.
+  }
+  b_->Close();
+  EXPECT_THAT(received.Wait(), ::testing::AnyOf(StatusIs(absl::StatusCode::kCancelled),
+                                                IsOkAndHolds(bytes)));
+  EXPECT_THAT(sent.Wait(), ::testing::AnyOf(IsOk(), StatusIs(absl::StatusCode::kUnavailable),
+                                            StatusIs(absl::StatusCode::kCancelled)));
+  Shutdown();
+  EXPECT_EQ(received.calls(), 1);
+  EXPECT_EQ(sent.calls(), 1);
+}
+
 TEST_P(TransportTest, TooSmallBufferFailsThatReceiveOnly) {
   const std::vector<uint8_t>& big = buffers_.emplace_back(Pattern(300 << 10, 1));
   const std::vector<uint8_t>& small = buffers_.emplace_back(Pattern(10, 2));
