@@ -4,10 +4,7 @@
 //
 // The test binary is also the rank program: with MP_TEST_ROLE set it runs one rank and prints
 // "RESULT <hash>" (XXH3 of its output) on stdout.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +24,7 @@
 #include "base/status_macros.h"
 #include "codecs/topk_ef.h"
 #include "comm/communicator.h"
+#include "comm/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -168,20 +166,9 @@ TEST(MultiProcessTest, SparseAllReduceOverUcxByUniqueId) {
   }
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::vector<std::vector<std::pair<std::string, std::string>>> TorchrunEnvs(bool die) {
-  const int port = FreePort() - 1;  // LBCC's root listens on MASTER_PORT + 1.
+  const int port = comm::testing::FreeLoopbackPort() - 1;  // LBCC's root listens on MASTER_PORT + 1.
   std::vector<std::vector<std::pair<std::string, std::string>>> envs;
   for (int r = 0; r < kRanks; ++r) {
     std::vector<std::pair<std::string, std::string>> env = {
