@@ -97,7 +97,7 @@ struct LinkCounters {
   uint64_t queued_bytes = 0;            // Their bytes not yet handed to a connection.
   uint64_t inflight_bytes = 0;          // Handed to a connection, not yet acknowledged.
   uint64_t max_queued_messages = 0;     // High-water mark of queued_messages.
-  uint64_t retries = 0;                 // Connection attempts and sends that were repeated.
+  uint64_t retries = 0;                 // Connection attempts repeated while setting up.
   uint64_t pacing_waits = 0;            // Times the token bucket held a chunk back.
 };
 

@@ -227,6 +227,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void WatchPeersLocked();
   void MarkRunningLocked(const std::shared_ptr<Conn>& conn);
   absl::Time next_watch_ ABSL_GUARDED_BY(worker_mu_);
+  absl::Time last_watch_ ABSL_GUARDED_BY(worker_mu_) = absl::InfinitePast();
   // A probe buffer of `bytes`, kept for reuse: allocating (and zeroing) inside a timed probe
   // transfer would make the link look slower than it is. Its contents do not matter.
   std::shared_ptr<std::vector<uint8_t>> Scratch(size_t bytes);
@@ -712,6 +713,10 @@ void Engine::WatchPeersLocked() {
   const absl::Time now = absl::Now();
   const absl::Duration beat = options_.peer_timeout / 4;
   next_watch_ = now + std::min(beat, absl::Milliseconds(100));
+  // If this thread itself did not run for a while (a starved machine), the silence was ours:
+  // restart every peer's clock instead of blaming them.
+  const bool we_stalled = last_watch_ != absl::InfinitePast() && now - last_watch_ > beat;
+  last_watch_ = now;
   std::vector<std::shared_ptr<Conn>> conns;
   {
     MutexLock lock(&ctl_mu_);
@@ -727,6 +732,7 @@ void Engine::WatchPeersLocked() {
       if (it != conn->lanes.end()) lane0 = it->second;
     }
     if (lane0 == nullptr || lane0->closed || conn->link->failed()) continue;
+    if (we_stalled) conn->last_heard = now;
     if (now - conn->last_heartbeat >= beat) {
       conn->last_heartbeat = now;
       ControlHeader heartbeat{};
