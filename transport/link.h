@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "transport/executor.h"
 #include "transport/lane.h"

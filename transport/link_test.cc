@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "transport/test_util.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"

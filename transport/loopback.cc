@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "transport/executor.h"
 #include "transport/link.h"
 

@@ -47,7 +47,7 @@ namespace lbcc::transport {
 
 // Slow links (hundreds of Mbit/s) get a scheduler; fast links (NVLink, InfiniBand, data-centre
 // Ethernet) bypass it. The class of a link comes from configuration (LBCC_LINK_CLASS,
-// LBCC_TOPOLOGY_FILE, ConnectOptions) or from a timed probe at connect time compared against
+// LBCC_LINK_RULES_FILE, ConnectOptions) or from a timed probe at connect time compared against
 // LBCC_SLOW_LINK_GBITS.
 enum class LinkClass : uint8_t { kFast = 0, kSlow = 1 };
 absl::string_view LinkClassName(LinkClass link_class);
@@ -132,7 +132,7 @@ class Endpoint {
 };
 
 struct ConnectOptions {
-  // Explicit link class; unset: LBCC_TOPOLOGY_FILE, then LBCC_LINK_CLASS, then the probe.
+  // Explicit link class; unset: LBCC_LINK_RULES_FILE, then LBCC_LINK_CLASS, then the probe.
   bool has_link_class = false;
   LinkClass link_class = LinkClass::kFast;
 };

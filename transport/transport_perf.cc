@@ -34,7 +34,7 @@
 #include "base/env.h"
 #include "base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "transport/options.h"
 #include "transport/transport.h"
 #include "transport/ucx_transport.h"

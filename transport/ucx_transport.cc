@@ -25,7 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "base/check.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
