@@ -28,10 +28,11 @@
 // Errors (one meaning each; on any error the output buffers are untouched):
 //   DataLoss           the bytes are not a valid payload of this direction: envelope errors,
 //                      wrong codec id or version, inconsistent params or body, ids >= V,
-//                      selectors >= M, bad int8 scales.
-//   FailedPrecondition the payload is valid but was encoded with another basis (hash, version,
-//                      d, k, M or V differ): decode it with that basis (e.g. the old basis kept
-//                      until in-flight backwards drain; InspectSubspacePayload names it).
+//                      selectors >= M, bad int8 scales, or this codec's basis id with another
+//                      d, k, M or V.
+//   FailedPrecondition the payload is intact but names another basis (hash or version differ):
+//                      decode it with that basis (e.g. the old basis kept until in-flight
+//                      backwards drain; InspectSubspacePayload names it).
 //   InvalidArgument    caller input: tensor views of the wrong dtype, shape or memory kind,
 //                      ids outside [0, V) to encode, selectors of the wrong count or >= M,
 //                      an output buffer of the wrong size, bad options.
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/dtype.h"
 #include "base/tensor_view.h"
