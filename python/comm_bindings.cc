@@ -100,7 +100,7 @@ class PyRequest {
     if (core_ != nullptr && !core_->request->Test()) Orphans().push_back(std::move(core_));
   }
 
-  bool Test() const { return core_->request->Test(); }
+  bool Test() { return core_->request->Test(); }
 
   py::object Wait(std::optional<double> timeout_s) {
     absl::Status status;
@@ -122,13 +122,21 @@ class PyRequest {
     } else {
       status = WaitInterruptibly(core_->request, nullptr);
     }
+    py::object result = status.ok() && result_ ? result_(*core_) : py::object(py::none());
+    Release();
     ThrowIfError(status);
-    return result_ ? result_(*core_) : py::object(py::none());
+    return result;
   }
 
-  Core& core() { return *core_; }
-
  private:
+  // A finished operation needs neither its buffers nor the communicator any more: dropping
+  // them lets close() destroy the communicator while this handle (or a traceback holding it)
+  // lives on.
+  void Release() {
+    core_->keep.clear();
+    core_->comm.reset();
+  }
+
   std::unique_ptr<Core> core_;
   std::function<py::object(Core&)> result_;
 };
@@ -625,6 +633,12 @@ void BindComm(py::module_& m) {
             return copy;
           },
           py::arg("ranks"), "A copy in which every link touching `ranks` is slow.")
+      .def(py::pickle([](const PyTopology& t) { return py::make_tuple(t.topology.ToJson()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 1) throw py::value_error("Topology: bad pickle");
+                        return PyTopology{
+                            ValueOrThrow(comm::Topology::FromJson(t[0].cast<std::string>()))};
+                      }))
       .def("__repr__", [](const PyTopology& t) { return "Topology(" + t.topology.ToJson() + ")"; });
 
   py::class_<PyRequest>(m, "Request", "A pending operation (async_op=True).")

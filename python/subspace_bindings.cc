@@ -175,6 +175,14 @@ void BindSubspace(py::module_& m) {
       .def("orthonormality_error",
            [](const PyBasis& b) { return b.basis->OrthonormalityError(); })
       .def("__eq__", [](const PyBasis& a, const PyBasis& b) { return a.basis->id() == b.basis->id(); })
+      // Immutable: copies share the basis; pickles carry the file image (checked on load).
+      .def("__copy__", [](const PyBasis& b) { return b; })
+      .def("__deepcopy__", [](const PyBasis& b, py::handle) { return b; }, py::arg("memo"))
+      .def(py::pickle([](const PyBasis& b) { return py::make_tuple(ToBytes(b.basis->Serialize())); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 1) throw py::value_error("SubspaceBasis: bad pickle");
+                        return Wrap(SubspaceBasis::Parse(BytesSpan(t[0].cast<py::bytes>())));
+                      }))
       .def("__hash__", [](const PyBasis& b) {
         return static_cast<size_t>(b.basis->id().hash ^ b.basis->id().version);
       })
