@@ -206,6 +206,18 @@ TEST(CommunicatorTest, AMissingRankFailsEveryoneWithinTheTimeout) {
   }
 }
 
+TEST(CommunicatorTest, InitWithARankThatNeverJoinsFailsCleanly) {
+  // Only rank 0 of 2 joins: Init fails with DeadlineExceeded (and the half-made fabric is
+  // destroyed without touching endpoints that were never connected).
+  absl::StatusOr<UniqueId> id = CreateUniqueId("127.0.0.1", absl::Seconds(5));
+  ASSERT_THAT(id.status(), IsOk());
+  FabricOptions options;
+  options.backend = "loopback";
+  options.timeout = absl::Milliseconds(500);
+  EXPECT_THAT(Communicator::Init(*id, 2, 0, options).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
 TEST(CommunicatorTest, PerOperationTimeout) {
   // The communicator waits a minute by default; one operation asks for 300 ms.
   Mutex mu;
