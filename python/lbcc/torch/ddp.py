@@ -39,8 +39,8 @@ class _Completer:
         self._thread = threading.Thread(target=self._run, name="lbcc-ddp-hook", daemon=True)
         self._thread.start()
 
-    def submit(self, request, future, out, dtype):
-        self._queue.put((request, future, out, dtype))
+    def submit(self, request, future, out, buffer):
+        self._queue.put((request, future, out, buffer))
 
     def close(self):
         self._queue.put(None)
@@ -51,10 +51,10 @@ class _Completer:
             item = self._queue.get()
             if item is None:
                 return
-            request, future, out, dtype = item
+            request, future, out, buffer = item
             try:
                 request.wait()
-                result = out if dtype == torch.float32 else out.to(dtype)
+                result = out.view(-1)[:buffer.numel()].view(buffer.shape).to(buffer.dtype)
             except BaseException as e:  # Handed to whoever waits on the future.
                 future.set_exception(e)
                 continue
@@ -91,6 +91,7 @@ class CompressedAllReduceState:
         self.aggregation = aggregation
         self.timeout = timeout
         self.iteration = 0
+        self.calls = 0
         self.states = {}
         self._completer = _Completer()
 
@@ -102,27 +103,48 @@ class CompressedAllReduceState:
         raise TypeError("CompressedAllReduceState holds a communicator and cannot be pickled")
 
 
+def _as_rows(flat):
+    """A flat bucket as [rows, 64] (zero-padded when needed): TopK-EF chunks a 1-D tensor by the
+    largest divisor of its length up to 64, which degenerates for lengths with no such divisor
+    (a prime length: chunks of one element, all selected); rows of 64 keep the density at
+    top_k / 4096 whatever the bucket's size."""
+    n = flat.numel()
+    rows = -(-n // 64)
+    if n == rows * 64:
+        return flat.view(rows, 64)
+    padded = torch.zeros(rows * 64, dtype=flat.dtype)
+    padded[:n] = flat
+    return padded.view(rows, 64)
+
+
 def compressed_allreduce_hook(state, bucket):
     """DDP communication hook: the mean of the bucket over the ranks, compressed by LBCC."""
     buffer = bucket.buffer()
-    grads = buffer.detach().to(torch.float32).contiguous()
-    out = torch.empty_like(grads)
+    grads = buffer.detach().to(torch.float32).contiguous().view(-1)
     if state.iteration < state.start_iter:
+        out = torch.empty_like(grads)
         request = state.comm.all_reduce(grads, out, op="mean", async_op=True,
                                         timeout=state.timeout)
-    else:
-        ef = None
-        if state.kind == "topk":
-            key = bucket.index()
-            ef = state.states.get(key)
-            if ef is None or (ef.initialized and ef.shape != tuple(grads.shape)):
-                ef = state.codec.new_state()
-                state.states[key] = ef
+    elif state.kind == "topk":
+        grads = _as_rows(grads)
+        out = torch.empty_like(grads)
+        key = bucket.index()
+        ef = state.states.get(key)
+        if ef is None or ef.shape != tuple(grads.shape):
+            ef = state.codec.new_state()
+            ef.reset(tuple(grads.shape))
+            state.states[key] = ef
         request = state.comm.sparse_all_reduce([grads], [out], state.codec, [ef],
                                                aggregation=state.aggregation, async_op=True,
                                                timeout=state.timeout)
+    else:
+        out = torch.empty_like(grads)
+        request = state.comm.sparse_all_reduce([grads], [out], state.codec, None,
+                                               aggregation="mean", async_op=True,
+                                               timeout=state.timeout)
+    state.calls += 1
     if bucket.is_last():
         state.iteration += 1
     future = torch.futures.Future()
-    state._completer.submit(request, future, out, buffer.dtype)
+    state._completer.submit(request, future, out, buffer)
     return future
