@@ -137,7 +137,9 @@ def run_one(name, cfg, net, args, pkg, out):
             "--steps", str(cfg["steps"]), "--inner-steps", str(cfg["inner_steps"]),
             "--topology", topo_path, "--outdir", rundir]
     if args.account:
+        # Payload accounting assumes the direct exchange: each payload to every shard member.
         argv.append("--account")
+        base_env["LBCC_ALGO"] = "allgatherv=direct"
     procs = []
     t0 = time.time()
     for r in range(n):

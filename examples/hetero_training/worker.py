@@ -225,7 +225,7 @@ def main():
                              c["fast_sent"] - base["fast_sent"], c["slow_sent"] - base["slow_sent"]])
         if rank == 0 and (step % max(1, a.steps // 10) == 0 or step == a.steps):
             print(f"  step {step}/{a.steps} loss {float(loss) if loss is not None else float('nan'):.3f} "
-                  f"slow MB {(c['slow_sent'] - base['slow_sent']) / 1e6:.2f} "
+                  f"rank-0 slow-link MB {(c['slow_sent'] - base['slow_sent']) / 1e6:.2f} "
                   f"({time.time() - t_train:.0f} s)", flush=True)
     log["train_seconds"] = time.time() - t_train
     total = counters()
