@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,6 +111,14 @@ class Net:
         return ["env", *[f"{k}={v}" for k, v in env.items()], *argv]
 
 
+def tee(stream, log):
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        log.write(line)
+        log.flush()
+
+
 def run_one(name, cfg, net, args, pkg, out):
     layout, method, k, _ = RUNS[name]
     net.up(layout)
@@ -145,8 +154,11 @@ def run_one(name, cfg, net, args, pkg, out):
     for r in range(n):
         env = dict(base_env, RANK=str(r), LBCC_LISTEN_ADDR=net.addr(r))
         log = open(os.path.join(rundir, f"rank{r}.log"), "w")
-        procs.append(subprocess.Popen(net.command(r, env, argv), stdout=log,
-                                      stderr=subprocess.STDOUT))
+        p = subprocess.Popen(net.command(r, env, argv), stderr=subprocess.STDOUT,
+                             stdout=subprocess.PIPE if r == 0 else log, text=r == 0)
+        if r == 0:  # Progress lines: live on the terminal and in the log.
+            threading.Thread(target=tee, args=(p.stdout, log), daemon=True).start()
+        procs.append(p)
     failed = False
     deadline = t0 + args.timeout + 60
     for r, p in enumerate(procs):
@@ -164,8 +176,6 @@ def run_one(name, cfg, net, args, pkg, out):
                 tail = f.read()[-1500:]
             print(f"---- {name} rank {r} log tail\n{tail}", file=sys.stderr)
         return None
-    with open(os.path.join(rundir, "rank0.log")) as f:
-        sys.stdout.write(f.read())
     return summarize(name, rundir, n, time.time() - t0)
 
 
