@@ -160,6 +160,9 @@ def main():
 
     excluding(comm.barrier)
     base = counters()
+    # The pipeline stage link's own bytes, so data-parallel slow-link bytes can be told apart.
+    stage_peer = topo.replicas[replica]["ranks"][1 - stage] if kind == "pipeline" else None
+    stage_base = comm.link_counters(stage_peer)["bytes_sent"] if stage_peer is not None else 0
     stream = data.stream(replica)
     tokens = a.batch * a.seq
     log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica, "steps": [],
@@ -230,6 +233,12 @@ def main():
     log["train_seconds"] = time.time() - t_train
     total = counters()
     log["final_counters"] = {key: total[key] - base[key] for key in total}
+    stage_sent = (comm.link_counters(stage_peer)["bytes_sent"] - stage_base
+                  if stage_peer is not None else 0)
+    log["final_counters"]["stage_sent"] = stage_sent
+    # Everything else this rank sent on slow links is data-parallel synchronisation (and the
+    # small world-communicator bookkeeping).
+    log["final_counters"]["dp_slow_sent"] = log["final_counters"]["slow_sent"] - stage_sent
     if kind == "pipeline" and a.account:
         peer = topo.replicas[replica]["ranks"][1 - stage]
         log["stage_link"] = comm.link_counters(peer)
