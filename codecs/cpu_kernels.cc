@@ -120,9 +120,9 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 }
 
 const CpuKernels kScalarKernels = {
-    SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,   FilterGeScalar,   CountGeScalar,
-    BinMeanCodesScalar,  FinalizeBlockScalar, Absmax8BlockScalar,  Dequant8BlockScalar,
-    Dequant8BlockAddScalar,
+    SimdLevel::kScalar,  EfUpdateScalar,         CompactScalar,       FilterGeScalar,
+    CountGeScalar,       BinMeanCodesScalar,     FinalizeBlockScalar, Absmax8BlockScalar,
+    Dequant8BlockScalar, Dequant8BlockAddScalar,
 };
 
 }  // namespace

@@ -56,8 +56,8 @@ struct CpuKernels {
                          int64_t stride, int rule, float replicas, bool accumulate);
 
   // Dense blockwise int8 absmax over one block of n values: returns the block's scale
-  // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits receives the
-  // largest |x| as bits (non-finite check). Round half to even.
+  // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits
+  // receives the largest |x| as bits (non-finite check). Round half to even.
   float (*absmax8_block)(const float* x, int64_t n, int8_t* codes, uint32_t* max_abs_bits);
   // out[i] = codes[i] * scale (codes clamped to [-127, 127]); accumulate: out[i] += that.
   void (*dequant8_block)(const int8_t* codes, int64_t n, float scale, float* out);
