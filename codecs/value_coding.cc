@@ -64,6 +64,7 @@ double LaneSum(int64_t n, F term) {
 
 // Packs codes of `bits` (2, 4 or 8) low bits first.
 void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  if (n == 0) return;
   if (bits == 8) {
     std::memcpy(out, codes, static_cast<size_t>(n));
     return;
@@ -110,6 +111,7 @@ void EncodeAbsmax(ValueCoding coding, const ValueEncodeOptions& options, absl::S
   StoreLe<uint32_t>(params.data(), static_cast<uint32_t>(block));
   uint8_t* scales = section.data();
   uint8_t* codes = section.data() + 4 * blocks;
+  if (n == 0) return;
   std::memset(codes, 0, PackedBytes(n, bits));
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * block, end = std::min(n, begin + block);
@@ -377,7 +379,7 @@ void ValueDecoder::Decode(int64_t first, int64_t n, float* out) const {
   LBCC_DCHECK(first >= 0 && first + n <= count_);
   switch (coding_) {
     case ValueCoding::kF32:
-      std::memcpy(out, codes_ + 4 * first, 4 * static_cast<size_t>(n));
+      if (n > 0) std::memcpy(out, codes_ + 4 * first, 4 * static_cast<size_t>(n));
       return;
     case ValueCoding::kBf16:
       for (int64_t i = 0; i < n; ++i)
