@@ -42,6 +42,13 @@ struct CpuKernels {
   // Number of i < m with (bits[i] & kAbsMask) >= thr.
   int64_t (*count_ge)(const uint32_t* bits, int64_t m, uint32_t thr);
 
+  // Bisection for the k-th largest |value| among the m entries of `bits`: given lo with
+  // count_ge(lo) >= k (count *count_lo) and hi with count_ge(hi) < k (count *count_hi), returns
+  // the largest t with count_ge(t) >= k and updates *count_lo = count_ge(t), *count_hi =
+  // count_ge(t + 1).
+  uint32_t (*kth_largest)(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo, uint32_t hi,
+                          int64_t* count_lo, int64_t* count_hi);
+
   // Bin-mean codes of centered values c: codes[i] = clamp(round_half_even((c[i] / scale) +
   // offset), 0, max_code), fp32 operations.
   void (*binmean_codes)(const float* c, int64_t n, float scale, float offset, float max_code,

@@ -163,6 +163,45 @@ LBCC_AVX2 int64_t CountGeAvx2(const uint32_t* bits, int64_t m, uint32_t thr) {
   return n;
 }
 
+LBCC_AVX2 uint32_t KthLargestAvx2(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo,
+                                  uint32_t hi, int64_t* count_lo, int64_t* count_hi) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  const int64_t full = m & ~int64_t{7};
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    const __m256i below = _mm256_set1_epi32(static_cast<int>(mid) - 1);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 16 <= full; i += 16) {
+      const __m256i a0 = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
+      const __m256i a1 = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i + 8)), mask);
+      acc0 = _mm256_sub_epi32(acc0, _mm256_cmpgt_epi32(a0, below));
+      acc1 = _mm256_sub_epi32(acc1, _mm256_cmpgt_epi32(a1, below));
+    }
+    for (; i < full; i += 8) {
+      const __m256i a = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
+      acc0 = _mm256_sub_epi32(acc0, _mm256_cmpgt_epi32(a, below));
+    }
+    __m256i acc = _mm256_add_epi32(acc0, acc1);
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
+    int64_t count = _mm_cvtsi128_si32(sum);
+    for (; i < m; ++i) count += (bits[i] & kAbsMask) >= mid;
+    if (count >= k) {
+      lo = mid;
+      *count_lo = count;
+    } else {
+      hi = mid;
+      *count_hi = count;
+    }
+  }
+  return lo;
+}
+
 LBCC_AVX2 void BinMeanCodesAvx2(const float* c, int64_t n, float scale, float offset,
                                 float max_code, uint8_t* codes) {
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -301,7 +340,7 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 
 const CpuKernels kAvx2Kernels = {
     SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,      FilterGeAvx2,      CountGeAvx2,
-    BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2, Dequant8BlockAvx2, Dequant8BlockAddAvx2,
+    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2, Dequant8BlockAvx2, Dequant8BlockAddAvx2,
 };
 
 }  // namespace

@@ -22,8 +22,9 @@ namespace {
 // chunks are then selected while e' is still in L2/L3. Shorter groups measured slower.
 constexpr int64_t kGroupElements = 262144;
 // The next chunk's compaction threshold is this fraction of the last chunk's exact threshold:
-// a few more candidates than k on smooth data, rarely fewer (then it lowers and retries).
-constexpr float kHintFactor = 0.9f;
+// a few more candidates than k on smooth data, sometimes fewer (then it lowers and retries);
+// 0.95 measured faster than 0.8 or 0.9 on 4096 x 4096.
+constexpr float kHintFactor = 0.95f;
 constexpr size_t kFixedParamBytes = 16;
 constexpr int64_t kMaxPayloads = 65535;  // selection counts are 16-bit
 
@@ -75,20 +76,8 @@ void SelectChunk(const CpuKernels& kern, const float* block, const ChunkGeometry
     thr = LowerThreshold(thr, &factor);
   }
   // T = the k-th largest |v|: the largest t with count(|v| >= t) >= k, t in [thr, max_abs].
-  uint32_t lo = thr, hi = max_abs + 1;
   int64_t count_lo = m, count_hi = 0;
-  while (hi - lo > 1) {
-    const uint32_t mid = lo + (hi - lo) / 2;
-    const int64_t count = kern.count_ge(cand_bits, m, mid);
-    if (count >= k) {
-      lo = mid;
-      count_lo = count;
-    } else {
-      hi = mid;
-      count_hi = count;
-    }
-  }
-  const uint32_t t = lo;
+  const uint32_t t = kern.kth_largest(cand_bits, m, k, thr, max_abs + 1, &count_lo, &count_hi);
   if (count_lo == k) {
     // No tie at the threshold to break: everything >= T, in order.
     const int64_t taken = kern.filter_ge(cand_idx, cand_bits, m, t, sel_idx, sel_bits);
@@ -336,13 +325,14 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
 
   // 4. e_new = e' - v_hat at the selected positions (values now hold v_hat).
   const int64_t* local_offset = st.local_offset_.data();
+  constexpr int64_t kAhead = 4;  // chunks; each chunk's positions span h rows
   for (int64_t c = 0; c < g.num_chunks; ++c) {
     float* corner = next + ChunkCorner(g, c);
     const uint16_t* idx = st.sel_local_.data() + c * k;
     const float* v_hat = st.sel_value_.data() + c * k;
-    if (c + 1 < g.num_chunks) {  // the next chunk's rows are far apart: start fetching them
-      float* ahead = next + ChunkCorner(g, c + 1);
-      const uint16_t* ahead_idx = idx + k;
+    if (c + kAhead < g.num_chunks) {  // the chunk's rows are far apart: fetch them early
+      float* ahead = next + ChunkCorner(g, c + kAhead);
+      const uint16_t* ahead_idx = idx + kAhead * k;
       for (int64_t j = 0; j < k; ++j) __builtin_prefetch(ahead + local_offset[ahead_idx[j]], 1);
     }
     for (int64_t j = 0; j < k; ++j) {
