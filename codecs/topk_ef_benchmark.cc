@@ -136,11 +136,14 @@ void BM_DenseInt8RoundTrip(benchmark::State& state) {
 // Keeps every run's rates so main() can print the ratios at the end.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  // With --benchmark_repetitions the median of each case is kept, otherwise its one run.
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration) continue;
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
+      if (run.run_type == Run::RT_Aggregate && !median) continue;
       for (const auto& [name, counter] : run.counters) {
-        values_[run.benchmark_name() + "#" + name] = counter.value;
+        values_[run.run_name.str() + "#" + name] = counter.value;
       }
     }
     ConsoleReporter::ReportRuns(runs);
@@ -228,9 +231,9 @@ int main(int argc, char** argv) {
       }
     }
   }
-  const double bits12 = get("BM_TopKEfBits/1", "bits_per_param");
-  const double bits_adaptive = get("BM_TopKEfBits/2", "bits_per_param");
-  const double header = get("BM_TopKEfBits/1", "header_bits_per_param");
+  const double bits12 = get("BM_TopKEfBits/1/iterations:1", "bits_per_param");
+  const double bits_adaptive = get("BM_TopKEfBits/2/iterations:1", "bits_per_param");
+  const double header = get("BM_TopKEfBits/1/iterations:1", "header_bits_per_param");
   if (bits12 > 0) {
     std::printf(
         "  bits/param, 2-bit values, 12-bit indices: %.5f (header %.6f)   (<= 0.22 + "
