@@ -66,8 +66,7 @@ class BitWriter {
 class BitReader {
  public:
   // `in` must outlive the reader.
-  explicit BitReader(absl::Span<const uint8_t> in)
-      : p_(in.data()), end_(in.data() + in.size()) {}
+  explicit BitReader(absl::Span<const uint8_t> in) : p_(in.data()), end_(in.data() + in.size()) {}
 
   // Reads `bits` (<= 32) bits into *value; false when the stream runs out.
   bool Get(int bits, uint32_t* value) {

@@ -62,6 +62,22 @@ int64_t CountGeScalar(const uint32_t* bits, int64_t m, uint32_t thr) {
   return n;
 }
 
+uint32_t KthLargestScalar(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo, uint32_t hi,
+                          int64_t* count_lo, int64_t* count_hi) {
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    const int64_t count = CountGeScalar(bits, m, mid);
+    if (count >= k) {
+      lo = mid;
+      *count_lo = count;
+    } else {
+      hi = mid;
+      *count_hi = count;
+    }
+  }
+  return lo;
+}
+
 void BinMeanCodesScalar(const float* c, int64_t n, float scale, float offset, float max_code,
                         uint8_t* codes) {
   for (int64_t i = 0; i < n; ++i) {
@@ -120,9 +136,10 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 }
 
 const CpuKernels kScalarKernels = {
-    SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,   FilterGeScalar,   CountGeScalar,
-    BinMeanCodesScalar,  FinalizeBlockScalar, Absmax8BlockScalar,  Dequant8BlockScalar,
-    Dequant8BlockAddScalar,
+    SimdLevel::kScalar,  EfUpdateScalar,         CompactScalar,       FilterGeScalar,
+    CountGeScalar,       KthLargestScalar,       BinMeanCodesScalar,  FinalizeBlockScalar,
+    Absmax8BlockScalar,
+    Dequant8BlockScalar, Dequant8BlockAddScalar,
 };
 
 }  // namespace

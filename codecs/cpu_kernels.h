@@ -42,6 +42,13 @@ struct CpuKernels {
   // Number of i < m with (bits[i] & kAbsMask) >= thr.
   int64_t (*count_ge)(const uint32_t* bits, int64_t m, uint32_t thr);
 
+  // Bisection for the k-th largest |value| among the m entries of `bits`: given lo with
+  // count_ge(lo) >= k (count *count_lo) and hi with count_ge(hi) < k (count *count_hi), returns
+  // the largest t with count_ge(t) >= k and updates *count_lo = count_ge(t), *count_hi =
+  // count_ge(t + 1).
+  uint32_t (*kth_largest)(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo, uint32_t hi,
+                          int64_t* count_lo, int64_t* count_hi);
+
   // Bin-mean codes of centered values c: codes[i] = clamp(round_half_even((c[i] / scale) +
   // offset), 0, max_code), fp32 operations.
   void (*binmean_codes)(const float* c, int64_t n, float scale, float offset, float max_code,
@@ -56,8 +63,8 @@ struct CpuKernels {
                          int64_t stride, int rule, float replicas, bool accumulate);
 
   // Dense blockwise int8 absmax over one block of n values: returns the block's scale
-  // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits receives the
-  // largest |x| as bits (non-finite check). Round half to even.
+  // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits
+  // receives the largest |x| as bits (non-finite check). Round half to even.
   float (*absmax8_block)(const float* x, int64_t n, int8_t* codes, uint32_t* max_abs_bits);
   // out[i] = codes[i] * scale (codes clamped to [-127, 127]); accumulate: out[i] += that.
   void (*dequant8_block)(const int8_t* codes, int64_t n, float scale, float* out);

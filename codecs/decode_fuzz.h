@@ -64,10 +64,9 @@ inline int FuzzDecode(CodecId codec, const uint8_t* data, size_t size) {
   const absl::Span<const uint8_t> spans[2] = {span, span};
   const size_t count = (mode >> 4) & 1 ? 2 : 1;
   DecodeScratch scratch;
-  const absl::Status status = DecodeAccumulate(absl::MakeConstSpan(spans, count), options, *view,
-                                               &scratch);
-  const bool decodable =
-      info->codec == CodecId::kTopKEf || info->codec == CodecId::kDenseQuant;
+  const absl::Status status =
+      DecodeAccumulate(absl::MakeConstSpan(spans, count), options, *view, &scratch);
+  const bool decodable = info->codec == CodecId::kTopKEf || info->codec == CodecId::kDenseQuant;
   if (!status.ok()) {
     if (decodable && status.code() != absl::StatusCode::kDataLoss) std::abort();
     if (decodable && summary.ok()) std::abort();

@@ -67,8 +67,8 @@ absl::Status NotFinite(int64_t i) {
 }
 
 // Scalar blockwise absmax for int8 (stochastic) and int4 (both roundings).
-absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t n,
-                             uint8_t* scales, uint8_t* codes) {
+absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t n, uint8_t* scales,
+                             uint8_t* codes) {
   const float qmax = o.format == DenseFormat::kInt8 ? 127.0f : 7.0f;
   if (o.format == DenseFormat::kInt4) std::memset(codes, 0, CodeBytes(o.format, n));
   for (int64_t b = 0, blocks = NumBlocks(n, o.block); b < blocks; ++b) {
@@ -116,7 +116,8 @@ absl::Status EncodeHalf(const DenseQuantOptions& o, const float* x, int64_t n, u
     uint16_t c;
     if (bf16) {
       if (o.stochastic) {
-        const uint32_t bits = FloatBits(v) + (CounterRandom32(o.seed, static_cast<uint64_t>(i)) & 0xFFFFu);
+        const uint32_t bits =
+            FloatBits(v) + (CounterRandom32(o.seed, static_cast<uint64_t>(i)) & 0xFFFFu);
         c = static_cast<uint16_t>(bits >> 16);
       } else {
         c = F32ToBf16(v);
@@ -214,13 +215,13 @@ absl::StatusOr<DenseFormat> ParseDenseFormat(absl::string_view name) {
 }
 
 absl::Status DenseQuantOptions::Validate() const {
-  if (format != DenseFormat::kInt8 && format != DenseFormat::kInt4 &&
-      format != DenseFormat::kF16 && format != DenseFormat::kBf16) {
+  if (format != DenseFormat::kInt8 && format != DenseFormat::kInt4 && format != DenseFormat::kF16 &&
+      format != DenseFormat::kBf16) {
     return absl::InvalidArgumentError("dense_quant: unknown format");
   }
   if (IsInt(format) && (block < 16 || block > 65536 || block % 16 != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense_quant: block ", block, " must be a multiple of 16 in [16, 65536]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_quant: block ", block, " must be a multiple of 16 in [16, 65536]"));
   }
   return absl::OkStatus();
 }

@@ -146,8 +146,8 @@ absl::Status DecodePacked12(absl::Span<const uint8_t> bytes, const IndexLayout& 
   const int64_t pairs = count / 2;
   for (int64_t i = 0; i < pairs; ++i) {
     const uint8_t* q = p + 3 * i;
-    const uint32_t word = q[0] | (static_cast<uint32_t>(q[1]) << 8) |
-                          (static_cast<uint32_t>(q[2]) << 16);
+    const uint32_t word =
+        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16);
     o[2 * i] = static_cast<uint16_t>(word & 0xFFF);
     o[2 * i + 1] = static_cast<uint16_t>(word >> 12);
   }
@@ -211,8 +211,8 @@ enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kT
 
 // The adaptive decoder's inner loop, kept free of error formatting so the bit reader's state
 // stays in registers. Same reader logic as BitReader (bitstream.h).
-AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
-                                 int b, int p, uint16_t* out, int64_t* where) {
+AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout, int b,
+                                 int p, uint16_t* out, int64_t* where) {
   const uint8_t* ptr = bytes.data();
   const uint8_t* const end = bytes.data() + bytes.size();
   uint64_t acc = 0;
@@ -332,7 +332,8 @@ absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& 
     case AdaptiveError::kBitmap:
       return Corrupt(absl::StrCat("chunk ", chunk, ": bitmap disagrees with its count"));
     case AdaptiveError::kOffset:
-      return Corrupt(absl::StrCat("chunk ", chunk, ": offset not ascending or outside its sub-block"));
+      return Corrupt(
+          absl::StrCat("chunk ", chunk, ": offset not ascending or outside its sub-block"));
     case AdaptiveError::kTotal:
       return Corrupt(absl::StrCat("chunk ", chunk, " holds fewer than k = ", layout.k, " indices"));
     case AdaptiveError::kTruncated:

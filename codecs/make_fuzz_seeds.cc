@@ -37,8 +37,8 @@ std::vector<uint8_t> Encode(const Codec& codec, lbcc::Shape shape, lbcc::codecs:
   for (int64_t d : shape) n *= d;
   std::vector<float> x = Normals(n, seed);
   std::vector<uint8_t> out(*codec.MaxEncodedBytes(shape));
-  const size_t size = *codec.Encode(*lbcc::TensorView::Host(x.data(), shape), state,
-                                    absl::MakeSpan(out));
+  const size_t size =
+      *codec.Encode(*lbcc::TensorView::Host(x.data(), shape), state, absl::MakeSpan(out));
   out.resize(size);
   return out;
 }
@@ -52,9 +52,9 @@ int main(int argc, char** argv) {
   }
   const std::string root = argv[1];
   const std::vector<lbcc::Shape> shapes = {{8, 8}, {61, 3}, {130}, {}, {2, 3, 5}, {64, 70}};
-  const ValueCoding values[] = {ValueCoding::kBinMean2, ValueCoding::kF32, ValueCoding::kBf16,
-                                ValueCoding::kF16, ValueCoding::kBinMean4, ValueCoding::kBinMean8,
-                                ValueCoding::kAbsmax8, ValueCoding::kAbsmax4};
+  const ValueCoding values[] = {
+      ValueCoding::kBinMean2, ValueCoding::kF32,      ValueCoding::kBf16,    ValueCoding::kF16,
+      ValueCoding::kBinMean4, ValueCoding::kBinMean8, ValueCoding::kAbsmax8, ValueCoding::kAbsmax4};
   int n = 0;
   for (size_t s = 0; s < shapes.size(); ++s) {
     for (ValueCoding v : values) {
@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
         options.value_block = 5;
         auto codec = *TopKEfCodec::Create(options);
         TopKEfState state;
-        const uint8_t mode = static_cast<uint8_t>(1 | ((n % 3) << 1) | ((n % 2) << 3) |
-                                                  ((n % 5 == 0) << 4));
+        const uint8_t mode =
+            static_cast<uint8_t>(1 | ((n % 3) << 1) | ((n % 2) << 3) | ((n % 5 == 0) << 4));
         Write(root + "/topk_ef_corpus/seed_" + std::to_string(n++), mode,
               Encode(*codec, shapes[s], &state, static_cast<uint32_t>(n)));
       }
@@ -75,12 +75,12 @@ int main(int argc, char** argv) {
   }
   n = 0;
   for (const lbcc::Shape& shape : {lbcc::Shape{40}, lbcc::Shape{3, 17}, lbcc::Shape{}}) {
-    for (DenseFormat f : {DenseFormat::kInt8, DenseFormat::kInt4, DenseFormat::kF16,
-                          DenseFormat::kBf16}) {
+    for (DenseFormat f :
+         {DenseFormat::kInt8, DenseFormat::kInt4, DenseFormat::kF16, DenseFormat::kBf16}) {
       for (bool stochastic : {false, true}) {
         auto codec = *DenseQuantCodec::Create({f, 16, stochastic, 3});
-        const uint8_t mode = static_cast<uint8_t>(1 | ((n % 3) << 1) | ((n % 2) << 3) |
-                                                  ((n % 4 == 0) << 4));
+        const uint8_t mode =
+            static_cast<uint8_t>(1 | ((n % 3) << 1) | ((n % 2) << 3) | ((n % 4 == 0) << 4));
         Write(root + "/dense_quant_corpus/seed_" + std::to_string(n++), mode,
               Encode(*codec, shape, nullptr, static_cast<uint32_t>(n)));
       }

@@ -80,8 +80,8 @@ void BM_TopKEfDecode8(benchmark::State& state) {
     std::vector<float> delta = Normals(n, 50 + r);
     TopKEfState ef;
     std::vector<uint8_t> out(*codec->MaxEncodedBytes(shape));
-    const size_t size = *codec->Encode(*TensorView::Host(delta.data(), shape), &ef,
-                                       absl::MakeSpan(out));
+    const size_t size =
+        *codec->Encode(*TensorView::Host(delta.data(), shape), &ef, absl::MakeSpan(out));
     out.resize(size);
     payloads.push_back(std::move(out));
   }
@@ -91,8 +91,8 @@ void BM_TopKEfDecode8(benchmark::State& state) {
   const TensorView view = *TensorView::Host(out.data(), shape);
   DecodeScratch scratch;
   for (auto _ : state) {
-    absl::Status status =
-        DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, /*accumulate=*/true}, view, &scratch);
+    absl::Status status = DecodeAccumulate(
+        spans, {Aggregation::kSparseLoCoMean, /*accumulate=*/true}, view, &scratch);
     LBCC_CHECK(status.ok()) << status;
     benchmark::DoNotOptimize(out.data());
   }
@@ -136,11 +136,14 @@ void BM_DenseInt8RoundTrip(benchmark::State& state) {
 // Keeps every run's rates so main() can print the ratios at the end.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  // With --benchmark_repetitions the median of each case is kept, otherwise its one run.
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration) continue;
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
+      if (run.run_type == Run::RT_Aggregate && !median) continue;
       for (const auto& [name, counter] : run.counters) {
-        values_[run.benchmark_name() + "#" + name] = counter.value;
+        values_[run.run_name.str() + "#" + name] = counter.value;
       }
     }
     ConsoleReporter::ReportRuns(runs);
@@ -207,13 +210,15 @@ int main(int argc, char** argv) {
   const double dense = get("BM_DenseInt8RoundTrip/16777216/real_time", "bytes_per_second");
   std::printf("\nratios from this run (targets in parentheses):\n");
   if (encode1 > 0 && triad1 > 0) {
-    std::printf("  encode 4096x4096, 1 thread:  %.3f G elem/s = %.2f x triad (%.3f G/s)   (>= 0.5)\n",
-                encode1 / 1e9, encode1 / triad1, triad1 / 1e9);
+    std::printf(
+        "  encode 4096x4096, 1 thread:  %.3f G elem/s = %.2f x triad (%.3f G/s)   (>= 0.5)\n",
+        encode1 / 1e9, encode1 / triad1, triad1 / 1e9);
   }
   if (encode2 > 0 && encode1 > 0) {
-    std::printf("  encode, 2 threads:           %.3f G elem/s = %.2f x 1 thread; triad 2 threads "
-                "%.3f G/s   (>= 1.7)\n",
-                encode2 / 1e9, encode2 / encode1, triad2 / 1e9);
+    std::printf(
+        "  encode, 2 threads:           %.3f G elem/s = %.2f x 1 thread; triad 2 threads "
+        "%.3f G/s   (>= 1.7)\n",
+        encode2 / 1e9, encode2 / encode1, triad2 / 1e9);
   }
   for (const char* size : {"512/512", "1024/1024", "4096/4096"}) {
     for (int coding : {1, 2}) {
@@ -226,21 +231,23 @@ int main(int argc, char** argv) {
       }
     }
   }
-  const double bits12 = get("BM_TopKEfBits/1", "bits_per_param");
-  const double bits_adaptive = get("BM_TopKEfBits/2", "bits_per_param");
-  const double header = get("BM_TopKEfBits/1", "header_bits_per_param");
+  const double bits12 = get("BM_TopKEfBits/1/iterations:1", "bits_per_param");
+  const double bits_adaptive = get("BM_TopKEfBits/2/iterations:1", "bits_per_param");
+  const double header = get("BM_TopKEfBits/1/iterations:1", "header_bits_per_param");
   if (bits12 > 0) {
-    std::printf("  bits/param, 2-bit values, 12-bit indices: %.5f (header %.6f)   (<= 0.22 + "
-                "header)\n",
-                bits12, header);
+    std::printf(
+        "  bits/param, 2-bit values, 12-bit indices: %.5f (header %.6f)   (<= 0.22 + "
+        "header)\n",
+        bits12, header);
   }
   if (bits_adaptive > 0) {
     std::printf("  bits/param, 2-bit values, adaptive indices: %.5f   (<= 0.17)\n", bits_adaptive);
   }
   if (dense > 0 && memcpy > 0) {
-    std::printf("  int8 quantize + dequantize: %.2f GB/s of input = %.2f x memcpy (%.2f GB/s)   "
-                "(>= 0.5)\n",
-                dense / 1e9, dense / memcpy, memcpy / 1e9);
+    std::printf(
+        "  int8 quantize + dequantize: %.2f GB/s of input = %.2f x memcpy (%.2f GB/s)   "
+        "(>= 0.5)\n",
+        dense / 1e9, dense / memcpy, memcpy / 1e9);
   }
   return 0;
 }

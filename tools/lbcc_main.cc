@@ -134,7 +134,8 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv, const std::vector<std::str
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     } else if (!boolean) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      if (i + 1 >= argc)
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
       value = argv[++i];
     }
     bool ok = name == "help";
@@ -178,7 +179,8 @@ absl::StatusOr<lbcc::Shape> ParseShape(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(",x"))) {
     int64_t dim = 0;
     if (!absl::SimpleAtoi(part, &dim) || dim < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("bad --shape '", text, "': expected D0,D1,..."));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --shape '", text, "': expected D0,D1,..."));
     }
     shape.push_back(dim);
   }
@@ -253,8 +255,8 @@ absl::Status Encode(const Args& args) {
     } else if (indices == "adaptive") {
       options.indices = IndexCoding::kAdaptive;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("bad --indices '", indices,
-                                                     "': expected auto, packed12 or adaptive"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --indices '", indices, "': expected auto, packed12 or adaptive"));
     }
     LBCC_ASSIGN_OR_RETURN(codec, TopKEfCodec::Create(options));
     state = std::make_unique<TopKEfState>();
@@ -314,8 +316,7 @@ absl::Status Decode(const Args& args) {
     LBCC_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
     files.push_back(std::move(bytes));
   }
-  LBCC_ASSIGN_OR_RETURN(PayloadInfo first, ParsePayload(files[0]),
-                        _.Prepend(args.positional[0]));
+  LBCC_ASSIGN_OR_RETURN(PayloadInfo first, ParsePayload(files[0]), _.Prepend(args.positional[0]));
   std::vector<float> out(static_cast<size_t>(first.num_elements), 0.0f);
   if (options.accumulate) {
     LBCC_ASSIGN_OR_RETURN(out, ReadFloats(args.Get("out"), first.num_elements),
@@ -326,8 +327,7 @@ absl::Status Decode(const Args& args) {
   LBCC_RETURN_IF_ERROR(DecodeAccumulate(spans, options, view));
   LBCC_RETURN_IF_ERROR(WriteFile(args.Get("out"), out.data(), out.size() * sizeof(float)));
   std::printf("decoded %zu payload(s) of %s%s (%s) into %s\n", files.size(),
-              std::string(CodecName(first.codec)).c_str(),
-              lbcc::ShapeToString(first.shape).c_str(),
+              std::string(CodecName(first.codec)).c_str(), lbcc::ShapeToString(first.shape).c_str(),
               std::string(AggregationName(options.aggregation)).c_str(), args.Get("out").c_str());
   return absl::OkStatus();
 }
@@ -336,8 +336,8 @@ absl::Status Inspect(const Args& args) {
   if (args.positional.empty()) return absl::InvalidArgumentError("inspect needs a payload file");
   for (const std::string& path : args.positional) {
     LBCC_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
-    LBCC_ASSIGN_OR_RETURN(lbcc::codecs::PayloadSummary summary,
-                          lbcc::codecs::InspectPayload(bytes), _.Prepend(path));
+    LBCC_ASSIGN_OR_RETURN(lbcc::codecs::PayloadSummary summary, lbcc::codecs::InspectPayload(bytes),
+                          _.Prepend(path));
     PrintSummary(path, summary);
   }
   return absl::OkStatus();
@@ -352,9 +352,9 @@ int Codec(int argc, char** argv) {
   std::vector<std::string> known;
   absl::Status (*run)(const Args&) = nullptr;
   if (sub == "encode") {
-    known = {"in",    "shape",        "out",         "codec",    "top_k",    "density",
-             "beta",  "lr",           "values",      "indices",  "range_sigmas",
-             "value_block", "state_in", "state_out", "format",   "block",    "stochastic_seed"};
+    known = {"in",       "shape",     "out",    "codec",   "top_k",          "density",
+             "beta",     "lr",        "values", "indices", "range_sigmas",   "value_block",
+             "state_in", "state_out", "format", "block",   "stochastic_seed"};
     run = Encode;
   } else if (sub == "decode") {
     known = {"out", "aggregate", "accumulate"};
