@@ -147,7 +147,8 @@ def assert_close(actual, expected, what):
 def test_replicas_hold_bit_identical_parameters(results):
     for step in range(common.OUTER_STEPS):
         for r in range(1, common.RANKS):
-            for a, b in zip(results[r]["steps"][step]["params"], results[0]["steps"][step]["params"]):
+            mine, first = results[r]["steps"][step]["params"], results[0]["steps"][step]["params"]
+            for a, b in zip(mine, first):
                 assert torch.equal(a, b), f"rank {r} differs from rank 0 after outer step {step}"
 
 
