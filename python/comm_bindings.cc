@@ -467,7 +467,9 @@ py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
   decode.accumulate = accumulate;
   comm::OpOptions options = MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
   auto core = self.NewCore();
-  core->keep = {deltas, outs, states, py::cast(codec)};
+  // Tuples and the state pointers themselves: the caller may change its lists meanwhile.
+  core->keep = {py::tuple(deltas), py::tuple(outs), py::cast(codec)};
+  core->native = std::make_shared<std::vector<std::shared_ptr<codecs::CodecState>>>(state_ptrs);
   core->request = core->comm->SparseAllReduce(std::move(tensors), codec.get(), decode, options);
   return Finish(std::move(core), async_op);
 }
@@ -552,11 +554,12 @@ void BindComm(py::module_& m) {
   m.def(
       "create_unique_id",
       [](const std::string& listen_host, double timeout_s) {
-        py::gil_scoped_release release;
-        comm::UniqueId id =
-            ValueOrThrow(comm::CreateUniqueId(listen_host, absl::Seconds(timeout_s)));
-        py::gil_scoped_acquire acquire;
-        return IdBytes(id);
+        absl::StatusOr<comm::UniqueId> id;
+        {
+          py::gil_scoped_release release;
+          id = comm::CreateUniqueId(listen_host, absl::Seconds(timeout_s));
+        }
+        return IdBytes(ValueOrThrow(std::move(id)));
       },
       py::arg("listen_host") = "127.0.0.1", py::arg("timeout") = 300.0,
       "Starts a bootstrap root (this process, a background thread) and returns its unique id "
