@@ -122,7 +122,7 @@ class PipelineBoundary:
         """Sends activations h [..., d] (their residual minus T[ids] in span(U)) and the token
         ids (same leading shape). Returns a scalar whose backward() receives the gradient of h
         and propagates it into h's graph."""
-        ids32 = ids.reshape(-1).to(torch.int32).contiguous()
+        ids32 = ids.reshape(-1).to("cpu", torch.int32).contiguous()
         return _Send.apply(h, ids32, self)
 
     def recv(self, tokens, device=None):
