@@ -38,7 +38,8 @@ namespace py = pybind11;
 // A non-ok Status on its way to Python.
 class StatusError : public std::exception {
  public:
-  explicit StatusError(absl::Status status) : status_(std::move(status)), what_(status_.ToString()) {}
+  explicit StatusError(absl::Status status)
+      : status_(std::move(status)), what_(status_.ToString()) {}
   const absl::Status& status() const { return status_; }
   const char* what() const noexcept override { return what_.c_str(); }
 

@@ -75,8 +75,7 @@ void BindCodecs(py::module_& m) {
           "commit", [](CodecState& s) { ThrowIfError(s.Commit()); },
           "Applies the pending update (the payload was delivered).")
       .def(
-          "abort", [](CodecState& s) { ThrowIfError(s.Abort()); },
-          "Drops the pending update.");
+          "abort", [](CodecState& s) { ThrowIfError(s.Abort()); }, "Drops the pending update.");
 
   py::class_<TopKEfState, CodecState, std::shared_ptr<TopKEfState>>(
       m, "TopKEfState", "Error-feedback buffer e of one tensor (TopK-EF).")
@@ -84,8 +83,7 @@ void BindCodecs(py::module_& m) {
       .def_property_readonly("initialized", &TopKEfState::initialized)
       .def_property_readonly("shape", [](const TopKEfState& s) { return ShapeTuple(s.shape()); })
       .def_property_readonly(
-          "error",
-          [](const TopKEfState& s) { return FloatArray(s.error(), s.shape()); },
+          "error", [](const TopKEfState& s) { return FloatArray(s.error(), s.shape()); },
           "A copy of the committed error-feedback buffer (numpy float32).")
       .def_property_readonly(
           "pending_error",
@@ -101,8 +99,8 @@ void BindCodecs(py::module_& m) {
           "load",
           [](TopKEfState& s, py::handle error) {
             TensorView v = ToF32View(error, "error");
-            ThrowIfError(s.Load(v.shape(), absl::Span<const float>(v.data_as<const float>(),
-                                                                   v.num_elements())));
+            ThrowIfError(s.Load(
+                v.shape(), absl::Span<const float>(v.data_as<const float>(), v.num_elements())));
           },
           py::arg("error"), "Sets the buffer (shape and values) from a float32 tensor.");
 
@@ -118,8 +116,7 @@ void BindCodecs(py::module_& m) {
           },
           py::arg("shape"))
       .def(
-          "new_state",
-          [](const Codec& c) -> std::shared_ptr<CodecState> { return c.NewState(); },
+          "new_state", [](const Codec& c) -> std::shared_ptr<CodecState> { return c.NewState(); },
           "A fresh state for one tensor, or None for stateless codecs.")
       .def("encode", &Encode, py::arg("input"), py::arg("state") = nullptr,
            py::arg("commit") = true,

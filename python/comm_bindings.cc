@@ -72,7 +72,8 @@ void PurgeOrphans() {
 
 // Waits with the GIL released, checking for Ctrl-C. Returns the operation's status; throws
 // error_already_set when a signal handler raised (after `on_interrupt`).
-absl::Status WaitInterruptibly(const RequestPtr& request, const std::function<void()>& on_interrupt) {
+absl::Status WaitInterruptibly(const RequestPtr& request,
+                               const std::function<void()>& on_interrupt) {
   while (true) {
     {
       py::gil_scoped_release release;
@@ -109,8 +110,8 @@ class PyRequest {
       while (!core_->request->Test() && absl::Now() < deadline) {
         {
           py::gil_scoped_release release;
-          (void)core_->request->WaitFor(
-              std::min(absl::Milliseconds(100), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+          (void)core_->request->WaitFor(std::min(
+              absl::Milliseconds(100), std::max(absl::ZeroDuration(), deadline - absl::Now())));
         }
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       }
@@ -176,17 +177,15 @@ comm::OpOptions MakeOptions(std::optional<double> timeout_s, const std::string& 
 comm::UniqueId IdFromBytes(const py::bytes& b) {
   absl::Span<const uint8_t> s = BytesSpan(b);
   if (s.size() != sizeof(comm::UniqueId)) {
-    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
-        "unique id: expected ", sizeof(comm::UniqueId), " bytes, got ", s.size())));
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("unique id: expected ", sizeof(comm::UniqueId), " bytes, got ", s.size())));
   }
   comm::UniqueId id;
   std::memcpy(id.internal, s.data(), sizeof(id.internal));
   return id;
 }
 
-py::bytes IdBytes(const comm::UniqueId& id) {
-  return py::bytes(id.internal, sizeof(id.internal));
-}
+py::bytes IdBytes(const comm::UniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
 
 // lbcc.Topology: an immutable value (mark_slow_ranks returns a copy).
 struct PyTopology {
@@ -373,7 +372,8 @@ py::object AllReduce(PyComm& self, py::object tensor, py::object out, const std:
   } else if (op == "mean") {
     reduce = comm::ReduceOp::kMean;
   } else {
-    throw StatusError(absl::InvalidArgumentError(absl::StrCat("unknown op '", op, "' (sum, mean)")));
+    throw StatusError(
+        absl::InvalidArgumentError(absl::StrCat("unknown op '", op, "' (sum, mean)")));
   }
   comm::OpOptions options = MakeOptions(timeout, algorithm, priority);
   auto core = self.NewCore();
@@ -385,8 +385,9 @@ py::object AllReduce(PyComm& self, py::object tensor, py::object out, const std:
 py::object AllGather(PyComm& self, py::object tensor, py::object out, bool async_op,
                      std::optional<double> timeout, const std::string& algorithm,
                      const std::string& priority) {
-  TensorView in = ToView(tensor, "tensor", {DType::kF32, DType::kF16, DType::kBF16, DType::kI8,
-                                            DType::kU8, DType::kI32, DType::kI64});
+  TensorView in = ToView(
+      tensor, "tensor",
+      {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64});
   TensorView outv = ToView(out, "out", {in.dtype()}, Access::kWrite);
   comm::OpOptions options = MakeOptions(timeout, algorithm, priority);
   auto core = self.NewCore();
@@ -397,10 +398,10 @@ py::object AllGather(PyComm& self, py::object tensor, py::object out, bool async
 
 py::object Broadcast(PyComm& self, py::object tensor, int root, bool async_op,
                      std::optional<double> timeout, const std::string& priority) {
-  TensorView view = ToView(tensor, "tensor",
-                           {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8,
-                            DType::kI32, DType::kI64},
-                           Access::kWrite);
+  TensorView view = ToView(
+      tensor, "tensor",
+      {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64},
+      Access::kWrite);
   comm::OpOptions options = MakeOptions(timeout, "auto", priority);
   auto core = self.NewCore();
   core->keep = {tensor};
@@ -448,8 +449,8 @@ py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
   if (!states.is_none()) {
     py::list s = states.cast<py::list>();
     if (s.size() != deltas.size()) {
-      throw StatusError(absl::InvalidArgumentError(absl::StrCat(
-          "sparse_all_reduce: ", deltas.size(), " deltas but ", s.size(), " states")));
+      throw StatusError(absl::InvalidArgumentError(
+          absl::StrCat("sparse_all_reduce: ", deltas.size(), " deltas but ", s.size(), " states")));
     }
     for (size_t i = 0; i < s.size(); ++i) {
       if (!s[i].is_none()) state_ptrs[i] = s[i].cast<std::shared_ptr<codecs::CodecState>>();
@@ -464,10 +465,11 @@ py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
   codecs::DecodeOptions decode;
   decode.aggregation = ParseAggregationOrThrow(aggregation);
   decode.accumulate = accumulate;
-  comm::OpOptions options =
-      MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
+  comm::OpOptions options = MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
   auto core = self.NewCore();
-  core->keep = {deltas, outs, states, py::cast(codec)};
+  // Tuples and the state pointers themselves: the caller may change its lists meanwhile.
+  core->keep = {py::tuple(deltas), py::tuple(outs), py::cast(codec)};
+  core->native = std::make_shared<std::vector<std::shared_ptr<codecs::CodecState>>>(state_ptrs);
   core->request = core->comm->SparseAllReduce(std::move(tensors), codec.get(), decode, options);
   return Finish(std::move(core), async_op);
 }
@@ -552,11 +554,12 @@ void BindComm(py::module_& m) {
   m.def(
       "create_unique_id",
       [](const std::string& listen_host, double timeout_s) {
-        py::gil_scoped_release release;
-        comm::UniqueId id =
-            ValueOrThrow(comm::CreateUniqueId(listen_host, absl::Seconds(timeout_s)));
-        py::gil_scoped_acquire acquire;
-        return IdBytes(id);
+        absl::StatusOr<comm::UniqueId> id;
+        {
+          py::gil_scoped_release release;
+          id = comm::CreateUniqueId(listen_host, absl::Seconds(timeout_s));
+        }
+        return IdBytes(ValueOrThrow(std::move(id)));
       },
       py::arg("listen_host") = "127.0.0.1", py::arg("timeout") = 300.0,
       "Starts a bootstrap root (this process, a background thread) and returns its unique id "
@@ -575,20 +578,26 @@ void BindComm(py::module_& m) {
       },
       py::arg("address"), py::arg("nranks"), py::arg("session") = 0, py::arg("timeout") = 300.0);
   m.def(
-      "unique_id_address", [](const py::bytes& id) { return comm::UniqueIdAddress(IdFromBytes(id)); },
+      "unique_id_address",
+      [](const py::bytes& id) { return comm::UniqueIdAddress(IdFromBytes(id)); },
       py::arg("unique_id"));
 
-  py::class_<PyTopology>(m, "Topology",
-                         "Fast islands, full and pipeline replicas, link classes (comm/topology.h).")
-      .def_static("flat", [](int nranks) { return PyTopology{comm::Topology::Flat(nranks)}; },
-                  py::arg("nranks"))
+  py::class_<PyTopology>(
+      m, "Topology", "Fast islands, full and pipeline replicas, link classes (comm/topology.h).")
+      .def_static(
+          "flat", [](int nranks) { return PyTopology{comm::Topology::Flat(nranks)}; },
+          py::arg("nranks"))
       .def_static(
           "from_json",
-          [](const std::string& json) { return PyTopology{ValueOrThrow(comm::Topology::FromJson(json))}; },
+          [](const std::string& json) {
+            return PyTopology{ValueOrThrow(comm::Topology::FromJson(json))};
+          },
           py::arg("json"))
       .def_static(
           "from_file",
-          [](const std::string& path) { return PyTopology{ValueOrThrow(comm::Topology::FromFile(path))}; },
+          [](const std::string& path) {
+            return PyTopology{ValueOrThrow(comm::Topology::FromFile(path))};
+          },
           py::arg("path"))
       .def("to_json", [](const PyTopology& t) { return t.topology.ToJson(); })
       .def_property_readonly("nranks", [](const PyTopology& t) { return t.topology.nranks(); })
@@ -600,15 +609,16 @@ void BindComm(py::module_& m) {
                                py::list out;
                                for (const auto& r : t.topology.replicas()) {
                                  py::dict d;
-                                 d["kind"] = r.kind == comm::RankRole::Kind::kFull ? "full"
-                                                                                   : "pipeline";
+                                 d["kind"] =
+                                     r.kind == comm::RankRole::Kind::kFull ? "full" : "pipeline";
                                  d["ranks"] = r.ranks;
                                  out.append(d);
                                }
                                return out;
                              })
-      .def("shard_ranks", [](const PyTopology& t, int s) { return t.topology.ShardRanks(s); },
-           py::arg("shard"))
+      .def(
+          "shard_ranks", [](const PyTopology& t, int s) { return t.topology.ShardRanks(s); },
+          py::arg("shard"))
       .def(
           "role",
           [](const PyTopology& t, int rank) {
@@ -656,7 +666,8 @@ void BindComm(py::module_& m) {
              std::optional<std::string> listen_host, std::optional<double> timeout,
              py::object topology) {
             comm::UniqueId id = IdFromBytes(unique_id);
-            comm::FabricOptions options = MakeFabricOptions(backend, listen_host, timeout, topology);
+            comm::FabricOptions options =
+                MakeFabricOptions(backend, listen_host, timeout, topology);
             absl::StatusOr<std::unique_ptr<Communicator>> c;
             {
               py::gil_scoped_release release;
@@ -673,7 +684,8 @@ void BindComm(py::module_& m) {
           "init_from_environment",
           [](std::optional<std::string> backend, std::optional<std::string> listen_host,
              std::optional<double> timeout, py::object topology) {
-            comm::FabricOptions options = MakeFabricOptions(backend, listen_host, timeout, topology);
+            comm::FabricOptions options =
+                MakeFabricOptions(backend, listen_host, timeout, topology);
             absl::StatusOr<std::unique_ptr<Communicator>> c;
             {
               py::gil_scoped_release release;
@@ -688,16 +700,16 @@ void BindComm(py::module_& m) {
       .def_property_readonly("rank", [](const PyComm& c) { return c.get().rank(); })
       .def_property_readonly("nranks", [](const PyComm& c) { return c.get().nranks(); })
       .def_property_readonly("global_rank", [](const PyComm& c) { return c.get().global_rank(); })
-      .def_property_readonly("global_ranks",
-                             [](const PyComm& c) { return c.get().global_ranks(); })
+      .def_property_readonly("global_ranks", [](const PyComm& c) { return c.get().global_ranks(); })
       .def_property_readonly("topology",
                              [](const PyComm& c) { return PyTopology{c.get().topology()}; })
       .def_property_readonly("closed", &PyComm::closed)
       .def(
           "check", [](const PyComm& c) { ThrowIfError(c.get().status()); },
           "Raises the first failure if the communicator failed (then recreate it).")
-      .def("abort", [](PyComm& c) { c.get().Abort(); },
-           "Aborts the connections: running and queued operations fail on every rank.")
+      .def(
+          "abort", [](PyComm& c) { c.get().Abort(); },
+          "Aborts the connections: running and queued operations fail on every rank.")
       .def("close", &PyComm::Close,
            "Destroys the communicator (queued operations fail with Cancelled). Idempotent.")
       .def("split", &Split, py::arg("color"), py::arg("key") = 0,
@@ -706,11 +718,10 @@ void BindComm(py::module_& m) {
       .def("all_reduce", &AllReduce, py::arg("tensor"), py::arg("out") = py::none(),
            py::arg("op") = "sum", py::arg("async_op") = false, py::arg("timeout") = py::none(),
            py::arg("algorithm") = "auto", py::arg("priority") = "")
-      .def("all_gather", &AllGather, py::arg("tensor"), py::arg("out"),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(),
-           py::arg("algorithm") = "auto", py::arg("priority") = "")
-      .def("broadcast", &Broadcast, py::arg("tensor"), py::arg("root"),
-           py::arg("async_op") = false, py::arg("timeout") = py::none(), py::arg("priority") = "")
+      .def("all_gather", &AllGather, py::arg("tensor"), py::arg("out"), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), py::arg("algorithm") = "auto", py::arg("priority") = "")
+      .def("broadcast", &Broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), py::arg("priority") = "")
       .def("barrier", &Barrier, py::arg("async_op") = false, py::arg("timeout") = py::none())
       .def("all_gather_bytes", &AllGatherBytes, py::arg("data"), py::arg("async_op") = false,
            py::arg("timeout") = py::none(), py::arg("algorithm") = "auto",
@@ -718,13 +729,11 @@ void BindComm(py::module_& m) {
       .def("sparse_all_reduce", &SparseAllReduce, py::arg("deltas"), py::arg("outs"),
            py::arg("codec"), py::arg("states") = py::none(), py::arg("aggregation") = "sparseloco",
            py::arg("accumulate") = false, py::arg("async_op") = false,
-           py::arg("timeout") = py::none(), py::arg("algorithm") = "auto",
-           py::arg("priority") = "",
+           py::arg("timeout") = py::none(), py::arg("algorithm") = "auto", py::arg("priority") = "",
            "SparseLoCo's exchange: encodes each delta with its state, exchanges, decodes in rank "
            "order into outs (identical bits on every rank). States commit only on success.")
-      .def("send_compressed", &SendCompressed, py::arg("tensor"), py::arg("peer"),
-           py::arg("tag"), py::arg("codec"), py::arg("state") = nullptr,
-           py::arg("async_op") = false)
+      .def("send_compressed", &SendCompressed, py::arg("tensor"), py::arg("peer"), py::arg("tag"),
+           py::arg("codec"), py::arg("state") = nullptr, py::arg("async_op") = false)
       .def("recv_compressed", &RecvCompressed, py::arg("out"), py::arg("peer"), py::arg("tag"),
            py::arg("async_op") = false)
       .def("send_subspace", &SendSubspace, py::arg("tensor"), py::arg("peer"), py::arg("tag"),
@@ -742,21 +751,24 @@ void BindComm(py::module_& m) {
           [](const PyComm& c, int peer) {
             Communicator& comm = c.get();
             if (peer < 0 || peer >= comm.nranks() || peer == comm.rank()) {
-              throw StatusError(absl::InvalidArgumentError(
-                  absl::StrCat("link_counters: bad peer ", peer)));
+              throw StatusError(
+                  absl::InvalidArgumentError(absl::StrCat("link_counters: bad peer ", peer)));
             }
             return CountersDict(comm.fabric()->Counters(comm.global_ranks()[peer]));
           },
           py::arg("peer"), "Counters of the link to `peer` (a rank of this communicator).")
-      .def("bytes_by_class", [](const PyComm& c) {
-        comm::Fabric::ClassBytes b = c.get().fabric()->BytesByClass();
-        py::dict d;
-        d["fast_sent"] = b.fast_sent;
-        d["fast_received"] = b.fast_received;
-        d["slow_sent"] = b.slow_sent;
-        d["slow_received"] = b.slow_received;
-        return d;
-      }, "Bytes sent and received on fast and slow links by every communicator of the job.");
+      .def(
+          "bytes_by_class",
+          [](const PyComm& c) {
+            comm::Fabric::ClassBytes b = c.get().fabric()->BytesByClass();
+            py::dict d;
+            d["fast_sent"] = b.fast_sent;
+            d["fast_received"] = b.fast_received;
+            d["slow_sent"] = b.slow_sent;
+            d["slow_received"] = b.slow_received;
+            return d;
+          },
+          "Bytes sent and received on fast and slow links by every communicator of the job.");
 }
 
 }  // namespace lbcc::python

@@ -64,13 +64,13 @@ TensorView TorchView(py::handle t, const char* what, std::initializer_list<DType
                      Access access) {
   const std::string device = py::str(t.attr("device").attr("type"));
   if (device != "cpu") {
-    throw py::value_error(absl::StrCat(what, ": LBCC needs a CPU tensor, got one on ", device,
-                                       " (use .cpu())"));
+    throw py::value_error(
+        absl::StrCat(what, ": LBCC needs a CPU tensor, got one on ", device, " (use .cpu())"));
   }
   const std::string layout = py::str(t.attr("layout"));
   if (layout != "torch.strided") {
-    throw py::value_error(absl::StrCat(what, ": LBCC needs a dense (strided) tensor, got ",
-                                       layout));
+    throw py::value_error(
+        absl::StrCat(what, ": LBCC needs a dense (strided) tensor, got ", layout));
   }
   const std::string dtype_name = py::str(t.attr("dtype"));
   DType dtype = DType::kF32;
@@ -82,8 +82,8 @@ TensorView TorchView(py::handle t, const char* what, std::initializer_list<DType
     }
   }
   if (!known || !Allowed(dtype, dtypes)) {
-    throw py::type_error(absl::StrCat(what, ": LBCC needs a ", Expected(dtypes),
-                                      " tensor, got ", dtype_name));
+    throw py::type_error(
+        absl::StrCat(what, ": LBCC needs a ", Expected(dtypes), " tensor, got ", dtype_name));
   }
   if (!t.attr("is_contiguous")().cast<bool>()) {
     throw py::value_error(absl::StrCat(
@@ -91,9 +91,10 @@ TensorView TorchView(py::handle t, const char* what, std::initializer_list<DType
   }
   if (access == Access::kWrite && t.attr("requires_grad").cast<bool>() &&
       !t.attr("is_leaf").cast<bool>()) {
-    throw py::value_error(absl::StrCat(
-        what, ": LBCC writes into this tensor, which is part of an autograd graph; pass a "
-              "detached tensor"));
+    throw py::value_error(
+        absl::StrCat(what,
+                     ": LBCC writes into this tensor, which is part of an autograd graph; pass a "
+                     "detached tensor"));
   }
   Shape shape = ToShape(t.attr("shape"));
   const uintptr_t ptr = t.attr("data_ptr")().cast<uintptr_t>();
@@ -112,8 +113,8 @@ TensorView NumpyView(const py::array& a, const char* what, std::initializer_list
     }
   }
   if (!known || !Allowed(dtype, dtypes)) {
-    throw py::type_error(absl::StrCat(what, ": LBCC needs a ", Expected(dtypes),
-                                      " array, got ", name));
+    throw py::type_error(
+        absl::StrCat(what, ": LBCC needs a ", Expected(dtypes), " array, got ", name));
   }
   if (!(a.flags() & py::array::c_style)) {
     throw py::value_error(

@@ -27,8 +27,8 @@ std::vector<float> FloatVector(py::handle obj, const char* what) {
 codecs::SubspaceArithmetic ParseArithmetic(const std::string& name) {
   if (name == "portable") return codecs::SubspaceArithmetic::kPortable;
   if (name == "blas") return codecs::SubspaceArithmetic::kBlas;
-  throw StatusError(absl::InvalidArgumentError(
-      absl::StrCat("unknown arithmetic '", name, "' (portable, blas)")));
+  throw StatusError(
+      absl::InvalidArgumentError(absl::StrCat("unknown arithmetic '", name, "' (portable, blas)")));
 }
 
 codecs::ModelDimSide ParseSide(const std::string& name) {
@@ -107,8 +107,8 @@ void BindSubspace(py::module_& m) {
             return Wrap(SubspaceBasis::FromSeed(spec));
           },
           py::arg("model_dim"), py::arg("rank"), py::arg("components") = 1,
-          py::arg("vocab_size") = 0, py::arg("with_table") = false,
-          py::arg("table_stddev") = 1.0, py::arg("seed") = 0, py::arg("version") = 0,
+          py::arg("vocab_size") = 0, py::arg("with_table") = false, py::arg("table_stddev") = 1.0,
+          py::arg("seed") = 0, py::arg("version") = 0,
           "A portable seeded basis: bit-identical on every x86-64 machine.")
       .def_static(
           "from_matrices",
@@ -123,9 +123,9 @@ void BindSubspace(py::module_& m) {
             if (!table.is_none() && vocab_size == 0) {
               vocab_size = static_cast<int64_t>(tvec.size()) / std::max<int64_t>(uv.dim(0), 1);
             }
-            return Wrap(SubspaceBasis::FromMatrices(uv.dim(0), uv.dim(1) / components,
-                                                    components, vocab_size, std::move(uvec),
-                                                    std::move(tvec), version, tolerance));
+            return Wrap(SubspaceBasis::FromMatrices(uv.dim(0), uv.dim(1) / components, components,
+                                                    vocab_size, std::move(uvec), std::move(tvec),
+                                                    version, tolerance));
           },
           py::arg("u"), py::arg("table") = py::none(), py::arg("components") = 1,
           py::arg("vocab_size") = 0, py::arg("version") = 0,
@@ -139,7 +139,8 @@ void BindSubspace(py::module_& m) {
           py::arg("path"))
       .def("serialize", [](const PyBasis& b) { return ToBytes(b.basis->Serialize()); })
       .def(
-          "save", [](const PyBasis& b, const std::string& path) { ThrowIfError(b.basis->Save(path)); },
+          "save",
+          [](const PyBasis& b, const std::string& path) { ThrowIfError(b.basis->Save(path)); },
           py::arg("path"))
       .def(
           "with_table",
@@ -154,9 +155,12 @@ void BindSubspace(py::module_& m) {
       .def_property_readonly("has_table", [](const PyBasis& b) { return b.basis->has_table(); })
       .def_property_readonly("hash", [](const PyBasis& b) { return b.basis->id().hash; })
       .def_property_readonly("version", [](const PyBasis& b) { return b.basis->id().version; })
-      .def_property_readonly("id", [](const PyBasis& b) {
-        return py::make_tuple(b.basis->id().hash, b.basis->id().version);
-      }, "(content hash, version): equal ids mean identical bytes.")
+      .def_property_readonly(
+          "id",
+          [](const PyBasis& b) {
+            return py::make_tuple(b.basis->id().hash, b.basis->id().version);
+          },
+          "(content hash, version): equal ids mean identical bytes.")
       .def_property_readonly(
           "u",
           [](const PyBasis& b) {
@@ -172,20 +176,23 @@ void BindSubspace(py::module_& m) {
             return FloatArray(b.basis->table(), shape);
           },
           "A copy of T as numpy [V, d], or None.")
-      .def("orthonormality_error",
-           [](const PyBasis& b) { return b.basis->OrthonormalityError(); })
-      .def("__eq__", [](const PyBasis& a, const PyBasis& b) { return a.basis->id() == b.basis->id(); })
+      .def("orthonormality_error", [](const PyBasis& b) { return b.basis->OrthonormalityError(); })
+      .def("__eq__",
+           [](const PyBasis& a, const PyBasis& b) { return a.basis->id() == b.basis->id(); })
       // Immutable: copies share the basis; pickles carry the file image (checked on load).
       .def("__copy__", [](const PyBasis& b) { return b; })
-      .def("__deepcopy__", [](const PyBasis& b, py::handle) { return b; }, py::arg("memo"))
-      .def(py::pickle([](const PyBasis& b) { return py::make_tuple(ToBytes(b.basis->Serialize())); },
-                      [](const py::tuple& t) {
-                        if (t.size() != 1) throw py::value_error("SubspaceBasis: bad pickle");
-                        return Wrap(SubspaceBasis::Parse(BytesSpan(t[0].cast<py::bytes>())));
-                      }))
-      .def("__hash__", [](const PyBasis& b) {
-        return static_cast<size_t>(b.basis->id().hash ^ b.basis->id().version);
-      })
+      .def(
+          "__deepcopy__", [](const PyBasis& b, py::handle) { return b; }, py::arg("memo"))
+      .def(
+          py::pickle([](const PyBasis& b) { return py::make_tuple(ToBytes(b.basis->Serialize())); },
+                     [](const py::tuple& t) {
+                       if (t.size() != 1) throw py::value_error("SubspaceBasis: bad pickle");
+                       return Wrap(SubspaceBasis::Parse(BytesSpan(t[0].cast<py::bytes>())));
+                     }))
+      .def("__hash__",
+           [](const PyBasis& b) {
+             return static_cast<size_t>(b.basis->id().hash ^ b.basis->id().version);
+           })
       .def("__repr__", [](const PyBasis& b) {
         return absl::StrCat("SubspaceBasis(d=", b.basis->model_dim(), ", k=", b.basis->rank(),
                             ", M=", b.basis->components(), ", V=", b.basis->vocab_size(),
@@ -208,9 +215,10 @@ void BindSubspace(py::module_& m) {
            py::arg("basis"), py::arg("coefficient_dtype") = "bf16", py::arg("int8_block") = 32,
            py::arg("mixture_block") = 64)
       .def_property_readonly("basis", [](const PySubspaceCodec& c) { return PyBasis{c.basis}; })
-      .def_property_readonly("coefficient_dtype", [](const PySubspaceCodec& c) {
-        return std::string(DTypeName(c.options.coefficient_dtype));
-      })
+      .def_property_readonly("coefficient_dtype",
+                             [](const PySubspaceCodec& c) {
+                               return std::string(DTypeName(c.options.coefficient_dtype));
+                             })
       .def(
           "forward_payload_bytes",
           [](PySubspaceCodec& c, int64_t tokens) {
@@ -368,9 +376,9 @@ void BindSubspace(py::module_& m) {
         }
         return Wrap(std::move(fitted));
       },
-      py::arg("samples"), py::arg("rank"), py::arg("components") = 1,
-      py::arg("mixture_block") = 64, py::arg("iterations") = 10, py::arg("seed") = 0,
-      py::arg("version") = 0, py::arg("vocab_size") = 0, py::arg("table") = py::none(),
+      py::arg("samples"), py::arg("rank"), py::arg("components") = 1, py::arg("mixture_block") = 64,
+      py::arg("iterations") = 10, py::arg("seed") = 0, py::arg("version") = 0,
+      py::arg("vocab_size") = 0, py::arg("table") = py::none(),
       "Fits a basis to samples [n, d] of h - T[y] (PCA, or K-subspaces for a mixture).");
 }
 

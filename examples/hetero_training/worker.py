@@ -238,7 +238,9 @@ def main():
     log["final_counters"]["stage_sent"] = stage_sent
     # Everything else this rank sent on slow links is data-parallel synchronisation (and the
     # small world-communicator bookkeeping).
-    log["final_counters"]["dp_slow_sent"] = log["final_counters"]["slow_sent"] - stage_sent
+    stage_slow = stage_peer is not None and topo.link(rank, stage_peer) == "slow"
+    log["final_counters"]["dp_slow_sent"] = (log["final_counters"]["slow_sent"] -
+                                             (stage_sent if stage_slow else 0))
     if kind == "pipeline" and a.account:
         peer = topo.replicas[replica]["ranks"][1 - stage]
         log["stage_link"] = comm.link_counters(peer)

@@ -77,6 +77,19 @@ def main():
             state.close()
     with torch.no_grad():
         record["initial_loss"] = nn.functional.mse_loss(build_model()(x), y).item()
+
+    # Errors surface through DDP: with LBCC's communicator aborted (on every rank, before any
+    # operation, so no rank races another), the hook's future fails and backward() raises.
+    comm.abort()
+    model = DDP(build_model())
+    state = CompressedAllReduceState(comm, codec="int8")
+    model.register_comm_hook(state, compressed_allreduce_hook)
+    try:
+        nn.functional.mse_loss(model(x[:BATCH]), y[:BATCH]).backward()
+        record["error"] = None
+    except Exception as e:  # What DDP raised, for the test to inspect.
+        record["error"] = f"{type(e).__name__}: {e}"
+    state.close()
     torch.save(record, f"{out_dir}/rank{rank}.pt")
     comm.close()
     dist.destroy_process_group()

@@ -70,3 +70,9 @@ def test_hooks_actually_compress(results):
     """Sanity of the comparison: compressed training is close to, but not the same as, plain."""
     for variant in ("int8", "topk"):
         assert not torch.equal(results[0][variant]["params"][0], results[0]["plain"]["params"][0])
+
+
+def test_a_failed_exchange_raises_from_backward(results):
+    for r in range(WORLD):
+        error = results[r]["error"]
+        assert error is not None and "FAILED_PRECONDITION" in error, error

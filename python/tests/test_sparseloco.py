@@ -10,6 +10,7 @@ following AdamW inner steps carry such differences along. The replicas themselve
 bit-identical parameters (asserted with torch.equal).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -147,7 +148,8 @@ def assert_close(actual, expected, what):
 def test_replicas_hold_bit_identical_parameters(results):
     for step in range(common.OUTER_STEPS):
         for r in range(1, common.RANKS):
-            for a, b in zip(results[r]["steps"][step]["params"], results[0]["steps"][step]["params"]):
+            mine, first = results[r]["steps"][step]["params"], results[0]["steps"][step]["params"]
+            for a, b in zip(mine, first):
                 assert torch.equal(a, b), f"rank {r} differs from rank 0 after outer step {step}"
 
 
@@ -199,3 +201,42 @@ def test_rejects_other_chunk_sizes():
     with pytest.raises(lbcc.UnimplementedError) as e:
         SparseLoCo(torch.optim.SGD(model.parameters(), lr=0.1), comm=None, chunk=32)
     assert e.value.code == "UNIMPLEMENTED"
+
+
+def test_full_replica_syncs_each_shard_over_its_own_communicator():
+    """A full replica (rank 0) and one two-stage pipeline replica (ranks 1, 2): shard s = the
+    full replica + stage s. Rank 0 passes (params, communicator) per shard; each stage syncs its
+    part only. Every shard's replicas end bit-identical (threads over the loopback transport)."""
+    from conftest import run_ranks
+
+    topology = lbcc.Topology.from_json(json.dumps(
+        {"nranks": 3, "replicas": [{"kind": "full", "rank": 0},
+                                   {"kind": "pipeline", "stages": [1, 2]}]}))
+
+    def body(rank, comm):
+        torch.set_num_threads(1)
+        shards = lbcc.shard_communicators(comm)
+        model = common.build_model(5)
+        stage_params = [list(model[0].parameters()), list(model[2].parameters())]
+        if rank == 0:
+            params = stage_params[0] + stage_params[1]
+            groups = [(stage_params[0], shards[0]), (stage_params[1], shards[1])]
+        else:
+            params = stage_params[rank - 1]
+            groups = [(params, shards[rank - 1])]
+        opt = SparseLoCo(torch.optim.AdamW(params, lr=common.INNER_LR), groups,
+                         inner_steps=2, top_k=256)
+        for outer in range(2):
+            for i in range(2):
+                common.inner_step(model, opt, 5, rank, outer, i)
+                opt.step()
+        return sorted(shards), [[p.detach().clone() for p in s] for s in stage_params]
+
+    results = run_ranks(3, body, topology=topology)
+    assert [r[0] for r in results] == [[0, 1], [0], [1]]
+    full = results[0][1]
+    for a, b in zip(full[0], results[1][1][0]):
+        assert torch.equal(a, b)
+    for a, b in zip(full[1], results[2][1][1]):
+        assert torch.equal(a, b)
+    assert not torch.equal(full[0][0], common.build_model(5)[0].weight.detach())

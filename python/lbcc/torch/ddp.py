@@ -54,7 +54,8 @@ class _Completer:
             request, future, out, buffer = item
             try:
                 request.wait()
-                result = out.view(-1)[:buffer.numel()].view(buffer.shape).to(buffer.dtype)
+                result = out.view(-1)[:buffer.numel()].view(buffer.shape).to(
+                    device=buffer.device, dtype=buffer.dtype)
             except BaseException as e:  # Handed to whoever waits on the future.
                 future.set_exception(e)
                 continue
@@ -120,7 +121,7 @@ def _as_rows(flat):
 def compressed_allreduce_hook(state, bucket):
     """DDP communication hook: the mean of the bucket over the ranks, compressed by LBCC."""
     buffer = bucket.buffer()
-    grads = buffer.detach().to(torch.float32).contiguous().view(-1)
+    grads = buffer.detach().to("cpu", torch.float32).contiguous().view(-1)
     if state.iteration < state.start_iter:
         out = torch.empty_like(grads)
         request = state.comm.all_reduce(grads, out, op="mean", async_op=True,

@@ -34,7 +34,7 @@ class _Send(torch.autograd.Function):
     def forward(ctx, h, ids, boundary):
         tokens = h.reshape(-1, h.shape[-1])
         request = boundary.comm.send_subspace(
-            tokens.detach().to(torch.float32).contiguous(), boundary.peer, boundary.tag,
+            tokens.detach().to("cpu", torch.float32).contiguous(), boundary.peer, boundary.tag,
             boundary.codec, ids=ids, direction="forward", async_op=True)
         boundary._track(request)
         ctx.boundary = boundary
@@ -42,6 +42,7 @@ class _Send(torch.autograd.Function):
         ctx.request = request
         ctx.shape = h.shape
         ctx.dtype = h.dtype
+        ctx.device = h.device
         return h.new_zeros(())
 
     @staticmethod
@@ -53,12 +54,12 @@ class _Send(torch.autograd.Function):
         request = b.comm.recv_subspace(grad, b.peer, b.tag, ctx.codecs, direction="backward",
                                        async_op=True)
         request.wait(b.timeout)
-        return grad.view(shape).to(ctx.dtype), None, None
+        return grad.view(shape).to(device=ctx.device, dtype=ctx.dtype), None, None
 
 
 class _Recv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, anchor, boundary, tokens):
+    def forward(ctx, anchor, boundary, tokens, device):
         d = boundary.codec.basis.model_dim
         h = torch.empty(tokens, d, dtype=torch.float32)
         ids = torch.empty(tokens, dtype=torch.int32)
@@ -69,16 +70,18 @@ class _Recv(torch.autograd.Function):
         ctx.codec = boundary.codec
         ctx.selectors = selectors
         ctx.mark_non_differentiable(ids)
+        if device is not None:
+            h, ids = h.to(device), ids.to(device)
         return h, ids
 
     @staticmethod
     def backward(ctx, grad_h, unused_grad_ids):
         b = ctx.boundary
-        request = b.comm.send_subspace(grad_h.to(torch.float32).contiguous(), b.peer, b.tag,
-                                       ctx.codec, direction="backward", selectors=ctx.selectors,
-                                       async_op=True)
+        grad = grad_h.to("cpu", torch.float32).contiguous()
+        request = b.comm.send_subspace(grad, b.peer, b.tag, ctx.codec, direction="backward",
+                                       selectors=ctx.selectors, async_op=True)
         b._track(request)
-        return None, None, None
+        return None, None, None, None
 
 
 class PipelineBoundary:
@@ -119,12 +122,13 @@ class PipelineBoundary:
         """Sends activations h [..., d] (their residual minus T[ids] in span(U)) and the token
         ids (same leading shape). Returns a scalar whose backward() receives the gradient of h
         and propagates it into h's graph."""
-        ids32 = ids.reshape(-1).to(torch.int32).contiguous()
+        ids32 = ids.reshape(-1).to("cpu", torch.int32).contiguous()
         return _Send.apply(h, ids32, self)
 
-    def recv(self, tokens):
-        """Receives `tokens` activations: returns (h [tokens, d] requiring grad, ids int32)."""
-        return _Recv.apply(self._anchor, self, tokens)
+    def recv(self, tokens, device=None):
+        """Receives `tokens` activations: returns (h [tokens, d] float32 requiring grad, ids
+        int32), on `device` (default: the CPU, where LBCC receives)."""
+        return _Recv.apply(self._anchor, self, tokens, device)
 
     def update_basis(self, basis, keep_previous=1):
         """Switches to `basis` (both sides must, between the same two messages); the last

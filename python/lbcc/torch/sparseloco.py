@@ -11,7 +11,7 @@ sparseloco.md):
   5. theta_saved = theta_saved * (1 - outer_lr * weight_decay)   (optional, decoupled)
      theta_saved = theta_saved - g        (or - outer_lr * sign(g) with sign=True)
      theta_local = theta_saved
-The outer parameters are kept in fp32 whatever the model's dtype.
+The outer parameters are kept in fp32 in host memory, whatever the model's dtype and device.
 """
 
 import torch
@@ -80,10 +80,11 @@ class SparseLoCo:
             with torch.no_grad():
                 if sync_initial:
                     for p in params:
-                        buf = p.detach().to(torch.float32).contiguous().clone()
+                        buf = p.detach().to("cpu", torch.float32).contiguous().clone()
                         c.broadcast(buf, 0, timeout=timeout)
                         p.copy_(buf)
-                outer = [p.detach().to(torch.float32).contiguous().clone() for p in params]
+                outer = [p.detach().to("cpu", torch.float32).contiguous().clone()
+                         for p in params]
             states = [self.codec.new_state() for _ in params]
             self._groups.append({"params": params, "comm": c, "outer": outer, "states": states})
         self.inner_step_count = 0
@@ -110,7 +111,7 @@ class SparseLoCo:
         o = self.options
         for group in self._groups:
             params, outer, states = group["params"], group["outer"], group["states"]
-            deltas = [(saved - p.detach().to(torch.float32)).contiguous()
+            deltas = [(saved - p.detach().to("cpu", torch.float32)).contiguous()
                       for p, saved in zip(params, outer)]
             aggregates = [torch.empty_like(d) for d in deltas]
             group["comm"].sparse_all_reduce(deltas, aggregates, self.codec, states,
