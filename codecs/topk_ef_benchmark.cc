@@ -144,6 +144,13 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (run.run_type == Run::RT_Aggregate && !median) continue;
       for (const auto& [name, counter] : run.counters) {
         values_[run.run_name.str() + "#" + name] = counter.value;
+        // The same rate over CPU time instead of wall time: on a shared machine a one-thread
+        // case that was descheduled keeps a meaningful CPU-time rate.
+        const double cpu = run.GetAdjustedCPUTime();
+        if (cpu > 0) {
+          values_[run.run_name.str() + "#cpu_" + name] =
+              counter.value * run.GetAdjustedRealTime() / cpu;
+        }
       }
     }
     ConsoleReporter::ReportRuns(runs);
@@ -242,6 +249,17 @@ int main(int argc, char** argv) {
   }
   if (bits_adaptive > 0) {
     std::printf("  bits/param, 2-bit values, adaptive indices: %.5f   (<= 0.17)\n", bits_adaptive);
+  }
+  const double encode1_cpu =
+      get("BM_TopKEfEncode/4096/4096/real_time/threads:1", "cpu_items_per_second");
+  const double triad1_cpu = get("BM_Triad/16777216/real_time/threads:1", "cpu_items_per_second");
+  const double memcpy_cpu = get("BM_Memcpy/67108864/real_time/threads:1", "cpu_bytes_per_second");
+  const double dense_cpu = get("BM_DenseInt8RoundTrip/16777216/real_time", "cpu_bytes_per_second");
+  if (encode1_cpu > 0 && triad1_cpu > 0 && memcpy_cpu > 0 && dense_cpu > 0) {
+    std::printf("  over CPU time (1-thread cases): encode %.3f G elem/s = %.2f x triad (%.3f G/s); "
+                "int8 %.2f GB/s = %.2f x memcpy (%.2f GB/s)\n",
+                encode1_cpu / 1e9, encode1_cpu / triad1_cpu, triad1_cpu / 1e9, dense_cpu / 1e9,
+                dense_cpu / memcpy_cpu, memcpy_cpu / 1e9);
   }
   if (dense > 0 && memcpy > 0) {
     std::printf(
