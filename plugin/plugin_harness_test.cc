@@ -450,6 +450,21 @@ int RoleDeadPeer(const Args& args) {
   return 0;
 }
 
+// A configuration the plugin cannot use: init fails cleanly (NCCL then drops the plugin).
+int RoleInitFails(const Args& args) {
+  g_who = absl::StrCat("initfails v", Arg(args, "version"));
+  std::unique_ptr<PluginApi> api = LoadOrDie(args);
+  void* ctx = &ctx;
+  absl::Status status = api->Init(1, &ctx);
+  CHILD_CHECK(absl::StrContains(status.message(), "ncclInternalError"), status.ToString());
+  CHILD_CHECK(ctx == nullptr, "context left set after a failed init");
+  int ndev = 0;
+  CHILD_CHECK(!api->Devices(&ndev).ok(), "devices after a failed init");
+  CHILD_CHECK(Logged("NET/LBCC", Arg(args, "expect_log")), "the reason was not logged");
+  Say("ok");
+  return 0;
+}
+
 int RunRole(const Args& args) {
   // A hang ends as a failure (SIGALRM) instead of a stuck test.
   alarm(static_cast<unsigned>(IntArg(args, "alarm_s", 600)));
@@ -457,6 +472,7 @@ int RunRole(const Args& args) {
   if (role == "pair") return RolePair(args);
   if (role == "self") return RoleSelf(args);
   if (role == "deadpeer") return RoleDeadPeer(args);
+  if (role == "initfails") return RoleInitFails(args);
   Die(absl::StrCat("unknown role ", role));
 }
 
@@ -640,6 +656,17 @@ TEST_P(PluginVersionTest, SelfConnectAndBadInput) {
   EXPECT_EQ(Wait(pid), "exit 0");
 }
 
+TEST_P(PluginVersionTest, InitFailsCleanlyOnBadConfiguration) {
+  std::vector<std::string> env = kLoopbackEnv;
+  env.push_back("LBCC_PLUGIN_DEVICES=nosuchif0");
+  pid_t pid = Spawn(ChildArgv("initfails", GetParam(), {"--expect_log=nosuchif0"}), env);
+  EXPECT_EQ(Wait(pid), "exit 0");
+  env = kLoopbackEnv;
+  env.push_back("LBCC_SLOW_STRIPES=99");
+  pid = Spawn(ChildArgv("initfails", GetParam(), {"--expect_log=LBCC_SLOW_STRIPES"}), env);
+  EXPECT_EQ(Wait(pid), "exit 0");
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, PluginVersionTest, ::testing::Values(8, 9, 10, 11),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("v", info.param);
@@ -702,7 +729,9 @@ TEST(PluginTestbedTest, TrafficOverA100MbitLink) {
     wrapped.insert(wrapped.end(), argv.begin(), argv.end());
     return wrapped;
   };
-  std::vector<std::string> env = {"LBCC_DEBUG=INFO", "UCX_MEM_EVENTS=no", "LBCC_SLOW_STRIPES=2"};
+  // UCX over tcp only: shared memory between the two processes would bypass the shaped link.
+  std::vector<std::string> env = {"LBCC_DEBUG=INFO", "UCX_MEM_EVENTS=no", "UCX_TLS=tcp",
+                                  "LBCC_SLOW_STRIPES=2"};
   RunPair("pair", 11,
           {"--groups=250", "--max_random_kib=256", "--specials=0,1,67108864",
            "--expect_link=slow link, 2 stripes", "--expect_measured_slow=1"},
