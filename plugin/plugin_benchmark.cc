@@ -58,6 +58,7 @@ std::string g_self;
 std::string g_plugin;
 std::string g_testbed;
 int g_rounds = 5;
+bool g_pin = true;  // --pin=0: let the scheduler place the processes.
 
 using Args = std::map<std::string, std::string>;
 
@@ -358,7 +359,7 @@ absl::StatusOr<double> RunOnce(const std::string& kind, const Link& link) {
         g_self, "--role=" + kind + (receiver ? "_recv" : "_send"),
         absl::StrCat("--fd=", pair[rank]), absl::StrCat("--messages=", link.messages),
         "--plugin=" + g_plugin, "--ip=" + (receiver ? link.receiver_ip : link.sender_ip),
-        absl::StrCat("--cpu=", rank)};
+        g_pin ? absl::StrCat("--cpu=", rank) : std::string("--cpu_unpinned=1")};
     if (!link.testbed_name.empty()) {
       std::vector<std::string> wrapped = {g_testbed, "exec", "--name", link.testbed_name,
                                           absl::StrCat(rank), "--"};
@@ -510,6 +511,7 @@ int main(int argc, char** argv) {
     g_testbed = resolved;
   }
   if (args.count("rounds")) g_rounds = std::max(1, std::stoi(args["rounds"]));
+  if (args.count("pin")) g_pin = args["pin"] != "0";
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
   benchmark::RunSpecifiedBenchmarks();
