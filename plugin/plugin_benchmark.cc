@@ -9,7 +9,8 @@
 //                         transport_to_shaped divide by 100 Mbit/s. Skipped without the testbed
 //                         (--testbed=path/to/tools/testbed/testbed).
 //
-// Each benchmark alternates transport and plugin runs (--rounds, default 5) and reports medians;
+// Each process is pinned to its own core (--pin=0: not), the same for both kinds. Each benchmark
+// alternates transport and plugin runs (--rounds, default 5) and reports medians;
 // rates are measured at the receiver from the completion of the window's last warm-up message to
 // the completion of the last one. load1 is the 1-minute load average when the benchmark started.
 //
