@@ -41,6 +41,8 @@ constexpr Spec kSpecs[] = {
      "Transport: largest transfer per direction of the connect-time link probe (it grows from "
      "64K until a transfer takes 20 ms).",
      {}, 65536, 1 << 30},
+    {"LBCC_LINK_RULES_FILE", Type::kString, "",
+     "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer."},
     {"LBCC_LISTEN_ADDR", Type::kString, "127.0.0.1",
      "IPv4 address this rank listens on for other ranks (its own address on the network)."},
     {"LBCC_PEER_TIMEOUT_MS", Type::kInt, "10000",
@@ -85,8 +87,6 @@ constexpr Spec kSpecs[] = {
     {"LBCC_TIMEOUT_S", Type::kDouble, "300",
      "Seconds a communicator waits for set-up or for one operation before failing it.", {},
      0.001, 86400},
-    {"LBCC_TOPOLOGY_FILE", Type::kString, "",
-     "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer."},
     {"LBCC_TOPO_FILE", Type::kString, "",
      "Topology JSON file (islands, replicas, link overrides); default: same host = fast island."},
     {"LBCC_TRANSPORT", Type::kEnum, "ucx",

@@ -59,5 +59,24 @@ TEST(CondVarTest, DeadlineInThePastTimesOutAndKeepsTheLock) {
   EXPECT_FALSE(mu.TryLock());  // Still held by this thread after the waits.
 }
 
+TEST(MutexTest, AwaitReturnsWhenTheConditionHolds) {
+  Mutex mu;
+  int stage = 0;
+  std::thread producer([&] {
+    for (int i = 1; i <= 3; ++i) {
+      MutexLock lock(&mu);
+      stage = i;
+    }
+  });
+  {
+    MutexLock lock(&mu);
+    mu.Await([&] { return stage == 3; });
+    EXPECT_EQ(stage, 3);
+  }
+  producer.join();
+  MutexLock lock(&mu);
+  EXPECT_FALSE(mu.AwaitWithTimeout([&] { return stage == 4; }, absl::Milliseconds(5)));
+}
+
 }  // namespace
 }  // namespace lbcc

@@ -81,8 +81,8 @@ struct Row {
   int64_t bytes = 0, count = 0;
   double seconds = 0, algbw = 0, busbw = 0;
   double wire_recv = 0, ratio = 0, error = 0;
-  double fast_bytes = 0, slow_bytes = 0;
-  std::string algorithm;
+  double fast_bytes = 0, slow_bytes = 0;    // Received by this rank (rank 0 prints).
+  double fast_total = 0, slow_total = 0;    // Received by all ranks together.
 };
 
 absl::StatusOr<codecs::ValueCoding> ParseValues(const std::string& name) {
@@ -124,8 +124,11 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
     LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(input.data(), shape));
     LBCC_ASSIGN_OR_RETURN(TensorView out, TensorView::Host(output.data(), shape));
     iteration = [&, in, out] {
-      return comm.SparseAllReduce({{in, out, &state}}, topk.get(),
-                                  {codecs::Aggregation::kSparseLoCoMean, false}, algorithm)
+      comm::OpOptions op = Communicator::BulkOptions();
+      op.algorithm = algorithm;
+      return comm
+          .SparseAllReduce({{in, out, &state}}, topk.get(),
+                           {codecs::Aggregation::kSparseLoCoMean, false}, op)
           ->Wait();
     };
     // Relative L2 error of the aggregate against the dense mean (first exchange, fresh state).
@@ -213,6 +216,16 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
   row.fast_bytes = static_cast<double>(after.fast_received - before.fast_received) / iters;
   row.slow_bytes = static_cast<double>(after.slow_received - before.slow_received) / iters;
   row.wire_recv = row.fast_bytes + row.slow_bytes;
+  // Job-wide link-class bytes: every rank's received bytes, summed (AllGather of int64 pairs).
+  int64_t mine[2] = {static_cast<int64_t>(row.fast_bytes), static_cast<int64_t>(row.slow_bytes)};
+  std::vector<int64_t> all(2 * n);
+  LBCC_ASSIGN_OR_RETURN(TensorView mine_view, TensorView::Create(mine, DType::kI64, {2}));
+  LBCC_ASSIGN_OR_RETURN(TensorView all_view, TensorView::Create(all.data(), DType::kI64, {2 * n}));
+  LBCC_RETURN_IF_ERROR(comm.AllGather(mine_view, all_view)->Wait());
+  for (int r = 0; r < n; ++r) {
+    row.fast_total += static_cast<double>(all[2 * r]);
+    row.slow_total += static_cast<double>(all[2 * r + 1]);
+  }
   row.algbw = row.bytes / seconds / 1e9;
   row.busbw = op == "sparse_allreduce" ? row.wire_recv / seconds / 1e9 : row.algbw * bus_factor;
   // Dense bytes a rank would receive for the same operation, over what it received.
@@ -310,9 +323,11 @@ int Run() {
     } else {
       std::printf("# error = max abs vs dense reference\n");
     }
-    std::printf("%12s %12s %12s %10s %10s %14s %9s %10s %14s %14s\n", "size(B)", "count",
+    std::printf("# wire/fast/slow: bytes rank 0 received per operation; slow_all: every rank's "
+                "slow-link bytes\n");
+    std::printf("%12s %12s %12s %10s %10s %14s %9s %10s %14s %14s %14s\n", "size(B)", "count",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wire_recv(B)", "ratio", "error",
-                "fast_recv(B)", "slow_recv(B)");
+                "fast_recv(B)", "slow_recv(B)", "slow_all(B)");
   }
   nlohmann::json rows = nlohmann::json::array();
   int index = 0;
@@ -329,10 +344,10 @@ int Run() {
       return 1;
     }
     if (leader) {
-      std::printf("%12lld %12lld %12.1f %10.3f %10.3f %14.0f %9.1f %10.3g %14.0f %14.0f\n",
+      std::printf("%12lld %12lld %12.1f %10.3f %10.3f %14.0f %9.1f %10.3g %14.0f %14.0f %14.0f\n",
                   static_cast<long long>(row->bytes), static_cast<long long>(row->count),
                   row->seconds * 1e6, row->algbw, row->busbw, row->wire_recv, row->ratio,
-                  row->error, row->fast_bytes, row->slow_bytes);
+                  row->error, row->fast_bytes, row->slow_bytes, row->slow_total);
       std::fflush(stdout);
       rows.push_back({{"op", op},
                       {"ranks", n},
@@ -345,7 +360,9 @@ int Run() {
                       {"compression_ratio", row->ratio},
                       {"error", row->error},
                       {"fast_recv_bytes", row->fast_bytes},
-                      {"slow_recv_bytes", row->slow_bytes}});
+                      {"slow_recv_bytes", row->slow_bytes},
+                      {"fast_recv_bytes_all_ranks", row->fast_total},
+                      {"slow_recv_bytes_all_ranks", row->slow_total}});
     }
   }
   if (leader && !absl::GetFlag(FLAGS_json).empty()) {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/types/span.h"
 #include "base/check.h"
@@ -65,7 +66,7 @@ class BitWriter {
 class BitReader {
  public:
   // `in` must outlive the reader.
-  explicit BitReader(absl::Span<const uint8_t> in) : in_(in) {}
+  explicit BitReader(absl::Span<const uint8_t> in) : p_(in.data()), end_(in.data() + in.size()) {}
 
   // Reads `bits` (<= 32) bits into *value; false when the stream runs out.
   bool Get(int bits, uint32_t* value) {
@@ -73,7 +74,7 @@ class BitReader {
       Refill();
       if (fill_ < bits) return false;
     }
-    *value = bits == 0 ? 0u : static_cast<uint32_t>(acc_ & ((uint64_t{1} << bits) - 1));
+    *value = static_cast<uint32_t>(acc_ & ((uint64_t{1} << bits) - 1));
     acc_ >>= bits;
     fill_ -= bits;
     return true;
@@ -86,37 +87,48 @@ class BitReader {
         Refill();
         if (fill_ == 0) return false;
       }
-      // Ones at the bottom of the accumulator; the bits above fill_ are zero, so the count
-      // stops at fill_ at the latest.
+      // Ones at the bottom of the accumulator, counted up to fill_ (bits above fill_ are not
+      // part of the stream yet).
       const uint64_t zeros = ~acc_;
       int ones = zeros == 0 ? 64 : __builtin_ctzll(zeros);
       if (ones > fill_) ones = fill_;
+      total += static_cast<uint32_t>(ones);
+      if (total > max) return false;
       if (ones < fill_) {
-        total += static_cast<uint32_t>(ones);
-        if (total > max) return false;
         acc_ >>= ones + 1;
         fill_ -= ones + 1;
         *q = total;
         return true;
       }
-      total += static_cast<uint32_t>(ones);
-      if (total > max) return false;
       acc_ = 0;
       fill_ = 0;
     }
   }
   // True when every byte was consumed and the unread bits of the last byte are zero.
-  bool AtCleanEnd() const { return pos_ == in_.size() && fill_ < 8 && acc_ == 0; }
+  bool AtCleanEnd() const { return p_ == end_ && fill_ < 8 && (acc_ & Mask(fill_)) == 0; }
 
  private:
+  static uint64_t Mask(int bits) { return bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1; }
+
+  // Tops the accumulator up to 56..63 bits. With 8 bytes left it loads a word and advances by
+  // the whole bytes that fit; the partial byte it also ORs in above fill_ is the same byte the
+  // next refill adds at the same position, so the bits agree.
   void Refill() {
-    while (fill_ <= 56 && pos_ < in_.size()) {
-      acc_ |= static_cast<uint64_t>(in_[pos_++]) << fill_;
+    if (end_ - p_ >= 8) {
+      uint64_t word;
+      std::memcpy(&word, p_, 8);
+      acc_ |= word << fill_;
+      p_ += (63 - fill_) >> 3;
+      fill_ |= 56;
+      return;
+    }
+    while (fill_ <= 56 && p_ < end_) {
+      acc_ |= static_cast<uint64_t>(*p_++) << fill_;
       fill_ += 8;
     }
   }
-  absl::Span<const uint8_t> in_;
-  size_t pos_ = 0;
+  const uint8_t* p_;
+  const uint8_t* end_;
   uint64_t acc_ = 0;
   int fill_ = 0;
 };

@@ -33,7 +33,8 @@ absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape)
   } else {
     g.cols = shape.back();
     g.rows = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) g.rows *= shape[i];  // no overflow: product checked
+    for (size_t i = 0; i + 1 < shape.size(); ++i)
+      g.rows *= shape[i];  // no overflow: product checked
   }
   if (g.num_elements == 0) {
     // Keep the edges meaningful for reporting, but there is nothing to chunk.

@@ -37,7 +37,7 @@ double RoundHalfEven(double x);
 int64_t ChunkEdge(int64_t n);
 
 struct ChunkGeometry {
-  int64_t rows = 0;        // matrix view
+  int64_t rows = 0;  // matrix view
   int64_t cols = 0;
   int64_t h = 0;           // chunk edge along rows
   int64_t w = 0;           // chunk edge along cols

@@ -62,9 +62,9 @@ absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloa
                                                      CodecName(s.infos[0].codec)));
     }
     if (info.shape != out.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "decode: payload ", r, " has shape ", ShapeToString(info.shape), ", the output ",
-          ShapeToString(out.shape())));
+      return absl::InvalidArgumentError(absl::StrCat("decode: payload ", r, " has shape ",
+                                                     ShapeToString(info.shape), ", the output ",
+                                                     ShapeToString(out.shape())));
     }
   }
   const absl::Span<const PayloadInfo> infos(s.infos.data(), payloads.size());
@@ -74,8 +74,9 @@ absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloa
     case CodecId::kDenseQuant:
       return internal::DenseQuantDecodeAccumulate(infos, options, out, s);
     default:
-      return absl::UnimplementedError(absl::StrCat(
-          "decode: ", CodecName(s.infos[0].codec), " payloads are not decoded by DecodeAccumulate"));
+      return absl::UnimplementedError(
+          absl::StrCat("decode: ", CodecName(s.infos[0].codec),
+                       " payloads are not decoded by DecodeAccumulate"));
   }
 }
 
@@ -94,11 +95,10 @@ absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes) {
     case CodecId::kTopKEf: {
       LBCC_ASSIGN_OR_RETURN(TopKEfHeader h, ParseTopKEfHeader(info));
       std::vector<uint16_t> indices(static_cast<size_t>(h.layout.count()));
-      LBCC_RETURN_IF_ERROR(h.indices == IndexCoding::kAdaptive
-                               ? DecodeAdaptive(h.index_section, h.layout, h.adaptive,
-                                                absl::MakeSpan(indices))
-                               : DecodePacked12(h.index_section, h.layout,
-                                                absl::MakeSpan(indices)));
+      LBCC_RETURN_IF_ERROR(
+          h.indices == IndexCoding::kAdaptive
+              ? DecodeAdaptive(h.index_section, h.layout, h.adaptive, absl::MakeSpan(indices))
+              : DecodePacked12(h.index_section, h.layout, absl::MakeSpan(indices)));
       ValueDecoder values;
       LBCC_RETURN_IF_ERROR(
           values.Init(h.values, h.value_params, h.value_section, h.layout.count()));
@@ -121,10 +121,10 @@ absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes) {
     case CodecId::kDenseQuant: {
       LBCC_ASSIGN_OR_RETURN(DenseQuantHeader h, ParseDenseQuantHeader(info));
       summary.selected = info.num_elements;
-      summary.details = absl::StrFormat(
-          "format %s, %s rounding%s", std::string(DenseFormatName(h.format)),
-          h.stochastic ? "stochastic" : "nearest",
-          h.block > 0 ? absl::StrFormat(", blocks of %d", h.block) : std::string());
+      summary.details =
+          absl::StrFormat("format %s, %s rounding%s", std::string(DenseFormatName(h.format)),
+                          h.stochastic ? "stochastic" : "nearest",
+                          h.block > 0 ? absl::StrFormat(", blocks of %d", h.block) : std::string());
       break;
     }
     default:

@@ -50,7 +50,8 @@ TEST(CodecAllocTest, SteadyStateEncodeCommitAndDecodeDoNotAllocate) {
     std::vector<float> delta = Normals(n, 1), out(n);
     const TensorView view = *TensorView::Host(delta.data(), shape);
     const TensorView out_view = *TensorView::Host(out.data(), shape);
-    std::vector<std::vector<uint8_t>> payloads(3, std::vector<uint8_t>(*codec->MaxEncodedBytes(shape)));
+    std::vector<std::vector<uint8_t>> payloads(
+        3, std::vector<uint8_t>(*codec->MaxEncodedBytes(shape)));
     std::vector<uint8_t> dense_payload(*dense->MaxEncodedBytes(shape));
     std::vector<absl::Span<const uint8_t>> spans(3);
     for (int round = 0; round < 3; ++round) {
@@ -63,10 +64,12 @@ TEST(CodecAllocTest, SteadyStateEncodeCommitAndDecodeDoNotAllocate) {
       }
       ASSERT_TRUE(DecodeAccumulate(spans, {}, out_view, &scratch).ok());
       ASSERT_TRUE(DecodeAccumulate(spans, {Aggregation::kSum, true}, out_view, &scratch).ok());
-      absl::StatusOr<size_t> dense_size = dense->Encode(view, nullptr, absl::MakeSpan(dense_payload));
+      absl::StatusOr<size_t> dense_size =
+          dense->Encode(view, nullptr, absl::MakeSpan(dense_payload));
       ASSERT_TRUE(dense_size.ok());
       const absl::Span<const uint8_t> dense_span(dense_payload.data(), *dense_size);
-      ASSERT_TRUE(DecodeAccumulate(absl::MakeConstSpan(&dense_span, 1), {}, out_view, &scratch).ok());
+      ASSERT_TRUE(
+          DecodeAccumulate(absl::MakeConstSpan(&dense_span, 1), {}, out_view, &scratch).ok());
       const int64_t allocations = g_allocations.load() - before;
       if (round > 0) EXPECT_EQ(allocations, 0) << "round " << round;
     }

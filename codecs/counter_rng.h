@@ -26,8 +26,8 @@ inline uint32_t Mix32(uint32_t x) {
 }
 
 inline uint32_t CounterRandom32(uint64_t seed, uint64_t n) {
-  const uint32_t high = Mix32(static_cast<uint32_t>(n >> 32) + static_cast<uint32_t>(seed >> 32) +
-                              0x9e3779b9u);
+  const uint32_t high =
+      Mix32(static_cast<uint32_t>(n >> 32) + static_cast<uint32_t>(seed >> 32) + 0x9e3779b9u);
   return Mix32(Mix32(static_cast<uint32_t>(n) ^ static_cast<uint32_t>(seed)) ^ high);
 }
 

@@ -62,6 +62,22 @@ int64_t CountGeScalar(const uint32_t* bits, int64_t m, uint32_t thr) {
   return n;
 }
 
+uint32_t KthLargestScalar(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo, uint32_t hi,
+                          int64_t* count_lo, int64_t* count_hi) {
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    const int64_t count = CountGeScalar(bits, m, mid);
+    if (count >= k) {
+      lo = mid;
+      *count_lo = count;
+    } else {
+      hi = mid;
+      *count_hi = count;
+    }
+  }
+  return lo;
+}
+
 void BinMeanCodesScalar(const float* c, int64_t n, float scale, float offset, float max_code,
                         uint8_t* codes) {
   for (int64_t i = 0; i < n; ++i) {
@@ -77,7 +93,7 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
   *max_abs_bits = max_bits;
   float absmax;
   std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = absmax / 127.0f;
+  const float scale = std::min(absmax / 127.0f, kMaxScale8);
   if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
     std::memset(codes, 0, static_cast<size_t>(n));
     return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
@@ -87,6 +103,24 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
     codes[i] = static_cast<int8_t>(q);
   }
   return scale;
+}
+
+void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                         int64_t stride, int rule, float replicas, bool accumulate) {
+  for (int64_t r = 0; r < h; ++r) {
+    float* a = acc + r * w;
+    uint16_t* n = count + r * w;
+    float* o = out + r * stride;
+    for (int64_t c = 0; c < w; ++c) {
+      if (n[c] == 0) continue;
+      float agg = a[c];
+      if (rule == 0) agg = agg / static_cast<float>(n[c]);
+      if (rule == 1) agg = agg / replicas;
+      o[c] = accumulate ? o[c] + agg : agg;
+      a[c] = -0.0f;
+      n[c] = 0;
+    }
+  }
 }
 
 void Dequant8BlockScalar(const int8_t* codes, int64_t n, float scale, float* out) {
@@ -102,8 +136,10 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 }
 
 const CpuKernels kScalarKernels = {
-    SimdLevel::kScalar,  EfUpdateScalar,      CompactScalar,   FilterGeScalar,   CountGeScalar,
-    BinMeanCodesScalar,  Absmax8BlockScalar,  Dequant8BlockScalar,    Dequant8BlockAddScalar,
+    SimdLevel::kScalar,  EfUpdateScalar,         CompactScalar,       FilterGeScalar,
+    CountGeScalar,       KthLargestScalar,       BinMeanCodesScalar,  FinalizeBlockScalar,
+    Absmax8BlockScalar,
+    Dequant8BlockScalar, Dequant8BlockAddScalar,
 };
 
 }  // namespace

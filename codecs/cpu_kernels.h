@@ -42,14 +42,29 @@ struct CpuKernels {
   // Number of i < m with (bits[i] & kAbsMask) >= thr.
   int64_t (*count_ge)(const uint32_t* bits, int64_t m, uint32_t thr);
 
+  // Bisection for the k-th largest |value| among the m entries of `bits`: given lo with
+  // count_ge(lo) >= k (count *count_lo) and hi with count_ge(hi) < k (count *count_hi), returns
+  // the largest t with count_ge(t) >= k and updates *count_lo = count_ge(t), *count_hi =
+  // count_ge(t + 1).
+  uint32_t (*kth_largest)(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo, uint32_t hi,
+                          int64_t* count_lo, int64_t* count_hi);
+
   // Bin-mean codes of centered values c: codes[i] = clamp(round_half_even((c[i] / scale) +
   // offset), 0, max_code), fp32 operations.
   void (*binmean_codes)(const float* c, int64_t n, float scale, float offset, float max_code,
                         uint8_t* codes);
 
+  // Writes one chunk's aggregate into the output, position by position over the h x w block:
+  // where count[l] > 0, agg = acc[l] (kSum), acc[l] / count[l] (kSparseLoCoMean) or
+  // acc[l] / replicas (kMean), fp32 division, and out = agg (or out + agg when accumulate);
+  // where count[l] is 0 the output keeps its bits. Resets acc to -0 and count to 0.
+  // `rule` is codec.h's Aggregation as an int (0 sparseloco, 1 mean, 2 sum).
+  void (*finalize_block)(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                         int64_t stride, int rule, float replicas, bool accumulate);
+
   // Dense blockwise int8 absmax over one block of n values: returns the block's scale
-  // (absmax / 127, 0 for an all-zero block) after writing codes; max_abs_bits receives the
-  // largest |x| as bits (non-finite check). Round half to even.
+  // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits
+  // receives the largest |x| as bits (non-finite check). Round half to even.
   float (*absmax8_block)(const float* x, int64_t n, int8_t* codes, uint32_t* max_abs_bits);
   // out[i] = codes[i] * scale (codes clamped to [-127, 127]); accumulate: out[i] += that.
   void (*dequant8_block)(const int8_t* codes, int64_t n, float scale, float* out);
@@ -59,6 +74,11 @@ struct CpuKernels {
 const CpuKernels& KernelsFor(SimdLevel level);
 // KernelsFor(ActiveSimdLevel()).
 const CpuKernels& ActiveKernels();
+
+// Absmax scales are capped so that qmax * scale stays finite (only values within 1 % of
+// FLT_MAX feel it): at most FLT_MAX / 128 for 8-bit codes, FLT_MAX / 8 for 4-bit codes.
+inline constexpr float kMaxScale8 = 3.4028234663852886e38f / 128;
+inline constexpr float kMaxScale4 = 3.4028234663852886e38f / 8;
 
 // Python's round() on floats, independent of the FPU rounding mode.
 float RoundHalfEvenF(float x);

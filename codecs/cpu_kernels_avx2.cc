@@ -151,8 +151,8 @@ LBCC_AVX2 int64_t CountGeAvx2(const uint32_t* bits, int64_t m, uint32_t thr) {
   __m256i acc = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 8 <= m; i += 8) {
-    const __m256i a = _mm256_and_si256(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
+    const __m256i a =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
     acc = _mm256_sub_epi32(acc, _mm256_cmpgt_epi32(a, below));
   }
   alignas(32) int32_t lanes[8];
@@ -161,6 +161,45 @@ LBCC_AVX2 int64_t CountGeAvx2(const uint32_t* bits, int64_t m, uint32_t thr) {
   for (int lane = 0; lane < 8; ++lane) n += lanes[lane];
   for (; i < m; ++i) n += (bits[i] & kAbsMask) >= thr;
   return n;
+}
+
+LBCC_AVX2 uint32_t KthLargestAvx2(const uint32_t* bits, int64_t m, int64_t k, uint32_t lo,
+                                  uint32_t hi, int64_t* count_lo, int64_t* count_hi) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  const int64_t full = m & ~int64_t{7};
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    const __m256i below = _mm256_set1_epi32(static_cast<int>(mid) - 1);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 16 <= full; i += 16) {
+      const __m256i a0 = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
+      const __m256i a1 = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i + 8)), mask);
+      acc0 = _mm256_sub_epi32(acc0, _mm256_cmpgt_epi32(a0, below));
+      acc1 = _mm256_sub_epi32(acc1, _mm256_cmpgt_epi32(a1, below));
+    }
+    for (; i < full; i += 8) {
+      const __m256i a = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)), mask);
+      acc0 = _mm256_sub_epi32(acc0, _mm256_cmpgt_epi32(a, below));
+    }
+    __m256i acc = _mm256_add_epi32(acc0, acc1);
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
+    int64_t count = _mm_cvtsi128_si32(sum);
+    for (; i < m; ++i) count += (bits[i] & kAbsMask) >= mid;
+    if (count >= k) {
+      lo = mid;
+      *count_lo = count;
+    } else {
+      hi = mid;
+      *count_hi = count;
+    }
+  }
+  return lo;
 }
 
 LBCC_AVX2 void BinMeanCodesAvx2(const float* c, int64_t n, float scale, float offset,
@@ -185,14 +224,13 @@ LBCC_AVX2 void BinMeanCodesAvx2(const float* c, int64_t n, float scale, float of
   }
 }
 
-LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
-                                 uint32_t* max_abs_bits) {
+LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes, uint32_t* max_abs_bits) {
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
   __m256i vmax0 = _mm256_setzero_si256(), vmax1 = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    vmax0 = _mm256_max_epu32(
-        vmax0, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), mask));
+    vmax0 = _mm256_max_epu32(vmax0,
+                             _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), mask));
     vmax1 = _mm256_max_epu32(
         vmax1, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i + 8)), mask));
   }
@@ -201,7 +239,7 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
   *max_abs_bits = max_bits;
   float absmax;
   std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = absmax / 127.0f;
+  const float scale = std::min(absmax / 127.0f, kMaxScale8);
   if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
     std::memset(codes, 0, static_cast<size_t>(n));
     return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
@@ -228,6 +266,44 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes,
     codes[i] = static_cast<int8_t>(q);
   }
   return scale;
+}
+
+LBCC_AVX2 void FinalizeBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                                 int64_t stride, int rule, float replicas, bool accumulate) {
+  const __m256 neg_zero = _mm256_set1_ps(-0.0f);
+  const __m256 vreplicas = _mm256_set1_ps(replicas);
+  const __m256i zero = _mm256_setzero_si256();
+  for (int64_t r = 0; r < h; ++r) {
+    float* a = acc + r * w;
+    uint16_t* n = count + r * w;
+    float* o = out + r * stride;
+    int64_t c = 0;
+    for (; c + 8 <= w; c += 8) {
+      const __m256i cnt =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(n + c)));
+      const __m256 taken = _mm256_castsi256_ps(
+          _mm256_xor_si256(_mm256_cmpeq_epi32(cnt, zero), _mm256_set1_epi32(-1)));
+      // No branch on `taken`: on dense chunks it would mispredict; untouched lanes are rewritten
+      // with their own bits.
+      __m256 agg = _mm256_loadu_ps(a + c);
+      if (rule == 0) agg = _mm256_div_ps(agg, _mm256_cvtepi32_ps(cnt));
+      if (rule == 1) agg = _mm256_div_ps(agg, vreplicas);
+      const __m256 old = _mm256_loadu_ps(o + c);
+      const __m256 value = accumulate ? _mm256_add_ps(old, agg) : agg;
+      _mm256_storeu_ps(o + c, _mm256_blendv_ps(old, value, taken));
+      _mm256_storeu_ps(a + c, neg_zero);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(n + c), _mm_setzero_si128());
+    }
+    for (; c < w; ++c) {
+      if (n[c] == 0) continue;
+      float agg = a[c];
+      if (rule == 0) agg = agg / static_cast<float>(n[c]);
+      if (rule == 1) agg = agg / replicas;
+      o[c] = accumulate ? o[c] + agg : agg;
+      a[c] = -0.0f;
+      n[c] = 0;
+    }
+  }
 }
 
 template <bool kAdd>
@@ -263,8 +339,8 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 }
 
 const CpuKernels kAvx2Kernels = {
-    SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,   FilterGeAvx2,    CountGeAvx2,
-    BinMeanCodesAvx2, Absmax8BlockAvx2,  Dequant8BlockAvx2, Dequant8BlockAddAvx2,
+    SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,      FilterGeAvx2,      CountGeAvx2,
+    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2, Dequant8BlockAvx2, Dequant8BlockAddAvx2,
 };
 
 }  // namespace

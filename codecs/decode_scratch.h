@@ -22,15 +22,15 @@ struct TopKParsed {
 };
 
 struct DecodeScratchImpl {
-  std::vector<PayloadInfo> infos;    // per payload: the parsed envelope
-  std::vector<uint16_t> indices;     // every payload's decoded local indices
-  std::vector<TopKParsed> topk;      // per payload
-  std::vector<float> acc;            // per-chunk accumulator (4096)
-  std::vector<uint16_t> count;       // per-chunk selection counts (4096)
-  std::vector<int64_t> local_offset; // local position -> offset from the chunk's corner
-  std::vector<float> values;         // one chunk's decoded values (4096)
+  std::vector<PayloadInfo> infos;               // per payload: the parsed envelope
+  std::vector<uint16_t> indices;                // every payload's decoded local indices
+  std::vector<TopKParsed> topk;                 // per payload
+  std::vector<float> acc;                       // per-chunk accumulator (4096)
+  std::vector<uint16_t> count;                  // per-chunk selection counts (4096)
+  std::vector<int64_t> local_offset;            // local position -> offset from the chunk's corner
+  std::vector<float> values;                    // one chunk's decoded values (4096)
   std::vector<DenseQuantHeader> dense_headers;  // per payload
-  std::vector<float> dense;          // dense decoders: accumulator and one payload's tile
+  std::vector<float> dense;  // dense decoders: accumulator and one payload's tile
 };
 
 }  // namespace lbcc::codecs::internal

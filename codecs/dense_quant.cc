@@ -27,6 +27,8 @@ absl::Status Corrupt(absl::string_view what) {
 
 bool IsInt(DenseFormat f) { return f == DenseFormat::kInt8 || f == DenseFormat::kInt4; }
 
+float MaxScale(DenseFormat f) { return f == DenseFormat::kInt8 ? kMaxScale8 : kMaxScale4; }
+
 int64_t NumBlocks(int64_t n, int64_t block) { return block > 0 ? (n + block - 1) / block : 0; }
 
 size_t CodeBytes(DenseFormat f, int64_t n) {
@@ -65,8 +67,8 @@ absl::Status NotFinite(int64_t i) {
 }
 
 // Scalar blockwise absmax for int8 (stochastic) and int4 (both roundings).
-absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t n,
-                             uint8_t* scales, uint8_t* codes) {
+absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t n, uint8_t* scales,
+                             uint8_t* codes) {
   const float qmax = o.format == DenseFormat::kInt8 ? 127.0f : 7.0f;
   if (o.format == DenseFormat::kInt4) std::memset(codes, 0, CodeBytes(o.format, n));
   for (int64_t b = 0, blocks = NumBlocks(n, o.block); b < blocks; ++b) {
@@ -76,7 +78,7 @@ absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t
       if (!std::isfinite(x[i])) return NotFinite(i);
       absmax = std::max(absmax, std::fabs(x[i]));
     }
-    const float scale = absmax / qmax;
+    const float scale = std::min(absmax / qmax, MaxScale(o.format));
     StoreF32(scales + 4 * b, scale);
     for (int64_t i = begin; i < end; ++i) {
       float q = 0;
@@ -114,7 +116,8 @@ absl::Status EncodeHalf(const DenseQuantOptions& o, const float* x, int64_t n, u
     uint16_t c;
     if (bf16) {
       if (o.stochastic) {
-        const uint32_t bits = FloatBits(v) + (CounterRandom32(o.seed, static_cast<uint64_t>(i)) & 0xFFFFu);
+        const uint32_t bits =
+            FloatBits(v) + (CounterRandom32(o.seed, static_cast<uint64_t>(i)) & 0xFFFFu);
         c = static_cast<uint16_t>(bits >> 16);
       } else {
         c = F32ToBf16(v);
@@ -212,13 +215,13 @@ absl::StatusOr<DenseFormat> ParseDenseFormat(absl::string_view name) {
 }
 
 absl::Status DenseQuantOptions::Validate() const {
-  if (format != DenseFormat::kInt8 && format != DenseFormat::kInt4 &&
-      format != DenseFormat::kF16 && format != DenseFormat::kBf16) {
+  if (format != DenseFormat::kInt8 && format != DenseFormat::kInt4 && format != DenseFormat::kF16 &&
+      format != DenseFormat::kBf16) {
     return absl::InvalidArgumentError("dense_quant: unknown format");
   }
   if (IsInt(format) && (block < 16 || block > 65536 || block % 16 != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dense_quant: block ", block, " must be a multiple of 16 in [16, 65536]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense_quant: block ", block, " must be a multiple of 16 in [16, 65536]"));
   }
   return absl::OkStatus();
 }
@@ -312,6 +315,11 @@ absl::StatusOr<DenseQuantHeader> ParseDenseQuantHeader(const PayloadInfo& info) 
   }
   h.block = block;
   h.num_elements = info.num_elements;
+  // Every element costs at least 4 bits: bound the count before any length arithmetic.
+  if (static_cast<uint64_t>(h.num_elements) > 2 * static_cast<uint64_t>(info.body.size())) {
+    return Corrupt(absl::StrCat(h.num_elements, " elements cannot fit in a body of ",
+                                info.body.size(), " bytes"));
+  }
   const size_t expected = BodyBytes(h.format, h.num_elements, h.block);
   if (info.body.size() != expected) {
     return Corrupt(absl::StrCat("body has ", info.body.size(), " bytes, ", h.num_elements,
@@ -322,8 +330,8 @@ absl::StatusOr<DenseQuantHeader> ParseDenseQuantHeader(const PayloadInfo& info) 
   h.codes = info.body.subspan(scale_bytes);
   for (size_t b = 0; b < scale_bytes; b += 4) {
     const float s = LoadF32(h.scales.data() + b);
-    if (!std::isfinite(s) || !(s >= 0.0f)) {
-      return Corrupt(absl::StrCat("scale ", b / 4, " is negative or not finite"));
+    if (!(s >= 0.0f && s <= MaxScale(h.format))) {
+      return Corrupt(absl::StrCat("scale ", b / 4, " is negative, too large or not finite"));
     }
   }
   if (h.format == DenseFormat::kInt4 && h.num_elements % 2 == 1 &&

@@ -2,7 +2,8 @@
 //
 // Formats (DenseQuantOptions::format):
 //   kInt8, kInt4  blockwise absmax over runs of `block` elements (flat row-major order):
-//                 scale = absmax / qmax (qmax 127 or 7, fp32 division), q = clamp(round(x /
+//                 scale = absmax / qmax (qmax 127 or 7, fp32 division; capped at FLT_MAX / 128
+//                 or / 8 so decoded values stay finite), q = clamp(round(x /
 //                 scale), -qmax, qmax), x_hat = q * scale; an all-zero block has scale 0.
 //                 Rounding: to nearest, ties to even; or, with `stochastic`, q = floor(x / scale
 //                 + u) with u = CounterUniform(seed, element index) (counter_rng.h): unbiased,

@@ -120,8 +120,8 @@ TEST_P(DenseSimdTest, HalfFormatsRoundToNearestEven) {
     const Bytes payload = Encode({format, 0, false, 0}, x);
     const std::vector<float> got = Decode({payload}, {}, std::vector<float>(x.size()));
     for (size_t i = 0; i < x.size(); ++i) {
-      const float want = format == DenseFormat::kF16 ? F16ToF32(F32ToF16(x[i]))
-                                                     : Bf16ToF32(F32ToBf16(x[i]));
+      const float want =
+          format == DenseFormat::kF16 ? F16ToF32(F32ToF16(x[i])) : Bf16ToF32(F32ToBf16(x[i]));
       ASSERT_EQ(FloatBits(got[i]), FloatBits(want)) << i;
     }
   }
@@ -146,8 +146,8 @@ TEST(DenseQuantTest, Avx2AndScalarPayloadsAreIdentical) {
 
 TEST(DenseQuantTest, StochasticRoundingIsReproducibleAndUnbiased) {
   const std::vector<float> x0 = Normals(256, 4);
-  for (DenseFormat format : {DenseFormat::kInt8, DenseFormat::kInt4, DenseFormat::kF16,
-                             DenseFormat::kBf16}) {
+  for (DenseFormat format :
+       {DenseFormat::kInt8, DenseFormat::kInt4, DenseFormat::kF16, DenseFormat::kBf16}) {
     std::vector<float> x = x0;
     if (format == DenseFormat::kF16) {
       for (float& v : x) v *= 1e-3f;  // a range where fp16 rounding error is visible
@@ -200,11 +200,11 @@ TEST(DenseQuantTest, AggregationEqualsBruteForce) {
 }
 
 TEST(DenseQuantTest, NonFiniteAndOutOfRangeInputsAreInvalidArgument) {
-  for (DenseFormat format : {DenseFormat::kInt8, DenseFormat::kInt4, DenseFormat::kF16,
-                             DenseFormat::kBf16}) {
+  for (DenseFormat format :
+       {DenseFormat::kInt8, DenseFormat::kInt4, DenseFormat::kF16, DenseFormat::kBf16}) {
     for (bool stochastic : {false, true}) {
-      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
-                        std::numeric_limits<float>::infinity()}) {
+      for (float bad :
+           {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
         std::vector<float> x = Normals(300, 1);
         x[257] = bad;
         auto codec = *DenseQuantCodec::Create({format, 64, stochastic, 1});
@@ -283,8 +283,9 @@ TEST_F(DenseRejectTest, Int4PaddingMustBeZero) {
   Reseal(p);
   std::vector<float> out(99, 7.0f);
   const absl::Span<const uint8_t> span(p);
-  EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {}, *TensorView::Host(out.data(), {99})),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("padding")));
+  EXPECT_THAT(
+      DecodeAccumulate(absl::MakeConstSpan(&span, 1), {}, *TensorView::Host(out.data(), {99})),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("padding")));
   EXPECT_THAT(out, ::testing::Each(7.0f));
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
@@ -138,23 +139,31 @@ absl::Status DecodePacked12(absl::Span<const uint8_t> bytes, const IndexLayout& 
   if (count % 2 == 1 && (bytes[bytes.size() - 1] & 0xF0) != 0) {
     return Corrupt("non-zero padding after the last index");
   }
+  // Unpack two indices per 3 bytes, then check each chunk: strictly ascending (so only the last
+  // index needs the range check).
   const uint8_t* p = bytes.data();
-  const int32_t chunk_len = static_cast<int32_t>(layout.chunk_len);
-  int64_t t = 0;
+  uint16_t* o = out.data();
+  const int64_t pairs = count / 2;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const uint8_t* q = p + 3 * i;
+    const uint32_t word =
+        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16);
+    o[2 * i] = static_cast<uint16_t>(word & 0xFFF);
+    o[2 * i + 1] = static_cast<uint16_t>(word >> 12);
+  }
+  if (count % 2 == 1) {
+    const uint8_t* q = p + 3 * pairs;
+    o[count - 1] = static_cast<uint16_t>(q[0] | ((q[1] & 0xF) << 8));
+  }
+  const int64_t k = layout.k;
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
-    int32_t prev = -1;
-    bool bad = false;
-    for (int64_t j = 0; j < layout.k; ++j, ++t) {
-      const uint8_t* q = p + (t >> 1) * 3;
-      const int32_t idx = (t & 1) ? ((q[1] >> 4) | (q[2] << 4)) : (q[0] | ((q[1] & 0xF) << 8));
-      bad |= (idx <= prev) | (idx >= chunk_len);
-      out[t] = static_cast<uint16_t>(idx);
-      prev = idx;
-    }
+    const uint16_t* x = o + c * k;
+    bool bad = x[k - 1] >= layout.chunk_len;
+    for (int64_t j = 1; j < k; ++j) bad |= x[j] <= x[j - 1];
     if (bad) {
       return Corrupt(absl::StrCat("chunk ", c,
                                   ": indices not strictly ascending or outside the chunk of ",
-                                  chunk_len));
+                                  layout.chunk_len));
     }
   }
   return absl::OkStatus();
@@ -196,66 +205,143 @@ void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
   LBCC_CHECK_EQ(written, out.size()) << "adaptive index size mismatch";
 }
 
+namespace {
+
+enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kTruncated, kEnd };
+
+// The adaptive decoder's inner loop, kept free of error formatting so the bit reader's state
+// stays in registers. Same reader logic as BitReader (bitstream.h).
+AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout, int b,
+                                 int p, uint16_t* out, int64_t* where) {
+  const uint8_t* ptr = bytes.data();
+  const uint8_t* const end = bytes.data() + bytes.size();
+  uint64_t acc = 0;
+  int fill = 0;
+  auto refill = [&] {
+    if (end - ptr >= 8) {
+      uint64_t word;
+      std::memcpy(&word, ptr, 8);
+      acc |= word << fill;
+      ptr += (63 - fill) >> 3;
+      fill |= 56;
+    } else {
+      while (fill <= 56 && ptr < end) {
+        acc |= static_cast<uint64_t>(*ptr++) << fill;
+        fill += 8;
+      }
+    }
+  };
+  auto take = [&](int bits) {  // requires fill >= bits
+    const uint32_t v = static_cast<uint32_t>(acc & ((uint64_t{1} << bits) - 1));
+    acc >>= bits;
+    fill -= bits;
+    return v;
+  };
+  const int64_t size = int64_t{1} << b;
+  const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
+  const int64_t k = layout.k;
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    *where = c;
+    uint16_t* o = out + c * k;
+    int64_t written = 0;
+    for (int64_t j = 0; j < num_sub; ++j) {
+      const int64_t s = j + 1 < num_sub ? size : layout.chunk_len - (j << b);
+      const uint32_t base = static_cast<uint32_t>(j << b);
+      // Count: unary quotient, then p low bits.
+      int64_t q = 0;
+      for (;;) {
+        if (fill == 0) {
+          refill();
+          if (fill == 0) return AdaptiveError::kTruncated;
+        }
+        const uint64_t zeros = ~acc;
+        int ones = zeros == 0 ? 64 : __builtin_ctzll(zeros);
+        if (ones > fill) ones = fill;
+        q += ones;
+        if (q > (s >> p)) return AdaptiveError::kCount;
+        if (ones < fill) {
+          acc >>= ones + 1;
+          fill -= ones + 1;
+          break;
+        }
+        acc = 0;
+        fill = 0;
+      }
+      if (fill < p) {
+        refill();
+        if (fill < p) return AdaptiveError::kTruncated;
+      }
+      const int64_t n = (q << p) | (p > 0 ? take(p) : 0);
+      if (n > s) return AdaptiveError::kCount;
+      if (written + n > k) return AdaptiveError::kTooMany;
+      if (s < n * b) {
+        int64_t seen = 0;
+        for (int64_t bit = 0; bit < s; bit += 32) {
+          const int width = static_cast<int>(std::min<int64_t>(32, s - bit));
+          if (fill < width) {
+            refill();
+            if (fill < width) return AdaptiveError::kTruncated;
+          }
+          uint32_t word = take(width);
+          seen += __builtin_popcount(word);
+          if (seen > n) return AdaptiveError::kBitmap;
+          while (word != 0) {
+            o[written++] = static_cast<uint16_t>(base + bit + __builtin_ctz(word));
+            word &= word - 1;
+          }
+        }
+        if (seen != n) return AdaptiveError::kBitmap;
+      } else {
+        int64_t prev = -1;
+        for (int64_t i = 0; i < n; ++i) {
+          if (fill < b) {
+            refill();
+            if (fill < b) return AdaptiveError::kTruncated;
+          }
+          const int64_t off = take(b);
+          if (off <= prev || off >= s) return AdaptiveError::kOffset;
+          prev = off;
+          o[written++] = static_cast<uint16_t>(base + off);
+        }
+      }
+    }
+    if (written != k) return AdaptiveError::kTotal;
+  }
+  // Clean end: every byte consumed, only zero padding bits left.
+  const uint64_t rest = fill >= 64 ? acc : acc & ((uint64_t{1} << fill) - 1);
+  if (ptr != end || fill >= 8 || rest != 0) return AdaptiveError::kEnd;
+  return AdaptiveError::kNone;
+}
+
+}  // namespace
+
 absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
                             const AdaptiveParams& params, absl::Span<uint16_t> out) {
   const int b = params.sub_block_log2, p = params.rice;
   if (b != 6 && b != 7) return Corrupt(absl::StrCat("sub-block log2 ", b, " (expected 6 or 7)"));
   if (p < 0 || p > b) return Corrupt(absl::StrCat("Rice parameter ", p, " outside [0, ", b, "]"));
   LBCC_CHECK_GE(out.size(), static_cast<size_t>(layout.count()));
-  const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
-  BitReader reader(bytes);
-  int64_t t = 0;
-  for (int64_t c = 0; c < layout.num_chunks; ++c) {
-    int64_t written = 0;
-    for (int64_t j = 0; j < num_sub; ++j) {
-      const int64_t s = SubBlockSize(layout.chunk_len, b, j);
-      const uint32_t base = static_cast<uint32_t>(j << b);
-      uint32_t q = 0, low = 0;
-      if (!reader.GetUnary(static_cast<uint32_t>(s >> p), &q) || !reader.Get(p, &low)) {
-        return Corrupt(absl::StrCat("chunk ", c, ": bad or truncated count"));
-      }
-      const int64_t n = (static_cast<int64_t>(q) << p) | low;
-      if (n > s || written + n > layout.k) {
-        return Corrupt(absl::StrCat("chunk ", c, ": sub-block count ", n, " exceeds its size ",
-                                    s, " or the chunk's k ", layout.k));
-      }
-      if (s < n * b) {
-        int64_t seen = 0;
-        for (int64_t bit = 0; bit < s; bit += 32) {
-          const int width = static_cast<int>(std::min<int64_t>(32, s - bit));
-          uint32_t word = 0;
-          if (!reader.Get(width, &word)) return Corrupt("truncated bitmap");
-          seen += __builtin_popcount(word);
-          if (seen > n) return Corrupt(absl::StrCat("chunk ", c, ": bitmap holds more than ", n));
-          while (word != 0) {
-            const int z = __builtin_ctz(word);
-            out[t + written++] = static_cast<uint16_t>(base + bit + z);
-            word &= word - 1;
-          }
-        }
-        if (seen != n) return Corrupt(absl::StrCat("chunk ", c, ": bitmap holds fewer than ", n));
-      } else {
-        int64_t prev = -1;
-        for (int64_t i = 0; i < n; ++i) {
-          uint32_t off = 0;
-          if (!reader.Get(b, &off)) return Corrupt("truncated offsets");
-          if (static_cast<int64_t>(off) <= prev || static_cast<int64_t>(off) >= s) {
-            return Corrupt(absl::StrCat("chunk ", c, ": offset ", off,
-                                        " not ascending or outside its sub-block"));
-          }
-          prev = off;
-          out[t + written++] = static_cast<uint16_t>(base + off);
-        }
-      }
-    }
-    if (written != layout.k) {
-      return Corrupt(absl::StrCat("chunk ", c, " holds ", written, " indices, expected ",
-                                  layout.k));
-    }
-    t += layout.k;
+  int64_t chunk = 0;
+  switch (DecodeAdaptiveLoop(bytes, layout, b, p, out.data(), &chunk)) {
+    case AdaptiveError::kNone:
+      return absl::OkStatus();
+    case AdaptiveError::kCount:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": sub-block count exceeds its size"));
+    case AdaptiveError::kTooMany:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": more than k = ", layout.k, " indices"));
+    case AdaptiveError::kBitmap:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": bitmap disagrees with its count"));
+    case AdaptiveError::kOffset:
+      return Corrupt(
+          absl::StrCat("chunk ", chunk, ": offset not ascending or outside its sub-block"));
+    case AdaptiveError::kTotal:
+      return Corrupt(absl::StrCat("chunk ", chunk, " holds fewer than k = ", layout.k, " indices"));
+    case AdaptiveError::kTruncated:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": truncated"));
+    case AdaptiveError::kEnd:
+      return Corrupt("trailing bytes or non-zero padding");
   }
-  if (!reader.AtCleanEnd()) return Corrupt("trailing bytes or non-zero padding");
-  return absl::OkStatus();
+  return Corrupt("unreachable");
 }
 
 }  // namespace lbcc::codecs

@@ -32,8 +32,8 @@ std::vector<uint16_t> RandomList(const IndexLayout& layout, std::mt19937& rng) {
 }
 
 // The adaptive length, written out from the format description.
-uint64_t ReferenceAdaptiveBits(const std::vector<uint16_t>& list, const IndexLayout& layout,
-                               int b, int p) {
+uint64_t ReferenceAdaptiveBits(const std::vector<uint16_t>& list, const IndexLayout& layout, int b,
+                               int p) {
   const int64_t size = int64_t{1} << b;
   uint64_t bits = 0;
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
@@ -53,8 +53,8 @@ uint64_t ReferenceAdaptiveBits(const std::vector<uint16_t>& list, const IndexLay
 
 const std::vector<IndexLayout>& Layouts() {
   static const auto* layouts = new std::vector<IndexLayout>{
-      {16, 64, 4096}, {7, 128, 4096}, {5, 1, 4096},  {3, 4096, 4096}, {9, 58, 3721},
-      {11, 3, 61},    {4, 61, 61},    {6, 1, 1},     {2, 2000, 4096}, {3, 7, 100},
+      {16, 64, 4096}, {7, 128, 4096}, {5, 1, 4096}, {3, 4096, 4096}, {9, 58, 3721},
+      {11, 3, 61},    {4, 61, 61},    {6, 1, 1},    {2, 2000, 4096}, {3, 7, 100},
       {1, 2, 128},    {5, 33, 129},   {0, 0, 4096},
   };
   return *layouts;

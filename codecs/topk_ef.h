@@ -55,7 +55,7 @@ namespace lbcc::codecs {
 inline constexpr uint8_t kTopKEfVersion = 1;
 
 struct TopKEfOptions {
-  double top_k = 64;  // selected per 4096 elements (= density * 4096), in (0, 4096]
+  double top_k = 64;   // selected per 4096 elements (= density * 4096), in (0, 4096]
   float beta = 0.95f;  // error decay
   float lr = 1.0f;     // outer learning rate, applied before compression
   ValueCoding values = ValueCoding::kBinMean2;

@@ -1,19 +1,19 @@
 // TopK-EF and dense-quantizer throughput next to the machine's limits, measured in one run.
 //
-//   bazel run //codecs:topk_ef_benchmark -- --benchmark_min_time=0.5
+//   bazel run //codecs:topk_ef_benchmark -- --benchmark_min_time=1
 //
-// Cases (all fp32, data from a fixed seed):
+// Cases (fp32 data from fixed seeds, i.i.d. normal, so selected positions are uniformly random):
 //   BM_TopKEfEncode/4096/4096 threads 1 and 2: EF update + chunked top-k + 2-bit values +
-//     12-bit indices, SparseLoCo defaults (top_k 64); each thread encodes its own tensor (a
-//     replica per thread). items_per_second = elements encoded.
+//     12-bit indices + Commit, SparseLoCo defaults (top_k 64); each thread encodes its own
+//     tensor (one replica per thread). items_per_second = elements.
 //   BM_Triad/16777216 threads 1 and 2: the streaming limit over the same element count.
-//   BM_TopKEfDecode8/<rows>/<cols>/<index coding>: DecodeAccumulate of 8 replicas' payloads
-//     (SparseLoCo mean, accumulate into the output). items_per_second = selected values.
-//   BM_TopKEfBits/<index coding>: counters bits_per_param (whole payload) and
-//     index_bits_per_param on uniformly random positions (a tensor of i.i.d. normals).
-//   BM_DenseInt8RoundTrip/<n>: int8 absmax quantize + dequantize of n floats;
-//     bytes_per_second counts the 4n input bytes, comparable with BM_Memcpy/<4n>.
-// At the end the binary prints the ratios the codecs README reports.
+//   BM_TopKEfDecode8/<rows>/<cols>/<index coding>: DecodeAccumulate of 8 replicas' payloads,
+//     SparseLoCo mean, added into the output. items_per_second = selected values decoded.
+//   BM_TopKEfBits/<index coding>: 4096 x 4096, top_k 64, 2-bit values: counters
+//     bits_per_param (whole payload) and header_bits_per_param.
+//   BM_DenseInt8RoundTrip/<n>: int8 absmax (block 256) quantize + dequantize of n floats;
+//     bytes_per_second counts the 4n input bytes, to compare with BM_Memcpy/<4n>.
+// The binary ends with the ratios (from this run) that codecs/README.md reports.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -45,7 +45,9 @@ std::vector<float> Normals(int64_t n, uint32_t seed) {
 std::unique_ptr<TopKEfCodec> MakeTopK(IndexCoding indices) {
   TopKEfOptions options;  // SparseLoCo defaults: top_k 64, beta 0.95, lr 1, 2-bit bin-mean
   options.indices = indices;
-  return *TopKEfCodec::Create(options);
+  absl::StatusOr<std::unique_ptr<TopKEfCodec>> codec = TopKEfCodec::Create(options);
+  LBCC_CHECK(codec.ok()) << codec.status();
+  return *std::move(codec);
 }
 
 void BM_TopKEfEncode(benchmark::State& state) {
@@ -65,26 +67,187 @@ void BM_TopKEfEncode(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * n);
-  state.counters["bits_per_param"] = 8.0 * static_cast<double>(bytes) / n;
+  state.counters["bits_per_param"] =
+      benchmark::Counter(8.0 * static_cast<double>(bytes) / n, benchmark::Counter::kAvgThreads);
 }
+
+void BM_TopKEfDecode8(benchmark::State& state) {
+  const Shape shape = {state.range(0), state.range(1)};
+  const int64_t n = shape[0] * shape[1];
+  auto codec = MakeTopK(static_cast<IndexCoding>(state.range(2)));
+  std::vector<std::vector<uint8_t>> payloads;
+  for (int r = 0; r < 8; ++r) {
+    std::vector<float> delta = Normals(n, 50 + r);
+    TopKEfState ef;
+    std::vector<uint8_t> out(*codec->MaxEncodedBytes(shape));
+    const size_t size =
+        *codec->Encode(*TensorView::Host(delta.data(), shape), &ef, absl::MakeSpan(out));
+    out.resize(size);
+    payloads.push_back(std::move(out));
+  }
+  const std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
+  const int64_t selected = 8 * (*InspectPayload(payloads[0])).selected;
+  std::vector<float> out(static_cast<size_t>(n), 0.0f);
+  const TensorView view = *TensorView::Host(out.data(), shape);
+  DecodeScratch scratch;
+  for (auto _ : state) {
+    absl::Status status = DecodeAccumulate(
+        spans, {Aggregation::kSparseLoCoMean, /*accumulate=*/true}, view, &scratch);
+    LBCC_CHECK(status.ok()) << status;
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * selected);
+}
+
+void BM_TopKEfBits(benchmark::State& state) {
+  const Shape shape = {kRows, kCols};
+  const int64_t n = kRows * kCols;
+  auto codec = MakeTopK(static_cast<IndexCoding>(state.range(0)));
+  std::vector<float> delta = Normals(n, 7);
+  std::vector<uint8_t> out(*codec->MaxEncodedBytes(shape));
+  size_t bytes = 0;
+  for (auto _ : state) {
+    TopKEfState ef;
+    bytes = *codec->Encode(*TensorView::Host(delta.data(), shape), &ef, absl::MakeSpan(out));
+  }
+  state.counters["bits_per_param"] = 8.0 * static_cast<double>(bytes) / n;
+  state.counters["header_bits_per_param"] =
+      8.0 * static_cast<double>(PayloadBytes(2, 16 + 20, 0)) / n;
+}
+
+void BM_DenseInt8RoundTrip(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  auto codec = *DenseQuantCodec::Create({DenseFormat::kInt8, 256, false, 0});
+  std::vector<float> x = Normals(n, 3), y(static_cast<size_t>(n));
+  const Shape shape = {n};
+  std::vector<uint8_t> payload(*codec->MaxEncodedBytes(shape));
+  const TensorView in = *TensorView::Host(x.data(), shape);
+  const TensorView out = *TensorView::Host(y.data(), shape);
+  DecodeScratch scratch;
+  for (auto _ : state) {
+    const size_t size = *codec->Encode(in, nullptr, absl::MakeSpan(payload));
+    const absl::Span<const uint8_t> span(payload.data(), size);
+    LBCC_CHECK(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {}, out, &scratch).ok());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * 4);
+}
+
+// Keeps every run's rates so main() can print the ratios at the end.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  // With --benchmark_repetitions the median of each case is kept, otherwise its one run.
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
+      if (run.run_type == Run::RT_Aggregate && !median) continue;
+      for (const auto& [name, counter] : run.counters) {
+        values_[run.run_name.str() + "#" + name] = counter.value;
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  double Get(const std::string& run, const std::string& counter) const {
+    auto it = values_.find(run + "#" + counter);
+    return it == values_.end() ? 0.0 : it->second;
+  }
+
+ private:
+  std::map<std::string, double> values_;
+};
 
 }  // namespace
 }  // namespace lbcc::codecs
 
 int main(int argc, char** argv) {
+  using namespace lbcc::codecs;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  using namespace lbcc::codecs;
-  std::printf("SIMD level: %s\n", std::string(lbcc::SimdLevelName(lbcc::ActiveSimdLevel())).c_str());
+  std::printf("SIMD level: %s\n",
+              std::string(lbcc::SimdLevelName(lbcc::ActiveSimdLevel())).c_str());
+  const int64_t elements = kRows * kCols;
   for (int threads : {1, 2}) {
     benchmark::RegisterBenchmark("BM_TopKEfEncode", BM_TopKEfEncode)
         ->Args({kRows, kCols})
         ->Threads(threads)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-    lbcc::bench::RegisterTriad(kRows * kCols, threads);
+    lbcc::bench::RegisterTriad(elements, threads);
   }
-  benchmark::RunSpecifiedBenchmarks();
+  for (int64_t rows : {int64_t{512}, int64_t{1024}, kRows}) {
+    for (IndexCoding coding : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+      benchmark::RegisterBenchmark("BM_TopKEfDecode8", BM_TopKEfDecode8)
+          ->Args({rows, rows, static_cast<int64_t>(coding)})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (IndexCoding coding : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+    benchmark::RegisterBenchmark("BM_TopKEfBits", BM_TopKEfBits)
+        ->Arg(static_cast<int64_t>(coding))
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("BM_DenseInt8RoundTrip", BM_DenseInt8RoundTrip)
+      ->Arg(elements)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  lbcc::bench::RegisterMemcpy(elements * 4);
+
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
+
+  auto get = [&](const std::string& run, const std::string& counter) {
+    return reporter.Get(run, counter);
+  };
+  const double encode1 = get("BM_TopKEfEncode/4096/4096/real_time/threads:1", "items_per_second");
+  const double encode2 = get("BM_TopKEfEncode/4096/4096/real_time/threads:2", "items_per_second");
+  const double triad1 = get("BM_Triad/16777216/real_time/threads:1", "items_per_second");
+  const double triad2 = get("BM_Triad/16777216/real_time/threads:2", "items_per_second");
+  const double memcpy = get("BM_Memcpy/67108864/real_time/threads:1", "bytes_per_second");
+  const double dense = get("BM_DenseInt8RoundTrip/16777216/real_time", "bytes_per_second");
+  std::printf("\nratios from this run (targets in parentheses):\n");
+  if (encode1 > 0 && triad1 > 0) {
+    std::printf(
+        "  encode 4096x4096, 1 thread:  %.3f G elem/s = %.2f x triad (%.3f G/s)   (>= 0.5)\n",
+        encode1 / 1e9, encode1 / triad1, triad1 / 1e9);
+  }
+  if (encode2 > 0 && encode1 > 0) {
+    std::printf(
+        "  encode, 2 threads:           %.3f G elem/s = %.2f x 1 thread; triad 2 threads "
+        "%.3f G/s   (>= 1.7)\n",
+        encode2 / 1e9, encode2 / encode1, triad2 / 1e9);
+  }
+  for (const char* size : {"512/512", "1024/1024", "4096/4096"}) {
+    for (int coding : {1, 2}) {
+      const std::string name =
+          std::string("BM_TopKEfDecode8/") + size + "/" + std::to_string(coding) + "/real_time";
+      const double rate = get(name, "items_per_second");
+      if (rate > 0) {
+        std::printf("  decode-accumulate 8 payloads %s %s: %.3f G selected values/s   (>= 1)\n",
+                    size, coding == 1 ? "packed12" : "adaptive", rate / 1e9);
+      }
+    }
+  }
+  const double bits12 = get("BM_TopKEfBits/1/iterations:1", "bits_per_param");
+  const double bits_adaptive = get("BM_TopKEfBits/2/iterations:1", "bits_per_param");
+  const double header = get("BM_TopKEfBits/1/iterations:1", "header_bits_per_param");
+  if (bits12 > 0) {
+    std::printf(
+        "  bits/param, 2-bit values, 12-bit indices: %.5f (header %.6f)   (<= 0.22 + "
+        "header)\n",
+        bits12, header);
+  }
+  if (bits_adaptive > 0) {
+    std::printf("  bits/param, 2-bit values, adaptive indices: %.5f   (<= 0.17)\n", bits_adaptive);
+  }
+  if (dense > 0 && memcpy > 0) {
+    std::printf(
+        "  int8 quantize + dequantize: %.2f GB/s of input = %.2f x memcpy (%.2f GB/s)   "
+        "(>= 0.5)\n",
+        dense / 1e9, dense / memcpy, memcpy / 1e9);
+  }
   return 0;
 }

@@ -150,8 +150,7 @@ Sparse DecodeSparse(const Bytes& payload) {
     EXPECT_THAT(DecodePacked12(h->index_section, h->layout, absl::MakeSpan(local)), IsOk());
   }
   ValueDecoder values;
-  EXPECT_THAT(values.Init(h->values, h->value_params, h->value_section, h->layout.count()),
-              IsOk());
+  EXPECT_THAT(values.Init(h->values, h->value_params, h->value_section, h->layout.count()), IsOk());
   s.value.resize(local.size());
   if (!local.empty()) values.Decode(0, static_cast<int64_t>(local.size()), s.value.data());
   for (size_t t = 0; t < local.size(); ++t) {
@@ -193,7 +192,8 @@ std::unique_ptr<TopKEfCodec> MakeCodec(const TopKEfOptions& options) {
 Bytes Encode(const TopKEfCodec& codec, TopKEfState& state, std::vector<float>& delta,
              const std::vector<int64_t>& shape) {
   Bytes out(*codec.MaxEncodedBytes(shape));
-  absl::StatusOr<TensorView> view = TensorView::Host(delta.data(), Shape(shape.begin(), shape.end()));
+  absl::StatusOr<TensorView> view =
+      TensorView::Host(delta.data(), Shape(shape.begin(), shape.end()));
   EXPECT_THAT(view, IsOk());
   absl::StatusOr<size_t> size = codec.Encode(*view, &state, absl::MakeSpan(out));
   EXPECT_THAT(size, IsOk());
@@ -218,8 +218,8 @@ class SimdTest : public ::testing::TestWithParam<SimdLevel> {
 
 const std::vector<std::vector<int64_t>>& Shapes() {
   static const auto* shapes = new std::vector<std::vector<int64_t>>{
-      {64, 64},  {128, 192}, {61, 61},  {100, 130}, {67, 5},    {4096},  {1000}, {7},
-      {},        {3, 5, 7},  {2, 64, 128}, {97, 200}, {1, 4096}, {257, 3}, {1, 1}, {0, 8},
+      {64, 64}, {128, 192}, {61, 61},     {100, 130}, {67, 5},   {4096},   {1000}, {7},
+      {},       {3, 5, 7},  {2, 64, 128}, {97, 200},  {1, 4096}, {257, 3}, {1, 1}, {0, 8},
   };
   return *shapes;
 }
@@ -324,9 +324,9 @@ TEST_P(SimdTest, AggregationOfEightReplicasEqualsBruteForce) {
       for (bool accumulate : {false, true}) {
         std::vector<float> before = Normals(n, 5);
         std::vector<float> out = before;
-        ASSERT_THAT(DecodeAccumulate(spans, {rule, accumulate},
-                                     *TensorView::Host(out.data(), Shape(shape.begin(), shape.end())),
-                                     &scratch),
+        ASSERT_THAT(DecodeAccumulate(
+                        spans, {rule, accumulate},
+                        *TensorView::Host(out.data(), Shape(shape.begin(), shape.end())), &scratch),
                     IsOk());
         std::vector<float> sum(n, 0.0f);
         std::vector<int> count(n, 0);
@@ -360,13 +360,15 @@ TEST_P(SimdTest, AggregationOfEightReplicasEqualsBruteForce) {
 TEST(TopKEfSimdTest, Avx2AndScalarPayloadsAreIdentical) {
   if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 on this CPU";
   for (const std::vector<int64_t>& shape : Shapes()) {
-    for (ValueCoding values : {ValueCoding::kBinMean2, ValueCoding::kBinMean8, ValueCoding::kAbsmax4}) {
+    for (ValueCoding values :
+         {ValueCoding::kBinMean2, ValueCoding::kBinMean8, ValueCoding::kAbsmax4}) {
       TopKEfOptions options;
       options.values = values;
       auto codec = MakeCodec(options);
       TopKEfState scalar, avx2;
       for (int round = 0; round < 3; ++round) {
-        std::vector<float> delta = round == 1 ? Ties(Count(shape), 3) : Normals(Count(shape), 9 + round);
+        std::vector<float> delta =
+            round == 1 ? Ties(Count(shape), 3) : Normals(Count(shape), 9 + round);
         SetSimdLevelForTesting(SimdLevel::kScalar);
         const Bytes a = Encode(*codec, scalar, delta, shape);
         SetSimdLevelForTesting(SimdLevel::kAvx2);
@@ -398,7 +400,8 @@ TEST(TopKEfTest, PayloadSizeEqualsTheFormulaPerIndexCoding) {
       TopKEfOptions options;
       options.values = values;
       size_t sizes[3];
-      for (IndexCoding indices : {IndexCoding::kPacked12, IndexCoding::kAdaptive, IndexCoding::kAuto}) {
+      for (IndexCoding indices :
+           {IndexCoding::kPacked12, IndexCoding::kAdaptive, IndexCoding::kAuto}) {
         options.indices = indices;
         auto codec = MakeCodec(options);
         TopKEfState state;
@@ -415,9 +418,9 @@ TEST(TopKEfTest, PayloadSizeEqualsTheFormulaPerIndexCoding) {
           index_bytes = (AdaptiveBits(local, h.layout, h.adaptive) + 7) / 8;
           EXPECT_EQ(h.adaptive.rice, AdaptiveRice(h.layout, h.adaptive.sub_block_log2));
         }
-        const size_t expected = PayloadBytes(shape.size(), 16 + ValueParamBytes(values),
-                                             index_bytes + ExpectedValueBytes(options, count) -
-                                                 ValueParamBytes(values));
+        const size_t expected = PayloadBytes(
+            shape.size(), 16 + ValueParamBytes(values),
+            index_bytes + ExpectedValueBytes(options, count) - ValueParamBytes(values));
         EXPECT_EQ(payload.size(), expected) << IndexCodingName(indices);
         EXPECT_LE(payload.size(), *codec->MaxEncodedBytes(shape));
         sizes[static_cast<int>(indices)] = payload.size();
@@ -477,9 +480,10 @@ TEST(TopKEfTest, RandomizedRoundTripsThroughDecodeAccumulate) {
       const Sparse sparse = DecodeSparse(payload);
       std::vector<float> out(n, 123.0f);
       const absl::Span<const uint8_t> span(payload);
-      ASSERT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {Aggregation::kSum, false},
-                                   *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
-                  IsOk());
+      ASSERT_THAT(
+          DecodeAccumulate(absl::MakeConstSpan(&span, 1), {Aggregation::kSum, false},
+                           *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
+          IsOk());
       std::vector<float> expected(n, 0.0f);
       for (size_t i = 0; i < sparse.pos.size(); ++i) expected[sparse.pos[i]] = sparse.value[i];
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(out[i]), FloatBits(expected[i])) << i;
@@ -557,8 +561,9 @@ TEST(TopKEfTest, NonFiniteInputIsRejectedAndTheStateUntouched) {
         ASSERT_THAT(state.Load(shape, e), IsOk());
       }
       const std::vector<float> state_before(state.error().begin(), state.error().end());
-      EXPECT_THAT(codec->Encode(*TensorView::Host(delta.data(), {64, 96}), &state, absl::MakeSpan(out)),
-                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NaN or infinite")))
+      EXPECT_THAT(
+          codec->Encode(*TensorView::Host(delta.data(), {64, 96}), &state, absl::MakeSpan(out)),
+          StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NaN or infinite")))
           << bad << " at " << where;
       EXPECT_FALSE(state.has_pending());
       EXPECT_TRUE(std::equal(state_before.begin(), state_before.end(), state.error().begin()));
@@ -571,13 +576,29 @@ TEST(TopKEfTest, NonFiniteInputIsRejectedAndTheStateUntouched) {
 }
 
 TEST(TopKEfTest, CallerErrors) {
-  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.top_k = 0; return o; }()),
+  EXPECT_THAT(TopKEfCodec::Create([] {
+                TopKEfOptions o;
+                o.top_k = 0;
+                return o;
+              }()),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.top_k = 5000; return o; }()),
+  EXPECT_THAT(TopKEfCodec::Create([] {
+                TopKEfOptions o;
+                o.top_k = 5000;
+                return o;
+              }()),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.beta = NAN; return o; }()),
+  EXPECT_THAT(TopKEfCodec::Create([] {
+                TopKEfOptions o;
+                o.beta = NAN;
+                return o;
+              }()),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(TopKEfCodec::Create([] { TopKEfOptions o; o.value_block = 0; return o; }()),
+  EXPECT_THAT(TopKEfCodec::Create([] {
+                TopKEfOptions o;
+                o.value_block = 0;
+                return o;
+              }()),
               StatusIs(absl::StatusCode::kInvalidArgument));
   auto codec = MakeCodec(TopKEfOptions::FromDensity(64.0 / 4096));
   EXPECT_EQ(codec->options().top_k, 64);
@@ -623,9 +644,10 @@ class RejectTest : public ::testing::Test {
     std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
     std::vector<float> out(Count(shape), 7.0f);
     for (bool accumulate : {false, true}) {
-      EXPECT_THAT(DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, accumulate},
-                                   *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
-                  StatusIs(code, HasSubstr(message)));
+      EXPECT_THAT(
+          DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, accumulate},
+                           *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
+          StatusIs(code, HasSubstr(message)));
       EXPECT_THAT(out, ::testing::Each(7.0f));
     }
     if (code == absl::StatusCode::kDataLoss && payloads.size() == 1) {
@@ -771,9 +793,9 @@ TEST_F(RejectTest, CallerMistakesAreInvalidArgument) {
   ExpectRejected({}, absl::StatusCode::kInvalidArgument, "no payloads");
   std::vector<float> out(61 * 62, 7.0f);
   const absl::Span<const uint8_t> span(good);
-  EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {},
-                               *TensorView::Host(out.data(), {61, 62})),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      DecodeAccumulate(absl::MakeConstSpan(&span, 1), {}, *TensorView::Host(out.data(), {61, 62})),
+      StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(out, ::testing::Each(7.0f));
 }
 

@@ -45,9 +45,7 @@ int BinMeanBits(ValueCoding coding) {
 
 int AbsmaxBits(ValueCoding coding) { return coding == ValueCoding::kAbsmax8 ? 8 : 4; }
 
-size_t PackedBytes(int64_t count, int bits) {
-  return static_cast<size_t>((count * bits + 7) / 8);
-}
+size_t PackedBytes(int64_t count, int bits) { return static_cast<size_t>((count * bits + 7) / 8); }
 
 // Sum in double over 4 lanes (lane i % 4), combined as (l0 + l1) + (l2 + l3).
 template <typename F>
@@ -66,6 +64,7 @@ double LaneSum(int64_t n, F term) {
 
 // Packs codes of `bits` (2, 4 or 8) low bits first.
 void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  if (n == 0) return;
   if (bits == 8) {
     std::memcpy(out, codes, static_cast<size_t>(n));
     return;
@@ -89,10 +88,9 @@ void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
   }
 }
 
-void EncodeBinMean(ValueCoding coding, const ValueEncodeOptions& options,
-                   absl::Span<float> values, absl::Span<uint8_t> params,
-                   absl::Span<uint8_t> section, absl::Span<float> centered,
-                   absl::Span<uint8_t> codes) {
+void EncodeBinMean(ValueCoding coding, const ValueEncodeOptions& options, absl::Span<float> values,
+                   absl::Span<uint8_t> params, absl::Span<uint8_t> section,
+                   absl::Span<float> centered, absl::Span<uint8_t> codes) {
   const int bits = BinMeanBits(coding);
   BinMeanResult q = BinMeanQuantize(values, bits, options.range_sigmas, centered, codes);
   StoreLe<float>(params.data(), q.shift);
@@ -113,12 +111,13 @@ void EncodeAbsmax(ValueCoding coding, const ValueEncodeOptions& options, absl::S
   StoreLe<uint32_t>(params.data(), static_cast<uint32_t>(block));
   uint8_t* scales = section.data();
   uint8_t* codes = section.data() + 4 * blocks;
+  if (n == 0) return;
   std::memset(codes, 0, PackedBytes(n, bits));
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * block, end = std::min(n, begin + block);
     float absmax = 0;
     for (int64_t i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(values[i]));
-    const float scale = absmax / qmax;
+    const float scale = std::min(absmax / qmax, bits == 8 ? kMaxScale8 : kMaxScale4);
     StoreLe<float>(scales + 4 * b, scale);
     for (int64_t i = begin; i < end; ++i) {
       float q = 0;
@@ -242,7 +241,8 @@ BinMeanResult BinMeanQuantize(absl::Span<const float> values, int bits, float ra
   for (int64_t i = 0; i < n; ++i) c[i] = v[i] - r.shift;
   const double sq = LaneSum(n, [c](int64_t i) { return double{c[i]} * double{c[i]}; });
   const float norm = static_cast<float>(std::sqrt(sq));
-  const float sigma = n > 1 ? norm / static_cast<float>(std::sqrt(static_cast<double>(n - 1))) : 0.0f;
+  const float sigma =
+      n > 1 ? norm / static_cast<float>(std::sqrt(static_cast<double>(n - 1))) : 0.0f;
   float scale = (range_sigmas * sigma) / static_cast<float>(r.bins);
   if (!(scale != 0.0f) || !std::isfinite(scale)) scale = 1.0f;
   r.scale = scale;
@@ -254,7 +254,8 @@ BinMeanResult BinMeanQuantize(absl::Span<const float> values, int bits, float ra
     ++counts[codes[i]];
   }
   for (int b = 0; b < r.bins; ++b) {
-    r.lookup[b] = counts[b] > 0 ? static_cast<float>(sums[b] / static_cast<double>(counts[b])) : 0.0f;
+    r.lookup[b] =
+        counts[b] > 0 ? static_cast<float>(sums[b] / static_cast<double>(counts[b])) : 0.0f;
   }
   return r;
 }
@@ -341,6 +342,11 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
           return Corrupt(absl::StrCat("bin-mean lookup[", b, "] is not finite"));
         }
       }
+      if (bits == 2) {
+        for (int byte = 0; byte < 256; ++byte) {
+          for (int i = 0; i < 4; ++i) quad_[byte][i] = table_[(byte >> (2 * i)) & 3];
+        }
+      }
       const int64_t used_bits = (count * bits) % 8;
       if (used_bits != 0 && (section[section.size() - 1] >> used_bits) != 0) {
         return Corrupt("non-zero padding after the last code");
@@ -354,8 +360,9 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
       codes_ = section.data() + 4 * blocks;
       for (int64_t b = 0; b < blocks; ++b) {
         const float scale = LoadLe<float>(scales_ + 4 * b);
-        if (!std::isfinite(scale) || !(scale >= 0.0f)) {
-          return Corrupt(absl::StrCat("absmax scale ", b, " is negative or not finite"));
+        const float cap = coding == ValueCoding::kAbsmax8 ? kMaxScale8 : kMaxScale4;
+        if (!(scale >= 0.0f && scale <= cap)) {
+          return Corrupt(absl::StrCat("absmax scale ", b, " is negative, too large or not finite"));
         }
       }
       if (coding == ValueCoding::kAbsmax4 && count % 2 == 1 &&
@@ -372,19 +379,23 @@ void ValueDecoder::Decode(int64_t first, int64_t n, float* out) const {
   LBCC_DCHECK(first >= 0 && first + n <= count_);
   switch (coding_) {
     case ValueCoding::kF32:
-      std::memcpy(out, codes_ + 4 * first, 4 * static_cast<size_t>(n));
+      if (n > 0) std::memcpy(out, codes_ + 4 * first, 4 * static_cast<size_t>(n));
       return;
     case ValueCoding::kBf16:
-      for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(LoadLe<uint16_t>(codes_ + 2 * (first + i)));
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = Bf16ToF32(LoadLe<uint16_t>(codes_ + 2 * (first + i)));
       return;
     case ValueCoding::kF16:
       for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(LoadLe<uint16_t>(codes_ + 2 * (first + i)));
       return;
-    case ValueCoding::kBinMean2:
-      for (int64_t i = 0, t = first; i < n; ++i, ++t) {
+    case ValueCoding::kBinMean2: {
+      int64_t i = 0, t = first;
+      for (; i < n && (t & 3) != 0; ++i, ++t)
         out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
-      }
+      for (; i + 4 <= n; i += 4, t += 4) std::memcpy(out + i, quad_[codes_[t >> 2]].data(), 16);
+      for (; i < n; ++i, ++t) out[i] = table_[(codes_[t >> 2] >> ((t & 3) * 2)) & 3];
       return;
+    }
     case ValueCoding::kBinMean4:
       for (int64_t i = 0, t = first; i < n; ++i, ++t) {
         out[i] = table_[(codes_[t >> 1] >> ((t & 1) * 4)) & 15];

@@ -12,7 +12,8 @@
 //                       tensor (BinMeanQuantize below); params: shift, lookup[bins] (fp32);
 //                       codes bit-packed low bits first (4, 2 or 1 per byte)
 //   kAbsmax8, kAbsmax4  blockwise absmax over runs of `block` consecutive values: scale =
-//                       absmax / qmax (qmax 127 or 7), q = clamp(round_half_even(v / scale),
+//                       absmax / qmax (qmax 127 or 7; capped at FLT_MAX / 128 or / 8), q =
+//                       clamp(round_half_even(v / scale),
 //                       -qmax, qmax), reconstruction q * scale (0 when absmax is 0); params:
 //                       block (u32); section: fp32 scales, then codes (int8, or 4-bit two's
 //                       complement, low nibble first)
@@ -117,6 +118,8 @@ class ValueDecoder {
   const uint8_t* codes_ = nullptr;
   const uint8_t* scales_ = nullptr;  // absmax: fp32 per block (unaligned)
   std::array<float, 256> table_{};   // bin-mean: lookup[b] + shift
+  // 2-bit bin-mean: the four values of every code byte.
+  std::array<std::array<float, 4>, 256> quad_{};
 };
 
 }  // namespace lbcc::codecs

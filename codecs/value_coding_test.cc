@@ -82,8 +82,8 @@ class SimdLevels : public ::testing::TestWithParam<SimdLevel> {
 
 TEST_P(SimdLevels, BinMeanEqualsTheFormula) {
   for (int bits : {2, 4, 8}) {
-    for (int64_t n : {int64_t{2}, int64_t{3}, int64_t{7}, int64_t{64}, int64_t{1001},
-                      int64_t{65536}}) {
+    for (int64_t n :
+         {int64_t{2}, int64_t{3}, int64_t{7}, int64_t{64}, int64_t{1001}, int64_t{65536}}) {
       const std::vector<float> v = Normals(n, static_cast<uint32_t>(n * bits), 0.3f, 2.0f);
       std::vector<float> centered(v.size());
       std::vector<uint8_t> codes(v.size());
@@ -103,8 +103,8 @@ TEST_P(SimdLevels, BinMeanEqualsTheFormula) {
 TEST_P(SimdLevels, CodesRoundHalfToEvenThenClamp) {
   // c / scale + 2 lands exactly on .5 for these (scale 1): -2.5+2=-0.5 -> -0 -> 0,
   // -1.5+2=0.5 -> 0, -0.5+2=1.5 -> 2, 0.5+2=2.5 -> 2, 1.5+2=3.5 -> 4 -> 3, and a few non-ties.
-  const std::vector<float> c = {-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, -1.49f, 0.51f, -7.0f, 9.0f,
-                                0.0f,  1.0f,  -1.0f, 0.49f, -0.51f, 2.5f, -3.5f, 0.25f};
+  const std::vector<float> c = {-2.5f, -1.5f, -0.5f, 0.5f,  1.5f,   -1.49f, 0.51f, -7.0f, 9.0f,
+                                0.0f,  1.0f,  -1.0f, 0.49f, -0.51f, 2.5f,   -3.5f, 0.25f};
   std::vector<uint8_t> codes(c.size());
   ActiveKernels().binmean_codes(c.data(), static_cast<int64_t>(c.size()), 1.0f, 2.0f, 3.0f,
                                 codes.data());
@@ -155,9 +155,8 @@ TEST(RoundHalfEvenTest, MatchesNearbyInt) {
 
 const std::vector<ValueCoding>& AllCodings() {
   static const auto* all = new std::vector<ValueCoding>{
-      ValueCoding::kF32,      ValueCoding::kBf16,     ValueCoding::kF16,
-      ValueCoding::kBinMean2, ValueCoding::kBinMean4, ValueCoding::kBinMean8,
-      ValueCoding::kAbsmax8,  ValueCoding::kAbsmax4};
+      ValueCoding::kF32,      ValueCoding::kBf16,     ValueCoding::kF16,     ValueCoding::kBinMean2,
+      ValueCoding::kBinMean4, ValueCoding::kBinMean8, ValueCoding::kAbsmax8, ValueCoding::kAbsmax4};
   return *all;
 }
 
@@ -274,20 +273,23 @@ TEST(ValueCodingTest, DecoderRejectsCorruptSections) {
               StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoder.Init(ValueCoding::kF16, {}, std::vector<uint8_t>{0x00, 0x7C}, 1),
               StatusIs(absl::StatusCode::kDataLoss));
-  EXPECT_THAT(decoder.Init(ValueCoding::kBinMean2, f32({inf, 0, 0, 0, 0}), std::vector<uint8_t>(1), 4),
-              StatusIs(absl::StatusCode::kDataLoss));
-  EXPECT_THAT(decoder.Init(ValueCoding::kBinMean2, f32({0, 0, NAN, 0, 0}), std::vector<uint8_t>(1), 4),
-              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(
+      decoder.Init(ValueCoding::kBinMean2, f32({inf, 0, 0, 0, 0}), std::vector<uint8_t>(1), 4),
+      StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(
+      decoder.Init(ValueCoding::kBinMean2, f32({0, 0, NAN, 0, 0}), std::vector<uint8_t>(1), 4),
+      StatusIs(absl::StatusCode::kDataLoss));
   // lookup + shift overflows.
   EXPECT_THAT(decoder.Init(ValueCoding::kBinMean2, f32({3e38f, 3e38f, 0, 0, 0}),
                            std::vector<uint8_t>(1), 4),
               StatusIs(absl::StatusCode::kDataLoss));
-  EXPECT_THAT(decoder.Init(ValueCoding::kBinMean2, f32({0, 1, 2, 3, 4}), std::vector<uint8_t>(1), 4),
-              IsOk());
+  EXPECT_THAT(
+      decoder.Init(ValueCoding::kBinMean2, f32({0, 1, 2, 3, 4}), std::vector<uint8_t>(1), 4),
+      IsOk());
   // Padding after 3 two-bit codes must be zero.
-  EXPECT_THAT(decoder.Init(ValueCoding::kBinMean2, f32({0, 1, 2, 3, 4}),
-                           std::vector<uint8_t>{0xC0}, 3),
-              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("padding")));
+  EXPECT_THAT(
+      decoder.Init(ValueCoding::kBinMean2, f32({0, 1, 2, 3, 4}), std::vector<uint8_t>{0xC0}, 3),
+      StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("padding")));
   std::vector<uint8_t> block32 = {32, 0, 0, 0};
   std::vector<uint8_t> section = f32({-1.0f});
   section.push_back(0);

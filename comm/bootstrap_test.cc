@@ -1,8 +1,5 @@
 #include "comm/bootstrap.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
 #include "base/status_matchers.h"
+#include "comm/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -103,21 +101,8 @@ TEST(BootstrapTest, BadArguments) {
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("could not reach")));
 }
 
-// A port nobody listens on right now (the kernel's choice for a socket bound to port 0).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 TEST(BootstrapTest, ProcessesWithAFixedRootAddress) {
-  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string address = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
   LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, UniqueIdFromAddress(address, 42));
   // Children first (before this process starts the root thread): they retry until it is up.
   std::vector<pid_t> children;

@@ -116,6 +116,14 @@ lbccResult_t Finish(lbcc::comm::RequestPtr request, lbccComm* comm, lbccRequest_
   return lbccSuccess;
 }
 
+// A host f32 view of `ndims` dims; NULL data is allowed only for empty tensors.
+absl::StatusOr<lbcc::TensorView> HostView(float* data, int ndims, const int64_t* dims) {
+  if (ndims < 0 || ndims > lbcc::kMaxRank || (ndims > 0 && dims == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad ndims ", ndims, " or NULL dims"));
+  }
+  return lbcc::TensorView::Host(data, lbcc::Shape(dims, dims + ndims));
+}
+
 absl::StatusOr<lbcc::codecs::TopKEfOptions> TopKOptions(const lbccTopKConfig_t* config) {
   lbcc::codecs::TopKEfOptions options;
   if (config == nullptr) return options;
@@ -430,30 +438,55 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
                 request, shared);
 }
 
-lbccResult_t lbccSendCompressed(const float* buff, size_t count, int peer, uint32_t tag,
+lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dims,
+                                const lbccDenseConfig_t* config, int peer, uint32_t tag,
                                 lbccComm_t comm, lbccRequest_t* request) {
   LBCC_C_CHECK_PTR("lbccSendCompressed", comm);
   LBCC_C_CHECK_PTR("lbccSendCompressed", request);
-  if (count > 0) LBCC_C_CHECK_PTR("lbccSendCompressed", buff);
-  absl::StatusOr<lbcc::TensorView> view =
-      lbcc::TensorView::Host(const_cast<float*>(buff), {static_cast<int64_t>(count)});
-  if (!view.ok()) return Fail(view.status(), comm);
+  absl::StatusOr<lbcc::TensorView> view = HostView(const_cast<float*>(buff), ndims, dims);
+  if (!view.ok()) return Fail(lbcc::Annotate(view.status(), "lbccSendCompressed"), comm);
+  lbcc::codecs::DenseQuantOptions options;
+  if (config != nullptr) {
+    if (config->size != sizeof(lbccDenseConfig_t)) {
+      return Fail(absl::InvalidArgumentError(
+                      "lbccDenseConfig_t.size is wrong: use LBCC_DENSE_CONFIG_INITIALIZER"),
+                  comm);
+    }
+    switch (config->format) {
+      case lbccDenseInt8:
+        options.format = lbcc::codecs::DenseFormat::kInt8;
+        break;
+      case lbccDenseInt4:
+        options.format = lbcc::codecs::DenseFormat::kInt4;
+        break;
+      case lbccDenseFp16:
+        options.format = lbcc::codecs::DenseFormat::kF16;
+        break;
+      case lbccDenseBf16:
+        options.format = lbcc::codecs::DenseFormat::kBf16;
+        break;
+      default:
+        return Fail(absl::InvalidArgumentError(absl::StrCat(
+                        "unknown lbccDenseFormat_t ", static_cast<int>(config->format))),
+                    comm);
+    }
+    options.block = config->block;
+    options.stochastic = config->stochastic != 0;
+  }
   absl::StatusOr<std::unique_ptr<lbcc::codecs::DenseQuantCodec>> codec =
-      lbcc::codecs::DenseQuantCodec::Create({});
+      lbcc::codecs::DenseQuantCodec::Create(options);
   if (!codec.ok()) return Fail(codec.status(), comm);
   std::shared_ptr<lbcc::codecs::DenseQuantCodec> shared(std::move(*codec));
   return Finish(comm->comm->SendCompressed(*view, shared.get(), nullptr, peer, tag), comm,
                 request, shared);
 }
 
-lbccResult_t lbccRecvCompressed(float* buff, size_t count, int peer, uint32_t tag,
-                                lbccComm_t comm, lbccRequest_t* request) {
+lbccResult_t lbccRecvCompressed(float* buff, int ndims, const int64_t* dims, int peer,
+                                uint32_t tag, lbccComm_t comm, lbccRequest_t* request) {
   LBCC_C_CHECK_PTR("lbccRecvCompressed", comm);
   LBCC_C_CHECK_PTR("lbccRecvCompressed", request);
-  if (count > 0) LBCC_C_CHECK_PTR("lbccRecvCompressed", buff);
-  absl::StatusOr<lbcc::TensorView> view =
-      lbcc::TensorView::Host(buff, {static_cast<int64_t>(count)});
-  if (!view.ok()) return Fail(view.status(), comm);
+  absl::StatusOr<lbcc::TensorView> view = HostView(buff, ndims, dims);
+  if (!view.ok()) return Fail(lbcc::Annotate(view.status(), "lbccRecvCompressed"), comm);
   return Finish(comm->comm->RecvCompressed(*view, peer, tag), comm, request);
 }
 

@@ -112,6 +112,35 @@ TEST(CApiTest, TwoRanksAllReduceAndSparseAllReduce) {
       if (rc == lbccSuccess) rc = lbccWait(req);
       if (req) lbccRequestFree(req);
       lbccTopKStateDestroy(state);
+      // A compressed boundary: rank 0 sends a 2x3 tensor as bf16; rank 1 receives it, then a
+      // receive with the wrong shape fails without touching its buffer.
+      const int64_t shape[2] = {2, 3};
+      lbccDenseConfig_t dense = LBCC_DENSE_CONFIG_INITIALIZER;
+      dense.format = lbccDenseBf16;
+      float boundary[6] = {0.5f, -1.0f, 2.0f, 3.0f, -4.0f, 8.0f};
+      if (rc == lbccSuccess) {
+        lbccRequest_t a = nullptr, b = nullptr;
+        if (r == 0) {
+          rc = lbccSendCompressed(boundary, 2, shape, &dense, 1, 9, comm, &a);
+          if (rc == lbccSuccess) rc = lbccWait(a);
+          if (rc == lbccSuccess) rc = lbccSendCompressed(boundary, 2, shape, &dense, 1, 10, comm, &b);
+          if (rc == lbccSuccess) rc = lbccWait(b);
+        } else {
+          float got[6] = {};
+          rc = lbccRecvCompressed(got, 2, shape, 0, 9, comm, &a);
+          if (rc == lbccSuccess) rc = lbccWait(a);
+          if (rc == lbccSuccess && std::memcmp(got, boundary, sizeof(got)) != 0) rc = lbccInternalError;
+          const int64_t wrong[1] = {6};
+          float untouched[6] = {7, 7, 7, 7, 7, 7};
+          if (rc == lbccSuccess) rc = lbccRecvCompressed(untouched, 1, wrong, 0, 10, comm, &b);
+          if (rc == lbccSuccess) {
+            rc = lbccWait(b) == lbccInvalidArgument && untouched[3] == 7.0f ? lbccSuccess
+                                                                              : lbccInternalError;
+          }
+        }
+        if (a) lbccRequestFree(a);
+        if (b) lbccRequestFree(b);
+      }
       lbccCommDestroy(comm);
       results[r] = rc;
     });

@@ -232,7 +232,7 @@ absl::Status AllGatherV(const Group& group, Tag tag, const std::string& mine,
 }
 
 absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* out, size_t count,
-                           DType dtype, ReduceOp op, absl::Time deadline) {
+                           DType dtype, ReduceOp op, Priority priority, absl::Time deadline) {
   const size_t element = DTypeSize(dtype);
   if (in != out) std::memmove(out, in, count * element);
   const int n = group.size();
@@ -252,7 +252,7 @@ absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* ou
     const int recv_c = (group.me - step - 1 + n) % n;
     absl::Span<uint8_t> target = chunk(recv_c);
     Batch batch(group.fabric, deadline);
-    batch.Send(right, tag + step, chunk(send_c));
+    batch.Send(right, tag + step, chunk(send_c), priority);
     batch.Recv(left, tag + step, absl::MakeSpan(incoming.data(), target.size()));
     LBCC_RETURN_IF_ERROR(batch.Wait());
     Accumulate(target.data(), incoming.data(), target.size() / element, dtype);
@@ -264,7 +264,7 @@ absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* ou
     const int send_c = (group.me + 1 - step + n) % n;
     const int recv_c = (group.me - step + n) % n;
     Batch batch(group.fabric, deadline);
-    batch.Send(right, tag + n + step, chunk(send_c));
+    batch.Send(right, tag + n + step, chunk(send_c), priority);
     batch.Recv(left, tag + n + step, chunk(recv_c));
     LBCC_RETURN_IF_ERROR(batch.Wait());
   }
@@ -272,13 +272,13 @@ absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* ou
 }
 
 absl::Status Broadcast(const Group& group, Tag tag, void* buffer, size_t bytes, int root,
-                       absl::Time deadline) {
+                       Priority priority, absl::Time deadline) {
   if (group.size() == 1) return absl::OkStatus();
   absl::Span<uint8_t> span(static_cast<uint8_t*>(buffer), bytes);
   Batch batch(group.fabric, deadline);
   if (group.me == root) {
     for (int i = 0; i < group.size(); ++i) {
-      if (i != root) batch.Send(group.ranks[i], tag, span);
+      if (i != root) batch.Send(group.ranks[i], tag, span, priority);
     }
   } else {
     batch.Recv(group.ranks[root], tag, span);

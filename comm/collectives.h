@@ -47,11 +47,12 @@ enum class ReduceOp : uint8_t { kSum, kMean };
 // may alias. 16-bit values are added in fp32 and rounded once per step (like NCCL). Every rank
 // ends with identical bits.
 absl::Status AllReduceRing(const Group& group, transport::Tag tag, const void* in, void* out,
-                           size_t count, DType dtype, ReduceOp op, absl::Time deadline);
+                           size_t count, DType dtype, ReduceOp op, transport::Priority priority,
+                           absl::Time deadline);
 
 // `bytes` of `buffer` from group index `root` to every rank.
 absl::Status Broadcast(const Group& group, transport::Tag tag, void* buffer, size_t bytes,
-                       int root, absl::Time deadline);
+                       int root, transport::Priority priority, absl::Time deadline);
 
 }  // namespace lbcc::comm
 

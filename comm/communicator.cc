@@ -123,7 +123,9 @@ void Communicator::WorkerLoop() {
           absl::StrCat(pending.name, ": the communicator failed earlier (", status.ToString(),
                        "); recreate it"));
     } else {
-      const absl::Time deadline = absl::Now() + fabric_->options().timeout;
+      const absl::Time deadline =
+          absl::Now() + (pending.timeout > absl::ZeroDuration() ? pending.timeout
+                                                                 : fabric_->options().timeout);
       status = Annotate(pending.op(group_, pending.tag, deadline),
                         absl::StrCat(pending.name, " on rank ", group_.me));
       LBCC_LOG_IF(WARN, !status.ok()) << status;
@@ -132,15 +134,15 @@ void Communicator::WorkerLoop() {
   }
 }
 
-RequestPtr Communicator::Post(absl::string_view name, Op op) {
+RequestPtr Communicator::Post(absl::string_view name, Op op, absl::Duration timeout) {
   auto request = std::make_shared<Request>();
   MutexLock lock(&mu_);
   if (stopping_) {
     request->Complete(absl::CancelledError("communicator is being destroyed"));
     return request;
   }
-  queue_.push_back(
-      Pending{std::string(name), std::move(op), MakeTag(comm_id_, sequence_++, 0), request});
+  queue_.push_back(Pending{std::string(name), std::move(op), timeout,
+                           MakeTag(comm_id_, sequence_++, 0), request});
   cv_.SignalAll();
   return request;
 }
@@ -153,7 +155,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   std::memcpy(mine.data(), &color, 4);
   std::memcpy(mine.data() + 4, &key, 4);
   std::vector<std::string> all;
-  LBCC_RETURN_IF_ERROR(AllGatherV(&mine, &all, Algorithm::kDirect)->Wait());
+  OpOptions direct;
+  direct.algorithm = Algorithm::kDirect;
+  LBCC_RETURN_IF_ERROR(AllGatherV(&mine, &all, direct)->Wait());
   const uint64_t split = ++splits_;
   if (color < 0) return std::unique_ptr<Communicator>();
   std::vector<std::tuple<int, int>> members;  // (key, global rank)
@@ -178,21 +182,25 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
 }
 
 RequestPtr Communicator::AllGatherV(const std::string* mine, std::vector<std::string>* out,
-                                    Algorithm algorithm, transport::Priority priority) {
+                                    OpOptions options) {
   if (mine == nullptr || out == nullptr) {
     return CompletedRequest(absl::InvalidArgumentError("AllGatherV: null argument"));
   }
-  return Post("AllGatherV", [this, mine, out, algorithm, priority](
-                                const Group& group, transport::Tag tag, absl::Time deadline) {
-    LBCC_ASSIGN_OR_RETURN(
-        Algorithm chosen,
-        SelectAlgorithm(Collective::kAllGatherV, ShapeOf(topology(), group.ranks), mine->size(),
-                        algorithm));
-    return comm::AllGatherV(group, tag, *mine, out, chosen, priority, deadline, kMaxPayloadBytes);
-  });
+  return Post(
+      "AllGatherV",
+      [this, mine, out, options](const Group& group, transport::Tag tag, absl::Time deadline) {
+        LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
+                              SelectAlgorithm(Collective::kAllGatherV,
+                                              ShapeOf(topology(), group.ranks), mine->size(),
+                                              options.algorithm));
+        return comm::AllGatherV(group, tag, *mine, out, chosen, options.priority, deadline,
+                                kMaxPayloadBytes);
+      },
+      options.timeout);
 }
 
-RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, ReduceOp op) {
+RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,
+                                   OpOptions options) {
   absl::Status check = CheckHostTensor(in, "AllReduce");
   if (check.ok()) check = CheckHostTensor(out, "AllReduce");
   if (check.ok() && (in.dtype() != out.dtype() || in.num_elements() != out.num_elements())) {
@@ -204,18 +212,19 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
         absl::StrCat("AllReduce: dtype ", DTypeName(in.dtype()), " is not f32, f16 or bf16"));
   }
   if (!check.ok()) return CompletedRequest(check);
-  return Post("AllReduce", [this, in, out, op](const Group& group, transport::Tag tag,
+  return Post("AllReduce", [this, in, out, op, options](const Group& group, transport::Tag tag,
                                                absl::Time deadline) {
     LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
                           SelectAlgorithm(Collective::kAllReduce, ShapeOf(topology(), group.ranks),
-                                          in.num_bytes()));
-    (void)chosen;  // The table offers ring only.
+                                          in.num_bytes(), options.algorithm));
+    (void)chosen;  // The table offers ring only (SelectAlgorithm rejects the others).
     return AllReduceRing(group, tag, in.data(), out.data(), in.num_elements(), in.dtype(), op,
-                         deadline);
-  });
+                         options.priority, deadline);
+  }, options.timeout);
 }
 
-RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out) {
+RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out,
+                                   OpOptions options) {
   absl::Status check = CheckHostTensor(in, "AllGather");
   if (check.ok()) check = CheckHostTensor(out, "AllGather");
   if (check.ok() && (in.dtype() != out.dtype() ||
@@ -224,15 +233,15 @@ RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out) 
                                                     " must hold nranks x in ", in.DebugString()));
   }
   if (!check.ok()) return CompletedRequest(check);
-  return Post("AllGather", [this, in, out](const Group& group, transport::Tag tag,
-                                           absl::Time deadline) {
+  return Post("AllGather", [this, in, out, options](const Group& group, transport::Tag tag,
+                                                    absl::Time deadline) {
     const std::string mine(static_cast<const char*>(in.data()), in.num_bytes());
     std::vector<std::string> all;
     LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
                           SelectAlgorithm(Collective::kAllGatherV, ShapeOf(topology(), group.ranks),
-                                          mine.size()));
-    LBCC_RETURN_IF_ERROR(comm::AllGatherV(group, tag, mine, &all, chosen,
-                                          transport::Priority::kNormal, deadline, in.num_bytes()));
+                                          mine.size(), options.algorithm));
+    LBCC_RETURN_IF_ERROR(comm::AllGatherV(group, tag, mine, &all, chosen, options.priority,
+                                          deadline, in.num_bytes()));
     for (int i = 0; i < group.size(); ++i) {
       if (all[i].size() != in.num_bytes()) {
         return absl::DataLossError(absl::StrCat("AllGather: rank ", i, " sent ", all[i].size(),
@@ -242,27 +251,33 @@ RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out) 
                   in.num_bytes());
     }
     return absl::OkStatus();
-  });
+  }, options.timeout);
 }
 
-RequestPtr Communicator::Broadcast(const TensorView& buffer, int root) {
+RequestPtr Communicator::Broadcast(const TensorView& buffer, int root, OpOptions options) {
   absl::Status check = CheckHostTensor(buffer, "Broadcast");
   if (check.ok() && (root < 0 || root >= nranks())) {
     check = absl::InvalidArgumentError(absl::StrCat("Broadcast: root ", root, " out of range"));
   }
   if (!check.ok()) return CompletedRequest(check);
-  return Post("Broadcast", [buffer, root](const Group& group, transport::Tag tag,
-                                          absl::Time deadline) {
-    return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root, deadline);
-  });
+  return Post(
+      "Broadcast",
+      [buffer, root, options](const Group& group, transport::Tag tag, absl::Time deadline) {
+        return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root,
+                               options.priority, deadline);
+      },
+      options.timeout);
 }
 
-RequestPtr Communicator::Barrier() {
-  return Post("Barrier", [this](const Group& group, transport::Tag tag, absl::Time deadline) {
-    std::vector<std::string> all;
-    return comm::AllGatherV(group, tag, std::string(), &all, Algorithm::kDirect,
-                            transport::Priority::kHigh, deadline, 0);
-  });
+RequestPtr Communicator::Barrier(OpOptions options) {
+  return Post(
+      "Barrier",
+      [](const Group& group, transport::Tag tag, absl::Time deadline) {
+        std::vector<std::string> all;
+        return comm::AllGatherV(group, tag, std::string(), &all, Algorithm::kDirect,
+                                transport::Priority::kHigh, deadline, 0);
+      },
+      options.timeout);
 }
 
 }  // namespace lbcc::comm

@@ -41,6 +41,14 @@
 
 namespace lbcc::comm {
 
+// Per-operation options, in the spirit of Gloo's options objects. Defaults: the communicator's
+// timeout, the selection table's algorithm, normal priority.
+struct OpOptions {
+  absl::Duration timeout = absl::ZeroDuration();  // Zero: LBCC_TIMEOUT_S / FabricOptions.
+  Algorithm algorithm = Algorithm::kAuto;
+  transport::Priority priority = transport::Priority::kNormal;
+};
+
 // Reads LBCC_TRANSPORT, LBCC_LISTEN_ADDR and LBCC_TIMEOUT_S.
 absl::StatusOr<FabricOptions> FabricOptionsFromEnv();
 
@@ -72,14 +80,14 @@ class Communicator {
 
   // Every rank's `mine` into (*out)[i] in rank order. `mine` and `out` must outlive the request.
   RequestPtr AllGatherV(const std::string* mine, std::vector<std::string>* out,
-                        Algorithm algorithm = Algorithm::kAuto,
-                        transport::Priority priority = transport::Priority::kNormal);
+                        OpOptions options = {});
   // Dense all-reduce of f32, f16 or bf16 host tensors of equal shape (in may equal out).
-  RequestPtr AllReduce(const TensorView& in, const TensorView& out, ReduceOp op);
+  RequestPtr AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,
+                       OpOptions options = {});
   // out holds nranks() times in, in rank order.
-  RequestPtr AllGather(const TensorView& in, const TensorView& out);
-  RequestPtr Broadcast(const TensorView& buffer, int root);
-  RequestPtr Barrier();
+  RequestPtr AllGather(const TensorView& in, const TensorView& out, OpOptions options = {});
+  RequestPtr Broadcast(const TensorView& buffer, int root, OpOptions options = {});
+  RequestPtr Barrier(OpOptions options = {});
 
   // SparseLoCo's exchange for a list of tensors. For each tensor, `codec` (a TopKEfCodec, or
   // any codec) encodes `delta` with the tensor's `state` (error feedback), every rank's payloads
@@ -96,9 +104,14 @@ class Communicator {
     TensorView out;               // Host f32 aggregate, same shape.
     codecs::CodecState* state;    // The tensor's error feedback (nullptr for stateless codecs).
   };
+  // options.priority defaults to kBulk here (data-parallel sync yields to pipeline traffic).
   RequestPtr SparseAllReduce(std::vector<SparseTensor> tensors, const codecs::Codec* codec,
-                             codecs::DecodeOptions decode = {},
-                             Algorithm algorithm = Algorithm::kAuto);
+                             codecs::DecodeOptions decode = {}, OpOptions options = BulkOptions());
+  static OpOptions BulkOptions() {
+    OpOptions options;
+    options.priority = transport::Priority::kBulk;
+    return options;
+  }
 
   // Compressed point-to-point, for pipeline boundaries. Not ordered with collectives: these go
   // straight to the transport at high priority and complete on their own. Messages between two
@@ -120,7 +133,8 @@ class Communicator {
   // the same way.
   using Op = std::function<absl::Status(const Group& group, transport::Tag tag,
                                         absl::Time deadline)>;
-  RequestPtr Post(absl::string_view name, Op op);
+  // `timeout` zero: the communicator's.
+  RequestPtr Post(absl::string_view name, Op op, absl::Duration timeout = absl::ZeroDuration());
 
   // Aborts the connections: running and queued operations fail, on every rank. Idempotent.
   void Abort();
@@ -134,6 +148,7 @@ class Communicator {
   struct Pending {
     std::string name;
     Op op;
+    absl::Duration timeout;
     transport::Tag tag;
     RequestPtr request;
   };

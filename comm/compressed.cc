@@ -61,11 +61,11 @@ constexpr uint32_t kP2pStep = 0xffff;
 
 RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
                                          const codecs::Codec* codec, codecs::DecodeOptions decode,
-                                         Algorithm algorithm) {
+                                         OpOptions options) {
   if (codec == nullptr) {
     return CompletedRequest(absl::InvalidArgumentError("SparseAllReduce: null codec"));
   }
-  return Post("SparseAllReduce", [this, tensors = std::move(tensors), codec, decode, algorithm](
+  return Post("SparseAllReduce", [this, tensors = std::move(tensors), codec, decode, options](
                                      const Group& group, transport::Tag tag,
                                      absl::Time deadline) -> absl::Status {
     auto abort_states = [&tensors] {
@@ -111,14 +111,13 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     // 2. Exchange.
     std::vector<std::string> all;
     absl::StatusOr<Algorithm> chosen = SelectAlgorithm(
-        Collective::kAllGatherV, ShapeOf(topology(), group.ranks), blob.size(), algorithm);
+        Collective::kAllGatherV, ShapeOf(topology(), group.ranks), blob.size(), options.algorithm);
     if (!chosen.ok()) {
       abort_states();
       return chosen.status();
     }
-    absl::Status exchanged = comm::AllGatherV(group, tag, blob, &all, *chosen,
-                                              transport::Priority::kBulk, deadline,
-                                              size_t{1} << 40);
+    absl::Status exchanged = comm::AllGatherV(group, tag, blob, &all, *chosen, options.priority,
+                                              deadline, size_t{1} << 40);
     if (!exchanged.ok()) {
       abort_states();
       return exchanged;
@@ -163,7 +162,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       if (t.state != nullptr) LBCC_RETURN_IF_ERROR(t.state->Commit());
     }
     return absl::OkStatus();
-  });
+  }, options.timeout);
 }
 
 RequestPtr Communicator::SendCompressed(const TensorView& input, const codecs::Codec* codec,

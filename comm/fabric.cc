@@ -188,14 +188,16 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
     }
     in_[peer] = std::move(accepted[i]);
   }
+  connected_ = true;
   return absl::OkStatus();
 }
 
 Fabric::~Fabric() {
   // Orderly close: a rank may still be receiving the last message of an operation that already
   // completed here, so say goodbye to everyone and close only once everyone said goodbye (or
-  // failed). Skipped when the fabric was aborted: peers are failing anyway.
-  if (aborted().ok() && nranks_ > 1) {
+  // failed). Skipped when the fabric was aborted: peers are failing anyway; and when Create()
+  // failed before every endpoint existed.
+  if (connected_ && aborted().ok() && nranks_ > 1) {
     const absl::Time deadline = absl::Now() + std::min(options_.timeout, kByeTimeout);
     Batch batch(this, deadline);
     const uint8_t bye = 0;

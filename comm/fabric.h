@@ -84,6 +84,7 @@ class Fabric {
   std::unique_ptr<transport::Transport> transport_;
   std::vector<std::unique_ptr<transport::Endpoint>> out_;
   std::vector<std::unique_ptr<transport::Endpoint>> in_;
+  bool connected_ = false;  // Every endpoint exists (Connect succeeded): goodbyes can be said.
   mutable Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 };

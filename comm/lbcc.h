@@ -149,11 +149,32 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
                                  lbccAggregation_t aggregation, lbccComm_t comm,
                                  lbccRequest_t* request);
 
-/* Dense-quantized point-to-point (int8 blockwise absmax) of an f32 tensor of `count`. */
-lbccResult_t lbccSendCompressed(const float* buff, size_t count, int peer, uint32_t tag,
+/* Dense quantizer of compressed point-to-point; see codecs/dense_quant.h. */
+typedef enum {
+  lbccDenseInt8 = 1, /* Blockwise absmax int8. */
+  lbccDenseInt4 = 2, /* Blockwise absmax 4-bit. */
+  lbccDenseFp16 = 3,
+  lbccDenseBf16 = 4
+} lbccDenseFormat_t;
+
+typedef struct {
+  size_t size;              /* sizeof(lbccDenseConfig_t). */
+  lbccDenseFormat_t format; /* lbccDenseInt8. */
+  int64_t block;            /* Elements per scale for the int formats (256). */
+  int stochastic;           /* Seeded stochastic rounding (0). */
+} lbccDenseConfig_t;
+
+#define LBCC_DENSE_CONFIG_INITIALIZER {sizeof(lbccDenseConfig_t), lbccDenseInt8, 256, 0}
+
+/* Compressed point-to-point of an f32 tensor of shape dims[0..ndims) (config NULL: int8). The
+ * receiver learns codec and shape from the payload and checks the shape against its own;
+ * a mismatch fails the receive with lbccInvalidArgument and leaves buff untouched. Messages
+ * between two ranks with the same tag arrive in order; not ordered with collectives. */
+lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dims,
+                                const lbccDenseConfig_t* config, int peer, uint32_t tag,
                                 lbccComm_t comm, lbccRequest_t* request);
-lbccResult_t lbccRecvCompressed(float* buff, size_t count, int peer, uint32_t tag,
-                                lbccComm_t comm, lbccRequest_t* request);
+lbccResult_t lbccRecvCompressed(float* buff, int ndims, const int64_t* dims, int peer,
+                                uint32_t tag, lbccComm_t comm, lbccRequest_t* request);
 
 /* lbccSuccess when done (and the operation succeeded), lbccInProgress while running, the
  * operation's error otherwise. */

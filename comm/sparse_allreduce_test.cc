@@ -101,8 +101,9 @@ TEST_P(SparseAllReduceTest, BitIdenticalToTheReferenceOnEveryRank) {
       tensors.push_back({*TensorView::Host(deltas[t].data(), kShapes[t]),
                          *TensorView::Host(outs[t].data(), kShapes[t]), &states[t]});
     }
-    LBCC_RETURN_IF_ERROR(
-        comm.SparseAllReduce(tensors, codec.get(), {}, GetParam().algorithm)->Wait());
+    OpOptions op = Communicator::BulkOptions();
+    op.algorithm = GetParam().algorithm;
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait());
     for (const auto& state : states) {
       if (state.has_pending() || state.error().empty()) {
         return absl::InternalError("state not committed");

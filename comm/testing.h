@@ -3,6 +3,11 @@
 #ifndef LBCC_COMM_TESTING_H_
 #define LBCC_COMM_TESTING_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -16,6 +21,19 @@
 #include "comm/communicator.h"
 
 namespace lbcc::comm::testing {
+
+// A 127.0.0.1 port nobody listens on right now (the kernel's pick for a socket bound to port 0).
+inline int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
 
 struct RankOptions {
   std::string backend = "loopback";

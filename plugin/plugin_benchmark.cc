@@ -6,15 +6,15 @@
 //                         counter plugin_to_transport is the ">= 0.9" figure.
 //   BM_Testbed100Mbit4MiB tools/testbed, receiver behind a 100 Mbit/s tbf down-link, links probed
 //                         (slow) and striped over 2 connections; plugin_to_shaped and
-//                         transport_to_shaped divide by 100 Mbit/s. Skipped without the testbed
-//                         (--testbed=path/to/tools/testbed/testbed).
+//                         transport_to_shaped divide by 100 Mbit/s. Needs root; skipped with the
+//                         reason otherwise.
 //
 // Each process is pinned to its own core (--pin=0: not), the same for both kinds. Each benchmark
 // alternates transport and plugin runs (--rounds, default 5) and reports medians;
 // rates are measured at the receiver from the completion of the window's last warm-up message to
 // the completion of the last one. load1 is the 1-minute load average when the benchmark started.
 //
-//   bazel run -c opt //plugin:plugin_benchmark -- --testbed=$PWD/tools/testbed/testbed
+//   bazel run //plugin:plugin_benchmark        (as root for the testbed case)
 #include <fcntl.h>
 #include <sched.h>
 #include <spawn.h>
@@ -450,7 +450,7 @@ std::string RunTestbed(const std::vector<std::string>& args) {
 
 void BM_Testbed100Mbit4MiB(benchmark::State& state) {
   if (g_testbed.empty()) {
-    state.SkipWithError("no --testbed=path/to/tools/testbed/testbed (not in this tree yet)");
+    state.SkipWithError("no testbed script (--testbed=path/to/tools/testbed/testbed)");
     return;
   }
   if (RunTestbed({"check"}) != "ok") {
@@ -508,9 +508,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_plugin = resolved;
-  if (args.count("testbed") && realpath(args["testbed"].c_str(), resolved) != nullptr) {
-    g_testbed = resolved;
-  }
+  // --testbed=, else the script in this binary's runfiles (bazel run).
+  const std::string testbed =
+      args.count("testbed") ? args["testbed"]
+                            : g_self + ".runfiles/lbcc/tools/testbed/testbed";
+  if (realpath(testbed.c_str(), resolved) != nullptr) g_testbed = resolved;
   if (args.count("rounds")) g_rounds = std::max(1, std::stoi(args["rounds"]));
   if (args.count("pin")) g_pin = args["pin"] != "0";
   int rest_argc = static_cast<int>(rest.size());

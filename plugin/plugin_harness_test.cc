@@ -8,7 +8,8 @@
 //     run thousands of isend/irecv both ways from 0 B to 64 MiB with grouped receives and 32
 //     requests in flight, check every byte, and close with requests pending;
 //   - self-connect and bad input per version, a peer that dies, a device configured slow (striped,
-//     paced), and the same traffic over a 100 Mbit/s link of tools/testbed when it is available.
+//     paced), and (plugin_testbed_test, as root) the same traffic over a 100 Mbit/s link of
+//     tools/testbed.
 //
 // The children report on stderr (the test log) and by exit status; each arms alarm() so that a
 // hang ends as a failure, never as a stuck test.
@@ -694,7 +695,10 @@ TEST(PluginTest, SlowDeviceIsStripedPacedAndReportedAtItsRate) {
 // ---------------------------------------------------------------------------------------------
 // Over an emulated slow link (tools/testbed): host 0 fast, host 1 behind 100 Mbit/s.
 
+std::string g_testbed_path;  // From --testbed= (plugin_testbed_test), else PLUGIN_TESTBED_SCRIPT.
+
 std::string TestbedScript() {
+  if (!g_testbed_path.empty()) return g_testbed_path;
   const char* script = std::getenv("PLUGIN_TESTBED_SCRIPT");
   return script != nullptr ? script : "";
 }
@@ -708,8 +712,8 @@ std::string Testbed(const std::vector<std::string>& args) {
 
 TEST(PluginTestbedTest, TrafficOverA100MbitLink) {
   if (TestbedScript().empty()) {
-    GTEST_SKIP() << "tools/testbed is not in this tree yet (PLUGIN_TESTBED_SCRIPT unset); the "
-                    "slow-link run needs its namespaces";
+    GTEST_SKIP() << "no testbed script (run //plugin:plugin_testbed_test, or set "
+                    "PLUGIN_TESTBED_SCRIPT to tools/testbed/testbed)";
   }
   if (Testbed({"check"}) != "exit 0") {
     GTEST_SKIP() << "testbed check failed here (needs root and iproute2; see its output above)";
@@ -762,6 +766,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_plugin_path = plugin;
+  char testbed[PATH_MAX];
+  if (args.count("testbed") && realpath(args["testbed"].c_str(), testbed) != nullptr) {
+    g_testbed_path = testbed;
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

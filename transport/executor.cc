@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 
 namespace lbcc::transport {
 

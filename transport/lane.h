@@ -34,8 +34,9 @@ struct ChunkHeader {
 static_assert(sizeof(ChunkHeader) == 48, "ChunkHeader is a wire format");
 
 inline constexpr uint16_t kWireVersion = 1;
-// The receiver returns a credit of `length` bytes on the same lane when the chunk arrives: the
-// sender's slow-link window.
+// The receiver returns a credit of `length` bytes on the same lane once the chunk's bytes have
+// crossed the link (an eager chunk on arrival, a rendezvous chunk when its fetch completes, a
+// parked or dropped one at once): the sender's slow-link window.
 inline constexpr uint8_t kChunkNeedsCredit = 1;
 
 using DoneCallback = absl::AnyInvocable<void(absl::Status)>;
@@ -47,8 +48,9 @@ class Lane {
   // (lane closed first) or Unavailable (connection lost).
   virtual void SendChunk(const ChunkHeader& header, const uint8_t* data, size_t length,
                          DoneCallback done) = 0;
-  // Returns `bytes` of window to the peer's sender (see kChunkNeedsCredit).
-  virtual void SendCredit(uint64_t bytes) = 0;
+  // Returns `bytes` of window, taken by chunks of `priority`, to the peer's sender (see
+  // kChunkNeedsCredit).
+  virtual void SendCredit(uint64_t bytes, uint8_t priority) = 0;
   // Disconnects; idempotent.
   virtual void Close() = 0;
 };

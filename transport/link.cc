@@ -79,6 +79,16 @@ bool Link::failed() const {
   return failed_;
 }
 
+bool Link::HasPendingWork() const {
+  MutexLock lock(&mu_);
+  if (failed_) return false;
+  if (!out_.empty() || !in_.empty()) return true;
+  for (const auto& [tag, state] : tags_) {
+    if (!state.posted.empty()) return true;
+  }
+  return false;
+}
+
 LinkCounters Link::counters() const {
   MutexLock lock(&mu_);
   LinkCounters c = counters_;
@@ -200,15 +210,17 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
   if (credit) {
     inflight_bytes_ += length;
     lane_inflight_[lane] += length;
+    inflight_by_priority_[static_cast<int>(msg->priority)] += length;
   }
-  lanes_[lane]->SendChunk(
-      header, msg->data + offset, length,
-      [self = shared_from_this(), seq = msg->seq, lane, length, credit](absl::Status status) {
-        self->OnChunkSent(seq, lane, length, credit, std::move(status));
-      });
+  lanes_[lane]->SendChunk(header, msg->data + offset, length,
+                          [self = shared_from_this(), seq = msg->seq, lane, length, credit,
+                           priority = msg->priority](absl::Status status) {
+                            self->OnChunkSent(seq, lane, length, credit, priority,
+                                              std::move(status));
+                          });
 }
 
-void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit,
+void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
                        absl::Status status) {
   {
     MutexLock lock(&mu_);
@@ -223,10 +235,7 @@ void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit,
     } else {
       if (msg->status.ok()) msg->status = status;
       // A chunk that was never delivered returns no credit.
-      if (credit) {
-        inflight_bytes_ -= std::min<uint64_t>(inflight_bytes_, length);
-        lane_inflight_[lane] -= std::min<uint64_t>(lane_inflight_[lane], length);
-      }
+      if (credit) ReturnWindowLocked(lane, length, static_cast<int>(priority));
       MaybeFinishSendLocked(msg);  // May destroy msg.
       if (!failed_) {
         FailLocked(status.code() == absl::StatusCode::kCancelled
@@ -255,7 +264,10 @@ void Link::PumpLocked() {
     int priority = 0;
     while (priority < kNumPriorities && queues_[priority].empty()) ++priority;
     if (priority == kNumPriorities) return;
-    if (inflight_bytes_ >= static_cast<uint64_t>(window_bytes_)) return;
+    // The highest priority may exceed the window by one chunk: it never waits for a credit's
+    // round trip, only for the bytes already in flight.
+    const uint64_t window = static_cast<uint64_t>(window_bytes_) + (priority == 0 ? chunk : 0);
+    if (inflight_bytes_ >= window) return;
     OutMsg* msg = queues_[priority].front();
     const uint32_t length =
         static_cast<uint32_t>(std::min<uint64_t>(chunk, msg->size - msg->next_offset));
@@ -271,6 +283,9 @@ void Link::PumpLocked() {
         }
         return;
       }
+    }
+    for (int higher = 0; higher < priority; ++higher) {
+      if (inflight_by_priority_[higher] > 0) return;
     }
     // Striping: the lane with the fewest bytes in flight.
     int lane = 0;
@@ -296,11 +311,16 @@ void Link::OnPacingTimer() {
   Kick();
 }
 
-void Link::OnCredit(int lane, uint64_t bytes) {
-  MutexLock lock(&mu_);
-  if (lane < 0 || lane >= static_cast<int>(lanes_.size())) return;
+void Link::ReturnWindowLocked(int lane, uint64_t bytes, int priority) {
   inflight_bytes_ -= std::min(inflight_bytes_, bytes);
   lane_inflight_[lane] -= std::min(lane_inflight_[lane], bytes);
+  inflight_by_priority_[priority] -= std::min(inflight_by_priority_[priority], bytes);
+}
+
+void Link::OnCredit(int lane, uint64_t bytes, uint8_t priority) {
+  MutexLock lock(&mu_);
+  if (lane < 0 || lane >= static_cast<int>(lanes_.size()) || priority >= kNumPriorities) return;
+  ReturnWindowLocked(lane, bytes, priority);
   PumpLocked();
 }
 
@@ -348,7 +368,11 @@ void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
         " length ", h.length, " of ", h.total_size)));
     return;
   }
-  if ((h.flags & kChunkNeedsCredit) && h.length > 0) lanes_[lane]->SendCredit(h.length);
+  // The sender's window counts bytes on the wire. They have left it when an eager chunk arrives
+  // or a rendezvous chunk's fetch completes; a rendezvous chunk that is parked or dropped leaves
+  // its bytes at the sender, so it is credited at once (which also keeps a sender from stalling
+  // behind messages the receiver has not asked for yet).
+  const bool needs_credit = (h.flags & kChunkNeedsCredit) && h.length > 0;
   ++counters_.chunks_received;
 
   InMsg* msg;
@@ -368,6 +392,12 @@ void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
                                                   h.tag, " from ", peer_address_)));
       return;
     }
+    // Match before placing, so that the first chunk goes straight to the buffer. A 0-byte
+    // message completes (and is forgotten) right here.
+    TryMatchLocked(h.tag);
+    auto again = in_.find(h.msg_seq);
+    if (again == in_.end()) return;
+    msg = again->second.get();
   } else {
     msg = it->second.get();
     if (msg->tag != h.tag || msg->tag_seq != h.tag_seq || msg->total != h.total_size ||
@@ -378,10 +408,13 @@ void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
     }
   }
   msg->bytes_seen += h.length;
+  const bool fetch_later = deferred != nullptr && msg->matched && !msg->discard;
+  if (needs_credit && !fetch_later) lanes_[lane]->SendCredit(h.length, h.priority);
   if (msg->discard) {
     // Dropped: `deferred` goes out of scope.
   } else if (msg->matched) {
-    PlaceLocked(msg, h.offset, h.length, data, std::move(deferred));
+    PlaceLocked(msg, h.offset, h.length, data, std::move(deferred), needs_credit ? lane : -1,
+                h.priority);
   } else {
     StagedChunk staged;
     staged.offset = h.offset;
@@ -392,11 +425,8 @@ void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
       staged.bytes.assign(data, data + h.length);
     }
     msg->staged.push_back(std::move(staged));
-    TryMatchLocked(h.tag);
   }
-  // `msg` may have completed inside TryMatchLocked; look it up again.
-  auto again = in_.find(h.msg_seq);
-  if (again != in_.end()) MaybeFinishRecvLocked(again->second.get());
+  MaybeFinishRecvLocked(msg);  // May destroy msg.
 }
 
 void Link::TryMatchLocked(Tag tag) {
@@ -443,20 +473,22 @@ void Link::MatchLocked(InMsg* msg, PostedRecv recv) {
   } else {
     for (StagedChunk& chunk : staged) {
       PlaceLocked(msg, chunk.offset, chunk.length,
-                  chunk.bytes.empty() ? nullptr : chunk.bytes.data(), std::move(chunk.deferred));
+                  chunk.bytes.empty() ? nullptr : chunk.bytes.data(), std::move(chunk.deferred),
+                  /*credit_lane=*/-1, /*priority=*/0);
     }
   }
   MaybeFinishRecvLocked(msg);  // May destroy msg.
 }
 
 void Link::PlaceLocked(InMsg* msg, uint64_t offset, uint32_t length, const uint8_t* bytes,
-                       std::unique_ptr<DeferredPayload> deferred) {
+                       std::unique_ptr<DeferredPayload> deferred, int credit_lane,
+                       uint8_t priority) {
   if (deferred != nullptr) {
     ++msg->fetches_outstanding;
-    deferred->Fetch(msg->buffer + offset,
-                    [self = shared_from_this(), seq = msg->seq, length](absl::Status status) {
-                      self->OnFetchDone(seq, length, std::move(status));
-                    });
+    deferred->Fetch(msg->buffer + offset, [self = shared_from_this(), seq = msg->seq, length,
+                                           credit_lane, priority](absl::Status status) {
+      self->OnFetchDone(seq, length, credit_lane, priority, std::move(status));
+    });
     return;
   }
   if (length > 0) std::memcpy(msg->buffer + offset, bytes, length);
@@ -464,8 +496,12 @@ void Link::PlaceLocked(InMsg* msg, uint64_t offset, uint32_t length, const uint8
   counters_.bytes_received += length;
 }
 
-void Link::OnFetchDone(uint64_t seq, uint32_t length, absl::Status status) {
+void Link::OnFetchDone(uint64_t seq, uint32_t length, int credit_lane, uint8_t priority,
+                       absl::Status status) {
   MutexLock lock(&mu_);
+  if (credit_lane >= 0 && status.ok() && !failed_) {
+    lanes_[credit_lane]->SendCredit(length, priority);
+  }
   auto it = in_.find(seq);
   LBCC_CHECK(it != in_.end()) << "fetch completion for unknown message " << seq;
   InMsg* msg = it->second.get();

@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "transport/executor.h"
 #include "transport/lane.h"
@@ -71,10 +71,12 @@ class Link : public std::enable_shared_from_this<Link> {
   // From the backend. `data` (valid during the call) holds the chunk's bytes, or `deferred` does.
   void OnChunk(int lane, const ChunkHeader& header, const uint8_t* data,
                std::unique_ptr<DeferredPayload> deferred);
-  void OnCredit(int lane, uint64_t bytes);
+  void OnCredit(int lane, uint64_t bytes, uint8_t priority);
   // Fails all pending and future work with `status` (Unavailable for a lost peer).
   void Fail(absl::Status status);
   bool failed() const;
+  // True while a send or receive is pending (the backend's silent-peer watchdog cares only then).
+  bool HasPendingWork() const;
 
  private:
   struct OutMsg {
@@ -128,16 +130,23 @@ class Link : public std::enable_shared_from_this<Link> {
   void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t length, bool credit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, absl::Status status);
+  void OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
+                   absl::Status status);
+  void ReturnWindowLocked(int lane, uint64_t bytes, int priority)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnPacingTimer();
   void MaybeFinishSendLocked(OutMsg* msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void TryMatchLocked(Tag tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MatchLocked(InMsg* msg, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a chunk's bytes into the matched buffer; a fetched chunk returns its credit on
+  // `credit_lane` (-1: none) when the fetch completes.
   void PlaceLocked(InMsg* msg, uint64_t offset, uint32_t length, const uint8_t* bytes,
-                   std::unique_ptr<DeferredPayload> deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnFetchDone(uint64_t seq, uint32_t length, absl::Status status);
+                   std::unique_ptr<DeferredPayload> deferred, int credit_lane, uint8_t priority)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFetchDone(uint64_t seq, uint32_t length, int credit_lane, uint8_t priority,
+                   absl::Status status);
   void MaybeFinishRecvLocked(InMsg* msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -174,6 +183,9 @@ class Link : public std::enable_shared_from_this<Link> {
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutMsg>> out_ ABSL_GUARDED_BY(mu_);
   std::deque<OutMsg*> queues_[kNumPriorities] ABSL_GUARDED_BY(mu_);
   uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // In flight per priority: a chunk is not handed while a higher-priority one is in flight, so
+  // that bulk chunks handed during a rendezvous hand-shake cannot get ahead of its bytes.
+  uint64_t inflight_by_priority_[kNumPriorities] ABSL_GUARDED_BY(mu_) = {};
 
   // Receive side.
   absl::flat_hash_map<uint64_t, std::unique_ptr<InMsg>> in_ ABSL_GUARDED_BY(mu_);

@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "transport/executor.h"
 #include "transport/link.h"
 
@@ -114,9 +114,9 @@ class LoopbackLane final : public Lane {
     });
   }
 
-  void SendCredit(uint64_t bytes) override {
-    peer_wire_->Post([peer = peer_, index = index_, bytes] {
-      if (std::shared_ptr<Link> link = peer.lock()) link->OnCredit(index, bytes);
+  void SendCredit(uint64_t bytes, uint8_t priority) override {
+    peer_wire_->Post([peer = peer_, index = index_, bytes, priority] {
+      if (std::shared_ptr<Link> link = peer.lock()) link->OnCredit(index, bytes, priority);
     });
   }
 

@@ -114,7 +114,7 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv() {
   if (link_class != "auto") {
     LBCC_ASSIGN_OR_RETURN(options.link_class, ParseLinkClass(link_class));
   }
-  LBCC_ASSIGN_OR_RETURN(const std::string topology_file, env::GetString("LBCC_TOPOLOGY_FILE"));
+  LBCC_ASSIGN_OR_RETURN(const std::string topology_file, env::GetString("LBCC_LINK_RULES_FILE"));
   if (!topology_file.empty()) {
     LBCC_ASSIGN_OR_RETURN(options.topology, Topology::Load(topology_file));
   }

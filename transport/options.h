@@ -1,8 +1,9 @@
 // Configuration of a Transport: slow-link scheduling, link classification and peer timeouts,
 // read from the LBCC_* environment (base/env.cc declares every variable) or set in code, and the
-// topology file that names the class of links to given peers.
+// link-rules file that names the class of links to given peers (communicators set classes
+// from comm/topology.h instead; the rules serve transport users without ranks, e.g. plugin/).
 //
-// Topology file (LBCC_TOPOLOGY_FILE), one rule per line, '#' starts a comment:
+// Link-rules file (LBCC_LINK_RULES_FILE), one rule per line, '#' starts a comment:
 //
 //   # peer            class
 //   10.77.0.3         slow      # any port on that host
@@ -68,7 +69,7 @@ struct TransportOptions {
   int64_t fast_chunk_bytes = 64 << 20;
   // Explicit class for every link (LBCC_LINK_CLASS=fast|slow); unset: topology, then the probe.
   std::optional<LinkClass> link_class;
-  Topology topology;  // LBCC_TOPOLOGY_FILE.
+  Topology topology;  // LBCC_LINK_RULES_FILE.
   // A link whose probed rate in either direction is below this is slow (LBCC_SLOW_LINK_GBITS).
   double slow_threshold_bits_per_second = 10e9;
   // Largest probe transfer per direction (LBCC_LINK_PROBE_BYTES); the probe doubles its size until

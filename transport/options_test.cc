@@ -57,7 +57,7 @@ class FromEnvTest : public ::testing::Test {
   void TearDown() override {
     for (const char* name :
          {"LBCC_SLOW_CHUNK_BYTES", "LBCC_SLOW_PACE_MBITS", "LBCC_SLOW_STRIPES",
-          "LBCC_LINK_CLASS", "LBCC_TOPOLOGY_FILE", "LBCC_SLOW_LINK_GBITS", "LBCC_PEER_TIMEOUT_MS"}) {
+          "LBCC_LINK_CLASS", "LBCC_LINK_RULES_FILE", "LBCC_SLOW_LINK_GBITS", "LBCC_PEER_TIMEOUT_MS"}) {
       unsetenv(name);
     }
   }
@@ -80,7 +80,7 @@ TEST_F(FromEnvTest, ReadsEveryVariable) {
   setenv("LBCC_SLOW_PACE_MBITS", "100", 1);
   setenv("LBCC_SLOW_STRIPES", "4", 1);
   setenv("LBCC_LINK_CLASS", "slow", 1);
-  setenv("LBCC_TOPOLOGY_FILE", path.c_str(), 1);
+  setenv("LBCC_LINK_RULES_FILE", path.c_str(), 1);
   setenv("LBCC_SLOW_LINK_GBITS", "1", 1);
   setenv("LBCC_PEER_TIMEOUT_MS", "2500", 1);
   LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions options, TransportOptions::FromEnv());
@@ -98,7 +98,7 @@ TEST_F(FromEnvTest, BadValuesAreInvalidArgument) {
   EXPECT_THAT(TransportOptions::FromEnv(), StatusIs(absl::StatusCode::kInvalidArgument,
                                                     HasSubstr("LBCC_SLOW_STRIPES")));
   unsetenv("LBCC_SLOW_STRIPES");
-  setenv("LBCC_TOPOLOGY_FILE", "/nonexistent/topology", 1);
+  setenv("LBCC_LINK_RULES_FILE", "/nonexistent/topology", 1);
   EXPECT_THAT(TransportOptions::FromEnv(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 

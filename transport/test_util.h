@@ -11,7 +11,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 

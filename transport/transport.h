@@ -47,7 +47,7 @@ namespace lbcc::transport {
 
 // Slow links (hundreds of Mbit/s) get a scheduler; fast links (NVLink, InfiniBand, data-centre
 // Ethernet) bypass it. The class of a link comes from configuration (LBCC_LINK_CLASS,
-// LBCC_TOPOLOGY_FILE, ConnectOptions) or from a timed probe at connect time compared against
+// LBCC_LINK_RULES_FILE, ConnectOptions) or from a timed probe at connect time compared against
 // LBCC_SLOW_LINK_GBITS.
 enum class LinkClass : uint8_t { kFast = 0, kSlow = 1 };
 absl::string_view LinkClassName(LinkClass link_class);
@@ -97,7 +97,7 @@ struct LinkCounters {
   uint64_t queued_bytes = 0;            // Their bytes not yet handed to a connection.
   uint64_t inflight_bytes = 0;          // Handed to a connection, not yet acknowledged.
   uint64_t max_queued_messages = 0;     // High-water mark of queued_messages.
-  uint64_t retries = 0;                 // Connection attempts and sends that were repeated.
+  uint64_t retries = 0;                 // Connection attempts repeated while setting up.
   uint64_t pacing_waits = 0;            // Times the token bucket held a chunk back.
 };
 
@@ -132,7 +132,7 @@ class Endpoint {
 };
 
 struct ConnectOptions {
-  // Explicit link class; unset: LBCC_TOPOLOGY_FILE, then LBCC_LINK_CLASS, then the probe.
+  // Explicit link class; unset: LBCC_LINK_RULES_FILE, then LBCC_LINK_CLASS, then the probe.
   bool has_link_class = false;
   LinkClass link_class = LinkClass::kFast;
 };

@@ -25,7 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "transport/mutex.h"
+#include "base/mutex.h"
 #include "base/check.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -51,12 +51,13 @@ enum class Ctl : uint32_t {
   kHello = 1,         // client -> server on each new connection: conn_id, lane
   kWelcome = 2,       // server -> client: a = server's configured class (0 none, 1 fast, 2 slow)
   kReady = 3,         // client -> server: a = class, x/y = client's send/recv rate, z = rtt
-  kPing = 4,          // a = sequence
+  kPing = 4,          // a = sequence, b = largest probe transfer to come (0: none)
   kPong = 5,          // a = sequence
   kProbeData = 6,     // a = sequence, payload = probe bytes
   kProbeAck = 7,      // server -> client: a = sequence of the ProbeData fully received
   kProbeRequest = 8,  // client -> server: a = sequence, b = bytes to send back as ProbeData
-  kCredit = 9,        // a = bytes
+  kCredit = 9,        // a = bytes, b = priority of the chunks
+  kHeartbeat = 10,    // every peer_timeout / 4 on connection 0 of a running link
 };
 
 struct ControlHeader {
@@ -149,6 +150,10 @@ struct Conn {
   uint64_t pong_seq = 0;
   uint64_t probe_ack_seq = 0;
   uint64_t probe_data_seq = 0;
+  // Silent-peer watchdog; worker context only (not ctl_mu_).
+  bool running = false;               // Set up: heartbeats flow and the watchdog applies.
+  absl::Time last_heard;              // Last message from the peer, on any connection.
+  absl::Time last_heartbeat;          // Last heartbeat we sent.
 };
 
 thread_local const Engine* t_worker_owner = nullptr;
@@ -192,6 +197,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& header,
                  const uint8_t* data, size_t length, DoneCallback done);
   void CloseLane(const std::shared_ptr<UcxLane>& lane);
+  // The peer of `lane` is alive (it sent something, or a transfer from it completed).
+  void HeardFrom(const UcxLane& lane);
   // A request's context goes to StartRequest with what UCX returned; a UCX callback of a request
   // that was in flight calls CompleteRequest. Either runs ctx->done once and frees ctx.
   void StartRequest(void* status_ptr, RequestCtx* ctx, absl::string_view what);
@@ -215,6 +222,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
   std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
   int RunLocked();
+  // Sends heartbeats and fails links whose peer has been silent for the peer timeout while work
+  // was pending (a vanished host sends no reset; TCP alone would retry for many minutes).
+  void WatchPeersLocked();
+  void MarkRunningLocked(const std::shared_ptr<Conn>& conn);
+  absl::Time next_watch_ ABSL_GUARDED_BY(worker_mu_);
+  absl::Time last_watch_ ABSL_GUARDED_BY(worker_mu_) = absl::InfinitePast();
+  // A probe buffer of `bytes`, kept for reuse: allocating (and zeroing) inside a timed probe
+  // transfer would make the link look slower than it is. Its contents do not matter.
+  std::shared_ptr<std::vector<uint8_t>> Scratch(size_t bytes);
   int DrainCommandsLocked();
   void FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
   int ProgressLocked();
@@ -252,6 +268,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
   int64_t outstanding_ ABSL_GUARDED_BY(worker_mu_) = 0;     // Requests awaiting callbacks.
   ucp_listener_h listener_ ABSL_GUARDED_BY(worker_mu_) = nullptr;
+  std::map<size_t, std::shared_ptr<std::vector<uint8_t>>> scratch_ ABSL_GUARDED_BY(worker_mu_);
 
   Mutex cmd_mu_;
   std::vector<Command> commands_ ABSL_GUARDED_BY(cmd_mu_);
@@ -286,12 +303,13 @@ class UcxLane final : public Lane, public std::enable_shared_from_this<UcxLane> 
     });
   }
 
-  void SendCredit(uint64_t bytes) override {
-    Submit([self = shared_from_this(), bytes](Engine* engine) {
+  void SendCredit(uint64_t bytes, uint8_t priority) override {
+    Submit([self = shared_from_this(), bytes, priority](Engine* engine) {
       if (engine == nullptr) return;
       ControlHeader header{};
       header.type = static_cast<uint32_t>(Ctl::kCredit);
       header.a = bytes;
+      header.b = priority;
       engine->SendControl(self, header, nullptr, nullptr);
     });
   }
@@ -366,6 +384,7 @@ class UcxDeferred final : public DeferredPayload {
       param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
         auto* ctx = static_cast<RequestCtx*>(user_data);
         ucp_request_free(request);
+        if (status == UCS_OK) ctx->engine->HeardFrom(*ctx->lane);
         ctx->engine->CompleteRequest(ctx, status, "rendezvous receive");
       };
       param.user_data = ctx;
@@ -591,6 +610,7 @@ void Engine::ProgressLoop() {
       t_worker_owner = this;
       const int work = RunLocked();
       const absl::Time now = absl::Now();
+      if (now >= next_watch_) WatchPeersLocked();
       if (work > 0) {
         last_activity = now;
       } else if (now - last_activity > kSpin) {
@@ -683,6 +703,57 @@ void Engine::Shutdown() {
   conns_.clear();
 }
 
+void Engine::MarkRunningLocked(const std::shared_ptr<Conn>& conn) {
+  conn->running = true;
+  conn->last_heard = absl::Now();
+  conn->last_heartbeat = absl::Now();
+}
+
+void Engine::WatchPeersLocked() {
+  const absl::Time now = absl::Now();
+  const absl::Duration beat = options_.peer_timeout / 4;
+  next_watch_ = now + std::min(beat, absl::Milliseconds(100));
+  // If this thread itself did not run for a while (a starved machine), the silence was ours:
+  // restart every peer's clock instead of blaming them.
+  const bool we_stalled = last_watch_ != absl::InfinitePast() && now - last_watch_ > beat;
+  last_watch_ = now;
+  std::vector<std::shared_ptr<Conn>> conns;
+  {
+    MutexLock lock(&ctl_mu_);
+    for (auto& [id, conn] : conns_) {
+      if (conn->running) conns.push_back(conn);
+    }
+  }
+  for (const std::shared_ptr<Conn>& conn : conns) {
+    std::shared_ptr<UcxLane> lane0;
+    {
+      MutexLock lock(&ctl_mu_);
+      auto it = conn->lanes.find(0);
+      if (it != conn->lanes.end()) lane0 = it->second;
+    }
+    if (lane0 == nullptr || lane0->closed || conn->link->failed()) continue;
+    if (we_stalled) conn->last_heard = now;
+    if (now - conn->last_heartbeat >= beat) {
+      conn->last_heartbeat = now;
+      ControlHeader heartbeat{};
+      heartbeat.type = static_cast<uint32_t>(Ctl::kHeartbeat);
+      SendControl(lane0, heartbeat, nullptr, nullptr);
+    }
+    const absl::Duration silent = now - conn->last_heard;
+    if (silent > options_.peer_timeout && conn->link->HasPendingWork()) {
+      conn->link->Fail(absl::UnavailableError(
+          absl::StrCat("no word from ", conn->peer, " for ", absl::FormatDuration(silent),
+                       " (peer timeout ", absl::FormatDuration(options_.peer_timeout), ")")));
+    }
+  }
+}
+
+std::shared_ptr<std::vector<uint8_t>> Engine::Scratch(size_t bytes) {
+  std::shared_ptr<std::vector<uint8_t>>& buffer = scratch_[bytes];
+  if (buffer == nullptr) buffer = std::make_shared<std::vector<uint8_t>>(bytes);
+  return buffer;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Requests.
 
@@ -729,6 +800,8 @@ void Engine::SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& 
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
     auto* ctx = static_cast<RequestCtx*>(user_data);
     ucp_request_free(request);
+    // A rendezvous send completes on the peer's acknowledgement: it is alive.
+    if (status == UCS_OK) ctx->engine->HeardFrom(*ctx->lane);
     ctx->engine->CompleteRequest(ctx, status, "send");
   };
   param.user_data = ctx;
@@ -768,6 +841,10 @@ void Engine::SendControl(const std::shared_ptr<UcxLane>& lane, ControlHeader hea
                ctx, "control message");
 }
 
+void Engine::HeardFrom(const UcxLane& lane) {
+  if (std::shared_ptr<Conn> conn = lane.conn.lock()) conn->last_heard = absl::Now();
+}
+
 void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
   lane->closed = true;
   if (lane->ep == nullptr) return;
@@ -805,6 +882,7 @@ ucs_status_t Engine::OnAmData(void* arg, const void* header, size_t header_lengt
   std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
   std::shared_ptr<Link> link = lane ? lane->link.lock() : nullptr;
   if (link == nullptr || header_length != sizeof(ChunkHeader)) return UCS_OK;  // Dropped.
+  engine->HeardFrom(*lane);
   ChunkHeader h;
   std::memcpy(&h, header, sizeof(h));
   if (h.length != length) {
@@ -827,6 +905,7 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
   auto* engine = static_cast<Engine*>(arg);
   std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
   if (lane == nullptr || header_length != sizeof(ControlHeader)) return UCS_OK;
+  engine->HeardFrom(*lane);
   ControlHeader h;
   std::memcpy(&h, header, sizeof(h));
   if (static_cast<Ctl>(h.type) == Ctl::kProbeData && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
@@ -834,7 +913,7 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
     auto* ctx = new RequestCtx;
     ctx->engine = engine;
     ctx->lane = lane;
-    ctx->payload = std::make_shared<std::vector<uint8_t>>(length);
+    ctx->payload = engine->Scratch(length);
     ctx->done = [engine, lane, h](absl::Status status) {
       if (status.ok()) engine->HandleControl(lane, h);
     };
@@ -858,10 +937,20 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
 void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& h) {
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kCredit: {
-      if (std::shared_ptr<Link> link = lane->link.lock()) link->OnCredit(lane->index, h.a);
+      if (std::shared_ptr<Link> link = lane->link.lock()) {
+        link->OnCredit(lane->index, h.a, static_cast<uint8_t>(h.b));
+      }
       return;
     }
+    case Ctl::kHeartbeat:
+      return;  // HeardFrom() already noted it.
     case Ctl::kPing: {
+      // A client about to probe announces its largest transfer: allocate the buffers now, not
+      // inside the timed transfers.
+      for (uint64_t bytes = std::min<uint64_t>(kProbeFirstBytes, h.b); bytes > 0;
+           bytes = bytes >= h.b ? 0 : std::min<uint64_t>(bytes * 4, h.b)) {
+        Scratch(std::min<uint64_t>(bytes, 1ull << 30));
+      }
       ControlHeader reply{};
       reply.type = static_cast<uint32_t>(Ctl::kPong);
       reply.a = h.a;
@@ -887,7 +976,7 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
       reply.type = static_cast<uint32_t>(Ctl::kProbeData);
       reply.a = h.a;
       const uint64_t bytes = std::min<uint64_t>(h.b, 1ull << 30);
-      SendControl(lane, reply, std::make_shared<std::vector<uint8_t>>(bytes), nullptr);
+      SendControl(lane, reply, Scratch(bytes), nullptr);
       return;
     }
     default:
@@ -954,6 +1043,7 @@ std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<Ucx
       conn->link->Configure(h.a == 1 ? LinkClass::kSlow : LinkClass::kFast, options_.scheduler,
                             options_.fast_chunk_bytes, probe);
       if (!conn->link->failed()) accept_queue_.push_back(conn);
+      MarkRunningLocked(conn);  // Worker context: this runs inside progress.
       return std::nullopt;
     }
     case Ctl::kPong: {
@@ -1141,6 +1231,7 @@ absl::StatusOr<ProbeResult> Engine::Probe(const std::shared_ptr<Conn>& conn,
     ControlHeader ping{};
     ping.type = static_cast<uint32_t>(Ctl::kPing);
     ping.a = ++seq;
+    ping.b = rates && i == 0 ? static_cast<uint64_t>(options_.probe_max_bytes) : 0;
     const absl::Time start = absl::Now();
     SendControlFromUser(lane, ping);
     LBCC_RETURN_IF_ERROR(WaitFor(
@@ -1301,7 +1392,11 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   ready.x = probe->send_bytes_per_second;
   ready.y = probe->recv_bytes_per_second;
   ready.z = probe->rtt_seconds;
-  SendControlFromUser(lane0, ready);
+  OnWorker([&] {
+    SendControl(lane0, ready, nullptr, nullptr);
+    MarkRunningLocked(conn);
+    return 0;
+  });
   return std::make_unique<LinkEndpoint>(conn->link, shared_from_this());
 }
 

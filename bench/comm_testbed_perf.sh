@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Communicator figures on emulated slow links (tools/testbed), one run, ratios side by side:
+#   1. 4 ranks, every down-link shaped to --rate: SparseAllReduce (top_k 64, 2-bit) vs dense
+#      fp32 ring AllReduce of the same tensor, and SparseAllReduce vs its own wire limit
+#      (payload bytes each rank receives / link rate);
+#   2. heterogeneous: ranks 0 and 1 on an unshaped fast island, ranks 2 and 3 behind shaped
+#      links: hierarchical vs flat (direct) algorithm, slow-link bytes and time.
+#
+#   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--out DIR]
+#
+# Needs root (network namespaces); builds //bench:lbcc_perf. Prints a summary table and leaves
+# the per-run JSON in --out (default /tmp/lbcc_comm_perf).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate=100mbit bytes=16M iters=3 out=/tmp/lbcc_comm_perf
+while (($#)); do
+  case "$1" in
+    --rate) rate=$2; shift ;;
+    --bytes) bytes=$2; shift ;;
+    --iters) iters=$2; shift ;;
+    --out) out=$2; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+T=tools/testbed/testbed
+if ! why=$($T check); then echo "comm_testbed_perf: $why" >&2; exit 1; fi
+bazel build -c opt //bench:lbcc_perf >/dev/null 2>&1 || bazel build -c opt //bench:lbcc_perf
+perf=$PWD/bazel-bin/bench/lbcc_perf
+mkdir -p "$out"
+name="cp$$"
+trap '$T down --name "$name" >/dev/null 2>&1 || true' EXIT
+$T down --stale >/dev/null 2>&1 || true
+
+# run LABEL TOPOLOGY_JSON PERF_ARGS...: one lbcc_perf rank per host; rank 0 writes the JSON.
+run() {
+  local label=$1 topo=$2
+  shift 2
+  echo "$topo" > "$out/$label.topology.json"
+  local port=$((29000 + RANDOM % 1000))
+  local pids=()
+  for rank in 0 1 2 3; do
+    $T exec --name "$name" "$rank" -- env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no \
+      LBCC_LISTEN_ADDR="$($T addr --name "$name" "$rank")" \
+      LBCC_BOOTSTRAP_ADDR="$($T addr --name "$name" 0):$port" LBCC_TIMEOUT_S=120 \
+      RANK=$rank WORLD_SIZE=4 \
+      "$perf" --min_bytes "$bytes" --max_bytes "$bytes" --iters "$iters" --warmup 1 --quiet \
+      --topology "$out/$label.topology.json" --json "$out/$label.json" "$@" \
+      > "$out/$label.rank$rank.log" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  if ((rc)); then
+    echo "comm_testbed_perf: $label failed; logs in $out/$label.rank*.log" >&2
+    tail -5 "$out/$label".rank*.log >&2
+    exit 1
+  fi
+  echo "  $label done"
+}
+
+echo "== flat: 4 ranks, every down-link $rate"
+$T up --name "$name" --hosts 4 --rate "$rate" --slow 0,1,2,3 --owner-pid $$ >/dev/null
+run flat_sparse '{"nranks": 4}' --op sparse_allreduce
+run flat_dense '{"nranks": 4}' --op allreduce
+$T down --name "$name" >/dev/null
+
+echo "== heterogeneous: ranks 0,1 fast island, ranks 2,3 behind $rate"
+$T up --name "$name" --hosts 4 --rate "$rate" --slow 2,3 --owner-pid $$ >/dev/null
+hetero='{"nranks": 4, "islands": [[0, 1]]}'
+run hetero_hierarchical "$hetero" --op sparse_allreduce --algo hierarchical
+run hetero_flat "$hetero" --op sparse_allreduce --algo direct
+$T down --name "$name" >/dev/null
+
+python3 - "$out" "$rate" <<'PY'
+import json, re, sys
+out, rate = sys.argv[1], sys.argv[2]
+m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
+bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+link = bits / 8  # bytes per second of one shaped down-link
+r = {k: json.load(open(f"{out}/{k}.json"))[0] for k in
+     ["flat_sparse", "flat_dense", "hetero_hierarchical", "hetero_flat"]}
+fs, fd = r["flat_sparse"], r["flat_dense"]
+wire_limit = fs["wire_recv_bytes"] / link
+print(f"\nlink rate {rate} ({link/1e6:.2f} MB/s per down-link), tensor {fs['count']} fp32")
+print(f"{'run':22} {'time(s)':>9} {'rank0_recv(B)':>14} {'slow_recv_all_ranks(B)':>23}")
+for k, v in r.items():
+    print(f"{k:22} {v['seconds']:9.4f} {v['wire_recv_bytes']:14.0f} {v['slow_recv_bytes_all_ranks']:23.0f}")
+print(f"\nSparseAllReduce / dense AllReduce time      = 1/{fd['seconds']/fs['seconds']:.1f}  (goal <= 1/50)")
+print(f"SparseAllReduce / its wire limit ({wire_limit:.4f} s) = {fs['seconds']/wire_limit:.2f}x  (goal <= 1.3x)")
+hh, hf = r["hetero_hierarchical"], r["hetero_flat"]
+print(f"heterogeneous: hierarchical / flat time    = {hh['seconds']/hf['seconds']:.2f}")
+print(f"heterogeneous: hierarchical / flat slow-link bytes (all ranks) = "
+      f"{hh['slow_recv_bytes_all_ranks']:.0f} / {hf['slow_recv_bytes_all_ranks']:.0f} = "
+      f"{hh['slow_recv_bytes_all_ranks']/hf['slow_recv_bytes_all_ranks']:.2f}")
+PY

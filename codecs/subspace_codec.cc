@@ -1,0 +1,693 @@
+#include "codecs/subspace_codec.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/check.h"
+#include "base/status_macros.h"
+#include "codecs/payload.h"
+
+namespace lbcc::codecs {
+namespace {
+
+absl::Status Corrupt(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("corrupt subspace payload: ", what));
+}
+
+bool IsCoefficientDType(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kI8;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Byte sizes of the body sections (see the header comment).
+struct BodyLayout {
+  uint64_t selectors = 0;
+  uint64_t ids = 0;
+  uint64_t scales = 0;
+  uint64_t coefficients = 0;
+  uint64_t total() const { return selectors + ids + scales + coefficients; }
+};
+
+// Callers bound tokens and k so that these products stay far below 2^64.
+BodyLayout Layout(int64_t tokens, int64_t k, int64_t num_selectors, int id_width, DType dtype,
+                  int64_t int8_block) {
+  BodyLayout l;
+  l.selectors = static_cast<uint64_t>(num_selectors);
+  l.ids = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(id_width);
+  if (dtype == DType::kI8) {
+    l.scales = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(CeilDiv(k, int8_block)) * 4;
+  }
+  l.coefficients = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(k) * DTypeSize(dtype);
+  return l;
+}
+
+// Calls fn(first_row, end_row, component) for each maximal run of blocks that share a selector
+// (one run covering everything for a single basis).
+template <typename Fn>
+void ForEachRun(int64_t tokens, const uint8_t* selectors, int64_t block, Fn&& fn) {
+  if (selectors == nullptr) {
+    if (tokens > 0) fn(int64_t{0}, tokens, 0);
+    return;
+  }
+  const int64_t blocks = CeilDiv(tokens, block);
+  for (int64_t b = 0; b < blocks;) {
+    int64_t e = b + 1;
+    while (e < blocks && selectors[e] == selectors[b]) ++e;
+    fn(b * block, std::min(tokens, e * block), static_cast<int>(selectors[b]));
+    b = e;
+  }
+}
+
+template <typename T>
+T LoadLe(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+uint32_t LoadId(const uint8_t* p, int width) {
+  uint32_t v = 0;
+  for (int b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const uint8_t> payload) {
+  LBCC_ASSIGN_OR_RETURN(PayloadInfo info, ParsePayload(payload));
+  SubspacePayloadHeader h;
+  if (info.codec == CodecId::kSubspaceForward) {
+    h.direction = SubspaceDirection::kForward;
+  } else if (info.codec == CodecId::kSubspaceBackward) {
+    h.direction = SubspaceDirection::kBackward;
+  } else {
+    return Corrupt(absl::StrCat("codec is ", CodecName(info.codec), ", not subspace"));
+  }
+  if (info.codec_version != kSubspaceCodecVersion) {
+    return Corrupt(absl::StrCat("unknown codec version ", info.codec_version, " (this build reads ",
+                                kSubspaceCodecVersion, ")"));
+  }
+  if (info.dtype != DType::kF32) {
+    return Corrupt(absl::StrCat("activation dtype ", DTypeName(info.dtype), ", expected f32"));
+  }
+  if (info.flags != 0) return Corrupt(absl::StrCat("unknown flags ", info.flags));
+  if (info.shape.size() != 2) {
+    return Corrupt(absl::StrCat("rank ", info.shape.size(), ", expected [tokens, d]"));
+  }
+  h.tokens = info.shape[0];
+  h.model_dim = info.shape[1];
+  if (h.model_dim < 1 || h.model_dim > kSubspaceMaxModelDim) {
+    return Corrupt(absl::StrCat("model dim ", h.model_dim, " out of range"));
+  }
+  if (h.tokens > INT32_MAX) return Corrupt(absl::StrCat("too many tokens: ", h.tokens));
+  if (info.params.size() != kSubspaceParamsBytes) {
+    return Corrupt(absl::StrCat("params block of ", info.params.size(), " bytes, expected ",
+                                kSubspaceParamsBytes));
+  }
+  ByteReader r(info.params);
+  LBCC_ASSIGN_OR_RETURN(h.basis.hash, r.U64("basis hash"));
+  LBCC_ASSIGN_OR_RETURN(h.basis.version, r.U32("basis version"));
+  LBCC_ASSIGN_OR_RETURN(const uint32_t k, r.U32("k"));
+  LBCC_ASSIGN_OR_RETURN(const uint32_t v, r.U32("vocabulary"));
+  LBCC_ASSIGN_OR_RETURN(const uint16_t m, r.U16("components"));
+  LBCC_ASSIGN_OR_RETURN(const uint16_t mixture_block, r.U16("mixture block"));
+  LBCC_ASSIGN_OR_RETURN(const uint16_t int8_block, r.U16("int8 block"));
+  LBCC_ASSIGN_OR_RETURN(const uint8_t dtype, r.U8("coefficient dtype"));
+  LBCC_ASSIGN_OR_RETURN(const uint8_t id_width, r.U8("id width"));
+  LBCC_RETURN_IF_ERROR(r.ExpectEnd("params"));
+  h.rank = k;
+  h.components = m;
+  h.vocab_size = v;
+  h.id_width = id_width;
+  h.mixture_block = mixture_block;
+  h.int8_block = int8_block;
+  if (h.rank < 1 || h.rank > h.model_dim) {
+    return Corrupt(absl::StrCat("k = ", h.rank, " outside [1, d = ", h.model_dim, "]"));
+  }
+  if (m < 1 || m > kSubspaceMaxComponents) return Corrupt(absl::StrCat("M = ", m));
+  if (v > static_cast<uint32_t>(kSubspaceMaxVocab)) return Corrupt(absl::StrCat("V = ", v));
+  if (h.direction == SubspaceDirection::kForward) {
+    if (id_width != SubspaceIdWidth(v)) {
+      return Corrupt(absl::StrCat("id width ", int{id_width}, " for V = ", v, ", expected ",
+                                  SubspaceIdWidth(v)));
+    }
+  } else if (v != 0 || id_width != 0) {
+    return Corrupt("a backward payload carries a vocabulary or ids");
+  }
+  if ((m == 1) != (mixture_block == 0)) {
+    return Corrupt(absl::StrCat("mixture block ", mixture_block, " with M = ", m));
+  }
+  h.num_selectors = m > 1 ? CeilDiv(h.tokens, mixture_block) : 0;
+  if (!IsValidDType(dtype) || !IsCoefficientDType(static_cast<DType>(dtype))) {
+    return Corrupt(absl::StrCat("coefficient dtype ", int{dtype}));
+  }
+  h.coefficient_dtype = static_cast<DType>(dtype);
+  if ((h.coefficient_dtype == DType::kI8) != (int8_block != 0)) {
+    return Corrupt(absl::StrCat("int8 block ", int8_block, " with coefficient dtype ",
+                                DTypeName(h.coefficient_dtype)));
+  }
+  // Every token holds at least k >= 1 coefficient bytes: bounding tokens * k by the body length
+  // keeps the layout arithmetic exact.
+  const uint64_t body = info.body.size();
+  if (static_cast<uint64_t>(h.tokens) > body / static_cast<uint64_t>(h.rank)) {
+    return Corrupt(absl::StrCat("body of ", body, " bytes is too short for ", h.tokens,
+                                " tokens of ", h.rank, " coefficients"));
+  }
+  const BodyLayout layout = Layout(h.tokens, h.rank, h.num_selectors, h.id_width,
+                                   h.coefficient_dtype, h.int8_block);
+  if (layout.total() != body) {
+    return Corrupt(absl::StrCat("body of ", body, " bytes, the header implies ", layout.total()));
+  }
+  h.total_bytes = info.total_bytes;
+  return h;
+}
+
+absl::StatusOr<SubspaceCodec> SubspaceCodec::Create(std::shared_ptr<const SubspaceBasis> basis,
+                                                    SubspaceCodecOptions options) {
+  if (basis == nullptr) return absl::InvalidArgumentError("null basis");
+  if (!IsCoefficientDType(options.coefficient_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("coefficient dtype ", DTypeName(options.coefficient_dtype),
+                     " is not one of f32, bf16, f16, i8"));
+  }
+  if (options.int8_block < 1 || options.int8_block > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("int8_block ", options.int8_block, " outside [1, 65535]"));
+  }
+  if (options.mixture_block < 1 || options.mixture_block > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mixture_block ", options.mixture_block, " outside [1, 65535]"));
+  }
+  return SubspaceCodec(std::move(basis), options);
+}
+
+int64_t SubspaceCodec::NumSelectors(int64_t tokens) const {
+  return basis_->components() > 1 ? CeilDiv(tokens, options_.mixture_block) : 0;
+}
+
+size_t SubspaceCodec::PayloadBytes(SubspaceDirection direction, int64_t tokens,
+                                   int64_t block) const {
+  const bool forward = direction == SubspaceDirection::kForward;
+  const int64_t selectors = basis_->components() > 1 ? CeilDiv(tokens, block) : 0;
+  const BodyLayout layout =
+      Layout(tokens, basis_->rank(), selectors, forward ? basis_->id_width() : 0,
+             options_.coefficient_dtype, options_.int8_block);
+  return codecs::PayloadBytes(2, kSubspaceParamsBytes, layout.total());
+}
+
+size_t SubspaceCodec::ForwardPayloadBytes(int64_t tokens) const {
+  return PayloadBytes(SubspaceDirection::kForward, tokens, options_.mixture_block);
+}
+
+size_t SubspaceCodec::BackwardPayloadBytes(int64_t tokens) const {
+  return PayloadBytes(SubspaceDirection::kBackward, tokens, options_.mixture_block);
+}
+
+absl::Status SubspaceCodec::CheckActivations(const TensorView& x, absl::string_view what) const {
+  if (!x.is_host() || x.dtype() != DType::kF32 || x.rank() != 2 ||
+      x.dim(1) != basis_->model_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", x.DebugString(),
+                                                   ", expected f32[tokens, ",
+                                                   basis_->model_dim(), "]@host"));
+  }
+  if (x.dim(0) > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", x.dim(0), " tokens, at most ",
+                                                   INT32_MAX));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SubspaceCodec::CheckIds(absl::Span<const int32_t> ids, int64_t tokens) const {
+  const int64_t v = basis_->vocab_size();
+  if (v == 0) {
+    if (!ids.empty()) {
+      return absl::InvalidArgumentError("the basis has no vocabulary: pass no token ids");
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(ids.size()) != tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids.size(), " token ids for ", tokens, " tokens"));
+  }
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] < 0 || ids[t] >= v) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", ids[t], " at position ", t, " outside [0, V = ", v, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SubspaceCodec::ProjectForward(const float* h, int64_t tokens, const int32_t* ids,
+                                   int64_t block) {
+  const SubspaceBasis& b = *basis_;
+  const int64_t d = b.model_dim(), k = b.rank(), m = b.components(), ld = b.ld();
+  coef_.resize(static_cast<size_t>(tokens * k));
+  float* all = coef_.data();
+  if (m > 1) {
+    all_coef_.resize(static_cast<size_t>(tokens * ld));
+    all = all_coef_.data();
+  }
+  if (tokens > 0) {
+    // U^T (h - T[y]) = U^T h - (T U)[y]: one product over h, then k values per token.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tokens),
+                static_cast<int>(ld), static_cast<int>(d), 1.0f, h, static_cast<int>(d),
+                b.u().data(), static_cast<int>(ld), 0.0f, all, static_cast<int>(ld));
+  }
+  if (b.has_table() && ids != nullptr) {
+    const float* p = b.projected_table().data();
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float* row = p + static_cast<int64_t>(ids[t]) * ld;
+      float* out = all + t * ld;
+      for (int64_t j = 0; j < ld; ++j) out[j] -= row[j];
+    }
+  }
+  if (m == 1) {
+    selectors_.clear();
+    return;
+  }
+  const int64_t blocks = CeilDiv(tokens, block);
+  selectors_.assign(static_cast<size_t>(blocks), 0);
+  std::vector<double> energy(static_cast<size_t>(m));
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    std::fill(energy.begin(), energy.end(), 0.0);
+    const int64_t t1 = std::min(tokens, (blk + 1) * block);
+    for (int64_t t = blk * block; t < t1; ++t) {
+      const float* row = all + t * ld;
+      for (int64_t c = 0; c < m; ++c) {
+        float s = 0;
+        for (int64_t j = 0; j < k; ++j) s += row[c * k + j] * row[c * k + j];
+        energy[c] += s;
+      }
+    }
+    // The first component with the most energy (ties to the lowest index).
+    int64_t best = 0;
+    for (int64_t c = 1; c < m; ++c) {
+      if (energy[c] > energy[best]) best = c;
+    }
+    selectors_[blk] = static_cast<uint8_t>(best);
+    for (int64_t t = blk * block; t < t1; ++t) {
+      std::memcpy(coef_.data() + t * k, all + t * ld + best * k, sizeof(float) * k);
+    }
+  }
+}
+
+void SubspaceCodec::ProjectWithSelectors(const float* x, int64_t tokens, const uint8_t* selectors,
+                                         int64_t block) {
+  const SubspaceBasis& b = *basis_;
+  const int64_t d = b.model_dim(), k = b.rank(), ld = b.ld();
+  coef_.resize(static_cast<size_t>(tokens * k));
+  ForEachRun(tokens, selectors, block, [&](int64_t r0, int64_t r1, int c) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0),
+                static_cast<int>(k), static_cast<int>(d), 1.0f, x + r0 * d, static_cast<int>(d),
+                b.component(c), static_cast<int>(ld), 0.0f, coef_.data() + r0 * k,
+                static_cast<int>(k));
+  });
+}
+
+void SubspaceCodec::Reconstruct(const float* coef, int64_t tokens, const uint8_t* selectors,
+                                int64_t block, const int32_t* ids, float* out) {
+  const SubspaceBasis& b = *basis_;
+  const int64_t d = b.model_dim(), k = b.rank(), ld = b.ld();
+  const bool add_table = ids != nullptr && b.has_table();
+  const float* table = b.table().data();
+  auto gather_table = [&](int64_t t0, int64_t t1, float* dst) {
+    for (int64_t t = t0; t < t1; ++t, dst += d) {
+      std::memcpy(dst, table + static_cast<int64_t>(ids[t]) * d, sizeof(float) * d);
+    }
+  };
+  // Rows per product when the output is staged: about 1 MiB of output, so that T[y] gathered
+  // into it (beta = 1) is still in cache when the product reads it.
+  const int64_t chunk = std::max<int64_t>(16, (int64_t{1} << 18) / d);
+  if (selectors == nullptr) {
+    const int64_t step = add_table ? chunk : tokens;
+    for (int64_t t0 = 0; t0 < tokens; t0 += step) {
+      const int64_t t1 = std::min(tokens, t0 + step);
+      if (add_table) gather_table(t0, t1, out + t0 * d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t1 - t0),
+                  static_cast<int>(d), static_cast<int>(k), 1.0f, coef + t0 * k,
+                  static_cast<int>(k), b.component(0), static_cast<int>(ld),
+                  add_table ? 1.0f : 0.0f, out + t0 * d, static_cast<int>(d));
+    }
+    return;
+  }
+  // Mixture: per component, the blocks that chose it are staged together (coefficients and
+  // T[y] rows), multiplied in one product and copied out, instead of one small product per
+  // block.
+  const int64_t blocks = CeilDiv(tokens, block);
+  const int64_t capacity = std::max(block, chunk - chunk % block);
+  stage_coef_.resize(static_cast<size_t>(capacity * k));
+  stage_out_.resize(static_cast<size_t>(capacity * d));
+  std::vector<int64_t> staged;
+  for (int64_t c = 0; c < b.components(); ++c) {
+    for (int64_t blk = 0; blk < blocks;) {
+      staged.clear();
+      int64_t rows = 0;
+      for (; blk < blocks && rows + block <= capacity; ++blk) {
+        if (selectors[blk] != c) continue;
+        const int64_t t0 = blk * block, t1 = std::min(tokens, t0 + block);
+        std::memcpy(stage_coef_.data() + rows * k, coef + t0 * k, sizeof(float) * (t1 - t0) * k);
+        if (add_table) gather_table(t0, t1, stage_out_.data() + rows * d);
+        staged.push_back(blk);
+        rows += t1 - t0;
+      }
+      if (rows == 0) continue;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(d), static_cast<int>(k), 1.0f, stage_coef_.data(),
+                  static_cast<int>(k), b.component(c), static_cast<int>(ld),
+                  add_table ? 1.0f : 0.0f, stage_out_.data(), static_cast<int>(d));
+      const float* src = stage_out_.data();
+      for (int64_t s : staged) {
+        const int64_t t0 = s * block, t1 = std::min(tokens, t0 + block);
+        std::memcpy(out + t0 * d, src, sizeof(float) * (t1 - t0) * d);
+        src += (t1 - t0) * d;
+      }
+    }
+  }
+}
+
+absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t tokens,
+                                            int64_t block, const int32_t* ids,
+                                            absl::Span<uint8_t> out) {
+  const SubspaceBasis& b = *basis_;
+  const bool forward = direction == SubspaceDirection::kForward;
+  const int64_t k = b.rank(), m = b.components();
+  const int id_width = forward ? b.id_width() : 0;
+  const DType dtype = options_.coefficient_dtype;
+  const int64_t int8_block = dtype == DType::kI8 ? options_.int8_block : 0;
+  const int64_t selectors = m > 1 ? CeilDiv(tokens, block) : 0;
+  const BodyLayout layout = Layout(tokens, k, selectors, id_width, dtype, int8_block);
+  const Shape shape = {tokens, b.model_dim()};
+  PayloadWriter writer;
+  LBCC_RETURN_IF_ERROR(writer.Begin(
+      out, forward ? CodecId::kSubspaceForward : CodecId::kSubspaceBackward, kSubspaceCodecVersion,
+      DType::kF32, shape, kSubspaceParamsBytes, layout.total()));
+  ByteWriter params(writer.params());
+  params.U64(b.id().hash);
+  params.U32(b.id().version);
+  params.U32(static_cast<uint32_t>(k));
+  params.U32(forward ? static_cast<uint32_t>(b.vocab_size()) : 0u);
+  params.U16(static_cast<uint16_t>(m));
+  params.U16(m > 1 ? static_cast<uint16_t>(block) : 0);
+  params.U16(static_cast<uint16_t>(int8_block));
+  params.U8(static_cast<uint8_t>(dtype));
+  params.U8(static_cast<uint8_t>(id_width));
+
+  uint8_t* p = writer.body().data();
+  if (selectors > 0) std::memcpy(p, selectors_.data(), selectors);
+  p += layout.selectors;
+  for (int64_t t = 0; t < tokens && id_width > 0; ++t) {
+    const uint32_t id = static_cast<uint32_t>(ids[t]);
+    for (int byte = 0; byte < id_width; ++byte) *p++ = static_cast<uint8_t>(id >> (8 * byte));
+  }
+  const int64_t n = tokens * k;
+  switch (dtype) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(p, coef_.data(), sizeof(float) * n);
+      break;
+    case DType::kBF16:
+    case DType::kF16:
+      half_.resize(static_cast<size_t>(n));
+      if (dtype == DType::kBF16) {
+        ConvertF32ToBf16(absl::MakeConstSpan(coef_.data(), n), absl::MakeSpan(half_));
+      } else {
+        ConvertF32ToF16(absl::MakeConstSpan(coef_.data(), n), absl::MakeSpan(half_));
+      }
+      if (n > 0) std::memcpy(p, half_.data(), sizeof(uint16_t) * n);
+      break;
+    case DType::kI8: {
+      uint8_t* scales = p;
+      auto* q = reinterpret_cast<int8_t*>(p + layout.scales);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const float* row = coef_.data() + t * k;
+        for (int64_t j0 = 0; j0 < k; j0 += int8_block) {
+          const int64_t j1 = std::min(k, j0 + int8_block);
+          float absmax = 0;  // NaN coefficients are ignored here and sent as 0
+          for (int64_t j = j0; j < j1; ++j) absmax = std::max(absmax, std::fabs(row[j]));
+          const float scale = absmax / 127.0f;
+          const float inv = absmax > 0 ? 127.0f / absmax : 0.0f;
+          std::memcpy(scales, &scale, sizeof(scale));
+          scales += sizeof(scale);
+          for (int64_t j = j0; j < j1; ++j) {
+            float r = std::nearbyint(row[j] * inv);
+            if (std::isnan(r)) r = 0;
+            q[t * k + j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, r)));
+          }
+        }
+      }
+      break;
+    }
+    default:
+      LBCC_CHECK(false) << "coefficient dtype checked in Create";
+  }
+  return writer.Finish();
+}
+
+absl::StatusOr<size_t> SubspaceCodec::EncodeForward(const TensorView& h,
+                                                    absl::Span<const int32_t> ids,
+                                                    absl::Span<uint8_t> out,
+                                                    SubspaceSelectors* selectors_out) {
+  LBCC_RETURN_IF_ERROR(CheckActivations(h, "activations"));
+  const int64_t tokens = h.dim(0);
+  LBCC_RETURN_IF_ERROR(CheckIds(ids, tokens));
+  const size_t bytes = ForwardPayloadBytes(tokens);
+  if (out.size() < bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload buffer holds ", out.size(), " bytes, needs ", bytes));
+  }
+  const int32_t* id_ptr = ids.empty() ? nullptr : ids.data();
+  ProjectForward(h.data_as<float>(), tokens, id_ptr, options_.mixture_block);
+  LBCC_ASSIGN_OR_RETURN(size_t written, Write(SubspaceDirection::kForward, tokens,
+                                              options_.mixture_block, id_ptr, out));
+  if (selectors_out != nullptr) {
+    selectors_out->mixture_block = basis_->components() > 1 ? options_.mixture_block : 0;
+    selectors_out->values = selectors_;
+  }
+  return written;
+}
+
+absl::StatusOr<std::vector<uint8_t>> SubspaceCodec::EncodeForward(
+    const TensorView& h, absl::Span<const int32_t> ids, SubspaceSelectors* selectors_out) {
+  LBCC_RETURN_IF_ERROR(CheckActivations(h, "activations"));
+  std::vector<uint8_t> out(ForwardPayloadBytes(h.dim(0)));
+  LBCC_ASSIGN_OR_RETURN(size_t written, EncodeForward(h, ids, absl::MakeSpan(out), selectors_out));
+  out.resize(written);
+  return out;
+}
+
+absl::StatusOr<size_t> SubspaceCodec::EncodeBackward(const TensorView& g_h,
+                                                     const SubspaceSelectors& selectors,
+                                                     absl::Span<uint8_t> out) {
+  LBCC_RETURN_IF_ERROR(CheckActivations(g_h, "gradients"));
+  const int64_t tokens = g_h.dim(0);
+  const int64_t m = basis_->components();
+  int64_t block = options_.mixture_block;
+  if (m == 1) {
+    if (!selectors.values.empty()) {
+      return absl::InvalidArgumentError("a single basis takes no selectors");
+    }
+  } else {
+    block = selectors.mixture_block;
+    if (block < 1 || block > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("selector mixture_block ", block, " outside [1, 65535]"));
+    }
+    if (static_cast<int64_t>(selectors.values.size()) != CeilDiv(tokens, block)) {
+      return absl::InvalidArgumentError(absl::StrCat(selectors.values.size(), " selectors for ",
+                                                     tokens, " tokens in blocks of ", block));
+    }
+    for (uint8_t s : selectors.values) {
+      if (s >= m) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("selector ", int{s}, " outside [0, M = ", m, ")"));
+      }
+    }
+  }
+  const size_t bytes = PayloadBytes(SubspaceDirection::kBackward, tokens, block);
+  if (out.size() < bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload buffer holds ", out.size(), " bytes, needs ", bytes));
+  }
+  ProjectWithSelectors(g_h.data_as<float>(), tokens, m > 1 ? selectors.values.data() : nullptr,
+                       block);
+  selectors_ = selectors.values;
+  return Write(SubspaceDirection::kBackward, tokens, block, nullptr, out);
+}
+
+absl::StatusOr<std::vector<uint8_t>> SubspaceCodec::EncodeBackward(
+    const TensorView& g_h, const SubspaceSelectors& selectors) {
+  LBCC_RETURN_IF_ERROR(CheckActivations(g_h, "gradients"));
+  const int64_t block =
+      basis_->components() > 1 ? std::max<int64_t>(1, selectors.mixture_block) : 1;
+  std::vector<uint8_t> out(PayloadBytes(SubspaceDirection::kBackward, g_h.dim(0), block));
+  LBCC_ASSIGN_OR_RETURN(size_t written, EncodeBackward(g_h, selectors, absl::MakeSpan(out)));
+  out.resize(written);
+  return out;
+}
+
+absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const uint8_t> payload,
+                                   const TensorView& out, absl::Span<int32_t> ids_out,
+                                   SubspaceSelectors* selectors_out) {
+  LBCC_ASSIGN_OR_RETURN(const SubspacePayloadHeader h, InspectSubspacePayload(payload));
+  const bool forward = direction == SubspaceDirection::kForward;
+  if (h.direction != direction) {
+    return Corrupt(forward ? "a backward payload given to the forward decoder"
+                           : "a forward payload given to the backward decoder");
+  }
+  const SubspaceBasis& b = *basis_;
+  const int64_t expected_vocab = forward ? b.vocab_size() : 0;
+  if (h.basis != b.id()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "payload was encoded with basis ", h.basis.ToString(), " (d ", h.model_dim, ", k ",
+        h.rank, ", M ", h.components, ", V ", h.vocab_size, "); this codec holds ",
+        b.id().ToString(), " (d ", b.model_dim(), ", k ", b.rank(), ", M ", b.components(),
+        ", V ", expected_vocab, ")"));
+  }
+  if (h.model_dim != b.model_dim() || h.rank != b.rank() || h.components != b.components() ||
+      h.vocab_size != expected_vocab) {
+    return Corrupt(absl::StrCat("names basis ", h.basis.ToString(), " but its shape (d ",
+                                h.model_dim, ", k ", h.rank, ", M ", h.components, ", V ",
+                                h.vocab_size, ") disagrees with it"));
+  }
+  if (!out.is_host() || out.dtype() != DType::kF32 || out.rank() != 2 || out.dim(0) != h.tokens ||
+      out.dim(1) != h.model_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("output is ", out.DebugString(),
+                                                   ", the payload holds f32[", h.tokens, ", ",
+                                                   h.model_dim, "]@host"));
+  }
+  const int64_t id_count = h.id_width > 0 ? h.tokens : 0;
+  if (!ids_out.empty() && static_cast<int64_t>(ids_out.size()) != id_count) {
+    return absl::InvalidArgumentError(absl::StrCat("ids output holds ", ids_out.size(),
+                                                   " values, the payload carries ", id_count,
+                                                   " ids"));
+  }
+  const BodyLayout layout = Layout(h.tokens, h.rank, h.num_selectors, h.id_width,
+                                   h.coefficient_dtype, h.int8_block);
+  const uint8_t* p = payload.data() + (payload.size() - kPayloadChecksumBytes - layout.total());
+  const uint8_t* selectors = p;
+  const uint8_t* ids = selectors + layout.selectors;
+  const uint8_t* scales = ids + layout.ids;
+  const uint8_t* coefficients = scales + layout.scales;
+
+  // Validate everything before writing anything.
+  for (int64_t s = 0; s < h.num_selectors; ++s) {
+    if (selectors[s] >= h.components) {
+      return Corrupt(absl::StrCat("selector ", int{selectors[s]}, " of block ", s,
+                                  " outside [0, M = ", h.components, ")"));
+    }
+  }
+  for (int64_t t = 0; t < h.tokens && h.id_width > 0; ++t) {
+    const uint32_t id = LoadId(ids + t * h.id_width, h.id_width);
+    if (id >= static_cast<uint64_t>(h.vocab_size)) {
+      return Corrupt(absl::StrCat("token id ", id, " at position ", t, " outside [0, V = ",
+                                  h.vocab_size, ")"));
+    }
+  }
+  const int64_t scale_count = layout.scales / 4;
+  for (int64_t s = 0; s < scale_count; ++s) {
+    const float scale = LoadLe<float>(scales + 4 * s);
+    if (!(scale >= 0)) return Corrupt(absl::StrCat("int8 scale ", scale, " is negative or NaN"));
+  }
+
+  const int64_t k = h.rank, n = h.tokens * k;
+  coef_.resize(static_cast<size_t>(n));
+  switch (h.coefficient_dtype) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(coef_.data(), coefficients, sizeof(float) * n);
+      break;
+    case DType::kBF16:
+    case DType::kF16:
+      half_.resize(static_cast<size_t>(n));
+      if (n > 0) std::memcpy(half_.data(), coefficients, sizeof(uint16_t) * n);
+      if (h.coefficient_dtype == DType::kBF16) {
+        ConvertBf16ToF32(half_, absl::MakeSpan(coef_));
+      } else {
+        ConvertF16ToF32(half_, absl::MakeSpan(coef_));
+      }
+      break;
+    case DType::kI8: {
+      const auto* q = reinterpret_cast<const int8_t*>(coefficients);
+      const int64_t per_token = CeilDiv(k, h.int8_block);
+      for (int64_t t = 0; t < h.tokens; ++t) {
+        for (int64_t blk = 0; blk < per_token; ++blk) {
+          const float scale = LoadLe<float>(scales + 4 * (t * per_token + blk));
+          const int64_t j1 = std::min(k, (blk + 1) * h.int8_block);
+          for (int64_t j = blk * h.int8_block; j < j1; ++j) coef_[t * k + j] = q[t * k + j] * scale;
+        }
+      }
+      break;
+    }
+    default:
+      LBCC_CHECK(false) << "coefficient dtype validated by InspectSubspacePayload";
+  }
+  const int32_t* id_ptr = nullptr;
+  if (h.id_width > 0) {
+    ids_.resize(static_cast<size_t>(h.tokens));
+    for (int64_t t = 0; t < h.tokens; ++t) {
+      ids_[t] = static_cast<int32_t>(LoadId(ids + t * h.id_width, h.id_width));
+    }
+    id_ptr = ids_.data();
+  }
+  Reconstruct(coef_.data(), h.tokens, h.num_selectors > 0 ? selectors : nullptr, h.mixture_block,
+              id_ptr, out.data_as<float>());
+  if (!ids_out.empty()) std::copy(ids_.begin(), ids_.end(), ids_out.begin());
+  if (selectors_out != nullptr) {
+    selectors_out->mixture_block = h.mixture_block;
+    selectors_out->values.assign(selectors, selectors + h.num_selectors);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SubspaceCodec::DecodeForward(absl::Span<const uint8_t> payload,
+                                          const TensorView& h_out, absl::Span<int32_t> ids_out,
+                                          SubspaceSelectors* selectors_out) {
+  return Decode(SubspaceDirection::kForward, payload, h_out, ids_out, selectors_out);
+}
+
+absl::Status SubspaceCodec::DecodeBackward(absl::Span<const uint8_t> payload,
+                                           const TensorView& g_out,
+                                           SubspaceSelectors* selectors_out) {
+  return Decode(SubspaceDirection::kBackward, payload, g_out, {}, selectors_out);
+}
+
+absl::StatusOr<SubspaceEnergy> SubspaceCodec::MeasureEnergy(const TensorView& h,
+                                                            absl::Span<const int32_t> ids) {
+  LBCC_RETURN_IF_ERROR(CheckActivations(h, "activations"));
+  const int64_t tokens = h.dim(0);
+  LBCC_RETURN_IF_ERROR(CheckIds(ids, tokens));
+  const SubspaceBasis& b = *basis_;
+  const int64_t d = b.model_dim(), k = b.rank();
+  const int32_t* id_ptr = ids.empty() ? nullptr : ids.data();
+  const float* x = h.data_as<float>();
+  ProjectForward(x, tokens, id_ptr, options_.mixture_block);
+  std::vector<float> rebuilt(static_cast<size_t>(tokens * d));
+  Reconstruct(coef_.data(), tokens, b.components() > 1 ? selectors_.data() : nullptr,
+              options_.mixture_block, id_ptr, rebuilt.data());
+  SubspaceEnergy e;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* row = x + t * d;
+    const float* rec = rebuilt.data() + t * d;
+    const float* base = (b.has_table() && id_ptr != nullptr)
+                            ? b.table().data() + static_cast<int64_t>(id_ptr[t]) * d
+                            : nullptr;
+    for (int64_t i = 0; i < d; ++i) {
+      const double centred = static_cast<double>(row[i]) - (base ? base[i] : 0.0f);
+      const double r = static_cast<double>(row[i]) - rec[i];
+      e.total += centred * centred;
+      e.residual += r * r;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      e.captured += static_cast<double>(coef_[t * k + j]) * coef_[t * k + j];
+    }
+  }
+  return e;
+}
+
+}  // namespace lbcc::codecs

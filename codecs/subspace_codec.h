@@ -1,0 +1,204 @@
+// The subspace activation codec for pipeline-stage boundaries (Protocol Models).
+//
+// Forward: activations h [tokens x d] with token ids y cross as c = U^T (h - T[y]) (k numbers per
+// token) plus y; the receiver rebuilds h = U c + T[y]. Exact when h - T[y] lies in span(U), which
+// a subspace-constrained model guarantees. Backward: gradients g_h [tokens x d] cross as
+// g_c = U^T g_h and are rebuilt as U g_c, which gives every upstream parameter its exact gradient
+// (its Jacobian's columns lie in span(U)). With a mixture basis (M > 1 components) the encoder
+// picks, per block of `mixture_block` tokens, the component that captures the most energy of
+// h - T[y]; the one-byte selectors travel with the payload, and the backward pass reuses the
+// forward's selectors.
+//
+// Coefficients travel as fp32, bf16, fp16 (round to nearest even) or int8 with one fp32 absmax
+// scale per `int8_block` coefficients of a token. Because U is orthonormal, coefficient error
+// equals activation error. Products run through cblas_sgemm.
+//
+// Wire format: the envelope of codecs/payload.h with codec id kSubspaceForward or
+// kSubspaceBackward, codec version 1, dtype f32, shape [tokens, d], flags 0, and
+//   params (28 bytes): u64 basis hash | u32 basis version | u32 k | u32 V (0 backward) |
+//                      u16 M | u16 mixture_block (0 when M = 1) | u16 int8_block (0 unless int8) |
+//                      u8 coefficient dtype (DType id: f32, f16, bf16, i8) | u8 id width
+//                      (SubspaceIdWidth(V) forward, 0 backward)
+//   body: selectors, u8 [ceil(tokens / mixture_block)] (M > 1 only) |
+//         ids, little-endian, id width bytes each [tokens] (forward only) |
+//         int8 scales, f32 [tokens x ceil(k / int8_block)] (int8 only) |
+//         coefficients [tokens x k] in the coefficient dtype.
+// Example: d 1024, k 160, bf16, V 50257 (2-byte ids): 322 bytes per token + 76 bytes of envelope.
+//
+// Errors (one meaning each; on any error the output buffers are untouched):
+//   DataLoss           the bytes are not a valid payload of this direction: envelope errors,
+//                      wrong codec id or version, inconsistent params or body, ids >= V,
+//                      selectors >= M, bad int8 scales, or this codec's basis id with another
+//                      d, k, M or V.
+//   FailedPrecondition the payload is intact but names another basis (hash or version differ):
+//                      decode it with that basis (e.g. the old basis kept until in-flight
+//                      backwards drain; InspectSubspacePayload names it).
+//   InvalidArgument    caller input: tensor views of the wrong dtype, shape or memory kind,
+//                      ids outside [0, V) to encode, selectors of the wrong count or >= M,
+//                      an output buffer of the wrong size, bad options.
+//
+// Thread-safety: a SubspaceCodec keeps scratch buffers and is thread-compatible: one thread at a
+// time per instance (create one per stream); the basis it holds is shared and immutable.
+// InspectSubspacePayload is stateless.
+#ifndef LBCC_CODECS_SUBSPACE_CODEC_H_
+#define LBCC_CODECS_SUBSPACE_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "base/dtype.h"
+#include "base/tensor_view.h"
+#include "codecs/subspace_basis.h"
+
+namespace lbcc::codecs {
+
+inline constexpr uint8_t kSubspaceCodecVersion = 1;
+inline constexpr size_t kSubspaceParamsBytes = 28;
+
+enum class SubspaceDirection : uint8_t { kForward, kBackward };
+
+struct SubspaceCodecOptions {
+  // f32, bf16, f16 or i8.
+  DType coefficient_dtype = DType::kBF16;
+  // Coefficients of one token per int8 scale, in [1, 65535].
+  int64_t int8_block = 32;
+  // Tokens per selector of a mixture basis, in [1, 65535]; ignored when M = 1.
+  int64_t mixture_block = 64;
+};
+
+// The components a mixture-basis payload used: one per block of `mixture_block` tokens. The
+// forward decoder hands them out; the backward encoder must use the same ones. Empty (block 0)
+// for a single basis.
+struct SubspaceSelectors {
+  int64_t mixture_block = 0;
+  std::vector<uint8_t> values;
+};
+
+// What a payload's header says, validated (DataLoss otherwise) but not checked against a basis.
+struct SubspacePayloadHeader {
+  SubspaceDirection direction = SubspaceDirection::kForward;
+  SubspaceBasisId basis;
+  int64_t tokens = 0;
+  int64_t model_dim = 0;       // d
+  int64_t rank = 0;            // k
+  int64_t components = 1;      // M
+  int64_t vocab_size = 0;      // V (0 for backward payloads)
+  int id_width = 0;            // bytes per id (0 for backward payloads)
+  int64_t mixture_block = 0;   // tokens per selector (0 when M = 1)
+  int64_t num_selectors = 0;   // ceil(tokens / mixture_block) (0 when M = 1)
+  DType coefficient_dtype = DType::kF32;
+  int64_t int8_block = 0;      // 0 unless int8
+  size_t total_bytes = 0;
+};
+
+// Parses the envelope and params of a forward or backward payload; `payload` need only live for
+// the call. DataLoss for anything malformed (the body's contents are checked by the decoders).
+absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const uint8_t> payload);
+
+// Energy of a batch against the basis: total = sum ||h - T[y]||^2, captured = sum ||c||^2 (c the
+// fp32 coefficients of the chosen component), residual = sum ||h - T[y] - U c||^2 measured
+// directly (the out-of-subspace energy; equals total - captured up to rounding).
+struct SubspaceEnergy {
+  double total = 0;
+  double captured = 0;
+  double residual = 0;
+  double residual_fraction() const { return total > 0 ? residual / total : 0.0; }
+};
+
+class SubspaceCodec {
+ public:
+  // InvalidArgument for a null basis or bad options.
+  static absl::StatusOr<SubspaceCodec> Create(std::shared_ptr<const SubspaceBasis> basis,
+                                              SubspaceCodecOptions options = {});
+
+  const SubspaceBasis& basis() const { return *basis_; }
+  const std::shared_ptr<const SubspaceBasis>& shared_basis() const { return basis_; }
+  const SubspaceCodecOptions& options() const { return options_; }
+
+  // Exact payload sizes for `tokens` tokens with this codec's options.
+  size_t ForwardPayloadBytes(int64_t tokens) const;
+  size_t BackwardPayloadBytes(int64_t tokens) const;
+  // Selectors a payload of `tokens` tokens carries with this codec's options (0 for a single
+  // basis).
+  int64_t NumSelectors(int64_t tokens) const;
+
+  // Encodes activations `h` (host f32 [tokens, d]) with token ids `ids` (tokens values in [0, V);
+  // empty when V = 0) into `out`, which must hold ForwardPayloadBytes(tokens) bytes; returns the
+  // bytes written. `selectors_out` (optional) receives the chosen components. Buffers need only
+  // live for the call. InvalidArgument for bad views, ids or sizes.
+  absl::StatusOr<size_t> EncodeForward(const TensorView& h, absl::Span<const int32_t> ids,
+                                       absl::Span<uint8_t> out,
+                                       SubspaceSelectors* selectors_out = nullptr);
+  absl::StatusOr<std::vector<uint8_t>> EncodeForward(const TensorView& h,
+                                                     absl::Span<const int32_t> ids,
+                                                     SubspaceSelectors* selectors_out = nullptr);
+
+  // Decodes a forward payload into `h_out` (host f32 [tokens, d], see InspectSubspacePayload);
+  // optionally returns the ids (`ids_out` empty or tokens values) and the selectors. Any
+  // coefficient dtype and mixture block is accepted. Errors as in the header comment; outputs
+  // untouched on error.
+  absl::Status DecodeForward(absl::Span<const uint8_t> payload, const TensorView& h_out,
+                             absl::Span<int32_t> ids_out = {},
+                             SubspaceSelectors* selectors_out = nullptr);
+
+  // Encodes activation gradients `g_h` (host f32 [tokens, d]) into `out` (BackwardPayloadBytes
+  // bytes). A mixture basis needs the selectors of the matching forward payload (any mixture
+  // block, ceil(tokens / block) values < M); a single basis takes none (empty selectors).
+  // InvalidArgument for bad views, selectors or sizes.
+  absl::StatusOr<size_t> EncodeBackward(const TensorView& g_h, const SubspaceSelectors& selectors,
+                                        absl::Span<uint8_t> out);
+  absl::StatusOr<std::vector<uint8_t>> EncodeBackward(const TensorView& g_h,
+                                                      const SubspaceSelectors& selectors = {});
+
+  // Decodes a backward payload into `g_out` (host f32 [tokens, d]); `selectors_out` as in
+  // DecodeForward. Errors as in the header comment; outputs untouched on error.
+  absl::Status DecodeBackward(absl::Span<const uint8_t> payload, const TensorView& g_out,
+                              SubspaceSelectors* selectors_out = nullptr);
+
+  // Energy of activations `h` with ids `ids` against the basis (components chosen as the
+  // forward encoder would). InvalidArgument as EncodeForward.
+  absl::StatusOr<SubspaceEnergy> MeasureEnergy(const TensorView& h, absl::Span<const int32_t> ids);
+
+ private:
+  SubspaceCodec(std::shared_ptr<const SubspaceBasis> basis, SubspaceCodecOptions options)
+      : basis_(std::move(basis)), options_(options) {}
+
+  absl::Status CheckActivations(const TensorView& x, absl::string_view what) const;
+  absl::Status CheckIds(absl::Span<const int32_t> ids, int64_t tokens) const;
+  // coef_ = U^T (h - T[y]) [tokens x k] of the chosen components; selectors_ = the choices made
+  // per block of `block` tokens (M > 1).
+  void ProjectForward(const float* h, int64_t tokens, const int32_t* ids, int64_t block);
+  // coef_ = U_sel^T x per block (selectors null for a single basis).
+  void ProjectWithSelectors(const float* x, int64_t tokens, const uint8_t* selectors,
+                            int64_t block);
+  // out = coef U_sel^T (+ T[ids] when ids is non-null and the basis has a table).
+  void Reconstruct(const float* coef, int64_t tokens, const uint8_t* selectors, int64_t block,
+                   const int32_t* ids, float* out);
+  size_t PayloadBytes(SubspaceDirection direction, int64_t tokens, int64_t block) const;
+  // Writes the payload from coef_ and selectors_.
+  absl::StatusOr<size_t> Write(SubspaceDirection direction, int64_t tokens, int64_t block,
+                               const int32_t* ids, absl::Span<uint8_t> out);
+  absl::Status Decode(SubspaceDirection direction, absl::Span<const uint8_t> payload,
+                      const TensorView& out, absl::Span<int32_t> ids_out,
+                      SubspaceSelectors* selectors_out);
+
+  std::shared_ptr<const SubspaceBasis> basis_;
+  SubspaceCodecOptions options_;
+  // Scratch, grown on demand.
+  std::vector<float> all_coef_;   // [tokens x M*k] (mixture encode)
+  std::vector<float> coef_;       // [tokens x k]
+  std::vector<uint16_t> half_;    // bf16 / f16 staging
+  std::vector<float> stage_coef_; // mixture decode: coefficients of one component's blocks
+  std::vector<float> stage_out_;  // ... and their output rows
+  std::vector<uint8_t> selectors_;
+  std::vector<int32_t> ids_;
+};
+
+}  // namespace lbcc::codecs
+
+#endif  // LBCC_CODECS_SUBSPACE_CODEC_H_

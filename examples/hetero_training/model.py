@@ -1,0 +1,147 @@
+"""A small GPT-style character LM split into two pipeline stages, and its deterministic corpus.
+
+Stage 0: token embedding h0 = T[y] + E[y] + P[pos] and the first half of the blocks; stage 1: the
+other blocks, final LayerNorm and head. A full replica holds both stages in one process. T is the
+subspace basis' fixed table (zero for an uncompressed boundary); E, P and every residual write of
+stage 0 (attention output and MLP down projections) are re-projected onto span(U) by
+`project_stage0` when the boundary is compressed, so h - T[y] lies in span(U) at the boundary and
+the subspace codec is exact up to float rounding (../../shared/reference/subspace.md).
+"""
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lbcc
+from lbcc.torch import project_
+
+WORDS = ("the a one every some cat dog bird fish fox owl horse mouse child farmer king queen "
+         "sees likes chases finds follows eats hides near under over behind with red small "
+         "big quick lazy old green happy and but then quietly slowly today river hill tree "
+         "house field road stone garden").split()
+
+
+def corpus(chars=200_000, seed=1234):
+    """Deterministic toy English: sentences from a tiny grammar (same text on every machine)."""
+    rng = random.Random(seed)
+    det, noun = WORDS[:5], WORDS[5:17]
+    verb, prep, adj = WORDS[17:24], WORDS[24:29], WORDS[29:36]
+    place = WORDS[42:]
+    out, size = [], 0
+    while size < chars:
+        s = [rng.choice(det)]
+        if rng.random() < 0.5:
+            s.append(rng.choice(adj))
+        s += [rng.choice(noun), rng.choice(verb), rng.choice(det), rng.choice(noun)]
+        if rng.random() < 0.6:
+            s += [rng.choice(prep), "the", rng.choice(place)]
+        if rng.random() < 0.3:
+            s += [rng.choice(["quietly", "slowly", "today"])]
+        line = " ".join(s).capitalize() + ". "
+        out.append(line)
+        size += len(line)
+    return "".join(out)[:chars]
+
+
+class Data:
+    """Random windows of the corpus; stream `stream` (a replica) gets its own generator."""
+
+    def __init__(self, seq, batch):
+        text = corpus()
+        self.vocab = sorted(set(text))
+        ids = torch.tensor([self.vocab.index(c) for c in text], dtype=torch.long)
+        split = int(len(ids) * 0.9)
+        self.train, self.held = ids[:split], ids[split:]
+        self.seq, self.batch = seq, batch
+
+    def stream(self, replica):
+        g = torch.Generator().manual_seed(1000 + replica)
+        while True:
+            yield self._window(self.train, g)
+
+    def held_out(self, batches=4):
+        g = torch.Generator().manual_seed(99)
+        return [self._window(self.held, g) for _ in range(batches)]
+
+    def _window(self, ids, g):
+        starts = torch.randint(0, len(ids) - self.seq - 1, (self.batch,), generator=g)
+        x = torch.stack([ids[s:s + self.seq] for s in starts.tolist()])
+        y = torch.stack([ids[s + 1:s + self.seq + 1] for s in starts.tolist()])
+        return x, y
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)        # residual write
+        self.fc = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)    # residual write
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.down(F.gelu(self.fc(self.ln2(x))))
+
+
+class Stage0(nn.Module):
+    def __init__(self, vocab, d, heads, layers, seq, table, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.register_buffer("table", table)
+        self.tok = nn.Parameter(torch.randn(vocab, d, generator=g) * 0.02)
+        self.pos = nn.Parameter(torch.randn(seq, d, generator=g) * 0.02)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+
+    def forward(self, ids):
+        h = F.embedding(ids, self.table) + F.embedding(ids, self.tok) + self.pos[: ids.shape[1]]
+        for blk in self.blocks:
+            h = blk(h)
+        return h
+
+
+class Stage1(nn.Module):
+    def __init__(self, vocab, d, heads, layers, seed):
+        super().__init__()
+        torch.manual_seed(seed + 1)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, h, targets):
+        for blk in self.blocks:
+            h = blk(h)
+        logits = self.head(self.ln(h))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@torch.no_grad()
+def project_stage0(stage0, basis):
+    """Every residual write of stage 0 onto span(U) (portable arithmetic: identical bits on
+    replicas holding identical weights). T stays fixed, so the basis never changes."""
+    project_(stage0.tok, basis, "columns")
+    project_(stage0.pos, basis, "columns")
+    for blk in stage0.blocks:
+        for lin in (blk.proj, blk.down):
+            project_(lin.weight, basis, "rows")
+            project_(lin.bias, basis, "rows")
+
+
+def make_basis(d, k, vocab, seed=7):
+    """k == d: the identity-like full basis without table (an uncompressed fp32 boundary)."""
+    if k >= d:
+        return lbcc.SubspaceBasis.from_seed(model_dim=d, rank=d, vocab_size=vocab, seed=seed)
+    return lbcc.SubspaceBasis.from_seed(model_dim=d, rank=k, vocab_size=vocab, with_table=True,
+                                        table_stddev=0.05, seed=seed)

@@ -1,0 +1,293 @@
+"""One rank of a heterogeneous training run (started by hetero.py; RANK, WORLD_SIZE and
+LBCC_BOOTSTRAP_ADDR in the environment). Writes <outdir>/rank<r>.json: per-step loss (head
+ranks), cumulative fast/slow bytes this rank sent, bit-identity checks, payload accounting."""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+import lbcc
+from lbcc.torch import PipelineBoundary, SparseLoCo
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import Data, Stage0, Stage1, make_basis, project_stage0  # noqa: E402
+
+
+def flat(tensors):
+    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors]).contiguous()
+
+
+def unflat(buf, tensors):
+    i = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(buf[i:i + n].view_as(t))
+        i += n
+
+
+class DiLoCo:
+    """Dense outer sync: mean pseudo-gradient (fp32 all-reduce per shard), outer Nesterov SGD."""
+
+    def __init__(self, inner, groups, inner_steps, outer_lr=0.7, momentum=0.9, timeout=None):
+        self.inner, self.h, self.lr, self.mom, self.timeout = inner, inner_steps, outer_lr, momentum, timeout
+        self.groups = []
+        with torch.no_grad():
+            for params, comm in groups:
+                buf = flat(params)
+                comm.broadcast(buf, 0, timeout=timeout)
+                unflat(buf, params)
+                self.groups.append({"params": params, "comm": comm, "outer": flat(params),
+                                    "m": torch.zeros_like(buf)})
+        self.inner_step_count = 0
+
+    def step(self):
+        self.inner.step()
+        self.inner_step_count += 1
+        if self.inner_step_count % self.h == 0:
+            self.outer_step()
+
+    @torch.no_grad()
+    def outer_step(self):
+        for g in self.groups:
+            delta = g["outer"] - flat(g["params"])
+            g["comm"].all_reduce(delta, op="mean", timeout=self.timeout)
+            g["m"].mul_(self.mom).add_(delta)
+            g["outer"].sub_(self.lr * (delta + self.mom * g["m"]))
+            unflat(g["outer"], g["params"])
+
+    @torch.no_grad()
+    def reset_outer(self):
+        for g in self.groups:
+            g["outer"].copy_(flat(g["params"]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--method", choices=["ddp", "diloco", "sparseloco"], required=True)
+    ap.add_argument("--k", type=int, default=0, help="boundary rank of compressed pipelines; 0: none")
+    ap.add_argument("--compress", choices=["pipeline", "none"], default="none")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--inner-steps", type=int, default=10)
+    ap.add_argument("--top-k", type=float, default=64)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--topology", required=True)
+    ap.add_argument("--outdir", required=True)
+    ap.add_argument("--account", action="store_true", help="payload accounting (smoke test)")
+    ap.add_argument("--timeout", type=float, default=float(os.environ.get("LBCC_TIMEOUT_S", 300)))
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(a.seed)
+
+    t_start = time.time()
+    comm = lbcc.init(topology=a.topology, timeout=a.timeout)
+    rank, topo = comm.rank, comm.topology
+    role = topo.role(rank)
+    replica = role["replica"]
+    kind, stage = role["kind"], role["stage"]
+    shards = lbcc.shard_communicators(comm)
+    data = Data(a.seq, a.batch)
+    vocab = len(data.vocab)
+    half = a.layers // 2
+    compressed_run = a.k and a.k < a.d
+    k = a.k if compressed_run else a.d
+    basis = make_basis(a.d, k, vocab)
+    table = torch.from_numpy(basis.table).clone() if basis.has_table else torch.zeros(vocab, a.d)
+    # Does this rank's replica compress its boundary (and so project every inner step)?
+    i_compress = kind == "pipeline" and compressed_run
+    holds0 = kind == "full" or stage == 0
+    holds1 = kind == "full" or stage == 1
+    s0 = Stage0(vocab, a.d, a.heads, half, a.seq, table, a.seed) if holds0 else None
+    s1 = Stage1(vocab, a.d, a.heads, a.layers - half, a.seed) if holds1 else None
+    if compressed_run and s0 is not None:
+        project_stage0(s0, basis)
+    groups = []
+    if s0 is not None:
+        groups.append((list(s0.parameters()), shards[0]))
+    if s1 is not None:
+        groups.append((list(s1.parameters()), shards[1]))
+    params = [p for ps, _ in groups for p in ps]
+    inner = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    boundary = None
+    if kind == "pipeline":
+        peer = topo.replicas[replica]["ranks"][1 - stage]
+        boundary = PipelineBoundary(comm, peer, basis, coefficient_dtype="f32",
+                                    timeout=a.timeout)
+    if a.method == "sparseloco":
+        opt = SparseLoCo(inner, groups, inner_steps=a.inner_steps, top_k=a.top_k, beta=0.95,
+                         outer_lr=1.0, value_bits=2, timeout=a.timeout)
+    elif a.method == "diloco":
+        opt = DiLoCo(inner, groups, a.inner_steps, timeout=a.timeout)
+    else:
+        opt = None
+        with torch.no_grad():
+            for ps, c in groups:
+                buf = flat(ps)
+                c.broadcast(buf, 0, timeout=a.timeout)
+                unflat(buf, ps)
+
+    excluded = {"fast_sent": 0, "slow_sent": 0, "fast_received": 0, "slow_received": 0}
+
+    def counters():
+        b = comm.bytes_by_class()
+        return {key: b[key] - excluded[key] for key in excluded}
+
+    def excluding(fn):
+        before = comm.bytes_by_class()
+        result = fn()
+        after = comm.bytes_by_class()
+        for key in excluded:
+            excluded[key] += after[key] - before[key]
+        return result
+
+    def identical():
+        """True when every rank of each shard holds the same bits of that shard's parameters."""
+        ok = True
+        for ps, c in groups:
+            digest = hashlib.sha256(flat(ps).numpy().tobytes()).digest()
+            ok &= len(set(c.all_gather_bytes(digest, timeout=a.timeout))) == 1
+        return ok
+
+    excluding(comm.barrier)
+    base = counters()
+    # The pipeline stage link's own bytes, so data-parallel slow-link bytes can be told apart.
+    stage_peer = topo.replicas[replica]["ranks"][1 - stage] if kind == "pipeline" else None
+    stage_base = comm.link_counters(stage_peer)["bytes_sent"] if stage_peer is not None else 0
+    stream = data.stream(replica)
+    tokens = a.batch * a.seq
+    log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica, "steps": [],
+           "identical": [], "payload": {"boundary_sent": 0, "sparse_sent": 0}}
+    slow_peers = {}
+    for c in [comm]:
+        for r in range(c.nranks):
+            if r != rank:
+                slow_peers[r] = topo.link(rank, r) == "slow"
+    t_train = time.time()
+    for step in range(1, a.steps + 1):
+        lr = a.lr * min(1.0, step / 20)
+        for g in inner.param_groups:
+            g["lr"] = lr
+        x, y = next(stream)
+        inner.zero_grad(set_to_none=True)
+        loss = None
+        if kind == "full":
+            loss = s1(s0(x), y)
+            loss.backward()
+        elif stage == 0:
+            h = s0(x)
+            boundary.send(h, x).backward()
+            boundary.synchronize()
+            log["payload"]["boundary_sent"] += boundary.codec.forward_payload_bytes(tokens)
+        else:
+            h, _ = boundary.recv(tokens)
+            loss = s1(h.view(a.batch, a.seq, a.d), y)
+            loss.backward()
+            boundary.synchronize()
+            log["payload"]["boundary_sent"] += boundary.codec.backward_payload_bytes(tokens)
+        outer_now = step % a.inner_steps == 0
+        if opt is None:  # dense DDP: mean gradient per shard every step
+            with torch.no_grad():
+                for ps, c in groups:
+                    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
+                    buf = flat(grads)
+                    c.all_reduce(buf, op="mean", timeout=a.timeout)
+                    unflat(buf, grads)
+                    for p, gr in zip(ps, grads):
+                        p.grad = gr
+            inner.step()
+        else:
+            if outer_now and a.account and a.method == "sparseloco":
+                log["payload"]["sparse_sent"] += sparse_payload(opt, groups, slow_peers, topo)
+            opt.step()
+            if i_compress and stage == 0 and not outer_now:
+                project_stage0(s0, basis)
+            if outer_now and compressed_run and s0 is not None:
+                # Every replica re-projects the synced weights identically (portable arithmetic)
+                # and takes them as its outer parameters.
+                project_stage0(s0, basis)
+                if a.method == "sparseloco":
+                    with torch.no_grad():
+                        for p, o in zip(params, opt.outer_parameters()):
+                            o.copy_(p)
+                else:
+                    opt.reset_outer()
+        if outer_now:
+            log["identical"].append([step, bool(excluding(identical))])
+        c = counters()
+        log["steps"].append([step, None if loss is None else float(loss),
+                             c["fast_sent"] - base["fast_sent"], c["slow_sent"] - base["slow_sent"]])
+        if rank == 0 and (step % max(1, a.steps // 10) == 0 or step == a.steps):
+            print(f"  step {step}/{a.steps} loss {float(loss) if loss is not None else float('nan'):.3f} "
+                  f"rank-0 slow-link MB {(c['slow_sent'] - base['slow_sent']) / 1e6:.2f} "
+                  f"({time.time() - t_train:.0f} s)", flush=True)
+    log["train_seconds"] = time.time() - t_train
+    total = counters()
+    log["final_counters"] = {key: total[key] - base[key] for key in total}
+    stage_sent = (comm.link_counters(stage_peer)["bytes_sent"] - stage_base
+                  if stage_peer is not None else 0)
+    log["final_counters"]["stage_sent"] = stage_sent
+    # Everything else this rank sent on slow links is data-parallel synchronisation (and the
+    # small world-communicator bookkeeping).
+    stage_slow = stage_peer is not None and topo.link(rank, stage_peer) == "slow"
+    log["final_counters"]["dp_slow_sent"] = (log["final_counters"]["slow_sent"] -
+                                             (stage_sent if stage_slow else 0))
+    if kind == "pipeline" and a.account:
+        peer = topo.replicas[replica]["ranks"][1 - stage]
+        log["stage_link"] = comm.link_counters(peer)
+    # Held-out loss of the final weights (after the last outer step every replica holds the
+    # same bits), outside the byte counts.
+    with torch.no_grad():
+        def evaluate():
+            losses = []
+            for xe, ye in data.held_out():
+                if kind == "full":
+                    losses.append(float(s1(s0(xe), ye)))
+                elif stage == 0:
+                    boundary.send(s0(xe), xe)
+                    boundary.synchronize()
+                else:
+                    he, _ = boundary.recv(tokens)
+                    losses.append(float(s1(he.view(a.batch, a.seq, a.d), ye)))
+            return sum(losses) / len(losses) if losses else None
+        log["eval_loss"] = excluding(evaluate)
+    log["setup_seconds"] = t_train - t_start
+    with open(os.path.join(a.outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(log, f)
+    excluding(comm.barrier)
+    comm.close()
+
+
+def sparse_payload(opt, groups, slow_peers, topo):
+    """Bytes this rank's sparse payloads will put on slow links in the coming outer step
+    (direct exchange: each shard member's payload goes to every other member): the codec
+    encodes each pseudo-gradient with a copy of its error-feedback state."""
+    total = 0
+    feedback = opt.error_feedback()
+    outer = opt.outer_parameters()
+    i = 0
+    for ps, c in groups:
+        size = 0
+        for p in ps:
+            state = opt.codec.new_state()
+            if feedback[i] is not None:
+                state.load(feedback[i].contiguous())
+            delta = (outer[i] - p.detach()).contiguous()
+            size += len(opt.codec.encode(delta, state, commit=False))
+            i += 1
+        slow = sum(1 for g in c.global_ranks if g != c.global_rank and slow_peers.get(g))
+        total += size * slow
+    return total
+
+
+if __name__ == "__main__":
+    main()

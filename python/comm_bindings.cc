@@ -1,0 +1,774 @@
+// Communicator, requests, topology and bootstrap.
+//
+// Lifetimes: every operation keeps the Python objects it reads or writes (tensors, codecs,
+// states) referenced until the C++ request has finished, whether the caller waits or drops the
+// request; a dropped unfinished request parks its references in `Orphans` until it finishes,
+// so garbage collection never blocks and never frees memory the worker thread still uses.
+// Communicators are destroyed with the GIL released (their destructor joins the worker).
+//
+// Waiting: the GIL is released; Ctrl-C is checked every 100 ms. An interrupted blocking call
+// aborts the communicator (the operation fails on every rank instead of hanging), waits for the
+// operation to finish and raises KeyboardInterrupt.
+#include <Python.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "codecs/subspace_codec.h"
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/topology.h"
+#include "python/bindings.h"
+
+namespace lbcc::python {
+namespace {
+
+using comm::Communicator;
+using comm::RequestPtr;
+
+// Deletes a communicator without holding the GIL: its destructor waits for the worker thread,
+// which may wait for other ranks that are Python threads of this process.
+std::shared_ptr<Communicator> Share(std::unique_ptr<Communicator> c) {
+  return std::shared_ptr<Communicator>(c.release(), [](Communicator* p) {
+    if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete p;
+    } else {
+      delete p;
+    }
+  });
+}
+
+// What an operation holds on to until it finishes.
+struct Core {
+  RequestPtr request;
+  std::shared_ptr<Communicator> comm;
+  std::vector<py::object> keep;
+  std::shared_ptr<void> native;  // C++ buffers the operation writes (strings, selectors)
+};
+
+// Unfinished operations whose Python request was dropped (GIL-protected).
+std::vector<std::unique_ptr<Core>>& Orphans() {
+  static auto* orphans = new std::vector<std::unique_ptr<Core>>();
+  return *orphans;
+}
+
+void PurgeOrphans() {
+  auto& orphans = Orphans();
+  for (size_t i = 0; i < orphans.size();) {
+    if (orphans[i]->request->Test()) {
+      orphans[i] = std::move(orphans.back());
+      orphans.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+// Waits with the GIL released, checking for Ctrl-C. Returns the operation's status; throws
+// error_already_set when a signal handler raised (after `on_interrupt`).
+absl::Status WaitInterruptibly(const RequestPtr& request,
+                               const std::function<void()>& on_interrupt) {
+  while (true) {
+    {
+      py::gil_scoped_release release;
+      (void)request->WaitFor(absl::Milliseconds(100));
+    }
+    if (request->Test()) return request->status();
+    if (PyErr_CheckSignals() != 0) {
+      if (on_interrupt) {
+        py::error_scope keep_error;  // the KeyboardInterrupt, restored on exit
+        on_interrupt();
+      }
+      throw py::error_already_set();
+    }
+  }
+}
+
+// lbcc.Request: the handle of an operation posted with async_op=True.
+class PyRequest {
+ public:
+  PyRequest(std::unique_ptr<Core> core, std::function<py::object(Core&)> result)
+      : core_(std::move(core)), result_(std::move(result)) {}
+  PyRequest(const PyRequest&) = delete;
+  PyRequest& operator=(const PyRequest&) = delete;
+  ~PyRequest() {
+    if (core_ != nullptr && !core_->request->Test()) Orphans().push_back(std::move(core_));
+  }
+
+  bool Test() { return core_->request->Test(); }
+
+  py::object Wait(std::optional<double> timeout_s) {
+    absl::Status status;
+    if (timeout_s.has_value()) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(*timeout_s);
+      while (!core_->request->Test() && absl::Now() < deadline) {
+        {
+          py::gil_scoped_release release;
+          (void)core_->request->WaitFor(std::min(
+              absl::Milliseconds(100), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+        }
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      }
+      if (!core_->request->Test()) {
+        throw StatusError(absl::DeadlineExceededError(absl::StrCat(
+            "Request.wait: not finished after ", *timeout_s, " s (the operation goes on)")));
+      }
+      status = core_->request->status();
+    } else {
+      status = WaitInterruptibly(core_->request, nullptr);
+    }
+    py::object result = status.ok() && result_ ? result_(*core_) : py::object(py::none());
+    Release();
+    ThrowIfError(status);
+    return result;
+  }
+
+ private:
+  // A finished operation needs neither its buffers nor the communicator any more: dropping
+  // them lets close() destroy the communicator while this handle (or a traceback holding it)
+  // lives on.
+  void Release() {
+    core_->keep.clear();
+    core_->comm.reset();
+  }
+
+  std::unique_ptr<Core> core_;
+  std::function<py::object(Core&)> result_;
+};
+
+// Either waits (async_op false: returns the result, raises on failure) or returns a Request.
+py::object Finish(std::unique_ptr<Core> core, bool async_op,
+                  std::function<py::object(Core&)> result = nullptr) {
+  if (async_op) return py::cast(std::make_unique<PyRequest>(std::move(core), std::move(result)));
+  std::shared_ptr<Communicator> comm = core->comm;
+  absl::Status status = WaitInterruptibly(core->request, [&] {
+    comm->Abort();
+    py::gil_scoped_release release;
+    (void)core->request->Wait();
+  });
+  ThrowIfError(status);
+  return result ? result(*core) : py::object(py::none());
+}
+
+comm::OpOptions MakeOptions(std::optional<double> timeout_s, const std::string& algorithm,
+                            const std::string& priority, comm::OpOptions base = {}) {
+  comm::OpOptions o = base;
+  if (timeout_s.has_value()) o.timeout = absl::Seconds(*timeout_s);
+  o.algorithm = ValueOrThrow(comm::ParseAlgorithm(algorithm));
+  if (priority == "high") {
+    o.priority = transport::Priority::kHigh;
+  } else if (priority == "normal") {
+    o.priority = transport::Priority::kNormal;
+  } else if (priority == "bulk") {
+    o.priority = transport::Priority::kBulk;
+  } else if (!priority.empty()) {
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("unknown priority '", priority, "' (high, normal, bulk)")));
+  }
+  return o;
+}
+
+comm::UniqueId IdFromBytes(const py::bytes& b) {
+  absl::Span<const uint8_t> s = BytesSpan(b);
+  if (s.size() != sizeof(comm::UniqueId)) {
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("unique id: expected ", sizeof(comm::UniqueId), " bytes, got ", s.size())));
+  }
+  comm::UniqueId id;
+  std::memcpy(id.internal, s.data(), sizeof(id.internal));
+  return id;
+}
+
+py::bytes IdBytes(const comm::UniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
+
+// lbcc.Topology: an immutable value (mark_slow_ranks returns a copy).
+struct PyTopology {
+  comm::Topology topology;
+};
+
+comm::FabricOptions MakeFabricOptions(std::optional<std::string> backend,
+                                      std::optional<std::string> listen_host,
+                                      std::optional<double> timeout_s, py::handle topology) {
+  comm::FabricOptions o = ValueOrThrow(comm::FabricOptionsFromEnv());
+  if (backend.has_value()) o.backend = *backend;
+  if (listen_host.has_value()) o.listen_host = *listen_host;
+  if (timeout_s.has_value()) o.timeout = absl::Seconds(*timeout_s);
+  if (py::isinstance<PyTopology>(topology)) {
+    o.topology = topology.cast<const PyTopology&>().topology;
+  } else if (py::isinstance<py::str>(topology)) {
+    o.topology = ValueOrThrow(comm::Topology::FromFile(topology.cast<std::string>()));
+  } else if (!topology.is_none()) {
+    throw py::type_error("topology: expected an lbcc.Topology, a JSON file path or None");
+  }
+  return o;
+}
+
+py::dict RoleDict(const comm::RankRole& role) {
+  py::dict d;
+  d["kind"] = role.kind == comm::RankRole::Kind::kFull ? "full" : "pipeline";
+  d["replica"] = role.replica;
+  d["stage"] = role.stage;
+  return d;
+}
+
+py::dict CountersDict(const transport::LinkCounters& c) {
+  py::dict d;
+  d["link_class"] = std::string(transport::LinkClassName(c.link_class));
+  d["stripes"] = c.stripes;
+  d["probed_send_bytes_per_second"] = c.probed_send_bytes_per_second;
+  d["probed_recv_bytes_per_second"] = c.probed_recv_bytes_per_second;
+  d["probed_rtt_seconds"] = c.probed_rtt_seconds;
+  d["bytes_sent"] = c.bytes_sent;
+  d["bytes_received"] = c.bytes_received;
+  d["messages_sent"] = c.messages_sent;
+  d["messages_received"] = c.messages_received;
+  d["chunks_sent"] = c.chunks_sent;
+  d["chunks_received"] = c.chunks_received;
+  d["send_bytes_per_second"] = c.send_bytes_per_second;
+  d["recv_bytes_per_second"] = c.recv_bytes_per_second;
+  d["queued_messages"] = c.queued_messages;
+  d["queued_bytes"] = c.queued_bytes;
+  d["inflight_bytes"] = c.inflight_bytes;
+  d["max_queued_messages"] = c.max_queued_messages;
+  d["retries"] = c.retries;
+  d["pacing_waits"] = c.pacing_waits;
+  return d;
+}
+
+// A Codec over one subspace message, so SendCompressed can carry it: Encode() runs
+// EncodeForward (with the ids) or EncodeBackward (with the selectors) of the caller's codec.
+class SubspaceMessageCodec final : public codecs::Codec {
+ public:
+  SubspaceMessageCodec(std::shared_ptr<PySubspaceCodec> codec, codecs::SubspaceDirection direction,
+                       std::vector<int32_t> ids, codecs::SubspaceSelectors selectors)
+      : codec_(std::move(codec)),
+        direction_(direction),
+        ids_(std::move(ids)),
+        selectors_(std::move(selectors)) {}
+
+  codecs::CodecId id() const override {
+    return direction_ == codecs::SubspaceDirection::kForward ? codecs::CodecId::kSubspaceForward
+                                                             : codecs::CodecId::kSubspaceBackward;
+  }
+  std::string Describe() const override { return "subspace message"; }
+  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
+    if (shape.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("subspace message: expected [tokens, d], got ", ShapeToString(shape)));
+    }
+    MutexLock lock(&codec_->mu);
+    return direction_ == codecs::SubspaceDirection::kForward
+               ? codec_->codec.ForwardPayloadBytes(shape[0])
+               : codec_->codec.BackwardPayloadBytes(shape[0]);
+  }
+  absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
+                                absl::Span<uint8_t> out) const override {
+    (void)state;
+    MutexLock lock(&codec_->mu);
+    if (direction_ == codecs::SubspaceDirection::kForward) {
+      return codec_->codec.EncodeForward(input, ids_, out);
+    }
+    return codec_->codec.EncodeBackward(input, selectors_, out);
+  }
+
+ private:
+  std::shared_ptr<PySubspaceCodec> codec_;
+  codecs::SubspaceDirection direction_;
+  std::vector<int32_t> ids_;
+  codecs::SubspaceSelectors selectors_;
+};
+
+// What a subspace receive decodes with (on a transport thread) and what it hands back.
+struct SubspaceReceive {
+  codecs::SubspaceDirection direction;
+  std::vector<std::shared_ptr<const codecs::SubspaceBasis>> bases;
+  codecs::SubspaceCodecOptions options;
+  absl::Span<int32_t> ids;  // forward: where the ids go (may be empty)
+  codecs::SubspaceSelectors selectors;
+
+  absl::Status Decode(absl::Span<const uint8_t> payload, const TensorView& out) {
+    absl::StatusOr<codecs::SubspacePayloadHeader> header = codecs::InspectSubspacePayload(payload);
+    if (!header.ok()) return header.status();
+    // The basis the payload names (e.g. the previous one while in-flight backwards drain);
+    // otherwise the newest, whose decoder explains the mismatch.
+    std::shared_ptr<const codecs::SubspaceBasis> basis = bases.front();
+    for (const auto& b : bases) {
+      if (b->id() == header->basis) basis = b;
+    }
+    absl::StatusOr<codecs::SubspaceCodec> codec = codecs::SubspaceCodec::Create(basis, options);
+    if (!codec.ok()) return codec.status();
+    if (direction == codecs::SubspaceDirection::kForward) {
+      return codec->DecodeForward(payload, out, ids, &selectors);
+    }
+    return codec->DecodeBackward(payload, out, &selectors);
+  }
+};
+
+codecs::SubspaceDirection ParseDirection(const std::string& name) {
+  if (name == "forward") return codecs::SubspaceDirection::kForward;
+  if (name == "backward") return codecs::SubspaceDirection::kBackward;
+  throw StatusError(absl::InvalidArgumentError(
+      absl::StrCat("unknown direction '", name, "' (forward, backward)")));
+}
+
+// lbcc.Communicator.
+class PyComm {
+ public:
+  explicit PyComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  ~PyComm() { Close(); }
+
+  Communicator& get() const {
+    if (comm_ == nullptr) {
+      throw StatusError(absl::FailedPreconditionError("the communicator was closed"));
+    }
+    return *comm_;
+  }
+  const std::shared_ptr<Communicator>& shared() const {
+    get();
+    return comm_;
+  }
+  void Close() { comm_.reset(); }  // The deleter releases the GIL.
+  bool closed() const { return comm_ == nullptr; }
+
+  std::unique_ptr<Core> NewCore() const {
+    PurgeOrphans();
+    auto core = std::make_unique<Core>();
+    core->comm = shared();
+    return core;
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+};
+
+py::object Split(PyComm& self, int color, int key) {
+  Communicator& c = self.get();
+  absl::StatusOr<std::unique_ptr<Communicator>> child;
+  {
+    py::gil_scoped_release release;
+    child = c.Split(color, key);
+  }
+  std::unique_ptr<Communicator> made = ValueOrThrow(std::move(child));
+  if (made == nullptr) return py::none();
+  return py::cast(std::make_unique<PyComm>(Share(std::move(made))));
+}
+
+py::object AllReduce(PyComm& self, py::object tensor, py::object out, const std::string& op,
+                     bool async_op, std::optional<double> timeout, const std::string& algorithm,
+                     const std::string& priority) {
+  if (out.is_none()) out = tensor;
+  const auto floats = {DType::kF32, DType::kF16, DType::kBF16};
+  TensorView in = ToView(tensor, "tensor", floats);
+  TensorView outv = ToView(out, "out", floats, Access::kWrite);
+  comm::ReduceOp reduce;
+  if (op == "sum") {
+    reduce = comm::ReduceOp::kSum;
+  } else if (op == "mean") {
+    reduce = comm::ReduceOp::kMean;
+  } else {
+    throw StatusError(
+        absl::InvalidArgumentError(absl::StrCat("unknown op '", op, "' (sum, mean)")));
+  }
+  comm::OpOptions options = MakeOptions(timeout, algorithm, priority);
+  auto core = self.NewCore();
+  core->keep = {tensor, out};
+  core->request = core->comm->AllReduce(in, outv, reduce, options);
+  return Finish(std::move(core), async_op);
+}
+
+py::object AllGather(PyComm& self, py::object tensor, py::object out, bool async_op,
+                     std::optional<double> timeout, const std::string& algorithm,
+                     const std::string& priority) {
+  TensorView in = ToView(
+      tensor, "tensor",
+      {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64});
+  TensorView outv = ToView(out, "out", {in.dtype()}, Access::kWrite);
+  comm::OpOptions options = MakeOptions(timeout, algorithm, priority);
+  auto core = self.NewCore();
+  core->keep = {tensor, out};
+  core->request = core->comm->AllGather(in, outv, options);
+  return Finish(std::move(core), async_op);
+}
+
+py::object Broadcast(PyComm& self, py::object tensor, int root, bool async_op,
+                     std::optional<double> timeout, const std::string& priority) {
+  TensorView view = ToView(
+      tensor, "tensor",
+      {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64},
+      Access::kWrite);
+  comm::OpOptions options = MakeOptions(timeout, "auto", priority);
+  auto core = self.NewCore();
+  core->keep = {tensor};
+  core->request = core->comm->Broadcast(view, root, options);
+  return Finish(std::move(core), async_op);
+}
+
+py::object Barrier(PyComm& self, bool async_op, std::optional<double> timeout) {
+  auto core = self.NewCore();
+  core->request = core->comm->Barrier(MakeOptions(timeout, "auto", ""));
+  return Finish(std::move(core), async_op);
+}
+
+struct GatheredBytes {
+  std::string mine;
+  std::vector<std::string> all;
+};
+
+py::object AllGatherBytes(PyComm& self, const py::bytes& data, bool async_op,
+                          std::optional<double> timeout, const std::string& algorithm) {
+  auto gathered = std::make_shared<GatheredBytes>();
+  gathered->mine = std::string(data);
+  comm::OpOptions options = MakeOptions(timeout, algorithm, "");
+  auto core = self.NewCore();
+  core->native = gathered;
+  core->request = core->comm->AllGatherV(&gathered->mine, &gathered->all, options);
+  return Finish(std::move(core), async_op, [gathered](Core&) {
+    py::list out;
+    for (const std::string& s : gathered->all) out.append(py::bytes(s));
+    return py::object(out);
+  });
+}
+
+py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
+                           std::shared_ptr<codecs::Codec> codec, py::object states,
+                           const std::string& aggregation, bool accumulate, bool async_op,
+                           std::optional<double> timeout, const std::string& algorithm,
+                           const std::string& priority) {
+  if (codec == nullptr) throw py::type_error("codec: expected an lbcc.Codec");
+  if (deltas.size() != outs.size()) {
+    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+        "sparse_all_reduce: ", deltas.size(), " deltas but ", outs.size(), " outputs")));
+  }
+  std::vector<std::shared_ptr<codecs::CodecState>> state_ptrs(deltas.size());
+  if (!states.is_none()) {
+    py::list s = states.cast<py::list>();
+    if (s.size() != deltas.size()) {
+      throw StatusError(absl::InvalidArgumentError(
+          absl::StrCat("sparse_all_reduce: ", deltas.size(), " deltas but ", s.size(), " states")));
+    }
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (!s[i].is_none()) state_ptrs[i] = s[i].cast<std::shared_ptr<codecs::CodecState>>();
+    }
+  }
+  std::vector<Communicator::SparseTensor> tensors;
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    const std::string d = absl::StrCat("deltas[", i, "]"), o = absl::StrCat("outs[", i, "]");
+    tensors.push_back({ToF32View(deltas[i], d.c_str()),
+                       ToF32View(outs[i], o.c_str(), Access::kWrite), state_ptrs[i].get()});
+  }
+  codecs::DecodeOptions decode;
+  decode.aggregation = ParseAggregationOrThrow(aggregation);
+  decode.accumulate = accumulate;
+  comm::OpOptions options = MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
+  auto core = self.NewCore();
+  // Tuples and the state pointers themselves: the caller may change its lists meanwhile.
+  core->keep = {py::tuple(deltas), py::tuple(outs), py::cast(codec)};
+  core->native = std::make_shared<std::vector<std::shared_ptr<codecs::CodecState>>>(state_ptrs);
+  core->request = core->comm->SparseAllReduce(std::move(tensors), codec.get(), decode, options);
+  return Finish(std::move(core), async_op);
+}
+
+py::object SendCompressed(PyComm& self, py::object tensor, int peer, uint32_t tag,
+                          std::shared_ptr<codecs::Codec> codec,
+                          std::shared_ptr<codecs::CodecState> state, bool async_op) {
+  if (codec == nullptr) throw py::type_error("codec: expected an lbcc.Codec");
+  TensorView view = ToF32View(tensor, "tensor");
+  auto core = self.NewCore();
+  core->keep = {tensor, py::cast(codec), py::cast(state)};
+  {
+    py::gil_scoped_release release;  // Encodes before it returns.
+    core->request = core->comm->SendCompressed(view, codec.get(), state.get(), peer, tag);
+  }
+  return Finish(std::move(core), async_op);
+}
+
+py::object RecvCompressed(PyComm& self, py::object out, int peer, uint32_t tag, bool async_op) {
+  TensorView view = ToF32View(out, "out", Access::kWrite);
+  auto core = self.NewCore();
+  core->keep = {out};
+  core->request = core->comm->RecvCompressed(view, peer, tag);
+  return Finish(std::move(core), async_op);
+}
+
+py::object SendSubspace(PyComm& self, py::object tensor, int peer, uint32_t tag,
+                        std::shared_ptr<PySubspaceCodec> codec, py::object ids,
+                        const std::string& direction, py::object selectors, bool async_op) {
+  if (codec == nullptr) throw py::type_error("codec: expected an lbcc.SubspaceCodec");
+  const codecs::SubspaceDirection dir = ParseDirection(direction);
+  TensorView view = ToF32View(tensor, "tensor");
+  std::vector<int32_t> id_copy;
+  if (!ids.is_none()) {
+    absl::Span<const int32_t> s = ToIds(ids, "ids");
+    id_copy.assign(s.begin(), s.end());
+  }
+  auto message = std::make_shared<SubspaceMessageCodec>(codec, dir, std::move(id_copy),
+                                                        ToSelectors(selectors));
+  auto core = self.NewCore();
+  core->keep = {tensor};
+  core->native = message;
+  {
+    py::gil_scoped_release release;  // Encodes before it returns.
+    core->request = core->comm->SendCompressed(view, message.get(), nullptr, peer, tag);
+  }
+  return Finish(std::move(core), async_op);
+}
+
+py::object RecvSubspace(PyComm& self, py::object out, int peer, uint32_t tag, py::object codecs_arg,
+                        py::object ids_out, const std::string& direction, bool async_op) {
+  auto receive = std::make_shared<SubspaceReceive>();
+  receive->direction = ParseDirection(direction);
+  std::vector<std::shared_ptr<PySubspaceCodec>> list;
+  if (py::isinstance<PySubspaceCodec>(codecs_arg)) {
+    list.push_back(codecs_arg.cast<std::shared_ptr<PySubspaceCodec>>());
+  } else {
+    for (py::handle c : codecs_arg) list.push_back(c.cast<std::shared_ptr<PySubspaceCodec>>());
+  }
+  if (list.empty()) throw py::value_error("codecs: need at least one lbcc.SubspaceCodec");
+  for (const auto& c : list) receive->bases.push_back(c->basis);
+  receive->options = list.front()->options;
+  TensorView view = ToF32View(out, "out", Access::kWrite);
+  if (!ids_out.is_none()) {
+    TensorView iv = ToView(ids_out, "ids_out", {DType::kI32}, Access::kWrite);
+    receive->ids = absl::Span<int32_t>(iv.data_as<int32_t>(), iv.num_elements());
+  }
+  auto core = self.NewCore();
+  core->keep = {out, ids_out, codecs_arg};
+  core->native = receive;
+  core->request = core->comm->RecvCompressed(
+      view, peer, tag, [receive](absl::Span<const uint8_t> payload, const TensorView& target) {
+        return receive->Decode(payload, target);
+      });
+  return Finish(std::move(core), async_op,
+                [receive](Core&) { return SelectorsObject(receive->selectors); });
+}
+
+}  // namespace
+
+void BindComm(py::module_& m) {
+  m.def(
+      "create_unique_id",
+      [](const std::string& listen_host, double timeout_s) {
+        absl::StatusOr<comm::UniqueId> id;
+        {
+          py::gil_scoped_release release;
+          id = comm::CreateUniqueId(listen_host, absl::Seconds(timeout_s));
+        }
+        return IdBytes(ValueOrThrow(std::move(id)));
+      },
+      py::arg("listen_host") = "127.0.0.1", py::arg("timeout") = 300.0,
+      "Starts a bootstrap root (this process, a background thread) and returns its unique id "
+      "(bytes): send it to every rank, then each calls Communicator.init.");
+  m.def(
+      "unique_id_from_address",
+      [](const std::string& address, uint64_t session) {
+        return IdBytes(ValueOrThrow(comm::UniqueIdFromAddress(address, session)));
+      },
+      py::arg("address"), py::arg("session") = 0);
+  m.def(
+      "start_root",
+      [](const std::string& address, int nranks, uint64_t session, double timeout_s) {
+        py::gil_scoped_release release;
+        ThrowIfError(comm::StartRoot(address, nranks, session, absl::Seconds(timeout_s)));
+      },
+      py::arg("address"), py::arg("nranks"), py::arg("session") = 0, py::arg("timeout") = 300.0);
+  m.def(
+      "unique_id_address",
+      [](const py::bytes& id) { return comm::UniqueIdAddress(IdFromBytes(id)); },
+      py::arg("unique_id"));
+
+  py::class_<PyTopology>(
+      m, "Topology", "Fast islands, full and pipeline replicas, link classes (comm/topology.h).")
+      .def_static(
+          "flat", [](int nranks) { return PyTopology{comm::Topology::Flat(nranks)}; },
+          py::arg("nranks"))
+      .def_static(
+          "from_json",
+          [](const std::string& json) {
+            return PyTopology{ValueOrThrow(comm::Topology::FromJson(json))};
+          },
+          py::arg("json"))
+      .def_static(
+          "from_file",
+          [](const std::string& path) {
+            return PyTopology{ValueOrThrow(comm::Topology::FromFile(path))};
+          },
+          py::arg("path"))
+      .def("to_json", [](const PyTopology& t) { return t.topology.ToJson(); })
+      .def_property_readonly("nranks", [](const PyTopology& t) { return t.topology.nranks(); })
+      .def_property_readonly("num_shards",
+                             [](const PyTopology& t) { return t.topology.num_shards(); })
+      .def_property_readonly("islands", [](const PyTopology& t) { return t.topology.islands(); })
+      .def_property_readonly("replicas",
+                             [](const PyTopology& t) {
+                               py::list out;
+                               for (const auto& r : t.topology.replicas()) {
+                                 py::dict d;
+                                 d["kind"] =
+                                     r.kind == comm::RankRole::Kind::kFull ? "full" : "pipeline";
+                                 d["ranks"] = r.ranks;
+                                 out.append(d);
+                               }
+                               return out;
+                             })
+      .def(
+          "shard_ranks", [](const PyTopology& t, int s) { return t.topology.ShardRanks(s); },
+          py::arg("shard"))
+      .def(
+          "role",
+          [](const PyTopology& t, int rank) {
+            if (rank < 0 || rank >= t.topology.nranks()) throw py::index_error("rank out of range");
+            return RoleDict(t.topology.role(rank));
+          },
+          py::arg("rank"))
+      .def(
+          "link",
+          [](const PyTopology& t, int a, int b) {
+            if (a < 0 || b < 0 || a >= t.topology.nranks() || b >= t.topology.nranks()) {
+              throw py::index_error("rank out of range");
+            }
+            return std::string(comm::LinkClassName(t.topology.link(a, b)));
+          },
+          py::arg("a"), py::arg("b"))
+      .def(
+          "with_slow_ranks",
+          [](const PyTopology& t, std::vector<int> ranks) {
+            PyTopology copy = t;
+            ThrowIfError(copy.topology.MarkSlowRanks(ranks));
+            return copy;
+          },
+          py::arg("ranks"), "A copy in which every link touching `ranks` is slow.")
+      .def(py::pickle([](const PyTopology& t) { return py::make_tuple(t.topology.ToJson()); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 1) throw py::value_error("Topology: bad pickle");
+                        return PyTopology{
+                            ValueOrThrow(comm::Topology::FromJson(t[0].cast<std::string>()))};
+                      }))
+      .def("__repr__", [](const PyTopology& t) { return "Topology(" + t.topology.ToJson() + ")"; });
+
+  py::class_<PyRequest>(m, "Request", "A pending operation (async_op=True).")
+      .def("test", &PyRequest::Test, "True once the operation finished (successfully or not).")
+      .def("wait", &PyRequest::Wait, py::arg("timeout") = py::none(),
+           "Waits (GIL released) and returns the result; raises the operation's error, or "
+           "DeadlineExceededError when `timeout` seconds pass first (the operation goes on).");
+
+  py::class_<PyComm>(m, "Communicator",
+                     "A group of ranks running collectives together (comm/communicator.h). "
+                     "Ranks must post operations in the same order.")
+      .def_static(
+          "init",
+          [](const py::bytes& unique_id, int nranks, int rank, std::optional<std::string> backend,
+             std::optional<std::string> listen_host, std::optional<double> timeout,
+             py::object topology) {
+            comm::UniqueId id = IdFromBytes(unique_id);
+            comm::FabricOptions options =
+                MakeFabricOptions(backend, listen_host, timeout, topology);
+            absl::StatusOr<std::unique_ptr<Communicator>> c;
+            {
+              py::gil_scoped_release release;
+              c = Communicator::Init(id, nranks, rank, std::move(options));
+            }
+            return std::make_unique<PyComm>(Share(ValueOrThrow(std::move(c))));
+          },
+          py::arg("unique_id"), py::arg("nranks"), py::arg("rank"), py::arg("backend") = py::none(),
+          py::arg("listen_host") = py::none(), py::arg("timeout") = py::none(),
+          py::arg("topology") = py::none(),
+          "Joins the job named by `unique_id` (blocks until every rank joined). Unset options "
+          "come from LBCC_TRANSPORT, LBCC_LISTEN_ADDR, LBCC_TIMEOUT_S, LBCC_TOPO_FILE.")
+      .def_static(
+          "init_from_environment",
+          [](std::optional<std::string> backend, std::optional<std::string> listen_host,
+             std::optional<double> timeout, py::object topology) {
+            comm::FabricOptions options =
+                MakeFabricOptions(backend, listen_host, timeout, topology);
+            absl::StatusOr<std::unique_ptr<Communicator>> c;
+            {
+              py::gil_scoped_release release;
+              c = Communicator::InitFromEnvironment(std::move(options));
+            }
+            return std::make_unique<PyComm>(Share(ValueOrThrow(std::move(c))));
+          },
+          py::arg("backend") = py::none(), py::arg("listen_host") = py::none(),
+          py::arg("timeout") = py::none(), py::arg("topology") = py::none(),
+          "Joins from torchrun's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT + 1) or mpirun's "
+          "environment.")
+      .def_property_readonly("rank", [](const PyComm& c) { return c.get().rank(); })
+      .def_property_readonly("nranks", [](const PyComm& c) { return c.get().nranks(); })
+      .def_property_readonly("global_rank", [](const PyComm& c) { return c.get().global_rank(); })
+      .def_property_readonly("global_ranks", [](const PyComm& c) { return c.get().global_ranks(); })
+      .def_property_readonly("topology",
+                             [](const PyComm& c) { return PyTopology{c.get().topology()}; })
+      .def_property_readonly("closed", &PyComm::closed)
+      .def(
+          "check", [](const PyComm& c) { ThrowIfError(c.get().status()); },
+          "Raises the first failure if the communicator failed (then recreate it).")
+      .def(
+          "abort", [](PyComm& c) { c.get().Abort(); },
+          "Aborts the connections: running and queued operations fail on every rank.")
+      .def("close", &PyComm::Close,
+           "Destroys the communicator (queued operations fail with Cancelled). Idempotent.")
+      .def("split", &Split, py::arg("color"), py::arg("key") = 0,
+           "Ranks passing the same color form a new communicator ordered by (key, rank); a "
+           "negative color returns None. Collective and blocking.")
+      .def("all_reduce", &AllReduce, py::arg("tensor"), py::arg("out") = py::none(),
+           py::arg("op") = "sum", py::arg("async_op") = false, py::arg("timeout") = py::none(),
+           py::arg("algorithm") = "auto", py::arg("priority") = "")
+      .def("all_gather", &AllGather, py::arg("tensor"), py::arg("out"), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), py::arg("algorithm") = "auto", py::arg("priority") = "")
+      .def("broadcast", &Broadcast, py::arg("tensor"), py::arg("root"), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), py::arg("priority") = "")
+      .def("barrier", &Barrier, py::arg("async_op") = false, py::arg("timeout") = py::none())
+      .def("all_gather_bytes", &AllGatherBytes, py::arg("data"), py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), py::arg("algorithm") = "auto",
+           "Every rank's bytes, in rank order (a list).")
+      .def("sparse_all_reduce", &SparseAllReduce, py::arg("deltas"), py::arg("outs"),
+           py::arg("codec"), py::arg("states") = py::none(), py::arg("aggregation") = "sparseloco",
+           py::arg("accumulate") = false, py::arg("async_op") = false,
+           py::arg("timeout") = py::none(), py::arg("algorithm") = "auto", py::arg("priority") = "",
+           "SparseLoCo's exchange: encodes each delta with its state, exchanges, decodes in rank "
+           "order into outs (identical bits on every rank). States commit only on success.")
+      .def("send_compressed", &SendCompressed, py::arg("tensor"), py::arg("peer"), py::arg("tag"),
+           py::arg("codec"), py::arg("state") = nullptr, py::arg("async_op") = false)
+      .def("recv_compressed", &RecvCompressed, py::arg("out"), py::arg("peer"), py::arg("tag"),
+           py::arg("async_op") = false)
+      .def("send_subspace", &SendSubspace, py::arg("tensor"), py::arg("peer"), py::arg("tag"),
+           py::arg("codec"), py::arg("ids") = py::none(), py::arg("direction") = "forward",
+           py::arg("selectors") = py::none(), py::arg("async_op") = false,
+           "Sends activations [tokens, d] with ids (forward) or activation gradients (backward, "
+           "with the forward's selectors for a mixture basis), subspace-compressed.")
+      .def("recv_subspace", &RecvSubspace, py::arg("out"), py::arg("peer"), py::arg("tag"),
+           py::arg("codecs"), py::arg("ids_out") = py::none(), py::arg("direction") = "forward",
+           py::arg("async_op") = false,
+           "Receives and decodes a subspace payload into out [tokens, d] (ids into ids_out) "
+           "with the codec whose basis the payload names; returns the selectors.")
+      .def(
+          "link_counters",
+          [](const PyComm& c, int peer) {
+            Communicator& comm = c.get();
+            if (peer < 0 || peer >= comm.nranks() || peer == comm.rank()) {
+              throw StatusError(
+                  absl::InvalidArgumentError(absl::StrCat("link_counters: bad peer ", peer)));
+            }
+            return CountersDict(comm.fabric()->Counters(comm.global_ranks()[peer]));
+          },
+          py::arg("peer"), "Counters of the link to `peer` (a rank of this communicator).")
+      .def(
+          "bytes_by_class",
+          [](const PyComm& c) {
+            comm::Fabric::ClassBytes b = c.get().fabric()->BytesByClass();
+            py::dict d;
+            d["fast_sent"] = b.fast_sent;
+            d["fast_received"] = b.fast_received;
+            d["slow_sent"] = b.slow_sent;
+            d["slow_received"] = b.slow_received;
+            return d;
+          },
+          "Bytes sent and received on fast and slow links by every communicator of the job.");
+}
+
+}  // namespace lbcc::python

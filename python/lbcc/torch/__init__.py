@@ -1,0 +1,32 @@
+"""PyTorch integration of LBCC.
+
+  SparseLoCo                    outer optimizer around any inner optimizer (sparseloco.py)
+  PipelineBoundary              subspace-compressed activations and gradients between pipeline
+                                stages, as autograd functions (pipeline.py)
+  SubspaceEmbedding, SubspaceLinear, SubspaceConstraint, project_, sync_basis, check_basis
+                                keeping a model subspace-constrained and the basis identical on
+                                every rank (subspace.py)
+  CompressedAllReduceState, compressed_allreduce_hook
+                                DDP communication hook: compressed all-reduce through LBCC
+                                (ddp.py)
+Tensors cross into LBCC as contiguous float32 CPU tensors (the wrappers convert); LBCC's own
+calls take them without copying.
+"""
+
+from lbcc.torch.ddp import CompressedAllReduceState, compressed_allreduce_hook
+from lbcc.torch.pipeline import PipelineBoundary
+from lbcc.torch.sparseloco import SparseLoCo
+from lbcc.torch.subspace import (
+    SubspaceConstraint,
+    SubspaceEmbedding,
+    SubspaceLinear,
+    check_basis,
+    project_,
+    sync_basis,
+)
+
+__all__ = [
+    "CompressedAllReduceState", "PipelineBoundary", "SparseLoCo", "SubspaceConstraint",
+    "SubspaceEmbedding", "SubspaceLinear", "check_basis", "compressed_allreduce_hook",
+    "project_", "sync_basis",
+]

@@ -1,0 +1,224 @@
+// UCX-specific behaviour over tcp on the loopback device: port 0 listening, classification by
+// probe and by configuration on either side, refused and retried connections, and a killed peer
+// process failing pending work with Unavailable within the peer timeout.
+#include "transport/ucx_transport.h"
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/status_macros.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/subprocess.h"
+#include "transport/test_util.h"
+
+namespace lbcc::transport {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::IsOkAndHolds;
+using ::lbcc::testing::StatusIs;
+using ::lbcc::transport::testing::kWait;
+using ::lbcc::transport::testing::RecvResult;
+using ::lbcc::transport::testing::RunfilePath;
+using ::lbcc::transport::testing::SendResult;
+using ::lbcc::transport::testing::Subprocess;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+TransportOptions LoopbackTcp() {
+  TransportOptions options;
+  options.ucx_tls = "tcp";
+  options.ucx_net_devices = "lo";
+  options.peer_timeout = absl::Seconds(3);
+  options.probe_max_bytes = 4 << 20;  // Enough to time loopback; keeps connects quick.
+  return options;
+}
+
+struct Pair {
+  std::unique_ptr<Transport> server, client;
+  std::unique_ptr<Endpoint> a, b;  // a: client side.
+};
+
+absl::StatusOr<Pair> Connect(const TransportOptions& server_options,
+                             const TransportOptions& client_options, ConnectOptions connect = {}) {
+  Pair pair;
+  LBCC_ASSIGN_OR_RETURN(pair.server, NewUcxTransport(server_options));
+  LBCC_ASSIGN_OR_RETURN(pair.client, NewUcxTransport(client_options));
+  LBCC_ASSIGN_OR_RETURN(std::string address, pair.server->Listen("127.0.0.1:0"));
+  LBCC_ASSIGN_OR_RETURN(pair.a, pair.client->Connect(address, kWait, connect));
+  LBCC_ASSIGN_OR_RETURN(pair.b, pair.server->Accept(kWait));
+  return pair;
+}
+
+TEST(UcxTransportTest, ListenOnPortZeroReturnsTheRealPort) {
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> transport, NewUcxTransport(LoopbackTcp()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, transport->Listen("127.0.0.1:0"));
+  EXPECT_THAT(address, StartsWith("127.0.0.1:"));
+  EXPECT_NE(address, "127.0.0.1:0");
+  EXPECT_THAT(transport->Listen("127.0.0.1:0"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(transport->backend(), "ucx");
+}
+
+TEST(UcxTransportTest, BadAddressesAreInvalidArgument) {
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> transport, NewUcxTransport(LoopbackTcp()));
+  EXPECT_THAT(transport->Connect("no-port", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(transport->Connect("127.0.0.1:0", absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(transport->Listen("127.0.0.1:99999"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(transport->Accept(absl::Milliseconds(1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(UcxTransportTest, ProbeClassifiesAgainstTheThreshold) {
+  // Loopback is far faster than 1 kbit/s and far slower than 1 Pbit/s, whatever the machine.
+  for (const auto& [threshold, expected] :
+       {std::pair<double, LinkClass>{1e3, LinkClass::kFast}, {1e15, LinkClass::kSlow}}) {
+    TransportOptions options = LoopbackTcp();
+    options.slow_threshold_bits_per_second = threshold;
+    LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(options, options));
+    EXPECT_EQ(pair.a->link_class(), expected) << "threshold " << threshold;
+    EXPECT_EQ(pair.b->link_class(), expected) << "the server adopts the client's verdict";
+    const LinkCounters client = pair.a->counters();
+    const LinkCounters server = pair.b->counters();
+    EXPECT_GT(client.probed_send_bytes_per_second, 0);
+    EXPECT_GT(client.probed_recv_bytes_per_second, 0);
+    EXPECT_GT(client.probed_rtt_seconds, 0);
+    EXPECT_EQ(server.probed_send_bytes_per_second, client.probed_recv_bytes_per_second);
+    EXPECT_EQ(server.probed_recv_bytes_per_second, client.probed_send_bytes_per_second);
+  }
+}
+
+TEST(UcxTransportTest, ConfiguredClassOnEitherSideSkipsTheProbeAndSlowWins) {
+  TransportOptions fast_everywhere = LoopbackTcp();
+  fast_everywhere.link_class = LinkClass::kFast;
+  TransportOptions server_topology = LoopbackTcp();
+  LBCC_ASSERT_OK_AND_ASSIGN(server_topology.topology, Topology::Parse("127.0.0.1 slow\n"));
+  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(server_topology, fast_everywhere));
+  EXPECT_EQ(pair.a->link_class(), LinkClass::kSlow);
+  EXPECT_EQ(pair.b->link_class(), LinkClass::kSlow);
+  EXPECT_EQ(pair.a->counters().probed_send_bytes_per_second, 0);  // Not probed.
+  EXPECT_GT(pair.a->counters().probed_rtt_seconds, 0);             // The round trip always is.
+}
+
+TEST(UcxTransportTest, ExplicitConnectOptionWins) {
+  TransportOptions slow_everywhere = LoopbackTcp();
+  slow_everywhere.link_class = LinkClass::kSlow;
+  ConnectOptions fast;
+  fast.has_link_class = true;
+  fast.link_class = LinkClass::kFast;
+  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(slow_everywhere, slow_everywhere, fast));
+  EXPECT_EQ(pair.a->link_class(), LinkClass::kFast);
+  EXPECT_EQ(pair.b->link_class(), LinkClass::kFast);
+}
+
+TEST(UcxTransportTest, StripedSlowLinkUsesEveryConnection) {
+  TransportOptions options = LoopbackTcp();
+  options.link_class = LinkClass::kSlow;
+  options.scheduler.stripes = 4;
+  options.scheduler.chunk_bytes = 16 << 10;
+  options.scheduler.window_bytes = 256 << 10;
+  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(options, options));
+  EXPECT_EQ(pair.a->counters().stripes, 4);
+  EXPECT_EQ(pair.b->counters().stripes, 4);
+  const std::vector<uint8_t> data = testing::Pattern(3 << 20, 7);
+  std::vector<uint8_t> in(data.size());
+  RecvResult received;
+  SendResult sent;
+  pair.b->Recv(1, absl::MakeSpan(in), received.Callback());
+  pair.a->Send(1, data, {}, sent.Callback());
+  EXPECT_THAT(sent.Wait(), IsOk());
+  ASSERT_THAT(received.Wait(), IsOkAndHolds(data.size()));
+  EXPECT_EQ(in, data);
+  EXPECT_EQ(pair.a->counters().chunks_sent, (3u << 20) / (16u << 10));
+}
+
+TEST(UcxTransportTest, NobodyListeningFailsWithinTheTimeout) {
+  // A port that was free a moment ago; nothing listens there.
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> probe, NewUcxTransport(LoopbackTcp()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, probe->Listen("127.0.0.1:0"));
+  probe.reset();
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> client, NewUcxTransport(LoopbackTcp()));
+  EXPECT_THAT(client->Connect(address, absl::Milliseconds(500)),
+              StatusIs(AnyOf(absl::StatusCode::kUnavailable,
+                             absl::StatusCode::kDeadlineExceeded)));
+}
+
+TEST(UcxTransportTest, ConnectRetriesUntilThePeerListens) {
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> probe, NewUcxTransport(LoopbackTcp()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, probe->Listen("127.0.0.1:0"));
+  probe.reset();  // The port is free again; the server below takes it after the client tries.
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> client, NewUcxTransport(LoopbackTcp()));
+  absl::StatusOr<std::unique_ptr<Endpoint>> connected;
+  std::thread connector([&] { connected = client->Connect(address, kWait); });
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> server, NewUcxTransport(LoopbackTcp()));
+  absl::Status listening = server->Listen(address).status();
+  absl::StatusOr<std::unique_ptr<Endpoint>> accepted;
+  if (listening.ok()) accepted = server->Accept(kWait);
+  connector.join();
+  ASSERT_THAT(listening, IsOk()) << "the port was taken by someone else";
+  ASSERT_THAT(connected, IsOk());
+  ASSERT_THAT(accepted, IsOk());
+}
+
+TEST(UcxTransportTest, QuietButAlivePeerOutlivesThePeerTimeout) {
+  TransportOptions options = LoopbackTcp();
+  options.link_class = LinkClass::kFast;
+  options.peer_timeout = absl::Seconds(1);
+  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(options, options));
+  std::vector<uint8_t> in(8);
+  RecvResult received;
+  pair.b->Recv(1, absl::MakeSpan(in), received.Callback());
+  // The receive waits several peer timeouts for a message that comes late; heartbeats keep the
+  // link alive meanwhile. (The pause is the behaviour under test, not a synchronisation.)
+  absl::SleepFor(options.peer_timeout * 5 / 2);
+  EXPECT_FALSE(received.done());
+  const std::vector<uint8_t> data = {1, 2, 3};
+  SendResult sent;
+  pair.a->Send(1, data, {}, sent.Callback());
+  EXPECT_THAT(received.Wait(), IsOkAndHolds(3u));
+  EXPECT_THAT(sent.Wait(), IsOk());
+}
+
+TEST(UcxTransportTest, KilledPeerFailsPendingWorkWithUnavailable) {
+  TransportOptions options = LoopbackTcp();
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> server, NewUcxTransport(options));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen("127.0.0.1:0"));
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Subprocess> peer,
+      Subprocess::Start({RunfilePath("transport/transport_perf"), "hold",
+                         "--connect=" + address, "--devices=lo", "--link_class=fast"}));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> endpoint, server->Accept(kWait));
+  std::vector<uint8_t> hello(16);
+  RecvResult greeted;
+  endpoint->Recv(/*tag=*/4, absl::MakeSpan(hello), greeted.Callback());
+  ASSERT_THAT(greeted.Wait(), IsOkAndHolds(2u));
+
+  // Pending work: a receive nobody will answer and a large send the peer never matches.
+  std::vector<uint8_t> in(64);
+  RecvResult pending_recv;
+  endpoint->Recv(/*tag=*/9, absl::MakeSpan(in), pending_recv.Callback());
+  const std::vector<uint8_t> big = testing::Pattern(8 << 20, 1);
+  SendResult pending_send;
+  endpoint->Send(/*tag=*/9, big, {}, pending_send.Callback());
+
+  peer->Kill(SIGKILL);
+  // The bound is the peer timeout plus slack for a loaded machine; a hang fails here.
+  const absl::Duration bound = options.peer_timeout * 3 + absl::Seconds(30);
+  EXPECT_THAT(pending_recv.Wait(bound), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(pending_send.Wait(bound), StatusIs(absl::StatusCode::kUnavailable));
+  SendResult after;
+  endpoint->Send(1, {}, {}, after.Callback());
+  EXPECT_THAT(after.Wait(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("lost")));
+}
+
+}  // namespace
+}  // namespace lbcc::transport
