@@ -49,6 +49,19 @@ constexpr Spec kSpecs[] = {
      "Transport: a peer that stops answering fails pending work with Unavailable after about "
      "this many milliseconds.",
      {}, 100, 3600000},
+    {"LBCC_PLUGIN_DEVICES", Type::kString, "",
+     "NCCL net plugin: devices offered to NCCL, comma-separated interface names or IPv4 "
+     "addresses, each optionally =fast or =slow (e.g. eth0,eth1=slow); empty: every up IPv4 "
+     "interface except lo and docker*."},
+    {"LBCC_PLUGIN_LATENCY_US", Type::kDouble, "0",
+     "NCCL net plugin: device latency reported to NCCL's tuner, in microseconds; 0: half the "
+     "shortest probed round trip, else 0.",
+     {}, 0, 1e7},
+    {"LBCC_PLUGIN_SPEED_MBITS", Type::kDouble, "0",
+     "NCCL net plugin: device speed reported to NCCL's tuner, in Mbit/s; 0: the pacing rate of "
+     "a device configured slow, else the slowest probed slow link, else the interface speed, "
+     "else 10000.",
+     {}, 0, 1e9},
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},

@@ -1,0 +1,185 @@
+// Net: the one implementation behind every version of the NCCL net plugin (nccl_plugin.cc holds
+// the thin per-version adapters). It speaks absl::Status; the adapters convert to ncclResult_t in
+// one place.
+//
+// Object graph (what NCCL holds as void* is marked *):
+//
+//   Net ── Device (one per network device) ── Transport (UCX; made on first use)
+//    │        └── DeviceState (shared): listen comms by comm id, accepted endpoints awaiting
+//    │            their hello, measured link figures
+//    ├── connect attempts (run by a small pool of connector threads)
+//    └─ *ListenComm ── ListenCore (shared with the DeviceState): endpoints ready for accept()
+//       *SendComm / *RecvComm ── CommCore (shared with transport callbacks): Endpoint, request
+//                                 slots*, registered regions*
+//
+// Connection set-up never blocks an NCCL thread: listen() starts the device's transport listener
+// and an acceptor thread once per device; connect() queues an attempt on the connector pool and
+// returns no comm until it finished (the attempt's id lives in the handle's connect stage);
+// the connecting side sends a hello naming the listen comm's id, and the acceptor routes the
+// endpoint to that listen comm, whose accept() hands it out.
+//
+// Messages: an isend is one transport Send under the NCCL tag; an irecv of n buffers is n
+// transport Recvs under their tags, one request. The transport matches the k-th receive for a tag
+// with the k-th send for that tag, which is NCCL's posting order. A receive buffer may be larger
+// than the message; a smaller one fails the request.
+//
+// Thread-safety: every function may be called from any thread; comms may be created on one thread
+// and driven from another (NCCL's proxy service and progress threads). Hot-path calls (Isend,
+// Irecv, Test) take only the comm's own mutex. Calls on one request must not race each other.
+//
+// Lifetime: Close*() fail pending requests (Cancelled), wait up to close_grace for the transport
+// to stop touching their buffers, and free the comm; NCCL must not use its requests afterwards.
+// Shutdown() (v11 finalize of the last communicator) closes every transport; comms NCCL did not
+// close stay valid to close later.
+#ifndef LBCC_PLUGIN_NET_H_
+#define LBCC_PLUGIN_NET_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "transport/options.h"
+#include "transport/transport.h"
+
+namespace lbcc::plugin {
+
+// Grouped receives per irecv (NCCL's maxRecvs).
+inline constexpr int kMaxRecvs = 8;
+// Requests in flight per comm (NCCL_NET_MAX_REQUESTS); a send comm takes kMaxRecvs times more,
+// since one grouped receive matches that many sends.
+inline constexpr int kMaxRequests = 32;
+// Largest message (maxP2pBytes / maxCollBytes); test() reports sizes as int.
+inline constexpr size_t kMaxMessageBytes = size_t{1} << 30;
+// Memory types (NCCL_PTR_*).
+inline constexpr int kPtrHost = 0x1;
+inline constexpr int kPtrCuda = 0x2;
+
+struct DeviceSpec {
+  std::string name;            // Shown to NCCL.
+  std::string listen_address;  // Passed to Transport::Listen ("10.0.0.2:0"; a name for loopback).
+  std::string ifname;          // For the speed and PCI path; may be empty.
+  std::optional<transport::LinkClass> link_class;  // Configured; empty: the transport decides.
+};
+
+struct NetOptions {
+  std::vector<DeviceSpec> devices;
+  transport::TransportOptions transport;
+  // Makes each device's transport (default: UCX).
+  std::function<absl::StatusOr<std::unique_ptr<transport::Transport>>(
+      const transport::TransportOptions&)>
+      make_transport;
+  // A connection attempt fails after this long (LBCC_TIMEOUT_S).
+  absl::Duration connect_timeout = absl::Seconds(300);
+  // Reported device speed (LBCC_PLUGIN_SPEED_MBITS) and latency (LBCC_PLUGIN_LATENCY_US);
+  // 0: derived, see Net::Properties().
+  double speed_mbits = 0;
+  double latency_us = 0;
+  // Close*() wait at most this long for the transport to release the buffers of pending requests.
+  absl::Duration close_grace = absl::Seconds(10);
+
+  // Devices from LBCC_PLUGIN_DEVICES (device.h), transport options from the LBCC_* transport
+  // variables, the UCX backend. InvalidArgument for a bad value.
+  static absl::StatusOr<NetOptions> FromEnv();
+};
+
+struct DeviceProperties {
+  std::string name;
+  std::string pci_path;  // Empty: none (virtual or unknown).
+  uint64_t guid = 0;
+  int speed_mbits = 0;
+  float latency_us = 0;
+  int max_comms = 0;
+  int max_recvs = 0;
+  size_t max_message_bytes = 0;
+  // Where the speed came from: "configured", "paced", "measured", "interface" or "default".
+  std::string speed_source;
+};
+
+class ListenComm;
+class SendComm;
+class RecvComm;
+class Request;
+class Device;
+
+class Net {
+ public:
+  static absl::StatusOr<std::unique_ptr<Net>> Create(NetOptions options);
+  ~Net();  // Shutdown().
+  Net(const Net&) = delete;
+  Net& operator=(const Net&) = delete;
+
+  int num_devices() const;
+
+  // Speed: LBCC_PLUGIN_SPEED_MBITS; else, for a device configured slow, LBCC_SLOW_PACE_MBITS;
+  // else the slowest rate the transport probed on a slow link of this device so far; else the
+  // interface's speed; else 10000. Latency: LBCC_PLUGIN_LATENCY_US; else half the shortest
+  // probed round trip; else 0. InvalidArgument for a bad device.
+  absl::StatusOr<DeviceProperties> Properties(int dev) const;
+
+  // Writes the listen handle into handle[0, 128) and returns a new listen comm. Starts the
+  // device's transport and listener on first use (Unavailable when that fails).
+  absl::StatusOr<ListenComm*> Listen(int dev, absl::Span<uint8_t> handle);
+
+  // Connects to the listen comm `handle` names. Returns nullptr while the attempt runs: call again
+  // with the same handle buffer. Errors: InvalidArgument (bad device, not an LBCC handle, stale
+  // attempt), Unavailable / DeadlineExceeded (the peer cannot be reached), Cancelled (shut down).
+  absl::StatusOr<SendComm*> Connect(int dev, absl::Span<uint8_t> handle);
+
+  // Closes every transport and stops the helper threads. Idempotent.
+  void Shutdown();
+
+  // --- Calls that need no Net (the objects carry their state) -------------------------------
+
+  // Returns the next connection made to `listen`, or nullptr when none is ready yet.
+  static absl::StatusOr<RecvComm*> Accept(ListenComm* listen);
+
+  // `comm` is a SendComm* or RecvComm*. Host memory only (kPtrHost): InvalidArgument otherwise.
+  // The region stays valid until DeregMr or the comm's close.
+  static absl::StatusOr<void*> RegMr(void* comm, void* data, size_t size, int type);
+  // Tolerated while requests using the region are in flight (they do not depend on it).
+  static absl::Status DeregMr(void* comm, void* mhandle);
+
+  // `data` must stay valid until the request completes. Returns nullptr when kMaxRequests *
+  // kMaxRecvs sends are in flight (call again later). `mhandle` may be null; otherwise it must
+  // come from RegMr on this comm and cover the buffer.
+  static absl::StatusOr<Request*> Isend(SendComm* comm, const void* data, size_t size, int tag,
+                                        void* mhandle);
+  // n in [1, kMaxRecvs] buffers under one request; nullptr when kMaxRequests are in flight.
+  static absl::StatusOr<Request*> Irecv(RecvComm* comm, int n, void* const* data,
+                                        const size_t* sizes, const int* tags,
+                                        void* const* mhandles);
+  // *done = true once every part finished; then sizes[i] (if sizes is not null) holds each
+  // part's length and the request is retired. Errors of the transfer are returned (the request
+  // is retired then too): Cancelled, Unavailable, InvalidArgument (message larger than buffer).
+  static absl::Status Test(Request* request, bool* done, int* sizes);
+
+  static absl::Status CloseSend(SendComm* comm);
+  static absl::Status CloseRecv(RecvComm* comm);
+  static absl::Status CloseListen(ListenComm* comm);
+
+ private:
+  struct Attempt;
+  class ConnectorPool;
+
+  explicit Net(NetOptions options);
+  absl::StatusOr<std::unique_ptr<transport::Endpoint>> RunAttempt(Device* device,
+                                                                  const std::string& address,
+                                                                  uint64_t comm_id);
+
+  const NetOptions options_;
+  const uint64_t instance_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::unique_ptr<ConnectorPool> connector_;
+};
+
+}  // namespace lbcc::plugin
+
+#endif  // LBCC_PLUGIN_NET_H_
