@@ -90,6 +90,7 @@ struct AggregateShared {
 
 struct AggregateLocal {};
 
+LBCC_BLOCK_TEMPLATE
 template <typename Block>
 LBCC_HD void AggregateChunk(Block& b, const AggregateArgs& a, int64_t c) {
   AggregateShared& sh = b.shared();

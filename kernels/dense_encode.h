@@ -53,6 +53,7 @@ struct DenseBlockShared {
 struct DenseBlockLocal {};
 
 // Quantization block `blk` of an int format.
+LBCC_BLOCK_TEMPLATE
 template <typename Block>
 LBCC_HD void DenseEncodeIntBlock(Block& b, const DenseEncodeArgs& a, int64_t blk) {
   DenseBlockShared& sh = b.shared();

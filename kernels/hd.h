@@ -22,9 +22,12 @@
 #if defined(__CUDACC__)
 #define LBCC_HD __host__ __device__ __forceinline__
 #define LBCC_UNROLL _Pragma("unroll")
+// Before a __host__ __device__ template whose Block argument may be device-only.
+#define LBCC_BLOCK_TEMPLATE _Pragma("nv_exec_check_disable")
 #else
 #define LBCC_HD inline
 #define LBCC_UNROLL
+#define LBCC_BLOCK_TEMPLATE
 #endif
 
 namespace lbcc::kernels::hd {

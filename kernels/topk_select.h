@@ -106,6 +106,7 @@ struct SelectLocal {
 };
 
 // Runs the chunk `c` on block `b` (kSelectThreads threads).
+LBCC_BLOCK_TEMPLATE
 template <typename Block>
 LBCC_HD void SelectChunk(Block& b, const SelectArgs& a, int64_t c) {
   SelectShared& sh = b.shared();
