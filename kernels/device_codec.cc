@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -278,6 +279,70 @@ absl::StatusOr<uint8_t*> DeviceScratch::Host(size_t bytes) {
     host_bytes_ = bytes;
   }
   return host_;
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes, int device) {
+  Backend* backend = CudaBackend();
+  if (backend == nullptr) return NoCuda("DeviceBuffer");
+  return Allocate(*backend, bytes, device);
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(Backend& backend, size_t bytes, int device) {
+  LBCC_RETURN_IF_ERROR(backend.SetDevice(device));
+  LBCC_ASSIGN_OR_RETURN(void* p, backend.Malloc(bytes));
+  DeviceBuffer b;
+  b.backend_ = &backend;
+  b.data_ = p;
+  b.size_ = bytes;
+  b.device_ = device;
+  return b;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) backend_->Free(data_);
+    backend_ = other.backend_;
+    data_ = other.data_;
+    size_ = other.size_;
+    device_ = other.device_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) backend_->Free(data_);
+}
+
+absl::StatusOr<TensorView> DeviceBuffer::View(Shape shape) const {
+  LBCC_ASSIGN_OR_RETURN(const int64_t n, NumElements(shape));
+  if (static_cast<size_t>(n) * sizeof(float) > size_) {
+    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", size_, " bytes cannot hold f32",
+                                                   ShapeToString(shape)));
+  }
+  return TensorView::Create(data_, DType::kF32, std::move(shape),
+                            backend_ != nullptr && backend_->is_device() ? MemoryKind::kCuda
+                                                                         : MemoryKind::kHost,
+                            device_);
+}
+
+absl::Status DeviceBuffer::CopyFromHost(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() > size_) return absl::InvalidArgumentError("DeviceBuffer: copy too large");
+  if (bytes.empty()) return absl::OkStatus();
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  LBCC_RETURN_IF_ERROR(backend_->CopyToDevice(data_, bytes.data(), bytes.size(), nullptr));
+  return backend_->Synchronize(nullptr);
+}
+
+absl::Status DeviceBuffer::CopyToHost(absl::Span<uint8_t> bytes) const {
+  if (bytes.size() > size_) return absl::InvalidArgumentError("DeviceBuffer: copy too large");
+  if (bytes.empty()) return absl::OkStatus();
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  LBCC_RETURN_IF_ERROR(backend_->CopyToHost(bytes.data(), data_, bytes.size(), nullptr));
+  return backend_->Synchronize(nullptr);
 }
 
 bool DeviceCodecsAvailable() {

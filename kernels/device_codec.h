@@ -74,6 +74,33 @@ class DeviceScratch {
   size_t host_bytes_ = 0;
 };
 
+// Device memory owned by the caller's code (tests, tools, callers without an allocator of their
+// own), with synchronous copies. Unimplemented without CUDA.
+class DeviceBuffer {
+ public:
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, int device);
+  // On any backend (tests use the emulated one).
+  static absl::StatusOr<DeviceBuffer> Allocate(Backend& backend, size_t bytes, int device);
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  ~DeviceBuffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  int device() const { return device_; }
+  // A CUDA view of the buffer (f32 of `shape`); InvalidArgument when it does not fit.
+  absl::StatusOr<TensorView> View(Shape shape) const;
+  absl::Status CopyFromHost(absl::Span<const uint8_t> bytes);
+  absl::Status CopyToHost(absl::Span<uint8_t> bytes) const;
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  int device_ = 0;
+};
+
 // The error-feedback state of one tensor, in device memory (codecs::TopKEfState's twin: same
 // Reset/Load/Commit/Abort semantics). Encode with EncodeOnDevice only: the CPU codec must not be
 // given this state.
