@@ -46,6 +46,12 @@ class Backend {
   virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, Stream stream) = 0;
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes, Stream stream) = 0;
   virtual absl::Status Synchronize(Stream stream) = 0;
+  // Timing events (cudaEvent_t; host clock readings on the emulated backend). ElapsedSeconds
+  // needs both events recorded and reached (after a Synchronize).
+  virtual absl::StatusOr<void*> CreateEvent() = 0;
+  virtual void DestroyEvent(void* event) = 0;
+  virtual absl::Status RecordEvent(void* event, Stream stream) = 0;
+  virtual absl::StatusOr<double> ElapsedSeconds(void* start, void* stop) = 0;
 
   // TopK-EF encode (kernels/topk_select.h, topk_encode.h, binmean_stats.h).
   virtual absl::Status Select(const SelectArgs& args, Stream stream) = 0;

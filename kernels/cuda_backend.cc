@@ -83,6 +83,26 @@ class Cuda final : public Backend {
   absl::Status Synchronize(Stream stream) override {
     return FromCuda(cudaStreamSynchronize(S(stream)), "cudaStreamSynchronize");
   }
+  absl::StatusOr<void*> CreateEvent() override {
+    cudaEvent_t event = nullptr;
+    absl::Status s = FromCuda(cudaEventCreate(&event), "cudaEventCreate");
+    if (!s.ok()) return s;
+    return static_cast<void*>(event);
+  }
+  void DestroyEvent(void* event) override {
+    if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  absl::Status RecordEvent(void* event, Stream stream) override {
+    return FromCuda(cudaEventRecord(static_cast<cudaEvent_t>(event), S(stream)), "cudaEventRecord");
+  }
+  absl::StatusOr<double> ElapsedSeconds(void* start, void* stop) override {
+    float ms = 0;
+    absl::Status s = FromCuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                                   static_cast<cudaEvent_t>(stop)),
+                              "cudaEventElapsedTime");
+    if (!s.ok()) return s;
+    return static_cast<double>(ms) / 1e3;
+  }
 
   absl::Status Select(const SelectArgs& a, Stream s) override {
     return FromCuda(launch::Select(a, s), "topk select kernel");

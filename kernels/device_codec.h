@@ -112,6 +112,9 @@ class DeviceTopKEfState final : public codecs::CodecState {
     int64_t shift_fallbacks = 0;
     int64_t norm_fallbacks = 0;
     int64_t bin_fallbacks = 0;
+    // With set_timing(true): seconds the last encode's device work took (events around the
+    // kernels, from the EF update to the error-feedback correction; copies not included).
+    double last_device_seconds = 0;
   };
 
   // A state on `device` (the CUDA backend).
@@ -125,6 +128,8 @@ class DeviceTopKEfState final : public codecs::CodecState {
   bool initialized() const { return initialized_; }
   const Shape& shape() const { return shape_; }
   const Stats& stats() const { return stats_; }
+  // Times every encode's device work with events (Stats::last_device_seconds); off by default.
+  void set_timing(bool on) { timing_ = on; }
 
   // Fixes the shape and zeroes e (drops a pending update). InvalidArgument for a bad shape.
   absl::Status Reset(absl::Span<const int64_t> shape);
@@ -155,6 +160,8 @@ class DeviceTopKEfState final : public codecs::CodecState {
   Shape shape_;
   codecs::ChunkGeometry geometry_;
   Stats stats_;
+  bool timing_ = false;
+  void* events_[2] = {nullptr, nullptr};
   // Device memory: one allocation carved into the buffers below.
   uint8_t* arena_ = nullptr;
   float* error_ = nullptr;  // committed e

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "kernels/block.h"
 
@@ -45,6 +47,15 @@ class Emulated final : public Backend {
     return absl::OkStatus();
   }
   absl::Status Synchronize(Stream) override { return absl::OkStatus(); }
+  absl::StatusOr<void*> CreateEvent() override { return new absl::Time(); }
+  void DestroyEvent(void* event) override { delete static_cast<absl::Time*>(event); }
+  absl::Status RecordEvent(void* event, Stream) override {
+    *static_cast<absl::Time*>(event) = absl::Now();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<double> ElapsedSeconds(void* start, void* stop) override {
+    return absl::ToDoubleSeconds(*static_cast<absl::Time*>(stop) - *static_cast<absl::Time*>(start));
+  }
 
   absl::Status Select(const SelectArgs& args, Stream) override {
     HostBlock<SelectShared, SelectLocal> block(kSelectThreads);

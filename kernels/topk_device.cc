@@ -92,6 +92,9 @@ absl::StatusOr<std::unique_ptr<DeviceTopKEfState>> DeviceTopKEfState::Create(int
 }
 
 DeviceTopKEfState::~DeviceTopKEfState() {
+  for (void* e : events_) {
+    if (e != nullptr) backend_->DestroyEvent(e);
+  }
   Release();
   if (host_ != nullptr) backend_->FreeHost(host_);
 }
@@ -273,8 +276,6 @@ struct TopKEncoder {
     const int64_t count = layout.count();
     const int coding = static_cast<int>(o.values);
     const int bits = BinMeanBits(coding);
-    const int bins = bits > 0 ? 1 << bits : 0;
-    const size_t value_param_bytes = codecs::ValueParamBytes(o.values);
     const size_t value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
     const size_t packed_bytes = codecs::Packed12Bytes(count);
     IndexPlanArgs plan;
@@ -303,6 +304,12 @@ struct TopKEncoder {
     LBCC_RETURN_IF_ERROR(Prepare(st, o, k));
     DeviceTopKEfState::Buffers& b = *st.buffers_;
     LBCC_RETURN_IF_ERROR(be.CopyToDevice(b.summary, summary, sizeof(EncodeSummary), stream));
+    if (st.timing_ && st.events_[0] == nullptr) {
+      for (void*& e : st.events_) {
+        LBCC_ASSIGN_OR_RETURN(e, be.CreateEvent());
+      }
+    }
+    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[0], stream));
 
     // 1-2. EF update and selection.
     SelectArgs sa;
@@ -386,6 +393,7 @@ struct TopKEncoder {
     xa.v_hat = b.sel_value;
     xa.next = st.next_;
     LBCC_RETURN_IF_ERROR(be.SubtractReconstruction(xa, stream));
+    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[1], stream));
 
     // Only the payload's sections come back.
     uint8_t* index_host = st.host_ + index_at;
@@ -420,12 +428,14 @@ struct TopKEncoder {
       LBCC_RETURN_IF_ERROR(be.CopyToHost(index_host, b.index, index_bytes, stream));
       LBCC_RETURN_IF_ERROR(be.Synchronize(stream));
     }
+    if (st.timing_) {
+      LBCC_ASSIGN_OR_RETURN(st.stats_.last_device_seconds,
+                            be.ElapsedSeconds(st.events_[0], st.events_[1]));
+    }
     ++st.stats_.encodes;
     if (summary->fallbacks & kFallbackShift) ++st.stats_.shift_fallbacks;
     if (summary->fallbacks & kFallbackNorm) ++st.stats_.norm_fallbacks;
     if (summary->fallbacks & kFallbackBins) ++st.stats_.bin_fallbacks;
-    (void)value_param_bytes;
-    (void)bins;
     st.pending_ = true;
     return Assemble(codec, shape, k, *summary, index_host, values_host, out, &st);
   }
