@@ -7,6 +7,9 @@
 //                                                 // threads meet at a barrier
 //   b.ExclusiveSum(in, out);                      // scans of one uint32 per thread, in shared
 //   b.InclusiveSuffixSum(in, out);                // memory, each followed by a barrier
+//   b.CountDigit(hist, digit, active);            // ++hist[digit] when active; inside a phase,
+//                                                 // called by every thread alike (the device
+//                                                 // combines a warp's equal digits first)
 //
 // `Local` is a thread's private state (registers on the device), b.shared() the block's shared
 // memory. A phase may read what earlier phases wrote anywhere, but within a phase a thread may
@@ -50,6 +53,9 @@ class HostBlock {
       out[t] = running;
       running += v;
     }
+  }
+  void CountDigit(uint32_t* hist, uint32_t digit, bool active) {
+    if (active) ++hist[digit];
   }
   // out[t] = sum of in[t..threads()).
   void InclusiveSuffixSum(const uint32_t* in, uint32_t* out) {

@@ -3,6 +3,7 @@
 //   Phase(f)              f(threadIdx.x, this thread's Local), then __syncthreads()
 //   ExclusiveSum(in, out) CUB block scans over one uint32 per thread, then __syncthreads()
 //   InclusiveSuffixSum(in, out)
+//   CountDigit(hist, digit, active)  warp-aggregated shared-memory histogram update
 //
 // kThreads must equal blockDim.x. Shared memory comes from the kernel (Storage, declared as raw
 // bytes because __shared__ variables cannot have constructors).
@@ -33,6 +34,18 @@ class DeviceBlock {
   __device__ __forceinline__ void Phase(F&& f) {
     f(static_cast<int>(threadIdx.x), local_);
     __syncthreads();
+  }
+
+  // ++hist[digit] for the active threads: lanes of a warp with the same digit add once, so
+  // the skewed histograms of a radix select (most keys share a digit) do not serialize on one
+  // shared-memory address. Every lane of the warp must call it.
+  __device__ __forceinline__ void CountDigit(uint32_t* hist, uint32_t digit, bool active) {
+    if (!__any_sync(0xffffffffu, active)) return;
+    const unsigned key = active ? digit : 0xffffffffu;
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    if (active && (threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
+      atomicAdd(&hist[digit], static_cast<uint32_t>(__popc(peers)));
+    }
   }
 
   __device__ __forceinline__ void ExclusiveSum(const uint32_t* in, uint32_t* out) {

@@ -10,7 +10,8 @@
 //   a non-finite e' lowers *bad_chunk to c.
 //
 // The selection is a radix select on the |e'| bits (order-preserving for finite floats): four
-// passes of 8 bits find the k-th largest key T and how many entries equal to T are needed; a
+// passes (exponent, then 8 + 8 + 7 mantissa bits) find the k-th largest key T and how many
+// entries equal to T are needed; a
 // block-wide scan then gives every selected entry its slot. Thread t holds the 16 consecutive
 // local positions [16 t, 16 t + 16), so thread order is local order and one scan places the
 // entries in ascending order. The result is a pure function of the values: identical to the CPU
@@ -176,10 +177,13 @@ LBCC_UNROLL
     if (bad) hd::AtomicMinI32(a.bad_chunk, static_cast<int32_t>(c));
   });
 
-  // Radix select of T, the k-th largest |e'| bits, 8 bits per pass from the top.
+  // Radix select of T, the k-th largest |e'| bits (bit 31 is 0): the exponent first (bits
+  // 30..23, so the first pass already separates the few large entries), then the mantissa in
+  // 8, 8 and 7 bits.
   if (!take_all) {
     for (int pass = 0; pass < 4; ++pass) {
-      const int shift = 24 - 8 * pass;
+      const int shift = pass == 3 ? 0 : 23 - 8 * pass;
+      const uint32_t width = pass == 3 ? 0x7Fu : 0xFFu;
       b.Phase([&](int t, SelectLocal&) { sh.hist[t] = 0; });
       b.Phase([&](int t, SelectLocal& mine) {
         const uint32_t mask = sh.mask, prefix = sh.prefix;
@@ -187,9 +191,7 @@ LBCC_UNROLL
 LBCC_UNROLL
         for (int i = 0; i < kSelectPerThread; ++i) {
           const uint32_t key = hd::AbsBits(mine.v[i]);
-          if (first + i < n && (key & mask) == prefix) {
-            hd::AtomicAddU32(&sh.hist[(key >> shift) & 255u], 1);
-          }
+          b.CountDigit(sh.hist, (key >> shift) & width, first + i < n && (key & mask) == prefix);
         }
       });
       b.InclusiveSuffixSum(sh.hist, sh.suffix);
@@ -205,7 +207,7 @@ LBCC_UNROLL
         if (t == 0) {
           sh.prefix = sh.next_prefix;
           sh.remaining = sh.next_remaining;
-          sh.mask |= 255u << shift;
+          sh.mask |= width << shift;
         }
       });
     }
