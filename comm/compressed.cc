@@ -63,7 +63,15 @@ constexpr uint32_t kP2pStep = 0xffff;
 absl::StatusOr<size_t> EncodeTensor(const codecs::Codec& codec, const TensorView& input,
                                     codecs::CodecState* state, absl::Span<uint8_t> out,
                                     void* cuda_stream, kernels::DeviceScratch* scratch) {
-  if (input.is_host()) return codec.Encode(input, state, out);
+  if (input.is_host()) {
+    // A device state holds its memory on the GPU; the CPU codec must not be given one.
+    if (dynamic_cast<kernels::DeviceTopKEfState*>(state) != nullptr) {
+      return absl::InvalidArgumentError(
+          "a host tensor with a device state (kernels::NewDeviceState): use a CUDA tensor or "
+          "the codec's NewState()");
+    }
+    return codec.Encode(input, state, out);
+  }
   return kernels::EncodeOnDevice(codec, input, state, out, cuda_stream, scratch);
 }
 

@@ -1,5 +1,6 @@
 // CUDA tensors in the compressed operations of a build without CUDA: Unimplemented on every
-// rank, and nothing else breaks (kernels/device_codec.h reports the missing build).
+// rank, and nothing else breaks (kernels/device_codec.h reports the missing build); a device
+// error-feedback state never reaches the CPU codec.
 #include <vector>
 
 #include "base/status_matchers.h"
@@ -8,7 +9,9 @@
 #include "comm/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/device_codec.h"
 
 namespace lbcc::comm {
 namespace {
@@ -38,6 +41,27 @@ TEST(DeviceTensorsTest, WithoutCudaSparseAllReduceAndSendAreUnimplemented) {
         ->Wait();
   });
   for (const absl::Status& s : statuses) EXPECT_THAT(s, IsOk());
+}
+
+// A device state with a host tensor is refused before the CPU codec sees it.
+TEST(DeviceTensorsTest, HostTensorWithADeviceStateIsRefused) {
+  auto codec = *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
+  auto state = kernels::DeviceTopKEfState::Create(kernels::EmulatedBackend(), 0);
+  ASSERT_THAT(state.status(), IsOk());
+  const Shape shape = {64, 64};
+  auto statuses = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> delta(4096, 1.0f), out(4096, 0.0f);
+    TensorView d = *TensorView::Host(delta.data(), shape);
+    TensorView o = *TensorView::Host(out.data(), shape);
+    codecs::TopKEfState host_state;
+    codecs::CodecState* s = rank == 0 ? static_cast<codecs::CodecState*>(state->get()) : &host_state;
+    return comm.SparseAllReduce({{d, o, s}}, codec.get())->Wait();
+  });
+  for (const absl::Status& s : statuses) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+  EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kInvalidArgument,
+                                    ::testing::HasSubstr("device state")));
 }
 
 }  // namespace
