@@ -190,47 +190,8 @@ for shape in 4096x4096 8192x8192; do
   fi
 done
 
-# 4. Summary: the figures of this run, next to the issue's goals (>= 0.5 of copy bandwidth,
-# >= 5x faster than torch.topk).
-python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$SUMMARY"
-import json, os, sys
-out = sys.argv[1]
-try:
-    runs = json.load(open(os.path.join(out, "benchmark.json")))["benchmarks"]
-except Exception as e:
-    print(f"no benchmark figures: {e}")
-    sys.exit(0)
-unit = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-def case(prefix):
-    for r in runs:
-        if r["name"].startswith(prefix) and not r.get("error_occurred"):
-            return r
-    return None
-copy = case("lbcc::kernels::BM_DeviceCopy")
-copy_rate = copy["bytes_per_second"] if copy else None
-if copy_rate:
-    print(f"device copy: {copy_rate / 1e9:.0f} GB/s (bytes read + written)")
-for shape in ("4096/4096", "8192/8192", "16384/8192"):
-    rows, cols = map(int, shape.split("/"))
-    kern = case(f"lbcc::kernels::BM_TopKEfEncodeGpuKernels/{shape}/")
-    e2e = case(f"lbcc::kernels::BM_TopKEfEncodeGpu/{shape}/")
-    torch = None
-    path = os.path.join(out, f"torch_{rows}x{cols}.json")
-    if os.path.exists(path):
-        t = json.load(open(path))
-        torch = t.get("seconds_per_step")
-    for label, r in (("device work", kern), ("end to end", e2e)):
-        if not r:
-            continue
-        seconds = r["real_time"] * unit[r["time_unit"]]
-        rate = r["bytes_per_second"]
-        line = f"TopK-EF encode {rows}x{cols}, {label}: {seconds * 1e3:.3f} ms, {rate / 1e9:.0f} GB/s of 12 B/element"
-        if copy_rate:
-            line += f" = {rate / copy_rate:.2f} of device copy (goal >= 0.5)"
-        if torch:
-            line += f"; torch.topk baseline {torch * 1e3:.3f} ms = {torch / seconds:.1f}x (goal >= 5x)"
-        print(line)
-EOF
+# 4. Summary: the figures of this run next to the issue's goals.
+python3 kernels/gpu/summarize.py "$OUT" 2>&1 | tee -a "$SUMMARY"
 
 if ((failed)); then note "RESULT: a test or the benchmark failed"; exit 1; fi
 if ((missing)); then note "RESULT: tests passed; something was missing (see above)"; exit 2; fi
