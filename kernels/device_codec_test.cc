@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
 #include "base/status_matchers.h"
+#include "base/dtype.h"
 #include "base/tensor_view.h"
 #include "codecs/codec.h"
 #include "codecs/dense_quant.h"
@@ -269,6 +270,26 @@ TEST(DeviceTopKTest, WideDynamicRangeTakesTheFallbacksAndStillMatches) {
               IsOk());
   EXPECT_EQ(state->stats().encodes, 1);
   EXPECT_EQ(state->stats().shift_fallbacks, 1);
+}
+
+// Two values +-c whose sum of squares 2 c^2 sits on a rounding boundary of sqrt -> fp32 (c found
+// by search): the norm's bracket cannot decide, the CPU's fold runs, same payload.
+TEST(DeviceTopKTest, NormOnARoundingBoundaryTakesTheFold) {
+  LBCC_SKIP_WITHOUT_BACKEND();
+  const float c = BitsToFloat(0x3f8b5f4fu);
+  codecs::TopKEfOptions o;
+  o.top_k = 4096;  // take both
+  const Shape shape = {1, 2};
+  CompareTopK(o, shape, 1, {{c, -c}}, "boundary");
+  ASSERT_FALSE(HasFatalFailure());
+  LBCC_ASSERT_OK_AND_ASSIGN(auto codec, codecs::TopKEfCodec::Create(o));
+  LBCC_ASSERT_OK_AND_ASSIGN(auto state, DeviceTopKEfState::Create(Emu(), 0));
+  std::vector<uint8_t> out(*codec->MaxEncodedBytes(shape));
+  ASSERT_THAT(internal::EncodeWith(Emu(), *codec, F(Upload({c, -c})), shape, state.get(),
+                                   absl::MakeSpan(out), nullptr, nullptr),
+              IsOk());
+  EXPECT_EQ(state->stats().norm_fallbacks, 1);
+  EXPECT_EQ(state->stats().shift_fallbacks, 0);
 }
 
 TEST(DeviceTopKTest, NonFiniteInputLeavesTheStateUnchanged) {

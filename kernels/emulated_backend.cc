@@ -100,56 +100,21 @@ class Emulated final : public Backend {
     return absl::OkStatus();
   }
 
+  // The launchers' grid (topk_kernels.cu), block after block.
   absl::Status EncodeBinMean(const BinMeanArgs& a, Stream) override {
-    EncodeSummary& s = *a.summary;
-    const int bins = 1 << a.bits;
-    const bool bad = s.bad_chunk != INT32_MAX;
-    // Shift.
-    SumStats stats;
-    for (int64_t i = 0; i < a.n; ++i) AddTerm(stats, a.values[i]);
-    if (SumsAreExact(stats) || bad) {
-      s.shift = ShiftFromSum(stats.sum, a.n);
-    } else {
-      s.fallbacks |= kFallbackShift;
-      s.shift = ShiftFromSum(CombineLanes(LaneFold(a.values, a.n, 0, false),
-                                          LaneFold(a.values, a.n, 1, false),
-                                          LaneFold(a.values, a.n, 2, false),
-                                          LaneFold(a.values, a.n, 3, false)),
-                             a.n);
-    }
-    // Scale.
-    SumStats centered;
-    for (int64_t i = 0; i < a.n; ++i) {
-      a.centered[i] = hd::Sub(a.values[i], s.shift);
-      AddTerm(centered, a.centered[i]);
-    }
-    float norm = 0;
-    if (!NormFromSquares(centered.sq_sum, a.n, a.n, &norm) && !bad) {
-      s.fallbacks |= kFallbackNorm;
-      norm = NormFromLanes(LaneFold(a.centered, a.n, 0, true), LaneFold(a.centered, a.n, 1, true),
-                           LaneFold(a.centered, a.n, 2, true), LaneFold(a.centered, a.n, 3, true));
-    }
-    s.scale = BinMeanScale(norm, a.n, a.range_sigmas, bins);
-    // Codes and bins.
-    std::vector<BinStats> bin(static_cast<size_t>(bins));
-    for (int64_t i = 0; i < a.n; ++i) {
-      a.codes[i] = BinMeanCode(a.centered[i], s.scale, bins);
-      AddToBin(bin[a.codes[i]], a.centered[i]);
-    }
-    for (int b = 0; b < bins; ++b) {
-      double sum = bin[b].sum;
-      if (!BinSumIsExact(bin[b]) && !bad) {
-        s.fallbacks |= kFallbackBins;
-        sum = BinFold(a.centered, a.codes, a.n, b);
-      }
-      s.lookup[b] = BinLookup(sum, bin[b].count);
-      s.table[b] = hd::Add(s.lookup[b], s.shift);
-    }
-    // Pack and reconstruct.
+    const int parts = BinMeanParts(a.n);
+    HostBlock<StatsShared, StatsLocal> stats(kBinMeanThreads);
+    for (int p = 0; p < parts; ++p) PartialStatsBlock(stats, a, false, p, parts);
+    FinalizeStatsBlock(stats, a, parts, false);
+    for (int p = 0; p < parts; ++p) PartialStatsBlock(stats, a, true, p, parts);
+    FinalizeStatsBlock(stats, a, parts, true);
+    HostBlock<CodesShared, CodesLocal> codes(kBinMeanThreads);
+    for (int p = 0; p < parts; ++p) CodesBlock(codes, a, p, parts);
+    HostBlock<LookupShared, LookupLocal> lookup(kBinMeanThreads);
+    LookupBlock(lookup, a, parts);
     const int64_t bytes = (a.n * a.bits + 7) / 8;
-    for (int64_t j = 0; j < bytes; ++j) {
-      PackBinMeanByte(a.codes, a.n, a.bits, s.table, j, a.section, a.values);
-    }
+    const int64_t blocks = std::max<int64_t>(1, (bytes + kBinMeanThreads - 1) / kBinMeanThreads);
+    for (int64_t p = 0; p < blocks; ++p) PackBlock(lookup, a, p, blocks);
     return absl::OkStatus();
   }
 

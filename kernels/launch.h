@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/aggregate.h"
+#include "kernels/binmean_kernels.h"
 #include "kernels/binmean_stats.h"
 #include "kernels/dense_encode.h"
 #include "kernels/subspace_kernels.h"
@@ -22,9 +23,6 @@
 namespace lbcc::kernels {
 
 using Stream = void*;
-
-// Partial statistics per reduction kernel (the grid of the partial-statistics kernels).
-inline constexpr int kMaxPartials = 256;
 
 struct PlanArgs {
   IndexPlanArgs plan;
@@ -47,18 +45,6 @@ struct IndexWriteArgs {
   uint8_t* out = nullptr;  // 4-byte aligned, zeroed, room for either coding
 };
 
-struct BinMeanArgs {
-  int64_t n = 0;       // selected values, > 0
-  int bits = 2;        // 2, 4 or 8
-  float range_sigmas = 6;
-  float* values = nullptr;   // in: the selected values; out: their reconstructions
-  float* centered = nullptr; // scratch, n
-  uint8_t* codes = nullptr;  // scratch, n
-  uint8_t* section = nullptr;  // ceil(n * bits / 8) bytes
-  EncodeSummary* summary = nullptr;  // shift, scale, lookup, table, fallbacks; reads bad_chunk
-  SumStats* partials = nullptr;      // kMaxPartials
-  BinStats* bin_partials = nullptr;  // kMaxPartials * 256
-};
 
 struct AbsmaxArgs {
   int coding = kValueAbsmax8;

@@ -1,6 +1,6 @@
 // CUDA kernels of the TopK-EF codec: encode (select, index coding, value codings, error
 // feedback) and decode-accumulate. The arithmetic and the block algorithms live in the shared
-// headers (topk_select.h, topk_encode.h, binmean_stats.h, aggregate.h), which the host tests
+// headers (topk_select.h, topk_encode.h, binmean_kernels.h, aggregate.h), which the host tests
 // run through kernels/emulated_backend.cc; this file maps them onto grids and launches them.
 #include <cuda_runtime.h>
 
@@ -11,6 +11,7 @@
 #include <cuda/std/functional>
 
 #include "kernels/aggregate.h"
+#include "kernels/binmean_kernels.h"
 #include "kernels/binmean_stats.h"
 #include "kernels/device_block.cuh"
 #include "kernels/launch.h"
@@ -77,177 +78,37 @@ __global__ void AdaptiveKernel(IndexWriteArgs a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bin-mean statistics (binmean_stats.h): per-block partials, then one block decides.
+// Bin-mean value coding: the block-model steps of binmean_kernels.h.
 
-// Combines the block's per-thread statistics in shared memory; thread 0 returns the total.
-__device__ SumStats BlockCombine(const SumStats& mine, SumStats* shared) {
-  shared[threadIdx.x] = mine;
-  __syncthreads();
-  SumStats total;
-  if (threadIdx.x == 0) {
-    total = shared[0];
-    for (int t = 1; t < kThreads; ++t) total = Combine(total, shared[t]);
-  }
-  __syncthreads();
-  return total;
+__global__ void __launch_bounds__(kBinMeanThreads) PartialStatsKernel(BinMeanArgs a, bool center) {
+  using Block = DeviceBlock<StatsShared, StatsLocal, kBinMeanThreads>;
+  LBCC_DEVICE_BLOCK(Block, block);
+  PartialStatsBlock(block, a, center, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
-// Partial statistics of values[0, n) (centered: of values - shift, written to `centered`).
-__global__ void __launch_bounds__(kThreads) PartialStatsKernel(BinMeanArgs a, bool center) {
-  __shared__ SumStats shared[kThreads];
-  SumStats mine;
-  const float shift = center ? a.summary->shift : 0.0f;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < a.n;
-       i += int64_t{gridDim.x} * kThreads) {
-    float x = a.values[i];
-    if (center) {
-      x = hd::Sub(x, shift);
-      a.centered[i] = x;
-    }
-    AddTerm(mine, x);
-  }
-  const SumStats total = BlockCombine(mine, shared);
-  if (threadIdx.x == 0) a.partials[blockIdx.x] = total;
+__global__ void __launch_bounds__(kBinMeanThreads) FinalizeStatsKernel(BinMeanArgs a, int parts,
+                                                                       bool scale) {
+  using Block = DeviceBlock<StatsShared, StatsLocal, kBinMeanThreads>;
+  LBCC_DEVICE_BLOCK(Block, block);
+  FinalizeStatsBlock(block, a, parts, scale);
 }
 
-// One block: the shift (step 1) or the scale (step 2) from `parts` partials.
-__global__ void __launch_bounds__(kThreads) FinalizeKernel(BinMeanArgs a, int parts, bool scale,
-                                                           int64_t depth) {
-  __shared__ SumStats shared[kThreads];
-  __shared__ double lanes[4];
-  __shared__ int fallback;
-  SumStats mine;
-  for (int p = threadIdx.x; p < parts; p += kThreads) mine = Combine(mine, a.partials[p]);
-  const SumStats total = BlockCombine(mine, shared);
-  EncodeSummary& s = *a.summary;
-  const bool bad = s.bad_chunk != INT_MAX;
-  float norm = 0;
-  if (threadIdx.x == 0) {
-    if (!scale) {
-      fallback = !SumsAreExact(total) && !bad;
-      if (!fallback) s.shift = ShiftFromSum(total.sum, a.n);
-    } else {
-      fallback = !NormFromSquares(total.sq_sum, a.n, depth, &norm) && !bad;
-    }
-  }
-  __syncthreads();
-  if (fallback) {
-    // The CPU's own order: four sequential lanes.
-    if (threadIdx.x < 4) {
-      lanes[threadIdx.x] = LaneFold(scale ? a.centered : a.values, a.n, threadIdx.x, scale);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (!scale) {
-        s.shift = ShiftFromSum(CombineLanes(lanes[0], lanes[1], lanes[2], lanes[3]), a.n);
-        s.fallbacks |= kFallbackShift;
-      } else {
-        norm = NormFromLanes(lanes[0], lanes[1], lanes[2], lanes[3]);
-        s.fallbacks |= kFallbackNorm;
-      }
-    }
-  }
-  if (scale && threadIdx.x == 0) s.scale = BinMeanScale(norm, a.n, a.range_sigmas, 1 << a.bits);
+__global__ void __launch_bounds__(kBinMeanThreads) CodesKernel(BinMeanArgs a) {
+  using Block = DeviceBlock<CodesShared, CodesLocal, kBinMeanThreads>;
+  LBCC_DEVICE_BLOCK(Block, block);
+  CodesBlock(block, a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
-// Codes and per-block bin statistics. 4 bins: each thread keeps its bins in registers and
-// warps combine them (the bins are few and hot); 16 and 256 bins: shared-memory atomics. The
-// order of the additions does not matter (binmean_stats.h).
-template <int kBins>
-__global__ void __launch_bounds__(kThreads) CodesKernel(BinMeanArgs a) {
-  __shared__ double sum[kBins], abs_sum[kBins];
-  __shared__ int32_t min_exponent[kBins];
-  __shared__ uint32_t count[kBins];
-  for (int b = threadIdx.x; b < kBins; b += kThreads) {
-    sum[b] = 0;
-    abs_sum[b] = 0;
-    min_exponent[b] = kNoExponent;
-    count[b] = 0;
-  }
-  __syncthreads();
-  const float scale = a.summary->scale;
-  if constexpr (kBins <= 4) {
-    BinStats mine[kBins];
-    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < a.n;
-         i += int64_t{gridDim.x} * kThreads) {
-      const float c = a.centered[i];
-      const uint8_t code = BinMeanCode(c, scale, kBins);
-      a.codes[i] = code;
-      LBCC_UNROLL
-      for (int b = 0; b < kBins; ++b) {
-        if (code == b) AddToBin(mine[b], c);
-      }
-    }
-    LBCC_UNROLL
-    for (int b = 0; b < kBins; ++b) {
-      BinStats v = mine[b];
-      for (int o = 16; o > 0; o >>= 1) {
-        BinStats other;
-        other.sum = __shfl_xor_sync(0xffffffffu, v.sum, o);
-        other.abs_sum = __shfl_xor_sync(0xffffffffu, v.abs_sum, o);
-        other.min_exponent = __shfl_xor_sync(0xffffffffu, v.min_exponent, o);
-        other.count = __shfl_xor_sync(0xffffffffu, v.count, o);
-        v = Combine(v, other);
-      }
-      if ((threadIdx.x & 31) == 0 && v.count > 0) {
-        hd::AtomicAddF64(&sum[b], v.sum);
-        hd::AtomicAddF64(&abs_sum[b], v.abs_sum);
-        atomicMin(&min_exponent[b], v.min_exponent);
-        atomicAdd(&count[b], v.count);
-      }
-    }
-  } else {
-    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < a.n;
-         i += int64_t{gridDim.x} * kThreads) {
-      const float c = a.centered[i];
-      const uint8_t code = BinMeanCode(c, scale, kBins);
-      a.codes[i] = code;
-      const double d = c;
-      hd::AtomicAddF64(&sum[code], d);
-      hd::AtomicAddF64(&abs_sum[code], d < 0 ? -d : d);
-      const uint32_t bits = hd::AbsBits(c);
-      if (bits != 0) atomicMin(&min_exponent[code], static_cast<int32_t>(bits >> 23) < 1 ? 1 : static_cast<int32_t>(bits >> 23));
-      atomicAdd(&count[code], 1u);
-    }
-  }
-  __syncthreads();
-  for (int b = threadIdx.x; b < kBins; b += kThreads) {
-    BinStats& out = a.bin_partials[blockIdx.x * 256 + b];
-    out.sum = sum[b];
-    out.abs_sum = abs_sum[b];
-    out.min_exponent = min_exponent[b];
-    out.count = count[b];
-  }
+__global__ void __launch_bounds__(kBinMeanThreads) LookupKernel(BinMeanArgs a, int parts) {
+  using Block = DeviceBlock<LookupShared, LookupLocal, kBinMeanThreads>;
+  LBCC_DEVICE_BLOCK(Block, block);
+  LookupBlock(block, a, parts);
 }
 
-// One block, one thread per bin: lookup table (exact sums, or the CPU's sequential fold).
-__global__ void __launch_bounds__(kThreads) LookupKernel(BinMeanArgs a, int parts) {
-  EncodeSummary& s = *a.summary;
-  const int bins = 1 << a.bits;
-  const bool bad = s.bad_chunk != INT_MAX;
-  for (int b = threadIdx.x; b < bins; b += kThreads) {
-    BinStats total;
-    for (int p = 0; p < parts; ++p) total = Combine(total, a.bin_partials[p * 256 + b]);
-    double sum = total.sum;
-    if (!BinSumIsExact(total) && !bad) {
-      sum = BinFold(a.centered, a.codes, a.n, b);
-      atomicOr(&s.fallbacks, kFallbackBins);
-    }
-    s.lookup[b] = BinLookup(sum, total.count);
-    s.table[b] = hd::Add(s.lookup[b], s.shift);
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) PackBinMeanKernel(BinMeanArgs a) {
-  __shared__ float table[256];
-  const int bins = 1 << a.bits;
-  for (int b = threadIdx.x; b < bins; b += kThreads) table[b] = a.summary->table[b];
-  __syncthreads();
-  const int64_t bytes = (a.n * a.bits + 7) / 8;
-  for (int64_t j = blockIdx.x * int64_t{kThreads} + threadIdx.x; j < bytes;
-       j += int64_t{gridDim.x} * kThreads) {
-    PackBinMeanByte(a.codes, a.n, a.bits, table, j, a.section, a.values);
-  }
+__global__ void __launch_bounds__(kBinMeanThreads) PackBinMeanKernel(BinMeanArgs a) {
+  using Block = DeviceBlock<LookupShared, LookupLocal, kBinMeanThreads>;
+  LBCC_DEVICE_BLOCK(Block, block);
+  PackBlock(block, a, blockIdx.x, gridDim.x);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -354,32 +215,15 @@ int WriteIndices(const IndexWriteArgs& args, Stream stream) {
 }
 
 int EncodeBinMean(const BinMeanArgs& args, Stream stream) {
-  const int64_t n = args.n;
-  // Partials: up to kMaxPartials blocks, at least 2048 values each.
-  int parts = static_cast<int>((n + 2047) / 2048);
-  if (parts > kMaxPartials) parts = kMaxPartials;
-  if (parts < 1) parts = 1;
-  const int64_t per_thread = (n + int64_t{parts} * kThreads - 1) / (int64_t{parts} * kThreads);
-  // Roundings a square goes through: its thread's items, the block's 256 partials, the parts.
-  const int64_t depth = per_thread + kThreads + kMaxPartials + kThreads + 8;
+  const int parts = BinMeanParts(args.n);
   cudaStream_t s = S(stream);
-  PartialStatsKernel<<<parts, kThreads, 0, s>>>(args, false);
-  FinalizeKernel<<<1, kThreads, 0, s>>>(args, parts, false, depth);
-  PartialStatsKernel<<<parts, kThreads, 0, s>>>(args, true);
-  FinalizeKernel<<<1, kThreads, 0, s>>>(args, parts, true, depth);
-  switch (args.bits) {
-    case 2:
-      CodesKernel<4><<<parts, kThreads, 0, s>>>(args);
-      break;
-    case 4:
-      CodesKernel<16><<<parts, kThreads, 0, s>>>(args);
-      break;
-    default:
-      CodesKernel<256><<<parts, kThreads, 0, s>>>(args);
-      break;
-  }
-  LookupKernel<<<1, kThreads, 0, s>>>(args, parts);
-  PackBinMeanKernel<<<Grid((n * args.bits + 7) / 8), kThreads, 0, s>>>(args);
+  PartialStatsKernel<<<parts, kBinMeanThreads, 0, s>>>(args, false);
+  FinalizeStatsKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts, false);
+  PartialStatsKernel<<<parts, kBinMeanThreads, 0, s>>>(args, true);
+  FinalizeStatsKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts, true);
+  CodesKernel<<<parts, kBinMeanThreads, 0, s>>>(args);
+  LookupKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts);
+  PackBinMeanKernel<<<Grid((args.n * args.bits + 7) / 8), kBinMeanThreads, 0, s>>>(args);
   return LastError();
 }
 
