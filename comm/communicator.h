@@ -99,10 +99,16 @@ class Communicator {
   // A rank whose input is rejected (NaN/Inf, bad shape) still takes part: every rank's request
   // fails with InvalidArgument naming it, and the communicator stays usable.
   // Tensors, states and the codec must outlive the request.
+  // CUDA tensors (built with --config=cuda; Unimplemented otherwise): a CUDA `delta` is encoded
+  // on its GPU (kernels/device_codec.h) with a state from kernels::NewDeviceState, and only the
+  // payload is copied to host memory; a CUDA `out` is written by decoding on its GPU. Both run
+  // on `cuda_stream`, after the work queued there before the operation runs; the request
+  // completes after that device work has finished.
   struct SparseTensor {
-    TensorView delta;             // Host f32 pseudo-gradient.
-    TensorView out;               // Host f32 aggregate, same shape.
+    TensorView delta;             // f32 pseudo-gradient (host or CUDA memory).
+    TensorView out;               // f32 aggregate, same shape (host or CUDA memory).
     codecs::CodecState* state;    // The tensor's error feedback (nullptr for stateless codecs).
+    void* cuda_stream = nullptr;  // cudaStream_t for CUDA tensors; nullptr: the default stream.
   };
   // options.priority defaults to kBulk here (data-parallel sync yields to pipeline traffic).
   RequestPtr SparseAllReduce(std::vector<SparseTensor> tensors, const codecs::Codec* codec,
@@ -116,17 +122,20 @@ class Communicator {
   // Compressed point-to-point, for pipeline boundaries. Not ordered with collectives: these go
   // straight to the transport at high priority and complete on their own. Messages between two
   // ranks with the same tag arrive in order. `input`, `state` and `codec` must outlive the
-  // request; the state is committed once the payload was delivered, aborted otherwise.
+  // request; the state is committed once the payload was delivered, aborted otherwise. A CUDA
+  // `input` is encoded on its GPU on `cuda_stream` before this call returns (see SparseTensor).
   RequestPtr SendCompressed(const TensorView& input, const codecs::Codec* codec,
-                            codecs::CodecState* state, int peer, uint32_t tag);
-  // Receives a payload from `peer` and decodes it into `out` (host f32, same shape as sent): the
+                            codecs::CodecState* state, int peer, uint32_t tag,
+                            void* cuda_stream = nullptr);
+  // Receives a payload from `peer` and decodes it into `out` (f32, same shape as sent): the
   // codec and shape come from the payload. `decode` turns a payload into `out`; default:
-  // codecs::DecodeAccumulate (top-k and dense codecs). DataLoss for a corrupt payload,
+  // codecs::DecodeAccumulate (top-k and dense codecs), or for a CUDA `out`
+  // kernels::DecodeAccumulateOnDevice on `cuda_stream`. DataLoss for a corrupt payload,
   // InvalidArgument for a shape that does not match `out` (out untouched either way).
   using PayloadDecoder =
       std::function<absl::Status(absl::Span<const uint8_t> payload, const TensorView& out)>;
   RequestPtr RecvCompressed(const TensorView& out, int peer, uint32_t tag,
-                            PayloadDecoder decode = nullptr);
+                            PayloadDecoder decode = nullptr, void* cuda_stream = nullptr);
 
   // Runs `op` on the worker thread, in order, with this operation's tag base and deadline. The
   // collectives above are built on it; comm/ adds SparseAllReduce and compressed point-to-point

@@ -8,6 +8,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "comm/communicator.h"
+#include "kernels/device_codec.h"
 
 namespace lbcc::comm {
 namespace {
@@ -57,6 +58,31 @@ absl::StatusOr<std::vector<absl::Span<const uint8_t>>> SplitBlob(const std::stri
 // never meet a collective's tags (whose steps stay far below it).
 constexpr uint32_t kP2pStep = 0xffff;
 
+// Encodes host tensors with the codec, CUDA tensors on their GPU (kernels/device_codec.h;
+// Unimplemented in a build without CUDA).
+absl::StatusOr<size_t> EncodeTensor(const codecs::Codec& codec, const TensorView& input,
+                                    codecs::CodecState* state, absl::Span<uint8_t> out,
+                                    void* cuda_stream, kernels::DeviceScratch* scratch) {
+  if (input.is_host()) {
+    // A device state holds its memory on the GPU; the CPU codec must not be given one.
+    if (dynamic_cast<kernels::DeviceTopKEfState*>(state) != nullptr) {
+      return absl::InvalidArgumentError(
+          "a host tensor with a device state (kernels::NewDeviceState): use a CUDA tensor or "
+          "the codec's NewState()");
+    }
+    return codec.Encode(input, state, out);
+  }
+  return kernels::EncodeOnDevice(codec, input, state, out, cuda_stream, scratch);
+}
+
+absl::Status DecodeTensor(absl::Span<const absl::Span<const uint8_t>> payloads,
+                          const codecs::DecodeOptions& options, const TensorView& out,
+                          codecs::DecodeScratch* scratch, void* cuda_stream,
+                          kernels::DeviceScratch* device_scratch) {
+  if (out.is_host()) return codecs::DecodeAccumulate(payloads, options, out, scratch);
+  return kernels::DecodeAccumulateOnDevice(payloads, options, out, cuda_stream, device_scratch);
+}
+
 }  // namespace
 
 RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
@@ -80,6 +106,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       const uint32_t count = static_cast<uint32_t>(tensors.size());
       blob.append(reinterpret_cast<const char*>(&count), 4);
       std::vector<uint8_t> buffer;
+      std::unique_ptr<kernels::DeviceScratch> scratch;
       for (size_t i = 0; i < tensors.size() && local.ok(); ++i) {
         const SparseTensor& t = tensors[i];
         if (t.out.shape() != t.delta.shape() || t.out.dtype() != DType::kF32) {
@@ -94,7 +121,12 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           break;
         }
         buffer.resize(*max);
-        absl::StatusOr<size_t> size = codec->Encode(t.delta, t.state, absl::MakeSpan(buffer));
+        if (!t.delta.is_host() && scratch == nullptr) {
+          scratch = std::make_unique<kernels::DeviceScratch>();
+        }
+        absl::StatusOr<size_t> size = EncodeTensor(*codec, t.delta, t.state,
+                                                   absl::MakeSpan(buffer), t.cuda_stream,
+                                                   scratch.get());
         if (!size.ok()) {
           local = Annotate(size.status(), absl::StrCat("tensor ", i));
           break;
@@ -149,10 +181,15 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     }
     // 4. Decode in rank order, then commit.
     codecs::DecodeScratch scratch;
+    std::unique_ptr<kernels::DeviceScratch> device_scratch;
     std::vector<absl::Span<const uint8_t>> payloads(group.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (int r = 0; r < group.size(); ++r) payloads[r] = per_rank[r][i];
-      absl::Status status = codecs::DecodeAccumulate(payloads, decode, tensors[i].out, &scratch);
+      if (!tensors[i].out.is_host() && device_scratch == nullptr) {
+        device_scratch = std::make_unique<kernels::DeviceScratch>();
+      }
+      absl::Status status = DecodeTensor(payloads, decode, tensors[i].out, &scratch,
+                                         tensors[i].cuda_stream, device_scratch.get());
       if (!status.ok()) {
         abort_states();  // Validated above: an error here is an LBCC bug.
         return absl::InternalError(absl::StrCat("tensor ", i, ": ", status.ToString()));
@@ -166,7 +203,8 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
 }
 
 RequestPtr Communicator::SendCompressed(const TensorView& input, const codecs::Codec* codec,
-                                        codecs::CodecState* state, int peer, uint32_t tag) {
+                                        codecs::CodecState* state, int peer, uint32_t tag,
+                                        void* cuda_stream) {
   if (codec == nullptr || peer < 0 || peer >= nranks() || peer == rank()) {
     return CompletedRequest(absl::InvalidArgumentError(
         absl::StrCat("SendCompressed: bad codec or peer ", peer)));
@@ -179,7 +217,8 @@ RequestPtr Communicator::SendCompressed(const TensorView& input, const codecs::C
   absl::StatusOr<size_t> max = codec->MaxEncodedBytes(input.shape());
   if (!max.ok()) return CompletedRequest(max.status());
   auto payload = std::make_shared<std::vector<uint8_t>>(*max);
-  absl::StatusOr<size_t> size = codec->Encode(input, state, absl::MakeSpan(*payload));
+  absl::StatusOr<size_t> size =
+      EncodeTensor(*codec, input, state, absl::MakeSpan(*payload), cuda_stream, nullptr);
   if (!size.ok()) return CompletedRequest(Annotate(size.status(), "SendCompressed"));
   payload->resize(*size);
   auto request = std::make_shared<Request>();
@@ -196,14 +235,14 @@ RequestPtr Communicator::SendCompressed(const TensorView& input, const codecs::C
 }
 
 RequestPtr Communicator::RecvCompressed(const TensorView& out, int peer, uint32_t tag,
-                                        PayloadDecoder decode) {
+                                        PayloadDecoder decode, void* cuda_stream) {
   if (peer < 0 || peer >= nranks() || peer == rank()) {
     return CompletedRequest(
         absl::InvalidArgumentError(absl::StrCat("RecvCompressed: bad peer ", peer)));
   }
-  if (!out.is_host() || out.dtype() != DType::kF32) {
+  if (out.dtype() != DType::kF32) {
     return CompletedRequest(
-        absl::InvalidArgumentError("RecvCompressed: out must be a host f32 tensor"));
+        absl::InvalidArgumentError("RecvCompressed: out must be an f32 tensor"));
   }
   absl::Status status = fabric_->aborted();
   if (!status.ok()) {
@@ -211,10 +250,10 @@ RequestPtr Communicator::RecvCompressed(const TensorView& out, int peer, uint32_
         absl::StrCat("RecvCompressed: the communicator failed earlier: ", status.ToString())));
   }
   if (!decode) {
-    decode = [](absl::Span<const uint8_t> payload, const TensorView& target) {
+    decode = [cuda_stream](absl::Span<const uint8_t> payload, const TensorView& target) {
       codecs::DecodeOptions options;
       options.aggregation = codecs::Aggregation::kSum;
-      return codecs::DecodeAccumulate({payload}, options, target);
+      return DecodeTensor({payload}, options, target, nullptr, cuda_stream, nullptr);
     };
   }
   auto request = std::make_shared<Request>();

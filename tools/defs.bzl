@@ -35,22 +35,32 @@ def lbcc_fuzz_test(name, srcs, deps, corpus, **kwargs):
     )
 
 # nvcc flags: device code for A100 (sm_80) and H100/H200 (sm_90), plus PTX for newer chips.
+# No FMA contraction: the codecs' kernels reproduce the CPU codecs' fp32 operations (they also
+# spell them with _rn intrinsics, which are never contracted).
 NVCC_FLAGS = [
     "-std=c++17",
     "-O3",
     "-Xcompiler=-fPIC",
+    "-Xcompiler=-ffp-contract=off",
+    "-fmad=false",
     "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
 ]
 
-def lbcc_cuda_library(name, cu_srcs, hdrs, host_fallback_srcs, deps = [], **kwargs):
+def lbcc_cuda_library(name, cu_srcs, hdrs, host_fallback_srcs, deps = [], cuda_host_srcs = [],
+                      copts = [], **kwargs):
     """A library whose CUDA sources are compiled by nvcc under --config=cuda.
 
     With --config=cuda (and nvcc present at $CUDA_PATH, default /usr/local/cuda) each file of
     `cu_srcs` becomes an object compiled by nvcc for sm_80 and sm_90 and links with the CUDA
-    runtime. Without it the library is built from `host_fallback_srcs`, which must implement
-    the same header and report Unimplemented for device work.
+    runtime, and `cuda_host_srcs` (C++ that calls the CUDA runtime; cuda_runtime.h is on the
+    include path) are compiled by the host compiler. Without it the library is built from
+    `host_fallback_srcs`, which must implement the same header and report Unimplemented for
+    device work.
+
+    nvcc sees only the package's own headers (and CUDA's), so .cu files include nothing from
+    other packages.
     """
     objects = []
     for src in cu_srcs:
@@ -70,9 +80,10 @@ def lbcc_cuda_library(name, cu_srcs, hdrs, host_fallback_srcs, deps = [], **kwar
     native.cc_library(
         name = name,
         srcs = select({
-            "//third_party:cuda_enabled": objects,
+            "//third_party:cuda_enabled": objects + cuda_host_srcs,
             "//conditions:default": host_fallback_srcs,
         }),
+        copts = copts,
         hdrs = hdrs,
         deps = deps + select({
             "//third_party:cuda_enabled": ["//third_party:cuda"],

@@ -1,0 +1,499 @@
+#include "kernels/device_subspace.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/dtype.h"
+#include "base/status_macros.h"
+#include "codecs/payload.h"
+#include "kernels/backend.h"
+#include "kernels/device_internal.h"
+
+namespace lbcc::kernels {
+namespace {
+
+static_assert(kCoefF32 == static_cast<int>(DType::kF32));
+static_assert(kCoefF16 == static_cast<int>(DType::kF16));
+static_assert(kCoefBf16 == static_cast<int>(DType::kBF16));
+static_assert(kCoefI8 == static_cast<int>(DType::kI8));
+
+absl::Status Corrupt(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("corrupt subspace payload: ", what));
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// codecs/subspace_codec.cc's body layout.
+struct BodyLayout {
+  uint64_t selectors = 0;
+  uint64_t ids = 0;
+  uint64_t scales = 0;
+  uint64_t coefficients = 0;
+  uint64_t total() const { return selectors + ids + scales + coefficients; }
+};
+
+BodyLayout Layout(int64_t tokens, int64_t k, int64_t num_selectors, int id_width, DType dtype,
+                  int64_t int8_block) {
+  BodyLayout l;
+  l.selectors = static_cast<uint64_t>(num_selectors);
+  l.ids = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(id_width);
+  if (dtype == DType::kI8) {
+    l.scales = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(CeilDiv(k, int8_block)) * 4;
+  }
+  l.coefficients = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(k) * DTypeSize(dtype);
+  return l;
+}
+
+// fn(first_row, end_row, component) for each run of blocks that share a selector.
+template <typename Fn>
+absl::Status ForEachRun(int64_t tokens, const uint8_t* selectors, int64_t block, Fn&& fn) {
+  if (selectors == nullptr) {
+    if (tokens > 0) return fn(int64_t{0}, tokens, 0);
+    return absl::OkStatus();
+  }
+  const int64_t blocks = CeilDiv(tokens, block);
+  for (int64_t b = 0; b < blocks;) {
+    int64_t e = b + 1;
+    while (e < blocks && selectors[e] == selectors[b]) ++e;
+    LBCC_RETURN_IF_ERROR(fn(b * block, std::min(tokens, e * block), static_cast<int>(selectors[b])));
+    b = e;
+  }
+  return absl::OkStatus();
+}
+
+uint32_t LoadId(const uint8_t* p, int width) {
+  uint32_t v = 0;
+  for (int b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
+  return v;
+}
+
+// Sub-buffers of one allocation.
+class Carve {
+ public:
+  size_t Add(size_t bytes) {
+    const size_t at = size_;
+    size_ += AlignUp(bytes);
+    return at;
+  }
+  size_t size() const { return std::max<size_t>(size_, 256); }
+
+ private:
+  size_t size_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceSubspaceCodec>> DeviceSubspaceCodec::Create(
+    std::shared_ptr<const codecs::SubspaceBasis> basis, codecs::SubspaceCodecOptions options,
+    int device) {
+  Backend* backend = CudaBackend();
+  if (backend == nullptr) return NoCuda("DeviceSubspaceCodec");
+  return Create(*backend, std::move(basis), options, device);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSubspaceCodec>> DeviceSubspaceCodec::Create(
+    Backend& backend, std::shared_ptr<const codecs::SubspaceBasis> basis,
+    codecs::SubspaceCodecOptions options, int device) {
+  LBCC_ASSIGN_OR_RETURN(codecs::SubspaceCodec host, codecs::SubspaceCodec::Create(basis, options));
+  std::unique_ptr<DeviceSubspaceCodec> codec(
+      new DeviceSubspaceCodec(backend, std::move(basis), options, std::move(host), device));
+  LBCC_RETURN_IF_ERROR(codec->Upload());
+  return codec;
+}
+
+DeviceSubspaceCodec::DeviceSubspaceCodec(Backend& backend,
+                                         std::shared_ptr<const codecs::SubspaceBasis> basis,
+                                         codecs::SubspaceCodecOptions options,
+                                         codecs::SubspaceCodec host, int device)
+    : backend_(&backend),
+      basis_(std::move(basis)),
+      options_(options),
+      host_(std::move(host)),
+      device_(device) {}
+
+DeviceSubspaceCodec::~DeviceSubspaceCodec() {
+  if (blas_ != nullptr) backend_->DestroyBlas(blas_);
+  for (float* p : {u_, projected_table_, table_}) {
+    if (p != nullptr) backend_->Free(p);
+  }
+  if (scratch_ != nullptr) backend_->Free(scratch_);
+  if (staging_ != nullptr) backend_->FreeHost(staging_);
+}
+
+absl::Status DeviceSubspaceCodec::Upload() {
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  LBCC_ASSIGN_OR_RETURN(blas_, backend_->CreateBlas());
+  auto upload = [this](absl::Span<const float> host, float** device) -> absl::Status {
+    if (host.empty()) return absl::OkStatus();
+    LBCC_ASSIGN_OR_RETURN(void* p, backend_->Malloc(host.size() * sizeof(float)));
+    *device = static_cast<float*>(p);
+    return backend_->CopyToDevice(p, host.data(), host.size() * sizeof(float), nullptr);
+  };
+  LBCC_RETURN_IF_ERROR(upload(basis_->u(), &u_));
+  LBCC_RETURN_IF_ERROR(upload(basis_->projected_table(), &projected_table_));
+  LBCC_RETURN_IF_ERROR(upload(basis_->table(), &table_));
+  return backend_->Synchronize(nullptr);
+}
+
+absl::StatusOr<uint8_t*> DeviceSubspaceCodec::Scratch(size_t bytes) {
+  if (scratch_bytes_ < bytes) {
+    if (scratch_ != nullptr) backend_->Free(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    LBCC_ASSIGN_OR_RETURN(void* p, backend_->Malloc(bytes));
+    scratch_ = static_cast<uint8_t*>(p);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
+absl::StatusOr<uint8_t*> DeviceSubspaceCodec::Staging(size_t bytes) {
+  if (staging_bytes_ < bytes) {
+    if (staging_ != nullptr) backend_->FreeHost(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    LBCC_ASSIGN_OR_RETURN(void* p, backend_->MallocHost(bytes));
+    staging_ = static_cast<uint8_t*>(p);
+    staging_bytes_ = bytes;
+  }
+  return staging_;
+}
+
+absl::Status DeviceSubspaceCodec::CheckView(const TensorView& x, absl::string_view what) const {
+  const MemoryKind memory = backend_->is_device() ? MemoryKind::kCuda : MemoryKind::kHost;
+  if (x.memory() != memory || x.dtype() != DType::kF32 || x.rank() != 2 ||
+      x.dim(1) != basis_->model_dim() || (memory == MemoryKind::kCuda && x.device() != device_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", x.DebugString(), ", expected f32[tokens, ", basis_->model_dim(), "]@",
+        memory == MemoryKind::kCuda ? absl::StrCat("cuda:", device_) : std::string("host")));
+  }
+  if (x.dim(0) > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", x.dim(0), " tokens, at most ", INT32_MAX));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> DeviceSubspaceCodec::EncodeForward(const TensorView& h,
+                                                          absl::Span<const int32_t> ids,
+                                                          absl::Span<uint8_t> out,
+                                                          codecs::SubspaceSelectors* selectors_out,
+                                                          void* stream) {
+  LBCC_RETURN_IF_ERROR(CheckView(h, "activations"));
+  const int64_t tokens = h.dim(0);
+  const int64_t v = basis_->vocab_size();
+  if (v == 0) {
+    if (!ids.empty()) {
+      return absl::InvalidArgumentError("the basis has no vocabulary: pass no token ids");
+    }
+  } else {
+    if (static_cast<int64_t>(ids.size()) != tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", tokens,
+                                                     " tokens"));
+    }
+    for (size_t t = 0; t < ids.size(); ++t) {
+      if (ids[t] < 0 || ids[t] >= v) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", ids[t], " at position ", t,
+                                                       " outside [0, V = ", v, ")"));
+      }
+    }
+  }
+  return Encode(true, h.data_as<const float>(), tokens, ids, nullptr, options_.mixture_block, out,
+                selectors_out, stream);
+}
+
+absl::StatusOr<size_t> DeviceSubspaceCodec::EncodeBackward(
+    const TensorView& g_h, const codecs::SubspaceSelectors& selectors, absl::Span<uint8_t> out,
+    void* stream) {
+  LBCC_RETURN_IF_ERROR(CheckView(g_h, "gradients"));
+  const int64_t tokens = g_h.dim(0);
+  const int64_t m = basis_->components();
+  int64_t block = options_.mixture_block;
+  if (m == 1) {
+    if (!selectors.values.empty()) {
+      return absl::InvalidArgumentError("a single basis takes no selectors");
+    }
+  } else {
+    block = selectors.mixture_block;
+    if (block < 1 || block > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("selector mixture_block ", block, " outside [1, 65535]"));
+    }
+    if (static_cast<int64_t>(selectors.values.size()) != CeilDiv(tokens, block)) {
+      return absl::InvalidArgumentError(absl::StrCat(selectors.values.size(), " selectors for ",
+                                                     tokens, " tokens in blocks of ", block));
+    }
+    for (uint8_t s : selectors.values) {
+      if (s >= m) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("selector ", int{s}, " outside [0, M = ", m, ")"));
+      }
+    }
+  }
+  return Encode(false, g_h.data_as<const float>(), tokens, {},
+                m > 1 ? selectors.values.data() : nullptr, block, out, nullptr, stream);
+}
+
+absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x, int64_t tokens,
+                                                   absl::Span<const int32_t> ids,
+                                                   const uint8_t* selectors, int64_t block,
+                                                   absl::Span<uint8_t> out,
+                                                   codecs::SubspaceSelectors* selectors_out,
+                                                   void* stream) {
+  const codecs::SubspaceBasis& b = *basis_;
+  const int64_t d = b.model_dim(), k = b.rank(), m = b.components(), ld = b.ld();
+  const int id_width = forward ? b.id_width() : 0;
+  const DType dtype = options_.coefficient_dtype;
+  const int64_t int8_block = dtype == DType::kI8 ? options_.int8_block : 0;
+  const int64_t num_selectors = m > 1 ? CeilDiv(tokens, block) : 0;
+  const BodyLayout layout = Layout(tokens, k, num_selectors, id_width, dtype, int8_block);
+  const size_t bytes = codecs::PayloadBytes(2, codecs::kSubspaceParamsBytes, layout.total());
+  if (out.size() < bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload buffer holds ", out.size(), " bytes, needs ", bytes));
+  }
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  const bool subtract_table = forward && b.has_table() && !ids.empty();
+  // Device: all (forward: every component), coef (the chosen component), ids, selectors,
+  // scales, quantized coefficients. Host staging: ids out, selectors, scales, coefficients back.
+  Carve dev;
+  const size_t all_at = dev.Add(sizeof(float) * static_cast<size_t>(tokens * (forward ? ld : k)));
+  const size_t coef_at = dev.Add(sizeof(float) * static_cast<size_t>(tokens * k));
+  const size_t ids_at = dev.Add(subtract_table ? sizeof(int32_t) * static_cast<size_t>(tokens) : 0);
+  const size_t sel_at = dev.Add(layout.selectors);
+  const size_t scales_at = dev.Add(layout.scales);
+  const size_t q_at = dev.Add(layout.coefficients);
+  LBCC_ASSIGN_OR_RETURN(uint8_t * device, Scratch(dev.size()));
+  LBCC_ASSIGN_OR_RETURN(uint8_t * host, Staging(dev.size()));
+  float* all = reinterpret_cast<float*>(device + all_at);
+  float* coef = forward && m == 1 ? all : reinterpret_cast<float*>(device + coef_at);
+  if (tokens > 0) {
+    if (forward) {
+      // all^T [ld x tokens] = U^T [ld x d] h^T [d x tokens] (column-major views of row-major).
+      LBCC_RETURN_IF_ERROR(backend_->Gemm(blas_, stream, false, false, static_cast<int>(ld),
+                                          static_cast<int>(tokens), static_cast<int>(d), 1.0f, u_,
+                                          static_cast<int>(ld), x, static_cast<int>(d), 0.0f, all,
+                                          static_cast<int>(ld)));
+      SubspaceForwardArgs fa;
+      fa.tokens = tokens;
+      fa.k = k;
+      fa.components = m;
+      fa.mixture_block = block;
+      fa.all = all;
+      fa.coef = coef;
+      fa.selectors = device + sel_at;
+      if (subtract_table) {
+        std::memcpy(host + ids_at, ids.data(), sizeof(int32_t) * static_cast<size_t>(tokens));
+        LBCC_RETURN_IF_ERROR(backend_->CopyToDevice(device + ids_at, host + ids_at,
+                                                    sizeof(int32_t) * tokens, stream));
+        fa.ids = reinterpret_cast<const int32_t*>(device + ids_at);
+        fa.projected_table = projected_table_;
+      }
+      LBCC_RETURN_IF_ERROR(backend_->SubspaceForwardPrep(fa, stream));
+    } else {
+      LBCC_RETURN_IF_ERROR(ForEachRun(tokens, selectors, block, [&](int64_t t0, int64_t t1, int c) {
+        return backend_->Gemm(blas_, stream, false, false, static_cast<int>(k),
+                              static_cast<int>(t1 - t0), static_cast<int>(d), 1.0f, u_ + c * k,
+                              static_cast<int>(ld), x + t0 * d, static_cast<int>(d), 0.0f,
+                              coef + t0 * k, static_cast<int>(k));
+      }));
+    }
+    SubspaceQuantizeArgs qa;
+    qa.tokens = tokens;
+    qa.k = k;
+    qa.dtype = static_cast<int>(dtype);
+    qa.int8_block = int8_block;
+    qa.coef = coef;
+    qa.scales = device + scales_at;
+    qa.out = device + q_at;
+    LBCC_RETURN_IF_ERROR(backend_->SubspaceQuantize(qa, stream));
+    if (forward && m > 1) {
+      LBCC_RETURN_IF_ERROR(
+          backend_->CopyToHost(host + sel_at, device + sel_at, layout.selectors, stream));
+    }
+    LBCC_RETURN_IF_ERROR(
+        backend_->CopyToHost(host + scales_at, device + scales_at, layout.scales, stream));
+    LBCC_RETURN_IF_ERROR(backend_->CopyToHost(host + q_at, device + q_at, layout.coefficients,
+                                              stream));
+    LBCC_RETURN_IF_ERROR(backend_->Synchronize(stream));
+  }
+  // The payload, as codecs::SubspaceCodec::Write lays it out.
+  codecs::PayloadWriter writer;
+  const Shape shape = {tokens, d};
+  LBCC_RETURN_IF_ERROR(writer.Begin(
+      out, forward ? codecs::CodecId::kSubspaceForward : codecs::CodecId::kSubspaceBackward,
+      codecs::kSubspaceCodecVersion, DType::kF32, shape, codecs::kSubspaceParamsBytes,
+      layout.total()));
+  codecs::ByteWriter params(writer.params());
+  params.U64(b.id().hash);
+  params.U32(b.id().version);
+  params.U32(static_cast<uint32_t>(k));
+  params.U32(forward ? static_cast<uint32_t>(b.vocab_size()) : 0u);
+  params.U16(static_cast<uint16_t>(m));
+  params.U16(m > 1 ? static_cast<uint16_t>(block) : 0);
+  params.U16(static_cast<uint16_t>(int8_block));
+  params.U8(static_cast<uint8_t>(dtype));
+  params.U8(static_cast<uint8_t>(id_width));
+  uint8_t* p = writer.body().data();
+  const uint8_t* chosen = forward ? host + sel_at : selectors;
+  if (num_selectors > 0) std::memcpy(p, chosen, layout.selectors);
+  p += layout.selectors;
+  for (int64_t t = 0; t < tokens && id_width > 0; ++t) {
+    const uint32_t id = static_cast<uint32_t>(ids[t]);
+    for (int byte = 0; byte < id_width; ++byte) *p++ = static_cast<uint8_t>(id >> (8 * byte));
+  }
+  if (layout.scales > 0) std::memcpy(p, host + scales_at, layout.scales);
+  p += layout.scales;
+  if (layout.coefficients > 0) std::memcpy(p, host + q_at, layout.coefficients);
+  if (selectors_out != nullptr) {
+    selectors_out->mixture_block = m > 1 ? block : 0;
+    selectors_out->values.assign(chosen, chosen + num_selectors);
+  }
+  return writer.Finish();
+}
+
+absl::Status DeviceSubspaceCodec::DecodeForward(absl::Span<const uint8_t> payload,
+                                                const TensorView& h_out,
+                                                absl::Span<int32_t> ids_out,
+                                                codecs::SubspaceSelectors* selectors_out,
+                                                void* stream) {
+  return Decode(true, payload, h_out, ids_out, selectors_out, stream);
+}
+
+absl::Status DeviceSubspaceCodec::DecodeBackward(absl::Span<const uint8_t> payload,
+                                                 const TensorView& g_out,
+                                                 codecs::SubspaceSelectors* selectors_out,
+                                                 void* stream) {
+  return Decode(false, payload, g_out, {}, selectors_out, stream);
+}
+
+absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t> payload,
+                                         const TensorView& out, absl::Span<int32_t> ids_out,
+                                         codecs::SubspaceSelectors* selectors_out, void* stream) {
+  LBCC_ASSIGN_OR_RETURN(const codecs::SubspacePayloadHeader h,
+                        codecs::InspectSubspacePayload(payload));
+  if ((h.direction == codecs::SubspaceDirection::kForward) != forward) {
+    return Corrupt(forward ? "a backward payload given to the forward decoder"
+                           : "a forward payload given to the backward decoder");
+  }
+  const codecs::SubspaceBasis& b = *basis_;
+  const int64_t expected_vocab = forward ? b.vocab_size() : 0;
+  if (h.basis != b.id()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "payload was encoded with basis ", h.basis.ToString(), " (d ", h.model_dim, ", k ",
+        h.rank, ", M ", h.components, ", V ", h.vocab_size, "); this codec holds ",
+        b.id().ToString(), " (d ", b.model_dim(), ", k ", b.rank(), ", M ", b.components(),
+        ", V ", expected_vocab, ")"));
+  }
+  if (h.model_dim != b.model_dim() || h.rank != b.rank() || h.components != b.components() ||
+      h.vocab_size != expected_vocab) {
+    return Corrupt(absl::StrCat("names basis ", h.basis.ToString(), " but its shape (d ",
+                                h.model_dim, ", k ", h.rank, ", M ", h.components, ", V ",
+                                h.vocab_size, ") disagrees with it"));
+  }
+  LBCC_RETURN_IF_ERROR(CheckView(out, "output"));
+  if (out.dim(0) != h.tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("output is ", out.DebugString(),
+                                                   ", the payload holds f32[", h.tokens, ", ",
+                                                   h.model_dim, "]"));
+  }
+  const int64_t id_count = h.id_width > 0 ? h.tokens : 0;
+  if (!ids_out.empty() && static_cast<int64_t>(ids_out.size()) != id_count) {
+    return absl::InvalidArgumentError(absl::StrCat("ids output holds ", ids_out.size(),
+                                                   " values, the payload carries ", id_count,
+                                                   " ids"));
+  }
+  const BodyLayout layout = Layout(h.tokens, h.rank, h.num_selectors, h.id_width,
+                                   h.coefficient_dtype, h.int8_block);
+  const uint8_t* body =
+      payload.data() + (payload.size() - codecs::kPayloadChecksumBytes - layout.total());
+  const uint8_t* selectors = body;
+  const uint8_t* ids = selectors + layout.selectors;
+  const uint8_t* scales = ids + layout.ids;
+  const uint8_t* coefficients = scales + layout.scales;
+  // Validate everything before writing anything.
+  for (int64_t s = 0; s < h.num_selectors; ++s) {
+    if (selectors[s] >= h.components) {
+      return Corrupt(absl::StrCat("selector ", int{selectors[s]}, " of block ", s,
+                                  " outside [0, M = ", h.components, ")"));
+    }
+  }
+  for (int64_t t = 0; t < h.tokens && h.id_width > 0; ++t) {
+    const uint32_t id = LoadId(ids + t * h.id_width, h.id_width);
+    if (id >= static_cast<uint64_t>(h.vocab_size)) {
+      return Corrupt(absl::StrCat("token id ", id, " at position ", t, " outside [0, V = ",
+                                  h.vocab_size, ")"));
+    }
+  }
+  for (uint64_t s = 0; s < layout.scales / 4; ++s) {
+    float scale;
+    std::memcpy(&scale, scales + 4 * s, 4);
+    if (!(scale >= 0)) return Corrupt(absl::StrCat("int8 scale ", scale, " is negative or NaN"));
+  }
+  const int64_t tokens = h.tokens, d = b.model_dim(), k = b.rank(), ld = b.ld();
+  if (tokens > 0) {
+    LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+    const bool add_table = forward && h.id_width > 0 && b.has_table();
+    Carve image;
+    const size_t ids_at = image.Add(add_table ? sizeof(int32_t) * static_cast<size_t>(tokens) : 0);
+    const size_t scales_at = image.Add(layout.scales);
+    const size_t q_at = image.Add(layout.coefficients);
+    const size_t coef_at = image.Add(sizeof(float) * static_cast<size_t>(tokens * k));
+    LBCC_ASSIGN_OR_RETURN(uint8_t * device, Scratch(image.size()));
+    LBCC_ASSIGN_OR_RETURN(uint8_t * host, Staging(image.size()));
+    if (add_table) {
+      auto* id32 = reinterpret_cast<int32_t*>(host + ids_at);
+      for (int64_t t = 0; t < tokens; ++t) {
+        id32[t] = static_cast<int32_t>(LoadId(ids + t * h.id_width, h.id_width));
+      }
+    }
+    if (layout.scales > 0) std::memcpy(host + scales_at, scales, layout.scales);
+    std::memcpy(host + q_at, coefficients, layout.coefficients);
+    LBCC_RETURN_IF_ERROR(backend_->CopyToDevice(device, host, coef_at, stream));
+    float* coef = reinterpret_cast<float*>(device + coef_at);
+    SubspaceDequantizeArgs da;
+    da.tokens = tokens;
+    da.k = k;
+    da.dtype = static_cast<int>(h.coefficient_dtype);
+    da.int8_block = h.int8_block;
+    da.scales = device + scales_at;
+    da.in = device + q_at;
+    da.coef = coef;
+    LBCC_RETURN_IF_ERROR(backend_->SubspaceDequantize(da, stream));
+    float* o = out.data_as<float>();
+    if (add_table) {
+      SubspaceGatherArgs ga;
+      ga.tokens = tokens;
+      ga.d = d;
+      ga.ids = reinterpret_cast<const int32_t*>(device + ids_at);
+      ga.table = table_;
+      ga.out = o;
+      LBCC_RETURN_IF_ERROR(backend_->SubspaceGatherTable(ga, stream));
+    }
+    // out^T [d x rows] (+)= U_c [d x k] coef^T [k x rows], per run of one component.
+    LBCC_RETURN_IF_ERROR(ForEachRun(
+        tokens, h.num_selectors > 0 ? selectors : nullptr, h.mixture_block,
+        [&](int64_t t0, int64_t t1, int c) {
+          return backend_->Gemm(blas_, stream, true, false, static_cast<int>(d),
+                                static_cast<int>(t1 - t0), static_cast<int>(k), 1.0f, u_ + c * k,
+                                static_cast<int>(ld), coef + t0 * k, static_cast<int>(k),
+                                add_table ? 1.0f : 0.0f, o + t0 * d, static_cast<int>(d));
+        }));
+    LBCC_RETURN_IF_ERROR(backend_->Synchronize(stream));
+  }
+  if (!ids_out.empty()) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      ids_out[t] = static_cast<int32_t>(LoadId(ids + t * h.id_width, h.id_width));
+    }
+  }
+  if (selectors_out != nullptr) {
+    selectors_out->mixture_block = h.mixture_block;
+    selectors_out->values.assign(selectors, selectors + h.num_selectors);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lbcc::kernels

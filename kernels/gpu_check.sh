@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# The GPU verification of kernels/ in one go: about 10 minutes on one GPU (kernels/README.md).
+#
+#   kernels/gpu_check.sh           on a machine with an NVIDIA GPU: take the GPU binaries (from
+#                                  kernels/gpu_bundle/, or built with Bazel when that is
+#                                  missing), run the GPU tests (device codecs against the CPU
+#                                  codecs), the benchmark (encode vs device copy bandwidth) and
+#                                  the torch.topk SparseLoCo baseline, and print a summary
+#   kernels/gpu_check.sh --pack    on a build machine with nvcc (no GPU needed): build those
+#                                  binaries with --config=cuda, statically linked against LBCC,
+#                                  and copy them with the shared libraries they need (beyond
+#                                  glibc, the CUDA driver and cuBLAS) into kernels/gpu_bundle/
+#                                  (ignored by git), for GPU machines without Bazel or LBCC's
+#                                  Debian packages
+#   kernels/gpu_check.sh --build   on the GPU machine: build with Bazel even if a bundle exists
+#
+# Results go to $OUT (default /tmp/lbcc_gpu_check): one log per test, benchmark.json,
+# torch_*.json, summary.txt. Exit status: 0 when every step ran and every test passed (figures
+# are reported, never judged); 1 when a test failed; 2 when something needed is missing (the
+# summary says what).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUNDLE=$ROOT/kernels/gpu_bundle
+OUT=${OUT:-/tmp/lbcc_gpu_check}
+CUDA=${CUDA_PATH:-/usr/local/cuda}
+# package:target of every binary the check runs.
+TESTS=(kernels:cuda_runtime_test kernels:device_codec_gpu_test kernels:device_subspace_gpu_test
+       comm:device_sparse_allreduce_test)
+BENCH=kernels:topk_ef_gpu_benchmark
+# Shared libraries a bundle leaves to the GPU machine: glibc, the driver, cuBLAS (hundreds of MB;
+# CUDA and PyTorch images carry it).
+SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libcuda\.so|libcublas|libnvidia)'
+
+mode=check
+case "${1:-}" in
+  --pack) mode=pack ;;
+  --build) mode=build ;;
+  "") ;;
+  -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+esac
+
+targets() {
+  local t
+  for t in "${TESTS[@]}" "$BENCH"; do echo "//$t"; done
+}
+
+bin_path() {  # package:target -> bazel-bin path
+  echo "bazel-bin/${1%%:*}/${1##*:}"
+}
+
+bazel_build() {
+  # --dynamic_mode=off: LBCC's own libraries are linked into each binary, so a bundle needs
+  # only system libraries beside them.
+  bazel build --config=cuda --dynamic_mode=off $(targets)
+}
+
+if [[ $mode == pack ]]; then
+  [[ -x $CUDA/bin/nvcc ]] || { echo "gpu_check.sh --pack: no nvcc at $CUDA/bin/nvcc"; exit 2; }
+  bazel_build || { echo "gpu_check.sh --pack: the build failed"; exit 1; }
+  rm -rf "$BUNDLE"
+  mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
+  for t in "${TESTS[@]}" "$BENCH"; do
+    cp "$(bin_path "$t")" "$BUNDLE/bin/"
+    chmod u+w "$BUNDLE/bin/${t##*:}"
+    ldd "$(bin_path "$t")" | awk '/=> \//{print $1, $3}' | while read -r name path; do
+      if [[ ! $name =~ $SYSTEM_LIBS ]]; then cp -L "$path" "$BUNDLE/lib/$name"; fi
+    done
+  done
+  strip --strip-unneeded "$BUNDLE"/bin/* "$BUNDLE"/lib/* 2>/dev/null || true
+  {
+    echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n) with $("$CUDA/bin/nvcc" --version | tail -1)"
+  } > "$BUNDLE/MANIFEST"
+  echo "gpu_check.sh --pack: $(du -sh "$BUNDLE" | cut -f1) in $BUNDLE"
+  cat "$BUNDLE/MANIFEST"
+  exit 0
+fi
+
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+missing=0
+
+note "== LBCC kernels/ GPU check, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  note "GPU: $(nvidia-smi -L | head -1); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+else
+  note "MISSING: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check"
+  exit 2
+fi
+
+# The binaries: a bundle made by --pack, or a Bazel build here.
+BIN=""
+if [[ $mode == check && -d $BUNDLE/bin ]]; then
+  BIN=$BUNDLE/bin
+  note "binaries: bundle ($(head -1 "$BUNDLE/MANIFEST"); this tree: $(git rev-parse HEAD 2>/dev/null || echo unknown))"
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+elif command -v bazel >/dev/null 2>&1; then
+  note "binaries: bazel build --config=cuda (here)"
+  if bazel_build > "$OUT/build.log" 2>&1; then
+    BIN=$OUT/bin
+    mkdir -p "$BIN"
+    for t in "${TESTS[@]}" "$BENCH"; do cp -f "$(bin_path "$t")" "$BIN/"; done
+  else
+    note "FAILED: bazel build --config=cuda (see $OUT/build.log)"
+    tail -20 "$OUT/build.log"
+    exit 1
+  fi
+else
+  note "MISSING: no kernels/gpu_bundle and no bazel: run kernels/gpu_check.sh --pack on a build machine with nvcc and carry kernels/gpu_bundle here"
+  exit 2
+fi
+
+# cuBLAS and the CUDA runtime: the CUDA toolkit's, or the ones PyTorch's wheels carry.
+for dir in "$CUDA/lib64" "$CUDA/targets/x86_64-linux/lib"; do
+  [[ -d $dir ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dir"
+done
+if command -v python3 >/dev/null 2>&1; then
+  for dir in $(python3 - <<'EOF' 2>/dev/null
+import importlib, os
+for name in ("nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13", "nvidia.cu12"):
+    try:
+        m = importlib.import_module(name)
+    except Exception:
+        continue
+    for base in list(getattr(m, "__path__", [])):
+        for sub in ("lib", "lib64"):
+            p = os.path.join(base, sub)
+            if os.path.isdir(p):
+                print(p)
+EOF
+  ); do LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dir"; done
+fi
+export LD_LIBRARY_PATH
+for b in "$BIN"/*; do
+  if ldd "$b" | grep -q "not found"; then
+    note "MISSING libraries for $(basename "$b"): $(ldd "$b" | awk '/not found/{print $1}' | tr '\n' ' ')"
+    missing=1
+  fi
+done
+
+# 1. Correctness: the device codecs against the CPU codecs.
+failed=0
+for t in "${TESTS[@]}"; do
+  name=${t##*:}
+  log=$OUT/$name.log
+  timeout 300 "$BIN/$name" > "$log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \] .*(' "$log")
+  fails=$(grep -c '^\[  FAILED  \] .*(' "$log")
+  if ((rc == 0)); then
+    note "test $name: ok ($passed passed, $skipped skipped)"
+    ((skipped > 0)) && note "  WARNING: $name skipped $skipped tests on a GPU machine (see $log)"
+  else
+    note "test $name: FAILED (exit $rc, $fails failed, $passed passed; see $log)"
+    grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$log" | head -20 | tee -a "$SUMMARY"
+    failed=1
+  fi
+done
+
+# 2. Benchmark: encode throughput against device copy bandwidth, same binary, same run.
+timeout 420 "$BIN/topk_ef_gpu_benchmark" --benchmark_out="$OUT/benchmark.json" \
+  --benchmark_out_format=json --benchmark_min_time=0.5 > "$OUT/benchmark.log" 2>&1
+rc=$?
+((rc == 0)) || { note "benchmark: FAILED (exit $rc; see $OUT/benchmark.log)"; failed=1; }
+tail -6 "$OUT/benchmark.log" | tee -a "$SUMMARY"
+
+# 3. The torch.topk SparseLoCo baseline on the same GPU.
+for shape in 4096x4096 8192x8192; do
+  if command -v python3 >/dev/null 2>&1; then
+    timeout 300 python3 kernels/gpu/torch_sparseloco.py --rows "${shape%x*}" --cols "${shape#*x}" \
+      --json "$OUT/torch_$shape.json" > "$OUT/torch_$shape.log" 2>&1
+    rc=$?
+    if ((rc == 2)); then
+      note "MISSING: torch with CUDA ($(cat "$OUT/torch_$shape.log" | tail -1))"
+      missing=1
+      break
+    elif ((rc != 0)); then
+      note "torch baseline $shape: FAILED (exit $rc; see $OUT/torch_$shape.log)"
+    fi
+  else
+    note "MISSING: python3 (for the torch baseline)"
+    missing=1
+    break
+  fi
+done
+
+# 4. Summary: the figures of this run next to the issue's goals.
+python3 kernels/gpu/summarize.py "$OUT" 2>&1 | tee -a "$SUMMARY"
+
+if ((failed)); then note "RESULT: a test or the benchmark failed"; exit 1; fi
+if ((missing)); then note "RESULT: tests passed; something was missing (see above)"; exit 2; fi
+note "RESULT: all GPU tests passed; figures above are from this run"
+exit 0

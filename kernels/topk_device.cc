@@ -1,0 +1,490 @@
+// DeviceTopKEfState and the TopK-EF encode on a Backend: the CPU codec's steps (topk_ef.h) as a
+// sequence of kernels, then the envelope on the host.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "codecs/index_coding.h"
+#include "codecs/payload.h"
+#include "codecs/topk_ef.h"
+#include "codecs/value_coding.h"
+#include "kernels/backend.h"
+#include "kernels/device_codec.h"
+#include "kernels/device_internal.h"
+
+namespace lbcc::kernels {
+
+static_assert(kValueF32 == static_cast<int>(codecs::ValueCoding::kF32));
+static_assert(kValueBf16 == static_cast<int>(codecs::ValueCoding::kBf16));
+static_assert(kValueF16 == static_cast<int>(codecs::ValueCoding::kF16));
+static_assert(kValueBinMean2 == static_cast<int>(codecs::ValueCoding::kBinMean2));
+static_assert(kValueBinMean4 == static_cast<int>(codecs::ValueCoding::kBinMean4));
+static_assert(kValueBinMean8 == static_cast<int>(codecs::ValueCoding::kBinMean8));
+static_assert(kValueAbsmax8 == static_cast<int>(codecs::ValueCoding::kAbsmax8));
+static_assert(kValueAbsmax4 == static_cast<int>(codecs::ValueCoding::kAbsmax4));
+static_assert(kIndexAuto == static_cast<int>(codecs::IndexCoding::kAuto));
+static_assert(kIndexPacked12 == static_cast<int>(codecs::IndexCoding::kPacked12));
+static_assert(kIndexAdaptive == static_cast<int>(codecs::IndexCoding::kAdaptive));
+
+namespace {
+
+constexpr size_t kFixedParamBytes = 16;  // codecs/topk_ef.cc
+
+Geometry ToKernelGeometry(const codecs::ChunkGeometry& g) {
+  Geometry k;
+  k.rows = g.rows;
+  k.cols = g.cols;
+  k.h = g.h;
+  k.w = g.w;
+  k.chunk_len = g.chunk_len;
+  k.chunks_x = g.chunks_x;
+  k.num_chunks = g.num_chunks;
+  return k;
+}
+
+}  // namespace
+
+// The per-encode device buffers of a state, sized for one (count, coding) and regrown when a
+// later encode needs more.
+struct DeviceTopKEfState::Buffers {
+  Backend* backend = nullptr;
+  uint8_t* arena = nullptr;
+  size_t arena_bytes = 0;
+  uint16_t* sel_local = nullptr;
+  float* sel_value = nullptr;
+  float* centered = nullptr;
+  uint8_t* codes = nullptr;
+  uint32_t* bits6 = nullptr;
+  uint32_t* bits7 = nullptr;
+  uint64_t* offsets6 = nullptr;
+  uint64_t* offsets7 = nullptr;
+  uint8_t* index = nullptr;
+  size_t index_bytes = 0;
+  uint8_t* values = nullptr;
+  SumStats* partials = nullptr;
+  BinStats* bin_partials = nullptr;
+  EncodeSummary* summary = nullptr;
+  void* scan_temp = nullptr;
+  size_t scan_temp_bytes = 0;
+
+  ~Buffers() {
+    if (arena != nullptr) backend->Free(arena);
+  }
+};
+
+DeviceTopKEfState::DeviceTopKEfState(Backend& backend, int device)
+    : backend_(&backend), device_(device) {}
+
+absl::StatusOr<std::unique_ptr<DeviceTopKEfState>> DeviceTopKEfState::Create(Backend& backend,
+                                                                              int device) {
+  if (device < 0) return absl::InvalidArgumentError(absl::StrCat("device ", device));
+  return std::unique_ptr<DeviceTopKEfState>(new DeviceTopKEfState(backend, device));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceTopKEfState>> DeviceTopKEfState::Create(int device) {
+  Backend* backend = CudaBackend();
+  if (backend == nullptr) return NoCuda("DeviceTopKEfState");
+  return Create(*backend, device);
+}
+
+DeviceTopKEfState::~DeviceTopKEfState() {
+  for (void* e : events_) {
+    if (e != nullptr) backend_->DestroyEvent(e);
+  }
+  Release();
+  if (host_ != nullptr) backend_->FreeHost(host_);
+}
+
+void DeviceTopKEfState::Release() {
+  buffers_.reset();
+  if (arena_ != nullptr) backend_->Free(arena_);
+  arena_ = nullptr;
+  error_ = nullptr;
+  next_ = nullptr;
+}
+
+absl::Status DeviceTopKEfState::Reset(absl::Span<const int64_t> shape) {
+  LBCC_ASSIGN_OR_RETURN(codecs::ChunkGeometry g, codecs::MakeChunkGeometry(shape));
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  Release();
+  initialized_ = false;
+  pending_ = false;
+  const size_t bytes = static_cast<size_t>(g.num_elements) * sizeof(float);
+  const size_t half = AlignUp(bytes);
+  LBCC_ASSIGN_OR_RETURN(void* arena, backend_->Malloc(std::max<size_t>(2 * half, 256)));
+  arena_ = static_cast<uint8_t*>(arena);
+  error_ = reinterpret_cast<float*>(arena_);
+  next_ = reinterpret_cast<float*>(arena_ + half);
+  LBCC_RETURN_IF_ERROR(backend_->Memset(arena_, 0, 2 * half, nullptr));
+  LBCC_RETURN_IF_ERROR(backend_->Synchronize(nullptr));
+  geometry_ = g;
+  shape_.assign(shape.begin(), shape.end());
+  initialized_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTopKEfState::Load(absl::Span<const int64_t> shape,
+                                     absl::Span<const float> error) {
+  LBCC_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
+  if (static_cast<int64_t>(error.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef state: ", error.size(),
+                                                   " values for shape ", ShapeToString(shape)));
+  }
+  for (size_t i = 0; i < error.size(); ++i) {
+    if (hd::AbsBits(error[i]) > hd::kMaxFiniteAbsBits) {
+      return absl::InvalidArgumentError(absl::StrCat("topk_ef state: entry ", i, " is not finite"));
+    }
+  }
+  LBCC_RETURN_IF_ERROR(Reset(shape));
+  LBCC_RETURN_IF_ERROR(
+      backend_->CopyToDevice(error_, error.data(), error.size() * sizeof(float), nullptr));
+  return backend_->Synchronize(nullptr);
+}
+
+absl::Status DeviceTopKEfState::CopyErrorToHost(absl::Span<float> out) const {
+  if (static_cast<int64_t>(out.size()) != geometry_.num_elements || !initialized_) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef state holds ", geometry_.num_elements,
+                                                   " values, the buffer ", out.size()));
+  }
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  LBCC_RETURN_IF_ERROR(backend_->CopyToHost(out.data(), error_, out.size() * sizeof(float), nullptr));
+  return backend_->Synchronize(nullptr);
+}
+
+absl::Status DeviceTopKEfState::CopyPendingErrorToHost(absl::Span<float> out) const {
+  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing pending");
+  if (static_cast<int64_t>(out.size()) != geometry_.num_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef state holds ", geometry_.num_elements,
+                                                   " values, the buffer ", out.size()));
+  }
+  LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
+  LBCC_RETURN_IF_ERROR(backend_->CopyToHost(out.data(), next_, out.size() * sizeof(float), nullptr));
+  return backend_->Synchronize(nullptr);
+}
+
+absl::Status DeviceTopKEfState::Commit() {
+  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing to commit");
+  std::swap(error_, next_);
+  pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTopKEfState::Abort() {
+  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing to abort");
+  pending_ = false;
+  return absl::OkStatus();
+}
+
+struct TopKEncoder {
+  // Grows the state's per-encode buffers for `count` values of `coding` and the staging.
+  static absl::Status Prepare(DeviceTopKEfState& st, const codecs::TopKEfOptions& o, int64_t k) {
+    Backend& be = *st.backend_;
+    const codecs::ChunkGeometry& g = st.geometry_;
+    const int64_t count = g.num_chunks * k;
+    const codecs::IndexLayout layout{g.num_chunks, k, g.chunk_len};
+    const size_t index_bytes =
+        AlignUp(std::max(codecs::Packed12Bytes(count), codecs::AdaptiveMaxBytes(layout)) + 8);
+    const size_t value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
+    const size_t scan_bytes = be.ScanTempBytes(g.num_chunks);
+    const size_t n = static_cast<size_t>(count), chunks = static_cast<size_t>(g.num_chunks);
+    const size_t sizes[] = {
+        n * sizeof(uint16_t),  n * sizeof(float),    n * sizeof(float),
+        n,                     chunks * 4,           chunks * 4,
+        chunks * 8,            chunks * 8,           index_bytes,
+        value_bytes + 8,       kMaxPartials * sizeof(SumStats),
+        kMaxPartials * 256 * sizeof(BinStats),       sizeof(EncodeSummary),
+        scan_bytes,
+    };
+    size_t total = 0;
+    for (size_t s : sizes) total += AlignUp(s);
+    if (st.buffers_ == nullptr || st.buffers_->arena_bytes < total ||
+        st.buffers_->index_bytes < index_bytes) {
+      st.buffers_.reset();
+      auto b = std::make_unique<DeviceTopKEfState::Buffers>();
+      b->backend = &be;
+      LBCC_ASSIGN_OR_RETURN(void* arena, be.Malloc(total));
+      b->arena = static_cast<uint8_t*>(arena);
+      b->arena_bytes = total;
+      st.buffers_ = std::move(b);
+    }
+    DeviceTopKEfState::Buffers& b = *st.buffers_;
+    uint8_t* p = b.arena;
+    auto carve = [&p](size_t bytes) {
+      uint8_t* r = p;
+      p += AlignUp(bytes);
+      return r;
+    };
+    b.sel_local = reinterpret_cast<uint16_t*>(carve(sizes[0]));
+    b.sel_value = reinterpret_cast<float*>(carve(sizes[1]));
+    b.centered = reinterpret_cast<float*>(carve(sizes[2]));
+    b.codes = carve(sizes[3]);
+    b.bits6 = reinterpret_cast<uint32_t*>(carve(sizes[4]));
+    b.bits7 = reinterpret_cast<uint32_t*>(carve(sizes[5]));
+    b.offsets6 = reinterpret_cast<uint64_t*>(carve(sizes[6]));
+    b.offsets7 = reinterpret_cast<uint64_t*>(carve(sizes[7]));
+    b.index = carve(sizes[8]);
+    b.index_bytes = index_bytes;
+    b.values = carve(sizes[9]);
+    b.partials = reinterpret_cast<SumStats*>(carve(sizes[10]));
+    b.bin_partials = reinterpret_cast<BinStats*>(carve(sizes[11]));
+    b.summary = reinterpret_cast<EncodeSummary*>(carve(sizes[12]));
+    b.scan_temp = carve(sizes[13]);
+    b.scan_temp_bytes = scan_bytes;
+    return absl::OkStatus();
+  }
+
+  static absl::Status GrowHost(DeviceTopKEfState& st, size_t bytes) {
+    if (st.host_bytes_ >= bytes) return absl::OkStatus();
+    if (st.host_ != nullptr) st.backend_->FreeHost(st.host_);
+    st.host_ = nullptr;
+    st.host_bytes_ = 0;
+    LBCC_ASSIGN_OR_RETURN(void* host, st.backend_->MallocHost(bytes));
+    st.host_ = static_cast<uint8_t*>(host);
+    st.host_bytes_ = bytes;
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<size_t> Encode(const codecs::TopKEfCodec& codec, const float* delta,
+                                       absl::Span<const int64_t> shape, DeviceTopKEfState& st,
+                                       absl::Span<uint8_t> out, Stream stream) {
+    const codecs::TopKEfOptions& o = codec.options();
+    if (st.pending_) {
+      return absl::FailedPreconditionError(
+          "topk_ef: the previous update is still pending; Commit() or Abort() it first");
+    }
+    if (!st.initialized_) {
+      LBCC_RETURN_IF_ERROR(st.Reset(shape));
+    } else if (!std::equal(st.shape_.begin(), st.shape_.end(), shape.begin(), shape.end())) {
+      return absl::InvalidArgumentError(absl::StrCat("topk_ef: delta shape ", ShapeToString(shape),
+                                                     " differs from the state's ",
+                                                     ShapeToString(st.shape_)));
+    }
+    LBCC_ASSIGN_OR_RETURN(const size_t max_bytes, codec.MaxEncodedBytes(shape));
+    if (out.size() < max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("topk_ef: output buffer holds ", out.size(),
+                                                     " bytes, MaxEncodedBytes is ", max_bytes));
+    }
+    Backend& be = *st.backend_;
+    LBCC_RETURN_IF_ERROR(be.SetDevice(st.device_));
+    const codecs::ChunkGeometry& g = st.geometry_;
+    const int64_t k = g.num_chunks > 0 ? codecs::KPerChunk(g.chunk_len, o.top_k) : 0;
+    const codecs::IndexLayout layout{g.num_chunks, k, g.chunk_len};
+    const int64_t count = layout.count();
+    const int coding = static_cast<int>(o.values);
+    const int bits = BinMeanBits(coding);
+    const size_t value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
+    const size_t packed_bytes = codecs::Packed12Bytes(count);
+    IndexPlanArgs plan;
+    plan.requested = static_cast<int>(o.indices);
+    plan.count = count;
+    plan.rice6 = codecs::AdaptiveRice(layout, 6);
+    plan.rice7 = codecs::AdaptiveRice(layout, 7);
+
+    // Staging: the summary, then the index section, then the value section.
+    const size_t summary_at = 0;
+    const size_t index_at = AlignUp(sizeof(EncodeSummary));
+    size_t index_room = packed_bytes;
+    LBCC_RETURN_IF_ERROR(GrowHost(st, index_at + AlignUp(index_room) + AlignUp(value_bytes)));
+    auto* summary = reinterpret_cast<EncodeSummary*>(st.host_ + summary_at);
+    std::memset(summary, 0, sizeof(EncodeSummary));
+    summary->bad_chunk = INT32_MAX;
+
+    if (count == 0) {
+      // An empty tensor: nothing to select; the CPU codec's parameters for no values.
+      PlanIndexCoding(plan, 0, 0, summary);
+      st.pending_ = true;
+      return Assemble(codec, shape, k, *summary, st.host_ + index_at,
+                      st.host_ + index_at + AlignUp(index_room), out, &st);
+    }
+
+    LBCC_RETURN_IF_ERROR(Prepare(st, o, k));
+    DeviceTopKEfState::Buffers& b = *st.buffers_;
+    LBCC_RETURN_IF_ERROR(be.CopyToDevice(b.summary, summary, sizeof(EncodeSummary), stream));
+    if (st.timing_ && st.events_[0] == nullptr) {
+      for (void*& e : st.events_) {
+        LBCC_ASSIGN_OR_RETURN(e, be.CreateEvent());
+      }
+    }
+    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[0], stream));
+
+    // 1-2. EF update and selection.
+    SelectArgs sa;
+    sa.g = ToKernelGeometry(g);
+    sa.k = k;
+    sa.beta = o.beta;
+    sa.lr = o.lr;
+    sa.rice6 = plan.rice6;
+    sa.rice7 = plan.rice7;
+    sa.e = st.error_;
+    sa.delta = delta;
+    sa.next = st.next_;
+    sa.vec4 = CanLoadVec4(sa.g, sa.e, sa.delta, sa.next);
+    sa.sel_local = b.sel_local;
+    sa.sel_value = b.sel_value;
+    sa.bits6 = b.bits6;
+    sa.bits7 = b.bits7;
+    sa.bad_chunk = &b.summary->bad_chunk;
+    LBCC_RETURN_IF_ERROR(be.Select(sa, stream));
+
+    // 3. Index coding.
+    PlanArgs pa;
+    pa.plan = plan;
+    pa.num_chunks = g.num_chunks;
+    pa.summary = b.summary;
+    if (o.indices != codecs::IndexCoding::kPacked12) {
+      LBCC_RETURN_IF_ERROR(be.ExclusiveScan(b.bits6, b.offsets6, g.num_chunks, b.scan_temp,
+                                            b.scan_temp_bytes, stream));
+      LBCC_RETURN_IF_ERROR(be.ExclusiveScan(b.bits7, b.offsets7, g.num_chunks, b.scan_temp,
+                                            b.scan_temp_bytes, stream));
+      pa.bits6 = b.bits6;
+      pa.bits7 = b.bits7;
+      pa.offsets6 = b.offsets6;
+      pa.offsets7 = b.offsets7;
+    }
+    LBCC_RETURN_IF_ERROR(be.PlanIndex(pa, stream));
+    LBCC_RETURN_IF_ERROR(be.Memset(b.index, 0, b.index_bytes, stream));
+    IndexWriteArgs ia;
+    ia.num_chunks = g.num_chunks;
+    ia.k = k;
+    ia.chunk_len = g.chunk_len;
+    ia.sel_local = b.sel_local;
+    ia.offsets6 = b.offsets6;
+    ia.offsets7 = b.offsets7;
+    ia.summary = b.summary;
+    ia.out = b.index;
+    LBCC_RETURN_IF_ERROR(be.WriteIndices(ia, stream));
+
+    // 3. Values; sel_value then holds the reconstructions.
+    if (bits > 0) {
+      BinMeanArgs ba;
+      ba.n = count;
+      ba.bits = bits;
+      ba.range_sigmas = o.range_sigmas;
+      ba.values = b.sel_value;
+      ba.centered = b.centered;
+      ba.codes = b.codes;
+      ba.section = b.values;
+      ba.summary = b.summary;
+      ba.partials = b.partials;
+      ba.bin_partials = b.bin_partials;
+      LBCC_RETURN_IF_ERROR(be.EncodeBinMean(ba, stream));
+    } else if (coding == kValueAbsmax8 || coding == kValueAbsmax4) {
+      AbsmaxArgs aa;
+      aa.coding = coding;
+      aa.n = count;
+      aa.block = o.value_block;
+      aa.values = b.sel_value;
+      aa.section = b.values;
+      LBCC_RETURN_IF_ERROR(be.EncodeAbsmax(aa, stream));
+    } else {
+      LBCC_RETURN_IF_ERROR(be.EncodeFloatValues(coding, b.sel_value, count, b.values, stream));
+    }
+
+    // 4. e_new = e' - v_hat at the selected positions.
+    SubtractArgs xa;
+    xa.g = sa.g;
+    xa.k = k;
+    xa.count = count;
+    xa.sel_local = b.sel_local;
+    xa.v_hat = b.sel_value;
+    xa.next = st.next_;
+    LBCC_RETURN_IF_ERROR(be.SubtractReconstruction(xa, stream));
+    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[1], stream));
+
+    // Only the payload's sections come back.
+    uint8_t* index_host = st.host_ + index_at;
+    uint8_t* values_host = st.host_ + index_at + AlignUp(index_room);
+    LBCC_RETURN_IF_ERROR(be.CopyToHost(summary, b.summary, sizeof(EncodeSummary), stream));
+    if (o.indices != codecs::IndexCoding::kAdaptive) {
+      LBCC_RETURN_IF_ERROR(be.CopyToHost(index_host, b.index, packed_bytes, stream));
+    }
+    LBCC_RETURN_IF_ERROR(be.CopyToHost(values_host, b.values, value_bytes, stream));
+    LBCC_RETURN_IF_ERROR(be.Synchronize(stream));
+    if (summary->bad_chunk != INT32_MAX) {
+      const int64_t y = summary->bad_chunk / g.chunks_x;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topk_ef: delta has a NaN or infinite entry (or beta * e + lr * delta overflows) in "
+          "rows ",
+          y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
+    }
+    if (o.indices == codecs::IndexCoding::kAdaptive) {
+      // The length is known only now; the staging may need to grow (keep the values).
+      const size_t index_bytes = static_cast<size_t>(summary->index_bytes);
+      if (index_bytes > index_room) {
+        const EncodeSummary saved = *summary;
+        std::vector<uint8_t> values(values_host, values_host + value_bytes);
+        index_room = index_bytes;
+        LBCC_RETURN_IF_ERROR(GrowHost(st, index_at + AlignUp(index_room) + AlignUp(value_bytes)));
+        summary = reinterpret_cast<EncodeSummary*>(st.host_ + summary_at);
+        *summary = saved;
+        index_host = st.host_ + index_at;
+        values_host = st.host_ + index_at + AlignUp(index_room);
+        if (value_bytes > 0) std::memcpy(values_host, values.data(), value_bytes);
+      }
+      LBCC_RETURN_IF_ERROR(be.CopyToHost(index_host, b.index, index_bytes, stream));
+      LBCC_RETURN_IF_ERROR(be.Synchronize(stream));
+    }
+    if (st.timing_) {
+      LBCC_ASSIGN_OR_RETURN(st.stats_.last_device_seconds,
+                            be.ElapsedSeconds(st.events_[0], st.events_[1]));
+    }
+    ++st.stats_.encodes;
+    if (summary->fallbacks & kFallbackShift) ++st.stats_.shift_fallbacks;
+    if (summary->fallbacks & kFallbackNorm) ++st.stats_.norm_fallbacks;
+    if (summary->fallbacks & kFallbackBins) ++st.stats_.bin_fallbacks;
+    st.pending_ = true;
+    return Assemble(codec, shape, k, *summary, index_host, values_host, out, &st);
+  }
+
+  // Writes the payload from the staged sections, exactly as codecs/topk_ef.cc does.
+  static absl::StatusOr<size_t> Assemble(const codecs::TopKEfCodec& codec,
+                                         absl::Span<const int64_t> shape, int64_t k,
+                                         const EncodeSummary& s, const uint8_t* index,
+                                         const uint8_t* values, absl::Span<uint8_t> out,
+                                         DeviceTopKEfState* st) {
+    const codecs::TopKEfOptions& o = codec.options();
+    const codecs::ChunkGeometry& g = st->geometry_;
+    const int64_t count = g.num_chunks * k;
+    const size_t value_param_bytes = codecs::ValueParamBytes(o.values);
+    const size_t value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
+    const size_t index_bytes = static_cast<size_t>(s.index_bytes);
+    codecs::PayloadWriter writer;
+    absl::Status begun = writer.Begin(out, codecs::CodecId::kTopKEf, codecs::kTopKEfVersion,
+                                      DType::kF32, shape, kFixedParamBytes + value_param_bytes,
+                                      index_bytes + value_bytes);
+    if (!begun.ok()) {
+      st->pending_ = false;
+      return begun;
+    }
+    codecs::ByteWriter params(writer.params());
+    params.U32(static_cast<uint32_t>(k));
+    params.U8(static_cast<uint8_t>(o.values));
+    params.U8(static_cast<uint8_t>(s.index_coding));
+    params.U8(static_cast<uint8_t>(s.sub_block_log2));
+    params.U8(static_cast<uint8_t>(s.rice));
+    params.U64(index_bytes);
+    if (codecs::IsBinMean(o.values)) {
+      const int bins = 1 << BinMeanBits(static_cast<int>(o.values));
+      params.F32(s.shift);
+      for (int b = 0; b < bins; ++b) params.F32(count > 0 ? s.lookup[b] : 0.0f);
+    } else if (codecs::IsAbsmax(o.values)) {
+      params.U32(static_cast<uint32_t>(o.value_block));
+    }
+    uint8_t* body = writer.body().data();
+    if (index_bytes > 0) std::memcpy(body, index, index_bytes);
+    if (value_bytes > 0) std::memcpy(body + index_bytes, values, value_bytes);
+    return writer.Finish();
+  }
+};
+
+absl::StatusOr<size_t> EncodeTopKWith(const codecs::TopKEfCodec& codec, const float* delta,
+                                      absl::Span<const int64_t> shape, DeviceTopKEfState& state,
+                                      absl::Span<uint8_t> out, Stream stream) {
+  return TopKEncoder::Encode(codec, delta, shape, state, out, stream);
+}
+
+}  // namespace lbcc::kernels
