@@ -166,6 +166,10 @@ class Communicator {
   Group group_;
   uint32_t comm_id_;
   uint64_t splits_ = 0;  // Splits made so far (only touched by the posting thread).
+  // SparseAllReduce's reusable memory; only the worker thread touches it, so steady-state
+  // exchanges do not allocate (and do not page-fault fresh buffers) per call.
+  std::vector<uint8_t> encode_buffer_;
+  codecs::DecodeScratch decode_scratch_;
 
   Mutex mu_;
   CondVar cv_;

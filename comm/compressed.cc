@@ -105,7 +105,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     {
       const uint32_t count = static_cast<uint32_t>(tensors.size());
       blob.append(reinterpret_cast<const char*>(&count), 4);
-      std::vector<uint8_t> buffer;
+      std::vector<uint8_t>& buffer = encode_buffer_;
       std::unique_ptr<kernels::DeviceScratch> scratch;
       for (size_t i = 0; i < tensors.size() && local.ok(); ++i) {
         const SparseTensor& t = tensors[i];
@@ -180,7 +180,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       per_rank[r] = *std::move(spans);
     }
     // 4. Decode in rank order, then commit.
-    codecs::DecodeScratch scratch;
+    codecs::DecodeScratch& scratch = decode_scratch_;
     std::unique_ptr<kernels::DeviceScratch> device_scratch;
     std::vector<absl::Span<const uint8_t>> payloads(group.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
