@@ -26,28 +26,6 @@ bool IsCoefficientDType(DType t) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Byte sizes of the body sections (see the header comment).
-struct BodyLayout {
-  uint64_t selectors = 0;
-  uint64_t ids = 0;
-  uint64_t scales = 0;
-  uint64_t coefficients = 0;
-  uint64_t total() const { return selectors + ids + scales + coefficients; }
-};
-
-// Callers bound tokens and k so that these products stay far below 2^64.
-BodyLayout Layout(int64_t tokens, int64_t k, int64_t num_selectors, int id_width, DType dtype,
-                  int64_t int8_block) {
-  BodyLayout l;
-  l.selectors = static_cast<uint64_t>(num_selectors);
-  l.ids = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(id_width);
-  if (dtype == DType::kI8) {
-    l.scales = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(CeilDiv(k, int8_block)) * 4;
-  }
-  l.coefficients = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(k) * DTypeSize(dtype);
-  return l;
-}
-
 // Calls fn(first_row, end_row, component) for each maximal run of blocks that share a selector
 // (one run covering everything for a single basis).
 template <typename Fn>
@@ -160,8 +138,8 @@ absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const ui
     return Corrupt(absl::StrCat("body of ", body, " bytes is too short for ", h.tokens,
                                 " tokens of ", h.rank, " coefficients"));
   }
-  const BodyLayout layout = Layout(h.tokens, h.rank, h.num_selectors, h.id_width,
-                                   h.coefficient_dtype, h.int8_block);
+  const SubspaceBodyLayout layout = SubspaceLayout(h.tokens, h.rank, h.num_selectors,
+                                                   h.id_width, h.coefficient_dtype, h.int8_block);
   if (layout.total() != body) {
     return Corrupt(absl::StrCat("body of ", body, " bytes, the header implies ", layout.total()));
   }
@@ -196,9 +174,9 @@ size_t SubspaceCodec::PayloadBytes(SubspaceDirection direction, int64_t tokens,
                                    int64_t block) const {
   const bool forward = direction == SubspaceDirection::kForward;
   const int64_t selectors = basis_->components() > 1 ? CeilDiv(tokens, block) : 0;
-  const BodyLayout layout =
-      Layout(tokens, basis_->rank(), selectors, forward ? basis_->id_width() : 0,
-             options_.coefficient_dtype, options_.int8_block);
+  const SubspaceBodyLayout layout =
+      SubspaceLayout(tokens, basis_->rank(), selectors, forward ? basis_->id_width() : 0,
+                     options_.coefficient_dtype, options_.int8_block);
   return codecs::PayloadBytes(2, kSubspaceParamsBytes, layout.total());
 }
 
@@ -383,7 +361,8 @@ absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t
   const DType dtype = options_.coefficient_dtype;
   const int64_t int8_block = dtype == DType::kI8 ? options_.int8_block : 0;
   const int64_t selectors = m > 1 ? CeilDiv(tokens, block) : 0;
-  const BodyLayout layout = Layout(tokens, k, selectors, id_width, dtype, int8_block);
+  const SubspaceBodyLayout layout =
+      SubspaceLayout(tokens, k, selectors, id_width, dtype, int8_block);
   const Shape shape = {tokens, b.model_dim()};
   PayloadWriter writer;
   LBCC_RETURN_IF_ERROR(writer.Begin(
@@ -568,8 +547,8 @@ absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const
                                                    " values, the payload carries ", id_count,
                                                    " ids"));
   }
-  const BodyLayout layout = Layout(h.tokens, h.rank, h.num_selectors, h.id_width,
-                                   h.coefficient_dtype, h.int8_block);
+  const SubspaceBodyLayout layout = SubspaceLayout(h.tokens, h.rank, h.num_selectors,
+                                                   h.id_width, h.coefficient_dtype, h.int8_block);
   const uint8_t* p = payload.data() + (payload.size() - kPayloadChecksumBytes - layout.total());
   const uint8_t* selectors = p;
   const uint8_t* ids = selectors + layout.selectors;

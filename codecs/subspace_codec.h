@@ -199,6 +199,29 @@ class SubspaceCodec {
   std::vector<int32_t> ids_;
 };
 
+// Byte sizes of a subspace payload's body sections (the wire format above): selectors, ids, int8
+// scales, coefficients. The one definition the CPU codec and kernels/ both use. Callers bound
+// tokens and k so that the products stay far below 2^64.
+struct SubspaceBodyLayout {
+  uint64_t selectors = 0;
+  uint64_t ids = 0;
+  uint64_t scales = 0;
+  uint64_t coefficients = 0;
+  uint64_t total() const { return selectors + ids + scales + coefficients; }
+};
+inline SubspaceBodyLayout SubspaceLayout(int64_t tokens, int64_t k, int64_t num_selectors,
+                                         int id_width, DType dtype, int64_t int8_block) {
+  SubspaceBodyLayout l;
+  l.selectors = static_cast<uint64_t>(num_selectors);
+  l.ids = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(id_width);
+  if (dtype == DType::kI8) {
+    l.scales = static_cast<uint64_t>(tokens) *
+               static_cast<uint64_t>((k + int8_block - 1) / int8_block) * 4;
+  }
+  l.coefficients = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(k) * DTypeSize(dtype);
+  return l;
+}
+
 }  // namespace lbcc::codecs
 
 #endif  // LBCC_CODECS_SUBSPACE_CODEC_H_

@@ -26,27 +26,6 @@ absl::Status Corrupt(absl::string_view what) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// codecs/subspace_codec.cc's body layout.
-struct BodyLayout {
-  uint64_t selectors = 0;
-  uint64_t ids = 0;
-  uint64_t scales = 0;
-  uint64_t coefficients = 0;
-  uint64_t total() const { return selectors + ids + scales + coefficients; }
-};
-
-BodyLayout Layout(int64_t tokens, int64_t k, int64_t num_selectors, int id_width, DType dtype,
-                  int64_t int8_block) {
-  BodyLayout l;
-  l.selectors = static_cast<uint64_t>(num_selectors);
-  l.ids = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(id_width);
-  if (dtype == DType::kI8) {
-    l.scales = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(CeilDiv(k, int8_block)) * 4;
-  }
-  l.coefficients = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(k) * DTypeSize(dtype);
-  return l;
-}
-
 // fn(first_row, end_row, component) for each run of blocks that share a selector.
 template <typename Fn>
 absl::Status ForEachRun(int64_t tokens, const uint8_t* selectors, int64_t block, Fn&& fn) {
@@ -249,7 +228,8 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x,
   const DType dtype = options_.coefficient_dtype;
   const int64_t int8_block = dtype == DType::kI8 ? options_.int8_block : 0;
   const int64_t num_selectors = m > 1 ? CeilDiv(tokens, block) : 0;
-  const BodyLayout layout = Layout(tokens, k, num_selectors, id_width, dtype, int8_block);
+  const codecs::SubspaceBodyLayout layout =
+      codecs::SubspaceLayout(tokens, k, num_selectors, id_width, dtype, int8_block);
   const size_t bytes = codecs::PayloadBytes(2, codecs::kSubspaceParamsBytes, layout.total());
   if (out.size() < bytes) {
     return absl::InvalidArgumentError(
@@ -406,8 +386,8 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
                                                    " values, the payload carries ", id_count,
                                                    " ids"));
   }
-  const BodyLayout layout = Layout(h.tokens, h.rank, h.num_selectors, h.id_width,
-                                   h.coefficient_dtype, h.int8_block);
+  const codecs::SubspaceBodyLayout layout = codecs::SubspaceLayout(
+      h.tokens, h.rank, h.num_selectors, h.id_width, h.coefficient_dtype, h.int8_block);
   const uint8_t* body =
       payload.data() + (payload.size() - codecs::kPayloadChecksumBytes - layout.total());
   const uint8_t* selectors = body;
