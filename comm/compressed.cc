@@ -100,6 +100,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       }
     };
     // 1. Encode every tensor (or record why not).
+    const absl::Time t0 = absl::Now();
     std::string blob(1, '\1');
     absl::Status local;
     {
@@ -141,6 +142,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       blob = ErrorBlob(local);
     }
     // 2. Exchange.
+    const absl::Time t1 = absl::Now();
     std::vector<std::string> all;
     absl::StatusOr<Algorithm> chosen = SelectAlgorithm(
         Collective::kAllGatherV, ShapeOf(topology(), group.ranks), blob.size(), options.algorithm);
@@ -155,7 +157,12 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       return exchanged;
     }
     if (!local.ok()) return local;
-    // 3. Validate every payload of every rank before writing any output.
+    const absl::Time t2 = absl::Now();
+    // 3. Validate before writing any output. Every payload's envelope (magic, version, codec,
+    // shape, lengths, XXH3 checksum) is checked here. Tensors are decoded in order and
+    // DecodeAccumulate validates a tensor's payloads in full before it writes that tensor, so
+    // the first tensor needs nothing more; the others are validated in full here, so that a bad
+    // payload of a later tensor cannot fail the collective after earlier outputs were written.
     std::vector<std::vector<absl::Span<const uint8_t>>> per_rank(group.size());
     for (int r = 0; r < group.size(); ++r) {
       absl::StatusOr<std::vector<absl::Span<const uint8_t>>> spans =
@@ -165,12 +172,20 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         return spans.status();
       }
       for (size_t i = 0; i < spans->size(); ++i) {
-        absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload((*spans)[i]);
-        absl::Status status = summary.status();
-        if (status.ok() && summary->shape != tensors[i].out.shape()) {
-          status = absl::InvalidArgumentError(
-              absl::StrCat("shape ", ShapeToString(summary->shape), " != ",
-                           ShapeToString(tensors[i].out.shape())));
+        absl::Status status;
+        Shape shape;
+        if (i == 0) {
+          absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload((*spans)[i]);
+          status = info.status();
+          if (status.ok()) shape = info->shape;
+        } else {
+          absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload((*spans)[i]);
+          status = summary.status();
+          if (status.ok()) shape = summary->shape;
+        }
+        if (status.ok() && shape != tensors[i].out.shape()) {
+          status = absl::InvalidArgumentError(absl::StrCat(
+              "shape ", ShapeToString(shape), " != ", ShapeToString(tensors[i].out.shape())));
         }
         if (!status.ok()) {
           abort_states();
@@ -179,6 +194,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       }
       per_rank[r] = *std::move(spans);
     }
+    const absl::Time t3 = absl::Now();
     // 4. Decode in rank order, then commit.
     codecs::DecodeScratch& scratch = decode_scratch_;
     std::unique_ptr<kernels::DeviceScratch> device_scratch;
@@ -191,13 +207,22 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       absl::Status status = DecodeTensor(payloads, decode, tensors[i].out, &scratch,
                                          tensors[i].cuda_stream, device_scratch.get());
       if (!status.ok()) {
-        abort_states();  // Validated above: an error here is an LBCC bug.
+        // Tensors after the first were validated in full above: an error there is an LBCC bug.
+        // The first tensor's payloads are validated in full here, before anything is written.
+        abort_states();
+        if (i == 0) return Annotate(status, absl::StrCat("tensor ", i));
         return absl::InternalError(absl::StrCat("tensor ", i, ": ", status.ToString()));
       }
     }
     for (const SparseTensor& t : tensors) {
       if (t.state != nullptr) LBCC_RETURN_IF_ERROR(t.state->Commit());
     }
+    LBCC_LOG(TRACE) << "SparseAllReduce rank " << rank() << ": " << tensors.size()
+                    << " tensors, algorithm " << AlgorithmName(*chosen) << ", encode "
+                    << absl::ToDoubleMilliseconds(t1 - t0) << " ms, exchange "
+                    << absl::ToDoubleMilliseconds(t2 - t1) << " ms, validate "
+                    << absl::ToDoubleMilliseconds(t3 - t2) << " ms, decode "
+                    << absl::ToDoubleMilliseconds(absl::Now() - t3) << " ms";
     return absl::OkStatus();
   }, options.timeout);
 }

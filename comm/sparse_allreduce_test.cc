@@ -13,11 +13,13 @@
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/dense_quant.h"
+#include "codecs/payload.h"
 #include "codecs/topk_ef.h"
 #include "comm/communicator.h"
 #include "comm/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "xxhash.h"
 
 namespace lbcc::comm {
 namespace {
@@ -164,6 +166,105 @@ TEST(SparseAllReduceFailureTest, ARejectedInputFailsEveryRankAndKeepsState) {
   });
   EXPECT_THAT(statuses, Each(IsOk()));
 }
+
+// Wraps a TopK-EF codec and damages the payload of tensors of one shape, on one rank only.
+class CorruptingCodec final : public codecs::Codec {
+ public:
+  enum class Damage { kChecksum, kIndexWithValidChecksum };
+  CorruptingCodec(const codecs::Codec* inner, Shape victim, Damage damage)
+      : inner_(inner), victim_(std::move(victim)), damage_(damage) {}
+  codecs::CodecId id() const override { return inner_->id(); }
+  std::string Describe() const override { return "corrupting " + inner_->Describe(); }
+  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
+    return inner_->MaxEncodedBytes(shape);
+  }
+  absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
+                                absl::Span<uint8_t> out) const override {
+    LBCC_ASSIGN_OR_RETURN(size_t size, inner_->Encode(input, state, out));
+    if (input.shape() != victim_) return size;
+    LBCC_ASSIGN_OR_RETURN(codecs::PayloadInfo info, codecs::ParsePayload(out.subspan(0, size)));
+    uint8_t* index_section = const_cast<uint8_t*>(info.body.data());
+    if (damage_ == Damage::kChecksum) {
+      index_section[0] ^= 0x40;  // The checksum no longer matches.
+      return size;
+    }
+    // First 12-bit index -> >= 4080, beyond every chunk of victim_; then re-sign the payload,
+    // so only the decoder's range check can catch it.
+    index_section[0] = 0xff;
+    index_section[1] |= 0xff;
+    const uint64_t sum = XXH3_64bits(out.data(), size - codecs::kPayloadChecksumBytes);
+    std::memcpy(out.data() + size - codecs::kPayloadChecksumBytes, &sum, sizeof(sum));
+    return size;
+  }
+
+ private:
+  const codecs::Codec* inner_;
+  Shape victim_;
+  Damage damage_;
+};
+
+// A corrupt payload from rank 1 fails the collective on every rank with DataLoss, before any
+// output is written and with every rank's error feedback kept: caught by the checksum (either
+// tensor) or, with a valid checksum, by the decoder's range check (either tensor).
+class SparseAllReduceCorruptTest
+    : public ::testing::TestWithParam<std::tuple<CorruptingCodec::Damage, int>> {};
+
+TEST_P(SparseAllReduceCorruptTest, FailsEveryRankAndWritesNothing) {
+  const auto [damage, victim_tensor] = GetParam();
+  // 65 x 65 chunks into 13 x 13 blocks (169 elements), so a 12-bit index can exceed a chunk.
+  const Shape shapes[2] = {{65, 65}, {64, 96}};
+  codecs::TopKEfOptions options;
+  options.indices = codecs::IndexCoding::kPacked12;
+  auto inner = *codecs::TopKEfCodec::Create(options);
+  CorruptingCodec corrupting(inner.get(), shapes[victim_tensor], damage);
+  auto statuses = RunRanks(3, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<std::vector<float>> delta, out;
+    std::vector<codecs::TopKEfState> states(2);
+    std::vector<Communicator::SparseTensor> tensors;
+    for (int t = 0; t < 2; ++t) {
+      delta.push_back(DeltaOf(rank, t, Count(shapes[t])));
+      out.emplace_back(Count(shapes[t]), 7.0f);
+    }
+    for (int t = 0; t < 2; ++t) {
+      tensors.push_back({*TensorView::Host(delta[t].data(), shapes[t]),
+                         *TensorView::Host(out[t].data(), shapes[t]), &states[t]});
+    }
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, inner.get())->Wait());
+    const std::vector<std::vector<float>> out_before = out;
+    std::vector<std::vector<float>> memory;
+    for (const auto& s : states) memory.emplace_back(s.error().begin(), s.error().end());
+    const codecs::Codec* codec =
+        rank == 1 ? static_cast<const codecs::Codec*>(&corrupting) : inner.get();
+    absl::Status failed = comm.SparseAllReduce(tensors, codec)->Wait();
+    // Bad envelopes are caught before decoding; the first tensor's range check runs in its
+    // decode, the others' before any decode.
+    const std::string where = damage == CorruptingCodec::Damage::kIndexWithValidChecksum &&
+                                      victim_tensor == 0
+                                  ? "tensor 0: payload 1"
+                                  : absl::StrCat("payload of rank 1, tensor ", victim_tensor);
+    if (failed.code() != absl::StatusCode::kDataLoss || !absl::StrContains(failed.message(), where)) {
+      return absl::InternalError(absl::StrCat("expected DataLoss naming '", where, "', got ",
+                                              failed.ToString()));
+    }
+    for (int t = 0; t < 2; ++t) {
+      if (states[t].has_pending() ||
+          std::memcmp(states[t].error().data(), memory[t].data(), memory[t].size() * 4) != 0) {
+        return absl::InternalError("error feedback changed by a failed exchange");
+      }
+      if (out[t] != out_before[t]) return absl::InternalError("output written by a failed exchange");
+    }
+    // The next clean exchange works.
+    return comm.SparseAllReduce(tensors, inner.get())->Wait();
+  });
+  EXPECT_THAT(statuses, Each(IsOk()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Damages, SparseAllReduceCorruptTest,
+    ::testing::Values(std::make_tuple(CorruptingCodec::Damage::kChecksum, 0),
+                      std::make_tuple(CorruptingCodec::Damage::kChecksum, 1),
+                      std::make_tuple(CorruptingCodec::Damage::kIndexWithValidChecksum, 0),
+                      std::make_tuple(CorruptingCodec::Damage::kIndexWithValidChecksum, 1)));
 
 TEST(SparseAllReduceFailureTest, ADeadRankFailsTheOthersWithoutLosingState) {
   auto codec = MakeCodec();
