@@ -2,24 +2,28 @@
 # Communicator figures on emulated slow links (tools/testbed), one run, ratios side by side:
 #   1. 4 ranks, every down-link shaped to --rate: SparseAllReduce (top_k 64, 2-bit) vs dense
 #      fp32 ring AllReduce of the same tensor, and SparseAllReduce vs its own wire limit
-#      (payload bytes each rank receives / link rate);
+#      (payload bytes each rank receives / link rate), for the parameters as one tensor and as
+#      --tensors equal tensors (a model's layers: encode and exchange then overlap);
 #   2. heterogeneous: ranks 0 and 1 on an unshaped fast island, ranks 2 and 3 behind shaped
-#      links: hierarchical vs flat (direct) algorithm, slow-link bytes and time.
+#      links: hierarchical vs flat (direct) algorithm, slow-link bytes and time;
+#   3. the same island as a site (a cluster behind one shared WAN link at --rate, testbed
+#      --site), ranks 2 and 3 behind their own links: hierarchical vs flat.
 #
-#   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--out DIR]
+#   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--tensors 16] [--out DIR]
 #
 # Needs root (network namespaces); builds //bench:lbcc_perf. Prints a summary table and leaves
 # the per-run JSON in --out (default /tmp/lbcc_comm_perf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=100mbit bytes=16M iters=3 out=/tmp/lbcc_comm_perf
+rate=100mbit bytes=16M iters=3 tensors=16 out=/tmp/lbcc_comm_perf
 while (($#)); do
   case "$1" in
     --rate) rate=$2; shift ;;
     --bytes) bytes=$2; shift ;;
     --iters) iters=$2; shift ;;
+    --tensors) tensors=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,15p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -63,6 +67,7 @@ run() {
 echo "== flat: 4 ranks, every down-link $rate"
 $T up --name "$name" --hosts 4 --rate "$rate" --slow 0,1,2,3 --owner-pid $$ >/dev/null
 run flat_sparse '{"nranks": 4}' --op sparse_allreduce
+run flat_sparse_tensors '{"nranks": 4}' --op sparse_allreduce --tensors "$tensors"
 run flat_dense '{"nranks": 4}' --op allreduce
 $T down --name "$name" >/dev/null
 
@@ -73,14 +78,21 @@ run hetero_hierarchical "$hetero" --op sparse_allreduce --algo hierarchical
 run hetero_flat "$hetero" --op sparse_allreduce --algo direct
 $T down --name "$name" >/dev/null
 
-python3 - "$out" "$rate" <<'PY'
+echo "== heterogeneous site: ranks 0,1 share one $rate link, ranks 2,3 behind their own"
+$T up --name "$name" --hosts 4 --rate "$rate" --slow 2,3 --site 0,1 --owner-pid $$ >/dev/null
+run site_hierarchical "$hetero" --op sparse_allreduce --algo hierarchical
+run site_flat "$hetero" --op sparse_allreduce --algo direct
+$T down --name "$name" >/dev/null
+
+python3 - "$out" "$rate" "$tensors" <<'PY'
 import json, re, sys
 out, rate = sys.argv[1], sys.argv[2]
 m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
 bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 link = bits / 8  # bytes per second of one shaped down-link
 r = {k: json.load(open(f"{out}/{k}.json"))[0] for k in
-     ["flat_sparse", "flat_dense", "hetero_hierarchical", "hetero_flat"]}
+     ["flat_sparse", "flat_sparse_tensors", "flat_dense", "hetero_hierarchical", "hetero_flat", "site_hierarchical",
+      "site_flat"]}
 fs, fd = r["flat_sparse"], r["flat_dense"]
 wire_limit = fs["wire_recv_bytes"] / link
 print(f"\nlink rate {rate} ({link/1e6:.2f} MB/s per down-link), tensor {fs['count']} fp32")
@@ -89,9 +101,14 @@ for k, v in r.items():
     print(f"{k:22} {v['seconds']:9.4f} {v['wire_recv_bytes']:14.0f} {v['slow_recv_bytes_all_ranks']:23.0f}")
 print(f"\nSparseAllReduce / dense AllReduce time      = 1/{fd['seconds']/fs['seconds']:.1f}  (goal <= 1/50)")
 print(f"SparseAllReduce / its wire limit ({wire_limit:.4f} s) = {fs['seconds']/wire_limit:.2f}x  (goal <= 1.3x)")
-hh, hf = r["hetero_hierarchical"], r["hetero_flat"]
-print(f"heterogeneous: hierarchical / flat time    = {hh['seconds']/hf['seconds']:.2f}")
-print(f"heterogeneous: hierarchical / flat slow-link bytes (all ranks) = "
-      f"{hh['slow_recv_bytes_all_ranks']:.0f} / {hf['slow_recv_bytes_all_ranks']:.0f} = "
-      f"{hh['slow_recv_bytes_all_ranks']/hf['slow_recv_bytes_all_ranks']:.2f}")
+ft = r["flat_sparse_tensors"]
+ft_limit = ft["wire_recv_bytes"] / link
+print(f"  same parameters as {sys.argv[3]} tensors: {ft['seconds']:.4f} s / wire limit ({ft_limit:.4f} s) = "
+      f"{ft['seconds']/ft_limit:.2f}x; vs dense = 1/{fd['seconds']/ft['seconds']:.1f}")
+for label in ["hetero", "site"]:
+    hh, hf = r[f"{label}_hierarchical"], r[f"{label}_flat"]
+    print(f"{label}: hierarchical / flat time = {hh['seconds']/hf['seconds']:.2f}, slow-link "
+          f"bytes (all ranks) {hh['slow_recv_bytes_all_ranks']:.0f} / "
+          f"{hf['slow_recv_bytes_all_ranks']:.0f} = "
+          f"{hh['slow_recv_bytes_all_ranks']/hf['slow_recv_bytes_all_ranks']:.2f}")
 PY

@@ -48,6 +48,9 @@ ABSL_FLAG(int, warmup, 1, "untimed iterations per size");
 ABSL_FLAG(int, local, 0, "spawn this many ranks as processes on this machine (0: launcher env)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file (rank 0)");
 ABSL_FLAG(double, top_k, 64, "sparse_allreduce: values kept per 4096");
+ABSL_FLAG(int, tensors, 1,
+          "sparse_allreduce: split each size into this many equal tensors, as a model's "
+          "parameters come (SparseAllReduce pipelines encode and exchange across tensors)");
 ABSL_FLAG(std::string, values, "binmean2",
           "sparse_allreduce value coding: binmean2, binmean4, binmean8, bf16, fp16, fp32");
 ABSL_FLAG(std::string, algo, "auto", "payload exchange algorithm: auto, direct, ring, hierarchical");
@@ -113,22 +116,30 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
 
   std::unique_ptr<codecs::TopKEfCodec> topk;
   std::unique_ptr<codecs::DenseQuantCodec> dense;
-  codecs::TopKEfState state;
+  std::vector<std::unique_ptr<codecs::TopKEfState>> states;
   if (op == "sparse_allreduce") {
     codecs::TopKEfOptions options;
     options.top_k = absl::GetFlag(FLAGS_top_k);
     LBCC_ASSIGN_OR_RETURN(options.values, ParseValues(absl::GetFlag(FLAGS_values)));
     LBCC_ASSIGN_OR_RETURN(topk, codecs::TopKEfCodec::Create(options));
     output.resize(count);
-    const Shape shape = ShapeFor(count);
-    LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(input.data(), shape));
-    LBCC_ASSIGN_OR_RETURN(TensorView out, TensorView::Host(output.data(), shape));
-    iteration = [&, in, out] {
+    // `--tensors` equal parts (the last takes the remainder), each with its own state.
+    const int parts = std::max<int64_t>(1, std::min<int64_t>(absl::GetFlag(FLAGS_tensors), count));
+    for (int p = 0; p < parts; ++p) states.push_back(std::make_unique<codecs::TopKEfState>());
+    std::vector<Communicator::SparseTensor> tensors;
+    for (int p = 0; p < parts; ++p) {
+      const int64_t begin = count / parts * p;
+      const int64_t end = p + 1 == parts ? count : count / parts * (p + 1);
+      const Shape shape = ShapeFor(end - begin);
+      LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(input.data() + begin, shape));
+      LBCC_ASSIGN_OR_RETURN(TensorView out, TensorView::Host(output.data() + begin, shape));
+      tensors.push_back({in, out, states[p].get()});
+    }
+    iteration = [&, tensors] {
       comm::OpOptions op = Communicator::BulkOptions();
       op.algorithm = algorithm;
       return comm
-          .SparseAllReduce({{in, out, &state}}, topk.get(),
-                           {codecs::Aggregation::kSparseLoCoMean, false}, op)
+          .SparseAllReduce(tensors, topk.get(), {codecs::Aggregation::kSparseLoCoMean, false}, op)
           ->Wait();
     };
     // Relative L2 error of the aggregate against the dense mean (first exchange, fresh state).

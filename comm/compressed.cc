@@ -1,11 +1,15 @@
 // Communicator's compressed operations: SparseAllReduce and compressed point-to-point.
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "comm/communicator.h"
 #include "kernels/device_codec.h"
@@ -85,6 +89,34 @@ absl::Status DecodeTensor(absl::Span<const absl::Span<const uint8_t>> payloads,
 
 }  // namespace
 
+// SparseAllReduce exchanges its tensors in groups, so that encoding group g + 1 overlaps the
+// exchange of group g (a model's parameters are many tensors). A group holds consecutive
+// tensors totalling at least max(total / kMaxPipelineGroups, kMinGroupElements) elements; one
+// large tensor is one group (SparseLoCo's quantizer sees the whole tensor).
+constexpr int kMaxPipelineGroups = 8;
+constexpr int64_t kMinGroupElements = int64_t{1} << 18;
+
+// [begin, end) tensor ranges.
+std::vector<std::pair<size_t, size_t>> PlanGroups(
+    const std::vector<Communicator::SparseTensor>& tensors, int max_groups) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.delta.num_elements();
+  const int64_t target = std::max(total / std::max(1, max_groups), kMinGroupElements);
+  std::vector<std::pair<size_t, size_t>> groups;
+  size_t begin = 0;
+  int64_t filled = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    filled += tensors[i].delta.num_elements();
+    if (filled >= target || i + 1 == tensors.size()) {
+      groups.emplace_back(begin, i + 1);
+      begin = i + 1;
+      filled = 0;
+    }
+  }
+  if (groups.empty()) groups.emplace_back(0, 0);
+  return groups;
+}
+
 RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
                                          const codecs::Codec* codec, codecs::DecodeOptions decode,
                                          OpOptions options) {
@@ -99,16 +131,76 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         if (t.state != nullptr && t.state->has_pending()) (void)t.state->Abort();
       }
     };
-    // 1. Encode every tensor (or record why not).
     const absl::Time t0 = absl::Now();
-    std::string blob(1, '\1');
+    // Every rank plans the same groups and picks the same algorithm: both depend only on the
+    // shapes and the codec (the worst-case payload size), never on what a rank encoded.
+    // AllGatherV uses at most max(n, 3) tag steps; groups take disjoint step ranges.
+    const uint32_t steps = static_cast<uint32_t>(std::max(group.size(), 3));
+    const int max_groups =
+        static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, 0xff00u / steps));
+    const std::vector<std::pair<size_t, size_t>> plan = PlanGroups(tensors, max_groups);
+    const int num_groups = static_cast<int>(plan.size());
+    std::vector<Algorithm> algorithms(num_groups);
+    for (int g = 0; g < num_groups; ++g) {
+      size_t bytes = 5;
+      for (size_t i = plan[g].first; i < plan[g].second; ++i) {
+        absl::StatusOr<size_t> max = codec->MaxEncodedBytes(tensors[i].delta.shape());
+        bytes += 8 + (max.ok() ? *max : 0);  // A bad shape fails in Encode below.
+      }
+      absl::StatusOr<Algorithm> chosen = SelectAlgorithm(
+          Collective::kAllGatherV, ShapeOf(topology(), group.ranks), bytes, options.algorithm);
+      if (!chosen.ok()) return chosen.status();
+      algorithms[g] = *chosen;
+    }
+
+    // The exchanger thread runs group g's all-gather as soon as its blob is ready; this thread
+    // encodes (CUDA tensors too: the encode stays on the thread the caller's device is set on).
+    // A blob is u8 ok, then u32 count + (u64 size, bytes) per tensor, or the error message that
+    // made this rank give up; the exchange stops after the first group in which any rank gave
+    // up (every rank sees the same blobs, so every rank stops at the same group).
+    Mutex mu;
+    std::vector<std::string> blobs(num_groups);               // Written before `encoded` moves.
+    std::vector<std::vector<std::string>> all(num_groups);    // Owned by the exchanger.
+    int encoded = 0;                                          // Guarded by mu.
+    absl::Status exchanged;                                   // Written by the exchanger.
+    int groups_exchanged = 0;                                 // Written by the exchanger.
+    bool exchanger_failed = false;                            // Guarded by mu.
+    std::thread exchanger([&] {
+      for (int g = 0; g < num_groups; ++g) {
+        {
+          MutexLock lock(&mu);
+          mu.Await([&] { return encoded > g; });
+        }
+        absl::Status status =
+            comm::AllGatherV(group, tag + static_cast<uint32_t>(g) * steps, blobs[g], &all[g],
+                             algorithms[g], options.priority, deadline, size_t{1} << 40);
+        if (!status.ok()) {
+          exchanged = status;
+          MutexLock lock(&mu);
+          exchanger_failed = true;
+          return;
+        }
+        groups_exchanged = g + 1;
+        bool someone_gave_up = false;
+        for (const std::string& blob : all[g]) someone_gave_up |= blob.empty() || blob[0] == '\0';
+        if (someone_gave_up) return;
+      }
+    });
+
+    // 1. Encode group by group (or record why not; later groups are then not encoded).
     absl::Status local;
-    {
-      const uint32_t count = static_cast<uint32_t>(tensors.size());
+    std::vector<uint8_t>& buffer = encode_buffer_;
+    std::unique_ptr<kernels::DeviceScratch> scratch;
+    for (int g = 0; g < num_groups; ++g) {
+      {
+        MutexLock lock(&mu);
+        if (exchanger_failed) break;
+      }
+      std::string& blob = blobs[g];
+      blob.assign(1, '\1');
+      const uint32_t count = static_cast<uint32_t>(plan[g].second - plan[g].first);
       blob.append(reinterpret_cast<const char*>(&count), 4);
-      std::vector<uint8_t>& buffer = encode_buffer_;
-      std::unique_ptr<kernels::DeviceScratch> scratch;
-      for (size_t i = 0; i < tensors.size() && local.ok(); ++i) {
+      for (size_t i = plan[g].first; i < plan[g].second && local.ok(); ++i) {
         const SparseTensor& t = tensors[i];
         if (t.out.shape() != t.delta.shape() || t.out.dtype() != DType::kF32) {
           local = absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": out ",
@@ -136,67 +228,70 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         blob.append(reinterpret_cast<const char*>(&size64), 8);
         blob.append(reinterpret_cast<const char*>(buffer.data()), *size);
       }
+      if (!local.ok()) blob = ErrorBlob(local);
+      {
+        MutexLock lock(&mu);
+        encoded = g + 1;
+      }
+      if (!local.ok()) break;
     }
-    if (!local.ok()) {
-      abort_states();
-      blob = ErrorBlob(local);
-    }
-    // 2. Exchange.
     const absl::Time t1 = absl::Now();
-    std::vector<std::string> all;
-    absl::StatusOr<Algorithm> chosen = SelectAlgorithm(
-        Collective::kAllGatherV, ShapeOf(topology(), group.ranks), blob.size(), options.algorithm);
-    if (!chosen.ok()) {
-      abort_states();
-      return chosen.status();
-    }
-    absl::Status exchanged = comm::AllGatherV(group, tag, blob, &all, *chosen, options.priority,
-                                              deadline, size_t{1} << 40);
+    // After an error blob the exchanger stops by itself once that group is exchanged.
+    exchanger.join();
+    const absl::Time t2 = absl::Now();
     if (!exchanged.ok()) {
       abort_states();
       return exchanged;
     }
-    if (!local.ok()) return local;
-    const absl::Time t2 = absl::Now();
-    // 3. Validate before writing any output. Every payload's envelope (magic, version, codec,
+    if (!local.ok()) {
+      abort_states();
+      return local;
+    }
+
+    // 2. Validate before writing any output. Every payload's envelope (magic, version, codec,
     // shape, lengths, XXH3 checksum) is checked here. Tensors are decoded in order and
     // DecodeAccumulate validates a tensor's payloads in full before it writes that tensor, so
     // the first tensor needs nothing more; the others are validated in full here, so that a bad
     // payload of a later tensor cannot fail the collective after earlier outputs were written.
     std::vector<std::vector<absl::Span<const uint8_t>>> per_rank(group.size());
-    for (int r = 0; r < group.size(); ++r) {
-      absl::StatusOr<std::vector<absl::Span<const uint8_t>>> spans =
-          SplitBlob(all[r], tensors.size(), r);
-      if (!spans.ok()) {
-        abort_states();
-        return spans.status();
-      }
-      for (size_t i = 0; i < spans->size(); ++i) {
-        absl::Status status;
-        Shape shape;
-        if (i == 0) {
-          absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload((*spans)[i]);
-          status = info.status();
-          if (status.ok()) shape = info->shape;
-        } else {
-          absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload((*spans)[i]);
-          status = summary.status();
-          if (status.ok()) shape = summary->shape;
-        }
-        if (status.ok() && shape != tensors[i].out.shape()) {
-          status = absl::InvalidArgumentError(absl::StrCat(
-              "shape ", ShapeToString(shape), " != ", ShapeToString(tensors[i].out.shape())));
-        }
-        if (!status.ok()) {
+    for (int g = 0; g < num_groups; ++g) {
+      for (int r = 0; r < group.size(); ++r) {
+        const size_t count = plan[g].second - plan[g].first;
+        absl::StatusOr<std::vector<absl::Span<const uint8_t>>> spans =
+            g < groups_exchanged ? SplitBlob(all[g][r], count, r)
+                                 : absl::InternalError("group not exchanged");
+        if (!spans.ok()) {
           abort_states();
-          return Annotate(status, absl::StrCat("payload of rank ", r, ", tensor ", i));
+          return spans.status();
+        }
+        for (size_t k = 0; k < spans->size(); ++k) {
+          const size_t i = plan[g].first + k;
+          absl::Status status;
+          Shape shape;
+          if (i == 0) {
+            absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload((*spans)[k]);
+            status = info.status();
+            if (status.ok()) shape = info->shape;
+          } else {
+            absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload((*spans)[k]);
+            status = summary.status();
+            if (status.ok()) shape = summary->shape;
+          }
+          if (status.ok() && shape != tensors[i].out.shape()) {
+            status = absl::InvalidArgumentError(absl::StrCat(
+                "shape ", ShapeToString(shape), " != ", ShapeToString(tensors[i].out.shape())));
+          }
+          if (!status.ok()) {
+            abort_states();
+            return Annotate(status, absl::StrCat("payload of rank ", r, ", tensor ", i));
+          }
+          per_rank[r].push_back((*spans)[k]);
         }
       }
-      per_rank[r] = *std::move(spans);
     }
     const absl::Time t3 = absl::Now();
-    // 4. Decode in rank order, then commit.
-    codecs::DecodeScratch& scratch = decode_scratch_;
+    // 3. Decode in rank order, then commit.
+    codecs::DecodeScratch& decode_scratch = decode_scratch_;
     std::unique_ptr<kernels::DeviceScratch> device_scratch;
     std::vector<absl::Span<const uint8_t>> payloads(group.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -204,7 +299,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       if (!tensors[i].out.is_host() && device_scratch == nullptr) {
         device_scratch = std::make_unique<kernels::DeviceScratch>();
       }
-      absl::Status status = DecodeTensor(payloads, decode, tensors[i].out, &scratch,
+      absl::Status status = DecodeTensor(payloads, decode, tensors[i].out, &decode_scratch,
                                          tensors[i].cuda_stream, device_scratch.get());
       if (!status.ok()) {
         // Tensors after the first were validated in full above: an error there is an LBCC bug.
@@ -218,8 +313,9 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       if (t.state != nullptr) LBCC_RETURN_IF_ERROR(t.state->Commit());
     }
     LBCC_LOG(TRACE) << "SparseAllReduce rank " << rank() << ": " << tensors.size()
-                    << " tensors, algorithm " << AlgorithmName(*chosen) << ", encode "
-                    << absl::ToDoubleMilliseconds(t1 - t0) << " ms, exchange "
+                    << " tensors in " << num_groups << " groups, algorithm "
+                    << AlgorithmName(algorithms[0]) << ", encode "
+                    << absl::ToDoubleMilliseconds(t1 - t0) << " ms, then exchange wait "
                     << absl::ToDoubleMilliseconds(t2 - t1) << " ms, validate "
                     << absl::ToDoubleMilliseconds(t3 - t2) << " ms, decode "
                     << absl::ToDoubleMilliseconds(absl::Now() - t3) << " ms";

@@ -3,6 +3,7 @@
 // topology; error feedback committed only on success.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,7 +34,10 @@ using ::testing::Each;
 using ::testing::HasSubstr;
 
 constexpr int kRanks = 4;
-const Shape kShapes[] = {{128, 192}, {1000}};
+// Two small tensors make one exchange group; the second set makes four (comm/compressed.cc
+// pipelines groups of >= 2^18 elements), so encode and exchange overlap.
+const std::vector<Shape> kFewShapes = {{128, 192}, {1000}};
+const std::vector<Shape> kManyShapes = {{512, 512}, {300, 1000}, {1000}, {256, 1024}, {64, 64}};
 
 std::vector<float> DeltaOf(int rank, int tensor, int64_t count) {
   std::mt19937 rng(rank * 7919 + tensor * 104729 + 1);
@@ -52,10 +56,10 @@ std::unique_ptr<codecs::TopKEfCodec> MakeCodec() {
 }
 
 // The reference: encode every rank's delta with a fresh state, decode all payloads in rank order.
-std::vector<std::vector<float>> Reference() {
+std::vector<std::vector<float>> Reference(const std::vector<Shape>& kShapes) {
   auto codec = MakeCodec();
   std::vector<std::vector<float>> out;
-  for (int t = 0; t < 2; ++t) {
+  for (size_t t = 0; t < kShapes.size(); ++t) {
     std::vector<std::vector<uint8_t>> payloads(kRanks);
     std::vector<absl::Span<const uint8_t>> spans;
     for (int r = 0; r < kRanks; ++r) {
@@ -80,28 +84,31 @@ struct Case {
   const char* name;
   const char* topology;
   Algorithm algorithm;
+  bool many_tensors = false;
 };
 
 class SparseAllReduceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SparseAllReduceTest, BitIdenticalToTheReferenceOnEveryRank) {
-  const std::vector<std::vector<float>> reference = Reference();
+  const std::vector<Shape>& shapes = GetParam().many_tensors ? kManyShapes : kFewShapes;
+  const size_t n = shapes.size();
+  const std::vector<std::vector<float>> reference = Reference(shapes);
   RankOptions options;
   options.topology = *Topology::FromJson(GetParam().topology);
   auto codec = MakeCodec();
   Mutex mu;
   std::vector<std::vector<std::vector<float>>> results(kRanks);
   auto statuses = RunRanks(kRanks, options, [&](int rank, Communicator& comm) -> absl::Status {
-    std::vector<std::vector<float>> deltas, outs(2);
-    std::vector<codecs::TopKEfState> states(2);
+    std::vector<std::vector<float>> deltas, outs(n);
+    std::vector<codecs::TopKEfState> states(n);
     std::vector<Communicator::SparseTensor> tensors;
-    for (int t = 0; t < 2; ++t) {
-      deltas.push_back(DeltaOf(rank, t, Count(kShapes[t])));
-      outs[t].assign(Count(kShapes[t]), -1.0f);
+    for (size_t t = 0; t < n; ++t) {
+      deltas.push_back(DeltaOf(rank, t, Count(shapes[t])));
+      outs[t].assign(Count(shapes[t]), -1.0f);
     }
-    for (int t = 0; t < 2; ++t) {
-      tensors.push_back({*TensorView::Host(deltas[t].data(), kShapes[t]),
-                         *TensorView::Host(outs[t].data(), kShapes[t]), &states[t]});
+    for (size_t t = 0; t < n; ++t) {
+      tensors.push_back({*TensorView::Host(deltas[t].data(), shapes[t]),
+                         *TensorView::Host(outs[t].data(), shapes[t]), &states[t]});
     }
     OpOptions op = Communicator::BulkOptions();
     op.algorithm = GetParam().algorithm;
@@ -117,7 +124,7 @@ TEST_P(SparseAllReduceTest, BitIdenticalToTheReferenceOnEveryRank) {
   });
   ASSERT_THAT(statuses, Each(IsOk()));
   for (int r = 0; r < kRanks; ++r) {
-    for (int t = 0; t < 2; ++t) {
+    for (size_t t = 0; t < n; ++t) {
       ASSERT_EQ(results[r][t].size(), reference[t].size());
       EXPECT_EQ(std::memcmp(results[r][t].data(), reference[t].data(), reference[t].size() * 4), 0)
           << "rank " << r << " tensor " << t;
@@ -134,7 +141,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"two_islands_direct", R"({"nranks": 4, "islands": [[0, 1], [2, 3]]})",
                            Algorithm::kDirect},
                       Case{"island_and_remotes", R"({"nranks": 4, "islands": [[0, 2, 3]]})",
-                           Algorithm::kHierarchical}),
+                           Algorithm::kHierarchical},
+                      Case{"pipelined_direct", R"({"nranks": 4})", Algorithm::kDirect, true},
+                      Case{"pipelined_ring", R"({"nranks": 4})", Algorithm::kRing, true},
+                      Case{"pipelined_hierarchical", R"({"nranks": 4, "islands": [[0, 2, 3]]})",
+                           Algorithm::kHierarchical, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(SparseAllReduceFailureTest, ARejectedInputFailsEveryRankAndKeepsState) {
@@ -162,6 +173,46 @@ TEST(SparseAllReduceFailureTest, ARejectedInputFailsEveryRankAndKeepsState) {
     if (out != out_before) return absl::InternalError("output written by a failed exchange");
     // The communicator is still usable.
     delta[5] = 0.5f;
+    return comm.SparseAllReduce(tensors, codec.get())->Wait();
+  });
+  EXPECT_THAT(statuses, Each(IsOk()));
+}
+
+// A rank that cannot encode a tensor of a later exchange group (its earlier groups already went
+// out) fails the collective on every rank; nothing is written and no rank loses error feedback.
+TEST(SparseAllReduceFailureTest, ARejectionInALaterGroupKeepsEveryOutputAndState) {
+  auto codec = MakeCodec();
+  const size_t n = kManyShapes.size();
+  auto statuses = RunRanks(3, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<std::vector<float>> deltas, outs(n);
+    std::vector<codecs::TopKEfState> states(n);
+    std::vector<Communicator::SparseTensor> tensors;
+    for (size_t t = 0; t < n; ++t) {
+      deltas.push_back(DeltaOf(rank, t, Count(kManyShapes[t])));
+      outs[t].assign(Count(kManyShapes[t]), 7.0f);
+    }
+    for (size_t t = 0; t < n; ++t) {
+      tensors.push_back({*TensorView::Host(deltas[t].data(), kManyShapes[t]),
+                         *TensorView::Host(outs[t].data(), kManyShapes[t]), &states[t]});
+    }
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get())->Wait());
+    const std::vector<std::vector<float>> outs_before = outs;
+    std::vector<std::vector<float>> memory;
+    for (const auto& s : states) memory.emplace_back(s.error().begin(), s.error().end());
+    if (rank == 1) deltas[3][17] = std::numeric_limits<float>::infinity();
+    absl::Status failed = comm.SparseAllReduce(tensors, codec.get())->Wait();
+    if (failed.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(failed.message(), rank == 1 ? "tensor 3" : "rank 1")) {
+      return absl::InternalError(absl::StrCat("expected rank 1's rejection, got ", failed.ToString()));
+    }
+    for (size_t t = 0; t < n; ++t) {
+      if (states[t].has_pending() ||
+          std::memcmp(states[t].error().data(), memory[t].data(), memory[t].size() * 4) != 0) {
+        return absl::InternalError(absl::StrCat("tensor ", t, ": error feedback changed"));
+      }
+      if (outs[t] != outs_before[t]) return absl::InternalError("output written by a failed exchange");
+    }
+    deltas[3][17] = 0.25f;
     return comm.SparseAllReduce(tensors, codec.get())->Wait();
   });
   EXPECT_THAT(statuses, Each(IsOk()));
