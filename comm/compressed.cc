@@ -165,6 +165,44 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     absl::Status exchanged;                                   // Written by the exchanger.
     int groups_exchanged = 0;                                 // Written by the exchanger.
     bool exchanger_failed = false;                            // Guarded by mu.
+    // Group g's payloads, validated by the exchanger while later groups are on the wire:
+    // per_rank[r] lists rank r's payloads, tensor by tensor. Every payload's envelope (magic,
+    // version, codec, shape, lengths, XXH3 checksum) is checked. Tensors are decoded in order
+    // and DecodeAccumulate validates a tensor's payloads in full before it writes that tensor,
+    // so the first tensor needs nothing more; the others are validated in full here, so that a
+    // bad payload of a later tensor cannot fail the collective after earlier outputs were
+    // written. A bad payload does not stop the exchange (the peers expect every group).
+    std::vector<std::vector<absl::Span<const uint8_t>>> per_rank(group.size());
+    absl::Status invalid;  // Written by the exchanger.
+    auto validate = [&](int g) -> absl::Status {
+      for (int r = 0; r < group.size(); ++r) {
+        LBCC_ASSIGN_OR_RETURN(std::vector<absl::Span<const uint8_t>> spans,
+                              SplitBlob(all[g][r], plan[g].second - plan[g].first, r));
+        for (size_t k = 0; k < spans.size(); ++k) {
+          const size_t i = plan[g].first + k;
+          absl::Status status;
+          Shape shape;
+          if (i == 0) {
+            absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload(spans[k]);
+            status = info.status();
+            if (status.ok()) shape = info->shape;
+          } else {
+            absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload(spans[k]);
+            status = summary.status();
+            if (status.ok()) shape = summary->shape;
+          }
+          if (status.ok() && shape != tensors[i].out.shape()) {
+            status = absl::InvalidArgumentError(absl::StrCat(
+                "shape ", ShapeToString(shape), " != ", ShapeToString(tensors[i].out.shape())));
+          }
+          if (!status.ok()) {
+            return Annotate(status, absl::StrCat("payload of rank ", r, ", tensor ", i));
+          }
+          per_rank[r].push_back(spans[k]);
+        }
+      }
+      return absl::OkStatus();
+    };
     std::thread exchanger([&] {
       for (int g = 0; g < num_groups; ++g) {
         {
@@ -183,7 +221,14 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         groups_exchanged = g + 1;
         bool someone_gave_up = false;
         for (const std::string& blob : all[g]) someone_gave_up |= blob.empty() || blob[0] == '\0';
-        if (someone_gave_up) return;
+        if (someone_gave_up) {
+          // The first rank's message, the same on every rank.
+          for (int r = 0; r < group.size() && invalid.ok(); ++r) {
+            invalid = SplitBlob(all[g][r], plan[g].second - plan[g].first, r).status();
+          }
+          return;
+        }
+        if (invalid.ok()) invalid = validate(g);
       }
     });
 
@@ -247,50 +292,15 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       abort_states();
       return local;
     }
-
-    // 2. Validate before writing any output. Every payload's envelope (magic, version, codec,
-    // shape, lengths, XXH3 checksum) is checked here. Tensors are decoded in order and
-    // DecodeAccumulate validates a tensor's payloads in full before it writes that tensor, so
-    // the first tensor needs nothing more; the others are validated in full here, so that a bad
-    // payload of a later tensor cannot fail the collective after earlier outputs were written.
-    std::vector<std::vector<absl::Span<const uint8_t>>> per_rank(group.size());
-    for (int g = 0; g < num_groups; ++g) {
-      for (int r = 0; r < group.size(); ++r) {
-        const size_t count = plan[g].second - plan[g].first;
-        absl::StatusOr<std::vector<absl::Span<const uint8_t>>> spans =
-            g < groups_exchanged ? SplitBlob(all[g][r], count, r)
-                                 : absl::InternalError("group not exchanged");
-        if (!spans.ok()) {
-          abort_states();
-          return spans.status();
-        }
-        for (size_t k = 0; k < spans->size(); ++k) {
-          const size_t i = plan[g].first + k;
-          absl::Status status;
-          Shape shape;
-          if (i == 0) {
-            absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload((*spans)[k]);
-            status = info.status();
-            if (status.ok()) shape = info->shape;
-          } else {
-            absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload((*spans)[k]);
-            status = summary.status();
-            if (status.ok()) shape = summary->shape;
-          }
-          if (status.ok() && shape != tensors[i].out.shape()) {
-            status = absl::InvalidArgumentError(absl::StrCat(
-                "shape ", ShapeToString(shape), " != ", ShapeToString(tensors[i].out.shape())));
-          }
-          if (!status.ok()) {
-            abort_states();
-            return Annotate(status, absl::StrCat("payload of rank ", r, ", tensor ", i));
-          }
-          per_rank[r].push_back((*spans)[k]);
-        }
-      }
+    if (!invalid.ok()) {
+      abort_states();
+      return invalid;
     }
-    const absl::Time t3 = absl::Now();
-    // 3. Decode in rank order, then commit.
+    if (groups_exchanged != num_groups) {
+      abort_states();
+      return absl::InternalError("SparseAllReduce: exchange ended early without an error");
+    }
+    // 2. Decode in rank order, then commit.
     codecs::DecodeScratch& decode_scratch = decode_scratch_;
     std::unique_ptr<kernels::DeviceScratch> device_scratch;
     std::vector<absl::Span<const uint8_t>> payloads(group.size());
@@ -315,10 +325,9 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     LBCC_LOG(TRACE) << "SparseAllReduce rank " << rank() << ": " << tensors.size()
                     << " tensors in " << num_groups << " groups, algorithm "
                     << AlgorithmName(algorithms[0]) << ", encode "
-                    << absl::ToDoubleMilliseconds(t1 - t0) << " ms, then exchange wait "
-                    << absl::ToDoubleMilliseconds(t2 - t1) << " ms, validate "
-                    << absl::ToDoubleMilliseconds(t3 - t2) << " ms, decode "
-                    << absl::ToDoubleMilliseconds(absl::Now() - t3) << " ms";
+                    << absl::ToDoubleMilliseconds(t1 - t0) << " ms, then exchange and validation "
+                    << absl::ToDoubleMilliseconds(t2 - t1) << " ms, decode "
+                    << absl::ToDoubleMilliseconds(absl::Now() - t2) << " ms";
     return absl::OkStatus();
   }, options.timeout);
 }
