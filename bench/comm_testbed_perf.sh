@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Communicator figures on emulated slow links (tools/testbed), one run, ratios side by side:
 #   1. 4 ranks, every down-link shaped to --rate: SparseAllReduce (top_k 64, 2-bit) vs dense
-#      fp32 ring AllReduce of the same tensor, and SparseAllReduce vs its own wire limit
+#      fp32 ring AllReduce of the same tensor (LBCC's and Gloo's, the peer torch.distributed
+#      runs), and SparseAllReduce vs its own wire limit
 #      (payload bytes each rank receives / link rate), for the parameters as one tensor and as
 #      --tensors equal tensors (a model's layers: encode and exchange then overlap);
 #   2. heterogeneous: ranks 0 and 1 on an unshaped fast island, ranks 2 and 3 behind shaped
@@ -30,8 +31,10 @@ while (($#)); do
 done
 T=tools/testbed/testbed
 if ! why=$($T check); then echo "comm_testbed_perf: $why" >&2; exit 1; fi
-bazel build -c opt //bench:lbcc_perf >/dev/null 2>&1 || bazel build -c opt //bench:lbcc_perf
+bazel build -c opt //bench:lbcc_perf //bench:gloo_allreduce >/dev/null 2>&1 ||
+  bazel build -c opt //bench:lbcc_perf //bench:gloo_allreduce
 perf=$PWD/bazel-bin/bench/lbcc_perf
+gloo=$PWD/bazel-bin/bench/gloo_allreduce
 mkdir -p "$out"
 name="cp$$"
 trap '$T down --name "$name" >/dev/null 2>&1 || true' EXIT
@@ -64,11 +67,34 @@ run() {
   echo "  $label done"
 }
 
+# gloo LABEL: Gloo's dense ring all-reduce of the same bytes, one rank per host.
+gloo_run() {
+  local label=$1 store
+  store=$(mktemp -d)
+  local pids=()
+  for rank in 0 1 2 3; do
+    $T exec --name "$name" "$rank" -- "$gloo" --rank "$rank" --size 4 --store "$store" \
+      --addr "$($T addr --name "$name" "$rank")" --bytes "$bytes" --iters "$iters" --warmup 1 \
+      --json "$out/$label.json" > "$out/$label.rank$rank.log" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  rm -rf "$store"
+  if ((rc)); then
+    echo "comm_testbed_perf: $label failed; logs in $out/$label.rank*.log" >&2
+    tail -5 "$out/$label".rank*.log >&2
+    exit 1
+  fi
+  echo "  $label done"
+}
+
 echo "== flat: 4 ranks, every down-link $rate"
 $T up --name "$name" --hosts 4 --rate "$rate" --slow 0,1,2,3 --owner-pid $$ >/dev/null
 run flat_sparse '{"nranks": 4}' --op sparse_allreduce
 run flat_sparse_tensors '{"nranks": 4}' --op sparse_allreduce --tensors "$tensors"
 run flat_dense '{"nranks": 4}' --op allreduce
+gloo_run flat_gloo
 $T down --name "$name" >/dev/null
 
 echo "== heterogeneous: ranks 0,1 fast island, ranks 2,3 behind $rate"
@@ -93,6 +119,7 @@ link = bits / 8  # bytes per second of one shaped down-link
 r = {k: json.load(open(f"{out}/{k}.json"))[0] for k in
      ["flat_sparse", "flat_sparse_tensors", "flat_dense", "hetero_hierarchical", "hetero_flat", "site_hierarchical",
       "site_flat"]}
+gloo = json.load(open(f"{out}/flat_gloo.json"))
 fs, fd = r["flat_sparse"], r["flat_dense"]
 wire_limit = fs["wire_recv_bytes"] / link
 print(f"\nlink rate {rate} ({link/1e6:.2f} MB/s per down-link), tensor {fs['count']} fp32")
@@ -104,7 +131,8 @@ print(f"SparseAllReduce / its wire limit ({wire_limit:.4f} s) = {fs['seconds']/w
 ft = r["flat_sparse_tensors"]
 ft_limit = ft["wire_recv_bytes"] / link
 print(f"  same parameters as {sys.argv[3]} tensors: {ft['seconds']:.4f} s / wire limit ({ft_limit:.4f} s) = "
-      f"{ft['seconds']/ft_limit:.2f}x; vs dense = 1/{fd['seconds']/ft['seconds']:.1f}")
+      f"{ft['seconds']/ft_limit:.2f}x; vs dense = 1/{fd['seconds']/ft['seconds']:.1f}, "
+      f"vs Gloo = 1/{gloo['seconds']/ft['seconds']:.1f}")
 for label in ["hetero", "site"]:
     hh, hf = r[f"{label}_hierarchical"], r[f"{label}_flat"]
     print(f"{label}: hierarchical / flat time = {hh['seconds']/hf['seconds']:.2f}, slow-link "
