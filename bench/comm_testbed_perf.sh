@@ -126,7 +126,10 @@ print(f"\nlink rate {rate} ({link/1e6:.2f} MB/s per down-link), tensor {fs['coun
 print(f"{'run':22} {'time(s)':>9} {'rank0_recv(B)':>14} {'slow_recv_all_ranks(B)':>23}")
 for k, v in r.items():
     print(f"{k:22} {v['seconds']:9.4f} {v['wire_recv_bytes']:14.0f} {v['slow_recv_bytes_all_ranks']:23.0f}")
+print(f"{'flat_gloo (dense ring)':22} {gloo['seconds']:9.4f}")
 print(f"\nSparseAllReduce / dense AllReduce time      = 1/{fd['seconds']/fs['seconds']:.1f}  (goal <= 1/50)")
+print(f"SparseAllReduce / Gloo dense ring time      = 1/{gloo['seconds']/fs['seconds']:.1f}; "
+      f"LBCC dense ring / Gloo = {fd['seconds']/gloo['seconds']:.2f}")
 print(f"SparseAllReduce / its wire limit ({wire_limit:.4f} s) = {fs['seconds']/wire_limit:.2f}x  (goal <= 1.3x)")
 ft = r["flat_sparse_tensors"]
 ft_limit = ft["wire_recv_bytes"] / link
