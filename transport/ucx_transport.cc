@@ -278,7 +278,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::thread progress_thread_;
 
   Mutex ctl_mu_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(ctl_mu_);
+  // Links by (connection id, client side). The side is part of the key: a transport that
+  // connects to its own listener holds both ends of one link, which share the client's id.
+  absl::flat_hash_map<std::pair<uint64_t, bool>, std::shared_ptr<Conn>> conns_
+      ABSL_GUARDED_BY(ctl_mu_);
   std::deque<std::shared_ptr<Conn>> accept_queue_ ABSL_GUARDED_BY(ctl_mu_);
   bool listening_ ABSL_GUARDED_BY(ctl_mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(ctl_mu_) = false;
@@ -862,7 +865,9 @@ void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
     MutexLock lock(&ctl_mu_);
     bool any_open = false;
     for (auto& [index, other] : conn->lanes) any_open |= other != nullptr && !other->closed;
-    if (!any_open && (conn->link == nullptr || conn->link->failed())) conns_.erase(conn->id);
+    if (!any_open && (conn->link == nullptr || conn->link->failed())) {
+      conns_.erase({conn->id, conn->client});
+    }
   }
 }
 
@@ -998,7 +1003,8 @@ std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<Ucx
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kHello: {
       if (shutting_down_ || h.lane > 64) return std::nullopt;
-      std::shared_ptr<Conn>& conn = conns_[h.conn_id];
+      // The server's end of the link; never the client's end of it in this same transport.
+      std::shared_ptr<Conn>& conn = conns_[{h.conn_id, /*client=*/false}];
       if (conn == nullptr) {
         conn = std::make_shared<Conn>();
         conn->id = h.conn_id;
@@ -1297,8 +1303,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   {
     MutexLock lock(&ctl_mu_);
     if (shutting_down_) return absl::CancelledError("transport shut down");
-    conn->id = random_();
-    conns_[conn->id] = conn;
+    do {
+      conn->id = random_();
+    } while (conns_.contains({conn->id, /*client=*/true}));
+    conns_[{conn->id, /*client=*/true}] = conn;
   }
   // On any failure below, the Link's Fail closes every connection opened so far.
   auto fail = [&](absl::Status status) {
@@ -1307,7 +1315,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
     {
       MutexLock lock(&ctl_mu_);
       for (auto& [index, lane] : conn->lanes) lanes.push_back(lane);
-      conns_.erase(conn->id);
+      conns_.erase({conn->id, /*client=*/true});
     }
     OnWorker([&] {
       for (auto& lane : lanes) CloseLane(lane);
