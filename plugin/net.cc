@@ -329,19 +329,11 @@ class Device {
   const DeviceSpec& spec() const { return spec_; }
   const std::shared_ptr<DeviceState>& state() const { return state_; }
 
-  // The transport that connects to `address`. Connections to this device's own listener go
-  // through a second transport: the UCX backend cannot connect a transport to its own listener
-  // (both ends of such a link share one connection id, and the accepted endpoint comes back as
-  // the connecting one), and NCCL connects a process to itself.
-  absl::StatusOr<transport::Transport*> TransportFor(const std::string& address) {
+  // The transport connections go out through: the device's one transport, also for connections
+  // to its own listener (NCCL connects a process to itself; the transport keeps both ends apart).
+  absl::StatusOr<transport::Transport*> TransportForConnect() {
     MutexLock lock(&mu_);
-    if (address_.empty() || address != address_) return GetTransportLocked();
-    if (shut_down_) return absl::CancelledError("plugin shut down");
-    if (self_transport_ == nullptr) {
-      LBCC_ASSIGN_OR_RETURN(self_transport_, options_->make_transport(options_->transport),
-                            _.Prepend(absl::StrCat("device ", spec_.name, ": ")));
-    }
-    return self_transport_.get();
+    return GetTransportLocked();
   }
 
   // Starts the listener and the acceptor once; returns the address peers connect to.
@@ -359,13 +351,11 @@ class Device {
 
   void Shutdown() {
     std::unique_ptr<transport::Transport> transport;
-    std::unique_ptr<transport::Transport> self_transport;
     {
       MutexLock lock(&mu_);
       if (shut_down_) return;
       shut_down_ = true;
       transport = std::move(transport_);
-      self_transport = std::move(self_transport_);
     }
     stop_.store(true);
     if (acceptor_.joinable()) acceptor_.join();
@@ -387,7 +377,6 @@ class Device {
     }
     endpoints.clear();  // Closes them.
     // Closes every endpoint they made: open comms fail with Cancelled.
-    self_transport.reset();
     transport.reset();
   }
 
@@ -489,7 +478,6 @@ class Device {
 
   Mutex mu_;
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<transport::Transport> self_transport_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread acceptor_;
@@ -769,7 +757,7 @@ absl::StatusOr<SendComm*> Net::Connect(int dev, absl::Span<uint8_t> handle) {
 absl::StatusOr<std::unique_ptr<Endpoint>> Net::RunAttempt(Device* device,
                                                           const std::string& address,
                                                           uint64_t comm_id) {
-  LBCC_ASSIGN_OR_RETURN(transport::Transport * transport, device->TransportFor(address));
+  LBCC_ASSIGN_OR_RETURN(transport::Transport * transport, device->TransportForConnect());
   transport::ConnectOptions connect_options;
   if (device->spec().link_class.has_value()) {
     connect_options.has_link_class = true;
