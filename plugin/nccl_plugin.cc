@@ -219,7 +219,7 @@ lbccNcclResult_t FillCommonProperties(int dev, Props* props, DeviceProperties* o
   props->name = const_cast<char*>(Intern(out->name));
   props->pciPath = out->pci_path.empty() ? nullptr : const_cast<char*>(Intern(out->pci_path));
   props->guid = out->guid;
-  props->ptrSupport = LBCC_NCCL_PTR_HOST;
+  props->ptrSupport = out->ptr_support;
   props->regIsGlobal = 0;
   props->speed = out->speed_mbits;
   props->port = 0;
