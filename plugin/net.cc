@@ -553,6 +553,14 @@ class Device {
     return address_;
   }
 
+  // Shuts the transport down without destroying it: connection attempts blocked in it on the
+  // connector threads and the acceptor's Accept() return Cancelled at once.
+  void Interrupt() {
+    stop_.store(true);
+    MutexLock lock(&mu_);
+    if (transport_ != nullptr) transport_->Shutdown();
+  }
+
   void Shutdown() {
     std::unique_ptr<transport::Transport> transport;
     {
@@ -725,6 +733,7 @@ class Net::ConnectorPool {
   // an id this pool does not know.
   absl::StatusOr<std::optional<absl::StatusOr<std::unique_ptr<Endpoint>>>> Poll(uint64_t id) {
     MutexLock lock(&mu_);
+    if (stop_) return absl::CancelledError("plugin shut down");
     auto it = attempts_.find(id);
     if (it == attempts_.end()) {
       return absl::InvalidArgumentError(
@@ -738,6 +747,14 @@ class Net::ConnectorPool {
   }
 
   bool stopping() const { return stop_flag_.load(); }
+
+  // New attempts fail and running ones give up after their current Connect() call.
+  void RequestStop() {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    stop_flag_.store(true);
+    cv_.SignalAll();
+  }
 
   void Stop() {
     std::vector<std::thread> threads;
@@ -852,7 +869,11 @@ absl::StatusOr<std::unique_ptr<Net>> Net::Create(NetOptions options) {
 Net::~Net() { Shutdown(); }
 
 void Net::Shutdown() {
-  // Attempts first: they use the devices' transports.
+  // Attempts first: they use the devices' transports. Shutting the transports down makes a
+  // running attempt return at once rather than at the end of its slice; then the connector
+  // threads are joined, and only then are the transports destroyed.
+  if (connector_ != nullptr) connector_->RequestStop();
+  for (auto& device : devices_) device->Interrupt();
   if (connector_ != nullptr) connector_->Stop();
   for (auto& device : devices_) device->Shutdown();
 }

@@ -399,6 +399,24 @@ TEST(NetTest, ConnectToNobodyFailsInsteadOfHanging) {
   EXPECT_THAT(comm.status(), StatusIs(absl::StatusCode::kUnavailable));
 }
 
+// Finalize while a connection attempt waits for a peer that never listens: the attempt is
+// cancelled through the transport at once, not at the end of its connect slice (5 s).
+TEST(NetTest, ShutdownCancelsARunningConnectAttemptPromptly) {
+  NetOptions options = LoopbackOptions();
+  options.connect_timeout = absl::Seconds(300);
+  std::unique_ptr<Net> net = MakeNet(std::move(options));
+  std::array<uint8_t, kHandleBytes> handle{};
+  ASSERT_THAT(EncodeListenHandle({UniqueName("never"), 5}, absl::MakeSpan(handle)), IsOk());
+  LBCC_ASSERT_OK_AND_ASSIGN(SendComm * comm, net->Connect(0, absl::MakeSpan(handle)));
+  ASSERT_EQ(comm, nullptr);
+  absl::SleepFor(absl::Milliseconds(200));  // The attempt is now blocked in Connect().
+  const absl::Time start = absl::Now();
+  net->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_THAT(net->Connect(0, absl::MakeSpan(handle)).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+}
+
 TEST(NetTest, RejectsBadInputWithoutCrashing) {
   std::unique_ptr<Net> net = MakeNet(LoopbackOptions());
   LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(*net, *net));

@@ -556,7 +556,7 @@ auto Engine::OnWorker(Fn fn) {
   MutexLock lock(&worker_mu_);
   t_worker_owner = this;
   auto result = fn();
-  RunLocked();
+  if (worker_ != nullptr) RunLocked();  // Null once shut down (Transport::Shutdown).
   t_worker_owner = nullptr;
   return result;
 }
@@ -690,6 +690,12 @@ void Engine::Shutdown() {
     DrainCommandsLocked();
     for (void* request : closing_) ucp_request_free(request);
     closing_.clear();
+    // Endpoints opened by a Connect() that raced with the shutdown die with the worker: their
+    // lanes must not touch them afterwards.
+    for (auto& [ep, lane] : eps_) {
+      lane->ep = nullptr;
+      lane->closed = true;
+    }
     eps_.clear();
     ucp_worker_destroy(worker_);
     worker_ = nullptr;
@@ -1140,6 +1146,7 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
     if (listening_) return absl::FailedPreconditionError("already listening");
   }
   absl::StatusOr<int> port = OnWorker([&]() -> absl::StatusOr<int> {
+    if (worker_ == nullptr) return absl::CancelledError("transport shut down");
     ucp_listener_params_t params{};
     params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&parsed.addr);
@@ -1177,6 +1184,12 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     lane->index = index;
     lane->conn = conn;
     lane->link = conn->link;
+    if (worker_ == nullptr) {  // Shut down by another thread meanwhile.
+      lane->closed = true;
+      MutexLock lock(&ctl_mu_);
+      conn->error = absl::CancelledError("transport shut down");
+      return 0;
+    }
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -1428,6 +1441,7 @@ class UcxTransport final : public Transport {
   explicit UcxTransport(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
   ~UcxTransport() override { engine_->Shutdown(); }
 
+  void Shutdown() override { engine_->Shutdown(); }
   absl::string_view backend() const override { return "ucx"; }
   absl::StatusOr<std::string> Listen(absl::string_view address) override {
     return engine_->Listen(address);

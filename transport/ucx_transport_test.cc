@@ -193,6 +193,33 @@ TEST(UcxTransportTest, SelfConnectCarriesBytesBothWays) {
   }
 }
 
+// Shutdown() without destroying the transport: a Connect() to a peer that never answers and an
+// Accept() that nobody connects to, each blocked on another thread with a long timeout, return
+// Cancelled promptly; later calls fail the same way.
+TEST(UcxTransportTest, ShutdownCancelsBlockedConnectAndAccept) {
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> probe, NewUcxTransport(LoopbackTcp()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string nobody, probe->Listen("127.0.0.1:0"));
+  probe.reset();  // Nothing listens there now: connects are refused and retried.
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> transport, NewUcxTransport(LoopbackTcp()));
+  ASSERT_THAT(transport->Listen("127.0.0.1:0"), IsOk());
+  absl::StatusOr<std::unique_ptr<Endpoint>> connected, accepted;
+  std::thread connector([&] { connected = transport->Connect(nobody, kWait); });
+  std::thread acceptor([&] { accepted = transport->Accept(kWait); });
+  absl::SleepFor(absl::Milliseconds(300));  // Let both block (the behaviour under test).
+  const absl::Time start = absl::Now();
+  transport->Shutdown();
+  connector.join();
+  acceptor.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "not prompt";
+  EXPECT_THAT(connected.status(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(accepted.status(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(transport->Connect(nobody, absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(transport->Accept(absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  transport->Shutdown();  // Idempotent; the destructor calls it again.
+}
+
 TEST(UcxTransportTest, NobodyListeningFailsWithinTheTimeout) {
   // A port that was free a moment ago; nothing listens there.
   LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> probe, NewUcxTransport(LoopbackTcp()));
