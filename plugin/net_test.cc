@@ -435,8 +435,9 @@ TEST(NetTest, RejectsBadInputWithoutCrashing) {
   std::vector<uint8_t> buffer(16);
   EXPECT_THAT(Net::RegMr(nullptr, buffer.data(), 16, kPtrHost).status(), StatusIs(kInvalid));
   EXPECT_THAT(Net::RegMr(pair.listen, buffer.data(), 16, kPtrHost).status(), StatusIs(kInvalid));
+  // No Gpu in these options: CUDA memory is refused (whichever the build).
   EXPECT_THAT(Net::RegMr(pair.send, buffer.data(), 16, kPtrCuda).status(),
-              StatusIs(kInvalid, HasSubstr("host memory")));
+              StatusIs(kInvalid, HasSubstr("NCCL_PTR_CUDA is not supported")));
   EXPECT_THAT(Net::RegMr(pair.send, nullptr, 16, kPtrHost).status(), StatusIs(kInvalid));
   LBCC_ASSERT_OK_AND_ASSIGN(void* send_mr, Net::RegMr(pair.send, buffer.data(), 8, kPtrHost));
   EXPECT_THAT(Net::DeregMr(pair.recv, send_mr), StatusIs(kInvalid));  // Another comm's.
