@@ -62,6 +62,10 @@ constexpr Spec kSpecs[] = {
      "a device configured slow, else the slowest probed slow link, else the interface speed, "
      "else 10000.",
      {}, 0, 1e9},
+    {"LBCC_PLUGIN_STAGING_BYTES", Type::kBytes, "256M",
+     "NCCL net plugin built with CUDA: pinned host memory for staging NCCL_PTR_CUDA messages, "
+     "at most (a comm holding none may exceed it by one request).",
+     {}, 1 << 20, int64_t{1} << 40},
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},

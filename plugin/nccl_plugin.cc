@@ -219,7 +219,7 @@ lbccNcclResult_t FillCommonProperties(int dev, Props* props, DeviceProperties* o
   props->name = const_cast<char*>(Intern(out->name));
   props->pciPath = out->pci_path.empty() ? nullptr : const_cast<char*>(Intern(out->pci_path));
   props->guid = out->guid;
-  props->ptrSupport = LBCC_NCCL_PTR_HOST;
+  props->ptrSupport = out->ptr_support;
   props->regIsGlobal = 0;
   props->speed = out->speed_mbits;
   props->port = 0;
@@ -327,7 +327,11 @@ lbccNcclResult_t Irecv(void* recv_comm, int n, void** data, const size_t* sizes,
   return lbccNcclSuccess;
 }
 
-// Host memory needs no flush: no request.
+// No flush is ever needed, so no request: host memory needs none, and a receive into CUDA memory
+// is staged (net.h): test() reports it done only after the copy from the pinned staging buffer
+// into the device buffer finished, so the data already sits in GPU memory in the GPU's own order.
+// (GPUDirect plugins flush because a NIC's PCIe writes may still be in flight; a finished
+// cudaMemcpyAsync has none.)
 lbccNcclResult_t Iflush(void* recv_comm, int, void**, int*, void**, void** request) {
   LBCC_NCCL_CHECK_ARG(recv_comm != nullptr && request != nullptr, "iflush");
   *request = nullptr;
@@ -474,8 +478,8 @@ lbccNcclResult_t IrecvV10(void* recv_comm, int n, void** data, size_t* sizes, in
 }  // namespace lbcc::plugin
 
 // ---------------------------------------------------------------------------------------------
-// The exported tables. Optional entries NCCL checks for null stay null: DMA-BUF (host memory
-// only), device offload (getDeviceMr, irecvConsumed: host plugins report NCCL_NET_DEVICE_HOST)
+// The exported tables. Optional entries NCCL checks for null stay null: DMA-BUF (not advertised;
+// CUDA memory is staged, never registered with the NIC), device offload (getDeviceMr, irecvConsumed: host plugins report NCCL_NET_DEVICE_HOST)
 // and virtual NICs (makeVDevice: NCCL then uses the physical devices).
 
 using namespace lbcc::plugin;  // NOLINT: the tables below name many adapters.

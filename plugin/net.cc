@@ -19,7 +19,9 @@
 #include "base/mutex.h"
 #include "base/status_macros.h"
 #include "plugin/device.h"
+#include "plugin/gpu.h"
 #include "plugin/handle.h"
+#include "plugin/staging.h"
 #include "transport/ucx_transport.h"
 
 namespace lbcc::plugin {
@@ -105,6 +107,8 @@ struct MemoryRegion {
   uint32_t magic = kRegionMagic;
   const uint8_t* base = nullptr;
   size_t size = 0;
+  int type = kPtrHost;
+  int gpu_device = -1;  // kPtrCuda: the CUDA device that holds it.
 };
 
 struct ListenCore {
@@ -115,9 +119,12 @@ struct ListenCore {
 
 // What a device shares with transport callbacks and comms; no threads, no transport.
 struct DeviceState {
-  DeviceState(int index, std::string name) : index(index), name(std::move(name)) {}
+  DeviceState(int index, std::string name, std::shared_ptr<StagingPool> staging)
+      : index(index), name(std::move(name)), staging(std::move(staging)) {}
   const int index;
   const std::string name;
+  // Pinned buffers for NCCL_PTR_CUDA messages; null when the plugin takes host memory only.
+  const std::shared_ptr<StagingPool> staging;
   Mutex mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<ListenCore>> listeners ABSL_GUARDED_BY(mu);
   // Accepted endpoints whose hello has not arrived yet.
@@ -134,6 +141,20 @@ struct DeviceState {
 
 struct CommCore;
 
+// One part of a request whose bytes go through a pinned staging buffer (device memory):
+//   send: kCopyToHost (device -> staging) -> kOnWire (transport Send from staging) -> kDone;
+//   recv: kOnWire (transport Recv into staging) -> kCopyToDevice (staging -> device) -> kDone.
+// Copies are polled (Gpu::Done) from Isend/Irecv/Test on NCCL's threads, never waited for.
+enum class StageState : uint8_t { kNone, kCopyToHost, kOnWire, kCopyToDevice, kDone };
+struct Stage {
+  StageState state = StageState::kNone;
+  StagingBuffer buffer;
+  GpuEvent* event = nullptr;  // The copy in flight, if any.
+  int gpu_device = -1;
+  uint8_t* user = nullptr;  // The device buffer: the source of a send, the target of a receive.
+  bool landed = false;      // Receive: the transport placed the message in the buffer.
+};
+
 class Request {
  public:
   uint32_t magic = kRequestMagic;
@@ -143,6 +164,16 @@ class Request {
   bool in_use = false;
   bool abandoned = false;  // Test() returned an error while parts were pending.
   int parts = 0;
+  // Send: waits in the comm's send queue (behind a send whose staging copy runs) and has not
+  // been handed to the transport yet.
+  bool queued = false;
+  int tag = 0;                    // Send: the NCCL tag.
+  const uint8_t* data = nullptr;  // Send: the host buffer (host memory) to hand over.
+  size_t size = 0;                // Send: the message size.
+  std::array<Stage, kMaxRecvs> stages;
+  // Set while the request has staged or queued parts: Test() then takes the slow path, which
+  // polls the copies. Written under core->mu.
+  std::atomic<bool> slow{false};
   // Transport callbacks not yet run, and whether one failed. Written under core->mu; read without
   // it by Test()'s fast path, so that NCCL's polling does not contend with the callbacks.
   std::atomic<int> pending{0};
@@ -170,6 +201,7 @@ struct CommCore {
   }
 
   const bool send;
+  std::weak_ptr<CommCore> self;  // Set once by the comm that owns this core.
   const std::unique_ptr<Endpoint> endpoint;
   const std::shared_ptr<DeviceState> device;
   const absl::Duration close_grace;
@@ -181,11 +213,145 @@ struct CommCore {
   int callbacks_outstanding ABSL_GUARDED_BY(mu) = 0;
   bool closed ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_set<MemoryRegion*> regions ABSL_GUARDED_BY(mu);
+  // Staging buffers this comm holds (in requests and zombies). A comm holding none may always
+  // take one (StagingPool's must_succeed), so each comm's oldest request can always progress.
+  int staging_held ABSL_GUARDED_BY(mu) = 0;
+  // Stages of retired requests whose copy still runs: their buffers return to the pool once the
+  // copy finished (the GPU must not write into a buffer someone else uses).
+  std::vector<Stage> zombies ABSL_GUARDED_BY(mu);
+  // Sends not handed to the transport yet, in posting order: a send whose staging copy runs
+  // holds back the sends posted after it, so the transport sees NCCL's order.
+  std::deque<Request*> send_queue ABSL_GUARDED_BY(mu);
+
+  StagingPool* staging() const { return device->staging.get(); }
+
+  void ReleaseStageLocked(Stage* stage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (stage->event != nullptr) {
+      staging()->gpu()->Release(stage->event);
+      stage->event = nullptr;
+    }
+    if (stage->buffer.data != nullptr) {
+      staging()->Release(stage->buffer);
+      stage->buffer = {};
+      --staging_held;
+    }
+    stage->state = StageState::kNone;
+  }
+
+  // Stages whose copy runs become zombies; the others give their buffers back.
+  void DropStagesLocked(Request* request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (Stage& stage : request->stages) {
+      if (stage.state == StageState::kNone) continue;
+      if (stage.event != nullptr) {
+        zombies.push_back(stage);
+        stage = Stage();
+      } else {
+        ReleaseStageLocked(&stage);
+      }
+    }
+  }
+
+  void ReapZombiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (size_t i = 0; i < zombies.size();) {
+      absl::StatusOr<bool> done = staging()->gpu()->Done(zombies[i].event);
+      if (done.ok() && !*done) {
+        ++i;
+        continue;
+      }
+      ReleaseStageLocked(&zombies[i]);
+      zombies[i] = zombies.back();
+      zombies.pop_back();
+    }
+  }
 
   void RetireLocked(Request* request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    DropStagesLocked(request);
     request->in_use = false;
     request->abandoned = false;
+    request->queued = false;
+    request->slow.store(false, std::memory_order_relaxed);
     free_requests.push_back(request->index);
+  }
+
+  void FailLocked(Request* request, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (request->status.ok()) {
+      request->status = std::move(status);
+      request->failed.store(true, std::memory_order_release);
+    }
+  }
+
+  // Polls the copies of `request`'s stages and moves them on; a receive part whose message
+  // landed gets its copy to the device. Never blocks.
+  void AdvanceStagesLocked(Request* request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Gpu* gpu = staging() != nullptr ? staging()->gpu() : nullptr;
+    for (int i = 0; i < request->parts; ++i) {
+      Stage& stage = request->stages[i];
+      if (stage.state == StageState::kOnWire && !send && stage.landed) {
+        if (request->sizes[i] == 0) {
+          stage.state = StageState::kDone;
+          continue;
+        }
+        absl::StatusOr<GpuEvent*> event =
+            gpu->CopyAsync(stage.gpu_device, stage.user, stage.buffer.data, request->sizes[i],
+                           Gpu::Direction::kHostToDevice);
+        if (!event.ok()) {
+          FailLocked(request, event.status());
+          stage.state = StageState::kDone;
+          continue;
+        }
+        stage.event = *event;
+        stage.state = StageState::kCopyToDevice;
+      }
+      if (stage.state != StageState::kCopyToHost && stage.state != StageState::kCopyToDevice) {
+        continue;
+      }
+      absl::StatusOr<bool> done = gpu->Done(stage.event);
+      if (done.ok() && !*done) continue;
+      gpu->Release(stage.event);
+      stage.event = nullptr;
+      if (!done.ok()) {
+        FailLocked(request, done.status());
+        stage.state = StageState::kDone;
+      } else {
+        stage.state =
+            stage.state == StageState::kCopyToHost ? StageState::kOnWire : StageState::kDone;
+      }
+      if (stage.state == StageState::kDone && stage.buffer.data != nullptr) {
+        staging()->Release(stage.buffer);  // The bytes are in the device buffer.
+        stage.buffer = {};
+        --staging_held;
+      }
+    }
+  }
+
+  // A failed request's copies that still run go to the zombies.
+  void ZombifyCopiesLocked(Request* request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (Stage& stage : request->stages) {
+      if (stage.event == nullptr) continue;
+      zombies.push_back(stage);
+      stage = Stage();
+    }
+  }
+
+  // Hands the sends at the head of the queue whose bytes are ready to the transport, in order.
+  // Appends them to `issue` (called after the lock is dropped).
+  void AdvanceSendsLocked(std::vector<Request*>* issue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (!send_queue.empty()) {
+      Request* request = send_queue.front();
+      Stage& stage = request->stages[0];
+      if (stage.state == StageState::kCopyToHost) AdvanceStagesLocked(request);
+      if (stage.state == StageState::kCopyToHost) return;  // Still copying: later ones wait.
+      send_queue.pop_front();
+      request->queued = false;
+      if (!request->status.ok()) {  // The copy failed: nothing to send.
+        if (request->abandoned) RetireLocked(request);
+        continue;
+      }
+      if (stage.state == StageState::kOnWire) request->data = stage.buffer.data;
+      request->pending.fetch_add(1, std::memory_order_relaxed);
+      ++callbacks_outstanding;
+      issue->push_back(request);
+    }
   }
 
   // A transport callback for part `part` of `request`.
@@ -193,6 +359,7 @@ struct CommCore {
     MutexLock lock(&mu);
     if (status.ok()) {
       request->sizes[part] = size;
+      request->stages[part].landed = true;
     } else if (request->status.ok()) {
       request->status = std::move(status);
       request->failed.store(true, std::memory_order_release);
@@ -225,6 +392,18 @@ class RecvComm {
 };
 
 namespace {
+
+// Hands sends to the transport (without the comm's lock): each was counted in pending and
+// callbacks_outstanding by AdvanceSendsLocked or Isend.
+void IssueSends(const std::shared_ptr<CommCore>& core, const std::vector<Request*>& issue) {
+  for (Request* request : issue) {
+    const size_t size = request->size;
+    core->endpoint->Send(DataTag(request->tag), absl::MakeConstSpan(request->data, size), {},
+                         [core, request, size](absl::Status status) {
+                           core->Complete(request, 0, std::move(status), size);
+                         });
+  }
+}
 
 // Records the link's probed figures on its device and says what kind of link it is.
 void NoteNewLink(DeviceState* device, const Endpoint& endpoint, absl::string_view what) {
@@ -277,6 +456,30 @@ absl::Status CloseComm(CommCore* core, absl::string_view what) {
         break;
       }
     }
+    // Copies between NCCL's device buffers and staging still running: wait for them (polling;
+    // at most the grace), then give every staging buffer back.
+    if (core->staging() != nullptr) {
+      core->send_queue.clear();
+      for (Request& request : core->requests) {
+        if (request.in_use) core->ZombifyCopiesLocked(&request);
+      }
+      core->ReapZombiesLocked();
+      while (!core->zombies.empty() && absl::Now() < deadline) {
+        core->mu.Unlock();
+        absl::SleepFor(absl::Microseconds(200));
+        core->mu.Lock();
+        core->ReapZombiesLocked();
+      }
+      if (!core->zombies.empty()) {
+        LBCC_LOG(WARN) << "closing " << what << ": " << core->zombies.size()
+                       << " GPU copies did not finish within "
+                       << absl::FormatDuration(core->close_grace) << "; their staging is leaked";
+        core->zombies.clear();
+      }
+      for (Request& request : core->requests) {
+        if (request.in_use) core->DropStagesLocked(&request);
+      }
+    }
   }
   const transport::LinkCounters c = core->endpoint->counters();
   const uint64_t bytes = core->send ? c.bytes_sent : c.bytes_received;
@@ -320,28 +523,21 @@ absl::Status CheckRegion(CommCore* core, void* mhandle, const void* data, size_t
 
 class Device {
  public:
-  Device(int index, DeviceSpec spec, const NetOptions* options)
+  Device(int index, DeviceSpec spec, const NetOptions* options,
+         std::shared_ptr<StagingPool> staging)
       : spec_(std::move(spec)),
         options_(options),
-        state_(std::make_shared<DeviceState>(index, spec_.name)) {}
+        state_(std::make_shared<DeviceState>(index, spec_.name, std::move(staging))) {}
   ~Device() { Shutdown(); }
 
   const DeviceSpec& spec() const { return spec_; }
   const std::shared_ptr<DeviceState>& state() const { return state_; }
 
-  // The transport that connects to `address`. Connections to this device's own listener go
-  // through a second transport: the UCX backend cannot connect a transport to its own listener
-  // (both ends of such a link share one connection id, and the accepted endpoint comes back as
-  // the connecting one), and NCCL connects a process to itself.
-  absl::StatusOr<transport::Transport*> TransportFor(const std::string& address) {
+  // The transport connections go out through: the device's one transport, also for connections
+  // to its own listener (NCCL connects a process to itself; the transport keeps both ends apart).
+  absl::StatusOr<transport::Transport*> TransportForConnect() {
     MutexLock lock(&mu_);
-    if (address_.empty() || address != address_) return GetTransportLocked();
-    if (shut_down_) return absl::CancelledError("plugin shut down");
-    if (self_transport_ == nullptr) {
-      LBCC_ASSIGN_OR_RETURN(self_transport_, options_->make_transport(options_->transport),
-                            _.Prepend(absl::StrCat("device ", spec_.name, ": ")));
-    }
-    return self_transport_.get();
+    return GetTransportLocked();
   }
 
   // Starts the listener and the acceptor once; returns the address peers connect to.
@@ -357,15 +553,21 @@ class Device {
     return address_;
   }
 
+  // Shuts the transport down without destroying it: connection attempts blocked in it on the
+  // connector threads and the acceptor's Accept() return Cancelled at once.
+  void Interrupt() {
+    stop_.store(true);
+    MutexLock lock(&mu_);
+    if (transport_ != nullptr) transport_->Shutdown();
+  }
+
   void Shutdown() {
     std::unique_ptr<transport::Transport> transport;
-    std::unique_ptr<transport::Transport> self_transport;
     {
       MutexLock lock(&mu_);
       if (shut_down_) return;
       shut_down_ = true;
       transport = std::move(transport_);
-      self_transport = std::move(self_transport_);
     }
     stop_.store(true);
     if (acceptor_.joinable()) acceptor_.join();
@@ -387,7 +589,6 @@ class Device {
     }
     endpoints.clear();  // Closes them.
     // Closes every endpoint they made: open comms fail with Cancelled.
-    self_transport.reset();
     transport.reset();
   }
 
@@ -489,7 +690,6 @@ class Device {
 
   Mutex mu_;
   std::unique_ptr<transport::Transport> transport_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<transport::Transport> self_transport_ ABSL_GUARDED_BY(mu_);
   std::string address_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread acceptor_;
@@ -533,6 +733,7 @@ class Net::ConnectorPool {
   // an id this pool does not know.
   absl::StatusOr<std::optional<absl::StatusOr<std::unique_ptr<Endpoint>>>> Poll(uint64_t id) {
     MutexLock lock(&mu_);
+    if (stop_) return absl::CancelledError("plugin shut down");
     auto it = attempts_.find(id);
     if (it == attempts_.end()) {
       return absl::InvalidArgumentError(
@@ -546,6 +747,14 @@ class Net::ConnectorPool {
   }
 
   bool stopping() const { return stop_flag_.load(); }
+
+  // New attempts fail and running ones give up after their current Connect() call.
+  void RequestStop() {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    stop_flag_.store(true);
+    cv_.SignalAll();
+  }
 
   void Stop() {
     std::vector<std::thread> threads;
@@ -623,6 +832,16 @@ absl::StatusOr<NetOptions> NetOptions::FromEnv() {
   LBCC_ASSIGN_OR_RETURN(options.speed_mbits, env::GetDouble("LBCC_PLUGIN_SPEED_MBITS"));
   LBCC_ASSIGN_OR_RETURN(options.latency_us, env::GetDouble("LBCC_PLUGIN_LATENCY_US"));
   options.close_grace = std::max(options.transport.peer_timeout, absl::Seconds(1));
+  LBCC_ASSIGN_OR_RETURN(const int64_t staging_bytes, env::GetBytes("LBCC_PLUGIN_STAGING_BYTES"));
+  options.staging_bytes = static_cast<size_t>(staging_bytes);
+  absl::StatusOr<std::unique_ptr<Gpu>> gpu = NewCudaGpu();
+  if (gpu.ok()) {
+    options.gpu = std::move(*gpu);
+    LBCC_LOG(INFO) << "CUDA memory: staged through pinned host buffers (at most "
+                   << options.staging_bytes << " bytes)";
+  } else if (gpu.status().code() != absl::StatusCode::kUnimplemented) {
+    LBCC_LOG(INFO) << "host memory only: " << gpu.status().message();
+  }
   options.make_transport = [](const transport::TransportOptions& transport_options) {
     return transport::NewUcxTransport(transport_options);
   };
@@ -635,9 +854,13 @@ absl::StatusOr<std::unique_ptr<Net>> Net::Create(NetOptions options) {
   if (options.devices.empty()) return absl::InvalidArgumentError("no network device");
   if (!options.make_transport) return absl::InvalidArgumentError("no transport factory");
   std::unique_ptr<Net> net(new Net(std::move(options)));
+  std::shared_ptr<StagingPool> staging;
+  if (net->options_.gpu != nullptr) {
+    staging = std::make_shared<StagingPool>(net->options_.gpu, net->options_.staging_bytes);
+  }
   for (size_t i = 0; i < net->options_.devices.size(); ++i) {
-    net->devices_.push_back(
-        std::make_unique<Device>(static_cast<int>(i), net->options_.devices[i], &net->options_));
+    net->devices_.push_back(std::make_unique<Device>(
+        static_cast<int>(i), net->options_.devices[i], &net->options_, staging));
   }
   net->connector_ = std::make_unique<ConnectorPool>(net.get());
   return net;
@@ -646,7 +869,11 @@ absl::StatusOr<std::unique_ptr<Net>> Net::Create(NetOptions options) {
 Net::~Net() { Shutdown(); }
 
 void Net::Shutdown() {
-  // Attempts first: they use the devices' transports.
+  // Attempts first: they use the devices' transports. Shutting the transports down makes a
+  // running attempt return at once rather than at the end of its slice; then the connector
+  // threads are joined, and only then are the transports destroyed.
+  if (connector_ != nullptr) connector_->RequestStop();
+  for (auto& device : devices_) device->Interrupt();
   if (connector_ != nullptr) connector_->Stop();
   for (auto& device : devices_) device->Shutdown();
 }
@@ -666,6 +893,7 @@ absl::StatusOr<DeviceProperties> Net::Properties(int dev) const {
   props.max_comms = 1 << 20;
   props.max_recvs = kMaxRecvs;
   props.max_message_bytes = kMaxMessageBytes;
+  props.ptr_support = kPtrHost | (options_.gpu != nullptr ? kPtrCuda : 0);
 
   double slowest = 0;
   double rtt = 0;
@@ -762,6 +990,7 @@ absl::StatusOr<SendComm*> Net::Connect(int dev, absl::Span<uint8_t> handle) {
   auto comm = std::make_unique<SendComm>();
   comm->core = std::make_shared<CommCore>(std::move(endpoint), /*send=*/true, device->state(),
                                           options_.close_grace);
+  comm->core->self = comm->core;
   Register(comm.get(), Kind::kSend);
   return comm.release();
 }
@@ -769,7 +998,7 @@ absl::StatusOr<SendComm*> Net::Connect(int dev, absl::Span<uint8_t> handle) {
 absl::StatusOr<std::unique_ptr<Endpoint>> Net::RunAttempt(Device* device,
                                                           const std::string& address,
                                                           uint64_t comm_id) {
-  LBCC_ASSIGN_OR_RETURN(transport::Transport * transport, device->TransportFor(address));
+  LBCC_ASSIGN_OR_RETURN(transport::Transport * transport, device->TransportForConnect());
   transport::ConnectOptions connect_options;
   if (device->spec().link_class.has_value()) {
     connect_options.has_link_class = true;
@@ -817,21 +1046,32 @@ absl::StatusOr<RecvComm*> Net::Accept(ListenComm* listen) {
   auto comm = std::make_unique<RecvComm>();
   comm->core = std::make_shared<CommCore>(std::move(endpoint), /*send=*/false, listen->device,
                                           listen->close_grace);
+  comm->core->self = comm->core;
   Register(comm.get(), Kind::kRecv);
   return comm.release();
 }
 
 absl::StatusOr<void*> Net::RegMr(void* comm, void* data, size_t size, int type) {
   LBCC_ASSIGN_OR_RETURN(CommCore * core, CoreOf(comm));
-  if (type != kPtrHost) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory type ", type, " is not supported: this build of the plugin takes host memory "
-        "(NCCL_PTR_HOST) only"));
-  }
   if (data == nullptr && size > 0) return absl::InvalidArgumentError("null buffer");
   auto region = std::make_unique<MemoryRegion>();
   region->base = static_cast<const uint8_t*>(data);
   region->size = size;
+  region->type = type;
+  if (type == kPtrCuda) {
+    if (core->staging() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory type NCCL_PTR_CUDA is not supported: ",
+          BuiltWithCuda() ? "no CUDA device was visible when the plugin started"
+                          : "this build of the plugin takes host memory (NCCL_PTR_HOST) only"));
+    }
+    LBCC_ASSIGN_OR_RETURN(region->gpu_device, core->staging()->gpu()->DeviceOf(data, size),
+                          _.Prepend("regMr(NCCL_PTR_CUDA): "));
+  } else if (type != kPtrHost) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory type ", type, " is not supported (NCCL_PTR_HOST",
+        core->staging() != nullptr ? " and NCCL_PTR_CUDA" : "", " only)"));
+  }
   MutexLock lock(&core->mu);
   if (core->closed) return absl::FailedPreconditionError("comm is closing");
   core->regions.insert(region.get());
@@ -863,27 +1103,63 @@ absl::StatusOr<Request*> Net::Isend(SendComm* comm, const void* data, size_t siz
   if (data == nullptr && size > 0) return absl::InvalidArgumentError("isend: null buffer");
   CommCore* core = comm->core.get();
   Request* request;
+  std::vector<Request*> issue;
   {
     MutexLock lock(&core->mu);
     if (core->closed) return absl::FailedPreconditionError("isend on a closing comm");
     LBCC_RETURN_IF_ERROR(CheckRegion(core, mhandle, data, size));
+    const auto* region = static_cast<const MemoryRegion*>(mhandle);
+    const bool staged = region != nullptr && region->type == kPtrCuda && size > 0;
+    if (core->staging() != nullptr) core->ReapZombiesLocked();
     if (core->free_requests.empty()) return nullptr;  // NCCL calls again later.
+    StagingBuffer buffer;
+    if (staged) {
+      LBCC_ASSIGN_OR_RETURN(std::optional<StagingBuffer> got,
+                            core->staging()->Acquire(size, core->staging_held == 0));
+      if (!got.has_value()) return nullptr;  // The pool is full: NCCL calls again later.
+      buffer = *got;
+      ++core->staging_held;
+    }
     request = &core->requests[core->free_requests.back()];
     core->free_requests.pop_back();
     request->in_use = true;
     request->abandoned = false;
     request->parts = 1;
-    request->pending.store(1, std::memory_order_relaxed);
+    request->pending.store(0, std::memory_order_relaxed);
     request->failed.store(false, std::memory_order_relaxed);
     request->status = absl::OkStatus();
     request->sizes[0] = 0;
-    ++core->callbacks_outstanding;
+    request->tag = tag;
+    request->data = static_cast<const uint8_t*>(data);
+    request->size = size;
+    if (staged) {
+      Stage& stage = request->stages[0];
+      stage.buffer = buffer;
+      stage.gpu_device = region->gpu_device;
+      stage.user = static_cast<uint8_t*>(const_cast<void*>(data));
+      absl::StatusOr<GpuEvent*> event =
+          core->staging()->gpu()->CopyAsync(region->gpu_device, buffer.data, data, size,
+                                            Gpu::Direction::kDeviceToHost);
+      if (!event.ok()) {
+        core->RetireLocked(request);
+        return event.status();
+      }
+      stage.event = *event;
+      stage.state = StageState::kCopyToHost;
+    }
+    if (staged || !core->send_queue.empty()) {
+      // Behind (or itself) a copy: the send leaves once every earlier one has.
+      request->queued = true;
+      request->slow.store(true, std::memory_order_relaxed);
+      core->send_queue.push_back(request);
+      core->AdvanceSendsLocked(&issue);
+    } else {
+      request->pending.store(1, std::memory_order_relaxed);
+      ++core->callbacks_outstanding;
+      issue.push_back(request);
+    }
   }
-  core->endpoint->Send(
-      DataTag(tag), absl::MakeConstSpan(static_cast<const uint8_t*>(data), size), {},
-      [core = comm->core, request, size](absl::Status status) {
-        core->Complete(request, 0, std::move(status), size);
-      });
+  IssueSends(comm->core, issue);
   return request;
 }
 
@@ -905,14 +1181,32 @@ absl::StatusOr<Request*> Net::Irecv(RecvComm* comm, int n, void* const* data,
   }
   CommCore* core = comm->core.get();
   Request* request;
+  std::array<uint8_t*, kMaxRecvs> targets{};
   {
     MutexLock lock(&core->mu);
     if (core->closed) return absl::FailedPreconditionError("irecv on a closing comm");
+    std::array<const MemoryRegion*, kMaxRecvs> regions{};
     for (int i = 0; i < n; ++i) {
-      LBCC_RETURN_IF_ERROR(
-          CheckRegion(core, mhandles != nullptr ? mhandles[i] : nullptr, data[i], sizes[i]));
+      void* mhandle = mhandles != nullptr ? mhandles[i] : nullptr;
+      LBCC_RETURN_IF_ERROR(CheckRegion(core, mhandle, data[i], sizes[i]));
+      regions[i] = static_cast<const MemoryRegion*>(mhandle);
     }
+    if (core->staging() != nullptr) core->ReapZombiesLocked();
     if (core->free_requests.empty()) return nullptr;
+    // Staging for the parts in device memory; all or none (NCCL calls again when none).
+    std::array<StagingBuffer, kMaxRecvs> buffers{};
+    const bool must_succeed = core->staging_held == 0;
+    for (int i = 0; i < n; ++i) {
+      if (regions[i] == nullptr || regions[i]->type != kPtrCuda || sizes[i] == 0) continue;
+      absl::StatusOr<std::optional<StagingBuffer>> got =
+          core->staging()->Acquire(sizes[i], must_succeed);
+      if (!got.ok() || !got->has_value()) {
+        for (int k = 0; k < i; ++k) core->staging()->Release(buffers[k]);
+        if (!got.ok()) return got.status();
+        return nullptr;
+      }
+      buffers[i] = **got;
+    }
     request = &core->requests[core->free_requests.back()];
     core->free_requests.pop_back();
     request->in_use = true;
@@ -922,11 +1216,26 @@ absl::StatusOr<Request*> Net::Irecv(RecvComm* comm, int n, void* const* data,
     request->failed.store(false, std::memory_order_relaxed);
     request->status = absl::OkStatus();
     request->sizes.fill(0);
+    bool staged = false;
+    for (int i = 0; i < n; ++i) {
+      targets[i] = static_cast<uint8_t*>(data[i]);
+      if (buffers[i].data == nullptr) continue;
+      Stage& stage = request->stages[i];
+      stage = Stage();
+      stage.buffer = buffers[i];
+      stage.gpu_device = regions[i]->gpu_device;
+      stage.user = targets[i];
+      stage.state = StageState::kOnWire;
+      ++core->staging_held;
+      targets[i] = buffers[i].data;
+      staged = true;
+    }
+    for (int i = 0; i < n; ++i) request->stages[i].landed = false;
+    request->slow.store(staged, std::memory_order_relaxed);
     core->callbacks_outstanding += n;
   }
   for (int i = 0; i < n; ++i) {
-    core->endpoint->Recv(DataTag(tags[i]),
-                         absl::MakeSpan(static_cast<uint8_t*>(data[i]), sizes[i]),
+    core->endpoint->Recv(DataTag(tags[i]), absl::MakeSpan(targets[i], sizes[i]),
                          [core = comm->core, request, i](absl::StatusOr<size_t> length) {
                            if (length.ok()) {
                              core->Complete(request, i, absl::OkStatus(), *length);
@@ -942,35 +1251,60 @@ absl::Status Net::Test(Request* request, bool* done, int* sizes) {
   if (request == nullptr || request->magic != kRequestMagic || done == nullptr) {
     return absl::InvalidArgumentError("test: not a request of this plugin");
   }
-  // Fast path: still running and nothing failed. (A retired request has no parts pending, so
-  // misuse is still caught below.)
-  if (request->pending.load(std::memory_order_acquire) > 0 &&
+  // Fast path: still running, nothing failed, no copies to poll. (A retired request has no
+  // parts pending, so misuse is still caught below.)
+  if (!request->slow.load(std::memory_order_acquire) &&
+      request->pending.load(std::memory_order_acquire) > 0 &&
       !request->failed.load(std::memory_order_acquire)) {
     *done = false;
     return absl::OkStatus();
   }
   CommCore* core = request->core;
-  MutexLock lock(&core->mu);
-  if (!request->in_use || request->abandoned) {
-    return absl::FailedPreconditionError("test: the request is not in flight");
-  }
-  if (request->pending.load(std::memory_order_relaxed) > 0) {
-    if (!request->status.ok()) {
-      // A part failed: report it now; the slot is retired once the other parts return.
-      request->abandoned = true;
-      *done = true;
-      return request->status;
+  std::vector<Request*> issue;
+  absl::Status status;
+  {
+    MutexLock lock(&core->mu);
+    if (!request->in_use || request->abandoned) {
+      return absl::FailedPreconditionError("test: the request is not in flight");
     }
-    *done = false;
-    return absl::OkStatus();
+    if (request->slow.load(std::memory_order_relaxed)) {
+      if (core->send) {
+        core->AdvanceSendsLocked(&issue);
+      } else {
+        core->AdvanceStagesLocked(request);
+      }
+      core->ReapZombiesLocked();
+    }
+    bool copying = request->queued;
+    for (int i = 0; i < request->parts; ++i) copying |= request->stages[i].event != nullptr;
+    const bool pending = request->pending.load(std::memory_order_relaxed) > 0;
+    if (!request->status.ok()) {
+      // A part failed: report it now. Running copies finish as zombies; the slot is retired
+      // once the transport returned the other parts.
+      core->ZombifyCopiesLocked(request);
+      *done = true;
+      status = std::move(request->status);
+      if (pending) {
+        request->status = status;
+        request->abandoned = true;
+      } else {
+        request->status = absl::OkStatus();
+        core->RetireLocked(request);
+      }
+    } else if (pending || copying) {
+      *done = false;
+    } else {
+      *done = true;
+      if (sizes != nullptr) {
+        for (int i = 0; i < request->parts; ++i) sizes[i] = static_cast<int>(request->sizes[i]);
+      }
+      core->RetireLocked(request);
+    }
   }
-  *done = true;
-  if (sizes != nullptr) {
-    for (int i = 0; i < request->parts; ++i) sizes[i] = static_cast<int>(request->sizes[i]);
+  if (!issue.empty()) {
+    // The request holds a raw pointer to its core; the callbacks need the shared owner.
+    if (std::shared_ptr<CommCore> owner = core->self.lock()) IssueSends(owner, issue);
   }
-  absl::Status status = std::move(request->status);
-  request->status = absl::OkStatus();
-  core->RetireLocked(request);
   return status;
 }
 

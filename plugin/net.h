@@ -23,6 +23,15 @@
 // with the k-th send for that tag, which is NCCL's posting order. A receive buffer may be larger
 // than the message; a smaller one fails the request.
 //
+// Device memory (NCCL_PTR_CUDA, when NetOptions::gpu is set): an isend from device memory takes
+// a pinned staging buffer from the StagingPool, queues the device-to-host copy on the plugin's
+// stream and hands the staging buffer to the transport once the copy finished (sends leave in
+// posting order: later sends wait behind a copy). An irecv into device memory receives into
+// staging; Test() queues the host-to-device copy once the message landed and reports the request
+// done only after that copy finished, so no flush is needed (iflush returns no request). Copies
+// are polled in Isend/Irecv/Test, never waited for. When the pool is full, Isend/Irecv return
+// no request (NCCL calls again).
+//
 // Thread-safety: every function may be called from any thread; comms may be created on one thread
 // and driven from another (NCCL's proxy service and progress threads). Hot-path calls (Isend,
 // Irecv, Test) take only the comm's own mutex. Calls on one request must not race each other.
@@ -46,6 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "plugin/gpu.h"
 #include "transport/options.h"
 #include "transport/transport.h"
 
@@ -84,6 +94,12 @@ struct NetOptions {
   double latency_us = 0;
   // Close*() wait at most this long for the transport to release the buffers of pending requests.
   absl::Duration close_grace = absl::Seconds(10);
+  // Device memory (NCCL_PTR_CUDA): the Gpu that stages it through pinned host buffers; null:
+  // host memory only (a build without CUDA, or no CUDA device). FromEnv: NewCudaGpu().
+  std::shared_ptr<Gpu> gpu;
+  // Pinned staging buffers allocated at most (LBCC_PLUGIN_STAGING_BYTES), over all comms; a comm
+  // holding none may exceed it by one request (see staging.h).
+  size_t staging_bytes = size_t{256} << 20;
 
   // Devices from LBCC_PLUGIN_DEVICES (device.h), transport options from the LBCC_* transport
   // variables, the UCX backend. InvalidArgument for a bad value.
@@ -99,6 +115,7 @@ struct DeviceProperties {
   int max_comms = 0;
   int max_recvs = 0;
   size_t max_message_bytes = 0;
+  int ptr_support = kPtrHost;  // kPtrHost, plus kPtrCuda when device memory is staged.
   // Where the speed came from: "configured", "paced", "measured", "interface" or "default".
   std::string speed_source;
 };
@@ -141,8 +158,9 @@ class Net {
   // Returns the next connection made to `listen`, or nullptr when none is ready yet.
   static absl::StatusOr<RecvComm*> Accept(ListenComm* listen);
 
-  // `comm` is a SendComm* or RecvComm*. Host memory only (kPtrHost): InvalidArgument otherwise.
-  // The region stays valid until DeregMr or the comm's close.
+  // `comm` is a SendComm* or RecvComm*. kPtrHost; kPtrCuda when NetOptions::gpu is set (the
+  // pointer must be device memory of one CUDA device); InvalidArgument otherwise. The region
+  // stays valid until DeregMr or the comm's close.
   static absl::StatusOr<void*> RegMr(void* comm, void* data, size_t size, int type);
   // Tolerated while requests using the region are in flight (they do not depend on it).
   static absl::Status DeregMr(void* comm, void* mhandle);

@@ -132,7 +132,8 @@ void CheckProperties(PluginApi& api, int dev, const Args& args) {
   Properties props;
   CHILD_OK(api.GetProperties(dev, &props));
   CHILD_CHECK(!props.name.empty(), "device name");
-  CHILD_CHECK(props.ptr_support == LBCC_NCCL_PTR_HOST, props.ptr_support);
+  // Host memory always; CUDA memory too when the .so was built with CUDA and a device is visible.
+  CHILD_CHECK((props.ptr_support & ~LBCC_NCCL_PTR_CUDA) == LBCC_NCCL_PTR_HOST, props.ptr_support);
   CHILD_CHECK(props.max_recvs >= 8, props.max_recvs);
   CHILD_CHECK(props.max_comms >= 1024, props.max_comms);
   CHILD_CHECK(props.speed > 0, props.speed);

@@ -141,7 +141,9 @@ class LoopbackTransport final : public Transport {
   explicit LoopbackTransport(const TransportOptions& options)
       : state_(std::make_shared<State>(options)) {}
 
-  ~LoopbackTransport() override {
+  ~LoopbackTransport() override { Shutdown(); }
+
+  void Shutdown() override {
     std::vector<std::shared_ptr<Link>> links;
     {
       MutexLock lock(&state_->mu);
@@ -164,6 +166,7 @@ class LoopbackTransport final : public Transport {
   absl::StatusOr<std::string> Listen(absl::string_view address) override {
     if (address.empty()) return absl::InvalidArgumentError("loopback address must be a name");
     MutexLock lock(&state_->mu);
+    if (state_->shut_down) return absl::CancelledError("transport shut down");
     if (!state_->name.empty()) return absl::FailedPreconditionError("already listening");
     Registry& registry = GetRegistry();
     MutexLock registry_lock(&registry.mu);
@@ -191,6 +194,10 @@ class LoopbackTransport final : public Transport {
         if (it != registry.listeners.end()) server = it->second.lock();
       }
       if (server != nullptr) break;
+      {
+        MutexLock lock(&state_->mu);
+        if (state_->shut_down) return absl::CancelledError("transport shut down");
+      }
       if (absl::Now() >= deadline) {
         return absl::UnavailableError(absl::StrCat("nobody listens on loopback '", address, "'"));
       }
@@ -250,6 +257,7 @@ class LoopbackTransport final : public Transport {
 
   absl::StatusOr<std::unique_ptr<Endpoint>> Accept(absl::Duration timeout) override {
     MutexLock lock(&state_->mu);
+    if (state_->shut_down) return absl::CancelledError("transport shut down");
     if (state_->name.empty()) return absl::FailedPreconditionError("not listening");
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
       return !state_->accept_queue.empty() || state_->shut_down;

@@ -158,6 +158,14 @@ class Transport {
   // Errors: FailedPrecondition (not listening), DeadlineExceeded, Cancelled.
   virtual absl::StatusOr<std::unique_ptr<Endpoint>> Accept(absl::Duration timeout) = 0;
 
+  // Shuts the transport down without destroying it: Connect() and Accept() calls blocked in it
+  // now, on any thread, return Cancelled promptly (they need not reach their timeout), later
+  // calls fail with Cancelled, the listener stops and every Endpoint it made is closed (pending
+  // work: Cancelled). For owners that must stop threads blocked in Connect/Accept before they
+  // destroy the transport. Idempotent; the destructor calls it. May block briefly (the UCX
+  // backend waits up to a few seconds for UCX to finish cancelled requests).
+  virtual void Shutdown() = 0;
+
   // "ucx" or "loopback".
   virtual absl::string_view backend() const = 0;
 };

@@ -352,6 +352,21 @@ TEST_P(TransportTest, DestroyingTheTransportCancelsItsEndpoints) {
   EXPECT_NE(after.thread(), std::this_thread::get_id());
 }
 
+TEST_P(TransportTest, ShutdownClosesEndpointsAndFailsLaterCalls) {
+  std::vector<uint8_t>& in = buffers_.emplace_back(8);
+  RecvResult& pending = NewRecv();
+  b_->Recv(5, absl::MakeSpan(in), pending.Callback());
+  server_->Shutdown();
+  EXPECT_THAT(pending.Wait(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(server_->Accept(absl::Milliseconds(10)).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(server_->Listen(ListenAddress(GetParam())).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  SendResult& sent = NewSend();
+  b_->Send(5, {}, {}, sent.Callback());
+  EXPECT_THAT(sent.Wait(), StatusIs(absl::StatusCode::kCancelled));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TransportTest,
                          ::testing::Values(Param{"loopback", LinkClass::kFast},
                                            Param{"loopback", LinkClass::kSlow},

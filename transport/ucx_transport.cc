@@ -278,7 +278,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::thread progress_thread_;
 
   Mutex ctl_mu_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(ctl_mu_);
+  // Links by (connection id, client side). The side is part of the key: a transport that
+  // connects to its own listener holds both ends of one link, which share the client's id.
+  absl::flat_hash_map<std::pair<uint64_t, bool>, std::shared_ptr<Conn>> conns_
+      ABSL_GUARDED_BY(ctl_mu_);
   std::deque<std::shared_ptr<Conn>> accept_queue_ ABSL_GUARDED_BY(ctl_mu_);
   bool listening_ ABSL_GUARDED_BY(ctl_mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(ctl_mu_) = false;
@@ -553,7 +556,7 @@ auto Engine::OnWorker(Fn fn) {
   MutexLock lock(&worker_mu_);
   t_worker_owner = this;
   auto result = fn();
-  RunLocked();
+  if (worker_ != nullptr) RunLocked();  // Null once shut down (Transport::Shutdown).
   t_worker_owner = nullptr;
   return result;
 }
@@ -687,6 +690,12 @@ void Engine::Shutdown() {
     DrainCommandsLocked();
     for (void* request : closing_) ucp_request_free(request);
     closing_.clear();
+    // Endpoints opened by a Connect() that raced with the shutdown die with the worker: their
+    // lanes must not touch them afterwards.
+    for (auto& [ep, lane] : eps_) {
+      lane->ep = nullptr;
+      lane->closed = true;
+    }
     eps_.clear();
     ucp_worker_destroy(worker_);
     worker_ = nullptr;
@@ -862,7 +871,9 @@ void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
     MutexLock lock(&ctl_mu_);
     bool any_open = false;
     for (auto& [index, other] : conn->lanes) any_open |= other != nullptr && !other->closed;
-    if (!any_open && (conn->link == nullptr || conn->link->failed())) conns_.erase(conn->id);
+    if (!any_open && (conn->link == nullptr || conn->link->failed())) {
+      conns_.erase({conn->id, conn->client});
+    }
   }
 }
 
@@ -998,7 +1009,8 @@ std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<Ucx
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kHello: {
       if (shutting_down_ || h.lane > 64) return std::nullopt;
-      std::shared_ptr<Conn>& conn = conns_[h.conn_id];
+      // The server's end of the link; never the client's end of it in this same transport.
+      std::shared_ptr<Conn>& conn = conns_[{h.conn_id, /*client=*/false}];
       if (conn == nullptr) {
         conn = std::make_shared<Conn>();
         conn->id = h.conn_id;
@@ -1134,6 +1146,7 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
     if (listening_) return absl::FailedPreconditionError("already listening");
   }
   absl::StatusOr<int> port = OnWorker([&]() -> absl::StatusOr<int> {
+    if (worker_ == nullptr) return absl::CancelledError("transport shut down");
     ucp_listener_params_t params{};
     params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&parsed.addr);
@@ -1171,6 +1184,12 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     lane->index = index;
     lane->conn = conn;
     lane->link = conn->link;
+    if (worker_ == nullptr) {  // Shut down by another thread meanwhile.
+      lane->closed = true;
+      MutexLock lock(&ctl_mu_);
+      conn->error = absl::CancelledError("transport shut down");
+      return 0;
+    }
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -1297,8 +1316,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   {
     MutexLock lock(&ctl_mu_);
     if (shutting_down_) return absl::CancelledError("transport shut down");
-    conn->id = random_();
-    conns_[conn->id] = conn;
+    do {
+      conn->id = random_();
+    } while (conns_.contains({conn->id, /*client=*/true}));
+    conns_[{conn->id, /*client=*/true}] = conn;
   }
   // On any failure below, the Link's Fail closes every connection opened so far.
   auto fail = [&](absl::Status status) {
@@ -1307,7 +1328,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
     {
       MutexLock lock(&ctl_mu_);
       for (auto& [index, lane] : conn->lanes) lanes.push_back(lane);
-      conns_.erase(conn->id);
+      conns_.erase({conn->id, /*client=*/true});
     }
     OnWorker([&] {
       for (auto& lane : lanes) CloseLane(lane);
@@ -1420,6 +1441,7 @@ class UcxTransport final : public Transport {
   explicit UcxTransport(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
   ~UcxTransport() override { engine_->Shutdown(); }
 
+  void Shutdown() override { engine_->Shutdown(); }
   absl::string_view backend() const override { return "ucx"; }
   absl::StatusOr<std::string> Listen(absl::string_view address) override {
     return engine_->Listen(address);

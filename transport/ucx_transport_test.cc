@@ -141,6 +141,85 @@ TEST(UcxTransportTest, StripedSlowLinkUsesEveryConnection) {
   EXPECT_EQ(pair.a->counters().chunks_sent, (3u << 20) / (16u << 10));
 }
 
+// A process connects to its own listener (NCCL connects every rank to itself): both ends of the
+// link live in one transport and share the client's connection id; each must stay its own end.
+// Probed (the set-up messages cross inside one worker) and striped slow, small (eager) and large
+// (rendezvous) messages, bytes checked both ways.
+TEST(UcxTransportTest, SelfConnectCarriesBytesBothWays) {
+  for (const bool slow : {false, true}) {
+    SCOPED_TRACE(slow ? "slow, 2 stripes" : "probed");
+    TransportOptions options = LoopbackTcp();
+    if (slow) {
+      options.link_class = LinkClass::kSlow;
+      options.scheduler.stripes = 2;
+      options.scheduler.chunk_bytes = 64 << 10;
+    }
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> transport, NewUcxTransport(options));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::string address, transport->Listen("127.0.0.1:0"));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> client, transport->Connect(address, kWait));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> server, transport->Accept(kWait));
+    EXPECT_EQ(client->link_class(), server->link_class());
+    if (slow) {
+      EXPECT_EQ(server->counters().stripes, 2);
+    }
+    EXPECT_THAT(transport->Accept(absl::Milliseconds(10)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded))
+        << "one connection, accepted once";
+    for (const size_t size : {size_t{0}, size_t{100}, size_t{5} << 20}) {
+      const std::vector<uint8_t> up = testing::Pattern(size, 2 * size + 1);
+      const std::vector<uint8_t> down = testing::Pattern(size, 2 * size + 2);
+      std::vector<uint8_t> up_in(size + 1), down_in(size + 1);
+      RecvResult up_received, down_received;
+      SendResult up_sent, down_sent;
+      server->Recv(3, absl::MakeSpan(up_in), up_received.Callback());
+      client->Recv(3, absl::MakeSpan(down_in), down_received.Callback());
+      client->Send(3, up, {}, up_sent.Callback());
+      server->Send(3, down, {}, down_sent.Callback());
+      EXPECT_THAT(up_sent.Wait(), IsOk());
+      EXPECT_THAT(down_sent.Wait(), IsOk());
+      ASSERT_THAT(up_received.Wait(), IsOkAndHolds(size));
+      ASSERT_THAT(down_received.Wait(), IsOkAndHolds(size));
+      up_in.resize(size);
+      down_in.resize(size);
+      EXPECT_TRUE(up_in == up) << size << " bytes client -> server";
+      EXPECT_TRUE(down_in == down) << size << " bytes server -> client";
+    }
+    // Closing one end fails the other's pending work (they are distinct ends).
+    RecvResult orphan;
+    std::vector<uint8_t> sink(8);
+    server->Recv(4, absl::MakeSpan(sink), orphan.Callback());
+    client->Close();
+    EXPECT_THAT(orphan.Wait(), StatusIs(absl::StatusCode::kUnavailable));
+  }
+}
+
+// Shutdown() without destroying the transport: a Connect() to a peer that never answers and an
+// Accept() that nobody connects to, each blocked on another thread with a long timeout, return
+// Cancelled promptly; later calls fail the same way.
+TEST(UcxTransportTest, ShutdownCancelsBlockedConnectAndAccept) {
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> probe, NewUcxTransport(LoopbackTcp()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string nobody, probe->Listen("127.0.0.1:0"));
+  probe.reset();  // Nothing listens there now: connects are refused and retried.
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> transport, NewUcxTransport(LoopbackTcp()));
+  ASSERT_THAT(transport->Listen("127.0.0.1:0"), IsOk());
+  absl::StatusOr<std::unique_ptr<Endpoint>> connected, accepted;
+  std::thread connector([&] { connected = transport->Connect(nobody, kWait); });
+  std::thread acceptor([&] { accepted = transport->Accept(kWait); });
+  absl::SleepFor(absl::Milliseconds(300));  // Let both block (the behaviour under test).
+  const absl::Time start = absl::Now();
+  transport->Shutdown();
+  connector.join();
+  acceptor.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "not prompt";
+  EXPECT_THAT(connected.status(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(accepted.status(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(transport->Connect(nobody, absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(transport->Accept(absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+  transport->Shutdown();  // Idempotent; the destructor calls it again.
+}
+
 TEST(UcxTransportTest, NobodyListeningFailsWithinTheTimeout) {
   // A port that was free a moment ago; nothing listens there.
   LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> probe, NewUcxTransport(LoopbackTcp()));

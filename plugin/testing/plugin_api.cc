@@ -137,7 +137,7 @@ class VersionedApi final : public PluginApi {
   }
 
   absl::Status RegMr(void* comm, void* data, size_t size, void** mhandle) override {
-    return FromNccl(net_->regMr(comm, data, size, LBCC_NCCL_PTR_HOST, mhandle), "regMr");
+    return FromNccl(net_->regMr(comm, data, size, memory_type(), mhandle), "regMr");
   }
 
   absl::Status DeregMr(void* comm, void* mhandle) override {

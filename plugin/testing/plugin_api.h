@@ -82,6 +82,14 @@ class PluginApi : public NetOps {
   // Raw isend for sizes the typed path cannot express (v8: negative int sizes).
   virtual int RawIsendV8(void* comm, void* data, int size, int tag, void* mhandle,
                          void** request) = 0;
+
+  // The memory type RegMr registers buffers as (NCCL_PTR_HOST unless set; NCCL_PTR_CUDA for
+  // device buffers).
+  void set_memory_type(int type) { memory_type_ = type; }
+  int memory_type() const { return memory_type_; }
+
+ private:
+  int memory_type_ = LBCC_NCCL_PTR_HOST;
 };
 
 }  // namespace lbcc::plugin::testing
