@@ -5,6 +5,7 @@
 #      runs), and SparseAllReduce vs its own wire limit
 #      (payload bytes each rank receives / link rate), for the parameters as one tensor and as
 #      --tensors equal tensors (a model's layers: encode and exchange then overlap);
+#      the same without shaping shows what the codecs cost on this machine's cores;
 #   2. heterogeneous: ranks 0 and 1 on an unshaped fast island, ranks 2 and 3 behind shaped
 #      links: hierarchical vs flat (direct) algorithm, slow-link bytes and time;
 #   3. the same island as a site (a cluster behind one shared WAN link at --rate, testbed
@@ -24,7 +25,7 @@ while (($#)); do
     --iters) iters=$2; shift ;;
     --tensors) tensors=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n "2,15p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,16p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -97,6 +98,12 @@ run flat_dense '{"nranks": 4}' --op allreduce
 gloo_run flat_gloo
 $T down --name "$name" >/dev/null
 
+echo "== the same 4 ranks, no shaping: the codecs' share (4 ranks on this machine's cores)"
+$T up --name "$name" --hosts 4 --owner-pid $$ >/dev/null
+run unshaped_sparse '{"nranks": 4}' --op sparse_allreduce
+run unshaped_sparse_tensors '{"nranks": 4}' --op sparse_allreduce --tensors "$tensors"
+$T down --name "$name" >/dev/null
+
 echo "== heterogeneous: ranks 0,1 fast island, ranks 2,3 behind $rate"
 $T up --name "$name" --hosts 4 --rate "$rate" --slow 2,3 --owner-pid $$ >/dev/null
 hetero='{"nranks": 4, "islands": [[0, 1]]}'
@@ -117,7 +124,8 @@ m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
 bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 link = bits / 8  # bytes per second of one shaped down-link
 r = {k: json.load(open(f"{out}/{k}.json"))[0] for k in
-     ["flat_sparse", "flat_sparse_tensors", "flat_dense", "hetero_hierarchical", "hetero_flat", "site_hierarchical",
+     ["flat_sparse", "flat_sparse_tensors", "flat_dense", "unshaped_sparse",
+      "unshaped_sparse_tensors", "hetero_hierarchical", "hetero_flat", "site_hierarchical",
       "site_flat"]}
 gloo = json.load(open(f"{out}/flat_gloo.json"))
 fs, fd = r["flat_sparse"], r["flat_dense"]
@@ -136,6 +144,9 @@ ft_limit = ft["wire_recv_bytes"] / link
 print(f"  same parameters as {sys.argv[3]} tensors: {ft['seconds']:.4f} s / wire limit ({ft_limit:.4f} s) = "
       f"{ft['seconds']/ft_limit:.2f}x; vs dense = 1/{fd['seconds']/ft['seconds']:.1f}, "
       f"vs Gloo = 1/{gloo['seconds']/ft['seconds']:.1f}")
+us, ut = r["unshaped_sparse"], r["unshaped_sparse_tensors"]
+print(f"  unshaped links (encode + decode on this machine, no wire limit): 1 tensor {us['seconds']:.4f} s, "
+      f"{sys.argv[3]} tensors {ut['seconds']:.4f} s")
 for label in ["hetero", "site"]:
     hh, hf = r[f"{label}_hierarchical"], r[f"{label}_flat"]
     print(f"{label}: hierarchical / flat time = {hh['seconds']/hf['seconds']:.2f}, slow-link "
