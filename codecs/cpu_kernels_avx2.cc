@@ -289,6 +289,47 @@ LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_
     uint16_t* n = count + r * w;
     float* o = out + r * stride;
     int64_t c = 0;
+    // 16 positions per step (one load and one reset of the counts, one test for the division).
+    for (; c + 16 <= w; c += 16) {
+      const __m256i cnt16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n + c));
+      const __m256i cnt0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(cnt16));
+      const __m256i cnt1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(cnt16, 1));
+      __m256 agg0 = _mm256_loadu_ps(a + c);
+      __m256 agg1 = _mm256_loadu_ps(a + c + 8);
+      if (kRule == 0) {
+        const __m256 nf0 = _mm256_cvtepi32_ps(cnt0);
+        const __m256 nf1 = _mm256_cvtepi32_ps(cnt1);
+        const __m256i nb0 = _mm256_castps_si256(nf0);
+        const __m256i nb1 = _mm256_castps_si256(nf1);
+        if (_mm256_testz_si256(_mm256_or_si256(nb0, nb1), mantissa)) {
+          agg0 = _mm256_mul_ps(agg0, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb0)));
+          agg1 = _mm256_mul_ps(agg1, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb1)));
+        } else {
+          agg0 = _mm256_div_ps(agg0, nf0);
+          agg1 = _mm256_div_ps(agg1, nf1);
+        }
+      }
+      if (kRule == 1) {
+        agg0 = replicas_pow2 ? _mm256_mul_ps(agg0, vreplicas_reciprocal)
+                             : _mm256_div_ps(agg0, vreplicas);
+        agg1 = replicas_pow2 ? _mm256_mul_ps(agg1, vreplicas_reciprocal)
+                             : _mm256_div_ps(agg1, vreplicas);
+      }
+      const __m256 taken0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt0, zero));
+      const __m256 taken1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt1, zero));
+      if (kAccumulate) {
+        const __m256 old0 = _mm256_loadu_ps(o + c);
+        const __m256 old1 = _mm256_loadu_ps(o + c + 8);
+        _mm256_storeu_ps(o + c, _mm256_blendv_ps(old0, _mm256_add_ps(old0, agg0), taken0));
+        _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(old1, _mm256_add_ps(old1, agg1), taken1));
+      } else {
+        _mm256_storeu_ps(o + c, _mm256_and_ps(agg0, taken0));
+        _mm256_storeu_ps(o + c + 8, _mm256_and_ps(agg1, taken1));
+      }
+      _mm256_storeu_ps(a + c, neg_zero);
+      _mm256_storeu_ps(a + c + 8, neg_zero);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(n + c), zero);
+    }
     for (; c + 8 <= w; c += 8) {
       const __m256i cnt =
           _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(n + c)));
