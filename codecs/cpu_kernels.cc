@@ -112,7 +112,10 @@ void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, floa
     uint16_t* n = count + r * w;
     float* o = out + r * stride;
     for (int64_t c = 0; c < w; ++c) {
-      if (n[c] == 0) continue;
+      if (n[c] == 0) {
+        if (!accumulate) o[c] = 0.0f;
+        continue;
+      }
       float agg = a[c];
       if (rule == 0) agg = agg / static_cast<float>(n[c]);
       if (rule == 1) agg = agg / replicas;
@@ -121,6 +124,31 @@ void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, floa
       n[c] = 0;
     }
   }
+}
+
+void Unpack12Scalar(const uint8_t* in, int64_t count, uint16_t* out) {
+  const int64_t pairs = count / 2;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const uint8_t* q = in + 3 * i;
+    const uint32_t word =
+        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16);
+    out[2 * i] = static_cast<uint16_t>(word & 0xFFF);
+    out[2 * i + 1] = static_cast<uint16_t>(word >> 12);
+  }
+  if (count % 2 == 1) {
+    const uint8_t* q = in + 3 * pairs;
+    out[count - 1] = static_cast<uint16_t>(q[0] | ((q[1] & 0xF) << 8));
+  }
+}
+
+bool RunsAscendingScalar(const uint16_t* x, int64_t num_runs, int64_t k, uint32_t limit) {
+  bool bad = false;
+  for (int64_t c = 0; c < num_runs; ++c) {
+    const uint16_t* r = x + c * k;
+    bad |= r[k - 1] >= limit;
+    for (int64_t j = 1; j < k; ++j) bad |= r[j] <= r[j - 1];
+  }
+  return !bad;
 }
 
 void Dequant8BlockScalar(const int8_t* codes, int64_t n, float scale, float* out) {
@@ -139,7 +167,7 @@ const CpuKernels kScalarKernels = {
     SimdLevel::kScalar,  EfUpdateScalar,         CompactScalar,       FilterGeScalar,
     CountGeScalar,       KthLargestScalar,       BinMeanCodesScalar,  FinalizeBlockScalar,
     Absmax8BlockScalar,
-    Dequant8BlockScalar, Dequant8BlockAddScalar,
+    Dequant8BlockScalar, Dequant8BlockAddScalar, Unpack12Scalar,     RunsAscendingScalar,
 };
 
 }  // namespace

@@ -56,8 +56,10 @@ struct CpuKernels {
 
   // Writes one chunk's aggregate into the output, position by position over the h x w block:
   // where count[l] > 0, agg = acc[l] (kSum), acc[l] / count[l] (kSparseLoCoMean) or
-  // acc[l] / replicas (kMean), fp32 division, and out = agg (or out + agg when accumulate);
-  // where count[l] is 0 the output keeps its bits. Resets acc to -0 and count to 0.
+  // acc[l] / replicas (kMean), fp32 division (a power-of-two divisor may be applied as its exact
+  // reciprocal: the same correctly rounded result), and out = agg (or out + agg when
+  // accumulate); where count[l] is 0 the output keeps its bits when accumulate and becomes +0
+  // otherwise. Resets acc to -0 and count to 0.
   // `rule` is codec.h's Aggregation as an int (0 sparseloco, 1 mean, 2 sum).
   void (*finalize_block)(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
                          int64_t stride, int rule, float replicas, bool accumulate);
@@ -69,6 +71,15 @@ struct CpuKernels {
   // out[i] = codes[i] * scale (codes clamped to [-127, 127]); accumulate: out[i] += that.
   void (*dequant8_block)(const int8_t* codes, int64_t n, float scale, float* out);
   void (*dequant8_block_add)(const int8_t* codes, int64_t n, float scale, float* out);
+
+  // 12-bit packed indices (index_coding.h's kPacked12): out[i] for i < count from
+  // Packed12Bytes(count) bytes (an odd count's last index from the final two bytes; its
+  // padding bits are not looked at).
+  void (*unpack12)(const uint8_t* in, int64_t count, uint16_t* out);
+
+  // True when x[0 .. num_runs * k) is num_runs runs of k strictly ascending values, each
+  // < limit (k >= 1).
+  bool (*runs_ascending)(const uint16_t* x, int64_t num_runs, int64_t k, uint32_t limit);
 };
 
 const CpuKernels& KernelsFor(SimdLevel level);

@@ -268,42 +268,197 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes, uint3
   return scale;
 }
 
-LBCC_AVX2 void FinalizeBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
-                                 int64_t stride, int rule, float replicas, bool accumulate) {
+// kRule as in cpu_kernels.h (0 sparseloco, 1 mean, 2 sum).
+template <int kRule, bool kAccumulate>
+LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                                  int64_t stride, float replicas) {
   const __m256 neg_zero = _mm256_set1_ps(-0.0f);
-  const __m256 vreplicas = _mm256_set1_ps(replicas);
   const __m256i zero = _mm256_setzero_si256();
+  const __m256i mantissa = _mm256_set1_epi32(0x007FFFFF);
+  // 0x7F000000 - bits(2^e) = bits(2^-e): the exact reciprocal of a power-of-two count, so the
+  // product is the correctly rounded quotient, like the division. Counts are mostly 1 or 2;
+  // other counts take the division.
+  const __m256i reciprocal_base = _mm256_set1_epi32(0x7F000000);
+  uint32_t replicas_bits;
+  std::memcpy(&replicas_bits, &replicas, sizeof(replicas_bits));
+  const bool replicas_pow2 = replicas >= 1.0f && (replicas_bits & 0x007FFFFF) == 0;
+  const __m256 vreplicas = _mm256_set1_ps(replicas);
+  const __m256 vreplicas_reciprocal = _mm256_set1_ps(1.0f / replicas);
   for (int64_t r = 0; r < h; ++r) {
     float* a = acc + r * w;
     uint16_t* n = count + r * w;
     float* o = out + r * stride;
     int64_t c = 0;
+    // 16 positions per step (one load and one reset of the counts, one test for the division).
+    for (; c + 16 <= w; c += 16) {
+      const __m256i cnt16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n + c));
+      const __m256i cnt0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(cnt16));
+      const __m256i cnt1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(cnt16, 1));
+      __m256 agg0 = _mm256_loadu_ps(a + c);
+      __m256 agg1 = _mm256_loadu_ps(a + c + 8);
+      if (kRule == 0) {
+        const __m256 nf0 = _mm256_cvtepi32_ps(cnt0);
+        const __m256 nf1 = _mm256_cvtepi32_ps(cnt1);
+        const __m256i nb0 = _mm256_castps_si256(nf0);
+        const __m256i nb1 = _mm256_castps_si256(nf1);
+        if (_mm256_testz_si256(_mm256_or_si256(nb0, nb1), mantissa)) {
+          agg0 = _mm256_mul_ps(agg0, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb0)));
+          agg1 = _mm256_mul_ps(agg1, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb1)));
+        } else {
+          agg0 = _mm256_div_ps(agg0, nf0);
+          agg1 = _mm256_div_ps(agg1, nf1);
+        }
+      }
+      if (kRule == 1) {
+        agg0 = replicas_pow2 ? _mm256_mul_ps(agg0, vreplicas_reciprocal)
+                             : _mm256_div_ps(agg0, vreplicas);
+        agg1 = replicas_pow2 ? _mm256_mul_ps(agg1, vreplicas_reciprocal)
+                             : _mm256_div_ps(agg1, vreplicas);
+      }
+      const __m256 taken0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt0, zero));
+      const __m256 taken1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt1, zero));
+      if (kAccumulate) {
+        const __m256 old0 = _mm256_loadu_ps(o + c);
+        const __m256 old1 = _mm256_loadu_ps(o + c + 8);
+        _mm256_storeu_ps(o + c, _mm256_blendv_ps(old0, _mm256_add_ps(old0, agg0), taken0));
+        _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(old1, _mm256_add_ps(old1, agg1), taken1));
+      } else {
+        _mm256_storeu_ps(o + c, _mm256_and_ps(agg0, taken0));
+        _mm256_storeu_ps(o + c + 8, _mm256_and_ps(agg1, taken1));
+      }
+      _mm256_storeu_ps(a + c, neg_zero);
+      _mm256_storeu_ps(a + c + 8, neg_zero);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(n + c), zero);
+    }
     for (; c + 8 <= w; c += 8) {
       const __m256i cnt =
           _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(n + c)));
-      const __m256 taken = _mm256_castsi256_ps(
-          _mm256_xor_si256(_mm256_cmpeq_epi32(cnt, zero), _mm256_set1_epi32(-1)));
+      const __m256 taken = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt, zero));
       // No branch on `taken`: on dense chunks it would mispredict; untouched lanes are rewritten
-      // with their own bits.
+      // with their own bits (or +0).
       __m256 agg = _mm256_loadu_ps(a + c);
-      if (rule == 0) agg = _mm256_div_ps(agg, _mm256_cvtepi32_ps(cnt));
-      if (rule == 1) agg = _mm256_div_ps(agg, vreplicas);
-      const __m256 old = _mm256_loadu_ps(o + c);
-      const __m256 value = accumulate ? _mm256_add_ps(old, agg) : agg;
-      _mm256_storeu_ps(o + c, _mm256_blendv_ps(old, value, taken));
+      if (kRule == 0) {
+        const __m256 nf = _mm256_cvtepi32_ps(cnt);
+        const __m256i nb = _mm256_castps_si256(nf);
+        if (_mm256_testz_si256(nb, mantissa)) {
+          agg = _mm256_mul_ps(agg, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb)));
+        } else {
+          agg = _mm256_div_ps(agg, nf);
+        }
+      }
+      if (kRule == 1) {
+        agg = replicas_pow2 ? _mm256_mul_ps(agg, vreplicas_reciprocal)
+                            : _mm256_div_ps(agg, vreplicas);
+      }
+      if (kAccumulate) {
+        const __m256 old = _mm256_loadu_ps(o + c);
+        _mm256_storeu_ps(o + c, _mm256_blendv_ps(old, _mm256_add_ps(old, agg), taken));
+      } else {
+        _mm256_storeu_ps(o + c, _mm256_and_ps(agg, taken));
+      }
       _mm256_storeu_ps(a + c, neg_zero);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(n + c), _mm_setzero_si128());
     }
     for (; c < w; ++c) {
-      if (n[c] == 0) continue;
+      if (n[c] == 0) {
+        if (!kAccumulate) o[c] = 0.0f;
+        continue;
+      }
       float agg = a[c];
-      if (rule == 0) agg = agg / static_cast<float>(n[c]);
-      if (rule == 1) agg = agg / replicas;
-      o[c] = accumulate ? o[c] + agg : agg;
+      if (kRule == 0) agg = agg / static_cast<float>(n[c]);
+      if (kRule == 1) agg = agg / replicas;
+      o[c] = kAccumulate ? o[c] + agg : agg;
       a[c] = -0.0f;
       n[c] = 0;
     }
   }
+}
+
+LBCC_AVX2 void FinalizeBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                                 int64_t stride, int rule, float replicas, bool accumulate) {
+  using Fn = void (*)(float*, uint16_t*, int64_t, int64_t, float*, int64_t, float);
+  static constexpr Fn kTable[3][2] = {
+      {FinalizeBlockAvx2T<0, false>, FinalizeBlockAvx2T<0, true>},
+      {FinalizeBlockAvx2T<1, false>, FinalizeBlockAvx2T<1, true>},
+      {FinalizeBlockAvx2T<2, false>, FinalizeBlockAvx2T<2, true>},
+  };
+  kTable[rule][accumulate ? 1 : 0](acc, count, h, w, out, stride, replicas);
+}
+
+// 16 indices (24 bytes) per step: the two 128-bit lanes take bytes 0..11 and 12..23, a byte
+// shuffle gathers each index's two bytes into a 16-bit lane, then even lanes keep their low 12
+// bits and odd lanes shift right by 4.
+LBCC_AVX2 void Unpack12Avx2(const uint8_t* in, int64_t count, uint16_t* out) {
+  const int64_t bytes = (count * 12 + 7) / 8;
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 3, 4, 5, 6);
+  const __m256i shuffle = _mm256_setr_epi8(0, 1, 1, 2, 3, 4, 4, 5, 6, 7, 7, 8, 9, 10, 10, 11, 0, 1,
+                                           1, 2, 3, 4, 4, 5, 6, 7, 7, 8, 9, 10, 10, 11);
+  const __m256i low12 = _mm256_set1_epi32(0x00000FFF);
+  int64_t i = 0;
+  for (; i + 16 <= count && (i / 16) * 24 + 32 <= bytes; i += 16) {
+    const __m256i raw =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + (i / 16) * 24));
+    const __m256i pairs = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(raw, lanes), shuffle);
+    const __m256i even = _mm256_and_si256(pairs, low12);
+    const __m256i odd = _mm256_srli_epi16(pairs, 4);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_blend_epi16(even, odd, 0xAA));
+  }
+  for (; i + 1 < count; i += 2) {
+    const uint8_t* q = in + 3 * (i / 2);
+    const uint32_t word =
+        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16);
+    out[i] = static_cast<uint16_t>(word & 0xFFF);
+    out[i + 1] = static_cast<uint16_t>(word >> 12);
+  }
+  if (i < count) {
+    const uint8_t* q = in + 3 * (i / 2);
+    out[i] = static_cast<uint16_t>(q[0] | ((q[1] & 0xF) << 8));
+  }
+}
+
+// One pass over the whole list: x[i] > x[i - 1] 16 lanes at a time, where the lane of a run's
+// first entry (at most one per step, since k >= 16) is exempt; and the unsigned maximum.
+LBCC_AVX2 bool RunsAscendingAvx2(const uint16_t* x, int64_t num_runs, int64_t k,
+                                 uint32_t limit) {
+  const int64_t n = num_runs * k;
+  if (k < 16 || n < 17) {
+    bool bad = false;
+    for (int64_t c = 0; c < num_runs; ++c) {
+      const uint16_t* r = x + c * k;
+      bad |= r[k - 1] >= limit;
+      for (int64_t j = 1; j < k; ++j) bad |= r[j] <= r[j - 1];
+    }
+    return !bad;
+  }
+  // Signed 16-bit comparison: entries >= 2^15 fail the range check below anyway (limit <=
+  // 4096 for chunks).
+  __m256i vmax = _mm256_setzero_si256();
+  uint32_t bad = 0;
+  int64_t next_run = k;
+  int64_t i = 1;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i - 1));
+    uint32_t not_greater = ~static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi16(a, b)));
+    if (next_run < i + 16) {
+      not_greater &= ~(3u << (2 * (next_run - i)));
+      next_run += k;
+    }
+    bad |= not_greater;
+    vmax = _mm256_max_epu16(vmax, a);
+  }
+  uint32_t max_value = x[0];
+  for (; i < n; ++i) {
+    if (i % k != 0 && x[i] <= x[i - 1]) bad = 1;
+    max_value = std::max<uint32_t>(max_value, x[i]);
+  }
+  __m128i m = _mm_max_epu16(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
+  m = _mm_max_epu16(m, _mm_srli_si128(m, 8));
+  m = _mm_max_epu16(m, _mm_srli_si128(m, 4));
+  m = _mm_max_epu16(m, _mm_srli_si128(m, 2));
+  max_value = std::max<uint32_t>(max_value, static_cast<uint32_t>(_mm_extract_epi16(m, 0)));
+  return bad == 0 && max_value < limit;
 }
 
 template <bool kAdd>
@@ -340,7 +495,8 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 
 const CpuKernels kAvx2Kernels = {
     SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,      FilterGeAvx2,      CountGeAvx2,
-    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2, Dequant8BlockAvx2, Dequant8BlockAddAvx2,
+    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2, Dequant8BlockAvx2,
+    Dequant8BlockAddAvx2, Unpack12Avx2, RunsAscendingAvx2,
 };
 
 }  // namespace

@@ -29,6 +29,7 @@ struct DecodeScratchImpl {
   std::vector<uint16_t> count;                  // per-chunk selection counts (4096)
   std::vector<int64_t> local_offset;            // local position -> offset from the chunk's corner
   std::vector<float> values;                    // one chunk's decoded values (4096)
+  std::vector<uint16_t> touched;                // one chunk's distinct selected positions (4096)
   std::vector<DenseQuantHeader> dense_headers;  // per payload
   std::vector<float> dense;  // dense decoders: accumulator and one payload's tile
 };

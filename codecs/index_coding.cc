@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "codecs/bitstream.h"
 #include "codecs/chunking.h"
+#include "codecs/cpu_kernels.h"
 
 namespace lbcc::codecs {
 namespace {
@@ -139,23 +140,15 @@ absl::Status DecodePacked12(absl::Span<const uint8_t> bytes, const IndexLayout& 
   if (count % 2 == 1 && (bytes[bytes.size() - 1] & 0xF0) != 0) {
     return Corrupt("non-zero padding after the last index");
   }
-  // Unpack two indices per 3 bytes, then check each chunk: strictly ascending (so only the last
-  // index needs the range check).
-  const uint8_t* p = bytes.data();
+  // Unpack, then check every chunk at once (strictly ascending runs of k, all < chunk_len); only
+  // a rejected section is scanned again, chunk by chunk, to name the chunk.
+  const CpuKernels& kern = ActiveKernels();
   uint16_t* o = out.data();
-  const int64_t pairs = count / 2;
-  for (int64_t i = 0; i < pairs; ++i) {
-    const uint8_t* q = p + 3 * i;
-    const uint32_t word =
-        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16);
-    o[2 * i] = static_cast<uint16_t>(word & 0xFFF);
-    o[2 * i + 1] = static_cast<uint16_t>(word >> 12);
-  }
-  if (count % 2 == 1) {
-    const uint8_t* q = p + 3 * pairs;
-    o[count - 1] = static_cast<uint16_t>(q[0] | ((q[1] & 0xF) << 8));
-  }
+  kern.unpack12(bytes.data(), count, o);
   const int64_t k = layout.k;
+  if (count == 0 || kern.runs_ascending(o, layout.num_chunks, k, layout.chunk_len)) {
+    return absl::OkStatus();
+  }
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
     const uint16_t* x = o + c * k;
     bool bad = x[k - 1] >= layout.chunk_len;
@@ -166,7 +159,7 @@ absl::Status DecodePacked12(absl::Span<const uint8_t> bytes, const IndexLayout& 
                                   layout.chunk_len));
     }
   }
-  return absl::OkStatus();
+  return Corrupt("indices not strictly ascending");  // unreachable: the kernels agree
 }
 
 void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
@@ -211,8 +204,14 @@ enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kT
 
 // The adaptive decoder's inner loop, kept free of error formatting so the bit reader's state
 // stays in registers. Same reader logic as BitReader (bitstream.h).
-AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout, int b,
-                                 int p, uint16_t* out, int64_t* where) {
+// kB is the sub-block log2 b; kP0 says p is 0 (the usual Rice parameter at top_k 64), so the
+// count is the unary quotient: constants shorten the loop's serial chain (window -> count ->
+// bits used -> window), which bounds its speed.
+template <int kB, bool kP0>
+AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                                 int p_in, uint16_t* out, int64_t* where) {
+  constexpr int b = kB;
+  const int p = kP0 ? 0 : p_in;
   const uint8_t* ptr = bytes.data();
   const uint8_t* const end = bytes.data() + bytes.size();
   uint64_t acc = 0;
@@ -247,6 +246,49 @@ AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLay
     for (int64_t j = 0; j < num_sub; ++j) {
       const int64_t s = j + 1 < num_sub ? size : layout.chunk_len - (j << b);
       const uint32_t base = static_cast<uint32_t>(j << b);
+      // Fast path for the common sub-block (at top_k 64 the counts are ~Poisson(1) or
+      // Poisson(2)): top the window up when it runs low (8 bytes must be left) and, when the
+      // count's quotient is <= 4, the count <= 4 and its offsets are listed, decode it with no
+      // data-dependent branch: all four offset slots are written (written + 4 <= k keeps them
+      // inside the chunk) and checked as far as the count says. Everything else takes the
+      // general code below, which gives the same result or error.
+      constexpr int kSlots = 2;
+      constexpr int kMaxUsed = kSlots + 1 + 7 + kSlots * kB;
+      if ((fill >= kMaxUsed || end - ptr >= 8) && written + kSlots <= k) {
+        if (fill < kMaxUsed) {
+          uint64_t word;
+          std::memcpy(&word, ptr, 8);
+          acc |= word << fill;
+          ptr += (63 - fill) >> 3;
+          fill |= 56;
+        }
+        const int q2 = __builtin_ctzll(~acc | (uint64_t{1} << 63));  // < 64: the window's ones
+        if (q2 <= kSlots && q2 <= (s >> p)) {
+          const int head = q2 + 1 + p;
+          const int64_t n2 =
+              kP0 ? q2
+                  : (static_cast<int64_t>(q2) << p) |
+                        static_cast<int64_t>((acc >> (q2 + 1)) & ((uint64_t{1} << p) - 1));
+          if (n2 <= kSlots && n2 * b <= s) {
+            const uint64_t bits = acc >> head;
+            constexpr uint64_t kMask = (uint64_t{1} << kB) - 1;
+            bool bad = false;
+            int64_t prev = -1;
+            for (int i = 0; i < kSlots; ++i) {
+              const int64_t off = static_cast<int64_t>((bits >> (i * kB)) & kMask);
+              o[written + i] = static_cast<uint16_t>(base + off);
+              bad |= (i < n2) & ((off <= prev) | (off >= s));
+              prev = off;
+            }
+            if (bad) return AdaptiveError::kOffset;
+            const int used = head + static_cast<int>(n2) * b;  // <= kMaxUsed <= fill
+            acc >>= used;
+            fill -= used;
+            written += n2;
+            continue;
+          }
+        }
+      }
       // Count: unary quotient, then p low bits.
       int64_t q = 0;
       for (;;) {
@@ -322,7 +364,15 @@ absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& 
   if (p < 0 || p > b) return Corrupt(absl::StrCat("Rice parameter ", p, " outside [0, ", b, "]"));
   LBCC_CHECK_GE(out.size(), static_cast<size_t>(layout.count()));
   int64_t chunk = 0;
-  switch (DecodeAdaptiveLoop(bytes, layout, b, p, out.data(), &chunk)) {
+  AdaptiveError error;
+  if (b == 6) {
+    error = p == 0 ? DecodeAdaptiveLoop<6, true>(bytes, layout, p, out.data(), &chunk)
+                   : DecodeAdaptiveLoop<6, false>(bytes, layout, p, out.data(), &chunk);
+  } else {
+    error = p == 0 ? DecodeAdaptiveLoop<7, true>(bytes, layout, p, out.data(), &chunk)
+                   : DecodeAdaptiveLoop<7, false>(bytes, layout, p, out.data(), &chunk);
+  }
+  switch (error) {
     case AdaptiveError::kNone:
       return absl::OkStatus();
     case AdaptiveError::kCount:

@@ -6,8 +6,10 @@
 #include <random>
 #include <vector>
 
+#include "base/cpu.h"
 #include "base/status_matchers.h"
 #include "codecs/bitstream.h"
+#include "codecs/cpu_kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -70,6 +72,50 @@ TEST(Packed12Test, RoundTripAndSize) {
     std::vector<uint16_t> decoded(list.size());
     ASSERT_THAT(DecodePacked12(bytes, layout, absl::MakeSpan(decoded)), IsOk());
     EXPECT_EQ(decoded, list);
+  }
+}
+
+// The scalar and AVX2 unpack and run checks agree on random bytes and on valid lists with one
+// entry broken (repeated, descending, out of range), at run boundaries too.
+TEST(Packed12Test, KernelsAgreeAcrossSimdLevels) {
+  if (!CpuHasAvx2Fma()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const CpuKernels& scalar = KernelsFor(SimdLevel::kScalar);
+  const CpuKernels& avx2 = KernelsFor(SimdLevel::kAvx2);
+  std::mt19937 rng(7);
+  for (int64_t count : {0, 1, 2, 15, 16, 17, 21, 22, 31, 32, 33, 63, 64, 65, 1000, 4097}) {
+    std::vector<uint8_t> bytes(Packed12Bytes(count));
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    std::vector<uint16_t> a(static_cast<size_t>(count)), b(static_cast<size_t>(count));
+    scalar.unpack12(bytes.data(), count, a.data());
+    avx2.unpack12(bytes.data(), count, b.data());
+    EXPECT_EQ(a, b) << count;
+  }
+  for (const IndexLayout& layout :
+       {IndexLayout{40, 64, 4096}, IndexLayout{7, 16, 17}, IndexLayout{9, 33, 3721},
+        IndexLayout{3, 5, 100}, IndexLayout{1, 1, 1}, IndexLayout{20, 17, 64}}) {
+    const std::vector<uint16_t> list = RandomList(layout, rng);
+    const uint32_t limit = static_cast<uint32_t>(layout.chunk_len);
+    ASSERT_TRUE(scalar.runs_ascending(list.data(), layout.num_chunks, layout.k, limit));
+    ASSERT_TRUE(avx2.runs_ascending(list.data(), layout.num_chunks, layout.k, limit));
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<uint16_t> bad = list;
+      const size_t i = rng() % bad.size();
+      switch (trial % 3) {
+        case 0:
+          bad[i] = i > 0 ? bad[i - 1] : bad[i];
+          break;
+        case 1:
+          bad[i] = static_cast<uint16_t>(bad[i] > 0 ? bad[i] - 1 : 0);
+          if (i + 1 < bad.size()) bad[i] = std::max(bad[i], bad[i + 1]);
+          break;
+        case 2:
+          bad[i] = static_cast<uint16_t>(limit + rng() % 5000);
+          break;
+      }
+      EXPECT_EQ(scalar.runs_ascending(bad.data(), layout.num_chunks, layout.k, limit),
+                avx2.runs_ascending(bad.data(), layout.num_chunks, layout.k, limit))
+          << "k " << layout.k << " entry " << i << " trial " << trial;
+    }
   }
 }
 

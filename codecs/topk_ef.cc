@@ -41,7 +41,10 @@ int64_t ChunkCorner(const ChunkGeometry& g, int64_t c) {
 
 void BuildLocalOffsets(const ChunkGeometry& g, std::vector<int64_t>* out) {
   out->resize(static_cast<size_t>(g.chunk_len));
-  for (int64_t l = 0; l < g.chunk_len; ++l) (*out)[l] = (l / g.w) * g.cols + (l % g.w);
+  int64_t* o = out->data();
+  for (int64_t r = 0; r < g.h; ++r) {
+    for (int64_t x = 0; x < g.w; ++x) *o++ = r * g.cols + x;
+  }
 }
 
 // Lowers a threshold (|v| bits) after a chunk had fewer than k candidates: by 10 %, then 19 %,
@@ -428,6 +431,15 @@ inline float DivideBy(float agg, uint32_t d) {
   return agg / static_cast<float>(d);
 }
 
+// Whether the chunks are finished position by position (many selections per chunk: 8 payloads
+// at top_k 64 touch ~12 % of a chunk) rather than through the list of touched positions; at
+// that density the vectorised pass over the block measured ~15-30 % faster than the list.
+bool UseDenseFinish(const std::vector<TopKParsed>& topk, const ChunkGeometry& g) {
+  int64_t per_chunk = 0;
+  for (const TopKParsed& p : topk) per_chunk += p.k;
+  return per_chunk * 16 >= g.chunk_len;
+}
+
 // Hints the h rows of chunk c's block into the cache before the chunk is written.
 inline void PrefetchBlock(const ChunkGeometry& g, const float* out, int64_t c) {
   const float* corner = out + ChunkCorner(g, c);
@@ -437,52 +449,84 @@ inline void PrefetchBlock(const ChunkGeometry& g, const float* out, int64_t c) {
   }
 }
 
+// Adds payload p's values of chunk c to the chunk's accumulator, in list order. kList: also
+// appends each position seen for the first time to `touched` (*num_touched entries).
+template <bool kList>
+inline void AddChunk(const TopKParsed& p, const uint16_t* idx, int64_t c, float* acc,
+                     uint16_t* count, float* vals, uint16_t* touched, int64_t* num_touched) {
+  const int64_t first = c * p.k;
+  int64_t nt = kList ? *num_touched : 0;
+  auto add = [&](uint32_t l, float v) {
+    const uint32_t n = count[l];
+    if (kList) {
+      touched[nt] = static_cast<uint16_t>(l);
+      nt += n == 0;
+    }
+    count[l] = static_cast<uint16_t>(n + 1);
+    acc[l] += v;
+  };
+  if (p.values.coding() == ValueCoding::kBinMean2 && p.k % 4 == 0) {
+    // 2-bit codes: one byte gives four values; no staging buffer.
+    const float* quad = p.values.quad();
+    const uint8_t* codes = p.values.code_bytes() + first / 4;
+    for (int64_t j = 0; j < p.k; j += 4) {
+      const float* q = quad + 4 * codes[j / 4];
+      add(idx[j], q[0]);
+      add(idx[j + 1], q[1]);
+      add(idx[j + 2], q[2]);
+      add(idx[j + 3], q[3]);
+    }
+  } else {
+    p.values.Decode(first, p.k, vals);
+    for (int64_t j = 0; j < p.k; ++j) add(idx[j], vals[j]);
+  }
+  if (kList) *num_touched = nt;
+}
+
 template <Aggregation kRule, bool kAccumulate>
 void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payloads,
                    DecodeScratchImpl& s, float* out) {
   float* acc = s.acc.data();
   uint16_t* count = s.count.data();
   float* vals = s.values.data();
+  uint16_t* touched = s.touched.data();
   const int64_t* local_offset = s.local_offset.data();
   const uint32_t replicas = static_cast<uint32_t>(payloads.size());
   // Many selections per chunk: finish the chunk position by position (vectorised, the block's
-  // rows in order); few: follow the payloads' index lists. Both give the same bits.
-  int64_t per_chunk = 0;
-  for (const TopKParsed& p : s.topk) per_chunk += p.k;
-  const bool dense = per_chunk * 16 >= g.chunk_len;
+  // rows in order); few: follow the list of touched positions. Both give the same bits.
+  const bool dense = UseDenseFinish(s.topk, g);
   const CpuKernels& kern = ActiveKernels();
+  // Blocks are prefetched two chunks ahead (measured: 1, 2, 4 or 8 ahead and lower cache levels
+  // are within noise for cache-resident outputs; 2 is best at 4096^2).
   constexpr int64_t kAhead = 2;
   for (int64_t c = 0; c < std::min(kAhead, g.num_chunks); ++c) PrefetchBlock(g, out, c);
   for (int64_t c = 0; c < g.num_chunks; ++c) {
     if (c + kAhead < g.num_chunks) PrefetchBlock(g, out, c + kAhead);
-    for (const TopKParsed& p : s.topk) {
-      const uint16_t* idx = s.indices.data() + p.index_offset + c * p.k;
-      p.values.Decode(c * p.k, p.k, vals);
-      for (int64_t j = 0; j < p.k; ++j) {
-        acc[idx[j]] += vals[j];
-        ++count[idx[j]];
-      }
-    }
     float* corner = out + ChunkCorner(g, c);
     if (dense) {
+      for (const TopKParsed& p : s.topk) {
+        AddChunk<false>(p, s.indices.data() + p.index_offset + c * p.k, c, acc, count, vals,
+                        nullptr, nullptr);
+      }
       kern.finalize_block(acc, count, g.h, g.w, corner, g.cols, static_cast<int>(kRule),
                           static_cast<float>(replicas), kAccumulate);
       continue;
     }
+    int64_t num_touched = 0;
     for (const TopKParsed& p : s.topk) {
-      const uint16_t* idx = s.indices.data() + p.index_offset + c * p.k;
-      for (int64_t j = 0; j < p.k; ++j) {
-        const uint16_t l = idx[j];
-        const uint32_t n = count[l];
-        if (n == 0) continue;  // already written by an earlier payload's list
-        float agg = acc[l];
-        if (kRule == Aggregation::kSparseLoCoMean) agg = DivideBy(agg, n);
-        if (kRule == Aggregation::kMean) agg = DivideBy(agg, replicas);
-        float& slot = corner[local_offset[l]];
-        slot = kAccumulate ? slot + agg : agg;
-        acc[l] = -0.0f;
-        count[l] = 0;
-      }
+      AddChunk<true>(p, s.indices.data() + p.index_offset + c * p.k, c, acc, count, vals, touched,
+                     &num_touched);
+    }
+    for (int64_t i = 0; i < num_touched; ++i) {
+      const uint16_t l = touched[i];
+      const uint32_t n = count[l];
+      float agg = acc[l];
+      if (kRule == Aggregation::kSparseLoCoMean && n != 1) agg = DivideBy(agg, n);
+      if (kRule == Aggregation::kMean) agg = DivideBy(agg, replicas);
+      float& slot = corner[local_offset[l]];
+      slot = kAccumulate ? slot + agg : agg;
+      acc[l] = -0.0f;
+      count[l] = 0;
     }
   }
 }
@@ -531,9 +575,12 @@ absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
     }
     if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
   }
-  // Phase 2: aggregate chunk by chunk (each chunk's accumulator stays in L1).
+  // Phase 2: aggregate chunk by chunk (each chunk's accumulator stays in L1). The dense finish
+  // writes every position of every chunk (chunks tile the tensor), zeros included; the sparse
+  // one only the selected positions, so the output is cleared first.
   float* o = out.data_as<float>();
-  if (!options.accumulate && out.num_elements() > 0) {
+  const bool dense = UseDenseFinish(s.topk, g);
+  if (!options.accumulate && out.num_elements() > 0 && (!dense || g.num_chunks == 0)) {
     std::memset(o, 0, static_cast<size_t>(out.num_elements()) * sizeof(float));
   }
   if (g.num_chunks == 0) return absl::OkStatus();
@@ -541,8 +588,9 @@ absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
     s.acc.assign(kTopKReferenceChunk, -0.0f);  // -0 + v == v for every v, -0 included
     s.count.assign(kTopKReferenceChunk, 0);
     s.values.resize(kTopKReferenceChunk);
+    s.touched.resize(kTopKReferenceChunk);
   }
-  BuildLocalOffsets(g, &s.local_offset);
+  if (!dense) BuildLocalOffsets(g, &s.local_offset);  // the dense finish walks the block's rows
   switch (options.aggregation) {
     case Aggregation::kSparseLoCoMean:
       Scatter<Aggregation::kSparseLoCoMean>(options.accumulate, g, payloads, s, o);

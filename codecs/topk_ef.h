@@ -29,7 +29,11 @@
 // Performance: one pass streams e, delta and the pending buffer (like a triad); selection runs
 // on cache-resident groups of chunks with AVX2 (compaction against a threshold carried from
 // chunk to chunk, then an exact threshold search on the few candidates). One thread per call;
-// encode different tensors on different threads.
+// encode different tensors on different threads. Decode-accumulate validates and unpacks every
+// payload's indices first (AVX2 12-bit unpack and one-pass run check; adaptive sub-blocks of
+// <= 2 offsets without data-dependent branches), then per chunk adds the payloads' values in
+// rank order into an L1-resident accumulator (2-bit codes looked up four per byte) and finishes
+// the 64 x 64 block 16 positions per AVX2 step (power-of-two counts by exact reciprocal).
 //
 // Thread-safety: TopKEfCodec is immutable and shareable; a TopKEfState belongs to one thread at
 // a time.

@@ -343,8 +343,15 @@ absl::Status ValueDecoder::Init(ValueCoding coding, absl::Span<const uint8_t> pa
         }
       }
       if (bits == 2) {
+        // quad_[byte] = the values of its four codes, as two halves of two codes each.
+        float pair[16][2];
+        for (int x = 0; x < 16; ++x) {
+          pair[x][0] = table_[x & 3];
+          pair[x][1] = table_[x >> 2];
+        }
         for (int byte = 0; byte < 256; ++byte) {
-          for (int i = 0; i < 4; ++i) quad_[byte][i] = table_[(byte >> (2 * i)) & 3];
+          std::memcpy(&quad_[byte][0], pair[byte & 15], sizeof(pair[0]));
+          std::memcpy(&quad_[byte][2], pair[byte >> 4], sizeof(pair[0]));
         }
       }
       const int64_t used_bits = (count * bits) % 8;

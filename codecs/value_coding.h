@@ -110,6 +110,10 @@ class ValueDecoder {
   void Decode(int64_t first, int64_t n, float* out) const;
   ValueCoding coding() const { return coding_; }
   int64_t block() const { return block_; }
+  // 2-bit bin-mean only (for fused decode loops): value t is quad()[4 * code_bytes()[t / 4] +
+  // t % 4], what Decode() writes.
+  const float* quad() const { return quad_[0].data(); }
+  const uint8_t* code_bytes() const { return codes_; }
 
  private:
   ValueCoding coding_ = ValueCoding::kF32;
