@@ -36,21 +36,17 @@ absl::StatusOr<Aggregation> ParseAggregation(absl::string_view name) {
       absl::StrCat("unknown aggregation '", name, "' (expected sparseloco, mean or sum)"));
 }
 
-absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloads,
-                              const DecodeOptions& options, const TensorView& out,
-                              DecodeScratch* scratch) {
+absl::Status PrepareDecode(absl::Span<const absl::Span<const uint8_t>> payloads,
+                           const DecodeOptions& options, const TensorView& out,
+                           DecodeScratch* scratch) {
+  internal::DecodeScratchImpl& s = scratch->impl();
+  s.prepared = false;
   if (payloads.empty()) return absl::InvalidArgumentError("decode: no payloads");
   if (!out.is_host()) return absl::UnimplementedError("decode: the CPU codecs write host memory");
   if (out.dtype() != DType::kF32) {
     return absl::InvalidArgumentError(
         absl::StrCat("decode: output must be f32, got ", DTypeName(out.dtype())));
   }
-  std::unique_ptr<DecodeScratch> local;
-  if (scratch == nullptr) {
-    local = std::make_unique<DecodeScratch>();
-    scratch = local.get();
-  }
-  internal::DecodeScratchImpl& s = scratch->impl();
   s.infos.resize(payloads.size());
   for (size_t r = 0; r < payloads.size(); ++r) {
     LBCC_ASSIGN_OR_RETURN(s.infos[r], ParsePayload(payloads[r]),
@@ -70,14 +66,46 @@ absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloa
   const absl::Span<const PayloadInfo> infos(s.infos.data(), payloads.size());
   switch (s.infos[0].codec) {
     case CodecId::kTopKEf:
-      return internal::TopKEfDecodeAccumulate(infos, options, out, s);
+      LBCC_RETURN_IF_ERROR(internal::TopKEfPrepareDecode(infos, s));
+      break;
     case CodecId::kDenseQuant:
-      return internal::DenseQuantDecodeAccumulate(infos, options, out, s);
+      LBCC_RETURN_IF_ERROR(internal::DenseQuantPrepareDecode(infos, s));
+      break;
     default:
       return absl::UnimplementedError(
           absl::StrCat("decode: ", CodecName(s.infos[0].codec),
                        " payloads are not decoded by DecodeAccumulate"));
   }
+  s.prepared = true;
+  s.prepared_codec = s.infos[0].codec;
+  s.prepared_options = options;
+  s.prepared_out = out;
+  s.prepared_payloads = payloads.size();
+  return absl::OkStatus();
+}
+
+absl::Status ApplyDecode(DecodeScratch* scratch) {
+  internal::DecodeScratchImpl& s = scratch->impl();
+  if (!s.prepared) return absl::FailedPreconditionError("decode: nothing prepared");
+  s.prepared = false;
+  if (s.prepared_codec == CodecId::kTopKEf) {
+    internal::TopKEfApplyDecode(s);
+  } else {
+    internal::DenseQuantApplyDecode(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloads,
+                              const DecodeOptions& options, const TensorView& out,
+                              DecodeScratch* scratch) {
+  std::unique_ptr<DecodeScratch> local;
+  if (scratch == nullptr) {
+    local = std::make_unique<DecodeScratch>();
+    scratch = local.get();
+  }
+  LBCC_RETURN_IF_ERROR(PrepareDecode(payloads, options, out, scratch));
+  return ApplyDecode(scratch);
 }
 
 absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes) {

@@ -115,6 +115,18 @@ absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloa
                               const DecodeOptions& options, const TensorView& out,
                               DecodeScratch* scratch = nullptr);
 
+// DecodeAccumulate in two steps, for a caller that must check several tensors' payloads before
+// writing any output (SparseAllReduce): PrepareDecode validates `payloads` against `out`
+// exactly as DecodeAccumulate does — same errors, nothing written — and stages them in
+// `scratch`; ApplyDecode then writes the aggregate into that `out` and only fails when nothing
+// was prepared (FailedPrecondition). DecodeAccumulate is the two in a row, so the work is not
+// repeated. The payload bytes and `out` must stay valid, and the bytes unchanged, until
+// ApplyDecode; a scratch holds one prepared call at a time (a new Prepare replaces it).
+absl::Status PrepareDecode(absl::Span<const absl::Span<const uint8_t>> payloads,
+                           const DecodeOptions& options, const TensorView& out,
+                           DecodeScratch* scratch);
+absl::Status ApplyDecode(DecodeScratch* scratch);
+
 // What a payload holds, for tools and logs.
 struct PayloadSummary {
   CodecId codec = CodecId::kTopKEf;

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/tensor_view.h"
+#include "codecs/chunking.h"
+#include "codecs/codec.h"
 #include "codecs/dense_quant.h"
 #include "codecs/index_coding.h"
 #include "codecs/payload.h"
@@ -22,6 +25,13 @@ struct TopKParsed {
 };
 
 struct DecodeScratchImpl {
+  // What PrepareDecode staged for ApplyDecode (codec.h).
+  bool prepared = false;
+  CodecId prepared_codec = CodecId::kTopKEf;
+  DecodeOptions prepared_options;
+  TensorView prepared_out;
+  size_t prepared_payloads = 0;
+  ChunkGeometry topk_geometry;                  // TopK-EF: the payloads' chunking
   std::vector<PayloadInfo> infos;               // per payload: the parsed envelope
   std::vector<uint16_t> indices;                // every payload's decoded local indices
   std::vector<TopKParsed> topk;                 // per payload

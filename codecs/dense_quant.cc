@@ -351,15 +351,21 @@ absl::StatusOr<DenseQuantHeader> ParseDenseQuantHeader(const PayloadInfo& info) 
 
 namespace internal {
 
-absl::Status DenseQuantDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
-                                        const DecodeOptions& options, const TensorView& out,
-                                        DecodeScratchImpl& s) {
+absl::Status DenseQuantPrepareDecode(absl::Span<const PayloadInfo> payloads,
+                                     DecodeScratchImpl& s) {
   // Phase 1: validate every payload before touching `out`.
   s.dense_headers.resize(payloads.size());
   for (size_t r = 0; r < payloads.size(); ++r) {
     LBCC_ASSIGN_OR_RETURN(s.dense_headers[r], ParseDenseQuantHeader(payloads[r]),
                           _.Prepend(absl::StrCat("payload ", r)));
   }
+  return absl::OkStatus();
+}
+
+void DenseQuantApplyDecode(DecodeScratchImpl& s) {
+  const DecodeOptions& options = s.prepared_options;
+  const TensorView& out = s.prepared_out;
+  const absl::Span<const PayloadInfo> payloads(s.infos.data(), s.prepared_payloads);
   const DenseQuantHeader& first = s.dense_headers[0];
   float* o = out.data_as<float>();
   const int64_t n = out.num_elements();
@@ -376,7 +382,7 @@ absl::Status DenseQuantDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
         kern.dequant8_block(codes, len, scale, o + begin);
       }
     }
-    return absl::OkStatus();
+    return;
   }
   // General case, tile by tile: agg = v_0 + v_1 + ... in payload order, then the rule.
   const int64_t tile = IsInt(first.format) ? first.block : kFloatTile;
@@ -397,7 +403,6 @@ absl::Status DenseQuantDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
       o[begin + i] = options.accumulate ? o[begin + i] + agg : agg;
     }
   }
-  return absl::OkStatus();
 }
 
 }  // namespace internal

@@ -82,9 +82,10 @@ absl::StatusOr<DenseQuantHeader> ParseDenseQuantHeader(const PayloadInfo& info);
 
 namespace internal {
 struct DecodeScratchImpl;
-absl::Status DenseQuantDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
-                                        const DecodeOptions& options, const TensorView& out,
-                                        DecodeScratchImpl& scratch);
+// The dense halves of PrepareDecode / ApplyDecode (codec.h).
+absl::Status DenseQuantPrepareDecode(absl::Span<const PayloadInfo> payloads,
+                                     DecodeScratchImpl& scratch);
+void DenseQuantApplyDecode(DecodeScratchImpl& scratch);
 }  // namespace internal
 
 }  // namespace lbcc::codecs

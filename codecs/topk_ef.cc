@@ -543,9 +543,7 @@ void Scatter(bool accumulate, const ChunkGeometry& g, absl::Span<const PayloadIn
 
 }  // namespace
 
-absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
-                                    const DecodeOptions& options, const TensorView& out,
-                                    DecodeScratchImpl& s) {
+absl::Status TopKEfPrepareDecode(absl::Span<const PayloadInfo> payloads, DecodeScratchImpl& s) {
   if (static_cast<int64_t>(payloads.size()) > kMaxPayloads) {
     return absl::InvalidArgumentError(
         absl::StrCat("topk_ef: at most ", kMaxPayloads, " payloads per call"));
@@ -575,6 +573,15 @@ absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
     }
     if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
   }
+  s.topk_geometry = g;
+  return absl::OkStatus();
+}
+
+void TopKEfApplyDecode(DecodeScratchImpl& s) {
+  const ChunkGeometry& g = s.topk_geometry;
+  const DecodeOptions& options = s.prepared_options;
+  const TensorView& out = s.prepared_out;
+  const absl::Span<const PayloadInfo> payloads(s.infos.data(), s.prepared_payloads);
   // Phase 2: aggregate chunk by chunk (each chunk's accumulator stays in L1). The dense finish
   // writes every position of every chunk (chunks tile the tensor), zeros included; the sparse
   // one only the selected positions, so the output is cleared first.
@@ -583,7 +590,7 @@ absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
   if (!options.accumulate && out.num_elements() > 0 && (!dense || g.num_chunks == 0)) {
     std::memset(o, 0, static_cast<size_t>(out.num_elements()) * sizeof(float));
   }
-  if (g.num_chunks == 0) return absl::OkStatus();
+  if (g.num_chunks == 0) return;
   if (s.acc.size() < static_cast<size_t>(g.chunk_len)) {
     s.acc.assign(kTopKReferenceChunk, -0.0f);  // -0 + v == v for every v, -0 included
     s.count.assign(kTopKReferenceChunk, 0);
@@ -602,7 +609,6 @@ absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
       Scatter<Aggregation::kSum>(options.accumulate, g, payloads, s, o);
       break;
   }
-  return absl::OkStatus();
 }
 
 }  // namespace internal

@@ -161,10 +161,10 @@ absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info);
 
 namespace internal {
 struct DecodeScratchImpl;
-// The TopK-EF half of DecodeAccumulate (codec.h), after the envelopes were parsed.
-absl::Status TopKEfDecodeAccumulate(absl::Span<const PayloadInfo> payloads,
-                                    const DecodeOptions& options, const TensorView& out,
-                                    DecodeScratchImpl& scratch);
+// The TopK-EF halves of PrepareDecode / ApplyDecode (codec.h), after the envelopes were
+// parsed: Prepare validates and stages into `scratch`, Apply writes (cannot fail).
+absl::Status TopKEfPrepareDecode(absl::Span<const PayloadInfo> payloads, DecodeScratchImpl& scratch);
+void TopKEfApplyDecode(DecodeScratchImpl& scratch);
 }  // namespace internal
 
 }  // namespace lbcc::codecs

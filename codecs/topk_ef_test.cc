@@ -649,6 +649,14 @@ class RejectTest : public ::testing::Test {
                            *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
           StatusIs(code, HasSubstr(message)));
       EXPECT_THAT(out, ::testing::Each(7.0f));
+      // The two-step form rejects the same way and leaves nothing to apply.
+      DecodeScratch scratch;
+      EXPECT_THAT(
+          PrepareDecode(spans, {Aggregation::kSparseLoCoMean, accumulate},
+                        *TensorView::Host(out.data(), Shape(shape.begin(), shape.end())), &scratch),
+          StatusIs(code, HasSubstr(message)));
+      EXPECT_THAT(ApplyDecode(&scratch), StatusIs(absl::StatusCode::kFailedPrecondition));
+      EXPECT_THAT(out, ::testing::Each(7.0f));
     }
     if (code == absl::StatusCode::kDataLoss && payloads.size() == 1) {
       EXPECT_THAT(InspectPayload(payloads[0]), StatusIs(absl::StatusCode::kDataLoss));
@@ -672,6 +680,51 @@ TEST_F(RejectTest, GoodPayloadsDecode) {
     EXPECT_EQ(summary.selected, 58);
     EXPECT_EQ(summary.total_bytes, good.size());
     EXPECT_THAT(summary.details, HasSubstr(std::string(IndexCodingName(indices))));
+  }
+}
+
+// PrepareDecode + ApplyDecode (several tensors staged first, then written) equals
+// DecodeAccumulate bit for bit, for both index codings, every aggregation and both modes.
+TEST_F(RejectTest, PrepareThenApplyEqualsDecodeAccumulate) {
+  const std::vector<int64_t> shapes[2] = {{61, 61}, {128, 192}};
+  std::vector<Bytes> payloads[2];
+  for (int t = 0; t < 2; ++t) {
+    for (int r = 0; r < 5; ++r) {
+      TopKEfOptions options;
+      options.indices = r % 2 ? IndexCoding::kAdaptive : IndexCoding::kPacked12;
+      auto codec = MakeCodec(options);
+      TopKEfState state;
+      std::vector<float> delta = Normals(Count(shapes[t]), 100 * t + r);
+      payloads[t].push_back(Encode(*codec, state, delta, shapes[t]));
+    }
+  }
+  for (Aggregation aggregation :
+       {Aggregation::kSparseLoCoMean, Aggregation::kMean, Aggregation::kSum}) {
+    for (bool accumulate : {false, true}) {
+      const DecodeOptions options{aggregation, accumulate};
+      std::vector<float> expect[2], got[2];
+      DecodeScratch scratch[2];
+      std::vector<absl::Span<const uint8_t>> spans[2];
+      for (int t = 0; t < 2; ++t) {
+        spans[t].assign(payloads[t].begin(), payloads[t].end());
+        expect[t] = Normals(Count(shapes[t]), 9);
+        got[t] = expect[t];
+        const Shape shape(shapes[t].begin(), shapes[t].end());
+        ASSERT_THAT(DecodeAccumulate(spans[t], options, *TensorView::Host(expect[t].data(), shape)),
+                    IsOk());
+        ASSERT_THAT(PrepareDecode(spans[t], options, *TensorView::Host(got[t].data(), shape),
+                                  &scratch[t]),
+                    IsOk());
+      }
+      for (int t = 0; t < 2; ++t) {
+        EXPECT_NE(std::memcmp(got[t].data(), expect[t].data(), got[t].size() * 4), 0)
+            << "prepare wrote the output";
+        ASSERT_THAT(ApplyDecode(&scratch[t]), IsOk());
+        EXPECT_EQ(std::memcmp(got[t].data(), expect[t].data(), got[t].size() * 4), 0)
+            << AggregationName(aggregation) << " accumulate " << accumulate << " tensor " << t;
+        EXPECT_THAT(ApplyDecode(&scratch[t]), StatusIs(absl::StatusCode::kFailedPrecondition));
+      }
+    }
   }
 }
 

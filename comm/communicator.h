@@ -169,7 +169,7 @@ class Communicator {
   // SparseAllReduce's reusable memory; only the worker thread touches it, so steady-state
   // exchanges do not allocate (and do not page-fault fresh buffers) per call.
   std::vector<uint8_t> encode_buffer_;
-  codecs::DecodeScratch decode_scratch_;
+  std::vector<std::unique_ptr<codecs::DecodeScratch>> decode_scratch_;  // one per tensor
 
   Mutex mu_;
   CondVar cv_;

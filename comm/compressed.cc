@@ -166,28 +166,44 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     int groups_exchanged = 0;                                 // Written by the exchanger.
     bool exchanger_failed = false;                            // Guarded by mu.
     // Group g's payloads, validated by the exchanger while later groups are on the wire:
-    // per_rank[r] lists rank r's payloads, tensor by tensor. Every payload's envelope (magic,
-    // version, codec, shape, lengths, XXH3 checksum) is checked. Tensors are decoded in order
-    // and DecodeAccumulate validates a tensor's payloads in full before it writes that tensor,
-    // so the first tensor needs nothing more; the others are validated in full here, so that a
-    // bad payload of a later tensor cannot fail the collective after earlier outputs were
-    // written. A bad payload does not stop the exchange (the peers expect every group).
+    // per_rank[r] lists rank r's payloads, tensor by tensor. Host outputs: PrepareDecode checks
+    // every payload in full (envelope, XXH3 checksum, indices, values, shape) and stages it in
+    // the tensor's scratch, so that after the exchange ApplyDecode only writes. CUDA outputs:
+    // every envelope is checked here, and every tensor but the first in full (InspectPayload);
+    // the device decode checks the first before it writes. Either way a bad payload fails the
+    // collective before any output is written. A bad payload does not stop the exchange (the
+    // peers expect every group).
     std::vector<std::vector<absl::Span<const uint8_t>>> per_rank(group.size());
     absl::Status invalid;  // Written by the exchanger.
+    if (decode_scratch_.size() < tensors.size()) decode_scratch_.resize(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (decode_scratch_[i] == nullptr) decode_scratch_[i] = std::make_unique<codecs::DecodeScratch>();
+    }
     auto validate = [&](int g) -> absl::Status {
+      const size_t count = plan[g].second - plan[g].first;
       for (int r = 0; r < group.size(); ++r) {
         LBCC_ASSIGN_OR_RETURN(std::vector<absl::Span<const uint8_t>> spans,
-                              SplitBlob(all[g][r], plan[g].second - plan[g].first, r));
-        for (size_t k = 0; k < spans.size(); ++k) {
-          const size_t i = plan[g].first + k;
+                              SplitBlob(all[g][r], count, r));
+        per_rank[r].insert(per_rank[r].end(), spans.begin(), spans.end());
+      }
+      std::vector<absl::Span<const uint8_t>> payloads(group.size());
+      for (size_t i = plan[g].first; i < plan[g].second; ++i) {
+        for (int r = 0; r < group.size(); ++r) payloads[r] = per_rank[r][i];
+        if (tensors[i].out.is_host()) {
+          absl::Status status =
+              codecs::PrepareDecode(payloads, decode, tensors[i].out, decode_scratch_[i].get());
+          if (!status.ok()) return Annotate(status, absl::StrCat("tensor ", i));
+          continue;
+        }
+        for (int r = 0; r < group.size(); ++r) {
           absl::Status status;
           Shape shape;
           if (i == 0) {
-            absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload(spans[k]);
+            absl::StatusOr<codecs::PayloadInfo> info = codecs::ParsePayload(payloads[r]);
             status = info.status();
             if (status.ok()) shape = info->shape;
           } else {
-            absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload(spans[k]);
+            absl::StatusOr<codecs::PayloadSummary> summary = codecs::InspectPayload(payloads[r]);
             status = summary.status();
             if (status.ok()) shape = summary->shape;
           }
@@ -196,9 +212,8 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
                 "shape ", ShapeToString(shape), " != ", ShapeToString(tensors[i].out.shape())));
           }
           if (!status.ok()) {
-            return Annotate(status, absl::StrCat("payload of rank ", r, ", tensor ", i));
+            return Annotate(status, absl::StrCat("tensor ", i, ": payload ", r));
           }
-          per_rank[r].push_back(spans[k]);
         }
       }
       return absl::OkStatus();
@@ -300,22 +315,27 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       abort_states();
       return absl::InternalError("SparseAllReduce: exchange ended early without an error");
     }
-    // 2. Decode in rank order, then commit.
-    codecs::DecodeScratch& decode_scratch = decode_scratch_;
+    // 2. Write the outputs (decoded in rank order), then commit.
     std::unique_ptr<kernels::DeviceScratch> device_scratch;
     std::vector<absl::Span<const uint8_t>> payloads(group.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
-      for (int r = 0; r < group.size(); ++r) payloads[r] = per_rank[r][i];
-      if (!tensors[i].out.is_host() && device_scratch == nullptr) {
-        device_scratch = std::make_unique<kernels::DeviceScratch>();
+      absl::Status status;
+      if (tensors[i].out.is_host()) {
+        status = codecs::ApplyDecode(decode_scratch_[i].get());
+      } else {
+        for (int r = 0; r < group.size(); ++r) payloads[r] = per_rank[r][i];
+        if (device_scratch == nullptr) device_scratch = std::make_unique<kernels::DeviceScratch>();
+        status = kernels::DecodeAccumulateOnDevice(payloads, decode, tensors[i].out,
+                                                   tensors[i].cuda_stream, device_scratch.get());
+        if (!status.ok() && i == 0) {
+          // Checked in full by the device decode, before it writes.
+          abort_states();
+          return Annotate(status, absl::StrCat("tensor ", i));
+        }
       }
-      absl::Status status = DecodeTensor(payloads, decode, tensors[i].out, &decode_scratch,
-                                         tensors[i].cuda_stream, device_scratch.get());
       if (!status.ok()) {
-        // Tensors after the first were validated in full above: an error there is an LBCC bug.
-        // The first tensor's payloads are validated in full here, before anything is written.
+        // Validated in full above: an error here is an LBCC bug.
         abort_states();
-        if (i == 0) return Annotate(status, absl::StrCat("tensor ", i));
         return absl::InternalError(absl::StrCat("tensor ", i, ": ", status.ToString()));
       }
     }

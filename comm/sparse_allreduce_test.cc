@@ -256,7 +256,7 @@ class CorruptingCodec final : public codecs::Codec {
 
 // A corrupt payload from rank 1 fails the collective on every rank with DataLoss, before any
 // output is written and with every rank's error feedback kept: caught by the checksum (either
-// tensor) or, with a valid checksum, by the decoder's range check (either tensor).
+// tensor) or, with a valid checksum, by the decoder's range check.
 class SparseAllReduceCorruptTest
     : public ::testing::TestWithParam<std::tuple<CorruptingCodec::Damage, int>> {};
 
@@ -287,12 +287,8 @@ TEST_P(SparseAllReduceCorruptTest, FailsEveryRankAndWritesNothing) {
     const codecs::Codec* codec =
         rank == 1 ? static_cast<const codecs::Codec*>(&corrupting) : inner.get();
     absl::Status failed = comm.SparseAllReduce(tensors, codec)->Wait();
-    // Bad envelopes are caught before decoding; the first tensor's range check runs in its
-    // decode, the others' before any decode.
-    const std::string where = damage == CorruptingCodec::Damage::kIndexWithValidChecksum &&
-                                      victim_tensor == 0
-                                  ? "tensor 0: payload 1"
-                                  : absl::StrCat("payload of rank 1, tensor ", victim_tensor);
+    // Every payload is checked in full as its group arrives, before any output is written.
+    const std::string where = absl::StrCat("tensor ", victim_tensor, ": payload 1");
     if (failed.code() != absl::StatusCode::kDataLoss || !absl::StrContains(failed.message(), where)) {
       return absl::InternalError(absl::StrCat("expected DataLoss naming '", where, "', got ",
                                               failed.ToString()));
