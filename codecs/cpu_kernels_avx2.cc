@@ -423,13 +423,7 @@ LBCC_AVX2 bool RunsAscendingAvx2(const uint16_t* x, int64_t num_runs, int64_t k,
                                  uint32_t limit) {
   const int64_t n = num_runs * k;
   if (k < 16 || n < 17) {
-    bool bad = false;
-    for (int64_t c = 0; c < num_runs; ++c) {
-      const uint16_t* r = x + c * k;
-      bad |= r[k - 1] >= limit;
-      for (int64_t j = 1; j < k; ++j) bad |= r[j] <= r[j - 1];
-    }
-    return !bad;
+    return KernelsFor(SimdLevel::kScalar).runs_ascending(x, num_runs, k, limit);
   }
   // Signed 16-bit comparison: entries >= 2^15 fail the range check below anyway (limit <=
   // 4096 for chunks).

@@ -7,26 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_status.h"
 
 namespace lbcc::kernels {
 namespace {
-
-absl::Status FromCuda(int code, absl::string_view what) {
-  const cudaError_t error = static_cast<cudaError_t>(code);
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorName(error), ": ",
-                                           cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::UnavailableError(message);
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 absl::Status FromCublas(cublasStatus_t status, absl::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();

@@ -6,9 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "kernels/cuda_status.h"
 #include "plugin/gpu.h"
 
 namespace lbcc::plugin {
+
+using ::lbcc::kernels::FromCuda;
 
 class GpuEvent {
  public:
@@ -16,22 +19,6 @@ class GpuEvent {
 };
 
 namespace {
-
-absl::Status FromCuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::UnavailableError(message);
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 // Makes `device` current on this thread for the scope and restores the caller's device.
 class DeviceScope {
