@@ -43,6 +43,7 @@
 #include "benchmark/benchmark.h"
 #include "plugin/nccl_net.h"
 #include "plugin/testing/plugin_api.h"
+#include "plugin/testing/socket_io.h"
 #include "transport/options.h"
 #include "transport/transport.h"
 #include "transport/ucx_transport.h"
@@ -74,24 +75,10 @@ using Args = std::map<std::string, std::string>;
   } while (0)
 
 void WriteAll(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) Fail("socket write");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
+  if (!testing::WriteFully(fd, data, size)) Fail("socket write");
 }
 void ReadAll(int fd, void* data, size_t size) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) Fail("socket read (peer gone)");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
+  if (!testing::ReadFully(fd, data, size)) Fail("socket read (peer gone)");
 }
 
 // Receiver-side timing: from the completion of message `warm - 1` to that of the last one.

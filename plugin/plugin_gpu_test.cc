@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "plugin/nccl_net.h"
 #include "plugin/testing/plugin_api.h"
+#include "plugin/testing/socket_io.h"
 #include "plugin/testing/traffic.h"
 
 namespace lbcc::plugin::testing {
@@ -56,16 +57,10 @@ constexpr int kNoGpu = 77;
   } while (0)
 
 void WriteAll(int fd, const void* data, size_t size) {
-  if (write(fd, data, size) != static_cast<ssize_t>(size)) Die("socket write");
+  if (!WriteFully(fd, data, size)) Die("socket write");
 }
 void ReadAll(int fd, void* data, size_t size) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = read(fd, p, size);
-    if (n <= 0) Die("socket read");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
+  if (!ReadFully(fd, data, size)) Die("socket read");
 }
 
 struct Comms {

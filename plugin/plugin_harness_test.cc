@@ -47,6 +47,7 @@
 #include "gtest/gtest.h"
 #include "plugin/nccl_net.h"
 #include "plugin/testing/plugin_api.h"
+#include "plugin/testing/socket_io.h"
 #include "plugin/testing/traffic.h"
 
 extern char** environ;
@@ -96,24 +97,10 @@ void Say(const std::string& message) {
   } while (0)
 
 void WriteAll(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) Die("peer socket write failed (peer gone?)");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
+  if (!WriteFully(fd, data, size)) Die("peer socket write failed (peer gone?)");
 }
 void ReadAll(int fd, void* data, size_t size) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (size > 0) {
-    const ssize_t n = read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) Die("peer socket closed early (peer failed?)");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
+  if (!ReadFully(fd, data, size)) Die("peer socket closed early (peer failed?)");
 }
 void Barrier(int fd) {
   char byte = 'b';
