@@ -50,12 +50,6 @@ T LoadLe(const uint8_t* p) {
   return v;
 }
 
-uint32_t LoadId(const uint8_t* p, int width) {
-  uint32_t v = 0;
-  for (int b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
-  return v;
-}
-
 }  // namespace
 
 absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const uint8_t> payload) {
@@ -461,34 +455,41 @@ absl::StatusOr<std::vector<uint8_t>> SubspaceCodec::EncodeForward(
   return out;
 }
 
+absl::StatusOr<int64_t> BackwardSelectorBlock(const SubspaceSelectors& selectors,
+                                              int64_t components, int64_t tokens,
+                                              int64_t default_block) {
+  if (components == 1) {
+    if (!selectors.values.empty()) {
+      return absl::InvalidArgumentError("a single basis takes no selectors");
+    }
+    return default_block;
+  }
+  const int64_t block = selectors.mixture_block;
+  if (block < 1 || block > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("selector mixture_block ", block, " outside [1, 65535]"));
+  }
+  if (static_cast<int64_t>(selectors.values.size()) != CeilDiv(tokens, block)) {
+    return absl::InvalidArgumentError(absl::StrCat(selectors.values.size(), " selectors for ",
+                                                   tokens, " tokens in blocks of ", block));
+  }
+  for (uint8_t s : selectors.values) {
+    if (s >= components) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("selector ", int{s}, " outside [0, M = ", components, ")"));
+    }
+  }
+  return block;
+}
+
 absl::StatusOr<size_t> SubspaceCodec::EncodeBackward(const TensorView& g_h,
                                                      const SubspaceSelectors& selectors,
                                                      absl::Span<uint8_t> out) {
   LBCC_RETURN_IF_ERROR(CheckActivations(g_h, "gradients"));
   const int64_t tokens = g_h.dim(0);
   const int64_t m = basis_->components();
-  int64_t block = options_.mixture_block;
-  if (m == 1) {
-    if (!selectors.values.empty()) {
-      return absl::InvalidArgumentError("a single basis takes no selectors");
-    }
-  } else {
-    block = selectors.mixture_block;
-    if (block < 1 || block > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("selector mixture_block ", block, " outside [1, 65535]"));
-    }
-    if (static_cast<int64_t>(selectors.values.size()) != CeilDiv(tokens, block)) {
-      return absl::InvalidArgumentError(absl::StrCat(selectors.values.size(), " selectors for ",
-                                                     tokens, " tokens in blocks of ", block));
-    }
-    for (uint8_t s : selectors.values) {
-      if (s >= m) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("selector ", int{s}, " outside [0, M = ", m, ")"));
-      }
-    }
-  }
+  LBCC_ASSIGN_OR_RETURN(const int64_t block,
+                        BackwardSelectorBlock(selectors, m, tokens, options_.mixture_block));
   const size_t bytes = PayloadBytes(SubspaceDirection::kBackward, tokens, block);
   if (out.size() < bytes) {
     return absl::InvalidArgumentError(
@@ -511,16 +512,13 @@ absl::StatusOr<std::vector<uint8_t>> SubspaceCodec::EncodeBackward(
   return out;
 }
 
-absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const uint8_t> payload,
-                                   const TensorView& out, absl::Span<int32_t> ids_out,
-                                   SubspaceSelectors* selectors_out) {
-  LBCC_ASSIGN_OR_RETURN(const SubspacePayloadHeader h, InspectSubspacePayload(payload));
+absl::Status CheckSubspaceHeaderForDecode(const SubspacePayloadHeader& h,
+                                          SubspaceDirection direction, const SubspaceBasis& b) {
   const bool forward = direction == SubspaceDirection::kForward;
   if (h.direction != direction) {
     return Corrupt(forward ? "a backward payload given to the forward decoder"
                            : "a forward payload given to the backward decoder");
   }
-  const SubspaceBasis& b = *basis_;
   const int64_t expected_vocab = forward ? b.vocab_size() : 0;
   if (h.basis != b.id()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -535,6 +533,46 @@ absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const
                                 h.model_dim, ", k ", h.rank, ", M ", h.components, ", V ",
                                 h.vocab_size, ") disagrees with it"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SubspaceBody> CheckSubspaceBody(absl::Span<const uint8_t> payload,
+                                               const SubspacePayloadHeader& h) {
+  SubspaceBody body;
+  body.layout = SubspaceLayout(h.tokens, h.rank, h.num_selectors, h.id_width,
+                               h.coefficient_dtype, h.int8_block);
+  const SubspaceBodyLayout& layout = body.layout;
+  body.selectors =
+      payload.data() + (payload.size() - kPayloadChecksumBytes - layout.total());
+  body.ids = body.selectors + layout.selectors;
+  body.scales = body.ids + layout.ids;
+  body.coefficients = body.scales + layout.scales;
+  for (int64_t s = 0; s < h.num_selectors; ++s) {
+    if (body.selectors[s] >= h.components) {
+      return Corrupt(absl::StrCat("selector ", int{body.selectors[s]}, " of block ", s,
+                                  " outside [0, M = ", h.components, ")"));
+    }
+  }
+  for (int64_t t = 0; t < h.tokens && h.id_width > 0; ++t) {
+    const uint32_t id = LoadSubspaceId(body.ids + t * h.id_width, h.id_width);
+    if (id >= static_cast<uint64_t>(h.vocab_size)) {
+      return Corrupt(absl::StrCat("token id ", id, " at position ", t, " outside [0, V = ",
+                                  h.vocab_size, ")"));
+    }
+  }
+  const int64_t scale_count = layout.scales / 4;
+  for (int64_t s = 0; s < scale_count; ++s) {
+    const float scale = LoadLe<float>(body.scales + 4 * s);
+    if (!(scale >= 0)) return Corrupt(absl::StrCat("int8 scale ", scale, " is negative or NaN"));
+  }
+  return body;
+}
+
+absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const uint8_t> payload,
+                                   const TensorView& out, absl::Span<int32_t> ids_out,
+                                   SubspaceSelectors* selectors_out) {
+  LBCC_ASSIGN_OR_RETURN(const SubspacePayloadHeader h, InspectSubspacePayload(payload));
+  LBCC_RETURN_IF_ERROR(CheckSubspaceHeaderForDecode(h, direction, *basis_));
   if (!out.is_host() || out.dtype() != DType::kF32 || out.rank() != 2 || out.dim(0) != h.tokens ||
       out.dim(1) != h.model_dim) {
     return absl::InvalidArgumentError(absl::StrCat("output is ", out.DebugString(),
@@ -547,33 +585,12 @@ absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const
                                                    " values, the payload carries ", id_count,
                                                    " ids"));
   }
-  const SubspaceBodyLayout layout = SubspaceLayout(h.tokens, h.rank, h.num_selectors,
-                                                   h.id_width, h.coefficient_dtype, h.int8_block);
-  const uint8_t* p = payload.data() + (payload.size() - kPayloadChecksumBytes - layout.total());
-  const uint8_t* selectors = p;
-  const uint8_t* ids = selectors + layout.selectors;
-  const uint8_t* scales = ids + layout.ids;
-  const uint8_t* coefficients = scales + layout.scales;
-
   // Validate everything before writing anything.
-  for (int64_t s = 0; s < h.num_selectors; ++s) {
-    if (selectors[s] >= h.components) {
-      return Corrupt(absl::StrCat("selector ", int{selectors[s]}, " of block ", s,
-                                  " outside [0, M = ", h.components, ")"));
-    }
-  }
-  for (int64_t t = 0; t < h.tokens && h.id_width > 0; ++t) {
-    const uint32_t id = LoadId(ids + t * h.id_width, h.id_width);
-    if (id >= static_cast<uint64_t>(h.vocab_size)) {
-      return Corrupt(absl::StrCat("token id ", id, " at position ", t, " outside [0, V = ",
-                                  h.vocab_size, ")"));
-    }
-  }
-  const int64_t scale_count = layout.scales / 4;
-  for (int64_t s = 0; s < scale_count; ++s) {
-    const float scale = LoadLe<float>(scales + 4 * s);
-    if (!(scale >= 0)) return Corrupt(absl::StrCat("int8 scale ", scale, " is negative or NaN"));
-  }
+  LBCC_ASSIGN_OR_RETURN(const SubspaceBody body, CheckSubspaceBody(payload, h));
+  const uint8_t* selectors = body.selectors;
+  const uint8_t* ids = body.ids;
+  const uint8_t* scales = body.scales;
+  const uint8_t* coefficients = body.coefficients;
 
   const int64_t k = h.rank, n = h.tokens * k;
   coef_.resize(static_cast<size_t>(n));
@@ -610,7 +627,7 @@ absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const
   if (h.id_width > 0) {
     ids_.resize(static_cast<size_t>(h.tokens));
     for (int64_t t = 0; t < h.tokens; ++t) {
-      ids_[t] = static_cast<int32_t>(LoadId(ids + t * h.id_width, h.id_width));
+      ids_[t] = static_cast<int32_t>(LoadSubspaceId(ids + t * h.id_width, h.id_width));
     }
     id_ptr = ids_.data();
   }

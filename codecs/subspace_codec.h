@@ -222,6 +222,40 @@ inline SubspaceBodyLayout SubspaceLayout(int64_t tokens, int64_t k, int64_t num_
   return l;
 }
 
+// A token id of `width` bytes, little-endian, as the body stores it.
+inline uint32_t LoadSubspaceId(const uint8_t* p, int width) {
+  uint32_t v = 0;
+  for (int b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
+  return v;
+}
+
+// The mixture block a backward payload uses for `selectors` from the forward payload: the
+// selectors' own block for a mixture of `components` bases, `default_block` for a single basis.
+// InvalidArgument for selectors given to a single basis, a block outside [1, 65535], a count
+// other than ceil(tokens / block) or a selector >= M. Both encoders (CPU, kernels/) use it.
+absl::StatusOr<int64_t> BackwardSelectorBlock(const SubspaceSelectors& selectors,
+                                              int64_t components, int64_t tokens,
+                                              int64_t default_block);
+
+// The header checks every subspace decoder (this CPU codec, kernels/) makes first: the payload
+// goes in `direction` (DataLoss), names `basis` (FailedPrecondition naming both bases, so a
+// receiver can retry with its previous one) and agrees with its shape (DataLoss).
+absl::Status CheckSubspaceHeaderForDecode(const SubspacePayloadHeader& h,
+                                          SubspaceDirection direction, const SubspaceBasis& basis);
+
+// The body of a payload that passed InspectSubspacePayload, sliced into its sections and
+// checked before a decoder writes anything: selectors < M, token ids < V, int8 scales >= 0
+// (DataLoss otherwise). The pointers point into `payload`.
+struct SubspaceBody {
+  SubspaceBodyLayout layout;
+  const uint8_t* selectors = nullptr;
+  const uint8_t* ids = nullptr;
+  const uint8_t* scales = nullptr;
+  const uint8_t* coefficients = nullptr;
+};
+absl::StatusOr<SubspaceBody> CheckSubspaceBody(absl::Span<const uint8_t> payload,
+                                               const SubspacePayloadHeader& h);
+
 }  // namespace lbcc::codecs
 
 #endif  // LBCC_CODECS_SUBSPACE_CODEC_H_

@@ -43,12 +43,6 @@ absl::Status ForEachRun(int64_t tokens, const uint8_t* selectors, int64_t block,
   return absl::OkStatus();
 }
 
-uint32_t LoadId(const uint8_t* p, int width) {
-  uint32_t v = 0;
-  for (int b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
-  return v;
-}
-
 // Sub-buffers of one allocation.
 class Carve {
  public:
@@ -190,28 +184,8 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::EncodeBackward(
   LBCC_RETURN_IF_ERROR(CheckView(g_h, "gradients"));
   const int64_t tokens = g_h.dim(0);
   const int64_t m = basis_->components();
-  int64_t block = options_.mixture_block;
-  if (m == 1) {
-    if (!selectors.values.empty()) {
-      return absl::InvalidArgumentError("a single basis takes no selectors");
-    }
-  } else {
-    block = selectors.mixture_block;
-    if (block < 1 || block > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("selector mixture_block ", block, " outside [1, 65535]"));
-    }
-    if (static_cast<int64_t>(selectors.values.size()) != CeilDiv(tokens, block)) {
-      return absl::InvalidArgumentError(absl::StrCat(selectors.values.size(), " selectors for ",
-                                                     tokens, " tokens in blocks of ", block));
-    }
-    for (uint8_t s : selectors.values) {
-      if (s >= m) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("selector ", int{s}, " outside [0, M = ", m, ")"));
-      }
-    }
-  }
+  LBCC_ASSIGN_OR_RETURN(const int64_t block, codecs::BackwardSelectorBlock(
+                                                 selectors, m, tokens, options_.mixture_block));
   return Encode(false, g_h.data_as<const float>(), tokens, {},
                 m > 1 ? selectors.values.data() : nullptr, block, out, nullptr, stream);
 }
@@ -355,25 +329,10 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
                                          codecs::SubspaceSelectors* selectors_out, void* stream) {
   LBCC_ASSIGN_OR_RETURN(const codecs::SubspacePayloadHeader h,
                         codecs::InspectSubspacePayload(payload));
-  if ((h.direction == codecs::SubspaceDirection::kForward) != forward) {
-    return Corrupt(forward ? "a backward payload given to the forward decoder"
-                           : "a forward payload given to the backward decoder");
-  }
+  LBCC_RETURN_IF_ERROR(codecs::CheckSubspaceHeaderForDecode(
+      h, forward ? codecs::SubspaceDirection::kForward : codecs::SubspaceDirection::kBackward,
+      *basis_));
   const codecs::SubspaceBasis& b = *basis_;
-  const int64_t expected_vocab = forward ? b.vocab_size() : 0;
-  if (h.basis != b.id()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "payload was encoded with basis ", h.basis.ToString(), " (d ", h.model_dim, ", k ",
-        h.rank, ", M ", h.components, ", V ", h.vocab_size, "); this codec holds ",
-        b.id().ToString(), " (d ", b.model_dim(), ", k ", b.rank(), ", M ", b.components(),
-        ", V ", expected_vocab, ")"));
-  }
-  if (h.model_dim != b.model_dim() || h.rank != b.rank() || h.components != b.components() ||
-      h.vocab_size != expected_vocab) {
-    return Corrupt(absl::StrCat("names basis ", h.basis.ToString(), " but its shape (d ",
-                                h.model_dim, ", k ", h.rank, ", M ", h.components, ", V ",
-                                h.vocab_size, ") disagrees with it"));
-  }
   LBCC_RETURN_IF_ERROR(CheckView(out, "output"));
   if (out.dim(0) != h.tokens) {
     return absl::InvalidArgumentError(absl::StrCat("output is ", out.DebugString(),
@@ -386,33 +345,13 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
                                                    " values, the payload carries ", id_count,
                                                    " ids"));
   }
-  const codecs::SubspaceBodyLayout layout = codecs::SubspaceLayout(
-      h.tokens, h.rank, h.num_selectors, h.id_width, h.coefficient_dtype, h.int8_block);
-  const uint8_t* body =
-      payload.data() + (payload.size() - codecs::kPayloadChecksumBytes - layout.total());
-  const uint8_t* selectors = body;
-  const uint8_t* ids = selectors + layout.selectors;
-  const uint8_t* scales = ids + layout.ids;
-  const uint8_t* coefficients = scales + layout.scales;
   // Validate everything before writing anything.
-  for (int64_t s = 0; s < h.num_selectors; ++s) {
-    if (selectors[s] >= h.components) {
-      return Corrupt(absl::StrCat("selector ", int{selectors[s]}, " of block ", s,
-                                  " outside [0, M = ", h.components, ")"));
-    }
-  }
-  for (int64_t t = 0; t < h.tokens && h.id_width > 0; ++t) {
-    const uint32_t id = LoadId(ids + t * h.id_width, h.id_width);
-    if (id >= static_cast<uint64_t>(h.vocab_size)) {
-      return Corrupt(absl::StrCat("token id ", id, " at position ", t, " outside [0, V = ",
-                                  h.vocab_size, ")"));
-    }
-  }
-  for (uint64_t s = 0; s < layout.scales / 4; ++s) {
-    float scale;
-    std::memcpy(&scale, scales + 4 * s, 4);
-    if (!(scale >= 0)) return Corrupt(absl::StrCat("int8 scale ", scale, " is negative or NaN"));
-  }
+  LBCC_ASSIGN_OR_RETURN(const codecs::SubspaceBody body, codecs::CheckSubspaceBody(payload, h));
+  const codecs::SubspaceBodyLayout& layout = body.layout;
+  const uint8_t* selectors = body.selectors;
+  const uint8_t* ids = body.ids;
+  const uint8_t* scales = body.scales;
+  const uint8_t* coefficients = body.coefficients;
   const int64_t tokens = h.tokens, d = b.model_dim(), k = b.rank(), ld = b.ld();
   if (tokens > 0) {
     LBCC_RETURN_IF_ERROR(backend_->SetDevice(device_));
@@ -427,7 +366,7 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
     if (add_table) {
       auto* id32 = reinterpret_cast<int32_t*>(host + ids_at);
       for (int64_t t = 0; t < tokens; ++t) {
-        id32[t] = static_cast<int32_t>(LoadId(ids + t * h.id_width, h.id_width));
+        id32[t] = static_cast<int32_t>(codecs::LoadSubspaceId(ids + t * h.id_width, h.id_width));
       }
     }
     if (layout.scales > 0) std::memcpy(host + scales_at, scales, layout.scales);
@@ -466,7 +405,7 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
   }
   if (!ids_out.empty()) {
     for (int64_t t = 0; t < tokens; ++t) {
-      ids_out[t] = static_cast<int32_t>(LoadId(ids + t * h.id_width, h.id_width));
+      ids_out[t] = static_cast<int32_t>(codecs::LoadSubspaceId(ids + t * h.id_width, h.id_width));
     }
   }
   if (selectors_out != nullptr) {
