@@ -118,6 +118,10 @@ DeviceBuffer MakeBuffer(PluginApi& api, void* comm, size_t size, int fill, uint6
   } else {
     CUDA_OK(cudaMemset(buffer.data, fill, size > 0 ? size : 1));
   }
+  // cudaMemset and small pageable cudaMemcpy may still be in flight on the legacy stream; the
+  // plugin copies on its own non-blocking stream, which does not wait for it. NCCL only posts
+  // buffers whose contents are already in device memory: do the same.
+  CUDA_OK(cudaDeviceSynchronize());
   GPU_OK(api.RegMr(comm, buffer.data, size > 0 ? size : 1, &buffer.mhandle));
   return buffer;
 }
