@@ -96,6 +96,10 @@ constexpr Spec kSpecs[] = {
     {"LBCC_TRANSPORT", Type::kEnum, "ucx",
      "Transport backend of communicators: ucx, or loopback (in-process, for tests).",
      "ucx|loopback"},
+    {"LBCC_UCX_SPIN_US", Type::kInt, "50",
+     "UCX transport: microseconds the progress thread keeps polling after the last event before "
+     "it sleeps on the worker's event fd.",
+     {}, 0, 1000000},
 };
 
 constexpr absl::string_view kPrefix = "LBCC_";

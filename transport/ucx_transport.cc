@@ -39,9 +39,6 @@ namespace {
 constexpr unsigned kAmControl = 7;
 constexpr unsigned kAmData = 8;
 
-// How long the progress thread keeps polling after the last event before it sleeps on the
-// worker's event fd: long enough to catch the next message of a burst without a wake-up.
-constexpr absl::Duration kSpin = absl::Microseconds(50);
 // Transport destruction waits this long for UCX to finish cancelled requests.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 // First size of the link probe.
@@ -616,7 +613,7 @@ void Engine::ProgressLoop() {
       if (now >= next_watch_) WatchPeersLocked();
       if (work > 0) {
         last_activity = now;
-      } else if (now - last_activity > kSpin) {
+      } else if (now - last_activity > options_.progress_spin) {
         bool queued;
         {
           MutexLock cmd_lock(&cmd_mu_);
