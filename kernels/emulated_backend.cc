@@ -93,8 +93,9 @@ class Emulated final : public Backend {
       return absl::OkStatus();
     }
     const uint64_t* offsets = s.sub_block_log2 == 7 ? a.offsets7 : a.offsets6;
+    HostBlock<AdaptiveShared, AdaptiveLocal> block(kAdaptiveThreads);
     for (int64_t c = 0; c < a.num_chunks; ++c) {
-      WriteAdaptiveChunk(a.sel_local + c * a.k, a.k, a.chunk_len, s.sub_block_log2, s.rice,
+      WriteAdaptiveChunk(block, a.sel_local + c * a.k, a.k, a.chunk_len, s.sub_block_log2, s.rice,
                          offsets[c], reinterpret_cast<uint32_t*>(a.out));
     }
     return absl::OkStatus();
