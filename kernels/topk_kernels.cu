@@ -102,14 +102,15 @@ __global__ void __launch_bounds__(kBinMeanThreads) CodesKernel(BinMeanArgs a) {
   CodesBlock(block, a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
+// One block per bin.
 __global__ void __launch_bounds__(kBinMeanThreads) LookupKernel(BinMeanArgs a, int parts) {
   using Block = DeviceBlock<LookupShared, LookupLocal, kBinMeanThreads>;
   LBCC_DEVICE_BLOCK(Block, block);
-  LookupBlock(block, a, parts);
+  LookupBlock(block, a, parts, static_cast<int>(blockIdx.x));
 }
 
 __global__ void __launch_bounds__(kBinMeanThreads) PackBinMeanKernel(BinMeanArgs a) {
-  using Block = DeviceBlock<LookupShared, LookupLocal, kBinMeanThreads>;
+  using Block = DeviceBlock<PackShared, PackLocal, kBinMeanThreads>;
   LBCC_DEVICE_BLOCK(Block, block);
   PackBlock(block, a, blockIdx.x, gridDim.x);
 }
@@ -225,7 +226,7 @@ int EncodeBinMean(const BinMeanArgs& args, Stream stream) {
   PartialStatsKernel<<<parts, kBinMeanThreads, 0, s>>>(args, true);
   FinalizeStatsKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts, true);
   CodesKernel<<<parts, kBinMeanThreads, 0, s>>>(args);
-  LookupKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts);
+  LookupKernel<<<1 << args.bits, kBinMeanThreads, 0, s>>>(args, parts);
   PackBinMeanKernel<<<Grid((args.n * args.bits + 7) / 8), kBinMeanThreads, 0, s>>>(args);
   return LastError();
 }
