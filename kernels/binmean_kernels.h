@@ -4,13 +4,13 @@
 // partial layouts. The arithmetic and its proofs: kernels/binmean_stats.h.
 //
 // Steps over the n selected values (a grid of BinMeanParts(n) blocks of 256 threads where a
-// step is partial, one block where it finalizes):
+// step is partial, one block where it finalizes, one block per bin for the lookup):
 //   1. PartialStats(center = false): per block, statistics of its values
 //   2. FinalizeStats(scale = false): shift (exact parallel sum, or 4 threads fold the lanes)
 //   3. PartialStats(center = true): centred values c = v - shift and their statistics
 //   4. FinalizeStats(scale = true): norm (bracketed, or the lanes' fold) and scale
 //   5. Codes<bins>: codes, and per block and bin the statistics of the bin's centred values
-//   6. Lookup: one thread per bin: its mean (exact parallel sum, or the CPU's fold)
+//   6. Lookup: one block per bin: its mean (exact parallel sum, or the CPU's fold)
 //   7. Pack: code bytes and reconstructions lookup[code] + shift
 //
 // Thread-safety: pure functions over the caller's buffers.
@@ -49,9 +49,11 @@ LBCC_HD int BinMeanParts(int64_t n) {
   return parts < 1 ? 1 : static_cast<int>(parts);
 }
 
-// The most roundings a square's contribution goes through on its way into the total: its
+// A bound on the roundings a square's contribution goes through on its way into the total: its
 // thread's items, the block's combine of 256 threads, a finalizing thread's share of the
-// partials, the final combine of 256 threads.
+// partials, the final combine of 256 threads. The combines are trees of 8 levels (TreeCombine);
+// the bound still counts 256 each, as for a chain: it only has to be an upper bound, and the
+// CPU's own n / 4 roundings dominate the bracket anyway.
 LBCC_HD int64_t BinMeanDepth(int64_t n, int parts) {
   const int64_t stride = static_cast<int64_t>(parts) * kBinMeanThreads;
   const int64_t per_thread = (n + stride - 1) / stride;
@@ -65,6 +67,20 @@ struct StatsShared {
   int fallback;
 };
 struct StatsLocal {};
+
+// part[0] = the Combine of part[0..kBinMeanThreads), as a tree: pairs at distance 128, 64, ...,
+// 1, one phase each (8 roundings deep instead of a 255-long chain on one thread). Any order is
+// fine for the statistics: sums, absolute sums and the exactness tests come out the same in
+// every order, and the sum of squares only needs its depth bounded (binmean_stats.h).
+LBCC_BLOCK_TEMPLATE
+template <typename Block, typename Stats>
+LBCC_HD void TreeCombine(Block& b, Stats* part) {
+  for (int stride = kBinMeanThreads / 2; stride > 0; stride >>= 1) {
+    b.Phase([&](int t, auto&) {
+      if (t < stride) part[t] = Combine(part[t], part[t + stride]);
+    });
+  }
+}
 
 // Step 1 or 3, block `p` of `parts`.
 LBCC_BLOCK_TEMPLATE
@@ -85,12 +101,9 @@ LBCC_HD void PartialStatsBlock(Block& b, const BinMeanArgs& a, bool center, int 
     }
     sh.part[t] = mine;
   });
+  TreeCombine(b, sh.part);
   b.Phase([&](int t, StatsLocal&) {
-    if (t == 0) {
-      SumStats total = sh.part[0];
-      for (int j = 1; j < kBinMeanThreads; ++j) total = Combine(total, sh.part[j]);
-      a.partials[p] = total;
-    }
+    if (t == 0) a.partials[p] = sh.part[0];
   });
 }
 
@@ -104,10 +117,10 @@ LBCC_HD void FinalizeStatsBlock(Block& b, const BinMeanArgs& a, int parts, bool 
     for (int p = t; p < parts; p += kBinMeanThreads) mine = Combine(mine, a.partials[p]);
     sh.part[t] = mine;
   });
+  TreeCombine(b, sh.part);
   b.Phase([&](int t, StatsLocal&) {
     if (t != 0) return;
-    SumStats total = sh.part[0];
-    for (int j = 1; j < kBinMeanThreads; ++j) total = Combine(total, sh.part[j]);
+    const SumStats total = sh.part[0];
     EncodeSummary& s = *a.summary;
     const bool bad = s.bad_chunk != INT32_MAX;  // garbage in: skip the slow path
     bool fallback;
@@ -227,40 +240,56 @@ LBCC_UNROLL
 }
 
 struct LookupShared {
-  float table[256];
+  BinStats part[kBinMeanThreads];
 };
 struct LookupLocal {};
 
-// Step 6: one block, thread b for bin b.
+// Step 6: block `bin` (a grid of one block per bin). Thread t combines the partials t, t + 256,
+// ... of the bin (parts <= kMaxPartials = 256: one load each), a tree combines the threads, and
+// thread 0 sets the bin's lookup. The order does not change the result: with sum |x| within
+// BinSumIsExact's bound every partial sum is exact, so the absolute sum, the test and the sum
+// come out the same in any order; outside it the sum is refolded in the CPU's order.
 LBCC_BLOCK_TEMPLATE
 template <typename Block>
-LBCC_HD void LookupBlock(Block& b, const BinMeanArgs& a, int parts) {
+LBCC_HD void LookupBlock(Block& b, const BinMeanArgs& a, int parts, int bin) {
+  LookupShared& sh = b.shared();
   b.Phase([&](int t, LookupLocal&) {
+    BinStats mine;
+    for (int p = t; p < parts; p += kBinMeanThreads) {
+      mine = Combine(mine, a.bin_partials[static_cast<int64_t>(p) * 256 + bin]);
+    }
+    sh.part[t] = mine;
+  });
+  TreeCombine(b, sh.part);
+  b.Phase([&](int t, LookupLocal&) {
+    if (t != 0) return;
     EncodeSummary& s = *a.summary;
-    const int bins = 1 << a.bits;
-    if (t >= bins) return;
     const bool bad = s.bad_chunk != INT32_MAX;
-    BinStats total;
-    for (int p = 0; p < parts; ++p) total = Combine(total, a.bin_partials[static_cast<int64_t>(p) * 256 + t]);
+    const BinStats total = sh.part[0];
     double sum = total.sum;
     if (!BinSumIsExact(total) && !bad) {
-      sum = BinFold(a.centered, a.codes, a.n, t);
+      sum = BinFold(a.centered, a.codes, a.n, bin);
       hd::AtomicOrU32(&s.fallbacks, kFallbackBins);
     }
-    s.lookup[t] = BinLookup(sum, total.count);
-    s.table[t] = hd::Add(s.lookup[t], s.shift);
+    s.lookup[bin] = BinLookup(sum, total.count);
+    s.table[bin] = hd::Add(s.lookup[bin], s.shift);
   });
 }
+
+struct PackShared {
+  float table[256];
+};
+struct PackLocal {};
 
 // Step 7, block `p` of a grid of `blocks` (over the section's bytes).
 LBCC_BLOCK_TEMPLATE
 template <typename Block>
 LBCC_HD void PackBlock(Block& b, const BinMeanArgs& a, int64_t p, int64_t blocks) {
-  LookupShared& sh = b.shared();
-  b.Phase([&](int t, LookupLocal&) {
+  PackShared& sh = b.shared();
+  b.Phase([&](int t, PackLocal&) {
     if (t < (1 << a.bits)) sh.table[t] = a.summary->table[t];
   });
-  b.Phase([&](int t, LookupLocal&) {
+  b.Phase([&](int t, PackLocal&) {
     const int64_t bytes = (a.n * a.bits + 7) / 8;
     for (int64_t j = p * kBinMeanThreads + t; j < bytes; j += blocks * kBinMeanThreads) {
       PackBinMeanByte(a.codes, a.n, a.bits, sh.table, j, a.section, a.values);

@@ -20,10 +20,6 @@ static_assert(kCoefF16 == static_cast<int>(DType::kF16));
 static_assert(kCoefBf16 == static_cast<int>(DType::kBF16));
 static_assert(kCoefI8 == static_cast<int>(DType::kI8));
 
-absl::Status Corrupt(absl::string_view what) {
-  return absl::DataLossError(absl::StrCat("corrupt subspace payload: ", what));
-}
-
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // fn(first_row, end_row, component) for each run of blocks that share a selector.

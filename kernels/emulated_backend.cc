@@ -1,7 +1,7 @@
 // The emulated backend (backend.h): the kernels' code run on the host, one simulated thread at
 // a time. Device memory is host memory; streams are ignored (everything completes in order, at
-// once). Kernels that run as one thread block per item go through HostBlock; reductions run as
-// a single partial (the statistics' error bounds then use a depth of n).
+// once). Kernels that run as one thread block per item go through HostBlock, with the
+// launchers' grids (topk_kernels.cu), block after block.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -93,8 +93,9 @@ class Emulated final : public Backend {
       return absl::OkStatus();
     }
     const uint64_t* offsets = s.sub_block_log2 == 7 ? a.offsets7 : a.offsets6;
+    HostBlock<AdaptiveShared, AdaptiveLocal> block(kAdaptiveThreads);
     for (int64_t c = 0; c < a.num_chunks; ++c) {
-      WriteAdaptiveChunk(a.sel_local + c * a.k, a.k, a.chunk_len, s.sub_block_log2, s.rice,
+      WriteAdaptiveChunk(block, a.sel_local + c * a.k, a.k, a.chunk_len, s.sub_block_log2, s.rice,
                          offsets[c], reinterpret_cast<uint32_t*>(a.out));
     }
     return absl::OkStatus();
@@ -111,10 +112,11 @@ class Emulated final : public Backend {
     HostBlock<CodesShared, CodesLocal> codes(kBinMeanThreads);
     for (int p = 0; p < parts; ++p) CodesBlock(codes, a, p, parts);
     HostBlock<LookupShared, LookupLocal> lookup(kBinMeanThreads);
-    LookupBlock(lookup, a, parts);
+    for (int bin = 0; bin < 1 << a.bits; ++bin) LookupBlock(lookup, a, parts, bin);
+    HostBlock<PackShared, PackLocal> pack(kBinMeanThreads);
     const int64_t bytes = (a.n * a.bits + 7) / 8;
     const int64_t blocks = std::max<int64_t>(1, (bytes + kBinMeanThreads - 1) / kBinMeanThreads);
-    for (int64_t p = 0; p < blocks; ++p) PackBlock(lookup, a, p, blocks);
+    for (int64_t p = 0; p < blocks; ++p) PackBlock(pack, a, p, blocks);
     return absl::OkStatus();
   }
 

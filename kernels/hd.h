@@ -251,6 +251,22 @@ LBCC_HD float CounterUniform(uint64_t seed, uint64_t n) {
   return Mul(static_cast<float>(CounterRandom32(seed, n) >> 8), 1.0f / 16777216.0f);
 }
 
+// Set bits of x, and the position of its lowest set bit (x != 0).
+LBCC_HD int Popc(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
+#endif
+}
+LBCC_HD int LowestBit(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(static_cast<int>(x)) - 1;
+#else
+  return __builtin_ctz(x);
+#endif
+}
+
 // Little-endian loads and stores of possibly unaligned bytes.
 LBCC_HD uint16_t LoadU16(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));

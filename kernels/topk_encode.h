@@ -3,8 +3,8 @@
 // the kernels and their host emulation share. Formats: codecs/index_coding.h,
 // codecs/value_coding.h; each function says which CPU code it mirrors.
 //
-// Thread-safety: pure functions over the caller's buffers (AdaptiveChunkWriter ORs into words
-// that neighbouring chunks share, through hd::AtomicOrU32).
+// Thread-safety: pure functions over the caller's buffers (WriteAdaptiveChunk ORs into the
+// words that neighbouring chunks share, through hd::AtomicOrU32).
 #ifndef LBCC_KERNELS_TOPK_ENCODE_H_
 #define LBCC_KERNELS_TOPK_ENCODE_H_
 
@@ -112,35 +112,102 @@ struct BitSink {
   }
 };
 
-// codecs::EncodeAdaptive for chunk `c` alone, starting at bit `first_bit` of the stream. `idx`
-// holds the chunk's k ascending local positions. One thread per chunk.
-LBCC_HD void WriteAdaptiveChunk(const uint16_t* idx, int64_t k, int64_t chunk_len, int b, int p,
-                                uint64_t first_bit, uint32_t* words) {
-  BitSink sink{words, first_bit};
-  const int64_t size = int64_t{1} << b;
-  const int64_t num_sub = (chunk_len + size - 1) >> b;
-  int64_t i = 0;
-  for (int64_t j = 0; j < num_sub; ++j) {
-    const uint32_t base = static_cast<uint32_t>(j << b);
-    const int64_t s = chunk_len - (j << b) < size ? chunk_len - (j << b) : size;
-    int64_t n = 0;
-    while (i + n < k && idx[i + n] < base + size) ++n;
-    sink.PutUnary(static_cast<uint32_t>(n >> p));
-    sink.Put(static_cast<uint32_t>(n & ((int64_t{1} << p) - 1)), p);
-    if (s < n * b) {
-      uint32_t words4[4] = {0, 0, 0, 0};
-      for (int64_t t = 0; t < n; ++t) {
-        const uint32_t off = idx[i + t] - base;
-        words4[off >> 5] |= 1u << (off & 31);
-      }
-      for (int64_t bit = 0; bit < s; bit += 32) {
-        sink.Put(words4[bit >> 5], static_cast<int>(s - bit < 32 ? s - bit : 32));
+// The adaptive index writer (codecs::EncodeAdaptive), one thread block per chunk, thread j for
+// sub-block j (at most 64 of them: b >= 6, chunk_len <= 4096):
+//   1. the chunk's selected positions become a bitmap in shared memory (one bit per position;
+//      a sub-block of 2^b positions is 2^(b-5) whole words of it, since 2^b is a multiple of 32);
+//   2. thread j counts its sub-block (popcount) and its length, SubBlockBits, the very formula
+//      of the selection's bits6 / bits7, so the chunk's bits end where the next chunk's start;
+//   3. a block scan of the lengths gives each sub-block its first bit;
+//   4. each thread writes its sub-block (Rice count, then its bitmap words or its offsets in
+//      ascending order) into the chunk's bits in shared memory (ORs: neighbours share words);
+//   5. the block stores those words: plain stores inside, an OR into the first and the last
+//      word, which the neighbouring chunks may share (the output is zeroed beforehand).
+// The bits are codecs::EncodeAdaptive's, sub-block for sub-block (kernels/topk_encode_test.cc).
+inline constexpr int kAdaptiveThreads = 64;
+// A chunk's adaptive bits: at most 2 * chunk_len + 8 per sub-block of 64 (AdaptiveMaxBytes),
+// plus a word for starting anywhere in the first one.
+inline constexpr int kAdaptiveWords = (2 * 4096 + 64 * 8) / 32 + 1;
+
+struct AdaptiveShared {
+  uint32_t present[4096 / 32];     // bit l: local position l is selected
+  uint32_t len[kAdaptiveThreads];  // bits of sub-block j
+  uint32_t at[kAdaptiveThreads];   // ... and where they start in the chunk
+  uint32_t words[kAdaptiveWords];  // the chunk's bits, from bit first_bit % 32 of words[0]
+};
+struct AdaptiveLocal {};
+
+// Writes chunk `c`'s stream, whose `k` ascending local positions are `idx`, from bit
+// `first_bit` of `out` on, with sub-blocks of 2^b positions and Rice parameter p. Block `blk`
+// has kAdaptiveThreads threads.
+LBCC_BLOCK_TEMPLATE
+template <typename Block>
+LBCC_HD void WriteAdaptiveChunk(Block& blk, const uint16_t* idx, int64_t k, int64_t chunk_len,
+                                int b, int p, uint64_t first_bit, uint32_t* out) {
+  AdaptiveShared& sh = blk.shared();
+  const int threads = kAdaptiveThreads;
+  const int size = 1 << b;
+  const int per_sub = size >> 5;  // bitmap words per sub-block
+  const int num_sub = static_cast<int>((chunk_len + size - 1) >> b);
+  const uint32_t lead = static_cast<uint32_t>(first_bit & 31);
+  // Sub-block j: its selected entries and its positions.
+  const auto count = [&](int j) {
+    uint32_t n = 0;
+    for (int q = 0; q < per_sub; ++q) {
+      n += static_cast<uint32_t>(hd::Popc(sh.present[j * per_sub + q]));
+    }
+    return n;
+  };
+  const auto positions = [&](int j) {
+    const int64_t rest = chunk_len - (static_cast<int64_t>(j) << b);
+    return static_cast<uint32_t>(rest < size ? rest : size);
+  };
+  blk.Phase([&](int t, AdaptiveLocal&) {
+    for (int w = t; w < 4096 / 32; w += threads) sh.present[w] = 0;
+  });
+  blk.Phase([&](int t, AdaptiveLocal&) {
+    for (int64_t i = t; i < k; i += threads) {
+      const uint32_t l = idx[i];
+      hd::AtomicOrU32(&sh.present[l >> 5], 1u << (l & 31));
+    }
+    for (int w = t; w < kAdaptiveWords; w += threads) sh.words[w] = 0;
+  });
+  blk.Phase([&](int t, AdaptiveLocal&) {
+    sh.len[t] = t < num_sub ? SubBlockBits(count(t), positions(t), b, p) : 0u;
+  });
+  blk.ExclusiveSum(sh.len, sh.at);
+  blk.Phase([&](int t, AdaptiveLocal&) {
+    if (t >= num_sub) return;
+    const uint32_t* map = sh.present + t * per_sub;
+    const uint32_t n = count(t), s = positions(t);
+    BitSink sink{sh.words, static_cast<uint64_t>(lead) + sh.at[t]};
+    sink.PutUnary(n >> p);
+    sink.Put(n & ((1u << p) - 1u), p);
+    if (s < n * static_cast<uint32_t>(b)) {
+      // Positions past chunk_len are never set, so whole words are the bitmap's bits.
+      for (uint32_t bit = 0; bit < s; bit += 32) {
+        sink.Put(map[bit >> 5], static_cast<int>(s - bit < 32 ? s - bit : 32));
       }
     } else {
-      for (int64_t t = 0; t < n; ++t) sink.Put(idx[i + t] - base, b);
+      for (int q = 0; q < per_sub; ++q) {
+        for (uint32_t m = map[q]; m != 0; m &= m - 1) {
+          sink.Put(static_cast<uint32_t>(32 * q + hd::LowestBit(m)), b);
+        }
+      }
     }
-    i += n;
-  }
+  });
+  blk.Phase([&](int t, AdaptiveLocal&) {
+    const uint32_t total = sh.at[threads - 1] + sh.len[threads - 1];
+    const uint32_t used = (lead + total + 31) >> 5;
+    uint32_t* dst = out + (first_bit >> 5);
+    for (uint32_t w = static_cast<uint32_t>(t); w < used; w += threads) {
+      if (w == 0 || w + 1 == used) {
+        hd::AtomicOrU32(dst + w, sh.words[w]);
+      } else {
+        dst[w] = sh.words[w];
+      }
+    }
+  });
 }
 
 // Bin-mean section byte `j`: the codes of values [j * per_byte, ...) packed low bits first

@@ -66,14 +66,17 @@ __global__ void Packed12Kernel(IndexWriteArgs a) {
   }
 }
 
-__global__ void AdaptiveKernel(IndexWriteArgs a) {
+// One block of kAdaptiveThreads per chunk (a sub-block per thread).
+__global__ void __launch_bounds__(kAdaptiveThreads) AdaptiveKernel(IndexWriteArgs a) {
   const EncodeSummary& s = *a.summary;
-  if (s.index_coding != kIndexAdaptive) return;
-  const uint64_t* offsets = s.sub_block_log2 == 7 ? a.offsets7 : a.offsets6;
-  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < a.num_chunks;
-       c += int64_t{gridDim.x} * blockDim.x) {
-    WriteAdaptiveChunk(a.sel_local + c * a.k, a.k, a.chunk_len, s.sub_block_log2, s.rice,
-                       offsets[c], reinterpret_cast<uint32_t*>(a.out));
+  if (s.index_coding != kIndexAdaptive) return;  // the same for the whole grid
+  using Block = DeviceBlock<AdaptiveShared, AdaptiveLocal, kAdaptiveThreads>;
+  LBCC_DEVICE_BLOCK(Block, block);
+  const int b = s.sub_block_log2, p = s.rice;
+  const uint64_t* offsets = b == 7 ? a.offsets7 : a.offsets6;
+  for (int64_t c = blockIdx.x; c < a.num_chunks; c += gridDim.x) {
+    WriteAdaptiveChunk(block, a.sel_local + c * a.k, a.k, a.chunk_len, b, p, offsets[c],
+                       reinterpret_cast<uint32_t*>(a.out));
   }
 }
 
@@ -99,14 +102,15 @@ __global__ void __launch_bounds__(kBinMeanThreads) CodesKernel(BinMeanArgs a) {
   CodesBlock(block, a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
+// One block per bin.
 __global__ void __launch_bounds__(kBinMeanThreads) LookupKernel(BinMeanArgs a, int parts) {
   using Block = DeviceBlock<LookupShared, LookupLocal, kBinMeanThreads>;
   LBCC_DEVICE_BLOCK(Block, block);
-  LookupBlock(block, a, parts);
+  LookupBlock(block, a, parts, static_cast<int>(blockIdx.x));
 }
 
 __global__ void __launch_bounds__(kBinMeanThreads) PackBinMeanKernel(BinMeanArgs a) {
-  using Block = DeviceBlock<LookupShared, LookupLocal, kBinMeanThreads>;
+  using Block = DeviceBlock<PackShared, PackLocal, kBinMeanThreads>;
   LBCC_DEVICE_BLOCK(Block, block);
   PackBlock(block, a, blockIdx.x, gridDim.x);
 }
@@ -210,7 +214,7 @@ int WriteIndices(const IndexWriteArgs& args, Stream stream) {
   const int64_t count = args.num_chunks * args.k;
   if (count == 0) return 0;
   Packed12Kernel<<<Grid((count + 1) / 2), kThreads, 0, S(stream)>>>(args);
-  AdaptiveKernel<<<Grid(args.num_chunks, 64), 64, 0, S(stream)>>>(args);
+  AdaptiveKernel<<<Grid(args.num_chunks, 1), kAdaptiveThreads, 0, S(stream)>>>(args);
   return LastError();
 }
 
@@ -222,7 +226,7 @@ int EncodeBinMean(const BinMeanArgs& args, Stream stream) {
   PartialStatsKernel<<<parts, kBinMeanThreads, 0, s>>>(args, true);
   FinalizeStatsKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts, true);
   CodesKernel<<<parts, kBinMeanThreads, 0, s>>>(args);
-  LookupKernel<<<1, kBinMeanThreads, 0, s>>>(args, parts);
+  LookupKernel<<<1 << args.bits, kBinMeanThreads, 0, s>>>(args, parts);
   PackBinMeanKernel<<<Grid((args.n * args.bits + 7) / 8), kBinMeanThreads, 0, s>>>(args);
   return LastError();
 }

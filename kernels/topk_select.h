@@ -44,10 +44,12 @@ LBCC_HD int64_t ChunkCorner(const Geometry& g, int64_t c) {
   return y * g.h * g.cols + x * g.w;
 }
 
-// Offset of local position l from its chunk's corner.
+// Offset of local position l (< chunk_len <= 4096) from its chunk's corner. l and w fit in 32
+// bits, so the division is a 32-bit one (a 64-bit division is a long subroutine on the GPU).
 LBCC_HD int64_t LocalOffset(const Geometry& g, int64_t l) {
-  const int64_t r = l / g.w;
-  return r * g.cols + (l - r * g.w);
+  const int32_t l32 = static_cast<int32_t>(l), w = static_cast<int32_t>(g.w);
+  const int32_t r = l32 / w;
+  return static_cast<int64_t>(r) * g.cols + (l32 - r * w);
 }
 
 // codecs/index_coding.cc: bits of one sub-block holding n of its s positions with sub-block
@@ -127,11 +129,20 @@ LBCC_HD void SelectChunk(Block& b, const SelectArgs& a, int64_t c) {
     if (t < 64) sh.sub_counts[t] = 0;
     const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
     bool bad = false;
+    // Row and column of the thread's first position (32-bit: both below 4096).
+    const int32_t w = static_cast<int32_t>(g.w);
+    int32_t r = static_cast<int32_t>(first) / w;
+    int32_t col = static_cast<int32_t>(first) - r * w;
     if (a.vec4 && first + kSelectPerThread <= n) {
       // Groups of 4 positions share a row and a 16-byte aligned address (w % 4 == 0).
 LBCC_UNROLL
       for (int q = 0; q < kSelectPerThread / 4; ++q) {
-        const int64_t off = corner + LocalOffset(g, first + 4 * q);
+        const int64_t off = corner + static_cast<int64_t>(r) * g.cols + col;
+        col += 4;
+        if (col == w) {
+          col = 0;
+          ++r;
+        }
         float ev[4], dv[4], rv[4];
 #if defined(__CUDA_ARCH__)
         const float4 e4 = *reinterpret_cast<const float4*>(a.e + off);
@@ -157,16 +168,15 @@ LBCC_UNROLL
 #endif
       }
     } else {
-      int64_t r = first / g.w, col = first - (first / g.w) * g.w;
 LBCC_UNROLL
       for (int i = 0; i < kSelectPerThread; ++i) {
         float v = 0;
         if (first + i < n) {
-          const int64_t off = corner + r * g.cols + col;
+          const int64_t off = corner + static_cast<int64_t>(r) * g.cols + col;
           v = hd::Add(hd::Mul(a.beta, a.e[off]), hd::Mul(a.lr, a.delta[off]));
           a.next[off] = v;
           bad |= hd::AbsBits(v) > hd::kMaxFiniteAbsBits;
-          if (++col == g.w) {
+          if (++col == w) {
             col = 0;
             ++r;
           }
