@@ -53,6 +53,8 @@ ABSL_FLAG(int, tensors, 1,
           "parameters come (SparseAllReduce pipelines encode and exchange across tensors)");
 ABSL_FLAG(std::string, values, "binmean2",
           "sparse_allreduce value coding: binmean2, binmean4, binmean8, bf16, fp16, fp32");
+ABSL_FLAG(std::string, indices, "auto",
+          "sparse_allreduce index coding: auto (the smaller), packed12 or adaptive");
 ABSL_FLAG(std::string, algo, "auto", "payload exchange algorithm: auto, direct, ring, hierarchical");
 ABSL_FLAG(std::string, topology, "", "topology JSON file (default: LBCC_TOPO_FILE or derived)");
 ABSL_FLAG(bool, quiet, false, "no progress lines on stderr");
@@ -98,6 +100,14 @@ absl::StatusOr<codecs::ValueCoding> ParseValues(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("--values: unknown coding '", name, "'"));
 }
 
+absl::StatusOr<codecs::IndexCoding> ParseIndices(const std::string& name) {
+  for (codecs::IndexCoding c : {codecs::IndexCoding::kAuto, codecs::IndexCoding::kPacked12,
+                                codecs::IndexCoding::kAdaptive}) {
+    if (name == codecs::IndexCodingName(c)) return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--indices: unknown coding '", name, "'"));
+}
+
 // One size of one operation. `iteration` runs the op once; `check` computes the error of the
 // last result against the reference.
 absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t bytes,
@@ -121,6 +131,7 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
     codecs::TopKEfOptions options;
     options.top_k = absl::GetFlag(FLAGS_top_k);
     LBCC_ASSIGN_OR_RETURN(options.values, ParseValues(absl::GetFlag(FLAGS_values)));
+    LBCC_ASSIGN_OR_RETURN(options.indices, ParseIndices(absl::GetFlag(FLAGS_indices)));
     LBCC_ASSIGN_OR_RETURN(topk, codecs::TopKEfCodec::Create(options));
     output.resize(count);
     // `--tensors` equal parts (the last takes the remainder), each with its own state.
@@ -329,8 +340,9 @@ int Run() {
                 absl::GetFlag(FLAGS_warmup));
     std::printf("# topology %s\n", (*comm)->topology().ToJson().c_str());
     if (op == "sparse_allreduce") {
-      std::printf("# top_k %g per 4096, values %s; error = relative L2 vs dense mean\n",
-                  absl::GetFlag(FLAGS_top_k), absl::GetFlag(FLAGS_values).c_str());
+      std::printf("# top_k %g per 4096, values %s, indices %s; error = relative L2 vs dense mean\n",
+                  absl::GetFlag(FLAGS_top_k), absl::GetFlag(FLAGS_values).c_str(),
+                  absl::GetFlag(FLAGS_indices).c_str());
     } else {
       std::printf("# error = max abs vs dense reference\n");
     }
