@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/aligned.h"
 #include "base/env.h"
 #include "base/status_macros.h"
 #include "codecs/dense_quant.h"
@@ -68,9 +69,10 @@ constexpr char kChildRank[] = "LBCCPERF_RANK";  // Set by --local for its childr
 constexpr char kChildSize[] = "LBCCPERF_NRANKS";
 constexpr char kChildId[] = "LBCCPERF_ID";
 
-// Every rank's input is a function of (rank, size): any rank can compute the reference.
-std::vector<float> InputOf(int rank, int64_t count) {
-  std::vector<float> out(count);
+// Every rank's input is a function of (rank, size): any rank can compute the reference. Inputs
+// and outputs are 64-byte aligned, as a framework's tensors are.
+AlignedVector<float> InputOf(int rank, int64_t count) {
+  AlignedVector<float> out(count);
   std::mt19937_64 rng(static_cast<uint64_t>(rank) * 1000003ull + count);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& x : out) x = normal(rng);
@@ -118,8 +120,8 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
   Row row;
   row.bytes = count * 4;
   row.count = count;
-  std::vector<float> input = InputOf(me, count);
-  std::vector<float> output;
+  AlignedVector<float> input = InputOf(me, count);
+  AlignedVector<float> output;
   std::function<absl::Status()> iteration;
   std::function<double()> error;
   double bus_factor = 1;
@@ -157,7 +159,7 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
     error = [&] {
       std::vector<double> mean(count, 0.0);
       for (int r = 0; r < n; ++r) {
-        const std::vector<float> x = InputOf(r, count);
+        const AlignedVector<float> x = InputOf(r, count);
         for (int64_t i = 0; i < count; ++i) mean[i] += x[i] / n;
       }
       double diff = 0, norm = 0;
@@ -176,7 +178,7 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
     error = [&] {
       std::vector<double> sum(count, 0.0);
       for (int r = 0; r < n; ++r) {
-        const std::vector<float> x = InputOf(r, count);
+        const AlignedVector<float> x = InputOf(r, count);
         for (int64_t i = 0; i < count; ++i) sum[i] += x[i];
       }
       double worst = 0;
@@ -192,7 +194,7 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
     error = [&] {
       double worst = 0;
       for (int r = 0; r < n; ++r) {
-        const std::vector<float> x = InputOf(r, count);
+        const AlignedVector<float> x = InputOf(r, count);
         for (int64_t i = 0; i < count; ++i) {
           worst = std::max(worst, static_cast<double>(std::fabs(output[r * count + i] - x[i])));
         }
@@ -212,7 +214,7 @@ absl::StatusOr<Row> RunSize(Communicator& comm, const std::string& op, int64_t b
       return recv->Wait();
     };
     error = [&] {
-      const std::vector<float> x = InputOf((me + n - 1) % n, count);
+      const AlignedVector<float> x = InputOf((me + n - 1) % n, count);
       double worst = 0;
       for (int64_t i = 0; i < count; ++i) {
         worst = std::max(worst, static_cast<double>(std::fabs(output[i] - x[i])));

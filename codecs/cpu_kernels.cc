@@ -106,7 +106,8 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
 }
 
 void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
-                         int64_t stride, int rule, float replicas, bool accumulate) {
+                         int64_t stride, int rule, float replicas, bool accumulate,
+                         bool /*stream*/) {
   for (int64_t r = 0; r < h; ++r) {
     float* a = acc + r * w;
     uint16_t* n = count + r * w;
@@ -125,6 +126,8 @@ void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, floa
     }
   }
 }
+
+void StoreFenceScalar() {}
 
 void Unpack12Scalar(const uint8_t* in, int64_t count, uint16_t* out) {
   const int64_t pairs = count / 2;
@@ -166,7 +169,7 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 const CpuKernels kScalarKernels = {
     SimdLevel::kScalar,  EfUpdateScalar,         CompactScalar,       FilterGeScalar,
     CountGeScalar,       KthLargestScalar,       BinMeanCodesScalar,  FinalizeBlockScalar,
-    Absmax8BlockScalar,
+    StoreFenceScalar,    Absmax8BlockScalar,
     Dequant8BlockScalar, Dequant8BlockAddScalar, Unpack12Scalar,     RunsAscendingScalar,
 };
 

@@ -60,9 +60,14 @@ struct CpuKernels {
   // reciprocal: the same correctly rounded result), and out = agg (or out + agg when
   // accumulate); where count[l] is 0 the output keeps its bits when accumulate and becomes +0
   // otherwise. Resets acc to -0 and count to 0.
-  // `rule` is codec.h's Aggregation as an int (0 sparseloco, 1 mean, 2 sum).
+  // `rule` is codec.h's Aggregation as an int (0 sparseloco, 1 mean, 2 sum). `stream` (a hint,
+  // without accumulate): the output is not read again soon, so the vector version writes it
+  // with non-temporal stores where aligned (no read for ownership); call store_fence() before
+  // anything else reads it. The bits written are the same either way.
   void (*finalize_block)(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
-                         int64_t stride, int rule, float replicas, bool accumulate);
+                         int64_t stride, int rule, float replicas, bool accumulate, bool stream);
+  // Orders finalize_block's non-temporal stores before later stores (sfence); no-op in scalar.
+  void (*store_fence)();
 
   // Dense blockwise int8 absmax over one block of n values: returns the block's scale
   // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits

@@ -269,7 +269,21 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes, uint3
 }
 
 // kRule as in cpu_kernels.h (0 sparseloco, 1 mean, 2 sum).
-template <int kRule, bool kAccumulate>
+// Non-temporal store of 8 floats at p: one 32-byte store (kStream 2: p is 32-byte aligned) or
+// two 16-byte ones (kStream 1: 16-byte aligned).
+template <int kStream>
+LBCC_AVX2 inline void Stream8(float* p, __m256 v) {
+  if (kStream == 2) {
+    _mm256_stream_ps(p, v);
+  } else {
+    _mm_stream_ps(p, _mm256_castps256_ps128(v));
+    _mm_stream_ps(p + 4, _mm256_extractf128_ps(v, 1));
+  }
+}
+
+// kStream (without kAccumulate; 0: plain stores): the 16-position steps store the output
+// non-temporally; the caller checked the alignment that Stream8 needs for out and the stride.
+template <int kRule, bool kAccumulate, int kStream>
 LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
                                   int64_t stride, float replicas) {
   const __m256 neg_zero = _mm256_set1_ps(-0.0f);
@@ -322,6 +336,9 @@ LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_
         const __m256 old1 = _mm256_loadu_ps(o + c + 8);
         _mm256_storeu_ps(o + c, _mm256_blendv_ps(old0, _mm256_add_ps(old0, agg0), taken0));
         _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(old1, _mm256_add_ps(old1, agg1), taken1));
+      } else if (kStream != 0) {
+        Stream8<kStream>(o + c, _mm256_and_ps(agg0, taken0));
+        Stream8<kStream>(o + c + 8, _mm256_and_ps(agg1, taken1));
       } else {
         _mm256_storeu_ps(o + c, _mm256_and_ps(agg0, taken0));
         _mm256_storeu_ps(o + c + 8, _mm256_and_ps(agg1, taken1));
@@ -375,15 +392,25 @@ LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_
 }
 
 LBCC_AVX2 void FinalizeBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
-                                 int64_t stride, int rule, float replicas, bool accumulate) {
+                                 int64_t stride, int rule, float replicas, bool accumulate,
+                                 bool stream) {
   using Fn = void (*)(float*, uint16_t*, int64_t, int64_t, float*, int64_t, float);
-  static constexpr Fn kTable[3][2] = {
-      {FinalizeBlockAvx2T<0, false>, FinalizeBlockAvx2T<0, true>},
-      {FinalizeBlockAvx2T<1, false>, FinalizeBlockAvx2T<1, true>},
-      {FinalizeBlockAvx2T<2, false>, FinalizeBlockAvx2T<2, true>},
+  // Columns: assign, accumulate, assign with 16-byte and with 32-byte streaming stores.
+  static constexpr Fn kTable[3][4] = {
+      {FinalizeBlockAvx2T<0, false, 0>, FinalizeBlockAvx2T<0, true, 0>,
+       FinalizeBlockAvx2T<0, false, 1>, FinalizeBlockAvx2T<0, false, 2>},
+      {FinalizeBlockAvx2T<1, false, 0>, FinalizeBlockAvx2T<1, true, 0>,
+       FinalizeBlockAvx2T<1, false, 1>, FinalizeBlockAvx2T<1, false, 2>},
+      {FinalizeBlockAvx2T<2, false, 0>, FinalizeBlockAvx2T<2, true, 0>,
+       FinalizeBlockAvx2T<2, false, 1>, FinalizeBlockAvx2T<2, false, 2>},
   };
-  kTable[rule][accumulate ? 1 : 0](acc, count, h, w, out, stride, replicas);
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(out) | static_cast<uintptr_t>(stride) * 4;
+  int column = accumulate ? 1 : 0;
+  if (!accumulate && stream) column = bits % 32 == 0 ? 3 : bits % 16 == 0 ? 2 : 0;
+  kTable[rule][column](acc, count, h, w, out, stride, replicas);
 }
+
+LBCC_AVX2 void StoreFenceAvx2() { _mm_sfence(); }
 
 // 16 indices (24 bytes) per step: the two 128-bit lanes take bytes 0..11 and 12..23, a byte
 // shuffle gathers each index's two bytes into a 16-bit lane, then even lanes keep their low 12
@@ -489,7 +516,8 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 
 const CpuKernels kAvx2Kernels = {
     SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,      FilterGeAvx2,      CountGeAvx2,
-    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, Absmax8BlockAvx2, Dequant8BlockAvx2,
+    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, StoreFenceAvx2,   Absmax8BlockAvx2,
+    Dequant8BlockAvx2,
     Dequant8BlockAddAvx2, Unpack12Avx2, RunsAscendingAvx2,
 };
 

@@ -27,6 +27,9 @@ constexpr int64_t kGroupElements = 262144;
 constexpr float kHintFactor = 0.95f;
 constexpr size_t kFixedParamBytes = 16;
 constexpr int64_t kMaxPayloads = 65535;  // selection counts are 16-bit
+// Outputs at least this large are written with non-temporal stores when not accumulated into
+// (measured: a 2048 x 2048 output from 4 payloads, 2.85 -> 1.47 ms).
+constexpr int64_t kStreamOutputBytes = int64_t{1} << 20;
 
 absl::Status Corrupt(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("corrupt topk_ef payload: ", what));
@@ -496,6 +499,9 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
   // rows in order); few: follow the list of touched positions. Both give the same bits.
   const bool dense = UseDenseFinish(s.topk, g);
   const CpuKernels& kern = ActiveKernels();
+  // An output written (not added to) and larger than a core's L2 is not read again before it
+  // leaves the cache: non-temporal stores skip reading it in first.
+  const bool stream = !kAccumulate && g.num_chunks * g.chunk_len * 4 >= kStreamOutputBytes;
   // Blocks are prefetched two chunks ahead (measured: 1, 2, 4 or 8 ahead and lower cache levels
   // are within noise for cache-resident outputs; 2 is best at 4096^2).
   constexpr int64_t kAhead = 2;
@@ -509,7 +515,7 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
                         nullptr, nullptr);
       }
       kern.finalize_block(acc, count, g.h, g.w, corner, g.cols, static_cast<int>(kRule),
-                          static_cast<float>(replicas), kAccumulate);
+                          static_cast<float>(replicas), kAccumulate, stream);
       continue;
     }
     int64_t num_touched = 0;
@@ -529,6 +535,7 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
       count[l] = 0;
     }
   }
+  if (dense && stream) kern.store_fence();
 }
 
 template <Aggregation kRule>

@@ -9,6 +9,8 @@
 //   BM_Triad/16777216 threads 1 and 2: the streaming limit over the same element count.
 //   BM_TopKEfDecode8/<rows>/<cols>/<index coding>: DecodeAccumulate of 8 replicas' payloads,
 //     SparseLoCo mean, added into the output. items_per_second = selected values decoded.
+//   BM_TopKEfDecodeAssign4/2048/2048/<index coding>: 4 payloads written as the output (not
+//     added): what SparseAllReduce does per rank on a 4-rank testbed with a 4M tensor.
 //   BM_OutputRmw/<rows>/<cols>: the decode's memory limit, out[i] += s over an fp32 output of
 //     that shape (the replicas touch ~87 % of its cache lines); the binary prints each decode's
 //     time as a multiple of this pass.
@@ -26,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "base/aligned.h"
 #include "base/check.h"
 #include "base/cpu.h"
 #include "bench/limits.h"
@@ -76,12 +79,14 @@ void BM_TopKEfEncode(benchmark::State& state) {
       benchmark::Counter(8.0 * static_cast<double>(bytes) / n, benchmark::Counter::kAvgThreads);
 }
 
-void BM_TopKEfDecode8(benchmark::State& state) {
+// DecodeAccumulate of `replicas` payloads of the shape (rows, cols), SparseLoCo mean; items:
+// selected values.
+void RunDecode(benchmark::State& state, int replicas, bool accumulate) {
   const Shape shape = {state.range(0), state.range(1)};
   const int64_t n = shape[0] * shape[1];
   auto codec = MakeTopK(static_cast<IndexCoding>(state.range(2)));
   std::vector<std::vector<uint8_t>> payloads;
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < replicas; ++r) {
     std::vector<float> delta = Normals(n, 50 + r);
     TopKEfState ef;
     std::vector<uint8_t> out(*codec->MaxEncodedBytes(shape));
@@ -91,17 +96,25 @@ void BM_TopKEfDecode8(benchmark::State& state) {
     payloads.push_back(std::move(out));
   }
   const std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
-  const int64_t selected = 8 * (*InspectPayload(payloads[0])).selected;
-  std::vector<float> out(static_cast<size_t>(n), 0.0f);
+  const int64_t selected = replicas * (*InspectPayload(payloads[0])).selected;
+  AlignedVector<float> out(static_cast<size_t>(n), 0.0f);  // as a framework's tensor
   const TensorView view = *TensorView::Host(out.data(), shape);
   DecodeScratch scratch;
   for (auto _ : state) {
-    absl::Status status = DecodeAccumulate(
-        spans, {Aggregation::kSparseLoCoMean, /*accumulate=*/true}, view, &scratch);
+    absl::Status status = DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, accumulate},
+                                           view, &scratch);
     LBCC_CHECK(status.ok()) << status;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * selected);
+}
+
+// The case: 8 replicas accumulated into the output.
+void BM_TopKEfDecode8(benchmark::State& state) { RunDecode(state, 8, /*accumulate=*/true); }
+
+// SparseAllReduce's case on a 4-rank testbed: 4 payloads (one per rank) written as the output.
+void BM_TopKEfDecodeAssign4(benchmark::State& state) {
+  RunDecode(state, 4, /*accumulate=*/false);
 }
 
 // The memory work decode-accumulate cannot avoid once its replicas touch nearly every cache
@@ -231,6 +244,12 @@ int main(int argc, char** argv) {
     }
     benchmark::RegisterBenchmark("BM_OutputRmw", BM_OutputRmw)
         ->Args({rows, rows})
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (IndexCoding coding : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+    benchmark::RegisterBenchmark("BM_TopKEfDecodeAssign4", BM_TopKEfDecodeAssign4)
+        ->Args({2048, 2048, static_cast<int64_t>(coding)})
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
