@@ -80,9 +80,8 @@ struct TransportOptions {
   // (LBCC_PEER_TIMEOUT_MS).
   absl::Duration peer_timeout = absl::Seconds(10);
   // UCX only. How long the progress thread keeps polling after the last event before it sleeps
-  // on the worker's event fd (LBCC_UCX_SPIN_US): long enough to catch the next message of a
-  // burst without a wake-up, short enough not to take a core from the codecs while a slow link
-  // trickles in a packet every ~100 us.
+  // on the worker's event fd (LBCC_UCX_SPIN_US): polling catches the next message of a burst
+  // without a wake-up, at the price of CPU time the codecs could use on a busy host.
   absl::Duration progress_spin = absl::Microseconds(50);
 
   // UCX only. Empty: UCX's own settings (UCX_TLS, UCX_NET_DEVICES). Pin one device per Transport
