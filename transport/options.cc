@@ -123,6 +123,7 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv() {
   LBCC_ASSIGN_OR_RETURN(options.probe_max_bytes, env::GetBytes("LBCC_LINK_PROBE_BYTES"));
   LBCC_ASSIGN_OR_RETURN(const int64_t timeout_ms, env::GetInt("LBCC_PEER_TIMEOUT_MS"));
   options.peer_timeout = absl::Milliseconds(timeout_ms);
+  LBCC_ASSIGN_OR_RETURN(options.slow_eager_bytes, env::GetBytes("LBCC_SLOW_EAGER_BYTES"));
   LBCC_ASSIGN_OR_RETURN(const int64_t spin_us, env::GetInt("LBCC_UCX_SPIN_US"));
   options.progress_spin = absl::Microseconds(spin_us);
   return options;

@@ -79,6 +79,10 @@ struct TransportOptions {
   // A peer that stops answering fails pending work with Unavailable within about this long
   // (LBCC_PEER_TIMEOUT_MS).
   absl::Duration peer_timeout = absl::Seconds(10);
+  // UCX only. Slow-link chunks up to this size use UCX's eager protocol (no rendezvous
+  // round trip through the sender's own busy down-link); larger ones, and every fast-link chunk,
+  // let UCX choose (LBCC_SLOW_EAGER_BYTES; 0: never force eager).
+  int64_t slow_eager_bytes = 4 << 20;
   // UCX only. How long the progress thread keeps polling after the last event before it sleeps
   // on the worker's event fd (LBCC_UCX_SPIN_US): polling catches the next message of a burst
   // without a wake-up, at the price of CPU time the codecs could use on a busy host.

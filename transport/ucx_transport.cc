@@ -162,6 +162,7 @@ struct RequestCtx {
   ChunkHeader chunk_header{};           // UCX reads the header until the send completes.
   ControlHeader control_header{};
   std::shared_ptr<std::vector<uint8_t>> payload;  // Owned payload (probe data).
+  bool eager = false;                   // A send forced to UCX's eager protocol.
   DoneCallback done;
 };
 
@@ -803,11 +804,19 @@ void Engine::SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& 
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
+  // Slow-link chunks go eagerly: a rendezvous would wait for the receiver's reply, which crosses
+  // the sender's own down-link, behind whatever that link is delivering (on a busy shaped link,
+  // tens of milliseconds per chunk). The slow-link window (credits) still bounds what is in
+  // flight; the receiver keeps an eager chunk that no receive wants yet (Link parks it).
+  ctx->eager = (header.flags & kChunkNeedsCredit) != 0 &&
+               static_cast<int64_t>(length) <= options_.slow_eager_bytes;
+  if (ctx->eager) param.flags |= UCP_AM_SEND_FLAG_EAGER;
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
     auto* ctx = static_cast<RequestCtx*>(user_data);
     ucp_request_free(request);
-    // A rendezvous send completes on the peer's acknowledgement: it is alive.
-    if (status == UCS_OK) ctx->engine->HeardFrom(*ctx->lane);
+    // A rendezvous send completes on the peer's acknowledgement: it is alive. (An eager one
+    // completes once the bytes left this host.)
+    if (status == UCS_OK && !ctx->eager) ctx->engine->HeardFrom(*ctx->lane);
     ctx->engine->CompleteRequest(ctx, status, "send");
   };
   param.user_data = ctx;

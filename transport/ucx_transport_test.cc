@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -139,6 +140,35 @@ TEST(UcxTransportTest, StripedSlowLinkUsesEveryConnection) {
   ASSERT_THAT(received.Wait(), IsOkAndHolds(data.size()));
   EXPECT_EQ(in, data);
   EXPECT_EQ(pair.a->counters().chunks_sent, (3u << 20) / (16u << 10));
+}
+
+// Slow-link chunks go by UCX's eager protocol up to slow_eager_bytes (the default), or as UCX
+// chooses (0): either way every byte arrives. Eager sends complete before the peer posts its
+// receive (the chunks wait at the receiver), which a rendezvous never does: there the parked
+// chunks' bytes stay at the sender until a receive wants them, so only receive-first is run.
+TEST(UcxTransportTest, SlowLinkChunksArriveEagerOrNot) {
+  for (const int64_t eager_bytes : {int64_t{4} << 20, int64_t{0}}) {
+    SCOPED_TRACE(absl::StrCat("slow_eager_bytes ", eager_bytes));
+    TransportOptions options = LoopbackTcp();
+    options.link_class = LinkClass::kSlow;
+    options.scheduler.stripes = 2;
+    options.scheduler.chunk_bytes = 64 << 10;
+    options.slow_eager_bytes = eager_bytes;
+    LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(options, options));
+    for (const bool recv_first : {true, false}) {
+      if (!recv_first && eager_bytes == 0) continue;
+      const std::vector<uint8_t> data = testing::Pattern((1 << 20) + 100, recv_first ? 3 : 4);
+      std::vector<uint8_t> in(data.size());
+      RecvResult received;
+      SendResult sent;
+      if (recv_first) pair.b->Recv(5, absl::MakeSpan(in), received.Callback());
+      pair.a->Send(5, data, {}, sent.Callback());
+      EXPECT_THAT(sent.Wait(), IsOk());
+      if (!recv_first) pair.b->Recv(5, absl::MakeSpan(in), received.Callback());
+      ASSERT_THAT(received.Wait(), IsOkAndHolds(data.size())) << recv_first;
+      EXPECT_EQ(in, data) << recv_first;
+    }
+  }
 }
 
 // A process connects to its own listener (NCCL connects every rank to itself): both ends of the
