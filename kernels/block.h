@@ -9,7 +9,8 @@
 //   b.InclusiveSuffixSum(in, out);                // memory, each followed by a barrier
 //   b.CountDigit(hist, digit, active);            // ++hist[digit] when active; inside a phase,
 //                                                 // called by every thread alike (the device
-//                                                 // combines a warp's equal digits first)
+//                                                 // combines a warp's equal digits when many
+//                                                 // lanes share one)
 //
 // `Local` is a thread's private state (registers on the device), b.shared() the block's shared
 // memory. A phase may read what earlier phases wrote anywhere, but within a phase a thread may
