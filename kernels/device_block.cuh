@@ -3,6 +3,7 @@
 //   Phase(f)              f(threadIdx.x, this thread's Local), then __syncthreads()
 //   ExclusiveSum(in, out) CUB block scans over one uint32 per thread, then __syncthreads()
 //   InclusiveSuffixSum(in, out)
+//   ExclusiveSumOf(f, out), InclusiveSuffixSumOf(f, out)  the same of f(threadIdx.x, Local)
 //   CountDigit(hist, digit, active)  shared-memory histogram update, warp-aggregated when skewed
 //
 // kThreads must equal blockDim.x. Shared memory comes from the kernel (Storage, declared as raw
@@ -62,6 +63,25 @@ class DeviceBlock {
     } else if (active) {
       atomicAdd(&hist[digit], 1u);
     }
+  }
+
+  template <typename F>
+  __device__ __forceinline__ void ExclusiveSumOf(F&& f, uint32_t* out) {
+    const uint32_t v = f(static_cast<int>(threadIdx.x), local_);
+    uint32_t r;
+    Scan(storage_.scan).ExclusiveSum(v, r);
+    out[threadIdx.x] = r;
+    __syncthreads();
+  }
+
+  // The suffix sum is the total less the exclusive prefix sum (unsigned wrap-around is exact).
+  template <typename F>
+  __device__ __forceinline__ void InclusiveSuffixSumOf(F&& f, uint32_t* out) {
+    const uint32_t v = f(static_cast<int>(threadIdx.x), local_);
+    uint32_t r, total;
+    Scan(storage_.scan).ExclusiveSum(v, r, total);
+    out[threadIdx.x] = total - r;
+    __syncthreads();
   }
 
   __device__ __forceinline__ void ExclusiveSum(const uint32_t* in, uint32_t* out) {

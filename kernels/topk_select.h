@@ -118,11 +118,11 @@ struct SelectShared {
   // Keys of T's bin, then 4 zeros (a candidate never counts them: 0 is not above any key and
   // they sit after every candidate).
   alignas(16) uint32_t cand[kSelectCandidates + 4];
-  uint32_t part[kSelectThreads];    // per thread: its bins' total; later (> T) << 16 | (== T)
-  uint32_t scan[kSelectThreads];    // suffix sums of part; later its exclusive scan
-  uint32_t sub_counts[64];          // selected entries per sub-block of 64 positions
-  uint32_t part6[64];
-  uint32_t part7[32];
+  uint32_t part[kSelectThreads];  // per thread: its bins' total
+  // Suffix sums of part; later the exclusive scan of (entries > T) << 16 | (entries == T).
+  uint32_t scan[kSelectThreads];
+  alignas(16) uint32_t part6[64];  // index bits per sub-block of 64 and of 128 positions
+  alignas(16) uint32_t part7[32];
   SelectState state[kSelectPasses + 1];  // state[p]: after p passes (each written once)
   uint32_t cand_count;
   uint32_t thr;   // T
@@ -178,8 +178,9 @@ LBCC_HD void SelectChunk(Block& b, const SelectArgs& a, int64_t c) {
     if (t == 0) {
       sh.state[0] = SelectState{0, 0, static_cast<uint32_t>(k), static_cast<uint32_t>(n)};
       sh.cand_count = 0;
+      sh.thr = 0;
+      sh.need = 0;
     }
-    if (t < 64) sh.sub_counts[t] = 0;
     if (!take_all) ClearOwnBins(sh.hist, t);
     const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
     bool bad = false;
@@ -257,8 +258,13 @@ LBCC_UNROLL
                        first + i < n && (key & s.mask) == s.prefix);
         }
       });
-      b.Phase([&](int t, SelectLocal&) { sh.part[t] = SumOwnBins(sh.hist, t); });
-      b.InclusiveSuffixSum(sh.part, sh.scan);
+      b.InclusiveSuffixSumOf(
+          [&](int t, SelectLocal&) {
+            const uint32_t total = SumOwnBins(sh.hist, t);
+            sh.part[t] = total;
+            return total;
+          },
+          sh.scan);
       b.Phase([&](int t, SelectLocal&) {
         // Exactly one thread has scan(t + 1) < remaining <= scan(t); it walks its bins down.
         const SelectState s = sh.state[pass];
@@ -346,22 +352,23 @@ LBCC_UNROLL
     }
   }
 
-  // Slots: entries > T first-come in local order, plus the first `remaining` entries == T.
-  b.Phase([&](int t, SelectLocal& mine) {
-    const uint32_t thr = sh.thr;
-    const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
-    uint32_t gt = 0, eq = 0;
+  // Slots: entries > T first-come in local order, plus the first `need` entries == T.
+  b.ExclusiveSumOf(
+      [&](int t, SelectLocal& mine) {
+        const uint32_t thr = sh.thr;
+        const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
+        uint32_t gt = 0, eq = 0;
 LBCC_UNROLL
-    for (int i = 0; i < kSelectPerThread; ++i) {
-      if (first + i < n) {
-        const uint32_t key = hd::AbsBits(mine.v[i]);
-        gt += (take_all || key > thr) ? 1u : 0u;
-        eq += (!take_all && key == thr) ? 1u : 0u;
-      }
-    }
-    sh.part[t] = (gt << 16) | eq;
-  });
-  b.ExclusiveSum(sh.part, sh.scan);
+        for (int i = 0; i < kSelectPerThread; ++i) {
+          if (first + i < n) {
+            const uint32_t key = hd::AbsBits(mine.v[i]);
+            gt += (take_all || key > thr) ? 1u : 0u;
+            eq += (!take_all && key == thr) ? 1u : 0u;
+          }
+        }
+        return (gt << 16) | eq;
+      },
+      sh.scan);
   b.Phase([&](int t, SelectLocal& mine) {
     const uint32_t thr = sh.thr, need = sh.need;
     uint32_t gt_before = sh.scan[t] >> 16, eq_before = sh.scan[t] & 0xFFFFu;
@@ -374,35 +381,37 @@ LBCC_UNROLL
         const bool eq = !take_all && key == thr;
         if (gt || (eq && eq_before < need)) {
           const uint32_t slot = gt_before + (eq_before < need ? eq_before : need);
-          const int64_t l = first + i;
-          a.sel_local[c * k + slot] = static_cast<uint16_t>(l);
+          a.sel_local[c * k + slot] = static_cast<uint16_t>(first + i);
           a.sel_value[c * k + slot] = mine.v[i];
-          hd::AtomicAddU32(&sh.sub_counts[l >> 6], 1);
         }
         gt_before += gt ? 1u : 0u;
         eq_before += eq ? 1u : 0u;
       }
     }
-  });
 
-  // The chunk's adaptive index length for sub-blocks of 64 (b = 6) and 128 (b = 7) positions.
-  b.Phase([&](int t, SelectLocal&) {
-    const int64_t num6 = (n + 63) >> 6, num7 = (n + 127) >> 7;
+    // The chunk's adaptive index length for sub-blocks of 64 (b = 6) and 128 (b = 7)
+    // positions: a sub-block's count is the difference of the slots taken before its first
+    // and after its last thread (4 and 8 threads of 16 positions).
+    const auto taken_before = [&](int u) -> uint32_t {
+      if (u >= kSelectThreads) return static_cast<uint32_t>(take_all ? n : k);
+      const uint32_t v = sh.scan[u], eqb = v & 0xFFFFu;
+      return (v >> 16) + (eqb < need ? eqb : need);
+    };
     if (t < 64) {
       uint32_t bits = 0;
-      if (t < num6) {
+      if (64 * static_cast<int64_t>(t) < n) {
         const int64_t s = n - 64 * static_cast<int64_t>(t) < 64 ? n - 64 * t : 64;
-        bits = SubBlockBits(sh.sub_counts[t], static_cast<uint32_t>(s), 6, a.rice6);
+        bits = SubBlockBits(taken_before(4 * t + 4) - taken_before(4 * t),
+                            static_cast<uint32_t>(s), 6, a.rice6);
       }
       sh.part6[t] = bits;
     } else if (t < 96) {
       const int j = t - 64;
       uint32_t bits = 0;
-      if (j < num7) {
-        const uint32_t count =
-            sh.sub_counts[2 * j] + (2 * j + 1 < num6 ? sh.sub_counts[2 * j + 1] : 0u);
+      if (128 * static_cast<int64_t>(j) < n) {
         const int64_t s = n - 128 * static_cast<int64_t>(j) < 128 ? n - 128 * j : 128;
-        bits = SubBlockBits(count, static_cast<uint32_t>(s), 7, a.rice7);
+        bits = SubBlockBits(taken_before(8 * j + 8) - taken_before(8 * j),
+                            static_cast<uint32_t>(s), 7, a.rice7);
       }
       sh.part7[j] = bits;
     }
@@ -410,7 +419,9 @@ LBCC_UNROLL
   b.Phase([&](int t, SelectLocal&) {
     if (t == 0) {
       uint32_t b6 = 0, b7 = 0;
+LBCC_UNROLL
       for (int j = 0; j < 64; ++j) b6 += sh.part6[j];
+LBCC_UNROLL
       for (int j = 0; j < 32; ++j) b7 += sh.part7[j];
       a.bits6[c] = b6;
       a.bits7[c] = b7;
