@@ -7,13 +7,9 @@
 //                                                 // threads meet at a barrier
 //   b.ExclusiveSum(in, out);                      // scans of one uint32 per thread, in shared
 //   b.InclusiveSuffixSum(in, out);                // memory, each followed by a barrier
-//   b.ExclusiveSumOf(f, out);                     // the same scans of f(tid, mine), a value
-//   b.InclusiveSuffixSumOf(f, out);               // each thread computes (a phase and a scan
-//                                                 // in one: no barrier between them)
 //   b.CountDigit(hist, digit, active);            // ++hist[digit] when active; inside a phase,
 //                                                 // called by every thread alike (the device
-//                                                 // combines a warp's equal digits when many
-//                                                 // lanes share one)
+//                                                 // combines a warp's equal digits first)
 //
 // `Local` is a thread's private state (registers on the device), b.shared() the block's shared
 // memory. A phase may read what earlier phases wrote anywhere, but within a phase a thread may
@@ -60,19 +56,6 @@ class HostBlock {
   }
   void CountDigit(uint32_t* hist, uint32_t digit, bool active) {
     if (active) ++hist[digit];
-  }
-  // ExclusiveSum / InclusiveSuffixSum of v[t] = f(t, local t): f runs like a phase's lambda.
-  template <typename F>
-  void ExclusiveSumOf(F&& f, uint32_t* out) {
-    std::vector<uint32_t> v(threads_);
-    for (int t = 0; t < threads_; ++t) v[t] = f(t, locals_[t]);
-    ExclusiveSum(v.data(), out);
-  }
-  template <typename F>
-  void InclusiveSuffixSumOf(F&& f, uint32_t* out) {
-    std::vector<uint32_t> v(threads_);
-    for (int t = 0; t < threads_; ++t) v[t] = f(t, locals_[t]);
-    InclusiveSuffixSum(v.data(), out);
   }
   // out[t] = sum of in[t..threads()).
   void InclusiveSuffixSum(const uint32_t* in, uint32_t* out) {

@@ -3,8 +3,7 @@
 //   Phase(f)              f(threadIdx.x, this thread's Local), then __syncthreads()
 //   ExclusiveSum(in, out) CUB block scans over one uint32 per thread, then __syncthreads()
 //   InclusiveSuffixSum(in, out)
-//   ExclusiveSumOf(f, out), InclusiveSuffixSumOf(f, out)  the same of f(threadIdx.x, Local)
-//   CountDigit(hist, digit, active)  shared-memory histogram update, warp-aggregated when skewed
+//   CountDigit(hist, digit, active)  warp-aggregated shared-memory histogram update
 //
 // kThreads must equal blockDim.x. Shared memory comes from the kernel (Storage, declared as raw
 // bytes because __shared__ variables cannot have constructors).
@@ -26,9 +25,6 @@ class DeviceBlock {
     typename Scan::TempStorage scan;
   };
 
-  // More lanes than this on the first active lane's digit: combine a warp's equal digits.
-  static constexpr int kSkewedLanes = 4;
-
   __device__ explicit DeviceBlock(Storage& storage) : storage_(storage) {}
 
   __device__ int threads() const { return kThreads; }
@@ -40,48 +36,16 @@ class DeviceBlock {
     __syncthreads();
   }
 
-  // ++hist[digit] for the active threads. Spread digits (a wide histogram of Gaussian-like
-  // keys) go straight to shared-memory atomics. When several lanes share the first active
-  // lane's digit (constant regions, a narrow prefix in a later radix pass), the warp combines
-  // equal digits first, so a skewed histogram does not serialize on one address. Every lane of
-  // the warp must call it.
+  // ++hist[digit] for the active threads: lanes of a warp with the same digit add once, so
+  // the skewed histograms of a radix select (most keys share a digit) do not serialize on one
+  // shared-memory address. Every lane of the warp must call it.
   __device__ __forceinline__ void CountDigit(uint32_t* hist, uint32_t digit, bool active) {
-    const unsigned act = __ballot_sync(0xffffffffu, active);
-    if (act == 0) return;
-    const int lane = static_cast<int>(threadIdx.x & 31);
-    const int lead = __ffs(act) - 1;
-    const unsigned lead_digit = __shfl_sync(0xffffffffu, digit, lead);
-    const unsigned same = __ballot_sync(0xffffffffu, active && digit == lead_digit);
-    if (same == act) {
-      if (lane == lead) atomicAdd(&hist[digit], static_cast<uint32_t>(__popc(act)));
-    } else if (__popc(same) > kSkewedLanes) {
-      const unsigned key = active ? digit : 0xffffffffu;
-      const unsigned peers = __match_any_sync(0xffffffffu, key);
-      if (active && lane == __ffs(peers) - 1) {
-        atomicAdd(&hist[digit], static_cast<uint32_t>(__popc(peers)));
-      }
-    } else if (active) {
-      atomicAdd(&hist[digit], 1u);
+    if (!__any_sync(0xffffffffu, active)) return;
+    const unsigned key = active ? digit : 0xffffffffu;
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    if (active && (threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
+      atomicAdd(&hist[digit], static_cast<uint32_t>(__popc(peers)));
     }
-  }
-
-  template <typename F>
-  __device__ __forceinline__ void ExclusiveSumOf(F&& f, uint32_t* out) {
-    const uint32_t v = f(static_cast<int>(threadIdx.x), local_);
-    uint32_t r;
-    Scan(storage_.scan).ExclusiveSum(v, r);
-    out[threadIdx.x] = r;
-    __syncthreads();
-  }
-
-  // The suffix sum is the total less the exclusive prefix sum (unsigned wrap-around is exact).
-  template <typename F>
-  __device__ __forceinline__ void InclusiveSuffixSumOf(F&& f, uint32_t* out) {
-    const uint32_t v = f(static_cast<int>(threadIdx.x), local_);
-    uint32_t r, total;
-    Scan(storage_.scan).ExclusiveSum(v, r, total);
-    out[threadIdx.x] = total - r;
-    __syncthreads();
   }
 
   __device__ __forceinline__ void ExclusiveSum(const uint32_t* in, uint32_t* out) {

@@ -28,8 +28,7 @@ source "$ROOT/tools/gpu_bundle.sh"
 OUT=${OUT:-/tmp/lbcc_gpu_check}
 CUDA=${CUDA_PATH:-/usr/local/cuda}
 # package:target of every binary the check runs.
-TESTS=(kernels:cuda_runtime_test kernels:device_codec_gpu_test kernels:topk_select_gpu_test
-       kernels:device_subspace_gpu_test
+TESTS=(kernels:cuda_runtime_test kernels:device_codec_gpu_test kernels:device_subspace_gpu_test
        comm:device_sparse_allreduce_test)
 BENCH=kernels:topk_ef_gpu_benchmark
 mode=check

@@ -22,13 +22,11 @@
 #if defined(__CUDACC__)
 #define LBCC_HD __host__ __device__ __forceinline__
 #define LBCC_UNROLL _Pragma("unroll")
-#define LBCC_NO_UNROLL _Pragma("unroll 1")
 // Before a __host__ __device__ template whose Block argument may be device-only.
 #define LBCC_BLOCK_TEMPLATE _Pragma("nv_exec_check_disable")
 #else
 #define LBCC_HD inline
 #define LBCC_UNROLL
-#define LBCC_NO_UNROLL
 #define LBCC_BLOCK_TEMPLATE
 #endif
 
@@ -297,16 +295,6 @@ LBCC_HD void AtomicAddU32(uint32_t* p, uint32_t v) {
   atomicAdd(p, v);
 #else
   *p += v;
-#endif
-}
-// Returns the value before the addition (a slot in a compaction).
-LBCC_HD uint32_t AtomicFetchAddU32(uint32_t* p, uint32_t v) {
-#if defined(__CUDA_ARCH__)
-  return atomicAdd(p, v);
-#else
-  const uint32_t old = *p;
-  *p = old + v;
-  return old;
 #endif
 }
 LBCC_HD void AtomicOrU32(uint32_t* p, uint32_t v) {

@@ -9,19 +9,13 @@
 //   goes to bits6[c] / bits7[c];
 //   a non-finite e' lowers *bad_chunk to c.
 //
-// The selection finds T, the k-th largest |e'| bits (an order-preserving key for floats; bit 31
-// is 0), and how many entries equal to T to take. A first radix pass histograms the key's top 12
-// bits (exponent + 4 mantissa bits: 4096 bins, 16 per thread) and locates the bin holding T. On
-// Gaussian-like data that bin holds a few dozen entries, so instead of more passes its keys
-// are compacted into shared memory (at most kSelectCandidates) and each candidate's rank
-// among them (key descending, then slot) is counted directly: the candidate of rank
-// `remaining` - 1 is T. A bin holding more entries (concentrated or equal values) takes another
-// 12-bit pass, then the last 7 bits, which pin T exactly. Either way T and the count to take
-// are those of a sort of the chunk's keys: the compaction's order (atomic slots) changes which
-// candidate reports T, never T. A block-wide scan then gives every selected entry its slot.
-// Thread t holds the 16 consecutive local positions [16 t, 16 t + 16), so thread order is local
-// order and one scan places the entries in ascending order, ties to the lower position. The
-// result is a pure function of the values: identical to the CPU codec's selection, bit for bit.
+// The selection is a radix select on the |e'| bits (order-preserving for finite floats): four
+// passes (exponent, then 8 + 8 + 7 mantissa bits) find the k-th largest key T and how many
+// entries equal to T are needed; a
+// block-wide scan then gives every selected entry its slot. Thread t holds the 16 consecutive
+// local positions [16 t, 16 t + 16), so thread order is local order and one scan places the
+// entries in ascending order. The result is a pure function of the values: identical to the CPU
+// codec's selection, bit for bit.
 //
 // Thread-safety: pure functions over the caller's buffers.
 #ifndef LBCC_KERNELS_TOPK_SELECT_H_
@@ -68,15 +62,6 @@ LBCC_HD uint32_t SubBlockBits(uint32_t n, uint32_t s, int b, int p) {
 
 inline constexpr int kSelectThreads = 256;
 inline constexpr int kSelectPerThread = 16;  // 256 * 16 = 4096, the largest chunk
-// Radix passes over the key's 31 bits: 12 + 12 + 7.
-inline constexpr int kSelectPasses = 3;
-inline constexpr int kSelectBins = 4096;
-inline constexpr int kSelectBinsPerThread = kSelectBins / kSelectThreads;  // 16
-// The largest bin finished by ranking its entries instead of another pass.
-inline constexpr int kSelectCandidates = kSelectThreads;
-
-LBCC_HD constexpr int SelectShift(int pass) { return pass == 0 ? 19 : pass == 1 ? 7 : 0; }
-LBCC_HD constexpr uint32_t SelectWidth(int pass) { return pass == 2 ? 0x7Fu : 0xFFFu; }
 
 struct SelectArgs {
   Geometry g;
@@ -104,63 +89,24 @@ LBCC_HD bool CanLoadVec4(const Geometry& g, const float* e, const float* delta, 
   return g.w % 4 == 0 && g.cols % 4 == 0 && aligned(e) && aligned(delta) && aligned(next);
 }
 
-// The radix select after `pass` passes: entries whose key matches `prefix` on `mask` (`count`
-// of them) hold T, the `remaining`-th largest among them.
-struct SelectState {
-  uint32_t prefix;
-  uint32_t mask;
-  uint32_t remaining;
-  uint32_t count;
-};
-
 struct SelectShared {
-  alignas(16) uint32_t hist[kSelectBins];  // thread t's bins: [16 t, 16 t + 16)
-  // Keys of T's bin, then 4 zeros (a candidate never counts them: 0 is not above any key and
-  // they sit after every candidate).
-  alignas(16) uint32_t cand[kSelectCandidates + 4];
-  uint32_t part[kSelectThreads];  // per thread: its bins' total
-  // Suffix sums of part; later the exclusive scan of (entries > T) << 16 | (entries == T).
-  uint32_t scan[kSelectThreads];
-  alignas(16) uint32_t part6[64];  // index bits per sub-block of 64 and of 128 positions
-  alignas(16) uint32_t part7[32];
-  SelectState state[kSelectPasses + 1];  // state[p]: after p passes (each written once)
-  uint32_t cand_count;
-  uint32_t thr;   // T
-  uint32_t need;  // entries equal to T to take
+  uint32_t hist[kSelectThreads];
+  uint32_t suffix[kSelectThreads];
+  uint32_t counts[kSelectThreads];  // per thread: (entries > T) << 16 | (entries == T)
+  uint32_t before[kSelectThreads];  // exclusive scan of counts
+  uint32_t sub_counts[64];          // selected entries per sub-block of 64 positions
+  uint32_t part6[64];
+  uint32_t part7[32];
+  uint32_t prefix;       // radix select: the bits of T found so far
+  uint32_t mask;         // ... and which bits those are
+  uint32_t remaining;    // entries still to take among those matching prefix
+  uint32_t next_prefix;
+  uint32_t next_remaining;
 };
 
 struct SelectLocal {
   float v[kSelectPerThread];
 };
-
-// Thread t's 16 bins as 4 groups of 4 words. The device reads them with 128-bit accesses, the
-// groups in an order rotated by t / 2, so the 8 threads of each access phase hit distinct banks.
-LBCC_HD uint32_t SumOwnBins(const uint32_t* hist, int t) {
-  const uint32_t* mine = hist + kSelectBinsPerThread * t;
-  uint32_t s = 0;
-#if defined(__CUDA_ARCH__)
-LBCC_UNROLL
-  for (int q = 0; q < 4; ++q) {
-    const uint4 v = reinterpret_cast<const uint4*>(mine)[(q + (t >> 1)) & 3];
-    s += v.x + v.y + v.z + v.w;
-  }
-#else
-  for (int i = 0; i < kSelectBinsPerThread; ++i) s += mine[i];
-#endif
-  return s;
-}
-
-LBCC_HD void ClearOwnBins(uint32_t* hist, int t) {
-  uint32_t* mine = hist + kSelectBinsPerThread * t;
-#if defined(__CUDA_ARCH__)
-LBCC_UNROLL
-  for (int q = 0; q < 4; ++q) {
-    reinterpret_cast<uint4*>(mine)[(q + (t >> 1)) & 3] = make_uint4(0, 0, 0, 0);
-  }
-#else
-  for (int i = 0; i < kSelectBinsPerThread; ++i) mine[i] = 0;
-#endif
-}
 
 // Runs the chunk `c` on block `b` (kSelectThreads threads).
 LBCC_BLOCK_TEMPLATE
@@ -176,12 +122,11 @@ LBCC_HD void SelectChunk(Block& b, const SelectArgs& a, int64_t c) {
   // EF update and load.
   b.Phase([&](int t, SelectLocal& mine) {
     if (t == 0) {
-      sh.state[0] = SelectState{0, 0, static_cast<uint32_t>(k), static_cast<uint32_t>(n)};
-      sh.cand_count = 0;
-      sh.thr = 0;
-      sh.need = 0;
+      sh.prefix = 0;
+      sh.mask = 0;
+      sh.remaining = static_cast<uint32_t>(k);
     }
-    if (!take_all) ClearOwnBins(sh.hist, t);
+    if (t < 64) sh.sub_counts[t] = 0;
     const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
     bool bad = false;
     // Row and column of the thread's first position (32-bit: both below 4096).
@@ -242,136 +187,61 @@ LBCC_UNROLL
     if (bad) hd::AtomicMinI32(a.bad_chunk, static_cast<int32_t>(c));
   });
 
-  // T, the k-th largest key (see the header comment).
+  // Radix select of T, the k-th largest |e'| bits (bit 31 is 0): the exponent first (bits
+  // 30..23, so the first pass already separates the few large entries), then the mantissa in
+  // 8, 8 and 7 bits.
   if (!take_all) {
-    for (int pass = 0; pass < kSelectPasses; ++pass) {
-      const int shift = SelectShift(pass);
-      const uint32_t width = SelectWidth(pass);
-      const bool last = pass == kSelectPasses - 1;
+    for (int pass = 0; pass < 4; ++pass) {
+      const int shift = pass == 3 ? 0 : 23 - 8 * pass;
+      const uint32_t width = pass == 3 ? 0x7Fu : 0xFFu;
+      b.Phase([&](int t, SelectLocal&) { sh.hist[t] = 0; });
       b.Phase([&](int t, SelectLocal& mine) {
-        const SelectState s = sh.state[pass];
+        const uint32_t mask = sh.mask, prefix = sh.prefix;
         const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
 LBCC_UNROLL
         for (int i = 0; i < kSelectPerThread; ++i) {
           const uint32_t key = hd::AbsBits(mine.v[i]);
-          b.CountDigit(sh.hist, (key >> shift) & width,
-                       first + i < n && (key & s.mask) == s.prefix);
+          b.CountDigit(sh.hist, (key >> shift) & width, first + i < n && (key & mask) == prefix);
         }
       });
-      b.InclusiveSuffixSumOf(
-          [&](int t, SelectLocal&) {
-            const uint32_t total = SumOwnBins(sh.hist, t);
-            sh.part[t] = total;
-            return total;
-          },
-          sh.scan);
+      b.InclusiveSuffixSum(sh.hist, sh.suffix);
       b.Phase([&](int t, SelectLocal&) {
-        // Exactly one thread has scan(t + 1) < remaining <= scan(t); it walks its bins down.
-        const SelectState s = sh.state[pass];
-        const uint32_t incl = sh.scan[t], excl = incl - sh.part[t];
-        if (excl < s.remaining && incl >= s.remaining) {
-          const uint32_t* mine = sh.hist + kSelectBinsPerThread * t;
-          uint32_t above = excl, digit = 0, count = 0, rem = 0;
-          bool found = false;
-          // Four words at a time, from the top (few registers: the values stay live).
-LBCC_NO_UNROLL
-          for (int q = kSelectBinsPerThread / 4 - 1; q >= 0; --q) {
-            uint32_t h[4];
-#if defined(__CUDA_ARCH__)
-            const uint4 v = reinterpret_cast<const uint4*>(mine)[q];
-            h[0] = v.x; h[1] = v.y; h[2] = v.z; h[3] = v.w;
-#else
-            for (int u = 0; u < 4; ++u) h[u] = mine[4 * q + u];
-#endif
-LBCC_UNROLL
-            for (int u = 3; u >= 0; --u) {
-              if (!found && above + h[u] >= s.remaining) {
-                found = true;
-                digit = static_cast<uint32_t>(kSelectBinsPerThread * t + 4 * q + u);
-                count = h[u];
-                rem = s.remaining - above;
-              }
-              above += h[u];
-            }
-          }
-          const SelectState next{s.prefix | (digit << shift), s.mask | (width << shift), rem,
-                                 count};
-          sh.state[pass + 1] = next;
-          if (last) {
-            sh.thr = next.prefix;
-            sh.need = rem;
-          } else if (count <= static_cast<uint32_t>(kSelectCandidates)) {
-            for (int j = 0; j < 4; ++j) sh.cand[count + j] = 0;
-          }
-        }
-        // The next pass (if any) counts into cleared bins; the next chunk finds them cleared.
-        ClearOwnBins(sh.hist, t);
-      });
-      if (last || sh.state[pass + 1].count > static_cast<uint32_t>(kSelectCandidates)) continue;
-
-      // T's bin is small: compact its keys and rank them.
-      b.Phase([&](int t, SelectLocal& mine) {
-        const SelectState s = sh.state[pass + 1];
-        const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
-LBCC_UNROLL
-        for (int i = 0; i < kSelectPerThread; ++i) {
-          const uint32_t key = hd::AbsBits(mine.v[i]);
-          if (first + i < n && (key & s.mask) == s.prefix) {
-            sh.cand[hd::AtomicFetchAddU32(&sh.cand_count, 1)] = key;
-          }
+        // Exactly one digit d has suffix(d + 1) < remaining <= suffix(d).
+        const uint32_t incl = sh.suffix[t], excl = incl - sh.hist[t], rem = sh.remaining;
+        if (excl < rem && incl >= rem) {
+          sh.next_prefix = sh.prefix | (static_cast<uint32_t>(t) << shift);
+          sh.next_remaining = rem - excl;
         }
       });
       b.Phase([&](int t, SelectLocal&) {
-        const SelectState s = sh.state[pass + 1];
-        const uint32_t m = s.count;
-        if (static_cast<uint32_t>(t) < m) {
-          // Rank of candidate t in (key descending, slot ascending) order.
-          const uint32_t key = sh.cand[t];
-          uint32_t gt = 0, eq_before = 0;
-          for (uint32_t j = 0; j < m; j += 4) {
-            uint32_t o[4];
-#if defined(__CUDA_ARCH__)
-            const uint4 q = *reinterpret_cast<const uint4*>(sh.cand + j);
-            o[0] = q.x; o[1] = q.y; o[2] = q.z; o[3] = q.w;
-#else
-            for (int u = 0; u < 4; ++u) o[u] = sh.cand[j + u];
-#endif
-LBCC_UNROLL
-            for (uint32_t u = 0; u < 4; ++u) {
-              gt += o[u] > key ? 1u : 0u;
-              eq_before += (o[u] == key && j + u < static_cast<uint32_t>(t)) ? 1u : 0u;
-            }
-          }
-          if (gt + eq_before + 1 == s.remaining) {
-            sh.thr = key;
-            sh.need = s.remaining - gt;
-          }
+        if (t == 0) {
+          sh.prefix = sh.next_prefix;
+          sh.remaining = sh.next_remaining;
+          sh.mask |= width << shift;
         }
       });
-      break;
     }
   }
 
-  // Slots: entries > T first-come in local order, plus the first `need` entries == T.
-  b.ExclusiveSumOf(
-      [&](int t, SelectLocal& mine) {
-        const uint32_t thr = sh.thr;
-        const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
-        uint32_t gt = 0, eq = 0;
-LBCC_UNROLL
-        for (int i = 0; i < kSelectPerThread; ++i) {
-          if (first + i < n) {
-            const uint32_t key = hd::AbsBits(mine.v[i]);
-            gt += (take_all || key > thr) ? 1u : 0u;
-            eq += (!take_all && key == thr) ? 1u : 0u;
-          }
-        }
-        return (gt << 16) | eq;
-      },
-      sh.scan);
+  // Slots: entries > T first-come in local order, plus the first `remaining` entries == T.
   b.Phase([&](int t, SelectLocal& mine) {
-    const uint32_t thr = sh.thr, need = sh.need;
-    uint32_t gt_before = sh.scan[t] >> 16, eq_before = sh.scan[t] & 0xFFFFu;
+    const uint32_t thr = sh.prefix;
+    const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
+    uint32_t gt = 0, eq = 0;
+LBCC_UNROLL
+    for (int i = 0; i < kSelectPerThread; ++i) {
+      if (first + i < n) {
+        const uint32_t key = hd::AbsBits(mine.v[i]);
+        gt += (take_all || key > thr) ? 1u : 0u;
+        eq += (!take_all && key == thr) ? 1u : 0u;
+      }
+    }
+    sh.counts[t] = (gt << 16) | eq;
+  });
+  b.ExclusiveSum(sh.counts, sh.before);
+  b.Phase([&](int t, SelectLocal& mine) {
+    const uint32_t thr = sh.prefix, need = sh.remaining;
+    uint32_t gt_before = sh.before[t] >> 16, eq_before = sh.before[t] & 0xFFFFu;
     const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
 LBCC_UNROLL
     for (int i = 0; i < kSelectPerThread; ++i) {
@@ -381,37 +251,35 @@ LBCC_UNROLL
         const bool eq = !take_all && key == thr;
         if (gt || (eq && eq_before < need)) {
           const uint32_t slot = gt_before + (eq_before < need ? eq_before : need);
-          a.sel_local[c * k + slot] = static_cast<uint16_t>(first + i);
+          const int64_t l = first + i;
+          a.sel_local[c * k + slot] = static_cast<uint16_t>(l);
           a.sel_value[c * k + slot] = mine.v[i];
+          hd::AtomicAddU32(&sh.sub_counts[l >> 6], 1);
         }
         gt_before += gt ? 1u : 0u;
         eq_before += eq ? 1u : 0u;
       }
     }
+  });
 
-    // The chunk's adaptive index length for sub-blocks of 64 (b = 6) and 128 (b = 7)
-    // positions: a sub-block's count is the difference of the slots taken before its first
-    // and after its last thread (4 and 8 threads of 16 positions).
-    const auto taken_before = [&](int u) -> uint32_t {
-      if (u >= kSelectThreads) return static_cast<uint32_t>(take_all ? n : k);
-      const uint32_t v = sh.scan[u], eqb = v & 0xFFFFu;
-      return (v >> 16) + (eqb < need ? eqb : need);
-    };
+  // The chunk's adaptive index length for sub-blocks of 64 (b = 6) and 128 (b = 7) positions.
+  b.Phase([&](int t, SelectLocal&) {
+    const int64_t num6 = (n + 63) >> 6, num7 = (n + 127) >> 7;
     if (t < 64) {
       uint32_t bits = 0;
-      if (64 * static_cast<int64_t>(t) < n) {
+      if (t < num6) {
         const int64_t s = n - 64 * static_cast<int64_t>(t) < 64 ? n - 64 * t : 64;
-        bits = SubBlockBits(taken_before(4 * t + 4) - taken_before(4 * t),
-                            static_cast<uint32_t>(s), 6, a.rice6);
+        bits = SubBlockBits(sh.sub_counts[t], static_cast<uint32_t>(s), 6, a.rice6);
       }
       sh.part6[t] = bits;
     } else if (t < 96) {
       const int j = t - 64;
       uint32_t bits = 0;
-      if (128 * static_cast<int64_t>(j) < n) {
+      if (j < num7) {
+        const uint32_t count =
+            sh.sub_counts[2 * j] + (2 * j + 1 < num6 ? sh.sub_counts[2 * j + 1] : 0u);
         const int64_t s = n - 128 * static_cast<int64_t>(j) < 128 ? n - 128 * j : 128;
-        bits = SubBlockBits(taken_before(8 * j + 8) - taken_before(8 * j),
-                            static_cast<uint32_t>(s), 7, a.rice7);
+        bits = SubBlockBits(count, static_cast<uint32_t>(s), 7, a.rice7);
       }
       sh.part7[j] = bits;
     }
@@ -419,9 +287,7 @@ LBCC_UNROLL
   b.Phase([&](int t, SelectLocal&) {
     if (t == 0) {
       uint32_t b6 = 0, b7 = 0;
-LBCC_UNROLL
       for (int j = 0; j < 64; ++j) b6 += sh.part6[j];
-LBCC_UNROLL
       for (int j = 0; j < 32; ++j) b7 += sh.part7[j];
       a.bits6[c] = b6;
       a.bits7[c] = b7;
