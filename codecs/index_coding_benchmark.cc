@@ -1,7 +1,7 @@
 // Index-section decoding throughput: the adaptive coding next to the 12-bit packed one of the
 // same indices (its limit), measured in one run.
 //
-//   flock -o /tmp/lbcc-bench.lock bazel run //codecs:index_coding_benchmark -- \
+//   flock -o /tmp/lbcc-bench.lock bazel run //codecs:index_coding_benchmark --
 //       --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //
 // Cases, SparseLoCo's production setting (64x64 chunks, top_k 64 per 4096, so k = 64 per
@@ -9,6 +9,8 @@
 //   BM_DecodeAdaptive/<rows>/<cols>/<source>: DecodeAdaptive of the whole index section.
 //     source 0: uniformly random positions; 1: the positions TopKEfCodec (IndexCoding::kAdaptive)
 //     selects on i.i.d. normal data, with its own b and p, taken from its payload.
+//   BM_DecodeAdaptiveSequential/...: internal::DecodeAdaptiveSequential, chunk after chunk (what
+//     DecodeAdaptive was before its Rice-0 fast path; what it still does for p > 0).
 //   BM_DecodePacked12/<rows>/<cols>/<source>: DecodePacked12 of the same indices.
 // items_per_second = indices decoded. The binary ends with each adaptive rate as a fraction of
 // the packed12 rate of the same indices.
@@ -130,6 +132,21 @@ void BM_DecodeAdaptive(benchmark::State& state) {
   SetCounters(state, s, s.adaptive.size());
 }
 
+// The chunk-by-chunk decoder DecodeAdaptive falls back to (the decoder before its Rice-0
+// fast path).
+void BM_DecodeAdaptiveSequential(benchmark::State& state) {
+  const Section& s = GetSection(state.range(0), state.range(1), state.range(2));
+  std::vector<uint16_t> out(s.local.size());
+  for (auto _ : state) {
+    const absl::Status status =
+        internal::DecodeAdaptiveSequential(s.adaptive, s.layout, s.params, absl::MakeSpan(out));
+    LBCC_CHECK(status.ok()) << status;
+    benchmark::DoNotOptimize(out.data());
+  }
+  LBCC_CHECK(out == s.local);
+  SetCounters(state, s, s.adaptive.size());
+}
+
 void BM_DecodePacked12(benchmark::State& state) {
   const Section& s = GetSection(state.range(0), state.range(1), state.range(2));
   std::vector<uint16_t> out(s.local.size());
@@ -179,6 +196,9 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_DecodeAdaptive", BM_DecodeAdaptive)
         ->Args(args)
         ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("BM_DecodeAdaptiveSequential", BM_DecodeAdaptiveSequential)
+        ->Args(args)
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("BM_DecodePacked12", BM_DecodePacked12)
         ->Args(args)
         ->Unit(benchmark::kMicrosecond);
@@ -192,11 +212,14 @@ int main(int argc, char** argv) {
     const std::string suffix = "/" + std::to_string(args[0]) + "/" + std::to_string(args[1]) +
                                "/" + std::to_string(args[2]);
     const double adaptive = reporter.Get("BM_DecodeAdaptive" + suffix);
+    const double sequential = reporter.Get("BM_DecodeAdaptiveSequential" + suffix);
     const double packed = reporter.Get("BM_DecodePacked12" + suffix);
-    if (adaptive > 0 && packed > 0) {
-      std::printf("  %s %-8s adaptive %.3f  packed12 %.3f  adaptive/packed12 %.2f\n",
-                  suffix.c_str() + 1, args[2] == 0 ? "uniform" : "encoder", adaptive / 1e9,
-                  packed / 1e9, adaptive / packed);
+    if (adaptive > 0 && sequential > 0 && packed > 0) {
+      std::printf(
+          "  %s %-8s adaptive %.3f (sequential %.3f, x%.2f)  packed12 %.3f  "
+          "adaptive/packed12 %.2f\n",
+          suffix.c_str() + 1, args[2] == 0 ? "uniform" : "encoder", adaptive / 1e9,
+          sequential / 1e9, adaptive / sequential, packed / 1e9, adaptive / packed);
     }
   }
   return 0;
