@@ -93,8 +93,9 @@ struct CpuKernels {
   // out[l] as (j << b) + o. On return pos[l] is the lane's end bit, count[l] the entries
   // appended, and ok[l] false when a count exceeds 8 (last_max for the last sub-block; the
   // entries are then meaningless); a count above 8 before the last sub-block in any lane makes
-  // every ok[l] false (it is rare in valid streams). Nothing else is checked: the caller verifies order, totals
-  // and the end against a sequential decode. Reads in[pos[l] / 8 ..] only below bit
+  // every ok[l] false (it is rare in valid streams). Nothing else is checked: the caller
+  // verifies order, totals and the end against a sequential decode. Reads in[pos[l] / 8 ..]
+  // only below bit
   // pos[l] + AdaptiveLaneReadBits(num_sub); out[l] holds kAdaptiveLaneCapacity entries (slots
   // past count[l] are scratch).
   void (*adaptive_p0_lanes)(const uint8_t* in, int b, int64_t num_sub, int last_max,

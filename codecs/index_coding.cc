@@ -206,9 +206,8 @@ enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kT
 // stays in registers. Same reader logic as BitReader (bitstream.h).
 // kB is the sub-block log2 b; kP0 says p is 0 (the usual Rice parameter at top_k 64), so the
 // count is the unary quotient: constants shorten the loop's serial chain (window -> count ->
-// bits used -> window), which bounds its speed.
-// Decodes chunks [first, last) from bit *bit on (*bit <= 8 * bytes.size()) and leaves the end
-// in *bit.
+// bits used -> window), which bounds its speed. Decodes chunks [first, last) from bit *bit on
+// (*bit <= 8 * bytes.size()) and leaves their end in *bit.
 template <int kB, bool kP0>
 AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
                                  int p_in, int64_t first, int64_t last, uint64_t* bit,
@@ -378,8 +377,10 @@ AdaptiveError DecodeAdaptiveRice0(const CpuKernels& kern, absl::Span<const uint8
   const int64_t k = layout.k, num_chunks = layout.num_chunks;
   const uint64_t total_bits = static_cast<uint64_t>(bytes.size()) * 8;
   const bool lanes_apply = k >= 1 && num_sub <= kMaxSubBlocks && k <= 8 * num_sub;
-  const int last_max = static_cast<int>(
-      std::min<int64_t>(8, (layout.chunk_len - ((num_sub - 1) << kB)) / kB));
+  const int last_max =
+      num_sub < 1 ? 0
+                  : static_cast<int>(std::min<int64_t>(
+                        8, (layout.chunk_len - ((num_sub - 1) << kB)) / kB));
   const uint64_t chunk_bits = static_cast<uint64_t>(num_sub + k * (kB + 1));
   const uint64_t span_bits = (kAdaptiveLanes - 1) * chunk_bits + AdaptiveLaneReadBits(num_sub);
   alignas(16) uint16_t lane_out[kAdaptiveLanes][kAdaptiveLaneCapacity];
@@ -406,7 +407,9 @@ AdaptiveError DecodeAdaptiveRice0(const CpuKernels& kern, absl::Span<const uint8
       const uint32_t limit = static_cast<uint32_t>(layout.chunk_len);
       if (good > 0 && !kern.runs_ascending(out + c * k, good, k, limit)) {
         int ascending = 0;
-        while (kern.runs_ascending(out + (c + ascending) * k, 1, k, limit)) ++ascending;
+        while (ascending < good && kern.runs_ascending(out + (c + ascending) * k, 1, k, limit)) {
+          ++ascending;
+        }
         good = ascending;
       }
       c += good;

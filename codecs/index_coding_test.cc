@@ -7,12 +7,12 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/cpu.h"
 #include "base/status_matchers.h"
 #include "codecs/bitstream.h"
 #include "codecs/cpu_kernels.h"
 #include "gmock/gmock.h"
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace lbcc::codecs {
