@@ -154,6 +154,72 @@ bool RunsAscendingScalar(const uint16_t* x, int64_t num_runs, int64_t k, uint32_
   return !bad;
 }
 
+inline uint64_t Load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;  // little-endian, as the bit streams
+}
+
+// Lanes interleaved sub-block by sub-block (four independent bit chains in flight); each step
+// is free of data-dependent branches.
+struct AdaptiveLane {
+  uint64_t pos;
+  uint16_t* out;
+};
+
+template <int kB>
+inline __attribute__((always_inline)) uint64_t AdaptiveStep(const uint8_t* in, uint32_t base,
+                                                            AdaptiveLane& lane) {
+  constexpr uint64_t kMask = (uint64_t{1} << kB) - 1;
+  const uint64_t w = Load64(in + (lane.pos >> 3)) >> (lane.pos & 7);  // >= 57 valid bits
+  // The count, capped at 9 (unsigned: no sign extension on the chain).
+  const uint64_t q = static_cast<unsigned>(__builtin_ctzll(~w | (uint64_t{1} << 9)));
+  const uint64_t head = lane.pos + q + 1;
+  // b = 6: a count <= 8 leaves its 8 x 6 offset bits inside the window.
+  const uint64_t offs = kB == 6 ? w >> (q + 1) : Load64(in + (head >> 3)) >> (head & 7);
+  for (int i = 0; i < 8; ++i) {
+    lane.out[i] = static_cast<uint16_t>(base + ((offs >> (i * kB)) & kMask));
+  }
+  lane.out += q;
+  lane.pos += 1 + q * (kB + 1);
+  return q;
+}
+
+template <int kB>
+void AdaptiveP0LanesScalarT(const uint8_t* in, int64_t num_sub, int last_max, uint64_t* pos,
+                            uint16_t* const* out, int64_t* count, bool* ok) {
+  static_assert(kAdaptiveLanes == 4, "four lanes below");
+  AdaptiveLane a{pos[0], out[0]}, b{pos[1], out[1]}, c{pos[2], out[2]}, d{pos[3], out[3]};
+  // Every sub-block but the last: one flag for all lanes, bit 4 of q + 7 (set iff q > 8).
+  uint64_t capped = 0;
+  uint32_t base = 0;
+  for (int64_t j = 0; j + 1 < num_sub; ++j) {
+    capped |= AdaptiveStep<kB>(in, base, a) + 7;
+    capped |= AdaptiveStep<kB>(in, base, b) + 7;
+    capped |= AdaptiveStep<kB>(in, base, c) + 7;
+    capped |= AdaptiveStep<kB>(in, base, d) + 7;
+    base += 1u << kB;
+  }
+  const bool all_ok = (capped & 16) == 0;
+  int l = 0;
+  for (AdaptiveLane* lane : {&a, &b, &c, &d}) {
+    const uint64_t q = AdaptiveStep<kB>(in, base, *lane);
+    pos[l] = lane->pos;
+    count[l] = lane->out - out[l];
+    ok[l] = all_ok && q <= static_cast<uint64_t>(last_max);
+    ++l;
+  }
+}
+
+void AdaptiveP0LanesScalar(const uint8_t* in, int b, int64_t num_sub, int last_max,
+                           uint64_t* pos, uint16_t* const* out, int64_t* count, bool* ok) {
+  if (b == 6) {
+    AdaptiveP0LanesScalarT<6>(in, num_sub, last_max, pos, out, count, ok);
+  } else {
+    AdaptiveP0LanesScalarT<7>(in, num_sub, last_max, pos, out, count, ok);
+  }
+}
+
 void Dequant8BlockScalar(const int8_t* codes, int64_t n, float scale, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     out[i] = static_cast<float>(std::max<int>(codes[i], -127)) * scale;
@@ -171,6 +237,7 @@ const CpuKernels kScalarKernels = {
     CountGeScalar,       KthLargestScalar,       BinMeanCodesScalar,  FinalizeBlockScalar,
     StoreFenceScalar,    Absmax8BlockScalar,
     Dequant8BlockScalar, Dequant8BlockAddScalar, Unpack12Scalar,     RunsAscendingScalar,
+    AdaptiveP0LanesScalar,
 };
 
 }  // namespace

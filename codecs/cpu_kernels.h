@@ -85,7 +85,31 @@ struct CpuKernels {
   // True when x[0 .. num_runs * k) is num_runs runs of k strictly ascending values, each
   // < limit (k >= 1).
   bool (*runs_ascending)(const uint16_t* x, int64_t num_runs, int64_t k, uint32_t limit);
+
+  // The adaptive index coding's common case (index_coding.h: Rice parameter 0, every sub-block
+  // lists its offsets), kAdaptiveLanes chunks at once so that their serial bit chains overlap.
+  // Lane l reads one chunk of `num_sub` >= 1 sub-blocks of 2^b positions (b = 6 or 7) from bit
+  // pos[l] of `in`: per sub-block j, a unary count n, then n b-bit offsets o, each appended to
+  // out[l] as (j << b) + o. On return pos[l] is the lane's end bit, count[l] the entries
+  // appended, and ok[l] false when a count exceeds 8 (last_max for the last sub-block; the
+  // entries are then meaningless); a count above 8 before the last sub-block in any lane makes
+  // every ok[l] false (it is rare in valid streams). Nothing else is checked: the caller
+  // verifies order, totals and the end against a sequential decode. Reads in[pos[l] / 8 ..]
+  // only below bit
+  // pos[l] + AdaptiveLaneReadBits(num_sub); out[l] holds kAdaptiveLaneCapacity entries (slots
+  // past count[l] are scratch).
+  void (*adaptive_p0_lanes)(const uint8_t* in, int b, int64_t num_sub, int last_max,
+                            uint64_t* pos, uint16_t* const* out, int64_t* count, bool* ok);
 };
+
+inline constexpr int kAdaptiveLanes = 4;
+// A lane stores 8 slots per sub-block and advances by at most 9 (a count > 8 is capped at 9):
+// 64 sub-blocks x 9 + 8 entries, rounded up.
+inline constexpr int64_t kAdaptiveLaneCapacity = 640;
+// A sub-block advances at most 1 + 9 * 8 bits; its loads reach 74 bits past its start.
+inline constexpr uint64_t AdaptiveLaneReadBits(int64_t num_sub) {
+  return static_cast<uint64_t>(num_sub) * 73 + 64;
+}
 
 const CpuKernels& KernelsFor(SimdLevel level);
 // KernelsFor(ActiveSimdLevel()).

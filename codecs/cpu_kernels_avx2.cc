@@ -482,6 +482,85 @@ LBCC_AVX2 bool RunsAscendingAvx2(const uint16_t* x, int64_t num_runs, int64_t k,
   return bad == 0 && max_value < limit;
 }
 
+inline uint64_t Load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// As the scalar version, but a sub-block's 8 offset slots leave in one 16-byte store: a byte
+// shuffle puts the two bytes holding offset i into 16-bit lane i, a multiply by
+// 2^(16 - b - shift_i) lifts the offset to the lane's top and a shift right by 16 - b brings it
+// down alone (offset i starts at bit i * b: byte (i * b) / 8, shift (i * b) % 8).
+struct AdaptiveLaneAvx2 {
+  uint64_t pos;
+  uint16_t* out;
+};
+
+template <int kB>
+LBCC_AVX2 inline __attribute__((always_inline)) uint64_t AdaptiveStepAvx2(
+    const uint8_t* in, __m128i vshuffle, __m128i vmul, __m128i vbase,
+    AdaptiveLaneAvx2& lane) {
+  const uint64_t w = Load64(in + (lane.pos >> 3)) >> (lane.pos & 7);  // >= 57 valid bits
+  // The count, capped at 9 (unsigned: no sign extension on the chain).
+  const uint64_t q = static_cast<unsigned>(__builtin_ctzll(~w | (uint64_t{1} << 9)));
+  const uint64_t head = lane.pos + q + 1;
+  const uint64_t offs = kB == 6 ? w >> (q + 1) : Load64(in + (head >> 3)) >> (head & 7);
+  __m128i v = _mm_shuffle_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(offs)), vshuffle);
+  v = _mm_srli_epi16(_mm_mullo_epi16(v, vmul), 16 - kB);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(lane.out), _mm_add_epi16(v, vbase));
+  lane.out += q;
+  lane.pos += 1 + q * (kB + 1);
+  return q;
+}
+
+template <int kB>
+LBCC_AVX2 void AdaptiveP0LanesAvx2T(const uint8_t* in, int64_t num_sub, int last_max,
+                                    uint64_t* pos, uint16_t* const* out, int64_t* count,
+                                    bool* ok) {
+  static_assert(kAdaptiveLanes == 4, "four lanes below");
+  alignas(16) int8_t shuffle[16];
+  alignas(16) int16_t multiplier[8];
+  for (int i = 0; i < 8; ++i) {
+    shuffle[2 * i] = static_cast<int8_t>((i * kB) / 8);
+    shuffle[2 * i + 1] = static_cast<int8_t>((i * kB) / 8 + 1);
+    multiplier[i] = static_cast<int16_t>(1 << (16 - kB - (i * kB) % 8));
+  }
+  const __m128i vshuffle = _mm_load_si128(reinterpret_cast<const __m128i*>(shuffle));
+  const __m128i vmul = _mm_load_si128(reinterpret_cast<const __m128i*>(multiplier));
+  const __m128i vstep = _mm_set1_epi16(static_cast<int16_t>(1 << kB));
+  __m128i vbase = _mm_setzero_si128();
+  AdaptiveLaneAvx2 a{pos[0], out[0]}, b{pos[1], out[1]}, c{pos[2], out[2]}, d{pos[3], out[3]};
+  // Every sub-block but the last: one flag for all lanes, bit 4 of q + 7 (set iff q > 8).
+  uint64_t capped = 0;
+  for (int64_t j = 0; j + 1 < num_sub; ++j) {
+    capped |= AdaptiveStepAvx2<kB>(in, vshuffle, vmul, vbase, a) + 7;
+    capped |= AdaptiveStepAvx2<kB>(in, vshuffle, vmul, vbase, b) + 7;
+    capped |= AdaptiveStepAvx2<kB>(in, vshuffle, vmul, vbase, c) + 7;
+    capped |= AdaptiveStepAvx2<kB>(in, vshuffle, vmul, vbase, d) + 7;
+    vbase = _mm_add_epi16(vbase, vstep);
+  }
+  const bool all_ok = (capped & 16) == 0;
+  int l = 0;
+  for (AdaptiveLaneAvx2* lane : {&a, &b, &c, &d}) {
+    const uint64_t q = AdaptiveStepAvx2<kB>(in, vshuffle, vmul, vbase, *lane);
+    pos[l] = lane->pos;
+    count[l] = lane->out - out[l];
+    ok[l] = all_ok && q <= static_cast<uint64_t>(last_max);
+    ++l;
+  }
+}
+
+LBCC_AVX2 void AdaptiveP0LanesAvx2(const uint8_t* in, int b, int64_t num_sub, int last_max,
+                                   uint64_t* pos, uint16_t* const* out, int64_t* count,
+                                   bool* ok) {
+  if (b == 6) {
+    AdaptiveP0LanesAvx2T<6>(in, num_sub, last_max, pos, out, count, ok);
+  } else {
+    AdaptiveP0LanesAvx2T<7>(in, num_sub, last_max, pos, out, count, ok);
+  }
+}
+
 template <bool kAdd>
 LBCC_AVX2 inline void Dequant8Avx2(const int8_t* codes, int64_t n, float scale, float* out) {
   const __m256 vs = _mm256_set1_ps(scale);
@@ -518,7 +597,7 @@ const CpuKernels kAvx2Kernels = {
     SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,      FilterGeAvx2,      CountGeAvx2,
     KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, StoreFenceAvx2,   Absmax8BlockAvx2,
     Dequant8BlockAvx2,
-    Dequant8BlockAddAvx2, Unpack12Avx2, RunsAscendingAvx2,
+    Dequant8BlockAddAvx2, Unpack12Avx2, RunsAscendingAvx2, AdaptiveP0LanesAvx2,
 };
 
 }  // namespace

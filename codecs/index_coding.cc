@@ -206,16 +206,22 @@ enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kT
 // stays in registers. Same reader logic as BitReader (bitstream.h).
 // kB is the sub-block log2 b; kP0 says p is 0 (the usual Rice parameter at top_k 64), so the
 // count is the unary quotient: constants shorten the loop's serial chain (window -> count ->
-// bits used -> window), which bounds its speed.
+// bits used -> window), which bounds its speed. Decodes chunks [first, last) from bit *bit on
+// (*bit <= 8 * bytes.size()) and leaves their end in *bit.
 template <int kB, bool kP0>
 AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
-                                 int p_in, uint16_t* out, int64_t* where) {
+                                 int p_in, int64_t first, int64_t last, uint64_t* bit,
+                                 uint16_t* out, int64_t* where) {
   constexpr int b = kB;
   const int p = kP0 ? 0 : p_in;
-  const uint8_t* ptr = bytes.data();
+  const uint8_t* ptr = bytes.data() + (*bit >> 3);
   const uint8_t* const end = bytes.data() + bytes.size();
   uint64_t acc = 0;
   int fill = 0;
+  if ((*bit & 7) != 0) {
+    acc = *ptr++ >> (*bit & 7);
+    fill = 8 - static_cast<int>(*bit & 7);
+  }
   auto refill = [&] {
     if (end - ptr >= 8) {
       uint64_t word;
@@ -239,7 +245,7 @@ AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLay
   const int64_t size = int64_t{1} << b;
   const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
   const int64_t k = layout.k;
-  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+  for (int64_t c = first; c < last; ++c) {
     *where = c;
     uint16_t* o = out + c * k;
     int64_t written = 0;
@@ -349,29 +355,103 @@ AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLay
     }
     if (written != k) return AdaptiveError::kTotal;
   }
-  // Clean end: every byte consumed, only zero padding bits left.
-  const uint64_t rest = fill >= 64 ? acc : acc & ((uint64_t{1} << fill) - 1);
-  if (ptr != end || fill >= 8 || rest != 0) return AdaptiveError::kEnd;
+  *bit = static_cast<uint64_t>(ptr - bytes.data()) * 8 - static_cast<uint64_t>(fill);
   return AdaptiveError::kNone;
 }
 
-}  // namespace
-
-absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
-                            const AdaptiveParams& params, absl::Span<uint16_t> out) {
-  const int b = params.sub_block_log2, p = params.rice;
-  if (b != 6 && b != 7) return Corrupt(absl::StrCat("sub-block log2 ", b, " (expected 6 or 7)"));
-  if (p < 0 || p > b) return Corrupt(absl::StrCat("Rice parameter ", p, " outside [0, ", b, "]"));
-  LBCC_CHECK_GE(out.size(), static_cast<size_t>(layout.count()));
-  int64_t chunk = 0;
-  AdaptiveError error;
-  if (b == 6) {
-    error = p == 0 ? DecodeAdaptiveLoop<6, true>(bytes, layout, p, out.data(), &chunk)
-                   : DecodeAdaptiveLoop<6, false>(bytes, layout, p, out.data(), &chunk);
-  } else {
-    error = p == 0 ? DecodeAdaptiveLoop<7, true>(bytes, layout, p, out.data(), &chunk)
-                   : DecodeAdaptiveLoop<7, false>(bytes, layout, p, out.data(), &chunk);
+// Rice parameter 0 (the encoder's choice at top_k 64 per 4096): when every sub-block lists
+// its offsets, a chunk takes exactly num_sub + k * (b + 1) bits, so chunk c + 1 starts that
+// far after chunk c. The kernel decodes kAdaptiveLanes chunks from those predicted starts at
+// once; lane l is taken only when lanes < l were, it ended at the predicted start of l + 1
+// with k entries and no capped count, and its entries pass the run check (ascending, inside
+// the chunk): together that is exactly when the sequential decoder accepts the chunk, with
+// the same entries (sub-block bases step by 2^b, so ascending within sub-blocks and across
+// them is ascending overall). Any other lane is decoded again by DecodeAdaptiveLoop from its
+// now known start, which also names the error. Streams that keep failing (bitmaps, counts
+// above 8) back off to the sequential decoder for growing runs of chunks.
+template <int kB>
+AdaptiveError DecodeAdaptiveRice0(const CpuKernels& kern, absl::Span<const uint8_t> bytes,
+                                  const IndexLayout& layout, uint64_t* bit, uint16_t* out,
+                                  int64_t* where) {
+  const int64_t num_sub = NumSubBlocks(layout.chunk_len, kB);
+  const int64_t k = layout.k, num_chunks = layout.num_chunks;
+  const uint64_t total_bits = static_cast<uint64_t>(bytes.size()) * 8;
+  const bool lanes_apply = k >= 1 && num_sub <= kMaxSubBlocks && k <= 8 * num_sub;
+  const int last_max =
+      num_sub < 1 ? 0
+                  : static_cast<int>(std::min<int64_t>(
+                        8, (layout.chunk_len - ((num_sub - 1) << kB)) / kB));
+  const uint64_t chunk_bits = static_cast<uint64_t>(num_sub + k * (kB + 1));
+  const uint64_t span_bits = (kAdaptiveLanes - 1) * chunk_bits + AdaptiveLaneReadBits(num_sub);
+  alignas(16) uint16_t lane_out[kAdaptiveLanes][kAdaptiveLaneCapacity];
+  uint16_t* const lane_ptr[kAdaptiveLanes] = {lane_out[0], lane_out[1], lane_out[2],
+                                              lane_out[3]};
+  static_assert(kAdaptiveLanes == 4, "lane_ptr lists four lanes");
+  uint64_t pos = *bit;
+  int64_t c = 0, sequential = 0, backoff = 1;
+  while (c < num_chunks) {
+    if (lanes_apply && sequential == 0 && num_chunks - c >= kAdaptiveLanes &&
+        span_bits <= total_bits - pos) {
+      uint64_t lane_pos[kAdaptiveLanes];
+      int64_t count[kAdaptiveLanes];
+      bool ok[kAdaptiveLanes];
+      for (int l = 0; l < kAdaptiveLanes; ++l) lane_pos[l] = pos + l * chunk_bits;
+      kern.adaptive_p0_lanes(bytes.data(), kB, num_sub, /*last_max=*/last_max, lane_pos,
+                             lane_ptr, count, ok);
+      int good = 0;
+      while (good < kAdaptiveLanes && ok[good] && count[good] == k &&
+             lane_pos[good] == pos + (good + 1) * chunk_bits) {
+        std::memcpy(out + (c + good) * k, lane_out[good], static_cast<size_t>(k) * 2);
+        ++good;
+      }
+      const uint32_t limit = static_cast<uint32_t>(layout.chunk_len);
+      if (good > 0 && !kern.runs_ascending(out + c * k, good, k, limit)) {
+        int ascending = 0;
+        while (ascending < good && kern.runs_ascending(out + (c + ascending) * k, 1, k, limit)) {
+          ++ascending;
+        }
+        good = ascending;
+      }
+      c += good;
+      pos += good * chunk_bits;
+      if (good == kAdaptiveLanes) {
+        backoff = 1;
+        continue;
+      }
+      sequential = backoff;
+      backoff = std::min<int64_t>(2 * backoff, 64);
+    }
+    const AdaptiveError error =
+        DecodeAdaptiveLoop<kB, true>(bytes, layout, 0, c, c + 1, &pos, out, where);
+    if (error != AdaptiveError::kNone) return error;
+    ++c;
+    if (sequential > 0) --sequential;
   }
+  *bit = pos;
+  return AdaptiveError::kNone;
+}
+
+// Every chunk by DecodeAdaptiveLoop.
+AdaptiveError DecodeAdaptiveSequentialChunks(absl::Span<const uint8_t> bytes,
+                                             const IndexLayout& layout, int b, int p,
+                                             uint64_t* bit, uint16_t* out, int64_t* where) {
+  const int64_t n = layout.num_chunks;
+  if (b == 6) {
+    return p == 0 ? DecodeAdaptiveLoop<6, true>(bytes, layout, p, 0, n, bit, out, where)
+                  : DecodeAdaptiveLoop<6, false>(bytes, layout, p, 0, n, bit, out, where);
+  }
+  return p == 0 ? DecodeAdaptiveLoop<7, true>(bytes, layout, p, 0, n, bit, out, where)
+                : DecodeAdaptiveLoop<7, false>(bytes, layout, p, 0, n, bit, out, where);
+}
+
+// Clean end at bit `end`: every byte consumed, only zero padding bits left.
+bool AtCleanEnd(absl::Span<const uint8_t> bytes, uint64_t end) {
+  const uint64_t rest = static_cast<uint64_t>(bytes.size()) * 8 - end;
+  if (rest >= 8) return false;
+  return rest == 0 || (bytes[bytes.size() - 1] >> (8 - rest)) == 0;
+}
+
+absl::Status AdaptiveStatus(AdaptiveError error, int64_t chunk, const IndexLayout& layout) {
   switch (error) {
     case AdaptiveError::kNone:
       return absl::OkStatus();
@@ -393,5 +473,50 @@ absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& 
   }
   return Corrupt("unreachable");
 }
+
+absl::Status CheckAdaptiveParams(const AdaptiveParams& params) {
+  const int b = params.sub_block_log2, p = params.rice;
+  if (b != 6 && b != 7) return Corrupt(absl::StrCat("sub-block log2 ", b, " (expected 6 or 7)"));
+  if (p < 0 || p > b) return Corrupt(absl::StrCat("Rice parameter ", p, " outside [0, ", b, "]"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                            const AdaptiveParams& params, absl::Span<uint16_t> out) {
+  if (absl::Status status = CheckAdaptiveParams(params); !status.ok()) return status;
+  LBCC_CHECK_GE(out.size(), static_cast<size_t>(layout.count()));
+  const int b = params.sub_block_log2, p = params.rice;
+  const CpuKernels& kern = ActiveKernels();
+  int64_t chunk = 0;
+  uint64_t bit = 0;
+  AdaptiveError error;
+  if (p != 0) {
+    error = DecodeAdaptiveSequentialChunks(bytes, layout, b, p, &bit, out.data(), &chunk);
+  } else if (b == 6) {
+    error = DecodeAdaptiveRice0<6>(kern, bytes, layout, &bit, out.data(), &chunk);
+  } else {
+    error = DecodeAdaptiveRice0<7>(kern, bytes, layout, &bit, out.data(), &chunk);
+  }
+  if (error == AdaptiveError::kNone && !AtCleanEnd(bytes, bit)) error = AdaptiveError::kEnd;
+  return AdaptiveStatus(error, chunk, layout);
+}
+
+namespace internal {
+
+absl::Status DecodeAdaptiveSequential(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                                      const AdaptiveParams& params, absl::Span<uint16_t> out) {
+  if (absl::Status status = CheckAdaptiveParams(params); !status.ok()) return status;
+  LBCC_CHECK_GE(out.size(), static_cast<size_t>(layout.count()));
+  int64_t chunk = 0;
+  uint64_t bit = 0;
+  AdaptiveError error = DecodeAdaptiveSequentialChunks(bytes, layout, params.sub_block_log2,
+                                                       params.rice, &bit, out.data(), &chunk);
+  if (error == AdaptiveError::kNone && !AtCleanEnd(bytes, bit)) error = AdaptiveError::kEnd;
+  return AdaptiveStatus(error, chunk, layout);
+}
+
+}  // namespace internal
 
 }  // namespace lbcc::codecs

@@ -85,6 +85,14 @@ absl::Status DecodePacked12(absl::Span<const uint8_t> bytes, const IndexLayout& 
 absl::Status DecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
                             const AdaptiveParams& params, absl::Span<uint16_t> out);
 
+namespace internal {
+// DecodeAdaptive without the multi-chunk fast path of Rice parameter 0: one chunk after the
+// other, as DecodeAdaptive does for p > 0 and for the chunks its fast path turns down. Same
+// results and errors as DecodeAdaptive; for tests and benchmarks.
+absl::Status DecodeAdaptiveSequential(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                                      const AdaptiveParams& params, absl::Span<uint16_t> out);
+}  // namespace internal
+
 }  // namespace lbcc::codecs
 
 #endif  // LBCC_CODECS_INDEX_CODING_H_

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/cpu.h"
 #include "base/status_matchers.h"
 #include "codecs/bitstream.h"
@@ -256,6 +258,384 @@ TEST(AdaptiveTest, FlippedBitsNeverYieldAnInvalidList) {
           }
         }
       }
+    }
+  }
+}
+
+// --- The adaptive decoder before its Rice-0 fast path, verbatim (commit b27f3e7): the
+// reference the current decoder must match, result for result and Status for Status.
+namespace reference {
+
+absl::Status Corrupt(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("corrupt topk_ef payload: index section: ", what));
+}
+
+int64_t NumSubBlocks(int64_t chunk_len, int b) { return (chunk_len + (int64_t{1} << b) - 1) >> b; }
+
+enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kTruncated, kEnd };
+
+// The adaptive decoder's inner loop, kept free of error formatting so the bit reader's state
+// stays in registers. Same reader logic as BitReader (bitstream.h).
+// kB is the sub-block log2 b; kP0 says p is 0 (the usual Rice parameter at top_k 64), so the
+// count is the unary quotient: constants shorten the loop's serial chain (window -> count ->
+// bits used -> window), which bounds its speed.
+template <int kB, bool kP0>
+AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                                 int p_in, uint16_t* out, int64_t* where) {
+  constexpr int b = kB;
+  const int p = kP0 ? 0 : p_in;
+  const uint8_t* ptr = bytes.data();
+  const uint8_t* const end = bytes.data() + bytes.size();
+  uint64_t acc = 0;
+  int fill = 0;
+  auto refill = [&] {
+    if (end - ptr >= 8) {
+      uint64_t word;
+      std::memcpy(&word, ptr, 8);
+      acc |= word << fill;
+      ptr += (63 - fill) >> 3;
+      fill |= 56;
+    } else {
+      while (fill <= 56 && ptr < end) {
+        acc |= static_cast<uint64_t>(*ptr++) << fill;
+        fill += 8;
+      }
+    }
+  };
+  auto take = [&](int bits) {  // requires fill >= bits
+    const uint32_t v = static_cast<uint32_t>(acc & ((uint64_t{1} << bits) - 1));
+    acc >>= bits;
+    fill -= bits;
+    return v;
+  };
+  const int64_t size = int64_t{1} << b;
+  const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
+  const int64_t k = layout.k;
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    *where = c;
+    uint16_t* o = out + c * k;
+    int64_t written = 0;
+    for (int64_t j = 0; j < num_sub; ++j) {
+      const int64_t s = j + 1 < num_sub ? size : layout.chunk_len - (j << b);
+      const uint32_t base = static_cast<uint32_t>(j << b);
+      // Fast path for the common sub-block (at top_k 64 the counts are ~Poisson(1) or
+      // Poisson(2)): top the window up when it runs low (8 bytes must be left) and, when the
+      // count's quotient is <= 4, the count <= 4 and its offsets are listed, decode it with no
+      // data-dependent branch: all four offset slots are written (written + 4 <= k keeps them
+      // inside the chunk) and checked as far as the count says. Everything else takes the
+      // general code below, which gives the same result or error.
+      constexpr int kSlots = 2;
+      constexpr int kMaxUsed = kSlots + 1 + 7 + kSlots * kB;
+      if ((fill >= kMaxUsed || end - ptr >= 8) && written + kSlots <= k) {
+        if (fill < kMaxUsed) {
+          uint64_t word;
+          std::memcpy(&word, ptr, 8);
+          acc |= word << fill;
+          ptr += (63 - fill) >> 3;
+          fill |= 56;
+        }
+        const int q2 = __builtin_ctzll(~acc | (uint64_t{1} << 63));  // < 64: the window's ones
+        if (q2 <= kSlots && q2 <= (s >> p)) {
+          const int head = q2 + 1 + p;
+          const int64_t n2 =
+              kP0 ? q2
+                  : (static_cast<int64_t>(q2) << p) |
+                        static_cast<int64_t>((acc >> (q2 + 1)) & ((uint64_t{1} << p) - 1));
+          if (n2 <= kSlots && n2 * b <= s) {
+            const uint64_t bits = acc >> head;
+            constexpr uint64_t kMask = (uint64_t{1} << kB) - 1;
+            bool bad = false;
+            int64_t prev = -1;
+            for (int i = 0; i < kSlots; ++i) {
+              const int64_t off = static_cast<int64_t>((bits >> (i * kB)) & kMask);
+              o[written + i] = static_cast<uint16_t>(base + off);
+              bad |= (i < n2) & ((off <= prev) | (off >= s));
+              prev = off;
+            }
+            if (bad) return AdaptiveError::kOffset;
+            const int used = head + static_cast<int>(n2) * b;  // <= kMaxUsed <= fill
+            acc >>= used;
+            fill -= used;
+            written += n2;
+            continue;
+          }
+        }
+      }
+      // Count: unary quotient, then p low bits.
+      int64_t q = 0;
+      for (;;) {
+        if (fill == 0) {
+          refill();
+          if (fill == 0) return AdaptiveError::kTruncated;
+        }
+        const uint64_t zeros = ~acc;
+        int ones = zeros == 0 ? 64 : __builtin_ctzll(zeros);
+        if (ones > fill) ones = fill;
+        q += ones;
+        if (q > (s >> p)) return AdaptiveError::kCount;
+        if (ones < fill) {
+          acc >>= ones + 1;
+          fill -= ones + 1;
+          break;
+        }
+        acc = 0;
+        fill = 0;
+      }
+      if (fill < p) {
+        refill();
+        if (fill < p) return AdaptiveError::kTruncated;
+      }
+      const int64_t n = (q << p) | (p > 0 ? take(p) : 0);
+      if (n > s) return AdaptiveError::kCount;
+      if (written + n > k) return AdaptiveError::kTooMany;
+      if (s < n * b) {
+        int64_t seen = 0;
+        for (int64_t bit = 0; bit < s; bit += 32) {
+          const int width = static_cast<int>(std::min<int64_t>(32, s - bit));
+          if (fill < width) {
+            refill();
+            if (fill < width) return AdaptiveError::kTruncated;
+          }
+          uint32_t word = take(width);
+          seen += __builtin_popcount(word);
+          if (seen > n) return AdaptiveError::kBitmap;
+          while (word != 0) {
+            o[written++] = static_cast<uint16_t>(base + bit + __builtin_ctz(word));
+            word &= word - 1;
+          }
+        }
+        if (seen != n) return AdaptiveError::kBitmap;
+      } else {
+        int64_t prev = -1;
+        for (int64_t i = 0; i < n; ++i) {
+          if (fill < b) {
+            refill();
+            if (fill < b) return AdaptiveError::kTruncated;
+          }
+          const int64_t off = take(b);
+          if (off <= prev || off >= s) return AdaptiveError::kOffset;
+          prev = off;
+          o[written++] = static_cast<uint16_t>(base + off);
+        }
+      }
+    }
+    if (written != k) return AdaptiveError::kTotal;
+  }
+  // Clean end: every byte consumed, only zero padding bits left.
+  const uint64_t rest = fill >= 64 ? acc : acc & ((uint64_t{1} << fill) - 1);
+  if (ptr != end || fill >= 8 || rest != 0) return AdaptiveError::kEnd;
+  return AdaptiveError::kNone;
+}
+
+absl::Status ReferenceDecodeAdaptive(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                            const AdaptiveParams& params, absl::Span<uint16_t> out) {
+  const int b = params.sub_block_log2, p = params.rice;
+  if (b != 6 && b != 7) return Corrupt(absl::StrCat("sub-block log2 ", b, " (expected 6 or 7)"));
+  if (p < 0 || p > b) return Corrupt(absl::StrCat("Rice parameter ", p, " outside [0, ", b, "]"));
+  LBCC_CHECK_GE(out.size(), static_cast<size_t>(layout.count()));
+  int64_t chunk = 0;
+  AdaptiveError error;
+  if (b == 6) {
+    error = p == 0 ? DecodeAdaptiveLoop<6, true>(bytes, layout, p, out.data(), &chunk)
+                   : DecodeAdaptiveLoop<6, false>(bytes, layout, p, out.data(), &chunk);
+  } else {
+    error = p == 0 ? DecodeAdaptiveLoop<7, true>(bytes, layout, p, out.data(), &chunk)
+                   : DecodeAdaptiveLoop<7, false>(bytes, layout, p, out.data(), &chunk);
+  }
+  switch (error) {
+    case AdaptiveError::kNone:
+      return absl::OkStatus();
+    case AdaptiveError::kCount:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": sub-block count exceeds its size"));
+    case AdaptiveError::kTooMany:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": more than k = ", layout.k, " indices"));
+    case AdaptiveError::kBitmap:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": bitmap disagrees with its count"));
+    case AdaptiveError::kOffset:
+      return Corrupt(
+          absl::StrCat("chunk ", chunk, ": offset not ascending or outside its sub-block"));
+    case AdaptiveError::kTotal:
+      return Corrupt(absl::StrCat("chunk ", chunk, " holds fewer than k = ", layout.k, " indices"));
+    case AdaptiveError::kTruncated:
+      return Corrupt(absl::StrCat("chunk ", chunk, ": truncated"));
+    case AdaptiveError::kEnd:
+      return Corrupt("trailing bytes or non-zero padding");
+  }
+  return Corrupt("unreachable");
+}
+
+
+}  // namespace reference
+
+// Positions for the equivalence tests: uniform (sparse), or crowded into a few sub-blocks so
+// that counts exceed 8 and bitmaps appear (dense).
+std::vector<uint16_t> MixedList(const IndexLayout& layout, std::mt19937& rng, bool dense) {
+  if (!dense) return RandomList(layout, rng);
+  std::vector<uint16_t> out;
+  for (int64_t c = 0; c < layout.num_chunks; ++c) {
+    // Weights favour a random window of the chunk; sample k distinct positions from it.
+    const int64_t window =
+        std::max<int64_t>(layout.k, std::min<int64_t>(layout.chunk_len, 1 + rng() % 200));
+    const int64_t start = rng() % (layout.chunk_len - window + 1);
+    std::vector<uint16_t> all(static_cast<size_t>(window));
+    std::iota(all.begin(), all.end(), static_cast<uint16_t>(start));
+    std::shuffle(all.begin(), all.end(), rng);
+    std::vector<uint16_t> pick(all.begin(), all.begin() + layout.k);
+    std::sort(pick.begin(), pick.end());
+    out.insert(out.end(), pick.begin(), pick.end());
+  }
+  return out;
+}
+
+// DecodeAdaptive at every SIMD level, and internal::DecodeAdaptiveSequential, give the
+// reference's Status (code and message) and, when it is OK, its indices.
+void ExpectLikeReference(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                         const AdaptiveParams& params, const std::string& what) {
+  const size_t n = static_cast<size_t>(layout.count());
+  std::vector<uint16_t> want(n), got(n);
+  const absl::Status want_status =
+      reference::ReferenceDecodeAdaptive(bytes, layout, params, absl::MakeSpan(want));
+  const SimdLevel saved = ActiveSimdLevel();
+  for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2}) {
+    SetSimdLevelForTesting(level);
+    std::fill(got.begin(), got.end(), 0xFFFF);
+    const absl::Status status = DecodeAdaptive(bytes, layout, params, absl::MakeSpan(got));
+    ASSERT_EQ(status, want_status) << what << " level " << SimdLevelName(level);
+    if (status.ok()) ASSERT_EQ(got, want) << what << " level " << SimdLevelName(level);
+  }
+  SetSimdLevelForTesting(saved);
+  const absl::Status status =
+      internal::DecodeAdaptiveSequential(bytes, layout, params, absl::MakeSpan(got));
+  ASSERT_EQ(status, want_status) << what << " sequential";
+  if (status.ok()) ASSERT_EQ(got, want) << what << " sequential";
+}
+
+const std::vector<IndexLayout>& EquivalenceLayouts() {
+  static const auto* layouts = new std::vector<IndexLayout>{
+      {64, 64, 4096}, {23, 64, 4096}, {9, 90, 4096}, {13, 32, 4096}, {17, 58, 3721},
+      {12, 3, 61},    {9, 61, 61},    {8, 1, 1},     {11, 7, 100},  {7, 17, 200},
+      {6, 40, 1000},  {5, 128, 4096}, {4, 1, 4096},  {3, 2, 130},   {0, 0, 4096},
+  };
+  return *layouts;
+}
+
+// Valid streams: every layout, b, p, sparse and dense positions.
+TEST(AdaptiveEquivalenceTest, ValidStreamsDecodeLikeTheReference) {
+  std::mt19937 rng(21);
+  for (const IndexLayout& layout : EquivalenceLayouts()) {
+    for (bool dense : {false, true}) {
+      if (layout.num_chunks == 0 && dense) continue;
+      const std::vector<uint16_t> list = MixedList(layout, rng, dense);
+      for (int b : {6, 7}) {
+        for (int p = 0; p <= b; ++p) {
+          const AdaptiveParams params{b, p};
+          std::vector<uint8_t> bytes((AdaptiveBits(list, layout, params) + 7) / 8);
+          EncodeAdaptive(list, layout, params, absl::MakeSpan(bytes));
+          const std::string what = absl::StrCat(layout.num_chunks, "x", layout.k, "/",
+                                                layout.chunk_len, " dense ", dense, " b ", b,
+                                                " p ", p);
+          ASSERT_NO_FATAL_FAILURE(ExpectLikeReference(bytes, layout, params, what));
+          std::vector<uint16_t> decoded(list.size());
+          ASSERT_THAT(DecodeAdaptive(bytes, layout, params, absl::MakeSpan(decoded)), IsOk());
+          ASSERT_EQ(decoded, list) << what;
+        }
+      }
+    }
+  }
+}
+
+// Corrupt streams: bit flips, bursts, truncations, appended bytes, all-ones and random bytes,
+// and the wrong layout; the Status (and the chunk it names) must be the reference's.
+TEST(AdaptiveEquivalenceTest, CorruptStreamsFailLikeTheReference) {
+  std::mt19937 rng(22);
+  for (const IndexLayout& layout : EquivalenceLayouts()) {
+    if (layout.num_chunks == 0) continue;
+    for (bool dense : {false, true}) {
+      const std::vector<uint16_t> list = MixedList(layout, rng, dense);
+      for (int b : {6, 7}) {
+        for (int p : {0, 1, AdaptiveRice(layout, b), b}) {
+          const AdaptiveParams params{b, p};
+          std::vector<uint8_t> bytes((AdaptiveBits(list, layout, params) + 7) / 8);
+          EncodeAdaptive(list, layout, params, absl::MakeSpan(bytes));
+          const std::string what = absl::StrCat(layout.num_chunks, "x", layout.k, "/",
+                                                layout.chunk_len, " dense ", dense, " b ", b,
+                                                " p ", p);
+          const size_t bits = bytes.size() * 8;
+          const int trials = p == 0 ? 120 : 25;
+          for (int t = 0; t < trials; ++t) {
+            std::vector<uint8_t> bad = bytes;
+            const int flips = 1 + t % 3;
+            for (int f = 0; f < flips; ++f) {
+              const size_t bit = rng() % bits;
+              bad[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+            }
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectLikeReference(bad, layout, params, absl::StrCat(what, " flips ", t)));
+          }
+          for (int t = 0; t < 20; ++t) {  // a burst of ones or zeros (long unary runs)
+            std::vector<uint8_t> bad = bytes;
+            const size_t at = rng() % bad.size();
+            const size_t len = 1 + rng() % 24;
+            for (size_t i = at; i < std::min(bad.size(), at + len); ++i) {
+              bad[i] = t % 2 ? 0xFF : 0x00;
+            }
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectLikeReference(bad, layout, params, absl::StrCat(what, " burst ", t)));
+          }
+          for (size_t cut : {size_t{0}, size_t{1}, bytes.size() / 2, bytes.size() - 1,
+                             static_cast<size_t>(rng() % bytes.size())}) {
+            ASSERT_NO_FATAL_FAILURE(ExpectLikeReference(
+                absl::MakeConstSpan(bytes).subspan(0, std::min(cut, bytes.size())), layout,
+                params, absl::StrCat(what, " cut ", cut)));
+          }
+          for (uint8_t extra : {uint8_t{0}, uint8_t{1}, uint8_t{0x80}}) {
+            std::vector<uint8_t> longer = bytes;
+            longer.push_back(extra);
+            ASSERT_NO_FATAL_FAILURE(ExpectLikeReference(
+                longer, layout, params, absl::StrCat(what, " extra ", int{extra})));
+          }
+          std::vector<uint8_t> padded = bytes;  // the top bit: padding, or the last bit
+          padded.back() |= 0x80;
+          ASSERT_NO_FATAL_FAILURE(
+              ExpectLikeReference(padded, layout, params, absl::StrCat(what, " pad")));
+          std::vector<uint8_t> noise(bytes.size());
+          for (uint8_t& x : noise) x = static_cast<uint8_t>(rng());
+          ASSERT_NO_FATAL_FAILURE(
+              ExpectLikeReference(noise, layout, params, absl::StrCat(what, " noise")));
+          std::vector<uint8_t> ones(bytes.size(), 0xFF);
+          ASSERT_NO_FATAL_FAILURE(
+              ExpectLikeReference(ones, layout, params, absl::StrCat(what, " ones")));
+          IndexLayout other = layout;
+          other.k = layout.k > 1 ? layout.k - 1 : layout.k + 1;
+          if (other.k <= other.chunk_len) {
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectLikeReference(bytes, other, params, absl::StrCat(what, " other k")));
+          }
+        }
+      }
+    }
+  }
+}
+
+// A chunk that needs the sequential decoder (a count of 9, or a bitmap) among chunks the lanes
+// take, at every position in a group of lanes: the decoders hand over at the right bit.
+TEST(AdaptiveEquivalenceTest, FastPathHandsOverAtChunkBoundaries) {
+  std::mt19937 rng(23);
+  const IndexLayout layout{40, 64, 4096};
+  for (int dense_chunk : {0, 1, 3, 4, 5, 17, 36, 39}) {
+    std::vector<uint16_t> list = RandomList(layout, rng);
+    // Chunk dense_chunk: 9 or 20 of its indices in sub-block 1 (count > 8; a bitmap at 20).
+    const int crowd = dense_chunk % 2 ? 9 : 20;
+    std::vector<uint16_t> chunk(64);
+    for (int i = 0; i < crowd; ++i) chunk[i] = static_cast<uint16_t>(64 + 2 * i);
+    for (int i = crowd; i < 64; ++i) chunk[i] = static_cast<uint16_t>(128 + 50 * (i - crowd));
+    std::copy(chunk.begin(), chunk.end(), list.begin() + dense_chunk * 64);
+    for (int b : {6, 7}) {
+      const AdaptiveParams params{b, 0};
+      std::vector<uint8_t> bytes((AdaptiveBits(list, layout, params) + 7) / 8);
+      EncodeAdaptive(list, layout, params, absl::MakeSpan(bytes));
+      const std::string what = absl::StrCat("dense chunk ", dense_chunk, " b ", b);
+      ASSERT_NO_FATAL_FAILURE(ExpectLikeReference(bytes, layout, params, what));
     }
   }
 }
