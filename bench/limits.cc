@@ -80,4 +80,28 @@ void RegisterSgemm(int64_t m, int64_t n, int64_t k) {
   benchmark::RegisterBenchmark("BM_Sgemm", BM_Sgemm)->Args({m, n, k})->Unit(benchmark::kMillisecond);
 }
 
+void RatioReporter::ReportRuns(const std::vector<Run>& runs) {
+  for (const Run& run : runs) {
+    const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+    if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
+    if (run.run_type == Run::RT_Aggregate && !median) continue;
+    for (const auto& [name, counter] : run.counters) {
+      values_[run.run_name.str() + "#" + name] = counter.value;
+      values_[run.run_name.str() + "#seconds"] =
+          run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
+      const double cpu = run.GetAdjustedCPUTime();
+      if (cpu > 0) {
+        values_[run.run_name.str() + "#cpu_" + name] =
+            counter.value * run.GetAdjustedRealTime() / cpu;
+      }
+    }
+  }
+  ConsoleReporter::ReportRuns(runs);
+}
+
+double RatioReporter::Get(const std::string& run, const std::string& counter) const {
+  auto it = values_.find(run + "#" + counter);
+  return it == values_.end() ? 0.0 : it->second;
+}
+
 }  // namespace lbcc::bench

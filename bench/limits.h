@@ -10,6 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
 
 namespace lbcc::bench {
 
@@ -23,6 +28,20 @@ void RegisterTriad(int64_t elements, int threads = 1);
 void RegisterMemcpy(int64_t bytes, int threads = 1);
 // BM_Sgemm/<m>/<n>/<k>: FLOP/s of cblas_sgemm (row-major, no transposes).
 void RegisterSgemm(int64_t m, int64_t n, int64_t k);
+
+// A console reporter that keeps every run's counters so that main() can print ratios at the
+// end: with --benchmark_repetitions the median of each case, otherwise its one run. Get(run,
+// counter) also answers "seconds" (real time per iteration) and "cpu_<counter>" (the rate over
+// CPU time instead of wall time: on a shared machine a one-thread case that was descheduled
+// keeps a meaningful CPU-time rate); 0 for what was not reported.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override;
+  double Get(const std::string& run, const std::string& counter) const;
+
+ private:
+  std::map<std::string, double> values_;
+};
 
 }  // namespace lbcc::bench
 

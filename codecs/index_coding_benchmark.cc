@@ -25,6 +25,7 @@
 
 #include "base/check.h"
 #include "base/cpu.h"
+#include "bench/limits.h"
 #include "benchmark/benchmark.h"
 #include "codecs/codec.h"
 #include "codecs/index_coding.h"
@@ -159,27 +160,6 @@ void BM_DecodePacked12(benchmark::State& state) {
   SetCounters(state, s, s.packed12.size());
 }
 
-// Keeps the (median, when repeated) items_per_second of every run for the summary.
-class RateReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (run.run_type == Run::RT_Iteration || median) {
-        auto it = run.counters.find("items_per_second");
-        if (it != run.counters.end()) rates_[run.run_name.str()] = it->second.value;
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  double Get(const std::string& run) const {
-    auto it = rates_.find(run);
-    return it == rates_.end() ? 0.0 : it->second;
-  }
-
- private:
-  std::map<std::string, double> rates_;
-};
 
 }  // namespace
 }  // namespace lbcc::codecs
@@ -203,7 +183,7 @@ int main(int argc, char** argv) {
         ->Args(args)
         ->Unit(benchmark::kMicrosecond);
   }
-  RateReporter reporter;
+  lbcc::bench::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
@@ -211,9 +191,12 @@ int main(int argc, char** argv) {
   for (const std::vector<int64_t>& args : cases) {
     const std::string suffix = "/" + std::to_string(args[0]) + "/" + std::to_string(args[1]) +
                                "/" + std::to_string(args[2]);
-    const double adaptive = reporter.Get("BM_DecodeAdaptive" + suffix);
-    const double sequential = reporter.Get("BM_DecodeAdaptiveSequential" + suffix);
-    const double packed = reporter.Get("BM_DecodePacked12" + suffix);
+    auto rate = [&](const std::string& name) {
+      return reporter.Get(name + suffix, "items_per_second");
+    };
+    const double adaptive = rate("BM_DecodeAdaptive");
+    const double sequential = rate("BM_DecodeAdaptiveSequential");
+    const double packed = rate("BM_DecodePacked12");
     if (adaptive > 0 && sequential > 0 && packed > 0) {
       std::printf(
           "  %s %-8s adaptive %.3f (sequential %.3f, x%.2f)  packed12 %.3f  "

@@ -22,7 +22,6 @@
 #include <immintrin.h>
 
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -184,38 +183,6 @@ void BM_DenseInt8RoundTrip(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * 4);
 }
 
-// Keeps every run's rates so main() can print the ratios at the end.
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  // With --benchmark_repetitions the median of each case is kept, otherwise its one run.
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
-      if (run.run_type == Run::RT_Aggregate && !median) continue;
-      for (const auto& [name, counter] : run.counters) {
-        values_[run.run_name.str() + "#" + name] = counter.value;
-        values_[run.run_name.str() + "#seconds"] =
-            run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
-        // The same rate over CPU time instead of wall time: on a shared machine a one-thread
-        // case that was descheduled keeps a meaningful CPU-time rate.
-        const double cpu = run.GetAdjustedCPUTime();
-        if (cpu > 0) {
-          values_[run.run_name.str() + "#cpu_" + name] =
-              counter.value * run.GetAdjustedRealTime() / cpu;
-        }
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  double Get(const std::string& run, const std::string& counter) const {
-    auto it = values_.find(run + "#" + counter);
-    return it == values_.end() ? 0.0 : it->second;
-  }
-
- private:
-  std::map<std::string, double> values_;
-};
 
 }  // namespace
 }  // namespace lbcc::codecs
@@ -265,7 +232,7 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond);
   lbcc::bench::RegisterMemcpy(elements * 4);
 
-  RatioReporter reporter;
+  lbcc::bench::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
