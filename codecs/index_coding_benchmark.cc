@@ -160,7 +160,6 @@ void BM_DecodePacked12(benchmark::State& state) {
   SetCounters(state, s, s.packed12.size());
 }
 
-
 }  // namespace
 }  // namespace lbcc::codecs
 

@@ -183,7 +183,6 @@ void BM_DenseInt8RoundTrip(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n * 4);
 }
 
-
 }  // namespace
 }  // namespace lbcc::codecs
 
