@@ -17,7 +17,6 @@
 //   bazel run //plugin:plugin_benchmark        (as root for the testbed case)
 #include <fcntl.h>
 #include <sched.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -44,11 +43,10 @@
 #include "plugin/nccl_net.h"
 #include "plugin/testing/plugin_api.h"
 #include "plugin/testing/socket_io.h"
+#include "plugin/testing/spawn.h"
 #include "transport/options.h"
 #include "transport/transport.h"
 #include "transport/ucx_transport.h"
-
-extern char** environ;
 
 namespace lbcc::plugin {
 namespace {
@@ -284,30 +282,8 @@ int RunRole(const Args& args) {
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
             int close_fd, int stdout_fd) {
-  std::map<std::string, std::string> merged;
-  std::vector<std::string> order;
-  auto add = [&](const std::string& entry) {
-    const std::string name = entry.substr(0, entry.find('='));
-    if (!merged.count(name)) order.push_back(name);
-    merged[name] = entry;
-  };
-  for (char** entry = environ; *entry != nullptr; ++entry) add(*entry);
-  for (const std::string& entry : env) add(entry);
-  std::vector<std::string> environment;
-  for (const std::string& name : order) environment.push_back(merged[name]);
-  std::vector<char*> argv_c, env_c;
-  for (const std::string& a : argv) argv_c.push_back(const_cast<char*>(a.c_str()));
-  argv_c.push_back(nullptr);
-  for (const std::string& e : environment) env_c.push_back(const_cast<char*>(e.c_str()));
-  env_c.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (close_fd >= 0) posix_spawn_file_actions_addclose(&actions, close_fd);
-  if (stdout_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1);
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv_c[0], &actions, nullptr, argv_c.data(), env_c.data());
-  posix_spawn_file_actions_destroy(&actions);
-  return error == 0 ? pid : -1;
+  int error = 0;
+  return testing::Spawn(argv, env, close_fd, stdout_fd, &error);
 }
 
 // Waits for `pid`; adds its CPU seconds (user + system) to *cpu_seconds when given.

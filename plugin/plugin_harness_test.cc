@@ -15,7 +15,6 @@
 // hang ends as a failure, never as a stuck test.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,9 +47,8 @@
 #include "plugin/nccl_net.h"
 #include "plugin/testing/plugin_api.h"
 #include "plugin/testing/socket_io.h"
+#include "plugin/testing/spawn.h"
 #include "plugin/testing/traffic.h"
-
-extern char** environ;
 
 namespace lbcc::plugin::testing {
 namespace {
@@ -472,33 +470,9 @@ int RunRole(const Args& args) {
 // other end of its socket pair, `close_fd`, does not).
 pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
             int close_fd = -1) {
-  // This process's environment, then `env` in order: a later entry replaces an earlier one.
-  std::map<std::string, std::string> merged;
-  std::vector<std::string> order;
-  auto add = [&](const std::string& entry) {
-    const std::string name = entry.substr(0, entry.find('='));
-    if (!merged.count(name)) order.push_back(name);
-    merged[name] = entry;
-  };
-  for (char** entry = environ; *entry != nullptr; ++entry) add(*entry);
-  for (const std::string& entry : env) add(entry);
-  std::vector<std::string> environment;
-  for (const std::string& name : order) environment.push_back(merged[name]);
-  std::vector<char*> argv_c, env_c;
-  for (const std::string& a : argv) argv_c.push_back(const_cast<char*>(a.c_str()));
-  argv_c.push_back(nullptr);
-  for (const std::string& e : environment) env_c.push_back(const_cast<char*>(e.c_str()));
-  env_c.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (close_fd >= 0) posix_spawn_file_actions_addclose(&actions, close_fd);
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv_c[0], &actions, nullptr, argv_c.data(), env_c.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) {
-    ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(error);
-    return -1;
-  }
+  int error = 0;
+  const pid_t pid = testing::Spawn(argv, env, close_fd, /*stdout_fd=*/-1, &error);
+  if (pid < 0) ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(error);
   return pid;
 }
 
