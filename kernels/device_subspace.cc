@@ -81,15 +81,14 @@ DeviceSubspaceCodec::DeviceSubspaceCodec(Backend& backend,
       basis_(std::move(basis)),
       options_(options),
       host_(std::move(host)),
-      device_(device) {}
+      device_(device),
+      buffers_(backend) {}
 
 DeviceSubspaceCodec::~DeviceSubspaceCodec() {
   if (blas_ != nullptr) backend_->DestroyBlas(blas_);
   for (float* p : {u_, projected_table_, table_}) {
     if (p != nullptr) backend_->Free(p);
   }
-  if (scratch_ != nullptr) backend_->Free(scratch_);
-  if (staging_ != nullptr) backend_->FreeHost(staging_);
 }
 
 absl::Status DeviceSubspaceCodec::Upload() {
@@ -105,30 +104,6 @@ absl::Status DeviceSubspaceCodec::Upload() {
   LBCC_RETURN_IF_ERROR(upload(basis_->projected_table(), &projected_table_));
   LBCC_RETURN_IF_ERROR(upload(basis_->table(), &table_));
   return backend_->Synchronize(nullptr);
-}
-
-absl::StatusOr<uint8_t*> DeviceSubspaceCodec::Scratch(size_t bytes) {
-  if (scratch_bytes_ < bytes) {
-    if (scratch_ != nullptr) backend_->Free(scratch_);
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-    LBCC_ASSIGN_OR_RETURN(void* p, backend_->Malloc(bytes));
-    scratch_ = static_cast<uint8_t*>(p);
-    scratch_bytes_ = bytes;
-  }
-  return scratch_;
-}
-
-absl::StatusOr<uint8_t*> DeviceSubspaceCodec::Staging(size_t bytes) {
-  if (staging_bytes_ < bytes) {
-    if (staging_ != nullptr) backend_->FreeHost(staging_);
-    staging_ = nullptr;
-    staging_bytes_ = 0;
-    LBCC_ASSIGN_OR_RETURN(void* p, backend_->MallocHost(bytes));
-    staging_ = static_cast<uint8_t*>(p);
-    staging_bytes_ = bytes;
-  }
-  return staging_;
 }
 
 absl::Status DeviceSubspaceCodec::CheckView(const TensorView& x, absl::string_view what) const {
@@ -216,8 +191,8 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x,
   const size_t sel_at = dev.Add(layout.selectors);
   const size_t scales_at = dev.Add(layout.scales);
   const size_t q_at = dev.Add(layout.coefficients);
-  LBCC_ASSIGN_OR_RETURN(uint8_t * device, Scratch(dev.size()));
-  LBCC_ASSIGN_OR_RETURN(uint8_t * host, Staging(dev.size()));
+  LBCC_ASSIGN_OR_RETURN(uint8_t * device, buffers_.Device(dev.size()));
+  LBCC_ASSIGN_OR_RETURN(uint8_t * host, buffers_.Host(dev.size()));
   float* all = reinterpret_cast<float*>(device + all_at);
   float* coef = forward && m == 1 ? all : reinterpret_cast<float*>(device + coef_at);
   if (tokens > 0) {
@@ -357,8 +332,8 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
     const size_t scales_at = image.Add(layout.scales);
     const size_t q_at = image.Add(layout.coefficients);
     const size_t coef_at = image.Add(sizeof(float) * static_cast<size_t>(tokens * k));
-    LBCC_ASSIGN_OR_RETURN(uint8_t * device, Scratch(image.size()));
-    LBCC_ASSIGN_OR_RETURN(uint8_t * host, Staging(image.size()));
+    LBCC_ASSIGN_OR_RETURN(uint8_t * device, buffers_.Device(image.size()));
+    LBCC_ASSIGN_OR_RETURN(uint8_t * host, buffers_.Host(image.size()));
     if (add_table) {
       auto* id32 = reinterpret_cast<int32_t*>(host + ids_at);
       for (int64_t t = 0; t < tokens; ++t) {

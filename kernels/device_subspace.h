@@ -27,6 +27,7 @@
 #include "base/tensor_view.h"
 #include "codecs/subspace_basis.h"
 #include "codecs/subspace_codec.h"
+#include "kernels/device_codec.h"
 
 namespace lbcc::kernels {
 
@@ -72,8 +73,6 @@ class DeviceSubspaceCodec {
                       codecs::SubspaceCodecOptions options, codecs::SubspaceCodec host, int device);
   absl::Status Upload();
   absl::Status CheckView(const TensorView& x, absl::string_view what) const;
-  absl::StatusOr<uint8_t*> Scratch(size_t bytes);
-  absl::StatusOr<uint8_t*> Staging(size_t bytes);
   absl::StatusOr<size_t> Encode(bool forward, const float* x, int64_t tokens,
                                 absl::Span<const int32_t> ids, const uint8_t* selectors,
                                 int64_t block, absl::Span<uint8_t> out,
@@ -91,10 +90,7 @@ class DeviceSubspaceCodec {
   float* u_ = nullptr;                // U [d x M k]
   float* projected_table_ = nullptr;  // T U [V x M k]
   float* table_ = nullptr;            // T [V x d]
-  uint8_t* scratch_ = nullptr;        // device, grown
-  size_t scratch_bytes_ = 0;
-  uint8_t* staging_ = nullptr;        // pinned host, grown
-  size_t staging_bytes_ = 0;
+  DeviceScratch buffers_;             // device scratch and pinned host staging, grown
 };
 
 }  // namespace lbcc::kernels
