@@ -31,14 +31,7 @@ CUDA=${CUDA_PATH:-/usr/local/cuda}
 TESTS=(kernels:cuda_runtime_test kernels:device_codec_gpu_test kernels:device_subspace_gpu_test
        comm:device_sparse_allreduce_test)
 BENCH=kernels:topk_ef_gpu_benchmark
-mode=check
-case "${1:-}" in
-  --pack) mode=pack ;;
-  --build) mode=build ;;
-  "") ;;
-  -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
-esac
+gpu_check_parse "$0" "$@"
 
 targets() {
   local t

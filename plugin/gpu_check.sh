@@ -38,14 +38,7 @@ CUDA=${CUDA_PATH:-/usr/local/cuda}
 TESTS=(plugin_gpu_test plugin_harness_test)
 PLUGIN=libnccl-net-lbcc.so
 
-mode=check
-case "${1:-}" in
-  --pack) mode=pack ;;
-  --build) mode=build ;;
-  "") ;;
-  -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
-esac
+gpu_check_parse "$0" "$@"
 
 bazel_build() {
   bazel build --config=cuda --dynamic_mode=off "${TESTS[@]/#/\/\/plugin:}" "//plugin:$PLUGIN"

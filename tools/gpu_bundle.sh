@@ -12,6 +12,9 @@
 #                                 newer), then the CUDA toolkit's and PyTorch's nvidia-* wheels'
 #                                 library folders (cuBLAS, cudart)
 #   gpu_bundle_missing FILE...    print "name: lib lib" for each FILE that has libraries not found
+#   gpu_check_parse SCRIPT [ARG]  set `mode` (check, pack or build) from a check script's one
+#                                 argument; --help prints SCRIPT's header comment and exits 0,
+#                                 anything else exits 2
 
 # Shared libraries a bundle leaves to the GPU machine: glibc, the driver, cuBLAS (hundreds of MB;
 # CUDA and PyTorch images carry it).
@@ -73,4 +76,16 @@ gpu_bundle_missing() {
       echo "$(basename "$file"): $(ldd "$file" | awk '/not found/{print $1}' | tr '\n' ' ')"
     fi
   done
+}
+
+gpu_check_parse() {
+  local script=$1
+  mode=check
+  case "${2:-}" in
+    --pack) mode=pack ;;
+    --build) mode=build ;;
+    "") ;;
+    -h|--help) sed -n '2,/^[^#]/p' "$script" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "$(basename "$script"): unknown option $2 (see --help)" >&2; exit 2 ;;
+  esac
 }
