@@ -59,19 +59,8 @@ if [[ $mode == pack ]]; then
   exit 0
 fi
 
-mkdir -p "$OUT"
-SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
+gpu_check_start "kernels/ GPU check"
 missing=0
-
-note "== LBCC kernels/ GPU check, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  note "GPU: $(nvidia-smi -L | head -1); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-else
-  note "MISSING: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check"
-  exit 2
-fi
 
 # The binaries: a bundle made by --pack, or a Bazel build here.
 BIN=""

@@ -53,18 +53,7 @@ if [[ $mode == pack ]]; then
   exit 0
 fi
 
-mkdir -p "$OUT"
-SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-
-note "== LBCC plugin/ GPU check, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  note "GPU: $(nvidia-smi -L | head -1); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
-else
-  note "MISSING: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check"
-  exit 2
-fi
+gpu_check_start "plugin/ GPU check"
 
 PY_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 if [[ $mode == check && -d $BUNDLE/bin ]]; then

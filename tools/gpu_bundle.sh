@@ -12,6 +12,9 @@
 #                                 newer), then the CUDA toolkit's and PyTorch's nvidia-* wheels'
 #                                 library folders (cuBLAS, cudart)
 #   gpu_bundle_missing FILE...    print "name: lib lib" for each FILE that has libraries not found
+#   gpu_check_start TITLE         start $OUT/summary.txt (SUMMARY; note() prints and appends a
+#                                 line), note TITLE and the commit, then the GPU; without a
+#                                 visible NVIDIA GPU note MISSING and exit 2
 #   gpu_check_parse SCRIPT [ARG]  set `mode` (check, pack or build) from a check script's one
 #                                 argument; --help prints SCRIPT's header comment and exits 0,
 #                                 anything else exits 2
@@ -88,4 +91,19 @@ gpu_check_parse() {
     -h|--help) sed -n '2,/^[^#]/p' "$script" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "$(basename "$script"): unknown option $2 (see --help)" >&2; exit 2 ;;
   esac
+}
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+gpu_check_start() {
+  mkdir -p "$OUT"
+  SUMMARY=$OUT/summary.txt
+  : > "$SUMMARY"
+  note "== LBCC $1, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    note "GPU: $(nvidia-smi -L | head -1); driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+  else
+    note "MISSING: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check"
+    exit 2
+  fi
 }
