@@ -105,16 +105,17 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
   return scale;
 }
 
-void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
-                         int64_t stride, int rule, float replicas, bool accumulate,
-                         bool /*stream*/) {
+// finalize_block and stage_block: `fill` is what an untouched position becomes without
+// accumulate.
+void FinishBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                       int64_t stride, int rule, float replicas, bool accumulate, float fill) {
   for (int64_t r = 0; r < h; ++r) {
     float* a = acc + r * w;
     uint16_t* n = count + r * w;
     float* o = out + r * stride;
     for (int64_t c = 0; c < w; ++c) {
       if (n[c] == 0) {
-        if (!accumulate) o[c] = 0.0f;
+        if (!accumulate) o[c] = fill;
         continue;
       }
       float agg = a[c];
@@ -124,6 +125,24 @@ void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, floa
       a[c] = -0.0f;
       n[c] = 0;
     }
+  }
+}
+
+void FinalizeBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                         int64_t stride, int rule, float replicas, bool accumulate,
+                         bool /*stream*/) {
+  FinishBlockScalar(acc, count, h, w, out, stride, rule, replicas, accumulate, 0.0f);
+}
+
+void StageBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float* buf,
+                      int64_t stride, int rule, float replicas) {
+  FinishBlockScalar(acc, count, h, w, buf, stride, rule, replicas, false, -0.0f);
+}
+
+void AddRowsScalar(const float* src, int64_t src_stride, int64_t h, int64_t w, float* out,
+                   int64_t out_stride) {
+  for (int64_t r = 0; r < h; ++r) {
+    for (int64_t c = 0; c < w; ++c) out[r * out_stride + c] += src[r * src_stride + c];
   }
 }
 
@@ -235,7 +254,7 @@ void Dequant8BlockAddScalar(const int8_t* codes, int64_t n, float scale, float* 
 const CpuKernels kScalarKernels = {
     SimdLevel::kScalar,  EfUpdateScalar,         CompactScalar,       FilterGeScalar,
     CountGeScalar,       KthLargestScalar,       BinMeanCodesScalar,  FinalizeBlockScalar,
-    StoreFenceScalar,    Absmax8BlockScalar,
+    StoreFenceScalar,    StageBlockScalar,       AddRowsScalar,    Absmax8BlockScalar,
     Dequant8BlockScalar, Dequant8BlockAddScalar, Unpack12Scalar,     RunsAscendingScalar,
     AdaptiveP0LanesScalar,
 };

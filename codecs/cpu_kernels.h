@@ -68,6 +68,15 @@ struct CpuKernels {
                          int64_t stride, int rule, float replicas, bool accumulate, bool stream);
   // Orders finalize_block's non-temporal stores before later stores (sfence); no-op in scalar.
   void (*store_fence)();
+  // finalize_block without accumulate into a staging buffer `buf` (rows `stride` floats apart),
+  // except that untouched positions become -0: add_rows then adds the buffer to the output, and
+  // x + -0 is x, so untouched positions keep their bits there too (only a signalling NaN comes
+  // out quiet). Resets acc and count.
+  void (*stage_block)(float* acc, uint16_t* count, int64_t h, int64_t w, float* buf,
+                      int64_t stride, int rule, float replicas);
+  // out[r * out_stride + c] = out[...] + src[r * src_stride + c] for r < h, c < w (fp32).
+  void (*add_rows)(const float* src, int64_t src_stride, int64_t h, int64_t w, float* out,
+                   int64_t out_stride);
 
   // Dense blockwise int8 absmax over one block of n values: returns the block's scale
   // (min(absmax / 127, kMaxScale8), 0 for an all-zero block) after writing codes; max_abs_bits

@@ -282,7 +282,9 @@ LBCC_AVX2 inline void Stream8(float* p, __m256 v) {
 }
 
 // kStream (without kAccumulate; 0: plain stores): the 16-position steps store the output
-// non-temporally; the caller checked the alignment that Stream8 needs for out and the stride.
+// non-temporally (1, 2) where the caller checked the alignment that Stream8 needs for out and
+// the stride; kStageStores (3): plain stores, untouched positions become -0 (stage_block).
+constexpr int kStageStores = 3;
 template <int kRule, bool kAccumulate, int kStream>
 LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
                                   int64_t stride, float replicas) {
@@ -336,6 +338,9 @@ LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_
         const __m256 old1 = _mm256_loadu_ps(o + c + 8);
         _mm256_storeu_ps(o + c, _mm256_blendv_ps(old0, _mm256_add_ps(old0, agg0), taken0));
         _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(old1, _mm256_add_ps(old1, agg1), taken1));
+      } else if (kStream == kStageStores) {
+        _mm256_storeu_ps(o + c, _mm256_blendv_ps(neg_zero, agg0, taken0));
+        _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(neg_zero, agg1, taken1));
       } else if (kStream != 0) {
         Stream8<kStream>(o + c, _mm256_and_ps(agg0, taken0));
         Stream8<kStream>(o + c + 8, _mm256_and_ps(agg1, taken1));
@@ -370,6 +375,8 @@ LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_
       if (kAccumulate) {
         const __m256 old = _mm256_loadu_ps(o + c);
         _mm256_storeu_ps(o + c, _mm256_blendv_ps(old, _mm256_add_ps(old, agg), taken));
+      } else if (kStream == kStageStores) {
+        _mm256_storeu_ps(o + c, _mm256_blendv_ps(neg_zero, agg, taken));
       } else {
         _mm256_storeu_ps(o + c, _mm256_and_ps(agg, taken));
       }
@@ -378,7 +385,7 @@ LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_
     }
     for (; c < w; ++c) {
       if (n[c] == 0) {
-        if (!kAccumulate) o[c] = 0.0f;
+        if (!kAccumulate) o[c] = kStream == kStageStores ? -0.0f : 0.0f;
         continue;
       }
       float agg = a[c];
@@ -410,7 +417,35 @@ LBCC_AVX2 void FinalizeBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t
   kTable[rule][column](acc, count, h, w, out, stride, replicas);
 }
 
+LBCC_AVX2 void StageBlockAvx2(float* acc, uint16_t* count, int64_t h, int64_t w, float* buf,
+                              int64_t stride, int rule, float replicas) {
+  using Fn = void (*)(float*, uint16_t*, int64_t, int64_t, float*, int64_t, float);
+  static constexpr Fn kTable[3] = {FinalizeBlockAvx2T<0, false, kStageStores>,
+                                   FinalizeBlockAvx2T<1, false, kStageStores>,
+                                   FinalizeBlockAvx2T<2, false, kStageStores>};
+  kTable[rule](acc, count, h, w, buf, stride, replicas);
+}
+
 LBCC_AVX2 void StoreFenceAvx2() { _mm_sfence(); }
+
+LBCC_AVX2 void AddRowsAvx2(const float* src, int64_t src_stride, int64_t h, int64_t w,
+                           float* out, int64_t out_stride) {
+  for (int64_t r = 0; r < h; ++r) {
+    const float* s = src + r * src_stride;
+    float* o = out + r * out_stride;
+    int64_t c = 0;
+    for (; c + 16 <= w; c += 16) {
+      const __m256 a0 = _mm256_add_ps(_mm256_loadu_ps(o + c), _mm256_loadu_ps(s + c));
+      const __m256 a1 = _mm256_add_ps(_mm256_loadu_ps(o + c + 8), _mm256_loadu_ps(s + c + 8));
+      _mm256_storeu_ps(o + c, a0);
+      _mm256_storeu_ps(o + c + 8, a1);
+    }
+    for (; c + 8 <= w; c += 8) {
+      _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), _mm256_loadu_ps(s + c)));
+    }
+    for (; c < w; ++c) o[c] = o[c] + s[c];
+  }
+}
 
 // 16 indices (24 bytes) per step: the two 128-bit lanes take bytes 0..11 and 12..23, a byte
 // shuffle gathers each index's two bytes into a 16-bit lane, then even lanes keep their low 12
@@ -595,7 +630,7 @@ LBCC_AVX2 void Dequant8BlockAddAvx2(const int8_t* codes, int64_t n, float scale,
 
 const CpuKernels kAvx2Kernels = {
     SimdLevel::kAvx2, EfUpdateAvx2,      CompactAvx2,      FilterGeAvx2,      CountGeAvx2,
-    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, StoreFenceAvx2,   Absmax8BlockAvx2,
+    KthLargestAvx2,   BinMeanCodesAvx2, FinalizeBlockAvx2, StoreFenceAvx2, StageBlockAvx2, AddRowsAvx2,   Absmax8BlockAvx2,
     Dequant8BlockAvx2,
     Dequant8BlockAddAvx2, Unpack12Avx2, RunsAscendingAvx2, AdaptiveP0LanesAvx2,
 };

@@ -40,6 +40,7 @@ struct DecodeScratchImpl {
   std::vector<int64_t> local_offset;            // local position -> offset from the chunk's corner
   std::vector<float> values;                    // one chunk's decoded values (4096)
   std::vector<uint16_t> touched;                // one chunk's distinct selected positions (4096)
+  std::vector<float> strip;                     // staged aggregates of a strip of chunks
   std::vector<DenseQuantHeader> dense_headers;  // per payload
   std::vector<float> dense;  // dense decoders: accumulator and one payload's tile
 };

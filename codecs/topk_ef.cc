@@ -443,6 +443,14 @@ bool UseDenseFinish(const std::vector<TopKParsed>& topk, const ChunkGeometry& g)
   return per_chunk * 16 >= g.chunk_len;
 }
 
+// An accumulated dense finish stages strips of chunks side by side (a multiple of the chunk
+// width up to kStripFloats wide) when the output has at least kStageOutputBytes.
+constexpr int64_t kStripFloats = 4096;
+constexpr int64_t kStageOutputBytes = int64_t{8} << 20;
+// A staged strip's row stride: one cache line more than its width, so that its rows fall in
+// different L1 sets.
+int64_t StripStride(int64_t per_strip, int64_t w) { return std::max<int64_t>(1, per_strip) * w + 16; }
+
 // Hints the h rows of chunk c's block into the cache before the chunk is written.
 inline void PrefetchBlock(const ChunkGeometry& g, const float* out, int64_t c) {
   const float* corner = out + ChunkCorner(g, c);
@@ -505,6 +513,33 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
   // Blocks are prefetched two chunks ahead (measured: 1, 2, 4 or 8 ahead and lower cache levels
   // are within noise for cache-resident outputs; 2 is best at 4096^2).
   constexpr int64_t kAhead = 2;
+  if (dense && kAccumulate && g.h > 1 && g.num_elements * 4 >= kStageOutputBytes) {
+    // Added into an output larger than the caches: a strip of chunks side by side in one block
+    // row is staged, then added to the output row by row, so the output is read and written in
+    // runs of the strip's width that the hardware prefetches (a chunk's own rows are short and
+    // at power-of-two strides all fall in the same few L1 sets: the per-chunk finish waits on
+    // them). Smaller outputs come from L2/L3 fast enough that the extra pass costs more.
+    const int64_t per_strip = std::max<int64_t>(1, std::min(g.chunks_x, kStripFloats / g.w));
+    const int64_t strip_stride = StripStride(per_strip, g.w);
+    float* strip = s.strip.data();
+    for (int64_t y = 0; y < g.chunks_y; ++y) {
+      for (int64_t x0 = 0; x0 < g.chunks_x; x0 += per_strip) {
+        const int64_t n = std::min(per_strip, g.chunks_x - x0);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t c = y * g.chunks_x + x0 + j;
+          for (const TopKParsed& p : s.topk) {
+            AddChunk<false>(p, s.indices.data() + p.index_offset + c * p.k, c, acc, count, vals,
+                            nullptr, nullptr);
+          }
+          kern.stage_block(acc, count, g.h, g.w, strip + j * g.w, strip_stride,
+                           static_cast<int>(kRule), static_cast<float>(replicas));
+        }
+        kern.add_rows(strip, strip_stride, g.h, n * g.w,
+                      out + ChunkCorner(g, y * g.chunks_x + x0), g.cols);
+      }
+    }
+    return;
+  }
   for (int64_t c = 0; c < std::min(kAhead, g.num_chunks); ++c) PrefetchBlock(g, out, c);
   for (int64_t c = 0; c < g.num_chunks; ++c) {
     if (c + kAhead < g.num_chunks) PrefetchBlock(g, out, c + kAhead);
@@ -604,6 +639,8 @@ void TopKEfApplyDecode(DecodeScratchImpl& s) {
     s.values.resize(kTopKReferenceChunk);
     s.touched.resize(kTopKReferenceChunk);
   }
+  const size_t strip = static_cast<size_t>(g.h * StripStride(kStripFloats / g.w, g.w));
+  if (dense && options.accumulate && s.strip.size() < strip) s.strip.resize(strip);
   if (!dense) BuildLocalOffsets(g, &s.local_offset);  // the dense finish walks the block's rows
   switch (options.aggregation) {
     case Aggregation::kSparseLoCoMean:

@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
     lbcc::bench::RegisterTriad(elements, threads);
   }
-  for (int64_t rows : {int64_t{512}, int64_t{1024}, kRows}) {
+  for (int64_t rows : {int64_t{512}, int64_t{1024}, int64_t{2048}, kRows}) {
     for (IndexCoding coding : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
       benchmark::RegisterBenchmark("BM_TopKEfDecode8", BM_TopKEfDecode8)
           ->Args({rows, rows, static_cast<int64_t>(coding)})
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
         "%.3f G/s   (>= 1.7)\n",
         encode2 / 1e9, encode2 / encode1, triad2 / 1e9);
   }
-  for (const char* size : {"512/512", "1024/1024", "4096/4096"}) {
+  for (const char* size : {"512/512", "1024/1024", "2048/2048", "4096/4096"}) {
     const double rmw = get(std::string("BM_OutputRmw/") + size + "/real_time", "seconds");
     for (int coding : {1, 2}) {
       const std::string name =

@@ -300,10 +300,12 @@ TEST_P(SimdTest, ErrorFeedbackIdentityIsExact) {
 // A brute-force aggregation of 8 replicas (mixed index codings) for every rule, overwriting and
 // accumulating. The output is 32-byte aligned for the sum and 16-byte (not 32) for the others,
 // so 512 x 640 (over 1 MiB) also takes both non-temporal store paths of a large overwritten
-// output.
+// output, and 384 x 5760 (over 8 MiB: 90 chunks per block row, one full strip of 64 and one of
+// 26) the staged strips of a large accumulated one. The accumulated output holds -0 and NaN
+// here and there, which untouched positions must keep bit for bit.
 TEST_P(SimdTest, AggregationOfEightReplicasEqualsBruteForce) {
-  for (const std::vector<int64_t>& shape :
-       std::vector<std::vector<int64_t>>{{128, 192}, {100, 130}, {1000}, {512, 640}}) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {128, 192}, {100, 130}, {1000}, {512, 640}, {384, 5760}}) {
     const int64_t n = Count(shape);
     std::vector<Bytes> payloads;
     for (int r = 0; r < 8; ++r) {
@@ -326,6 +328,8 @@ TEST_P(SimdTest, AggregationOfEightReplicasEqualsBruteForce) {
     for (Aggregation rule : {Aggregation::kSparseLoCoMean, Aggregation::kMean, Aggregation::kSum}) {
       for (bool accumulate : {false, true}) {
         std::vector<float> before = Normals(n, 5);
+        for (int64_t i = 0; i < n; i += 97) before[i] = -0.0f;
+        for (int64_t i = 50; i < n; i += 1001) before[i] = std::numeric_limits<float>::quiet_NaN();
         std::vector<float> storage(static_cast<size_t>(n) + 12);
         void* space = storage.data();
         size_t room = storage.size() * sizeof(float);
