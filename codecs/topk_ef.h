@@ -33,7 +33,9 @@
 // payload's indices first (AVX2 12-bit unpack and one-pass run check; adaptive sub-blocks of
 // <= 2 offsets without data-dependent branches), then per chunk adds the payloads' values in
 // rank order into an L1-resident accumulator (2-bit codes looked up four per byte) and finishes
-// the 64 x 64 block 16 positions per AVX2 step (power-of-two counts by exact reciprocal).
+// the 64 x 64 block 16 positions per AVX2 step (power-of-two counts by exact reciprocal); an
+// output added to and >= 8 MiB is finished through a staged strip of a whole block row that is
+// then added row by row (sequential output).
 //
 // Thread-safety: TopKEfCodec is immutable and shareable; a TopKEfState belongs to one thread at
 // a time.
