@@ -9,8 +9,9 @@
 //   BM_Triad/16777216 threads 1 and 2: the streaming limit over the same element count.
 //   BM_TopKEfDecode8/<rows>/<cols>/<index coding>: DecodeAccumulate of 8 replicas' payloads,
 //     SparseLoCo mean, added into the output. items_per_second = selected values decoded.
-//   BM_TopKEfDecodeAssign4/2048/2048/<index coding>: 4 payloads written as the output (not
-//     added): what SparseAllReduce does per rank on a 4-rank testbed with a 4M tensor.
+//   BM_TopKEfDecodeAssign4/<rows>/<cols>/<index coding>: 4 payloads written as the output (not
+//     added): what SparseAllReduce does per rank on a 4-rank testbed with a 4M tensor
+//     (2048 x 2048) or with each of its 16 parts (64 x 4096).
 //   BM_OutputRmw/<rows>/<cols>: the decode's memory limit, out[i] += s over an fp32 output of
 //     that shape (the replicas touch ~87 % of its cache lines); the binary prints each decode's
 //     time as a multiple of this pass.
@@ -214,6 +215,10 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
   }
   for (IndexCoding coding : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+    benchmark::RegisterBenchmark("BM_TopKEfDecodeAssign4", BM_TopKEfDecodeAssign4)
+        ->Args({64, 4096, static_cast<int64_t>(coding)})
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_TopKEfDecodeAssign4", BM_TopKEfDecodeAssign4)
         ->Args({2048, 2048, static_cast<int64_t>(coding)})
         ->UseRealTime()
