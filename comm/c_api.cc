@@ -110,8 +110,9 @@ absl::StatusOr<lbcc::comm::FabricOptions> OptionsFrom(const lbccConfig_t* config
 
 lbccResult_t Finish(lbcc::comm::RequestPtr request, lbccComm* comm, lbccRequest_t* out,
                     std::shared_ptr<void> keep_alive = nullptr) {
-  // Argument errors are known at once: report them from the call itself.
-  if (request->Test() && !request->status().ok()) return Fail(request->status(), comm);
+  // Argument errors are known at once: report them from the call itself. Failures of a posted
+  // operation come from lbccTest / lbccWait, even when they happen before this returns.
+  if (request->RejectedAtPost()) return Fail(request->status(), comm);
   *out = new lbccRequest{std::move(request), comm, std::move(keep_alive)};
   return lbccSuccess;
 }

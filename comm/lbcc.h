@@ -11,7 +11,10 @@
  * lbccGetLastError(comm) gives the full message of the communicator's last failure (or of the
  * calling thread's last failure when comm is NULL). Pointer arguments are checked first.
  * Operations are non-blocking: they return a request at once (lbccTest / lbccWait); buffers
- * must stay valid until the request is done. A failed operation (peer lost, timeout) makes
+ * must stay valid until the request is done. Bad arguments are returned by the posting call
+ * itself (no request is made); anything that fails once the operation is posted (a payload that
+ * does not fit the buffer, a lost peer) is returned by lbccTest / lbccWait, however soon it
+ * happens. A failed operation (peer lost, timeout) makes
  * later operations on the communicator fail with lbccRemoteError: destroy and recreate it.
  *
  * Thread-safety: communicators may be used from any thread, but every rank must post

@@ -40,8 +40,11 @@ void Request::Complete(absl::Status status) {
   cv_.SignalAll();
 }
 
+bool Request::RejectedAtPost() const { return rejected_at_post_; }
+
 RequestPtr CompletedRequest(absl::Status status) {
   auto request = std::make_shared<Request>();
+  request->rejected_at_post_ = !status.ok();
   request->Complete(std::move(status));
   return request;
 }

@@ -17,6 +17,9 @@
 
 namespace lbcc::comm {
 
+class Request;
+using RequestPtr = std::shared_ptr<Request>;
+
 class Request {
  public:
   Request() = default;
@@ -35,14 +38,20 @@ class Request {
   // For the communicator: records the outcome and wakes waiters. Call exactly once.
   void Complete(absl::Status status);
 
+  // True when the operation was refused before it was posted (CompletedRequest with an error:
+  // bad arguments). A posted operation that fails later, however soon, is not: callers that
+  // report argument errors from the posting call itself (the C API) see the same outcome
+  // whatever the timing.
+  bool RejectedAtPost() const;
+
  private:
+  friend RequestPtr CompletedRequest(absl::Status status);
+  bool rejected_at_post_ = false;  // written before the request is shared
   mutable Mutex mu_;
   mutable CondVar cv_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
-
-using RequestPtr = std::shared_ptr<Request>;
 
 // A request that is already complete with `status` (argument errors found before posting).
 RequestPtr CompletedRequest(absl::Status status);
