@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
@@ -87,8 +88,8 @@ absl::Status Unbundle(const std::string& bundle, std::vector<std::string>* paylo
   return absl::OkStatus();
 }
 
-// Gather in fast islands, leaders exchange island bundles (each payload crosses each slow link
-// once), leaders hand every member the full set.
+// Gather in fast islands, leaders exchange the island payloads (each payload crosses each slow
+// link once), leaders hand every member the full set.
 absl::Status Hierarchical(const Group& g, Tag tag, std::vector<std::string>* out,
                           Priority priority, absl::Time deadline, size_t max_bytes) {
   const Topology& topology = g.fabric->topology();
@@ -118,35 +119,47 @@ absl::Status Hierarchical(const Group& g, Tag tag, std::vector<std::string>* out
     }
     return absl::OkStatus();
   }
-  // Leader: 1. gather the island.
-  {
-    Batch batch(g.fabric, deadline);
-    for (size_t k = 1; k < mine.size(); ++k) {
-      batch.RecvAny(g.ranks[mine[k]], tag, &(*out)[mine[k]], max_bytes);
-    }
-    LBCC_RETURN_IF_ERROR(batch.Wait());
+  // Leader: 1-2. every island payload goes to every other leader as soon as this leader has it
+  // (its own at once, a member's when it arrives), one payload per message, so a slow link
+  // starts with the island's first finished encode instead of waiting for its last; the other
+  // leaders' payloads arrive the same way, one message each.
+  std::vector<int> other_leaders;  // group indices
+  std::vector<std::string> incoming;
+  for (int island : island_order) {
+    const std::vector<int>& members = by_island[island];
+    if (members[0] == g.me) continue;
+    other_leaders.push_back(members[0]);
+    for (size_t m = 0; m < members.size(); ++m) incoming.emplace_back();
   }
-  // 2. exchange island bundles with the other leaders.
-  const std::string own_bundle = Bundle(*out, mine);
-  std::vector<std::string> bundles(island_order.size());
+  const size_t single_max = max_bytes + 16;  // Bundle framing of one payload
+  std::vector<std::string> singles(mine.size());  // sent from, alive until `exchange` is done
+  Batch exchange(g.fabric, deadline);
   {
-    Batch batch(g.fabric, deadline);
-    for (size_t k = 0; k < island_order.size(); ++k) {
-      const int other_leader = by_island[island_order[k]][0];
-      if (other_leader == g.me) continue;
-      batch.Send(g.ranks[other_leader], tag + 1, Bytes(own_bundle), priority);
-      batch.RecvAny(g.ranks[other_leader], tag + 1, &bundles[k], bundle_max);
+    size_t slot = 0;
+    for (int other : other_leaders) {
+      for (size_t m = 0; m < by_island[topology.island_of(g.ranks[other])].size(); ++m) {
+        exchange.RecvAny(g.ranks[other], tag + 1, &incoming[slot++], single_max);
+      }
     }
-    LBCC_RETURN_IF_ERROR(batch.Wait());
   }
+  std::vector<std::unique_ptr<Batch>> gather;  // one per member, all posted at once
+  for (size_t k = 1; k < mine.size(); ++k) {
+    gather.push_back(std::make_unique<Batch>(g.fabric, deadline));
+    gather.back()->RecvAny(g.ranks[mine[k]], tag, &(*out)[mine[k]], max_bytes);
+  }
+  for (size_t k = 0; k < mine.size(); ++k) {
+    if (k > 0) LBCC_RETURN_IF_ERROR(gather[k - 1]->Wait());
+    singles[k] = Bundle(*out, {mine[k]});
+    for (int other : other_leaders) {
+      exchange.Send(g.ranks[other], tag + 1, Bytes(singles[k]), priority);
+    }
+  }
+  LBCC_RETURN_IF_ERROR(exchange.Wait());
   std::vector<bool> have(g.size(), false);
   for (int i : mine) have[i] = true;
-  for (size_t k = 0; k < island_order.size(); ++k) {
-    if (by_island[island_order[k]][0] == g.me) continue;
-    LBCC_RETURN_IF_ERROR(Unbundle(bundles[k], out, &have));
-  }
+  for (const std::string& single : incoming) LBCC_RETURN_IF_ERROR(Unbundle(single, out, &have));
   if (std::count(have.begin(), have.end(), true) != g.size()) {
-    return absl::DataLossError("island bundles miss payloads");
+    return absl::DataLossError("island payloads missing");
   }
   // 3. spread the full set in the island.
   if (mine.size() > 1) {
