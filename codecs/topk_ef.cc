@@ -447,9 +447,16 @@ bool UseDenseFinish(const std::vector<TopKParsed>& topk, const ChunkGeometry& g)
 // width up to kStripFloats wide) when the output has at least kStageOutputBytes.
 constexpr int64_t kStripFloats = 4096;
 constexpr int64_t kStageOutputBytes = int64_t{8} << 20;
-// A staged strip's row stride: one cache line more than its width, so that its rows fall in
-// different L1 sets.
-int64_t StripStride(int64_t per_strip, int64_t w) { return std::max<int64_t>(1, per_strip) * w + 16; }
+// Chunks per staged strip, and the strip's row stride: one cache line more than its width, so
+// that its rows fall in different L1 sets.
+int64_t ChunksPerStrip(const ChunkGeometry& g) {
+  return std::max<int64_t>(1, std::min(g.chunks_x, kStripFloats / g.w));
+}
+int64_t StripStride(const ChunkGeometry& g) { return ChunksPerStrip(g) * g.w + 16; }
+// Whether a dense finish goes through staged strips.
+bool UseStagedFinish(const ChunkGeometry& g, bool accumulate) {
+  return accumulate && g.h > 1 && g.num_elements * 4 >= kStageOutputBytes;
+}
 
 // Hints the h rows of chunk c's block into the cache before the chunk is written.
 inline void PrefetchBlock(const ChunkGeometry& g, const float* out, int64_t c) {
@@ -513,14 +520,14 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
   // Blocks are prefetched two chunks ahead (measured: 1, 2, 4 or 8 ahead and lower cache levels
   // are within noise for cache-resident outputs; 2 is best at 4096^2).
   constexpr int64_t kAhead = 2;
-  if (dense && kAccumulate && g.h > 1 && g.num_elements * 4 >= kStageOutputBytes) {
+  if (dense && UseStagedFinish(g, kAccumulate)) {
     // Added into an output larger than the caches: a strip of chunks side by side in one block
     // row is staged, then added to the output row by row, so the output is read and written in
     // runs of the strip's width that the hardware prefetches (a chunk's own rows are short and
     // at power-of-two strides all fall in the same few L1 sets: the per-chunk finish waits on
     // them). Smaller outputs come from L2/L3 fast enough that the extra pass costs more.
-    const int64_t per_strip = std::max<int64_t>(1, std::min(g.chunks_x, kStripFloats / g.w));
-    const int64_t strip_stride = StripStride(per_strip, g.w);
+    const int64_t per_strip = ChunksPerStrip(g);
+    const int64_t strip_stride = StripStride(g);
     float* strip = s.strip.data();
     for (int64_t y = 0; y < g.chunks_y; ++y) {
       for (int64_t x0 = 0; x0 < g.chunks_x; x0 += per_strip) {
@@ -639,8 +646,10 @@ void TopKEfApplyDecode(DecodeScratchImpl& s) {
     s.values.resize(kTopKReferenceChunk);
     s.touched.resize(kTopKReferenceChunk);
   }
-  const size_t strip = static_cast<size_t>(g.h * StripStride(kStripFloats / g.w, g.w));
-  if (dense && options.accumulate && s.strip.size() < strip) s.strip.resize(strip);
+  if (dense && UseStagedFinish(g, options.accumulate) &&
+      s.strip.size() < static_cast<size_t>(g.h * StripStride(g))) {
+    s.strip.resize(static_cast<size_t>(g.h * StripStride(g)));
+  }
   if (!dense) BuildLocalOffsets(g, &s.local_offset);  // the dense finish walks the block's rows
   switch (options.aggregation) {
     case Aggregation::kSparseLoCoMean:
