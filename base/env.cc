@@ -93,6 +93,11 @@ constexpr Spec kSpecs[] = {
      "Transport: unacknowledged bytes a slow link keeps in flight; 0: max(stripes x chunk, "
      "2 x probed rate x RTT).",
      {}, 0, 1 << 30},
+    {"LBCC_SPARSE_GROUP_ELEMENTS", Type::kInt, "1048576",
+     "SparseAllReduce: tensors are encoded and exchanged in groups of at least this many "
+     "elements (at most 8 groups; one tensor is never split), so encoding overlaps the wire. "
+     "Must be the same on every rank.",
+     {}, 1, int64_t{1} << 40},
     {"LBCC_TIMEOUT_S", Type::kDouble, "300",
      "Seconds a communicator waits for set-up or for one operation before failing it.", {},
      0.001, 86400},

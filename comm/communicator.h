@@ -47,6 +47,9 @@ struct OpOptions {
   absl::Duration timeout = absl::ZeroDuration();  // Zero: LBCC_TIMEOUT_S / FabricOptions.
   Algorithm algorithm = Algorithm::kAuto;
   transport::Priority priority = transport::Priority::kNormal;
+  // SparseAllReduce: smallest exchange group in elements (0: LBCC_SPARSE_GROUP_ELEMENTS). Every
+  // rank must pass the same value.
+  int64_t sparse_group_elements = 0;
 };
 
 // Reads LBCC_TRANSPORT, LBCC_LISTEN_ADDR and LBCC_TIMEOUT_S.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/logging.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
@@ -91,17 +92,20 @@ absl::Status DecodeTensor(absl::Span<const absl::Span<const uint8_t>> payloads,
 
 // SparseAllReduce exchanges its tensors in groups, so that encoding group g + 1 overlaps the
 // exchange of group g (a model's parameters are many tensors). A group holds consecutive
-// tensors totalling at least max(total / kMaxPipelineGroups, kMinGroupElements) elements; one
-// large tensor is one group (SparseLoCo's quantizer sees the whole tensor).
+// tensors totalling at least max(total / kMaxPipelineGroups, min_elements) elements; one large
+// tensor is one group (SparseLoCo's quantizer sees the whole tensor). Every group costs a
+// synchronisation of all ranks (its all-gather), so groups are not made small: on the 4-rank
+// testbed (4M parameters as 16 tensors, 2 cores) 4 groups of 1M beat 8 of 512K by ~10 %
+// (comm/README.md), hence the default minimum of 2^20 (LBCC_SPARSE_GROUP_ELEMENTS).
 constexpr int kMaxPipelineGroups = 8;
-constexpr int64_t kMinGroupElements = int64_t{1} << 18;
 
 // [begin, end) tensor ranges.
 std::vector<std::pair<size_t, size_t>> PlanGroups(
-    const std::vector<Communicator::SparseTensor>& tensors, int max_groups) {
+    const std::vector<Communicator::SparseTensor>& tensors, int max_groups,
+    int64_t min_elements) {
   int64_t total = 0;
   for (const auto& t : tensors) total += t.delta.num_elements();
-  const int64_t target = std::max(total / std::max(1, max_groups), kMinGroupElements);
+  const int64_t target = std::max(total / std::max(1, max_groups), min_elements);
   std::vector<std::pair<size_t, size_t>> groups;
   size_t begin = 0;
   int64_t filled = 0;
@@ -138,7 +142,12 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     const uint32_t steps = static_cast<uint32_t>(std::max(group.size(), 3));
     const int max_groups =
         static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, 0xff00u / steps));
-    const std::vector<std::pair<size_t, size_t>> plan = PlanGroups(tensors, max_groups);
+    int64_t min_elements = options.sparse_group_elements;
+    if (min_elements <= 0) {
+      LBCC_ASSIGN_OR_RETURN(min_elements, env::GetInt("LBCC_SPARSE_GROUP_ELEMENTS"));
+    }
+    const std::vector<std::pair<size_t, size_t>> plan =
+        PlanGroups(tensors, max_groups, min_elements);
     const int num_groups = static_cast<int>(plan.size());
     std::vector<Algorithm> algorithms(num_groups);
     for (int g = 0; g < num_groups; ++g) {

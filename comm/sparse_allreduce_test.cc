@@ -34,10 +34,17 @@ using ::testing::Each;
 using ::testing::HasSubstr;
 
 constexpr int kRanks = 4;
-// Two small tensors make one exchange group; the second set makes four (comm/compressed.cc
-// pipelines groups of >= 2^18 elements), so encode and exchange overlap.
+// Two small tensors make one exchange group; the second set makes four with Pipelined()'s
+// groups of >= 2^18 elements (the default minimum, 2^20, would make it one), so encode and
+// exchange overlap.
 const std::vector<Shape> kFewShapes = {{128, 192}, {1000}};
 const std::vector<Shape> kManyShapes = {{512, 512}, {300, 1000}, {1000}, {256, 1024}, {64, 64}};
+
+OpOptions Pipelined() {
+  OpOptions op;
+  op.sparse_group_elements = int64_t{1} << 18;
+  return op;
+}
 
 std::vector<float> DeltaOf(int rank, int tensor, int64_t count) {
   std::mt19937 rng(rank * 7919 + tensor * 104729 + 1);
@@ -112,6 +119,7 @@ TEST_P(SparseAllReduceTest, BitIdenticalToTheReferenceOnEveryRank) {
     }
     OpOptions op = Communicator::BulkOptions();
     op.algorithm = GetParam().algorithm;
+    op.sparse_group_elements = Pipelined().sparse_group_elements;
     LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait());
     for (const auto& state : states) {
       if (state.has_pending() || state.error().empty()) {
@@ -195,12 +203,12 @@ TEST(SparseAllReduceFailureTest, ARejectionInALaterGroupKeepsEveryOutputAndState
       tensors.push_back({*TensorView::Host(deltas[t].data(), kManyShapes[t]),
                          *TensorView::Host(outs[t].data(), kManyShapes[t]), &states[t]});
     }
-    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get())->Wait());
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, Pipelined())->Wait());
     const std::vector<std::vector<float>> outs_before = outs;
     std::vector<std::vector<float>> memory;
     for (const auto& s : states) memory.emplace_back(s.error().begin(), s.error().end());
     if (rank == 1) deltas[3][17] = std::numeric_limits<float>::infinity();
-    absl::Status failed = comm.SparseAllReduce(tensors, codec.get())->Wait();
+    absl::Status failed = comm.SparseAllReduce(tensors, codec.get(), {}, Pipelined())->Wait();
     if (failed.code() != absl::StatusCode::kInvalidArgument ||
         !absl::StrContains(failed.message(), rank == 1 ? "tensor 3" : "rank 1")) {
       return absl::InternalError(absl::StrCat("expected rank 1's rejection, got ", failed.ToString()));
@@ -213,7 +221,7 @@ TEST(SparseAllReduceFailureTest, ARejectionInALaterGroupKeepsEveryOutputAndState
       if (outs[t] != outs_before[t]) return absl::InternalError("output written by a failed exchange");
     }
     deltas[3][17] = 0.25f;
-    return comm.SparseAllReduce(tensors, codec.get())->Wait();
+    return comm.SparseAllReduce(tensors, codec.get(), {}, Pipelined())->Wait();
   });
   EXPECT_THAT(statuses, Each(IsOk()));
 }
