@@ -227,15 +227,38 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       }
       return absl::OkStatus();
     };
+    // With the direct algorithm throughout, this thread sends each group's blob to every peer
+    // as soon as it is encoded (below), without waiting for the previous group's all-gather to
+    // complete: a rank whose encode runs ahead keeps the links busy while a slower one catches
+    // up, and the exchanger only receives and validates, group by group. (Should a rank give up
+    // in group g, blobs of later groups that others already sent stay unreceived in the
+    // transport under this operation's tags, which no later operation uses.) Other algorithms
+    // forward what they receive, so their groups go one all-gather after the other.
+    const bool streamed =
+        group.size() > 1 && std::all_of(algorithms.begin(), algorithms.end(),
+                                        [](Algorithm a) { return a == Algorithm::kDirect; });
+    auto group_tag = [&](int g) { return tag + static_cast<uint32_t>(g) * steps; };
     std::thread exchanger([&] {
       for (int g = 0; g < num_groups; ++g) {
         {
           MutexLock lock(&mu);
           mu.Await([&] { return encoded > g; });
         }
-        absl::Status status =
-            comm::AllGatherV(group, tag + static_cast<uint32_t>(g) * steps, blobs[g], &all[g],
-                             algorithms[g], options.priority, deadline, size_t{1} << 40);
+        absl::Status status;
+        if (streamed) {
+          all[g].assign(group.size(), std::string());
+          all[g][group.me] = blobs[g];
+          Batch batch(group.fabric, deadline);
+          for (int r = 0; r < group.size(); ++r) {
+            if (r != group.me) {
+              batch.RecvAny(group.ranks[r], group_tag(g), &all[g][r], size_t{1} << 40);
+            }
+          }
+          status = batch.Wait();
+        } else {
+          status = comm::AllGatherV(group, group_tag(g), blobs[g], &all[g], algorithms[g],
+                                    options.priority, deadline, size_t{1} << 40);
+        }
         if (!status.ok()) {
           exchanged = status;
           MutexLock lock(&mu);
@@ -257,6 +280,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     });
 
     // 1. Encode group by group (or record why not; later groups are then not encoded).
+    std::vector<std::unique_ptr<Batch>> sends;  // streamed: each group's blob to every peer
     absl::Status local;
     std::vector<uint8_t>& buffer = encode_buffer_;
     std::unique_ptr<kernels::DeviceScratch> scratch;
@@ -298,6 +322,16 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         blob.append(reinterpret_cast<const char*>(buffer.data()), *size);
       }
       if (!local.ok()) blob = ErrorBlob(local);
+      if (streamed) {
+        sends.push_back(std::make_unique<Batch>(group.fabric, deadline));
+        for (int r = 0; r < group.size(); ++r) {
+          if (r == group.me) continue;
+          sends.back()->Send(group.ranks[r], group_tag(g),
+                             absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(blob.data()),
+                                                 blob.size()),
+                             options.priority);
+        }
+      }
       {
         MutexLock lock(&mu);
         encoded = g + 1;
@@ -307,6 +341,10 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     const absl::Time t1 = absl::Now();
     // After an error blob the exchanger stops by itself once that group is exchanged.
     exchanger.join();
+    for (const std::unique_ptr<Batch>& batch : sends) {
+      absl::Status sent = batch->Wait();
+      if (!sent.ok() && exchanged.ok()) exchanged = sent;
+    }
     const absl::Time t2 = absl::Now();
     if (!exchanged.ok()) {
       abort_states();
