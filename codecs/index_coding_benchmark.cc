@@ -12,6 +12,8 @@
 //   BM_DecodeAdaptiveSequential/...: internal::DecodeAdaptiveSequential, chunk after chunk (what
 //     DecodeAdaptive was before its Rice-0 fast path; what it still does for p > 0).
 //   BM_DecodePacked12/<rows>/<cols>/<source>: DecodePacked12 of the same indices.
+//   BM_EncodeAdaptive/...: the encoder's side, ChooseAdaptive + EncodeAdaptive (must reproduce
+//     the section); BM_EncodePacked12/...: EncodePacked12.
 // items_per_second = indices decoded. The binary ends with each adaptive rate as a fraction of
 // the packed12 rate of the same indices.
 #include <algorithm>
@@ -160,6 +162,34 @@ void BM_DecodePacked12(benchmark::State& state) {
   SetCounters(state, s, s.packed12.size());
 }
 
+// The encoder's index work for the adaptive coding: ChooseAdaptive (sizes of both sub-block
+// widths), then EncodeAdaptive with the chosen parameters.
+void BM_EncodeAdaptive(benchmark::State& state) {
+  const Section& s = GetSection(state.range(0), state.range(1), state.range(2));
+  std::vector<uint8_t> out(AdaptiveMaxBytes(s.layout));
+  size_t bytes = 0;
+  for (auto _ : state) {
+    const AdaptiveChoice choice = ChooseAdaptive(s.local, s.layout);
+    bytes = static_cast<size_t>((choice.bits + 7) / 8);
+    EncodeAdaptive(s.local, s.layout, choice.params, absl::MakeSpan(out.data(), bytes));
+    benchmark::DoNotOptimize(out.data());
+  }
+  LBCC_CHECK(std::equal(s.adaptive.begin(), s.adaptive.end(), out.begin()) &&
+             bytes == s.adaptive.size());
+  SetCounters(state, s, bytes);
+}
+
+void BM_EncodePacked12(benchmark::State& state) {
+  const Section& s = GetSection(state.range(0), state.range(1), state.range(2));
+  std::vector<uint8_t> out(s.packed12.size());
+  for (auto _ : state) {
+    EncodePacked12(s.local, absl::MakeSpan(out));
+    benchmark::DoNotOptimize(out.data());
+  }
+  LBCC_CHECK(out == s.packed12);
+  SetCounters(state, s, s.packed12.size());
+}
+
 }  // namespace
 }  // namespace lbcc::codecs
 
@@ -179,6 +209,12 @@ int main(int argc, char** argv) {
         ->Args(args)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("BM_DecodePacked12", BM_DecodePacked12)
+        ->Args(args)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("BM_EncodeAdaptive", BM_EncodeAdaptive)
+        ->Args(args)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("BM_EncodePacked12", BM_EncodePacked12)
         ->Args(args)
         ->Unit(benchmark::kMicrosecond);
   }
