@@ -8,9 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,17 +25,37 @@
 
 namespace lbcc::comm::testing {
 
-// A 127.0.0.1 port nobody listens on right now (the kernel's pick for a socket bound to port 0).
-inline int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+// A 127.0.0.1 port nobody uses right now, drawn below the kernel's ephemeral range: a port the
+// kernel hands out for bind(port 0) or an outgoing connection (concurrent tests make many) could
+// be taken again before the caller binds it. `count` consecutive ports are free when count > 1
+// (the first is returned). 0 when none was found.
+inline int FreeLoopbackPort(int count = 1) {
+  int low = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
+    std::fclose(f);
+  }
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(10000, std::max(10001, low - count));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int base = pick(rng);
+    std::vector<int> fds;
+    bool ok = true;
+    for (int p = base; p < base + count && ok; ++p) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      fds.push_back(fd);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(p));
+      ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    }
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
+    if (ok) return base;
+  }
+  return 0;
 }
 
 struct RankOptions {

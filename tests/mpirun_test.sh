@@ -4,7 +4,22 @@
 set -euo pipefail
 perf=$1
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not installed"; exit 0; }
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A free port below the kernel's ephemeral range (one from bind(port 0) could be handed out
+# again, to a concurrent test's connection, before the root binds it).
+port=$(python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(100):
+    p = random.randrange(10000, low)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+    print(p)
+    break
+PY
+)
 json="$TEST_TMPDIR/allreduce.json"
 timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 \
   -x LBCC_BOOTSTRAP_ADDR="127.0.0.1:$port" -x UCX_MEM_EVENTS=no \

@@ -168,7 +168,8 @@ TEST(MultiProcessTest, SparseAllReduceOverUcxByUniqueId) {
 
 
 std::vector<std::vector<std::pair<std::string, std::string>>> TorchrunEnvs(bool die) {
-  const int port = comm::testing::FreeLoopbackPort() - 1;  // LBCC's root listens on MASTER_PORT + 1.
+  // LBCC's root listens on MASTER_PORT + 1.
+  const int port = comm::testing::FreeLoopbackPort(2);
   std::vector<std::vector<std::pair<std::string, std::string>>> envs;
   for (int r = 0; r < kRanks; ++r) {
     std::vector<std::pair<std::string, std::string>> env = {

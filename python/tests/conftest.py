@@ -1,6 +1,7 @@
 """Shared helpers of the lbcc tests: ranks as threads of this process (real concurrency: LBCC
 releases the GIL while it waits) and free TCP ports for process launches."""
 
+import random
 import socket
 import threading
 
@@ -39,13 +40,20 @@ def run_ranks(nranks, body, backend="loopback", timeout=60.0, topology=None):
 
 
 def free_ports(count):
-    """`count` consecutive free TCP ports on 127.0.0.1 (free when checked)."""
+    """`count` consecutive free TCP ports on 127.0.0.1 (free when checked).
+
+    Drawn below the kernel's ephemeral range: a port the kernel hands out for bind(port 0) or an
+    outgoing connection (other tests running at the same time make many) could be taken again
+    between this check and the launched ranks' bind ("Address already in use")."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
+        base = rng.randrange(10000, max(10001, low - count))
         sockets = []
         try:
             for p in range(base, base + count):
