@@ -186,6 +186,31 @@ TEST(SparseAllReduceFailureTest, ARejectedInputFailsEveryRankAndKeepsState) {
   EXPECT_THAT(statuses, Each(IsOk()));
 }
 
+// A bad LBCC_SPARSE_GROUP_ELEMENTS fails the call on every rank with InvalidArgument naming the
+// variable, before anything is encoded; an explicit OpOptions value does not read it.
+TEST(SparseAllReduceFailureTest, BadGroupSizeVariableIsInvalidArgument) {
+  auto codec = MakeCodec();
+  const Shape shape = {64, 64};
+  setenv("LBCC_SPARSE_GROUP_ELEMENTS", "0", 1);
+  auto statuses = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> delta = DeltaOf(rank, 0, 4096), out(4096, 7.0f);
+    codecs::TopKEfState state;
+    std::vector<Communicator::SparseTensor> tensors = {
+        {*TensorView::Host(delta.data(), shape), *TensorView::Host(out.data(), shape), &state}};
+    absl::Status failed = comm.SparseAllReduce(tensors, codec.get())->Wait();
+    if (failed.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(failed.message(), "LBCC_SPARSE_GROUP_ELEMENTS")) {
+      return absl::InternalError(absl::StrCat("expected the variable's error, got ", failed.ToString()));
+    }
+    if (state.has_pending() || !state.error().empty() || out != std::vector<float>(4096, 7.0f)) {
+      return absl::InternalError("a refused call touched the state or the output");
+    }
+    return comm.SparseAllReduce(tensors, codec.get(), {}, Pipelined())->Wait();
+  });
+  unsetenv("LBCC_SPARSE_GROUP_ELEMENTS");
+  EXPECT_THAT(statuses, Each(IsOk()));
+}
+
 // A rank that cannot encode a tensor of a later exchange group (its earlier groups already went
 // out) fails the collective on every rank; nothing is written and no rank loses error feedback.
 TEST(SparseAllReduceFailureTest, ARejectionInALaterGroupKeepsEveryOutputAndState) {
