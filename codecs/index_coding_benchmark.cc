@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <utility>
 #include <numeric>
 #include <random>
 #include <string>
@@ -201,22 +202,17 @@ int main(int argc, char** argv) {
               std::string(lbcc::SimdLevelName(lbcc::ActiveSimdLevel())).c_str());
   const std::vector<std::vector<int64_t>> cases = {
       {2048, 2048, 0}, {2048, 2048, 1}, {4096, 4096, 0}, {4096, 4096, 1}};
+  using Fn = void (*)(benchmark::State&);
+  const std::vector<std::pair<const char*, Fn>> benchmarks = {
+      {"BM_DecodeAdaptive", BM_DecodeAdaptive},
+      {"BM_DecodeAdaptiveSequential", BM_DecodeAdaptiveSequential},
+      {"BM_DecodePacked12", BM_DecodePacked12},
+      {"BM_EncodeAdaptive", BM_EncodeAdaptive},
+      {"BM_EncodePacked12", BM_EncodePacked12}};
   for (const std::vector<int64_t>& args : cases) {
-    benchmark::RegisterBenchmark("BM_DecodeAdaptive", BM_DecodeAdaptive)
-        ->Args(args)
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("BM_DecodeAdaptiveSequential", BM_DecodeAdaptiveSequential)
-        ->Args(args)
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("BM_DecodePacked12", BM_DecodePacked12)
-        ->Args(args)
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("BM_EncodeAdaptive", BM_EncodeAdaptive)
-        ->Args(args)
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("BM_EncodePacked12", BM_EncodePacked12)
-        ->Args(args)
-        ->Unit(benchmark::kMicrosecond);
+    for (const auto& [name, fn] : benchmarks) {
+      benchmark::RegisterBenchmark(name, fn)->Args(args)->Unit(benchmark::kMicrosecond);
+    }
   }
   lbcc::bench::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
