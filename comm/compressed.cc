@@ -230,15 +230,18 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     // With the direct algorithm throughout, this thread sends each group's blob to every peer
     // as soon as it is encoded (below), without waiting for the previous group's all-gather to
     // complete: a rank whose encode runs ahead keeps the links busy while a slower one catches
-    // up, and the exchanger only receives and validates, group by group. (Should a rank give up
-    // in group g, blobs of later groups that others already sent stay unreceived in the
-    // transport under this operation's tags, which no later operation uses.) Other algorithms
-    // forward what they receive, so their groups go one all-gather after the other.
+    // up, and the exchanger only receives and validates, group by group. Since a rank may send
+    // group g + 1 before it learns that someone gave up in group g, every rank then sends every
+    // group (a placeholder once it knows, or after its own error blob) and receives every group,
+    // so no send waits for a receive that never comes. Other algorithms forward what they
+    // receive, so their groups go one all-gather after the other and stop at a give-up.
     const bool streamed =
         group.size() > 1 && std::all_of(algorithms.begin(), algorithms.end(),
                                         [](Algorithm a) { return a == Algorithm::kDirect; });
     auto group_tag = [&](int g) { return tag + static_cast<uint32_t>(g) * steps; };
+    bool stop_encoding = false;  // Guarded by mu; streamed: someone gave up, send placeholders.
     std::thread exchanger([&] {
+      bool gave_up = false;
       for (int g = 0; g < num_groups; ++g) {
         {
           MutexLock lock(&mu);
@@ -265,6 +268,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           exchanger_failed = true;
           return;
         }
+        if (gave_up) continue;  // streamed: later groups are received, not looked at
         groups_exchanged = g + 1;
         bool someone_gave_up = false;
         for (const std::string& blob : all[g]) someone_gave_up |= blob.empty() || blob[0] == '\0';
@@ -273,27 +277,36 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           for (int r = 0; r < group.size() && invalid.ok(); ++r) {
             invalid = SplitBlob(all[g][r], plan[g].second - plan[g].first, r).status();
           }
-          return;
+          if (!streamed) return;
+          // Streamed: every rank sends every group, so every group is received; the encoder
+          // sends placeholders from now on.
+          gave_up = true;
+          MutexLock lock(&mu);
+          stop_encoding = true;
+          continue;
         }
         if (invalid.ok()) invalid = validate(g);
       }
     });
 
-    // 1. Encode group by group (or record why not; later groups are then not encoded).
+    // 1. Encode group by group (or record why not; later groups are then not encoded, only
+    // their error or placeholder blobs sent when streamed).
     std::vector<std::unique_ptr<Batch>> sends;  // streamed: each group's blob to every peer
     absl::Status local;
     std::vector<uint8_t>& buffer = encode_buffer_;
     std::unique_ptr<kernels::DeviceScratch> scratch;
     for (int g = 0; g < num_groups; ++g) {
+      bool placeholder = false;
       {
         MutexLock lock(&mu);
         if (exchanger_failed) break;
+        placeholder = stop_encoding;
       }
       std::string& blob = blobs[g];
       blob.assign(1, '\1');
       const uint32_t count = static_cast<uint32_t>(plan[g].second - plan[g].first);
       blob.append(reinterpret_cast<const char*>(&count), 4);
-      for (size_t i = plan[g].first; i < plan[g].second && local.ok(); ++i) {
+      for (size_t i = plan[g].first; i < plan[g].second && local.ok() && !placeholder; ++i) {
         const SparseTensor& t = tensors[i];
         if (t.out.shape() != t.delta.shape() || t.out.dtype() != DType::kF32) {
           local = absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": out ",
@@ -322,6 +335,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         blob.append(reinterpret_cast<const char*>(buffer.data()), *size);
       }
       if (!local.ok()) blob = ErrorBlob(local);
+      if (placeholder && local.ok()) blob = ErrorBlob(absl::AbortedError("another rank gave up"));
       if (streamed) {
         sends.push_back(std::make_unique<Batch>(group.fabric, deadline));
         for (int r = 0; r < group.size(); ++r) {
@@ -336,10 +350,11 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         MutexLock lock(&mu);
         encoded = g + 1;
       }
-      if (!local.ok()) break;
+      if (!local.ok() && !streamed) break;
     }
     const absl::Time t1 = absl::Now();
-    // After an error blob the exchanger stops by itself once that group is exchanged.
+    // After an error blob the exchanger stops by itself once that group (streamed: the last) is
+    // exchanged.
     exchanger.join();
     for (const std::unique_ptr<Batch>& batch : sends) {
       absl::Status sent = batch->Wait();

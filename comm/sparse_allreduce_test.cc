@@ -346,6 +346,93 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(CorruptingCodec::Damage::kIndexWithValidChecksum, 0),
                       std::make_tuple(CorruptingCodec::Damage::kIndexWithValidChecksum, 1)));
 
+// Counts successful encodes into *done (under *mu, signalling *cv).
+class CountingCodec final : public codecs::Codec {
+ public:
+  CountingCodec(const codecs::Codec* inner, Mutex* mu, CondVar* cv, int* done)
+      : inner_(inner), mu_(mu), cv_(cv), done_(done) {}
+  codecs::CodecId id() const override { return inner_->id(); }
+  std::string Describe() const override { return "counting " + inner_->Describe(); }
+  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
+    return inner_->MaxEncodedBytes(shape);
+  }
+  absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
+                                absl::Span<uint8_t> out) const override {
+    LBCC_ASSIGN_OR_RETURN(size_t size, inner_->Encode(input, state, out));
+    MutexLock lock(mu_);
+    ++*done_;
+    cv_->SignalAll();
+    return size;
+  }
+
+ private:
+  const codecs::Codec* inner_;
+  Mutex* mu_;
+  CondVar* cv_;
+  int* done_;
+};
+
+// Ranks 0 and 2 have encoded and sent all four exchange groups (blobs over 64 KiB, which the
+// loopback transport delivers like a rendezvous: a send completes only once received) before
+// rank 1 gives up in the first group. Every send must still find its receive: the collective
+// fails on every rank with rank 1's error well before the timeout, and the communicator works
+// afterwards.
+TEST(SparseAllReduceFailureTest, AGiveUpAfterOthersSentEveryGroupStrandsNoSend) {
+  codecs::TopKEfOptions topk;
+  topk.top_k = 1024;  // 1/4 of the values as fp32 with 12-bit indices: ~90 KB per tensor
+  topk.values = codecs::ValueCoding::kF32;
+  topk.indices = codecs::IndexCoding::kPacked12;
+  auto inner = *codecs::TopKEfCodec::Create(topk);
+  const Shape shape = {256, 256};
+  constexpr int kTensors = 4;
+  OpOptions op;
+  op.sparse_group_elements = 256 * 256;  // one group per tensor
+  RankOptions options;
+  options.timeout = absl::Seconds(20);
+  Mutex mu;
+  CondVar cv;
+  int encoded = 0;  // by ranks 0 and 2
+  CountingCodec counting(inner.get(), &mu, &cv, &encoded);
+  auto statuses = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<std::vector<float>> deltas, outs(kTensors);
+    std::vector<codecs::TopKEfState> states(kTensors);
+    std::vector<Communicator::SparseTensor> tensors;
+    for (int t = 0; t < kTensors; ++t) {
+      deltas.push_back(DeltaOf(rank, t, 256 * 256));
+      outs[t].assign(256 * 256, 7.0f);
+    }
+    for (int t = 0; t < kTensors; ++t) {
+      tensors.push_back({*TensorView::Host(deltas[t].data(), shape),
+                         *TensorView::Host(outs[t].data(), shape), &states[t]});
+    }
+    if (rank == 1) {
+      deltas[0][3] = std::nanf("");
+      MutexLock lock(&mu);
+      while (encoded < 2 * kTensors) cv.Wait(&mu);
+    }
+    const absl::Time start = absl::Now();
+    const codecs::Codec* codec = inner.get();
+    if (rank != 1) codec = &counting;
+    absl::Status failed = comm.SparseAllReduce(tensors, codec, {}, op)->Wait();
+    if (failed.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(failed.message(), rank == 1 ? "tensor 0" : "rank 1")) {
+      return absl::InternalError(absl::StrCat("expected rank 1's rejection, got ", failed.ToString()));
+    }
+    if (absl::Now() - start > absl::Seconds(10)) {
+      return absl::InternalError("the failed collective waited for the timeout");
+    }
+    for (int t = 0; t < kTensors; ++t) {
+      if (states[t].has_pending()) return absl::InternalError("state left pending");
+      if (outs[t] != std::vector<float>(256 * 256, 7.0f)) {
+        return absl::InternalError("output written by a failed exchange");
+      }
+    }
+    deltas[0][3] = 0.25f;
+    return comm.SparseAllReduce(tensors, inner.get(), {}, op)->Wait();
+  });
+  EXPECT_THAT(statuses, Each(IsOk()));
+}
+
 TEST(SparseAllReduceFailureTest, ADeadRankFailsTheOthersWithoutLosingState) {
   auto codec = MakeCodec();
   const Shape shape = {64, 64};
