@@ -194,8 +194,9 @@ void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
     acc >>= 32 * full;
     fill -= 32 * full;
   };
-  // The most a chunk writes (AdaptiveMaxBytes' bound) plus the 4 bytes put_fast stores.
-  const int64_t chunk_bytes = (layout.chunk_len * 2 + num_sub * (1 + 7) + 7) / 8 + 4;
+  // Room for a chunk with put_fast: the most it writes (AdaptiveMaxBytes' bound), the < 32 bits
+  // still waiting when it starts, and the 4 bytes put_fast stores ahead.
+  const int64_t chunk_bytes = (layout.chunk_len * 2 + num_sub * (1 + 7) + 7) / 8 + 4 + 4;
   const uint16_t* const last = local.data() + local.size();
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
     const uint16_t* idx = local.data() + c * layout.k;
