@@ -227,17 +227,20 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       }
       return absl::OkStatus();
     };
-    // With the direct algorithm throughout, this thread sends each group's blob to every peer
-    // as soon as it is encoded (below), without waiting for the previous group's all-gather to
-    // complete: a rank whose encode runs ahead keeps the links busy while a slower one catches
-    // up, and the exchanger only receives and validates, group by group. Since a rank may send
-    // group g + 1 before it learns that someone gave up in group g, every rank then sends every
-    // group (a placeholder once it knows, or after its own error blob) and receives every group,
-    // so no send waits for a receive that never comes. Other algorithms forward what they
-    // receive, so their groups go one all-gather after the other and stop at a give-up.
-    const bool streamed =
-        group.size() > 1 && std::all_of(algorithms.begin(), algorithms.end(),
-                                        [](Algorithm a) { return a == Algorithm::kDirect; });
+    // Groups are exchanged as soon as they are encoded, without waiting for the previous
+    // group's all-gather to complete: a rank whose encode runs ahead keeps the links busy while
+    // a slower one catches up. With the direct algorithm throughout, this thread sends each
+    // group's blob to every peer (below) and the exchanger only receives; other algorithms
+    // forward what they receive, so each group's all-gather runs on a thread of its own and the
+    // exchanger joins them in order. The exchanger validates group by group. Since a rank may
+    // start group g + 1 before it learns that someone gave up in group g, every rank then
+    // exchanges every group (a placeholder once it knows, or after its own error blob), so no
+    // send waits for a receive that never comes.
+    const bool streamed = group.size() > 1;
+    const bool direct = std::all_of(algorithms.begin(), algorithms.end(),
+                                    [](Algorithm a) { return a == Algorithm::kDirect; });
+    std::vector<std::thread> gathers(num_groups);  // streamed, not direct: group g's all-gather
+    std::vector<absl::Status> gathered(num_groups);
     auto group_tag = [&](int g) { return tag + static_cast<uint32_t>(g) * steps; };
     bool stop_encoding = false;  // Guarded by mu; streamed: someone gave up, send placeholders.
     std::thread exchanger([&] {
@@ -248,7 +251,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           mu.Await([&] { return encoded > g; });
         }
         absl::Status status;
-        if (streamed) {
+        if (streamed && direct) {
           all[g].assign(group.size(), std::string());
           all[g][group.me] = blobs[g];
           Batch batch(group.fabric, deadline);
@@ -258,6 +261,9 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
             }
           }
           status = batch.Wait();
+        } else if (streamed) {
+          gathers[g].join();
+          status = gathered[g];
         } else {
           status = comm::AllGatherV(group, group_tag(g), blobs[g], &all[g], algorithms[g],
                                     options.priority, deadline, size_t{1} << 40);
@@ -291,7 +297,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
 
     // 1. Encode group by group (or record why not; later groups are then not encoded, only
     // their error or placeholder blobs sent when streamed).
-    std::vector<std::unique_ptr<Batch>> sends;  // streamed: each group's blob to every peer
+    std::vector<std::unique_ptr<Batch>> sends;  // streamed direct: each group's blob to each peer
     absl::Status local;
     std::vector<uint8_t>& buffer = encode_buffer_;
     std::unique_ptr<kernels::DeviceScratch> scratch;
@@ -336,7 +342,12 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       }
       if (!local.ok()) blob = ErrorBlob(local);
       if (placeholder && local.ok()) blob = ErrorBlob(absl::AbortedError("another rank gave up"));
-      if (streamed) {
+      if (streamed && !direct) {
+        gathers[g] = std::thread([&, g] {
+          gathered[g] = comm::AllGatherV(group, group_tag(g), blobs[g], &all[g], algorithms[g],
+                                         options.priority, deadline, size_t{1} << 40);
+        });
+      } else if (streamed) {
         sends.push_back(std::make_unique<Batch>(group.fabric, deadline));
         for (int r = 0; r < group.size(); ++r) {
           if (r == group.me) continue;
@@ -356,6 +367,9 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     // After an error blob the exchanger stops by itself once that group (streamed: the last) is
     // exchanged.
     exchanger.join();
+    for (std::thread& gather : gathers) {  // those the exchanger did not reach after a failure
+      if (gather.joinable()) gather.join();
+    }
     for (const std::unique_ptr<Batch>& batch : sends) {
       absl::Status sent = batch->Wait();
       if (!sent.ok() && exchanged.ok()) exchanged = sent;

@@ -372,12 +372,15 @@ class CountingCodec final : public codecs::Codec {
   int* done_;
 };
 
-// Ranks 0 and 2 have encoded and sent all four exchange groups (blobs over 64 KiB, which the
-// loopback transport delivers like a rendezvous: a send completes only once received) before
-// rank 1 gives up in the first group. Every send must still find its receive: the collective
-// fails on every rank with rank 1's error well before the timeout, and the communicator works
-// afterwards.
-TEST(SparseAllReduceFailureTest, AGiveUpAfterOthersSentEveryGroupStrandsNoSend) {
+// Ranks 0 and 2 have encoded all four exchange groups and started their exchange (blobs over
+// 64 KiB, which the loopback transport delivers like a rendezvous: a send completes only once
+// received) before rank 1 gives up in the first group. Every send must still find its receive:
+// the collective fails on every rank with rank 1's error well before the timeout, and the
+// communicator works afterwards. For each all-gather algorithm (direct sends groups from the
+// encoding thread, ring and hierarchical run each group's all-gather on a thread of its own).
+class SparseAllReduceGiveUpTest : public ::testing::TestWithParam<Algorithm> {};
+
+TEST_P(SparseAllReduceGiveUpTest, AGiveUpAfterOthersStartedEveryGroupStrandsNoSend) {
   codecs::TopKEfOptions topk;
   topk.top_k = 1024;  // 1/4 of the values as fp32 with 12-bit indices: ~90 KB per tensor
   topk.values = codecs::ValueCoding::kF32;
@@ -387,8 +390,10 @@ TEST(SparseAllReduceFailureTest, AGiveUpAfterOthersSentEveryGroupStrandsNoSend) 
   constexpr int kTensors = 4;
   OpOptions op;
   op.sparse_group_elements = 256 * 256;  // one group per tensor
+  op.algorithm = GetParam();
   RankOptions options;
   options.timeout = absl::Seconds(20);
+  options.topology = *Topology::FromJson(R"({"nranks": 3, "islands": [[0, 1]]})");
   Mutex mu;
   CondVar cv;
   int encoded = 0;  // by ranks 0 and 2
@@ -432,6 +437,13 @@ TEST(SparseAllReduceFailureTest, AGiveUpAfterOthersSentEveryGroupStrandsNoSend) 
   });
   EXPECT_THAT(statuses, Each(IsOk()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, SparseAllReduceGiveUpTest,
+                         ::testing::Values(Algorithm::kDirect, Algorithm::kRing,
+                                           Algorithm::kHierarchical),
+                         [](const auto& info) {
+                           return std::string(AlgorithmName(info.param));
+                         });
 
 TEST(SparseAllReduceFailureTest, ADeadRankFailsTheOthersWithoutLosingState) {
   auto codec = MakeCodec();
