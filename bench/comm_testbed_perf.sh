@@ -9,7 +9,8 @@
 #   2. heterogeneous: ranks 0 and 1 on an unshaped fast island, ranks 2 and 3 behind shaped
 #      links: hierarchical vs flat (direct) algorithm, slow-link bytes and time;
 #   3. the same island as a site (a cluster behind one shared WAN link at --rate, testbed
-#      --site), ranks 2 and 3 behind their own links: hierarchical vs flat.
+#      --site), ranks 2 and 3 behind their own links: hierarchical vs flat;
+#      2. and 3. also with the parameters as --tensors tensors.
 #
 #   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--tensors 16] [--out DIR]
 #
@@ -25,7 +26,7 @@ while (($#)); do
     --iters) iters=$2; shift ;;
     --tensors) tensors=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n "2,16p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,17p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -109,12 +110,16 @@ $T up --name "$name" --hosts 4 --rate "$rate" --slow 2,3 --owner-pid $$ >/dev/nu
 hetero='{"nranks": 4, "islands": [[0, 1]]}'
 run hetero_hierarchical "$hetero" --op sparse_allreduce --algo hierarchical
 run hetero_flat "$hetero" --op sparse_allreduce --algo direct
+run hetero_hierarchical_tensors "$hetero" --op sparse_allreduce --algo hierarchical --tensors "$tensors"
+run hetero_flat_tensors "$hetero" --op sparse_allreduce --algo direct --tensors "$tensors"
 $T down --name "$name" >/dev/null
 
 echo "== heterogeneous site: ranks 0,1 share one $rate link, ranks 2,3 behind their own"
 $T up --name "$name" --hosts 4 --rate "$rate" --slow 2,3 --site 0,1 --owner-pid $$ >/dev/null
 run site_hierarchical "$hetero" --op sparse_allreduce --algo hierarchical
 run site_flat "$hetero" --op sparse_allreduce --algo direct
+run site_hierarchical_tensors "$hetero" --op sparse_allreduce --algo hierarchical --tensors "$tensors"
+run site_flat_tensors "$hetero" --op sparse_allreduce --algo direct --tensors "$tensors"
 $T down --name "$name" >/dev/null
 
 python3 - "$out" "$rate" "$tensors" <<'PY'
@@ -125,16 +130,17 @@ bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 link = bits / 8  # bytes per second of one shaped down-link
 r = {k: json.load(open(f"{out}/{k}.json"))[0] for k in
      ["flat_sparse", "flat_sparse_tensors", "flat_dense", "unshaped_sparse",
-      "unshaped_sparse_tensors", "hetero_hierarchical", "hetero_flat", "site_hierarchical",
-      "site_flat"]}
+      "unshaped_sparse_tensors", "hetero_hierarchical", "hetero_flat",
+      "hetero_hierarchical_tensors", "hetero_flat_tensors", "site_hierarchical", "site_flat",
+      "site_hierarchical_tensors", "site_flat_tensors"]}
 gloo = json.load(open(f"{out}/flat_gloo.json"))
 fs, fd = r["flat_sparse"], r["flat_dense"]
 wire_limit = fs["wire_recv_bytes"] / link
 print(f"\nlink rate {rate} ({link/1e6:.2f} MB/s per down-link), tensor {fs['count']} fp32")
-print(f"{'run':22} {'time(s)':>9} {'rank0_recv(B)':>14} {'slow_recv_all_ranks(B)':>23}")
+print(f"{'run':28} {'time(s)':>9} {'rank0_recv(B)':>14} {'slow_recv_all_ranks(B)':>23}")
 for k, v in r.items():
-    print(f"{k:22} {v['seconds']:9.4f} {v['wire_recv_bytes']:14.0f} {v['slow_recv_bytes_all_ranks']:23.0f}")
-print(f"{'flat_gloo (dense ring)':22} {gloo['seconds']:9.4f}")
+    print(f"{k:28} {v['seconds']:9.4f} {v['wire_recv_bytes']:14.0f} {v['slow_recv_bytes_all_ranks']:23.0f}")
+print(f"{'flat_gloo (dense ring)':28} {gloo['seconds']:9.4f}")
 print(f"\nSparseAllReduce / dense AllReduce time      = 1/{fd['seconds']/fs['seconds']:.1f}  (goal <= 1/50)")
 print(f"SparseAllReduce / Gloo dense ring time      = 1/{gloo['seconds']/fs['seconds']:.1f}; "
       f"LBCC dense ring / Gloo = {fd['seconds']/gloo['seconds']:.2f}")
@@ -147,9 +153,13 @@ print(f"  same parameters as {sys.argv[3]} tensors: {ft['seconds']:.4f} s / wire
 us, ut = r["unshaped_sparse"], r["unshaped_sparse_tensors"]
 print(f"  unshaped links (encode + decode on this machine, no wire limit): 1 tensor {us['seconds']:.4f} s, "
       f"{sys.argv[3]} tensors {ut['seconds']:.4f} s")
-for label in ["hetero", "site"]:
-    hh, hf = r[f"{label}_hierarchical"], r[f"{label}_flat"]
-    print(f"{label}: hierarchical / flat time = {hh['seconds']/hf['seconds']:.2f}, slow-link "
+printed = set()
+for label in ["hetero", "site", "hetero", "site"]:
+    suffix = "" if f"{label}:" not in printed else "_tensors"
+    printed.add(f"{label}:")
+    hh, hf = r[f"{label}_hierarchical{suffix}"], r[f"{label}_flat{suffix}"]
+    what = f"{label}{' (' + sys.argv[3] + ' tensors)' if suffix else ''}"
+    print(f"{what}: hierarchical / flat time = {hh['seconds']/hf['seconds']:.2f}, slow-link "
           f"bytes (all ranks) {hh['slow_recv_bytes_all_ranks']:.0f} / "
           f"{hf['slow_recv_bytes_all_ranks']:.0f} = "
           f"{hh['slow_recv_bytes_all_ranks']/hf['slow_recv_bytes_all_ranks']:.2f}")
