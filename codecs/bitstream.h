@@ -38,15 +38,28 @@ class BitWriter {
     }
     Put((1u << q) - 1u, static_cast<int>(q) + 1);
   }
+  // True when `bytes` more bytes fit, plus the up to 4 that PutUnchecked keeps pending and the
+  // 4 it stores ahead: then PutUnchecked may write up to 8 * bytes bits.
+  bool HasRoom(size_t bytes) const { return out_.size() - pos_ >= bytes + 8; }
+  // Put without branches or bounds checks, for hot loops that checked HasRoom: always stores 4
+  // bytes and keeps them when 32 bits are full (up to 31 bits stay pending; Put and Finish
+  // take them from there).
+  void PutUnchecked(uint32_t value, int bits) {
+    acc_ |= static_cast<uint64_t>(value) << fill_;
+    fill_ += bits;
+    const uint32_t word = static_cast<uint32_t>(acc_);  // little-endian, like Flush8's order
+    std::memcpy(out_.data() + pos_, &word, 4);
+    const int full = fill_ >> 5;  // 0 or 1
+    pos_ += 4 * static_cast<size_t>(full);
+    acc_ >>= 32 * full;
+    fill_ -= 32 * full;
+  }
   uint64_t bits_written() const { return static_cast<uint64_t>(pos_) * 8 + fill_; }
-  // Writes the last partial byte (zero-padded); returns the bytes written.
+  // Writes the bits still pending, the last byte zero-padded; returns the bytes written.
   size_t Finish() {
-    if (fill_ > 0) {
-      LBCC_CHECK_LT(pos_, out_.size()) << "BitWriter overflow";
-      out_[pos_++] = static_cast<uint8_t>(acc_);
-      acc_ = 0;
-      fill_ = 0;
-    }
+    while (fill_ > 0) Flush8();
+    acc_ = 0;
+    fill_ = 0;
     return pos_;
   }
 

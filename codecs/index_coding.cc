@@ -168,40 +168,16 @@ void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
   const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
   const uint32_t offset_mask = (1u << b) - 1;
   int32_t counts[kMaxSubBlocks];
-  // BitWriter's format (bitstream.h: LSB first, bytes little-endian), its state in locals.
-  uint8_t* o = out.data();
-  uint8_t* const end = out.data() + out.size();
-  uint64_t acc = 0;
-  int fill = 0;  // < 32 between puts
-  // Checked: bytes leave one at a time.
-  auto put = [&](uint32_t value, int bits) {  // bits <= 32, value < 2^bits
-    acc |= static_cast<uint64_t>(value) << fill;
-    fill += bits;
-    for (; fill >= 8; fill -= 8, acc >>= 8) {
-      LBCC_CHECK(o < end) << "adaptive index section overflow";
-      *o++ = static_cast<uint8_t>(acc);
-    }
-  };
-  // Unchecked, without branches: always stores 4 bytes, keeps them when 32 bits are full.
-  // The caller made sure that 4 bytes fit.
-  auto put_fast = [&](uint32_t value, int bits) {
-    acc |= static_cast<uint64_t>(value) << fill;
-    fill += bits;
-    const uint32_t word = static_cast<uint32_t>(acc);
-    std::memcpy(o, &word, 4);
-    const int full = fill >> 5;  // 0 or 1
-    o += 4 * full;
-    acc >>= 32 * full;
-    fill -= 32 * full;
-  };
-  // Room for a chunk with put_fast: the most it writes (AdaptiveMaxBytes' bound), the < 32 bits
-  // still waiting when it starts, and the 4 bytes put_fast stores ahead.
-  const int64_t chunk_bytes = (layout.chunk_len * 2 + num_sub * (1 + 7) + 7) / 8 + 4 + 4;
+  BitWriter writer(out);
+  // The most a chunk writes (AdaptiveMaxBytes' bound): with that much room its usual
+  // sub-blocks go through PutUnchecked.
+  const size_t chunk_bytes =
+      static_cast<size_t>((layout.chunk_len * 2 + num_sub * (1 + 7) + 7) / 8);
   const uint16_t* const last = local.data() + local.size();
   for (int64_t c = 0; c < layout.num_chunks; ++c) {
     const uint16_t* idx = local.data() + c * layout.k;
     CountSubBlocks(idx, layout.k, b, num_sub, counts);
-    const bool room = end - o >= chunk_bytes;
+    const bool room = writer.HasRoom(chunk_bytes);
     for (int64_t j = 0; j < num_sub; ++j) {
       const int64_t n = counts[j];
       const int64_t s = SubBlockSize(layout.chunk_len, b, j);
@@ -210,20 +186,18 @@ void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
       if (room && n <= 4 && s >= n * b && last - idx >= 4) {
         // The usual sub-block (at top_k 64 about one index): count and up to four offsets in
         // two puts; offsets past the n-th are read but masked off.
-        put_fast(((1u << q) - 1u) | (rem << (q + 1)), static_cast<int>(q) + 1 + p);
+        writer.PutUnchecked(((1u << q) - 1u) | (rem << (q + 1)), static_cast<int>(q) + 1 + p);
         const uint32_t offsets = (idx[0] & offset_mask) | (idx[1] & offset_mask) << b |
                                  (idx[2] & offset_mask) << (2 * b) |
                                  (idx[3] & offset_mask) << (3 * b);
         const int bits = static_cast<int>(n) * b;
-        put_fast(offsets & ((uint32_t{1} << bits) - 1), bits);
+        writer.PutUnchecked(offsets & ((uint32_t{1} << bits) - 1), bits);
         idx += n;
         continue;
       }
       const uint32_t base = static_cast<uint32_t>(j << b);
-      uint32_t unary = q;
-      for (; unary >= 24; unary -= 24) put(0xFFFFFFu, 24);
-      put((1u << unary) - 1u, static_cast<int>(unary) + 1);
-      put(rem, p);
+      writer.PutUnary(q);
+      writer.Put(rem, p);
       if (s < n * b) {
         // Bitmap of s <= 128 bits, written in 32-bit words.
         uint32_t words[4] = {0, 0, 0, 0};
@@ -232,20 +206,16 @@ void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
           words[off >> 5] |= 1u << (off & 31);
         }
         for (int64_t bit = 0; bit < s; bit += 32) {
-          put(words[bit >> 5], static_cast<int>(std::min<int64_t>(32, s - bit)));
+          writer.Put(words[bit >> 5], static_cast<int>(std::min<int64_t>(32, s - bit)));
         }
       } else {
-        for (int64_t t = 0; t < n; ++t) put(idx[t] - base, b);
+        for (int64_t t = 0; t < n; ++t) writer.Put(idx[t] - base, b);
       }
       idx += n;
     }
   }
-  for (; fill > 0; fill -= 8, acc >>= 8) {  // the last byte zero-padded
-    LBCC_CHECK(o < end) << "adaptive index section overflow";
-    *o++ = static_cast<uint8_t>(acc);
-  }
-  LBCC_CHECK_EQ(static_cast<size_t>(o - out.data()), out.size())
-      << "adaptive index size mismatch";
+  const size_t written = writer.Finish();
+  LBCC_CHECK_EQ(written, out.size()) << "adaptive index size mismatch";
 }
 
 namespace {
