@@ -252,16 +252,29 @@ TEST(SparseAllReduceFailureTest, ARejectionInALaterGroupKeepsEveryOutputAndState
 }
 
 // Wraps a TopK-EF codec and damages the payload of tensors of one shape, on one rank only.
-class CorruptingCodec final : public codecs::Codec {
+// A codec that forwards to `inner`; subclasses change what Encode does around it.
+class WrappingCodec : public codecs::Codec {
  public:
-  enum class Damage { kChecksum, kIndexWithValidChecksum };
-  CorruptingCodec(const codecs::Codec* inner, Shape victim, Damage damage)
-      : inner_(inner), victim_(std::move(victim)), damage_(damage) {}
+  WrappingCodec(const codecs::Codec* inner, std::string what)
+      : inner_(inner), what_(std::move(what)) {}
   codecs::CodecId id() const override { return inner_->id(); }
-  std::string Describe() const override { return "corrupting " + inner_->Describe(); }
+  std::string Describe() const override { return what_ + " " + inner_->Describe(); }
   absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
     return inner_->MaxEncodedBytes(shape);
   }
+
+ protected:
+  const codecs::Codec* inner_;
+
+ private:
+  std::string what_;
+};
+
+class CorruptingCodec final : public WrappingCodec {
+ public:
+  enum class Damage { kChecksum, kIndexWithValidChecksum };
+  CorruptingCodec(const codecs::Codec* inner, Shape victim, Damage damage)
+      : WrappingCodec(inner, "corrupting"), victim_(std::move(victim)), damage_(damage) {}
   absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
                                 absl::Span<uint8_t> out) const override {
     LBCC_ASSIGN_OR_RETURN(size_t size, inner_->Encode(input, state, out));
@@ -282,7 +295,6 @@ class CorruptingCodec final : public codecs::Codec {
   }
 
  private:
-  const codecs::Codec* inner_;
   Shape victim_;
   Damage damage_;
 };
@@ -347,15 +359,10 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(CorruptingCodec::Damage::kIndexWithValidChecksum, 1)));
 
 // Counts successful encodes into *done (under *mu, signalling *cv).
-class CountingCodec final : public codecs::Codec {
+class CountingCodec final : public WrappingCodec {
  public:
   CountingCodec(const codecs::Codec* inner, Mutex* mu, CondVar* cv, int* done)
-      : inner_(inner), mu_(mu), cv_(cv), done_(done) {}
-  codecs::CodecId id() const override { return inner_->id(); }
-  std::string Describe() const override { return "counting " + inner_->Describe(); }
-  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
-    return inner_->MaxEncodedBytes(shape);
-  }
+      : WrappingCodec(inner, "counting"), mu_(mu), cv_(cv), done_(done) {}
   absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
                                 absl::Span<uint8_t> out) const override {
     LBCC_ASSIGN_OR_RETURN(size_t size, inner_->Encode(input, state, out));
@@ -366,7 +373,6 @@ class CountingCodec final : public codecs::Codec {
   }
 
  private:
-  const codecs::Codec* inner_;
   Mutex* mu_;
   CondVar* cv_;
   int* done_;
