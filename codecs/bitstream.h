@@ -55,6 +55,8 @@ class BitWriter {
     fill_ -= 32 * full;
   }
   uint64_t bits_written() const { return static_cast<uint64_t>(pos_) * 8 + fill_; }
+  // Bytes that later puts no longer change (PutUnchecked's stores ahead start here).
+  size_t bytes_final() const { return pos_; }
   // Writes the bits still pending, the last byte zero-padded; returns the bytes written.
   size_t Finish() {
     while (fill_ > 0) Flush8();

@@ -86,6 +86,20 @@ class DecodeScratch {
   std::unique_ptr<internal::DecodeScratchImpl> impl_;
 };
 
+// Receives, during Codec::EncodeStreamed, the leading bytes of the payload's body as they
+// become final, so that a sender can put them on the wire while the codec still encodes the
+// rest (SparseAllReduce streams one large tensor's TopK-EF index section this way).
+class EncodeObserver {
+ public:
+  virtual ~EncodeObserver() = default;
+  // `bytes` continue those appended before (the first call starts at the body's first byte);
+  // valid during the call only.
+  virtual void Append(absl::Span<const uint8_t> bytes) = 0;
+  // The body will not start with what was appended so far (the codec changed its coding):
+  // forget it. Later calls of Append start at the body's first byte again.
+  virtual void Discard() = 0;
+};
+
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -104,6 +118,17 @@ class Codec {
   // memory or a dtype other than fp32).
   virtual absl::StatusOr<size_t> Encode(const TensorView& input, CodecState* state,
                                         absl::Span<uint8_t> out) const = 0;
+  // Encode(), reporting body bytes to `observer` as they become final: when it succeeds, the
+  // payload's body starts with the bytes appended since the last Discard(). The payload may
+  // differ from Encode()'s (a codec may choose its coding from part of the input) but decodes
+  // to the same values and leaves the same state. On failure the appended bytes mean nothing.
+  // The default appends nothing.
+  virtual absl::StatusOr<size_t> EncodeStreamed(const TensorView& input, CodecState* state,
+                                                absl::Span<uint8_t> out,
+                                                EncodeObserver* observer) const {
+    (void)observer;
+    return Encode(input, state, out);
+  }
 };
 
 // Decodes `payloads` (rank order; all of the same codec and of out's shape) and writes or adds

@@ -162,25 +162,30 @@ absl::Status DecodePacked12(absl::Span<const uint8_t> bytes, const IndexLayout& 
   return Corrupt("indices not strictly ascending");  // unreachable: the kernels agree
 }
 
-void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
-                    const AdaptiveParams& params, absl::Span<uint8_t> out) {
-  const int b = params.sub_block_log2, p = params.rice;
-  const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
+AdaptiveIndexEncoder::AdaptiveIndexEncoder(const IndexLayout& layout,
+                                           const AdaptiveParams& params, absl::Span<uint8_t> out)
+    : layout_(layout), params_(params), writer_(out) {}
+
+void AdaptiveIndexEncoder::EncodeChunks(absl::Span<const uint16_t> local, int64_t end_chunk) {
+  LBCC_CHECK_LE(end_chunk, layout_.num_chunks);
+  LBCC_CHECK_GE(static_cast<int64_t>(local.size()), end_chunk * layout_.k);
+  const int b = params_.sub_block_log2, p = params_.rice;
+  const int64_t num_sub = NumSubBlocks(layout_.chunk_len, b);
   const uint32_t offset_mask = (1u << b) - 1;
   int32_t counts[kMaxSubBlocks];
-  BitWriter writer(out);
+  BitWriter& writer = writer_;
   // The most a chunk writes (AdaptiveMaxBytes' bound): with that much room its usual
   // sub-blocks go through PutUnchecked.
   const size_t chunk_bytes =
-      static_cast<size_t>((layout.chunk_len * 2 + num_sub * (1 + 7) + 7) / 8);
+      static_cast<size_t>((layout_.chunk_len * 2 + num_sub * (1 + 7) + 7) / 8);
   const uint16_t* const last = local.data() + local.size();
-  for (int64_t c = 0; c < layout.num_chunks; ++c) {
-    const uint16_t* idx = local.data() + c * layout.k;
-    CountSubBlocks(idx, layout.k, b, num_sub, counts);
+  for (int64_t c = next_chunk_; c < end_chunk; ++c) {
+    const uint16_t* idx = local.data() + c * layout_.k;
+    CountSubBlocks(idx, layout_.k, b, num_sub, counts);
     const bool room = writer.HasRoom(chunk_bytes);
     for (int64_t j = 0; j < num_sub; ++j) {
       const int64_t n = counts[j];
-      const int64_t s = SubBlockSize(layout.chunk_len, b, j);
+      const int64_t s = SubBlockSize(layout_.chunk_len, b, j);
       const uint32_t q = static_cast<uint32_t>(n >> p);
       const uint32_t rem = static_cast<uint32_t>(n & ((1 << p) - 1));
       if (room && n <= 4 && s >= n * b && last - idx >= 4) {
@@ -214,7 +219,19 @@ void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
       idx += n;
     }
   }
-  const size_t written = writer.Finish();
+  next_chunk_ = std::max(next_chunk_, end_chunk);
+}
+
+size_t AdaptiveIndexEncoder::Finish() {
+  LBCC_CHECK_EQ(next_chunk_, layout_.num_chunks) << "adaptive index encoder finished early";
+  return writer_.Finish();
+}
+
+void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
+                    const AdaptiveParams& params, absl::Span<uint8_t> out) {
+  AdaptiveIndexEncoder encoder(layout, params, out);
+  encoder.EncodeChunks(local, layout.num_chunks);
+  const size_t written = encoder.Finish();
   LBCC_CHECK_EQ(written, out.size()) << "adaptive index size mismatch";
 }
 

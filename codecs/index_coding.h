@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "codecs/bitstream.h"
 
 namespace lbcc::codecs {
 
@@ -76,6 +77,29 @@ size_t AdaptiveMaxBytes(const IndexLayout& layout);
 void EncodePacked12(absl::Span<const uint16_t> local, absl::Span<uint8_t> out);
 void EncodeAdaptive(absl::Span<const uint16_t> local, const IndexLayout& layout,
                     const AdaptiveParams& params, absl::Span<uint8_t> out);
+
+// EncodeAdaptive a few chunks at a time, for an encoder that streams the section while it still
+// selects (TopK-EF's streamed encode): the bytes before final_bytes() no longer change, so they
+// can be sent before the section is complete. `out` must hold the whole section (for a list
+// not yet known: AdaptiveMaxBytes(layout)).
+class AdaptiveIndexEncoder {
+ public:
+  AdaptiveIndexEncoder(const IndexLayout& layout, const AdaptiveParams& params,
+                       absl::Span<uint8_t> out);
+  // Encodes chunks [chunks_done(), end_chunk); `local` holds at least end_chunk * k valid
+  // indices (the first chunks_done() chunks as given before).
+  void EncodeChunks(absl::Span<const uint16_t> local, int64_t end_chunk);
+  int64_t chunks_done() const { return next_chunk_; }
+  size_t final_bytes() const { return writer_.bytes_final(); }
+  // After the last chunk: pads the last byte; returns the section's bytes.
+  size_t Finish();
+
+ private:
+  IndexLayout layout_;
+  AdaptiveParams params_;
+  BitWriter writer_;
+  int64_t next_chunk_ = 0;
+};
 
 // Decoders: `bytes` is the whole index section; `out` receives layout.count() indices (it must
 // hold that many). DataLoss on anything invalid (see above); `out` may then hold garbage, so

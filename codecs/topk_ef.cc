@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,99 @@ void Grow(std::vector<T>* v, size_t n) {
   if (v->size() < n) v->resize(n);
 }
 
+// The streamed encode's index section, coded while the selection proceeds. The coding is fixed
+// after the first group of chunks: packed12 when asked for, adaptive with the b and p that
+// ChooseAdaptive picks for those chunks, and for auto the shorter of the two on them. Should
+// auto's adaptive section come out longer than packed12 over the whole tensor (the output
+// buffer holds packed12's), Finish() recodes it as packed12 and tells the observer to discard.
+class IndexStream {
+ public:
+  IndexStream(IndexCoding requested, const IndexLayout& layout, absl::Span<uint8_t> scratch,
+              EncodeObserver* observer)
+      : requested_(requested), layout_(layout), scratch_(scratch), observer_(observer) {}
+
+  // The selection of chunks [0, end_chunk) is in `local`.
+  void Advance(const std::vector<uint16_t>& local_all, int64_t end_chunk) {
+    const absl::Span<const uint16_t> local(local_all.data(),
+                                           static_cast<size_t>(layout_.count()));
+    if (!coding_.has_value()) Choose(local, end_chunk);
+    size_t final_bytes;
+    if (*coding_ == IndexCoding::kAdaptive) {
+      adaptive_->EncodeChunks(local, end_chunk);
+      final_bytes = adaptive_->final_bytes();
+    } else {
+      // Pairs of indices code into 3 bytes each; an odd tail waits for the last chunk.
+      int64_t upto = end_chunk * layout_.k;
+      if (end_chunk < layout_.num_chunks) upto &= ~int64_t{1};
+      if (upto > packed_done_) {
+        EncodePacked12(local.subspan(static_cast<size_t>(packed_done_),
+                                     static_cast<size_t>(upto - packed_done_)),
+                       scratch_.subspan(static_cast<size_t>(packed_done_ / 2 * 3),
+                                        Packed12Bytes(upto - packed_done_)));
+        packed_done_ = upto;
+      }
+      final_bytes = Packed12Bytes(packed_done_);
+    }
+    if (final_bytes > appended_) {
+      observer_->Append(scratch_.subspan(appended_, final_bytes - appended_));
+      appended_ = final_bytes;
+    }
+  }
+
+  // After the last chunk: the coding, its params and the section's bytes (in the scratch).
+  IndexCoding Finish(const std::vector<uint16_t>& local_all, AdaptiveParams* params,
+                     size_t* bytes) {
+    if (*coding_ == IndexCoding::kAdaptive) {
+      *params = params_;
+      *bytes = adaptive_->Finish();
+      if (requested_ != IndexCoding::kAuto || *bytes <= Packed12Bytes(layout_.count())) {
+        return IndexCoding::kAdaptive;
+      }
+      observer_->Discard();
+      coding_ = IndexCoding::kPacked12;
+      packed_done_ = 0;
+      appended_ = 0;
+      // Not streamed any more: the coding of the rest is a little longer, not wrong.
+    }
+    *bytes = Packed12Bytes(layout_.count());
+    if (packed_done_ < layout_.count()) {
+      const int64_t start = packed_done_;
+      EncodePacked12(absl::MakeConstSpan(local_all.data() + start,
+                                         static_cast<size_t>(layout_.count() - start)),
+                     scratch_.subspan(static_cast<size_t>(start / 2 * 3),
+                                                         Packed12Bytes(layout_.count() - start)));
+    }
+    return IndexCoding::kPacked12;
+  }
+
+ private:
+  void Choose(absl::Span<const uint16_t> local, int64_t end_chunk) {
+    coding_ = requested_;
+    if (requested_ == IndexCoding::kPacked12) return;
+    const IndexLayout prefix{end_chunk, layout_.k, layout_.chunk_len};
+    const AdaptiveChoice choice =
+        ChooseAdaptive(local.subspan(0, static_cast<size_t>(prefix.count())), prefix);
+    if (requested_ == IndexCoding::kAuto &&
+        choice.bits >= static_cast<uint64_t>(prefix.count()) * 12) {
+      coding_ = IndexCoding::kPacked12;
+      return;
+    }
+    coding_ = IndexCoding::kAdaptive;
+    params_ = choice.params;
+    adaptive_.emplace(layout_, params_, scratch_);
+  }
+
+  const IndexCoding requested_;
+  const IndexLayout layout_;
+  const absl::Span<uint8_t> scratch_;
+  EncodeObserver* const observer_;
+  std::optional<IndexCoding> coding_;
+  AdaptiveParams params_;
+  std::optional<AdaptiveIndexEncoder> adaptive_;
+  int64_t packed_done_ = 0;  // indices coded as packed12
+  size_t appended_ = 0;      // scratch bytes reported
+};
+
 }  // namespace
 
 absl::Status TopKEfOptions::Validate() const {
@@ -215,6 +309,19 @@ absl::StatusOr<size_t> TopKEfCodec::MaxEncodedBytes(absl::Span<const int64_t> sh
 
 absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* state_base,
                                            absl::Span<uint8_t> out) const {
+  return EncodeImpl(delta, state_base, out, nullptr);
+}
+
+absl::StatusOr<size_t> TopKEfCodec::EncodeStreamed(const TensorView& delta,
+                                                   CodecState* state_base,
+                                                   absl::Span<uint8_t> out,
+                                                   EncodeObserver* observer) const {
+  return EncodeImpl(delta, state_base, out, observer);
+}
+
+absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecState* state_base,
+                                               absl::Span<uint8_t> out,
+                                               EncodeObserver* observer) const {
   if (state_base == nullptr || state_base->codec() != CodecId::kTopKEf) {
     return absl::InvalidArgumentError("topk_ef: Encode needs the tensor's TopKEfState");
   }
@@ -255,6 +362,14 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
   Grow(&st.sel_idx_, static_cast<size_t>(g.chunk_len) + 8);
   Grow(&st.sel_bits_, static_cast<size_t>(g.chunk_len) + 8);
 
+  // Streamed: the index section is coded group by group into index_scratch_ (the coding chosen
+  // from the first group's selection) and its final bytes reported as they appear.
+  std::optional<IndexStream> stream;
+  if (observer != nullptr && g.num_chunks > 0) {
+    Grow(&st.index_scratch_, std::max(Packed12Bytes(total), AdaptiveMaxBytes(layout)));
+    stream.emplace(options_.indices, layout, absl::MakeSpan(st.index_scratch_), observer);
+  }
+
   // 1-2. e' = beta * e + lr * delta into the pending buffer, and the selection, group by group.
   const CpuKernels& kern = ActiveKernels();
   const float* e = st.error_.data();
@@ -285,6 +400,7 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
                     st.sel_bits_.data(), st.sel_local_.data() + c * k, st.sel_value_.data() + c * k,
                     &st.hint_);
       }
+      if (stream) stream->Advance(st.sel_local_, y * g.chunks_x + x1);
     }
   }
 
@@ -293,7 +409,9 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
   IndexCoding coding = options_.indices;
   AdaptiveChoice adaptive;
   size_t index_bytes = Packed12Bytes(total);
-  if (coding != IndexCoding::kPacked12) {
+  if (stream) {
+    coding = stream->Finish(st.sel_local_, &adaptive.params, &index_bytes);
+  } else if (coding != IndexCoding::kPacked12) {
     adaptive = ChooseAdaptive(local, layout);
     const size_t adaptive_bytes = static_cast<size_t>((adaptive.bits + 7) / 8);
     if (coding == IndexCoding::kAuto) {
@@ -316,7 +434,9 @@ absl::StatusOr<size_t> TopKEfCodec::Encode(const TensorView& delta, CodecState* 
   params.U8(coding == IndexCoding::kAdaptive ? static_cast<uint8_t>(adaptive.params.rice) : 0);
   params.U64(index_bytes);
   const absl::Span<uint8_t> index_section = writer.body().subspan(0, index_bytes);
-  if (coding == IndexCoding::kAdaptive) {
+  if (stream) {
+    if (index_bytes > 0) std::memcpy(index_section.data(), st.index_scratch_.data(), index_bytes);
+  } else if (coding == IndexCoding::kAdaptive) {
     EncodeAdaptive(local, layout, adaptive.params, index_section);
   } else {
     EncodePacked12(local, index_section);

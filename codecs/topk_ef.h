@@ -125,6 +125,7 @@ class TopKEfState final : public CodecState {
   std::vector<uint32_t> cand_bits_;
   std::vector<uint32_t> sel_idx_;
   std::vector<uint32_t> sel_bits_;
+  std::vector<uint8_t> index_scratch_;  // the streamed encode's index section
   uint32_t hint_ = 0;  // threshold guess carried between chunks (speed only)
 };
 
@@ -141,9 +142,18 @@ class TopKEfCodec final : public Codec {
   // `state` must be a TopKEfState (InvalidArgument otherwise). See codec.h for the rest.
   absl::StatusOr<size_t> Encode(const TensorView& delta, CodecState* state,
                                 absl::Span<uint8_t> out) const override;
+  // Streams the index section (the bulk of the payload) group of chunks by group of chunks
+  // while the selection runs; the values follow at the end (the quantizer needs every selected
+  // value). The coding is chosen from the first group's selection (module comment), so the
+  // payload may differ from Encode()'s in its index coding only.
+  absl::StatusOr<size_t> EncodeStreamed(const TensorView& delta, CodecState* state,
+                                        absl::Span<uint8_t> out,
+                                        EncodeObserver* observer) const override;
 
  private:
   explicit TopKEfCodec(const TopKEfOptions& options) : options_(options) {}
+  absl::StatusOr<size_t> EncodeImpl(const TensorView& delta, CodecState* state,
+                                    absl::Span<uint8_t> out, EncodeObserver* observer) const;
   TopKEfOptions options_;
 };
 

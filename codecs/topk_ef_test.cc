@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/status_matchers.h"
@@ -586,6 +587,137 @@ TEST(TopKEfTest, NonFiniteInputIsRejectedAndTheStateUntouched) {
   std::vector<float> with_nan = before;
   with_nan[5] = NAN;
   EXPECT_THAT(state.Load(shape, with_nan), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Records what a streamed encode reports.
+class RecordingObserver : public EncodeObserver {
+ public:
+  void Append(absl::Span<const uint8_t> bytes) override {
+    appended.insert(appended.end(), bytes.begin(), bytes.end());
+    ++appends;
+  }
+  void Discard() override {
+    appended.clear();
+    ++discards;
+  }
+  Bytes appended;
+  int appends = 0;
+  int discards = 0;
+};
+
+absl::Span<const uint8_t> BodyOf(const Bytes& payload) {
+  absl::StatusOr<PayloadInfo> info = ParsePayload(payload);
+  EXPECT_THAT(info, IsOk());
+  return info.ok() ? info->body : absl::Span<const uint8_t>();
+}
+
+// A streamed encode reports the leading bytes of its body while it selects, decodes to the same
+// values and leaves the same pending state as Encode() (for packed12 the payloads are equal).
+TEST(TopKEfTest, StreamedEncodeReportsTheBodyPrefixAndMatchesEncode) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {512, 1024}, {64, 8192}, {61, 4270}, {97, 200}, {5000}, {64, 64}, {3, 5, 7}, {1, 1}, {0, 8}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    for (IndexCoding indices :
+         {IndexCoding::kAuto, IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+      for (double top_k : {64.0, 7.5, 300.0}) {
+        TopKEfOptions options;
+        options.indices = indices;
+        options.top_k = top_k;
+        options.values = top_k == 300.0 ? ValueCoding::kBf16 : ValueCoding::kBinMean2;
+        auto codec = MakeCodec(options);
+        const std::string what = absl::StrCat(ShapeToString(shape), " ",
+                                              IndexCodingName(indices), " top_k ", top_k);
+        const int64_t n = Count(shape);
+        TopKEfState plain, streamed;
+        ASSERT_THAT(plain.Load(shape, Normals(n, 7, 0.5f)), IsOk());
+        ASSERT_THAT(streamed.Load(shape, Normals(n, 7, 0.5f)), IsOk());
+        std::vector<float> delta = Normals(n, 8);
+        const Bytes want = Encode(*codec, plain, delta, shape);
+        Bytes got(*codec->MaxEncodedBytes(shape));
+        RecordingObserver observer;
+        absl::StatusOr<size_t> size = codec->EncodeStreamed(
+            *TensorView::Host(delta.data(), Shape(shape.begin(), shape.end())), &streamed,
+            absl::MakeSpan(got), &observer);
+        ASSERT_THAT(size, IsOk()) << what;
+        got.resize(*size);
+        const absl::Span<const uint8_t> body = BodyOf(got);
+        ASSERT_LE(observer.appended.size(), body.size()) << what;
+        EXPECT_TRUE(std::equal(observer.appended.begin(), observer.appended.end(), body.begin()))
+            << what;
+        EXPECT_EQ(observer.discards, 0) << what;
+        const Sparse a = DecodeSparse(want), b = DecodeSparse(got);
+        EXPECT_EQ(a.pos, b.pos) << what;
+        ASSERT_EQ(a.value.size(), b.value.size()) << what;
+        for (size_t i = 0; i < a.value.size(); ++i) {
+          ASSERT_EQ(FloatBits(a.value[i]), FloatBits(b.value[i])) << what << " " << i;
+        }
+        ASSERT_TRUE(std::equal(plain.pending_error().begin(), plain.pending_error().end(),
+                               streamed.pending_error().begin(), streamed.pending_error().end(),
+                               [](float x, float y) { return FloatBits(x) == FloatBits(y); }))
+            << what;
+        if (a.indices == IndexCoding::kPacked12 && b.indices == IndexCoding::kPacked12) {
+          EXPECT_EQ(want, got) << what;
+        }
+        if (n >= 512 * 1024) {
+          // Several groups of chunks: the section went out in pieces, most of it before the end.
+          EXPECT_GT(observer.appends, 1) << what;
+          const absl::StatusOr<TopKEfHeader> h = ParseTopKEfHeader(*ParsePayload(got));
+          ASSERT_THAT(h, IsOk());
+          EXPECT_GE(observer.appended.size() + 64, h->index_section.size()) << what;
+        }
+      }
+    }
+  }
+}
+
+// Auto picks the coding from the first group of chunks; when adaptive wins there but loses over
+// the tensor (which the output buffer, sized for packed12, could not hold), the section is
+// recoded as packed12 and the observer told to discard. Chunks of 61 x 61 at k = 7: adaptive
+// costs 7 + 30 + 7 * 7 = 86 bits per chunk against packed12's 84, unless the selection sits in
+// the last, 9-position sub-block (a 9-bit bitmap instead of 49 bits of offsets): so the first
+// block row of chunks is built to select there and the other 23 select anywhere.
+TEST(TopKEfTest, StreamedAutoFallsBackToPacked12WhenAdaptiveEndsLonger) {
+  const std::vector<int64_t> shape = {61 * 24, 61 * 4};
+  TopKEfOptions options;
+  options.top_k = 7.7;  // k = round_half_even(3721 * 7.7 / 4096) = 7
+  auto codec = MakeCodec(options);
+  std::vector<float> delta = Normals(Count(shape), 11, 0.1f);
+  for (int64_t x = 0; x < 4; ++x) {
+    for (int64_t col = 52; col < 61; ++col) delta[60 * shape[1] + x * 61 + col] = 5.0f + col;
+  }
+  TopKEfState plain, streamed;
+  const Bytes want = Encode(*codec, plain, delta, shape);
+  Bytes got(*codec->MaxEncodedBytes(shape));
+  RecordingObserver observer;
+  absl::StatusOr<size_t> size = codec->EncodeStreamed(*TensorView::Host(delta.data(), {1464, 244}),
+                                                      &streamed, absl::MakeSpan(got), &observer);
+  ASSERT_THAT(size, IsOk());
+  got.resize(*size);
+  EXPECT_GT(observer.appends, 0);
+  EXPECT_EQ(observer.discards, 1);
+  EXPECT_TRUE(observer.appended.empty());
+  EXPECT_EQ(DecodeSparse(got).indices, IndexCoding::kPacked12);
+  EXPECT_EQ(want, got);  // Encode() chose packed12 from the whole tensor
+}
+
+// A streamed encode that meets a NaN after it reported part of the section fails like Encode():
+// InvalidArgument, the state untouched.
+TEST(TopKEfTest, StreamedEncodeRejectsNonFiniteInputLate) {
+  const std::vector<int64_t> shape = {1024, 1024};
+  auto codec = MakeCodec(TopKEfOptions());
+  TopKEfState state;
+  ASSERT_THAT(state.Load(shape, Normals(Count(shape), 1)), IsOk());
+  const std::vector<float> before(state.error().begin(), state.error().end());
+  std::vector<float> delta = Normals(Count(shape), 2);
+  delta[Count(shape) - 5] = std::numeric_limits<float>::quiet_NaN();
+  Bytes out(*codec->MaxEncodedBytes(shape));
+  RecordingObserver observer;
+  EXPECT_THAT(codec->EncodeStreamed(*TensorView::Host(delta.data(), {1024, 1024}), &state,
+                                    absl::MakeSpan(out), &observer),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NaN or infinite")));
+  EXPECT_GT(observer.appends, 0);
+  EXPECT_FALSE(state.has_pending());
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), state.error().begin()));
 }
 
 TEST(TopKEfTest, CallerErrors) {

@@ -1,6 +1,8 @@
 // Communicator's compressed operations: SparseAllReduce and compressed point-to-point.
 #include <cstring>
 #include <algorithm>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +14,7 @@
 #include "base/logging.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
+#include "codecs/payload.h"
 #include "comm/communicator.h"
 #include "kernels/device_codec.h"
 
@@ -67,7 +70,8 @@ constexpr uint32_t kP2pStep = 0xffff;
 // Unimplemented in a build without CUDA).
 absl::StatusOr<size_t> EncodeTensor(const codecs::Codec& codec, const TensorView& input,
                                     codecs::CodecState* state, absl::Span<uint8_t> out,
-                                    void* cuda_stream, kernels::DeviceScratch* scratch) {
+                                    void* cuda_stream, kernels::DeviceScratch* scratch,
+                                    codecs::EncodeObserver* observer = nullptr) {
   if (input.is_host()) {
     // A device state holds its memory on the GPU; the CPU codec must not be given one.
     if (dynamic_cast<kernels::DeviceTopKEfState*>(state) != nullptr) {
@@ -75,7 +79,8 @@ absl::StatusOr<size_t> EncodeTensor(const codecs::Codec& codec, const TensorView
           "a host tensor with a device state (kernels::NewDeviceState): use a CUDA tensor or "
           "the codec's NewState()");
     }
-    return codec.Encode(input, state, out);
+    return observer != nullptr ? codec.EncodeStreamed(input, state, out, observer)
+                               : codec.Encode(input, state, out);
   }
   return kernels::EncodeOnDevice(codec, input, state, out, cuda_stream, scratch);
 }
@@ -86,6 +91,95 @@ absl::Status DecodeTensor(absl::Span<const absl::Span<const uint8_t>> payloads,
                           kernels::DeviceScratch* device_scratch) {
   if (out.is_host()) return codecs::DecodeAccumulate(payloads, options, out, scratch);
   return kernels::DecodeAccumulateOnDevice(payloads, options, out, cuda_stream, device_scratch);
+}
+
+// A large tensor alone in its exchange group goes to the peers in pieces while it is encoded:
+// the codec reports its body's leading bytes as they become final (codecs::EncodeObserver;
+// TopK-EF's index section, most of the payload), and they go out at once instead of after the
+// encode, which for one tensor cannot otherwise overlap the wire. Such a group is exactly
+// kStreamPieces piece messages and then the final message: u64 prefix length, u64 piece bytes
+// used, then the blob without the piece bytes, so blob = final[0, prefix) + pieces[0, used) +
+// final[prefix, end). With the direct algorithm all of them travel on the group's tag (matched
+// in order); other algorithms run one all-gather per message (a hierarchical leader forwards a
+// member's piece as soon as it has it). Every rank derives the piece count from the shapes
+// alone; a sender with less to stream (an error, a device tensor, a codec that does not
+// stream) sends empty pieces.
+// Few pieces: each message costs every receiver CPU (syscalls, wake-ups) that 4 ranks on 2 cores
+// feel; on the 4-rank testbed (one 4M tensor, 100 Mbit/s) 4 pieces of 1/8 of the worst-case
+// payload each beat 16 of 1/17 and 2 of 1/4 (comm/README.md).
+constexpr int kStreamPieces = 4;
+constexpr int64_t kStreamMinElements = int64_t{1} << 16;
+constexpr size_t kStreamFinalHeader = 16;
+
+class PieceSender final : public codecs::EncodeObserver {
+ public:
+  // `send` puts one piece on the wire (and keeps it alive as long as needed). A piece goes out
+  // once `threshold` bytes are pending.
+  PieceSender(std::function<void(std::string)> send, size_t threshold)
+      : send_(std::move(send)), threshold_(threshold) {}
+
+  void Append(absl::Span<const uint8_t> bytes) override {
+    if (!usable_) return;
+    pending_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    if (pending_.size() >= threshold_ && sent_ < kStreamPieces) {
+      sent_bytes_ += pending_.size();
+      Send(std::move(pending_));
+      pending_.clear();
+    }
+  }
+  void Discard() override { usable_ = false; }
+
+  // Sends the pieces still due (empty); returns the piece bytes the blob's payload starts with.
+  size_t Finish() {
+    while (sent_ < kStreamPieces) Send(std::string());
+    return usable_ ? sent_bytes_ : 0;
+  }
+
+ private:
+  void Send(std::string piece) {
+    send_(std::move(piece));
+    ++sent_;
+  }
+
+  const std::function<void(std::string)> send_;
+  const size_t threshold_;
+  std::string pending_;
+  size_t sent_bytes_ = 0;
+  int sent_ = 0;
+  bool usable_ = true;
+};
+
+// The final message for `blob`, of which [prefix, prefix + used) went out as pieces.
+std::string StreamFinal(const std::string& blob, size_t prefix, size_t used) {
+  std::string final(kStreamFinalHeader, '\0');
+  const uint64_t header[2] = {prefix, used};
+  std::memcpy(final.data(), header, sizeof(header));
+  final.append(blob, 0, prefix);
+  final.append(blob, prefix + used, std::string::npos);
+  return final;
+}
+
+// Rebuilds a blob from its pieces and final message (StreamFinal).
+absl::StatusOr<std::string> AssembleStreamed(const std::vector<std::string>& pieces,
+                                             const std::string& final, int rank) {
+  uint64_t header[2] = {0, 0};
+  size_t available = 0;
+  for (const std::string& piece : pieces) available += piece.size();
+  if (final.size() >= kStreamFinalHeader) std::memcpy(header, final.data(), sizeof(header));
+  if (final.size() < kStreamFinalHeader || header[0] > final.size() - kStreamFinalHeader ||
+      header[1] > available) {
+    return absl::DataLossError(absl::StrCat("streamed payloads from rank ", rank,
+                                            ": bad final message of ", final.size(), " bytes"));
+  }
+  std::string blob = final.substr(kStreamFinalHeader, header[0]);
+  size_t need = header[1];
+  for (const std::string& piece : pieces) {
+    const size_t take = std::min(need, piece.size());
+    blob.append(piece, 0, take);
+    need -= take;
+  }
+  blob.append(final, kStreamFinalHeader + header[0], std::string::npos);
+  return blob;
 }
 
 }  // namespace
@@ -149,6 +243,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     const std::vector<std::pair<size_t, size_t>> plan =
         PlanGroups(tensors, max_groups, min_elements);
     const int num_groups = static_cast<int>(plan.size());
+    const bool streamed = group.size() > 1;
     std::vector<Algorithm> algorithms(num_groups);
     for (int g = 0; g < num_groups; ++g) {
       size_t bytes = 5;
@@ -236,12 +331,42 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     // start group g + 1 before it learns that someone gave up in group g, every rank then
     // exchanges every group (a placeholder once it knows, or after its own error blob), so no
     // send waits for a receive that never comes.
-    const bool streamed = group.size() > 1;
     const bool direct = std::all_of(algorithms.begin(), algorithms.end(),
                                     [](Algorithm a) { return a == Algorithm::kDirect; });
+    // Groups sent in pieces while they are encoded (PieceSender): one large tensor. Without the
+    // direct algorithm each of its messages is an all-gather of its own, with its own tag
+    // steps, so only while they fit in the operation's tag space.
+    std::vector<int> pieces(num_groups, 0);
+    std::vector<uint32_t> first_step(num_groups + 1, 0);
+    for (int g = 0; g < num_groups; ++g) {
+      if (streamed && plan[g].second - plan[g].first == 1 &&
+          tensors[plan[g].first].delta.num_elements() >= kStreamMinElements) {
+        pieces[g] = kStreamPieces;
+      }
+      const uint32_t rounds = direct ? 1 : static_cast<uint32_t>(pieces[g] + 1);
+      first_step[g + 1] = first_step[g] + rounds * steps;
+    }
+    if (first_step[num_groups] > 0xff00u) {
+      std::fill(pieces.begin(), pieces.end(), 0);
+      for (int g = 0; g < num_groups; ++g) first_step[g + 1] = first_step[g] + steps;
+    }
+    // Piece groups without the direct algorithm: message j's all-gather (j = pieces: the final
+    // message), its result and status.
+    std::vector<std::vector<std::thread>> message_gathers(num_groups);
+    std::vector<std::vector<std::vector<std::string>>> message_all(num_groups);
+    std::vector<std::vector<absl::Status>> message_status(num_groups);
+    for (int g = 0; g < num_groups; ++g) {
+      if (direct || pieces[g] == 0) continue;
+      message_gathers[g].resize(pieces[g] + 1);
+      message_all[g].resize(pieces[g] + 1);
+      message_status[g].resize(pieces[g] + 1);
+    }
+    auto message_tag = [&](int g, int j) {
+      return tag + first_step[g] + static_cast<uint32_t>(j) * steps;
+    };
     std::vector<std::thread> gathers(num_groups);  // streamed, not direct: group g's all-gather
     std::vector<absl::Status> gathered(num_groups);
-    auto group_tag = [&](int g) { return tag + static_cast<uint32_t>(g) * steps; };
+    auto group_tag = [&](int g) { return tag + first_step[g]; };
     bool stop_encoding = false;  // Guarded by mu; streamed: someone gave up, send placeholders.
     std::thread exchanger([&] {
       bool gave_up = false;
@@ -254,13 +379,47 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         if (streamed && direct) {
           all[g].assign(group.size(), std::string());
           all[g][group.me] = blobs[g];
+          std::vector<std::vector<std::string>> parts(group.size());
+          std::vector<std::string> finals(group.size());
           Batch batch(group.fabric, deadline);
           for (int r = 0; r < group.size(); ++r) {
-            if (r != group.me) {
-              batch.RecvAny(group.ranks[r], group_tag(g), &all[g][r], size_t{1} << 40);
+            if (r == group.me) continue;
+            parts[r].resize(pieces[g]);
+            for (std::string& part : parts[r]) {
+              batch.RecvAny(group.ranks[r], group_tag(g), &part, size_t{1} << 40);
             }
+            batch.RecvAny(group.ranks[r], group_tag(g), pieces[g] > 0 ? &finals[r] : &all[g][r],
+                          size_t{1} << 40);
           }
           status = batch.Wait();
+          for (int r = 0; r < group.size() && status.ok() && pieces[g] > 0; ++r) {
+            if (r == group.me) continue;
+            absl::StatusOr<std::string> blob = AssembleStreamed(parts[r], finals[r], r);
+            if (blob.ok()) {
+              all[g][r] = *std::move(blob);
+            } else if (invalid.ok()) {
+              invalid = blob.status();  // all[g][r] stays empty: looked at as giving up
+            }
+          }
+        } else if (streamed && pieces[g] > 0) {
+          for (size_t j = 0; j < message_gathers[g].size(); ++j) {
+            message_gathers[g][j].join();
+            if (status.ok()) status = message_status[g][j];
+          }
+          all[g].assign(group.size(), std::string());
+          all[g][group.me] = blobs[g];
+          std::vector<std::string> parts(pieces[g]);
+          for (int r = 0; r < group.size() && status.ok(); ++r) {
+            if (r == group.me) continue;
+            for (int j = 0; j < pieces[g]; ++j) parts[j] = std::move(message_all[g][j][r]);
+            absl::StatusOr<std::string> blob =
+                AssembleStreamed(parts, message_all[g][pieces[g]][r], r);
+            if (blob.ok()) {
+              all[g][r] = *std::move(blob);
+            } else if (invalid.ok()) {
+              invalid = blob.status();  // all[g][r] stays empty: looked at as giving up
+            }
+          }
         } else if (streamed) {
           gathers[g].join();
           status = gathered[g];
@@ -297,6 +456,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
 
     // 1. Encode group by group (or record why not; later groups are then not encoded, only
     // their error or placeholder blobs sent when streamed).
+    std::deque<std::string> piece_bytes;  // streamed pieces and final messages, until sent
     std::vector<std::unique_ptr<Batch>> sends;  // streamed direct: each group's blob to each peer
     absl::Status local;
     std::vector<uint8_t>& buffer = encode_buffer_;
@@ -307,6 +467,38 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         MutexLock lock(&mu);
         if (exchanger_failed) break;
         placeholder = stop_encoding;
+      }
+      std::unique_ptr<PieceSender> piece_sender;
+      size_t stream_prefix = 0;  // the blob's bytes before the streamed ones
+      // Message j of a piece group goes out (j = pieces[g]: the final message).
+      auto send_message = [&, g](int j, std::string message) {
+        if (!direct) {
+          message_gathers[g][j] = std::thread([&, g, j, message = std::move(message)] {
+            message_status[g][j] =
+                comm::AllGatherV(group, message_tag(g, j), message, &message_all[g][j],
+                                 algorithms[g], options.priority, deadline, size_t{1} << 40);
+          });
+          return;
+        }
+        piece_bytes.push_back(std::move(message));
+        const std::string& bytes = piece_bytes.back();
+        for (int r = 0; r < group.size(); ++r) {
+          if (r == group.me) continue;
+          sends.back()->Send(group.ranks[r], group_tag(g),
+                             absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                 bytes.size()),
+                             options.priority);
+        }
+      };
+      int messages_sent = 0;
+      if (pieces[g] > 0) {
+        if (direct) sends.push_back(std::make_unique<Batch>(group.fabric, deadline));
+        absl::StatusOr<size_t> max = codec->MaxEncodedBytes(tensors[plan[g].first].delta.shape());
+        const size_t threshold =
+            std::max<size_t>(4096, (max.ok() ? *max : 0) / (2 * kStreamPieces));
+        piece_sender = std::make_unique<PieceSender>(
+            [&](std::string piece) { send_message(messages_sent++, std::move(piece)); },
+            threshold);
       }
       std::string& blob = blobs[g];
       blob.assign(1, '\1');
@@ -329,12 +521,21 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         if (!t.delta.is_host() && scratch == nullptr) {
           scratch = std::make_unique<kernels::DeviceScratch>();
         }
-        absl::StatusOr<size_t> size = EncodeTensor(*codec, t.delta, t.state,
-                                                   absl::MakeSpan(buffer), t.cuda_stream,
-                                                   scratch.get());
+        absl::StatusOr<size_t> size =
+            EncodeTensor(*codec, t.delta, t.state, absl::MakeSpan(buffer), t.cuda_stream,
+                         scratch.get(), piece_sender.get());
         if (!size.ok()) {
           local = Annotate(size.status(), absl::StrCat("tensor ", i));
           break;
+        }
+        if (piece_sender != nullptr) {
+          absl::StatusOr<codecs::PayloadInfo> info =
+              codecs::ParsePayload(absl::MakeConstSpan(buffer.data(), *size));
+          if (!info.ok()) {
+            local = Annotate(info.status(), absl::StrCat("tensor ", i, " (as encoded)"));
+            break;
+          }
+          stream_prefix = blob.size() + 8 + static_cast<size_t>(info->body.data() - buffer.data());
         }
         const uint64_t size64 = *size;
         blob.append(reinterpret_cast<const char*>(&size64), 8);
@@ -342,7 +543,11 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       }
       if (!local.ok()) blob = ErrorBlob(local);
       if (placeholder && local.ok()) blob = ErrorBlob(absl::AbortedError("another rank gave up"));
-      if (streamed && !direct) {
+      if (piece_sender != nullptr) {
+        size_t used = piece_sender->Finish();
+        if (!local.ok() || placeholder || stream_prefix == 0) used = 0;
+        send_message(pieces[g], StreamFinal(blob, used > 0 ? stream_prefix : blob.size(), used));
+      } else if (streamed && !direct) {
         gathers[g] = std::thread([&, g] {
           gathered[g] = comm::AllGatherV(group, group_tag(g), blobs[g], &all[g], algorithms[g],
                                          options.priority, deadline, size_t{1} << 40);
@@ -369,6 +574,11 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     exchanger.join();
     for (std::thread& gather : gathers) {  // those the exchanger did not reach after a failure
       if (gather.joinable()) gather.join();
+    }
+    for (std::vector<std::thread>& threads : message_gathers) {
+      for (std::thread& gather : threads) {
+        if (gather.joinable()) gather.join();
+      }
     }
     for (const std::unique_ptr<Batch>& batch : sends) {
       absl::Status sent = batch->Wait();

@@ -39,6 +39,8 @@ constexpr int kRanks = 4;
 // exchange overlap.
 const std::vector<Shape> kFewShapes = {{128, 192}, {1000}};
 const std::vector<Shape> kManyShapes = {{512, 512}, {300, 1000}, {1000}, {256, 1024}, {64, 64}};
+// One tensor big enough to go to the peers in pieces while it is encoded (direct algorithm).
+const std::vector<Shape> kOneLargeShape = {{640, 1024}};
 
 OpOptions Pipelined() {
   OpOptions op;
@@ -91,13 +93,13 @@ struct Case {
   const char* name;
   const char* topology;
   Algorithm algorithm;
-  bool many_tensors = false;
+  const std::vector<Shape>* shapes = &kFewShapes;
 };
 
 class SparseAllReduceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SparseAllReduceTest, BitIdenticalToTheReferenceOnEveryRank) {
-  const std::vector<Shape>& shapes = GetParam().many_tensors ? kManyShapes : kFewShapes;
+  const std::vector<Shape>& shapes = *GetParam().shapes;
   const size_t n = shapes.size();
   const std::vector<std::vector<float>> reference = Reference(shapes);
   RankOptions options;
@@ -150,10 +152,16 @@ INSTANTIATE_TEST_SUITE_P(
                            Algorithm::kDirect},
                       Case{"island_and_remotes", R"({"nranks": 4, "islands": [[0, 2, 3]]})",
                            Algorithm::kHierarchical},
-                      Case{"pipelined_direct", R"({"nranks": 4})", Algorithm::kDirect, true},
-                      Case{"pipelined_ring", R"({"nranks": 4})", Algorithm::kRing, true},
+                      Case{"pipelined_direct", R"({"nranks": 4})", Algorithm::kDirect, &kManyShapes},
+                      Case{"pipelined_ring", R"({"nranks": 4})", Algorithm::kRing, &kManyShapes},
                       Case{"pipelined_hierarchical", R"({"nranks": 4, "islands": [[0, 2, 3]]})",
-                           Algorithm::kHierarchical, true}),
+                           Algorithm::kHierarchical, &kManyShapes},
+                      Case{"one_large_direct", R"({"nranks": 4})", Algorithm::kDirect,
+                           &kOneLargeShape},
+                      Case{"one_large_ring", R"({"nranks": 4})", Algorithm::kRing,
+                           &kOneLargeShape},
+                      Case{"one_large_hierarchical", R"({"nranks": 4, "islands": [[0, 2, 3]]})",
+                           Algorithm::kHierarchical, &kOneLargeShape}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(SparseAllReduceFailureTest, ARejectedInputFailsEveryRankAndKeepsState) {
@@ -442,6 +450,46 @@ TEST_P(SparseAllReduceGiveUpTest, AGiveUpAfterOthersStartedEveryGroupStrandsNoSe
     return comm.SparseAllReduce(tensors, inner.get(), {}, op)->Wait();
   });
   EXPECT_THAT(statuses, Each(IsOk()));
+}
+
+// A tensor sent in pieces while it is encoded: rank 1 meets a NaN in its last rows, after most
+// of its index section went out. Every rank fails with rank 1's error, writes nothing, keeps its
+// state, and the same communicator then completes the collective with equal results everywhere.
+TEST_P(SparseAllReduceGiveUpTest, AGiveUpAfterStreamedPiecesFailsEveryRankCleanly) {
+  auto codec = MakeCodec();
+  const Shape shape = {512, 1024};
+  const int64_t n = Count(shape);
+  RankOptions options;
+  options.timeout = absl::Seconds(20);
+  options.topology = *Topology::FromJson(R"({"nranks": 3, "islands": [[0, 1]]})");
+  Mutex mu;
+  std::vector<std::vector<float>> results(3);
+  auto statuses = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> delta = DeltaOf(rank, 0, n), out(n, 7.0f);
+    codecs::TopKEfState state;
+    std::vector<Communicator::SparseTensor> tensors = {
+        {*TensorView::Host(delta.data(), shape), *TensorView::Host(out.data(), shape), &state}};
+    OpOptions op;
+    op.algorithm = GetParam();
+    if (rank == 1) delta[n - 3] = std::nanf("");
+    absl::Status failed = comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait();
+    if (failed.code() != absl::StatusCode::kInvalidArgument ||
+        !absl::StrContains(failed.message(), rank == 1 ? "NaN" : "rank 1")) {
+      return absl::InternalError(absl::StrCat("expected rank 1's rejection, got ", failed.ToString()));
+    }
+    if (state.has_pending() || out != std::vector<float>(n, 7.0f)) {
+      return absl::InternalError("state pending or output written by a failed exchange");
+    }
+    delta[n - 3] = 0.5f;
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait());
+    MutexLock lock(&mu);
+    results[rank] = out;
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(statuses, Each(IsOk()));
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+  EXPECT_NE(results[0], std::vector<float>(n, 7.0f));
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, SparseAllReduceGiveUpTest,
