@@ -127,7 +127,8 @@ class IndexStream {
               EncodeObserver* observer)
       : requested_(requested), layout_(layout), scratch_(scratch), observer_(observer) {}
 
-  // The selection of chunks [0, end_chunk) is in `local`.
+  // The selection of chunks [0, end_chunk) is in `local_all`: codes the new chunks and reports
+  // the bytes that became final.
   void Advance(const std::vector<uint16_t>& local_all, int64_t end_chunk) {
     const absl::Span<const uint16_t> local(local_all.data(),
                                            static_cast<size_t>(layout_.count()));
@@ -167,8 +168,7 @@ class IndexStream {
       observer_->Discard();
       coding_ = IndexCoding::kPacked12;
       packed_done_ = 0;
-      appended_ = 0;
-      // Not streamed any more: the coding of the rest is a little longer, not wrong.
+      appended_ = 0;  // the whole section again, as packed12, not reported
     }
     *bytes = Packed12Bytes(layout_.count());
     if (packed_done_ < layout_.count()) {
@@ -176,7 +176,7 @@ class IndexStream {
       EncodePacked12(absl::MakeConstSpan(local_all.data() + start,
                                          static_cast<size_t>(layout_.count() - start)),
                      scratch_.subspan(static_cast<size_t>(start / 2 * 3),
-                                                         Packed12Bytes(layout_.count() - start)));
+                                      Packed12Bytes(layout_.count() - start)));
     }
     return IndexCoding::kPacked12;
   }
