@@ -37,6 +37,11 @@
 // output added to and >= 8 MiB is finished through a staged strip of a whole block row that is
 // then added row by row (sequential output).
 //
+// Streamed encode (EncodeStreamed): the index section is coded group by group as the selection
+// proceeds and its final bytes reported to the observer; the coding is chosen from the first
+// group's selection (auto: the shorter there; recoded as packed12, with Discard(), if adaptive
+// ends longer than packed12 over the tensor). The values and the header come at the end.
+//
 // Thread-safety: TopKEfCodec is immutable and shareable; a TopKEfState belongs to one thread at
 // a time.
 #ifndef LBCC_CODECS_TOPK_EF_H_
