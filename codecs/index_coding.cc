@@ -173,7 +173,9 @@ void AdaptiveIndexEncoder::EncodeChunks(absl::Span<const uint16_t> local, int64_
   const int64_t num_sub = NumSubBlocks(layout_.chunk_len, b);
   const uint32_t offset_mask = (1u << b) - 1;
   int32_t counts[kMaxSubBlocks];
-  BitWriter& writer = writer_;
+  // A local copy: the writer's state stays in registers (stores through the output bytes could
+  // alias a member's).
+  BitWriter writer = writer_;
   // The most a chunk writes (AdaptiveMaxBytes' bound): with that much room its usual
   // sub-blocks go through PutUnchecked.
   const size_t chunk_bytes =
@@ -219,6 +221,7 @@ void AdaptiveIndexEncoder::EncodeChunks(absl::Span<const uint16_t> local, int64_
       idx += n;
     }
   }
+  writer_ = writer;
   next_chunk_ = std::max(next_chunk_, end_chunk);
 }
 
