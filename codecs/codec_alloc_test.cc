@@ -1,5 +1,5 @@
 // Steady-state calls do not allocate: counts every operator new in this binary around the
-// second and later Encode / Commit / DecodeAccumulate calls.
+// second and later Encode / EncodeStreamed / Commit / DecodeAccumulate calls.
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -37,6 +37,12 @@ std::vector<float> Normals(int64_t n, uint32_t seed) {
   return v;
 }
 
+struct CountingObserver : EncodeObserver {
+  void Append(absl::Span<const uint8_t> b) override { bytes += b.size(); }
+  void Discard() override { bytes = 0; }
+  size_t bytes = 0;
+};
+
 TEST(CodecAllocTest, SteadyStateEncodeCommitAndDecodeDoNotAllocate) {
   const Shape shape = {256, 320};
   const int64_t n = 256 * 320;
@@ -54,10 +60,14 @@ TEST(CodecAllocTest, SteadyStateEncodeCommitAndDecodeDoNotAllocate) {
         3, std::vector<uint8_t>(*codec->MaxEncodedBytes(shape)));
     std::vector<uint8_t> dense_payload(*dense->MaxEncodedBytes(shape));
     std::vector<absl::Span<const uint8_t>> spans(3);
+    CountingObserver counter;
     for (int round = 0; round < 3; ++round) {
       const int64_t before = g_allocations.load();
       for (int r = 0; r < 3; ++r) {
-        absl::StatusOr<size_t> size = codec->Encode(view, &state, absl::MakeSpan(payloads[r]));
+        // The third replica's encode is streamed (the observer only counts).
+        absl::StatusOr<size_t> size =
+            r == 2 ? codec->EncodeStreamed(view, &state, absl::MakeSpan(payloads[r]), &counter)
+                   : codec->Encode(view, &state, absl::MakeSpan(payloads[r]));
         ASSERT_TRUE(size.ok());
         ASSERT_TRUE(state.Commit().ok());
         spans[r] = absl::MakeConstSpan(payloads[r]).subspan(0, *size);
@@ -72,6 +82,7 @@ TEST(CodecAllocTest, SteadyStateEncodeCommitAndDecodeDoNotAllocate) {
           DecodeAccumulate(absl::MakeConstSpan(&dense_span, 1), {}, out_view, &scratch).ok());
       const int64_t allocations = g_allocations.load() - before;
       if (round > 0) EXPECT_EQ(allocations, 0) << "round " << round;
+      EXPECT_GT(counter.bytes, 0u);
     }
   }
 }

@@ -458,6 +458,16 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     // their error or placeholder blobs sent when streamed).
     std::deque<std::string> piece_bytes;  // streamed pieces and final messages, until sent
     std::vector<std::unique_ptr<Batch>> sends;  // streamed direct: each group's blob to each peer
+    // Streamed direct: `bytes` (alive until `sends` are waited for) to every peer on g's tag.
+    auto send_to_peers = [&](int g, const std::string& bytes) {
+      for (int r = 0; r < group.size(); ++r) {
+        if (r == group.me) continue;
+        sends.back()->Send(
+            group.ranks[r], group_tag(g),
+            absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+            options.priority);
+      }
+    };
     absl::Status local;
     std::vector<uint8_t>& buffer = encode_buffer_;
     std::unique_ptr<kernels::DeviceScratch> scratch;
@@ -481,14 +491,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           return;
         }
         piece_bytes.push_back(std::move(message));
-        const std::string& bytes = piece_bytes.back();
-        for (int r = 0; r < group.size(); ++r) {
-          if (r == group.me) continue;
-          sends.back()->Send(group.ranks[r], group_tag(g),
-                             absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                                 bytes.size()),
-                             options.priority);
-        }
+        send_to_peers(g, piece_bytes.back());
       };
       int messages_sent = 0;
       if (pieces[g] > 0) {
@@ -554,13 +557,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         });
       } else if (streamed) {
         sends.push_back(std::make_unique<Batch>(group.fabric, deadline));
-        for (int r = 0; r < group.size(); ++r) {
-          if (r == group.me) continue;
-          sends.back()->Send(group.ranks[r], group_tag(g),
-                             absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(blob.data()),
-                                                 blob.size()),
-                             options.priority);
-        }
+        send_to_peers(g, blob);
       }
       {
         MutexLock lock(&mu);
