@@ -368,6 +368,19 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     std::vector<absl::Status> gathered(num_groups);
     auto group_tag = [&](int g) { return tag + first_step[g]; };
     bool stop_encoding = false;  // Guarded by mu; streamed: someone gave up, send placeholders.
+    // A piece group's blobs from its peers' pieces and final messages (rank order).
+    auto assemble = [&](int g, const std::vector<std::vector<std::string>>& parts,
+                        const std::vector<std::string>& finals) {
+      for (int r = 0; r < group.size(); ++r) {
+        if (r == group.me) continue;
+        absl::StatusOr<std::string> blob = AssembleStreamed(parts[r], finals[r], r);
+        if (blob.ok()) {
+          all[g][r] = *std::move(blob);
+        } else if (invalid.ok()) {
+          invalid = blob.status();  // all[g][r] stays empty: looked at as giving up
+        }
+      }
+    };
     std::thread exchanger([&] {
       bool gave_up = false;
       for (int g = 0; g < num_groups; ++g) {
@@ -392,15 +405,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
                           size_t{1} << 40);
           }
           status = batch.Wait();
-          for (int r = 0; r < group.size() && status.ok() && pieces[g] > 0; ++r) {
-            if (r == group.me) continue;
-            absl::StatusOr<std::string> blob = AssembleStreamed(parts[r], finals[r], r);
-            if (blob.ok()) {
-              all[g][r] = *std::move(blob);
-            } else if (invalid.ok()) {
-              invalid = blob.status();  // all[g][r] stays empty: looked at as giving up
-            }
-          }
+          if (status.ok() && pieces[g] > 0) assemble(g, parts, finals);
         } else if (streamed && pieces[g] > 0) {
           for (size_t j = 0; j < message_gathers[g].size(); ++j) {
             message_gathers[g][j].join();
@@ -408,18 +413,15 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           }
           all[g].assign(group.size(), std::string());
           all[g][group.me] = blobs[g];
-          std::vector<std::string> parts(pieces[g]);
+          std::vector<std::vector<std::string>> parts(group.size());
+          std::vector<std::string> finals(group.size());
           for (int r = 0; r < group.size() && status.ok(); ++r) {
-            if (r == group.me) continue;
-            for (int j = 0; j < pieces[g]; ++j) parts[j] = std::move(message_all[g][j][r]);
-            absl::StatusOr<std::string> blob =
-                AssembleStreamed(parts, message_all[g][pieces[g]][r], r);
-            if (blob.ok()) {
-              all[g][r] = *std::move(blob);
-            } else if (invalid.ok()) {
-              invalid = blob.status();  // all[g][r] stays empty: looked at as giving up
+            for (int j = 0; j < pieces[g]; ++j) {
+              parts[r].push_back(std::move(message_all[g][j][r]));
             }
+            finals[r] = std::move(message_all[g][pieces[g]][r]);
           }
+          if (status.ok()) assemble(g, parts, finals);
         } else if (streamed) {
           gathers[g].join();
           status = gathered[g];
