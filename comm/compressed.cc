@@ -93,20 +93,21 @@ absl::Status DecodeTensor(absl::Span<const absl::Span<const uint8_t>> payloads,
   return kernels::DecodeAccumulateOnDevice(payloads, options, out, cuda_stream, device_scratch);
 }
 
-// A large tensor alone in its exchange group goes to the peers in pieces while it is encoded:
-// the codec reports its body's leading bytes as they become final (codecs::EncodeObserver;
-// TopK-EF's index section, most of the payload), and they go out at once instead of after the
-// encode, which for one tensor cannot otherwise overlap the wire. Such a group is exactly
-// kStreamPieces piece messages and then the final message: u64 prefix length, u64 piece bytes
-// used, then the blob without the piece bytes, so blob = final[0, prefix) + pieces[0, used) +
-// final[prefix, end). With the direct algorithm all of them travel on the group's tag (matched
-// in order); other algorithms run one all-gather per message (a hierarchical leader forwards a
-// member's piece as soon as it has it). Every rank derives the piece count from the shapes
-// alone; a sender with less to stream (an error, a device tensor, a codec that does not
-// stream) sends empty pieces.
-// Few pieces: each message costs every receiver CPU (syscalls, wake-ups) that 4 ranks on 2 cores
-// feel; on the 4-rank testbed (one 4M tensor, 100 Mbit/s) 4 pieces of 1/8 of the worst-case
-// payload each beat 16 of 1/17 and 2 of 1/4 (comm/README.md).
+// Over slow links, a large tensor alone in its exchange group goes to the peers in pieces
+// while it is encoded: the codec reports its body's leading bytes as they become final
+// (codecs::EncodeObserver; TopK-EF's index section, most of the payload), and they go out at
+// once instead of after the encode, which for one tensor cannot otherwise overlap the wire.
+// Such a group is exactly kStreamPieces piece messages and then the final message: u64 prefix
+// length, u64 piece bytes used, then the blob without the piece bytes, so blob = final[0,
+// prefix) + pieces[0, used) + final[prefix, end). With the direct algorithm all of them travel
+// on the group's tag (matched in order); other algorithms run one all-gather per message (a
+// hierarchical leader forwards a member's piece as soon as it has it). Every rank derives the
+// piece count from the shapes and the topology alone; a sender with less to stream (an error, a
+// device tensor, a codec that does not stream) sends empty pieces.
+// Few pieces: each message costs every receiver CPU (syscalls, wake-ups) that 4 ranks on 2
+// cores feel; on the 4-rank testbed (one 4M tensor, 100 Mbit/s) 4 pieces of 1/8 of the
+// worst-case payload each beat 16 of 1/17 and 2 of 1/4 (comm/README.md). Over fast links the
+// wire is not what one waits for, and the pieces would only add messages.
 constexpr int kStreamPieces = 4;
 constexpr int64_t kStreamMinElements = int64_t{1} << 16;
 constexpr size_t kStreamFinalHeader = 16;
@@ -336,10 +337,11 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     // Groups sent in pieces while they are encoded (PieceSender): one large tensor. Without the
     // direct algorithm each of its messages is an all-gather of its own, with its own tag
     // steps, so only while they fit in the operation's tag space.
+    const bool slow_links = ShapeOf(topology(), group.ranks).any_slow;
     std::vector<int> pieces(num_groups, 0);
     std::vector<uint32_t> first_step(num_groups + 1, 0);
     for (int g = 0; g < num_groups; ++g) {
-      if (streamed && plan[g].second - plan[g].first == 1 &&
+      if (streamed && slow_links && plan[g].second - plan[g].first == 1 &&
           tensors[plan[g].first].delta.num_elements() >= kStreamMinElements) {
         pieces[g] = kStreamPieces;
       }
