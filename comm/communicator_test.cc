@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,6 +62,54 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, AllGatherVTest,
                          ::testing::Values(Algorithm::kAuto, Algorithm::kDirect, Algorithm::kRing,
                                            Algorithm::kHierarchical),
                          [](const auto& info) { return std::string(AlgorithmName(info.param)); });
+
+// Hierarchical: every payload enters every other island once. With islands {0,1}, {2}, {3}
+// the slow links carry 8 payloads (rank 0 gets 2's and 3's and hands them to 1; 2 and 3 get
+// the other three each), direct 10 (0 and 1 also get 2's and 3's over their own slow links).
+// Rank 1's payload goes to 2 and 3 itself, not through its leader.
+TEST(AllGatherVTest, HierarchicalSendsEachPayloadIntoEachIslandOnce) {
+  constexpr size_t kSize = 1 << 20;
+  RankOptions options;
+  options.topology = Hetero4();
+  Mutex mu;
+  std::map<Algorithm, std::vector<Fabric::ClassBytes>> bytes;
+  auto results = RunRanks(4, options, [&](int rank, Communicator& comm) -> absl::Status {
+    const std::string mine = PayloadOf(rank, kSize);
+    for (Algorithm algorithm : {Algorithm::kHierarchical, Algorithm::kDirect}) {
+      LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+      const Fabric::ClassBytes before = comm.fabric()->BytesByClass();
+      std::vector<std::string> all;
+      OpOptions op;
+      op.algorithm = algorithm;
+      LBCC_RETURN_IF_ERROR(comm.AllGatherV(&mine, &all, op)->Wait());
+      for (int r = 0; r < 4; ++r) {
+        if (all[r] != PayloadOf(r, kSize)) return absl::InternalError("wrong payload");
+      }
+      const Fabric::ClassBytes after = comm.fabric()->BytesByClass();
+      MutexLock lock(&mu);
+      bytes[algorithm].resize(4);
+      bytes[algorithm][rank].slow_received = after.slow_received - before.slow_received;
+      bytes[algorithm][rank].fast_received = after.fast_received - before.fast_received;
+      bytes[algorithm][rank].slow_sent = after.slow_sent - before.slow_sent;
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(results, Each(IsOk()));
+  // Per rank, in payloads (the transport adds a little framing).
+  auto payloads = [](uint64_t b) { return static_cast<double>(b) / kSize; };
+  const std::vector<double> hier_slow = {2, 0, 3, 3};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NEAR(payloads(bytes[Algorithm::kHierarchical][r].slow_received), hier_slow[r], 0.01)
+        << "rank " << r;
+  }
+  // Rank 1 gets 0's payload and the two forwarded; 0 and 1 each send only their own out.
+  EXPECT_NEAR(payloads(bytes[Algorithm::kHierarchical][1].fast_received), 3, 0.01);
+  EXPECT_NEAR(payloads(bytes[Algorithm::kHierarchical][0].slow_sent), 2, 0.01);
+  EXPECT_NEAR(payloads(bytes[Algorithm::kHierarchical][1].slow_sent), 2, 0.01);
+  double direct_total = 0;
+  for (int r = 0; r < 4; ++r) direct_total += payloads(bytes[Algorithm::kDirect][r].slow_received);
+  EXPECT_NEAR(direct_total, 10, 0.04);
+}
 
 std::vector<float> InputOf(int rank, size_t n) {
   std::mt19937 rng(rank + 1);
