@@ -88,68 +88,89 @@ absl::Status Unbundle(const std::string& bundle, std::vector<std::string>* paylo
   return absl::OkStatus();
 }
 
-// Every payload enters every other fast island once, at its leader, which hands it to the
-// island's other members over fast links: each rank sends its payload straight to the members
-// of its own island and to the leader of every other island (the first member in group order),
-// and a leader forwards each payload from another island to its members as it arrives. So each
-// payload crosses into each other island once (an island behind one shared link receives
-// every remote payload once, not once per member), and no payload waits for a relay on its way
-// out. Steps: tag (payloads), tag + 1 (a leader's forwards, framed as one-payload bundles).
+// Gather in fast islands, leaders exchange the island payloads (each payload crosses each slow
+// link once), leaders hand every member the full set.
 absl::Status Hierarchical(const Group& g, Tag tag, std::vector<std::string>* out,
                           Priority priority, absl::Time deadline, size_t max_bytes) {
   const Topology& topology = g.fabric->topology();
-  std::map<int, std::vector<int>> by_island;  // island id -> group indices, ascending
-  for (int i = 0; i < g.size(); ++i) by_island[topology.island_of(g.ranks[i])].push_back(i);
-  const int my_island = topology.island_of(g.ranks[g.me]);
-  const std::vector<int>& mine = by_island[my_island];
-  const bool leader = mine[0] == g.me;
-  std::vector<int> remote;  // group indices of the other islands' ranks
-  Batch batch(g.fabric, deadline);
-  const std::string& own = (*out)[g.me];
-  for (const auto& [island, members] : by_island) {
-    if (island == my_island) {
-      for (int i : members) {
-        if (i == g.me) continue;
-        batch.Send(g.ranks[i], tag, Bytes(own), priority);
-        batch.RecvAny(g.ranks[i], tag, &(*out)[i], max_bytes);
-      }
-      continue;
-    }
-    batch.Send(g.ranks[members[0]], tag, Bytes(own), priority);
-    remote.insert(remote.end(), members.begin(), members.end());
+  // Islands in order of their first member; the leader is the first member.
+  std::map<int, std::vector<int>> by_island;  // island id -> group indices
+  std::vector<int> island_order;
+  for (int i = 0; i < g.size(); ++i) {
+    const int island = topology.island_of(g.ranks[i]);
+    if (!by_island.count(island)) island_order.push_back(island);
+    by_island[island].push_back(i);
   }
+  const std::vector<int>& mine = by_island[topology.island_of(g.ranks[g.me])];
+  const int leader = mine[0];
+  const size_t bundle_max = max_bytes * g.size() + 16 * g.size() + 4;
+  if (g.me != leader) {
+    // Member: hand the payload to the leader, get everything back.
+    std::string all;
+    Batch batch(g.fabric, deadline);
+    batch.Send(g.ranks[leader], tag, Bytes((*out)[g.me]), priority);
+    batch.RecvAny(g.ranks[leader], tag + 2, &all, bundle_max);
+    LBCC_RETURN_IF_ERROR(batch.Wait());
+    std::vector<bool> have(g.size(), false);
+    const std::string own = (*out)[g.me];
+    LBCC_RETURN_IF_ERROR(Unbundle(all, out, &have));
+    if (std::count(have.begin(), have.end(), true) != g.size() || (*out)[g.me] != own) {
+      return absl::DataLossError("leader's bundle misses payloads");
+    }
+    return absl::OkStatus();
+  }
+  // Leader: 1-2. every island payload goes to every other leader as soon as this leader has it
+  // (its own at once, a member's when it arrives), one payload per message, so a slow link
+  // starts with the island's first finished encode instead of waiting for its last; the other
+  // leaders' payloads arrive the same way, one message each.
+  std::vector<int> other_leaders;  // group indices
+  std::vector<std::string> incoming;
+  for (int island : island_order) {
+    const std::vector<int>& members = by_island[island];
+    if (members[0] == g.me) continue;
+    other_leaders.push_back(members[0]);
+    for (size_t m = 0; m < members.size(); ++m) incoming.emplace_back();
+  }
+  const size_t single_max = max_bytes + 16;  // Bundle framing of one payload
+  std::vector<std::string> singles(mine.size());  // sent from, alive until `exchange` is done
+  Batch exchange(g.fabric, deadline);
+  {
+    size_t slot = 0;
+    for (int other : other_leaders) {
+      for (size_t m = 0; m < by_island[topology.island_of(g.ranks[other])].size(); ++m) {
+        exchange.RecvAny(g.ranks[other], tag + 1, &incoming[slot++], single_max);
+      }
+    }
+  }
+  std::vector<std::unique_ptr<Batch>> gather;  // one per member, all posted at once
+  for (size_t k = 1; k < mine.size(); ++k) {
+    gather.push_back(std::make_unique<Batch>(g.fabric, deadline));
+    gather.back()->RecvAny(g.ranks[mine[k]], tag, &(*out)[mine[k]], max_bytes);
+  }
+  for (size_t k = 0; k < mine.size(); ++k) {
+    if (k > 0) LBCC_RETURN_IF_ERROR(gather[k - 1]->Wait());
+    singles[k] = Bundle(*out, {mine[k]});
+    for (int other : other_leaders) {
+      exchange.Send(g.ranks[other], tag + 1, Bytes(singles[k]), priority);
+    }
+  }
+  LBCC_RETURN_IF_ERROR(exchange.Wait());
   std::vector<bool> have(g.size(), false);
   for (int i : mine) have[i] = true;
-  if (!leader) {
-    // The other islands' payloads come from the leader, one per message.
-    std::vector<std::string> forwarded(remote.size());
-    for (std::string& f : forwarded) {
-      batch.RecvAny(g.ranks[mine[0]], tag + 1, &f, max_bytes + 16);
-    }
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-    for (const std::string& f : forwarded) LBCC_RETURN_IF_ERROR(Unbundle(f, out, &have));
-  } else {
-    // Receive every remote rank's payload, each in a Batch of its own so it can be forwarded
-    // as soon as it is in (in group order).
-    std::vector<std::unique_ptr<Batch>> incoming;
-    for (int i : remote) {
-      incoming.push_back(std::make_unique<Batch>(g.fabric, deadline));
-      incoming.back()->RecvAny(g.ranks[i], tag, &(*out)[i], max_bytes);
-    }
-    std::vector<std::string> bundles(remote.size());  // sent from until `batch` is done
-    for (size_t k = 0; k < remote.size(); ++k) {
-      LBCC_RETURN_IF_ERROR(incoming[k]->Wait());
-      have[remote[k]] = true;
-      if (mine.size() == 1) continue;
-      bundles[k] = Bundle(*out, {remote[k]});
-      for (size_t m = 1; m < mine.size(); ++m) {
-        batch.Send(g.ranks[mine[m]], tag + 1, Bytes(bundles[k]), priority);
-      }
-    }
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-  }
+  for (const std::string& single : incoming) LBCC_RETURN_IF_ERROR(Unbundle(single, out, &have));
   if (std::count(have.begin(), have.end(), true) != g.size()) {
-    return absl::DataLossError("hierarchical all-gather: payloads missing");
+    return absl::DataLossError("island payloads missing");
+  }
+  // 3. spread the full set in the island.
+  if (mine.size() > 1) {
+    std::vector<int> everyone(g.size());
+    for (int i = 0; i < g.size(); ++i) everyone[i] = i;
+    const std::string all = Bundle(*out, everyone);
+    Batch batch(g.fabric, deadline);
+    for (size_t k = 1; k < mine.size(); ++k) {
+      batch.Send(g.ranks[mine[k]], tag + 2, Bytes(all), priority);
+    }
+    LBCC_RETURN_IF_ERROR(batch.Wait());
   }
   return absl::OkStatus();
 }
