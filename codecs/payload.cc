@@ -102,6 +102,12 @@ absl::StatusOr<size_t> PeekPayloadBytes(absl::Span<const uint8_t> prefix) {
   return e->total_bytes;
 }
 
+absl::StatusOr<size_t> PeekPayloadBodyOffset(absl::Span<const uint8_t> prefix) {
+  absl::StatusOr<Envelope> e = ParseEnvelope(prefix);
+  if (!e.ok()) return e.status();
+  return e->header_bytes + e->params_bytes;
+}
+
 absl::StatusOr<PayloadInfo> ParsePayload(absl::Span<const uint8_t> bytes) {
   absl::StatusOr<Envelope> e = ParseEnvelope(bytes);
   if (!e.ok()) return e.status();

@@ -85,6 +85,9 @@ absl::StatusOr<PayloadInfo> ParsePayload(absl::Span<const uint8_t> bytes);
 // the checksum: lets a receiver size a buffer or split a stream of payloads. DataLoss when the
 // prefix is malformed or too short to hold the header and shape.
 absl::StatusOr<size_t> PeekPayloadBytes(absl::Span<const uint8_t> prefix);
+// Where the body starts (the bytes before it: header, shape, params), read the same way: for
+// a sender that just wrote the payload and need not check its checksum again.
+absl::StatusOr<size_t> PeekPayloadBodyOffset(absl::Span<const uint8_t> prefix);
 
 class PayloadWriter {
  public:

@@ -44,6 +44,11 @@ TEST(PayloadTest, RoundTrip) {
   EXPECT_EQ(info.body[3], 21);
   EXPECT_THAT(PeekPayloadBytes(absl::MakeSpan(bytes).subspan(0, 40)),
               ::lbcc::testing::IsOkAndHolds(bytes.size()));
+  EXPECT_THAT(PeekPayloadBodyOffset(absl::MakeSpan(bytes).subspan(0, 40)),
+              ::lbcc::testing::IsOkAndHolds(
+                  static_cast<size_t>(info.body.data() - bytes.data())));
+  EXPECT_THAT(PeekPayloadBodyOffset(absl::MakeSpan(bytes).subspan(0, 20)),
+              StatusIs(absl::StatusCode::kDataLoss));
 }
 
 TEST(PayloadTest, EveryFlippedBitIsRejected) {

@@ -467,13 +467,13 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           break;
         }
         if (piece_sender != nullptr) {
-          absl::StatusOr<codecs::PayloadInfo> info =
-              codecs::ParsePayload(absl::MakeConstSpan(buffer.data(), *size));
-          if (!info.ok()) {
-            local = Annotate(info.status(), absl::StrCat("tensor ", i, " (as encoded)"));
+          absl::StatusOr<size_t> body =
+              codecs::PeekPayloadBodyOffset(absl::MakeConstSpan(buffer.data(), *size));
+          if (!body.ok()) {
+            local = Annotate(body.status(), absl::StrCat("tensor ", i, " (as encoded)"));
             break;
           }
-          stream_prefix = blob.size() + 8 + static_cast<size_t>(info->body.data() - buffer.data());
+          stream_prefix = blob.size() + 8 + *body;
         }
         const uint64_t size64 = *size;
         blob.append(reinterpret_cast<const char*>(&size64), 8);
