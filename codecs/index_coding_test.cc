@@ -312,6 +312,19 @@ const std::vector<IndexLayout>& EquivalenceLayouts() {
   return *layouts;
 }
 
+// `list` coded adaptively with `params`, exactly the coding's bytes.
+std::vector<uint8_t> EncodedAdaptive(const std::vector<uint16_t>& list, const IndexLayout& layout,
+                                     const AdaptiveParams& params) {
+  std::vector<uint8_t> bytes((AdaptiveBits(list, layout, params) + 7) / 8);
+  EncodeAdaptive(list, layout, params, absl::MakeSpan(bytes));
+  return bytes;
+}
+
+std::string CaseName(const IndexLayout& layout, bool dense, const AdaptiveParams& params) {
+  return absl::StrCat(layout.num_chunks, "x", layout.k, "/", layout.chunk_len, " dense ", dense,
+                      " b ", params.sub_block_log2, " p ", params.rice);
+}
+
 // Valid streams: every layout, b, p, sparse and dense positions.
 TEST(AdaptiveEquivalenceTest, ValidStreamsDecodeLikeTheReference) {
   std::mt19937 rng(21);
@@ -322,11 +335,8 @@ TEST(AdaptiveEquivalenceTest, ValidStreamsDecodeLikeTheReference) {
       for (int b : {6, 7}) {
         for (int p = 0; p <= b; ++p) {
           const AdaptiveParams params{b, p};
-          std::vector<uint8_t> bytes((AdaptiveBits(list, layout, params) + 7) / 8);
-          EncodeAdaptive(list, layout, params, absl::MakeSpan(bytes));
-          const std::string what = absl::StrCat(layout.num_chunks, "x", layout.k, "/",
-                                                layout.chunk_len, " dense ", dense, " b ", b,
-                                                " p ", p);
+          const std::vector<uint8_t> bytes = EncodedAdaptive(list, layout, params);
+          const std::string what = CaseName(layout, dense, params);
           ASSERT_NO_FATAL_FAILURE(ExpectLikeReference(bytes, layout, params, what));
           std::vector<uint16_t> decoded(list.size());
           ASSERT_THAT(DecodeAdaptive(bytes, layout, params, absl::MakeSpan(decoded)), IsOk());
@@ -348,11 +358,8 @@ TEST(AdaptiveEquivalenceTest, CorruptStreamsFailLikeTheReference) {
       for (int b : {6, 7}) {
         for (int p : {0, 1, AdaptiveRice(layout, b), b}) {
           const AdaptiveParams params{b, p};
-          std::vector<uint8_t> bytes((AdaptiveBits(list, layout, params) + 7) / 8);
-          EncodeAdaptive(list, layout, params, absl::MakeSpan(bytes));
-          const std::string what = absl::StrCat(layout.num_chunks, "x", layout.k, "/",
-                                                layout.chunk_len, " dense ", dense, " b ", b,
-                                                " p ", p);
+          const std::vector<uint8_t> bytes = EncodedAdaptive(list, layout, params);
+          const std::string what = CaseName(layout, dense, params);
           const size_t bits = bytes.size() * 8;
           const int trials = p == 0 ? 120 : 25;
           for (int t = 0; t < trials; ++t) {
