@@ -15,6 +15,12 @@
 //   BM_OutputRmw/<rows>/<cols>: the decode's memory limit, out[i] += s over an fp32 output of
 //     that shape (the replicas touch ~87 % of its cache lines); the binary prints each decode's
 //     time as a multiple of this pass.
+//   BM_TopKEfDecodePrepare8/<rows>/<cols>/1: PrepareDecode alone of BM_TopKEfDecode8's packed12
+//     payloads (envelopes, checksums, index decode and checks, value tables).
+//   BM_DecodeScatterFloor/<rows>/<cols>: the bare aggregation of the same number of selected
+//     values (uniformly random positions): a sum and a count per position in an accumulator
+//     that stays in L1, from unpacked indices and 2-bit codes. The binary prints the decode
+//     floor, checks + this + the output pass: what a decoder that did nothing else would take.
 //   BM_TopKEfBits/<index coding>: 4096 x 4096, top_k 64, 2-bit values: counters
 //     bits_per_param (whole payload) and header_bits_per_param.
 //   BM_DenseInt8RoundTrip/<n>: int8 absmax (block 256) quantize + dequantize of n floats;
@@ -22,6 +28,7 @@
 // The binary ends with the ratios (from this run) that codecs/README.md reports.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -79,9 +86,8 @@ void BM_TopKEfEncode(benchmark::State& state) {
       benchmark::Counter(8.0 * static_cast<double>(bytes) / n, benchmark::Counter::kAvgThreads);
 }
 
-// DecodeAccumulate of `replicas` payloads of the shape (rows, cols), SparseLoCo mean; items:
-// selected values.
-void RunDecode(benchmark::State& state, int replicas, bool accumulate) {
+// `replicas` payloads of the shape (rows, cols) with the index coding state.range(2).
+std::vector<std::vector<uint8_t>> DecodePayloads(benchmark::State& state, int replicas) {
   const Shape shape = {state.range(0), state.range(1)};
   const int64_t n = shape[0] * shape[1];
   auto codec = MakeTopK(static_cast<IndexCoding>(state.range(2)));
@@ -95,18 +101,87 @@ void RunDecode(benchmark::State& state, int replicas, bool accumulate) {
     out.resize(size);
     payloads.push_back(std::move(out));
   }
+  return payloads;
+}
+
+// DecodeAccumulate of `replicas` payloads, SparseLoCo mean; items: selected values. With
+// prepare_only, PrepareDecode alone: the payloads' checks (envelope, checksum, index decode and
+// order, value tables), none of the aggregation.
+void RunDecode(benchmark::State& state, int replicas, bool accumulate, bool prepare_only = false) {
+  const Shape shape = {state.range(0), state.range(1)};
+  const std::vector<std::vector<uint8_t>> payloads = DecodePayloads(state, replicas);
   const std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
   const int64_t selected = replicas * (*InspectPayload(payloads[0])).selected;
-  AlignedVector<float> out(static_cast<size_t>(n), 0.0f);  // as a framework's tensor
+  AlignedVector<float> out(static_cast<size_t>(shape[0] * shape[1]), 0.0f);  // a framework's tensor
   const TensorView view = *TensorView::Host(out.data(), shape);
+  const DecodeOptions options = {Aggregation::kSparseLoCoMean, accumulate};
   DecodeScratch scratch;
   for (auto _ : state) {
-    absl::Status status = DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, accumulate},
-                                           view, &scratch);
+    absl::Status status = prepare_only ? PrepareDecode(spans, options, view, &scratch)
+                                       : DecodeAccumulate(spans, options, view, &scratch);
     LBCC_CHECK(status.ok()) << status;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * selected);
+}
+
+// The part of BM_TopKEfDecode8 that checks the payloads before anything is aggregated.
+void BM_TopKEfDecodePrepare8(benchmark::State& state) {
+  RunDecode(state, 8, /*accumulate=*/true, /*prepare_only=*/true);
+}
+
+// A floor for any decoder that aggregates by position: 8 replicas' selected values of a
+// (rows, cols) tensor at top_k 64, each added into a per-position sum and, with kCount, count
+// (what the SparseLoCo mean needs; the plain sum needs none) in one 4096-position accumulator
+// per chunk that stays in L1; indices and 2-bit codes already unpacked, nothing checked,
+// divided, reset or written to an output. Positions uniformly random and distinct within a
+// chunk, like the normal data's selections. items: selected values.
+template <bool kCount>
+void ScatterFloor(const uint16_t* idx, const uint8_t* codes, int64_t values, const float* table,
+                  float* sum, uint16_t* count) {
+  auto add = [&](uint32_t l, float v) {
+    sum[l] += v;
+    if (kCount) count[l] = static_cast<uint16_t>(count[l] + 1);
+  };
+  for (int64_t v = 0; v < values; v += 4, idx += 4) {
+    const uint32_t b = *codes++;
+    add(idx[0], table[b & 3]);
+    add(idx[1], table[(b >> 2) & 3]);
+    add(idx[2], table[(b >> 4) & 3]);
+    add(idx[3], table[b >> 6]);
+  }
+}
+
+void BM_DecodeScatterFloor(benchmark::State& state) {
+  constexpr int kReplicas = 8, kChunk = 4096, kPerChunk = 64;
+  const int64_t chunks = state.range(0) * state.range(1) / kChunk;
+  const int64_t values = chunks * kReplicas * kPerChunk;
+  std::mt19937 rng(17);
+  std::vector<uint16_t> positions(kChunk);
+  for (int i = 0; i < kChunk; ++i) positions[i] = static_cast<uint16_t>(i);
+  // Chunk-major, then replica: the order in which a decoder visits them.
+  std::vector<uint16_t> indices;
+  std::vector<uint8_t> codes;
+  for (int64_t c = 0; c < chunks * kReplicas; ++c) {
+    std::shuffle(positions.begin(), positions.end(), rng);
+    std::sort(positions.begin(), positions.begin() + kPerChunk);
+    indices.insert(indices.end(), positions.begin(), positions.begin() + kPerChunk);
+    for (int j = 0; j < kPerChunk / 4; ++j) codes.push_back(static_cast<uint8_t>(rng()));
+  }
+  const float table[4] = {-0.02f, -0.005f, 0.005f, 0.02f};
+  std::vector<float> sum(kChunk, -0.0f);
+  std::vector<uint16_t> count(kChunk, 0);
+  for (auto _ : state) {
+    if (state.range(2) != 0) {
+      ScatterFloor<true>(indices.data(), codes.data(), values, table, sum.data(), count.data());
+    } else {
+      ScatterFloor<false>(indices.data(), codes.data(), values, table, sum.data(), count.data());
+    }
+    benchmark::DoNotOptimize(sum.data());
+    benchmark::DoNotOptimize(count.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * values);
 }
 
 // The case: 8 replicas accumulated into the output.
@@ -209,6 +284,16 @@ int main(int argc, char** argv) {
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
+    benchmark::RegisterBenchmark("BM_TopKEfDecodePrepare8", BM_TopKEfDecodePrepare8)
+        ->Args({rows, rows, static_cast<int64_t>(IndexCoding::kPacked12)})
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    for (int64_t with_count : {1, 0}) {
+      benchmark::RegisterBenchmark("BM_DecodeScatterFloor", BM_DecodeScatterFloor)
+          ->Args({rows, rows, with_count})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
     benchmark::RegisterBenchmark("BM_OutputRmw", BM_OutputRmw)
         ->Args({rows, rows})
         ->UseRealTime()
@@ -263,6 +348,21 @@ int main(int argc, char** argv) {
   }
   for (const char* size : {"512/512", "1024/1024", "2048/2048", "4096/4096"}) {
     const double rmw = get(std::string("BM_OutputRmw/") + size + "/real_time", "seconds");
+    const double prepare =
+        get(std::string("BM_TopKEfDecodePrepare8/") + size + "/1/real_time", "seconds");
+    const std::string floor_name = std::string("BM_DecodeScatterFloor/") + size;
+    const double scatter = get(floor_name + "/1/real_time", "seconds");
+    const double scatter_sum = get(floor_name + "/0/real_time", "seconds");
+    const double values = get(floor_name + "/1/real_time", "items_per_second") * scatter;
+    if (rmw > 0 && prepare > 0 && scatter > 0 && scatter_sum > 0 && values > 0) {
+      // What a decoder that did nothing else would take, its parts one after the other.
+      const double floor = prepare + scatter + rmw, floor_sum = prepare + scatter_sum + rmw;
+      std::printf(
+          "  decode floor %s: checks %.3f + per-position sum and count %.3f + output pass "
+          "%.3f = %.3f ms = %.3f G selected values/s (sum alone, no count: %.3f G/s)\n",
+          size, prepare * 1e3, scatter * 1e3, rmw * 1e3, floor * 1e3, values / floor / 1e9,
+          values / floor_sum / 1e9);
+    }
     for (int coding : {1, 2}) {
       const std::string name =
           std::string("BM_TopKEfDecode8/") + size + "/" + std::to_string(coding) + "/real_time";
