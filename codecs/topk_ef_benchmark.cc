@@ -17,10 +17,11 @@
 //     time as a multiple of this pass.
 //   BM_TopKEfDecodePrepare8/<rows>/<cols>/1: PrepareDecode alone of BM_TopKEfDecode8's packed12
 //     payloads (envelopes, checksums, index decode and checks, value tables).
-//   BM_DecodeScatterFloor/<rows>/<cols>: the bare aggregation of the same number of selected
-//     values (uniformly random positions): a sum and a count per position in an accumulator
-//     that stays in L1, from unpacked indices and 2-bit codes. The binary prints the decode
-//     floor, checks + this + the output pass: what a decoder that did nothing else would take.
+//   BM_DecodeScatterFloor/<rows>/<cols>/<count>: the bare aggregation of the same number of
+//     selected values (uniformly random positions): a sum and (count 1) a count per position in
+//     an accumulator that stays in L1, from unpacked indices and 2-bit codes. The binary prints
+//     the decode floor, checks + this + the output pass: what a decoder that did nothing else
+//     would take.
 //   BM_TopKEfBits/<index coding>: 4096 x 4096, top_k 64, 2-bit values: counters
 //     bits_per_param (whole payload) and header_bits_per_param.
 //   BM_DenseInt8RoundTrip/<n>: int8 absmax (block 256) quantize + dequantize of n floats;
