@@ -7,11 +7,27 @@
 
 namespace lbcc::comm::internal {
 
+namespace {
+
+// An error blob: u8 0, u32 kErrorMagic, u32 message length, the message. The magic and the
+// exact length keep a corrupt or foreign message that happens to start with byte 0 from being
+// read as some rank's error (and its bytes from being reported as text).
+constexpr uint32_t kErrorMagic = 0x72454c42;  // "BLEr"
+constexpr size_t kErrorHeader = 1 + 4 + 4;
+
+}  // namespace
+
 std::string ErrorBlob(const absl::Status& status) {
+  std::string message = status.ToString();
+  if (message.size() > kMaxErrorMessageBytes) message.resize(kMaxErrorMessageBytes);
+  const uint32_t header[2] = {kErrorMagic, static_cast<uint32_t>(message.size())};
   std::string blob(1, '\0');
-  blob += status.ToString();
+  blob.append(reinterpret_cast<const char*>(header), sizeof(header));
+  blob += message;
   return blob;
 }
+
+bool IsErrorBlob(const std::string& blob) { return !blob.empty() && blob[0] == '\0'; }
 
 absl::StatusOr<std::vector<absl::Span<const uint8_t>>> SplitBlob(const std::string& blob,
                                                                  size_t tensors, int rank) {
@@ -19,9 +35,17 @@ absl::StatusOr<std::vector<absl::Span<const uint8_t>>> SplitBlob(const std::stri
     return absl::DataLossError(absl::StrCat("payloads from rank ", rank, ": ", what));
   };
   if (blob.empty()) return corrupt("empty");
-  if (blob[0] == '\0') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " could not encode its input: ", blob.substr(1)));
+  if (IsErrorBlob(blob)) {
+    uint32_t header[2] = {0, 0};
+    if (blob.size() < kErrorHeader) return corrupt("truncated error message");
+    std::memcpy(header, blob.data() + 1, sizeof(header));
+    if (header[0] != kErrorMagic) return corrupt("neither payloads nor an error message");
+    if (header[1] > kMaxErrorMessageBytes || header[1] != blob.size() - kErrorHeader) {
+      return corrupt(absl::StrCat("error message of ", blob.size() - kErrorHeader,
+                                  " bytes, its header says ", header[1]));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " could not encode its input: ",
+                                                   absl::string_view(blob).substr(kErrorHeader)));
   }
   size_t offset = 1;
   uint32_t count = 0;

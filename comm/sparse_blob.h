@@ -1,7 +1,8 @@
 // SparseAllReduce's messages between ranks (what one rank contributes to one exchange group).
 //
-// Blob: u8 ok (1), u32 tensor count, then per tensor u64 size + payload bytes; or u8 0 and the
-// error message that made the rank give up. A streamed blob (compressed.cc: one large tensor
+// Blob: u8 ok (1), u32 tensor count, then per tensor u64 size + payload bytes; or an error blob:
+// u8 0, u32 magic, u32 length and the error message (at most kMaxErrorMessageBytes) that made
+// the rank give up. A streamed blob (compressed.cc: one large tensor
 // sent while it is encoded) travels as piece messages and a final message: u64 prefix, u64
 // piece bytes used, then the blob without those bytes, so blob = final[16, 16 + prefix) +
 // pieces[0, used) + final[16 + prefix, end). Host byte order (little-endian machines).
@@ -22,8 +23,12 @@
 
 namespace lbcc::comm::internal {
 
-// The blob of a rank that gives up: its error, for every rank to report.
+inline constexpr size_t kMaxErrorMessageBytes = 4096;
+// The blob of a rank that gives up: its error (cut to kMaxErrorMessageBytes), for every rank to
+// report.
 std::string ErrorBlob(const absl::Status& status);
+// Whether `blob` claims to be an error blob (SplitBlob checks that it is a well-formed one).
+bool IsErrorBlob(const std::string& blob);
 // The payloads of a blob from `rank` that should hold `tensors`: InvalidArgument carrying the
 // rank's own error for an error blob or another tensor count, DataLoss when malformed. The
 // spans point into `blob`.

@@ -43,6 +43,11 @@ TEST(SparseBlobTest, SplitReturnsThePayloadsAndRejectsMalformedBlobs) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("rank 1 could not encode its input: INVALID_ARGUMENT: NaN")));
   EXPECT_THAT(SplitBlob("", 3, 0), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("empty")));
+  // A long message is cut; the blob stays well-formed.
+  EXPECT_THAT(SplitBlob(ErrorBlob(absl::InternalError(std::string(100000, 'm'))), 1, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1 could not encode")));
+  EXPECT_LE(ErrorBlob(absl::InternalError(std::string(100000, 'm'))).size(),
+            kMaxErrorMessageBytes + 9);
   for (size_t cut = 1; cut < blob.size(); cut += 97) {
     EXPECT_THAT(SplitBlob(blob.substr(0, cut), 3, 0),
                 StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")))
@@ -50,6 +55,25 @@ TEST(SparseBlobTest, SplitReturnsThePayloadsAndRejectsMalformedBlobs) {
   }
   EXPECT_THAT(SplitBlob(blob + "z", 3, 0),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("trailing bytes")));
+}
+
+// A message that starts with byte 0 but is not an error blob (float bytes of a corrupt or
+// foreign payload) is DataLoss, and its bytes are not reported as some rank's error text.
+TEST(SparseBlobTest, BytesStartingWithZeroAreNotTakenForAnErrorMessage) {
+  std::string floats(4000, '\0');
+  for (size_t i = 0; i < floats.size(); i += 4) floats[i + 3] = '\x3f';  // 0.5f-ish words
+  const absl::Status status = SplitBlob(floats, 2, 3).status();
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss,
+                               HasSubstr("payloads from rank 3: neither payloads nor an error")));
+  EXPECT_LT(status.message().size(), 200u);
+  // The right magic with a length that disagrees with the message's.
+  std::string blob = ErrorBlob(absl::InvalidArgumentError("NaN"));
+  EXPECT_THAT(SplitBlob(blob + "x", 1, 2),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("its header says")));
+  EXPECT_THAT(SplitBlob(blob.substr(0, 6), 1, 2),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated error message")));
+  EXPECT_THAT(SplitBlob(std::string(1, '\0'), 1, 2),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated error message")));
 }
 
 // Any split of a blob into prefix, streamed bytes (cut into pieces anyhow) and rest comes back

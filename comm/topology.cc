@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "base/env.h"
 #include "base/status_macros.h"
+#include "absl/container/flat_hash_set.h"
 #include "nlohmann/json.hpp"
 
 namespace lbcc::comm {
@@ -131,7 +132,56 @@ absl::Status Topology::Finish(const std::vector<Override>& overrides) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Checks what nlohmann's DOM parser lets through or reports without a place: a syntax error
+// gives its byte offset and what stood there; a key repeated within one object is an error
+// (the DOM parser keeps the last one silently).
+class StrictJsonChecker final : public nlohmann::json_sax<Json> {
+ public:
+  const std::string& error() const { return error_; }
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(string_t& key) override {
+    if (!keys_.back().insert(key).second) {
+      error_ = absl::StrCat("key '", key, "' appears twice in one object");
+      return false;
+    }
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string& last_token,
+                   const nlohmann::detail::exception&) override {
+    error_ = absl::StrCat("not valid JSON at byte ", position, " (near '",
+                          last_token.substr(0, 40), "')");
+    return false;
+  }
+
+ private:
+  std::vector<absl::flat_hash_set<std::string>> keys_;
+  std::string error_;
+};
+
+}  // namespace
+
 absl::StatusOr<Topology> Topology::FromJson(absl::string_view text) {
+  StrictJsonChecker checker;
+  if (!Json::sax_parse(text.begin(), text.end(), &checker)) return Bad(checker.error());
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Bad("not valid JSON");
   if (!json.is_object()) return Bad("the top level must be an object");

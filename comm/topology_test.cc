@@ -78,7 +78,11 @@ TEST(TopologyTest, Rejections) {
     const char* message;
   };
   const Case cases[] = {
-      {"not json", "not valid JSON"},
+      {"not json", "not valid JSON at byte 2 (near 'no')"},
+      {R"({"nranks": 2,, "islands": []})", "not valid JSON at byte 14"},
+      {R"({"nranks": 2, "nranks": 3})", "key 'nranks' appears twice"},
+      {R"({"nranks": 2, "links": [{"ranks": [0, 1], "class": "fast", "class": "slow"}]})",
+       "key 'class' appears twice"},
       {"[1]", "object"},
       {R"({"islands": []})", "nranks"},
       {R"({"nranks": 0})", "out of range"},

@@ -130,6 +130,25 @@ TensorView NumpyView(const py::array& a, const char* what, std::initializer_list
 
 }  // namespace
 
+namespace {
+
+// Raises lbcc.errors' class for `code` (or the class named `class_name`). Status messages may
+// hold any bytes (a path from the environment, a peer's text): they are decoded as UTF-8 with
+// errors="replace", so the caller always gets an lbcc.Error, never a UnicodeDecodeError.
+void RaiseLbccError(const std::string& code, absl::string_view message,
+                    const char* class_name = nullptr) {
+  py::object errors = py::module_::import("lbcc.errors");
+  py::object cls = class_name != nullptr ? errors.attr(class_name)
+                                         : errors.attr("error_class")(code);
+  PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()),
+                                        "replace");
+  if (text == nullptr) throw py::error_already_set();
+  py::object exc = cls(code, py::reinterpret_steal<py::str>(text));
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+}  // namespace
+
 void RegisterErrors(py::module_& m) {
   (void)m;
   py::register_exception_translator([](std::exception_ptr p) {
@@ -137,11 +156,11 @@ void RegisterErrors(py::module_& m) {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       const absl::Status& s = e.status();
-      const std::string code = absl::StatusCodeToString(s.code());
-      py::object errors = py::module_::import("lbcc.errors");
-      py::object cls = errors.attr("error_class")(code);
-      py::object exc = cls(code, std::string(s.message()));
-      PyErr_SetObject(cls.ptr(), exc.ptr());
+      RaiseLbccError(absl::StatusCodeToString(s.code()), s.message());
+    } catch (const py::cast_error& e) {
+      // A Python argument of the wrong kind that pybind11 could not convert (e.g. states=[5]):
+      // lbcc.ArgumentTypeError (an lbcc.Error and a TypeError), not pybind11's RuntimeError.
+      RaiseLbccError("INVALID_ARGUMENT", e.what(), "ArgumentTypeError");
     }
   });
 }

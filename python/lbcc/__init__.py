@@ -23,6 +23,8 @@ import numpy as _np
 
 from lbcc import errors
 from lbcc.errors import (
+    AbortedError,
+    ArgumentTypeError,
     CancelledError,
     DataLossError,
     DeadlineExceededError,
@@ -60,7 +62,7 @@ from lbcc._lbcc import (
 )
 
 __all__ = [
-    "CancelledError", "Codec", "CodecState", "Communicator", "DataLossError",
+    "AbortedError", "ArgumentTypeError", "CancelledError", "Codec", "CodecState", "Communicator", "DataLossError",
     "DeadlineExceededError", "DenseQuantCodec", "Error", "FailedPreconditionError",
     "InternalError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError", "Request",
     "SubspaceBasis", "SubspaceCodec", "TopKEfCodec", "TopKEfState", "Topology",

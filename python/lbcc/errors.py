@@ -61,6 +61,15 @@ class InternalError(Error, RuntimeError):
     """An LBCC bug."""
 
 
+class AbortedError(Error, RuntimeError):
+    """The operation was aborted and may be retried (e.g. membership changed)."""
+
+
+class ArgumentTypeError(Error, TypeError):
+    """A Python argument of a kind the binding cannot convert (e.g. a list of ints where
+    codec states are expected)."""
+
+
 class NotFoundError(Error):
     """A file or entity does not exist."""
 
@@ -78,6 +87,7 @@ _BY_CODE = {
     "UNIMPLEMENTED": UnimplementedError,
     "CANCELLED": CancelledError,
     "INTERNAL": InternalError,
+    "ABORTED": AbortedError,
     "NOT_FOUND": NotFoundError,
     "PERMISSION_DENIED": PermissionDeniedError,
 }

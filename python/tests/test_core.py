@@ -3,6 +3,7 @@ loopback transport), codecs to and from bytes, the subspace codec, counters, and
 Python exceptions carrying the status code and message."""
 
 import json
+import os
 import pickle
 
 import numpy as np
@@ -415,3 +416,25 @@ def test_ctrl_c_interrupts_a_blocking_call_and_fails_the_peers():
     # The interrupted rank aborted the communicator, so its peer's barrier failed too.
     assert out.decode().startswith("interrupted UNAVAILABLE") or \
         out.decode().startswith("interrupted CANCELLED"), out.decode()
+
+
+def test_non_utf8_bytes_in_a_status_message_still_raise_lbcc_error(monkeypatch):
+    # A path from the environment that is not UTF-8 ends up in the status message: the binding
+    # decodes it with errors="replace" instead of raising UnicodeDecodeError.
+    monkeypatch.setitem(os.environb, b"LBCC_TOPO_FILE", b"/nonexistent/topo-\xff.json")
+    uid = lbcc.create_unique_id(timeout=5)
+    with pytest.raises(lbcc.Error) as e:
+        lbcc.Communicator.init(uid, 1, 0, backend="loopback", timeout=5)
+    assert "topo-\ufffd.json" in e.value.message
+
+
+def test_arguments_pybind_cannot_convert_raise_lbcc_argument_type_error():
+    def body(rank, comm):
+        delta, out = torch.ones(64), torch.zeros(64)
+        with pytest.raises(lbcc.ArgumentTypeError) as e:
+            comm.sparse_all_reduce([delta], [out], lbcc.TopKEfCodec(), states=[5])
+        assert isinstance(e.value, TypeError) and isinstance(e.value, lbcc.Error)
+        assert e.value.code == "INVALID_ARGUMENT"
+        return True
+
+    assert run_ranks(1, body) == [True]
