@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -14,7 +15,6 @@
 #include "absl/strings/strip.h"
 #include "base/env.h"
 #include "base/status_macros.h"
-#include "absl/container/flat_hash_set.h"
 #include "nlohmann/json.hpp"
 
 namespace lbcc::comm {
@@ -128,6 +128,50 @@ absl::Status Topology::Finish(const std::vector<Override>& overrides) {
   for (const Override& o : overrides) {
     links_[static_cast<size_t>(o.first.first) * nranks_ + o.first.second] = o.second;
     links_[static_cast<size_t>(o.first.second) * nranks_ + o.first.first] = o.second;
+  }
+  return SplitIslandsByLinks();
+}
+
+// An island is a set of ranks linked fast pairwise: that is what hierarchical algorithms (and
+// the selection table's choice of them) assume. Where slow links were given inside an island
+// (LBCC_SLOW_RANKS on one host, a "slow" link override), the island splits into the groups of
+// its ranks that are still linked fast; a split that is not such a clique (a-b and b-c fast,
+// a-c slow) is a contradiction and rejected. Fast links between islands are kept as given.
+absl::Status Topology::SplitIslandsByLinks() {
+  std::vector<std::vector<int>> islands;
+  for (const std::vector<int>& island : islands_) {
+    std::vector<bool> placed(island.size(), false);
+    for (size_t i = 0; i < island.size(); ++i) {
+      if (placed[i]) continue;
+      // The ranks reachable from island[i] over fast links inside the island.
+      std::vector<int> group = {island[i]};
+      placed[i] = true;
+      for (size_t head = 0; head < group.size(); ++head) {
+        for (size_t j = 0; j < island.size(); ++j) {
+          if (!placed[j] && link(group[head], island[j]) == LinkClass::kFast) {
+            placed[j] = true;
+            group.push_back(island[j]);
+          }
+        }
+      }
+      std::sort(group.begin(), group.end());
+      for (int a : group) {
+        for (int b : group) {
+          if (a != b && link(a, b) != LinkClass::kFast) {
+            return Bad(absl::StrCat(
+                "contradictory links: ranks ", absl::StrJoin(group, ","),
+                " are joined by fast links but the link ", a, "-", b,
+                " is slow (an island must be ranks linked fast pairwise: list them as separate "
+                "islands or make the link fast)"));
+          }
+        }
+      }
+      islands.push_back(std::move(group));
+    }
+  }
+  islands_ = std::move(islands);
+  for (size_t i = 0; i < islands_.size(); ++i) {
+    for (int rank : islands_[i]) island_of_[rank] = static_cast<int>(i);
   }
   return absl::OkStatus();
 }
@@ -314,7 +358,8 @@ absl::Status Topology::MarkSlowRanks(absl::Span<const int> ranks) {
       links_[static_cast<size_t>(other) * nranks_ + rank] = LinkClass::kSlow;
     }
   }
-  return absl::OkStatus();
+  // A slow rank on a host it shares with others is an island of its own.
+  return SplitIslandsByLinks();
 }
 
 std::vector<int> Topology::ShardRanks(int shard) const {

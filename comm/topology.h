@@ -16,7 +16,10 @@
 //                  {"kind": "pipeline", "stages": [2, 3, 4]}],
 //     "links":    [{"ranks": [0, 2], "class": "fast"}]   // optional per-pair overrides
 //   }
-// Links inside an island are fast, between islands slow, unless overridden.
+// Links inside an island are fast, between islands slow, unless overridden. An island is always
+// a set of ranks linked fast pairwise: a slow override or slow rank inside an island splits it
+// (a slow rank becomes an island of its own); a split that leaves ranks joined by fast links
+// but not pairwise fast is InvalidArgument.
 //
 // Data parallelism over pipelines happens per shard: shard s = every full replica + stage s of
 // every pipeline replica (all pipelines must have the same number of stages). A full replica
@@ -66,7 +69,8 @@ class Topology {
   // The file named by LBCC_TOPO_FILE if set, else FromHostnames; then LBCC_SLOW_RANKS.
   static absl::StatusOr<Topology> FromEnvironment(absl::Span<const std::string> hostnames);
 
-  // Makes every link that touches one of `ranks` slow. InvalidArgument for unknown ranks.
+  // Makes every link that touches one of `ranks` slow; each such rank becomes an island of its
+  // own. InvalidArgument for unknown ranks.
   absl::Status MarkSlowRanks(absl::Span<const int> ranks);
 
   int nranks() const { return nranks_; }
@@ -88,6 +92,8 @@ class Topology {
  private:
   // Fills roles, islands and links from the members; validates.
   absl::Status Finish(const std::vector<std::pair<std::pair<int, int>, LinkClass>>& overrides);
+  // Splits islands along slow links inside them; InvalidArgument where that is contradictory.
+  absl::Status SplitIslandsByLinks();
 
   int nranks_ = 0;
   std::vector<std::vector<int>> islands_;

@@ -108,6 +108,40 @@ TEST(TopologyTest, Rejections) {
   }
 }
 
+// Islands and link classes never contradict each other: every island is a set of ranks linked
+// fast pairwise, which is what hierarchical algorithms and the selection table assume.
+TEST(TopologyTest, SlowLinksInsideAnIslandSplitItOrAreRejected) {
+  // Every rank slow on one host: four islands of one rank (was one island of slow links, and
+  // the table then chose hierarchical).
+  setenv("LBCC_SLOW_RANKS", "0,1,2,3", 1);
+  LBCC_ASSERT_OK_AND_ASSIGN(Topology all_slow, Topology::FromEnvironment({"h", "h", "h", "h"}));
+  unsetenv("LBCC_SLOW_RANKS");
+  EXPECT_EQ(all_slow.islands(), (std::vector<std::vector<int>>{{0}, {1}, {2}, {3}}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(all_slow.island_of(r), r);
+  // Slow overrides that cut an island in two cliques: two islands.
+  LBCC_ASSERT_OK_AND_ASSIGN(Topology split, Topology::FromJson(R"({"nranks": 4,
+      "islands": [[0, 1, 2, 3]],
+      "links": [{"ranks": [0, 2], "class": "slow"}, {"ranks": [0, 3], "class": "slow"},
+                {"ranks": [1, 2], "class": "slow"}, {"ranks": [1, 3], "class": "slow"}]})"));
+  EXPECT_EQ(split.islands(), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(split.link(2, 3), LinkClass::kFast);
+  // The canonical form parses back to the same islands and links.
+  LBCC_ASSERT_OK_AND_ASSIGN(Topology back, Topology::FromJson(split.ToJson()));
+  EXPECT_EQ(back.islands(), split.islands());
+  EXPECT_EQ(back.link(0, 2), LinkClass::kSlow);
+  // 0-1 and 1-2 fast, 0-2 slow: no set of islands fits.
+  EXPECT_THAT(Topology::FromJson(R"({"nranks": 3, "islands": [[0, 1, 2]],
+                                     "links": [{"ranks": [0, 2], "class": "slow"}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("contradictory links: ranks 0,1,2 are joined by fast links but "
+                                 "the link 0-2 is slow")));
+  // A fast link between islands is kept as given; the islands stay.
+  LBCC_ASSERT_OK_AND_ASSIGN(Topology bridged, Topology::FromJson(R"({"nranks": 3,
+      "islands": [[0, 1]], "links": [{"ranks": [1, 2], "class": "fast"}]})"));
+  EXPECT_EQ(bridged.islands().size(), 2u);
+  EXPECT_EQ(bridged.link(1, 2), LinkClass::kFast);
+}
+
 TEST(TopologyTest, EnvironmentFileAndSlowRanks) {
   const std::string path = std::string(getenv("TEST_TMPDIR")) + "/topo.json";
   std::ofstream(path) << R"({"nranks": 3, "islands": [[0, 1, 2]]})";
@@ -117,6 +151,7 @@ TEST(TopologyTest, EnvironmentFileAndSlowRanks) {
   EXPECT_EQ(t.link(0, 1), LinkClass::kFast);
   EXPECT_EQ(t.link(0, 2), LinkClass::kSlow);
   EXPECT_EQ(t.link(2, 1), LinkClass::kSlow);
+  EXPECT_EQ(t.islands(), (std::vector<std::vector<int>>{{0, 1}, {2}}));
   EXPECT_THAT(Topology::FromEnvironment({"h", "h"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("describes 3 ranks")));
   setenv("LBCC_SLOW_RANKS", "2,x", 1);
