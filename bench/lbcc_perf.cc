@@ -564,6 +564,9 @@ class Bench {
     for (int k = 0; k < s_.check; ++k) {
       LBCC_RETURN_IF_ERROR(v.prepare());
       LBCC_RETURN_IF_ERROR(Once(v));
+      // LBCCPERF_CORRUPT=1 (tests only): rank 0 spoils its first output value before the check,
+      // so that the failure path (#wrong, FAILED, exit status 1) can be tested.
+      if (std::getenv("LBCCPERF_CORRUPT") != nullptr && comm_.rank() == 0) Corrupt(c);
       auto [w, e] = v.check();
       wrong += w;
       if (k == 0) error = e;
@@ -625,6 +628,14 @@ class Bench {
     LBCC_RETURN_IF_ERROR(v.iteration());
     if (s_.blocking) LBCC_RETURN_IF_ERROR(comm_.Barrier()->Wait());
     return absl::OkStatus();
+  }
+
+  void Corrupt(const Case& c) {
+    if (c.op == Op::kSparseAllReduce || c.op == Op::kSendRecvCompressed) {
+      if (!output_.empty()) output_[0] += 1.0f;
+    } else if (!b_.empty()) {
+      b_[0] ^= 0x5a;
+    }
   }
 
   // Fills `v` for `c`; false when the operation has no such variant.
