@@ -3,7 +3,11 @@
 #   tools/install_files.sh LIB HEADER PREFIX
 # (tools/install_lib builds the library and calls this; tests call it on their own copy.)
 set -euo pipefail
-lib=$1 header=$2 prefix=$3
+source "$(dirname "$0")/flags.sh"
+flags_positional "LIB HEADER PREFIX" "the built liblbcc.so, comm/lbcc.h, the install prefix"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 3)) || { echo "install_files.sh: needs LIB HEADER PREFIX (see --help)" >&2; exit 2; }
+lib=${FLAGS_ARGS[0]} header=${FLAGS_ARGS[1]} prefix=${FLAGS_ARGS[2]}
 version=0.1.0
 install -d "$prefix/lib/pkgconfig" "$prefix/include"
 install -m 0755 "$lib" "$prefix/lib/liblbcc.so.$version"
