@@ -18,6 +18,8 @@ flags_parse "$@"
 ((${#FLAGS_ARGS[@]} == 9)) || { echo "package_test.sh: needs 9 files (see --help)" >&2; exit 2; }
 set -- "${FLAGS_ARGS[@]}"
 pack=$1 header=$3 example=$9
+# debootstrap, chroot and unshare live in sbin (Bazel runs tests with a short PATH).
+export PATH=$PATH:/usr/sbin:/sbin
 skip() { echo "SKIP: $*"; exit 0; }
 [[ $(id -u) -eq 0 ]] || skip "needs root (chroot, mounts)"
 command -v debootstrap > /dev/null || skip "debootstrap is not installed (tools/setup)"
@@ -60,11 +62,12 @@ cp "$deb" "$root/tmp/lbcc.deb"
 cp "$tmp/example" "$root/tmp/example"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 
-# Private mounts (proc, /dev, /dev/shm for UCX) that vanish with the unshared namespace.
+# Private mounts (proc, sys, /dev, /dev/shm: UCX reads them) that vanish with the unshared namespace.
 set +e
 unshare --mount --propagation private bash -euo pipefail -c '
 root=$1
 mount -t proc proc "$root/proc"
+mount -t sysfs sysfs "$root/sys"
 mount --rbind /dev "$root/dev"
 mount -t tmpfs tmpfs "$root/dev/shm"
 run() { echo "# chroot: $*"; chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "$@"; }
@@ -76,7 +79,7 @@ run ldd /usr/lib/x86_64-linux-gnu/liblbcc.so.0
 run /tmp/example
 run python3 -c "import lbcc, sys; c = lbcc.DenseQuantCodec(\"bf16\"); print(\"import lbcc\", lbcc.__version__, \"from\", lbcc.__file__, \"python\", sys.version.split()[0])"
 run lbcc version
-run env UCX_MEM_EVENTS=no UCX_TLS=tcp,self lbcc_perf --local 2 -b 1K -e 16K -f 4 -n 2 --quiet
+run env UCX_MEM_EVENTS=no LBCC_TIMEOUT_S=60 lbcc_perf --local 2 -b 1K -e 16K -f 4 -n 2 --quiet
 ' package_test "$root" >> "$log" 2>&1
 rc=$?
 set -e
