@@ -27,7 +27,7 @@ command -v unshare > /dev/null || skip "unshare is not installed"
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 log=${TEST_UNDECLARED_OUTPUTS_DIR:-$tmp}/package_test.log
 : > "$log"
-say() { echo "$*" | tee -a "$log"; }
+say() { echo "$*" >> "$log"; }  # The log is printed once, at the end.
 # Bazel points HOME at the test's scratch folder: the cache lives in the user's real home.
 cache=$(getent passwd "$(id -un)" | cut -d: -f6)/.cache/lbcc
 rootfs_tar=$cache/debian12-bookworm-minbase.tar.gz
@@ -36,9 +36,9 @@ rm -rf "$root"
 mkdir -p "$root" "$cache"
 
 say "== package_test: building the .deb"
-"$pack" --out="$tmp/out" "${@:2:7}" | tee -a "$log"
+"$pack" --out="$tmp/out" "${@:2:7}" >> "$log"
 deb=$tmp/out/lbcc_0.1.0_amd64.deb
-dpkg-deb -f "$deb" Package Version Depends Recommends | tee -a "$log"
+dpkg-deb -f "$deb" Package Version Depends Recommends >> "$log"
 
 if [[ -f $rootfs_tar ]]; then
   say "== package_test: Debian 12 root from $rootfs_tar"
@@ -46,7 +46,7 @@ if [[ -f $rootfs_tar ]]; then
 else
   say "== package_test: debootstrap --variant=minbase bookworm (cached in $rootfs_tar)"
   if ! debootstrap --variant=minbase bookworm "$root" "$FLAG_mirror" >> "$log" 2>&1; then
-    tail -5 "$log"
+    cat "$log"
     skip "debootstrap failed (no access to $FLAG_mirror?)"
   fi
   tar -C "$root" -czf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"
