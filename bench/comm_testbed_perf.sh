@@ -18,19 +18,15 @@
 # the per-run JSON in --out (default /tmp/lbcc_comm_perf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=100mbit bytes=16M iters=3 tensors=16 out=/tmp/lbcc_comm_perf
-while (($#)); do
-  case "$1" in
-    --rate) rate=$2; shift ;;
-    --bytes) bytes=$2; shift ;;
-    --iters) iters=$2; shift ;;
-    --tensors) tensors=$2; shift ;;
-    --out) out=$2; shift ;;
-    -h|--help) sed -n "2,17p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+source tools/flags.sh
+flags_value rate 100mbit "rate of a shaped link (tc syntax)"
+flags_value bytes 16M "tensor size (K, M, G suffixes)"
+flags_value iters 3 "timed iterations per run"
+flags_value tensors 16 "tensors the parameters are split into for the --tensors runs"
+flags_value out /tmp/lbcc_comm_perf "folder for the per-run JSON and logs"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 0)) || { echo "comm_testbed_perf: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
+rate=$FLAG_rate bytes=$FLAG_bytes iters=$FLAG_iters tensors=$FLAG_tensors out=$FLAG_out
 T=tools/testbed/testbed
 if ! why=$($T check); then echo "comm_testbed_perf: $why" >&2; exit 1; fi
 bazel build -c opt //bench:lbcc_perf //bench:gloo_allreduce >/dev/null 2>&1 ||

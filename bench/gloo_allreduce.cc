@@ -16,8 +16,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "gloo/allreduce.h"
@@ -26,6 +24,7 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "nlohmann/json.hpp"
+#include "tools/cli.h"
 
 ABSL_FLAG(int, rank, -1, "this rank (0-based)");
 ABSL_FLAG(int, size, 0, "number of ranks");
@@ -60,10 +59,15 @@ bool ParseBytes(std::string text, int64_t* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const lbcc::cli::Parsed parsed = lbcc::cli::ParseOrExit(
+      argc, argv,
       "Gloo dense fp32 all-reduce, the peer of lbcc_perf's figures.\n"
-      "  gloo_allreduce --rank R --size N --store DIR --addr IP [--bytes 16M] [--iters 3]");
-  absl::ParseCommandLine(argc, argv);
+      "  gloo_allreduce --rank R --size N --store DIR --addr IP [--bytes 16M] [--iters 3]",
+      "bench/gloo_allreduce.cc");
+  if (!parsed.positional.empty()) {
+    std::fprintf(stderr, "gloo_allreduce: unexpected argument '%s'\n", parsed.positional[0].c_str());
+    return 2;
+  }
   const int rank = absl::GetFlag(FLAGS_rank), size = absl::GetFlag(FLAGS_size);
   int64_t bytes = 0;
   if (size < 1 || rank < 0 || rank >= size || absl::GetFlag(FLAGS_store).empty() ||

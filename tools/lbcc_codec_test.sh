@@ -2,7 +2,11 @@
 # End-to-end test of `lbcc codec encode|decode|inspect`: round trips through files, error-feedback
 # state files, aggregation of two replicas, and the exit codes of bad input.
 set -euo pipefail
-lbcc="$1"
+source "$(dirname "$0")/flags.sh"
+flags_positional "LBCC" "the lbcc binary"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 1)) || { echo "lbcc_codec_test.sh: needs LBCC" >&2; exit 2; }
+lbcc=${FLAGS_ARGS[0]}
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }

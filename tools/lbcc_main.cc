@@ -8,6 +8,10 @@
 //                           several replicas, aggregated) back to raw fp32, print a payload's
 //                           header; `lbcc codec --help` for the options
 //   lbcc help               this text
+//
+// Options are Abseil flags read through tools/cli.h (the same rules as every LBCC binary: --help
+// exits 0, an unknown option exits 2 naming it); each subcommand accepts only its own.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -17,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -29,6 +36,30 @@
 #include "codecs/codec.h"
 #include "codecs/dense_quant.h"
 #include "codecs/topk_ef.h"
+#include "tools/cli.h"
+
+// Every subcommand's options (see kCodecUsage); a subcommand accepts only its own. Values are
+// read as text and checked by the subcommand, so that its errors name the option.
+ABSL_FLAG(bool, check, false, "env: exit 1 when a set LBCC_* variable is unknown or invalid");
+ABSL_FLAG(std::string, in, "", "codec encode: raw fp32 input file");
+ABSL_FLAG(std::string, shape, "", "codec encode: D0,D1,...");
+ABSL_FLAG(std::string, out, "", "codec encode: payload file; decode: fp32 output file");
+ABSL_FLAG(std::string, codec, "topk_ef", "codec encode: topk_ef or dense_quant");
+ABSL_FLAG(std::string, top_k, "64", "codec encode (topk_ef): selected per 4096 elements");
+ABSL_FLAG(std::string, density, "", "codec encode (topk_ef): fraction selected");
+ABSL_FLAG(std::string, beta, "0.95", "codec encode (topk_ef): error decay");
+ABSL_FLAG(std::string, lr, "1", "codec encode (topk_ef): outer learning rate");
+ABSL_FLAG(std::string, values, "binmean2", "codec encode (topk_ef): value coding");
+ABSL_FLAG(std::string, indices, "auto", "codec encode (topk_ef): auto, packed12 or adaptive");
+ABSL_FLAG(std::string, range_sigmas, "6", "codec encode (topk_ef): bin-mean range");
+ABSL_FLAG(std::string, value_block, "64", "codec encode (topk_ef): absmax values per scale");
+ABSL_FLAG(std::string, state_in, "", "codec encode (topk_ef): error-feedback file to start from");
+ABSL_FLAG(std::string, state_out, "", "codec encode (topk_ef): error-feedback file to write");
+ABSL_FLAG(std::string, format, "int8", "codec encode (dense_quant): int8, int4, fp16 or bf16");
+ABSL_FLAG(std::string, block, "256", "codec encode (dense_quant): elements per absmax scale");
+ABSL_FLAG(std::string, stochastic_seed, "", "codec encode (dense_quant): stochastic rounding seed");
+ABSL_FLAG(std::string, aggregate, "sparseloco", "codec decode: sparseloco, mean or sum");
+ABSL_FLAG(bool, accumulate, false, "codec decode: add into the existing --out file");
 
 namespace {
 
@@ -84,29 +115,12 @@ constexpr char kCodecUsage[] =
     "  lbcc codec inspect rank0.lbcc\n"
     "  lbcc codec decode --out=update.f32 rank0.lbcc rank1.lbcc\n";
 
-int Env(int argc, char** argv) {
-  bool check = false;
-  for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--check") == 0) {
-      check = true;
-    } else {
-      std::fprintf(stderr, "lbcc env: unknown option %s\n%s", argv[i], kUsage);
-      return 2;
-    }
-  }
-  std::fputs(lbcc::env::DescribeAll().c_str(), stdout);
-  absl::Status status = lbcc::env::ValidateEnvironment();
-  if (!status.ok()) {
-    std::fprintf(stderr, "lbcc env: %s\n", std::string(status.message()).c_str());
-    return check ? 1 : 0;
-  }
-  return 0;
-}
-
-// --name=value, --name value, --flag; everything else is positional.
+// A subcommand's flags: Abseil flags, read through tools/cli.h like every LBCC binary's. A
+// subcommand accepts only the names in its `known` list; each value is the flag's text.
 struct Args {
   std::map<std::string, std::string> flags;
   std::vector<std::string> positional;
+  bool help = false;
 
   bool Has(const std::string& name) const { return flags.count(name) > 0; }
   std::string Get(const std::string& name, const std::string& fallback = "") const {
@@ -115,35 +129,48 @@ struct Args {
   }
 };
 
-const char* const kBooleanFlags[] = {"accumulate", "help"};
-
+// argv holds the subcommand's arguments only (no program name).
 absl::StatusOr<Args> ParseArgs(int argc, char** argv, const std::vector<std::string>& known) {
+  std::vector<char*> full = {const_cast<char*>("lbcc")};
+  full.insert(full.end(), argv, argv + argc);
+  LBCC_ASSIGN_OR_RETURN(lbcc::cli::Parsed parsed,
+                        lbcc::cli::Parse(static_cast<int>(full.size()), full.data()));
   Args args;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h") arg = "--help";
-    if (arg.rfind("--", 0) != 0) {
-      args.positional.push_back(arg);
-      continue;
+  args.positional = std::move(parsed.positional);
+  args.help = parsed.help;
+  for (const std::string& name : parsed.given) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
     }
-    std::string name = arg.substr(2), value;
-    const size_t eq = name.find('=');
-    bool boolean = false;
-    for (const char* b : kBooleanFlags) boolean |= name == b;
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    } else if (!boolean) {
-      if (i + 1 >= argc)
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-      value = argv[++i];
-    }
-    bool ok = name == "help";
-    for (const std::string& k : known) ok |= k == name;
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    const std::string value = flag->CurrentValue();
+    // A boolean counts as given only when true (--noaccumulate is the default).
+    if (flag->IsOfType<bool>() && value != "true") continue;
     args.flags[name] = value;
   }
   return args;
+}
+
+int Env(int argc, char** argv) {
+  absl::StatusOr<Args> args = ParseArgs(argc, argv, {"check"});
+  if (!args.ok() || !args->positional.empty()) {
+    const std::string why = args.ok() ? absl::StrCat("unexpected argument ", args->positional[0])
+                                      : std::string(args.status().message());
+    std::fprintf(stderr, "lbcc env: %s\n%s", why.c_str(), kUsage);
+    return 2;
+  }
+  if (args->help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const bool check = args->Has("check");
+  std::fputs(lbcc::env::DescribeAll().c_str(), stdout);
+  absl::Status status = lbcc::env::ValidateEnvironment();
+  if (!status.ok()) {
+    std::fprintf(stderr, "lbcc env: %s\n", std::string(status.message()).c_str());
+    return check ? 1 : 0;
+  }
+  return 0;
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {
@@ -371,7 +398,7 @@ int Codec(int argc, char** argv) {
                  std::string(args.status().message()).c_str());
     return 2;
   }
-  if (args->Has("help")) {
+  if (args->help) {
     std::fputs(kCodecUsage, stdout);
     return 0;
   }
@@ -393,6 +420,16 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "version") {
+    absl::StatusOr<Args> args = ParseArgs(argc - 2, argv + 2, {});
+    if (!args.ok() || !args->positional.empty()) {
+      std::fprintf(stderr, "lbcc version: %s\n",
+                   args.ok() ? "takes no arguments" : std::string(args.status().message()).c_str());
+      return 2;
+    }
+    if (args->help) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
     std::printf("LBCC %s\n", LBCC_VERSION_STRING);
     return 0;
   }
