@@ -2,11 +2,13 @@
 // ranks as threads.
 #include "comm/lbcc.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "codecs/subspace_basis.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -167,6 +169,176 @@ TEST(CApiTest, TwoRanksAllReduceAndSparseAllReduce) {
   double total = 0;
   for (float v : outs[0]) total += v;
   EXPECT_GT(total, 64 * 1.0);
+}
+
+// ---- Pipeline activations ----
+
+lbccBasisSpec_t SmallSpec(uint32_t version = 0) {
+  lbccBasisSpec_t spec = LBCC_BASIS_SPEC_INITIALIZER;
+  spec.modelDim = 16;
+  spec.rank = 4;
+  spec.vocabSize = 10;
+  spec.withTable = 1;
+  spec.seed = 3;
+  spec.version = version;
+  return spec;
+}
+
+TEST(CApiTest, BasisHandlesAndActivationArguments) {
+  lbccBasis_t basis = nullptr;
+  EXPECT_EQ(lbccBasisCreateFromSeed(nullptr, &basis), lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("spec is NULL"));
+  lbccBasisSpec_t spec = SmallSpec();
+  EXPECT_EQ(lbccBasisCreateFromSeed(&spec, nullptr), lbccInvalidArgument);
+  spec.size = 1;
+  EXPECT_EQ(lbccBasisCreateFromSeed(&spec, &basis), lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_BASIS_SPEC_INITIALIZER"));
+  spec = SmallSpec();
+  spec.rank = 17;  // k > d
+  EXPECT_EQ(lbccBasisCreateFromSeed(&spec, &basis), lbccInvalidArgument);
+  EXPECT_EQ(basis, nullptr);
+  EXPECT_EQ(lbccBasisLoad("/nonexistent/basis", &basis), lbccInvalidArgument);  // NotFound
+  EXPECT_EQ(lbccBasisDestroy(nullptr), lbccInvalidArgument);
+
+  // A mixture basis file: the C API carries no selectors, so it refuses it.
+  lbcc::codecs::SubspaceSeedSpec mixture;
+  mixture.model_dim = 16;
+  mixture.rank = 4;
+  mixture.components = 2;
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/mixture.lbccb";
+  ASSERT_TRUE((*lbcc::codecs::SubspaceBasis::FromSeed(mixture))->Save(path).ok());
+  EXPECT_EQ(lbccBasisLoad(path.c_str(), &basis), lbccUnimplemented);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("mixture basis (M = 2)"));
+
+  spec = SmallSpec();
+  ASSERT_EQ(lbccBasisCreateFromSeed(&spec, &basis), lbccSuccess);
+  int64_t d = 0, k = 0, v = 0;
+  uint32_t version = 9;
+  EXPECT_EQ(lbccBasisGetInfo(basis, &d, &k, &v, nullptr, &version), lbccSuccess);
+  EXPECT_EQ(d, 16);
+  EXPECT_EQ(k, 4);
+  EXPECT_EQ(v, 10);
+  EXPECT_EQ(version, 0u);
+
+  lbccUniqueId id;
+  ASSERT_EQ(lbccGetUniqueId(&id), lbccSuccess);
+  lbccConfig_t config = LoopbackConfig();
+  lbccComm_t comm = nullptr;
+  ASSERT_EQ(lbccCommInitRank(&comm, 1, id, 0, &config), lbccSuccess);
+  std::vector<float> h(3 * 16);
+  int32_t ids[3] = {1, 2, 3};
+  lbccRequest_t request = nullptr;
+  EXPECT_EQ(lbccSendActivations(h.data(), ids, 3, nullptr, nullptr, 0, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("basis is NULL"));
+  EXPECT_EQ(lbccSendActivations(h.data(), nullptr, 3, basis, nullptr, 1, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(comm), HasSubstr("ids is NULL"));
+  EXPECT_EQ(lbccSendActivations(nullptr, ids, 3, basis, nullptr, 1, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_EQ(lbccSendActivations(h.data(), ids, -1, basis, nullptr, 1, 0, comm, &request),
+            lbccInvalidArgument);
+  lbccActivationConfig_t coding = LBCC_ACTIVATION_CONFIG_INITIALIZER;
+  coding.coefficients = lbccInt32;
+  EXPECT_EQ(lbccSendActivations(h.data(), ids, 3, basis, &coding, 1, 0, comm, &request),
+            lbccInvalidArgument);
+  coding.size = 0;
+  EXPECT_EQ(lbccSendActivationGrads(h.data(), 3, basis, &coding, 1, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(comm), HasSubstr("LBCC_ACTIVATION_CONFIG_INITIALIZER"));
+  // One rank: no peer to talk to.
+  EXPECT_EQ(lbccSendActivationGrads(h.data(), 3, basis, nullptr, 0, 0, comm, &request),
+            lbccInvalidArgument);
+  lbccBasis_t bases[2] = {basis, nullptr};
+  EXPECT_EQ(lbccRecvActivations(h.data(), ids, 3, nullptr, 1, 0, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_EQ(lbccRecvActivations(h.data(), ids, 3, bases, 0, 0, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_EQ(lbccRecvActivationGrads(h.data(), 3, bases, 2, 0, 0, comm, &request),
+            lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(comm), HasSubstr("bases[1] is NULL"));
+  EXPECT_EQ(request, nullptr);
+  EXPECT_EQ(lbccCommDestroy(comm), lbccSuccess);
+  EXPECT_EQ(lbccBasisDestroy(basis), lbccSuccess);
+}
+
+// Two stages: a forward with v0, a basis change to v1 on both sides, the backward of the v0
+// forward (accepted with the previous basis kept), and a receiver that knows only v1 refusing
+// a v0 payload with lbccInvalidUsage and an untouched buffer.
+TEST(CApiTest, TwoStagesActivationsAcrossABasisChange) {
+  lbccBasisSpec_t spec0 = SmallSpec(0), spec1 = SmallSpec(1);
+  lbccBasis_t v0 = nullptr, v1 = nullptr;
+  ASSERT_EQ(lbccBasisCreateFromSeed(&spec0, &v0), lbccSuccess);
+  ASSERT_EQ(lbccBasisCreateFromSeed(&spec1, &v1), lbccSuccess);
+  lbccUniqueId id;
+  ASSERT_EQ(lbccGetUniqueId(&id), lbccSuccess);
+  constexpr int64_t kTokens = 5, kD = 16;
+  std::vector<lbccResult_t> results(2, lbccInternalError);
+  std::vector<std::string> errors(2);
+  std::vector<float> received(kTokens * kD), grads(kTokens * kD, -1.0f);
+  std::vector<float> refused(kTokens * kD, 7.0f);
+  std::vector<int32_t> ids(kTokens, -1);
+  const int32_t sent_ids[kTokens] = {0, 9, 4, 4, 1};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      lbccConfig_t config = LoopbackConfig();
+      lbccComm_t comm = nullptr;
+      lbccResult_t rc = lbccCommInitRank(&comm, 2, id, r, &config);
+      auto step = [&](lbccResult_t posted, lbccRequest_t* request) {
+        if (rc != lbccSuccess) return;
+        rc = posted == lbccSuccess ? lbccWait(*request) : posted;
+        if (*request != nullptr) lbccRequestFree(*request);
+        *request = nullptr;
+      };
+      lbccRequest_t request = nullptr;
+      lbccActivationConfig_t coding = LBCC_ACTIVATION_CONFIG_INITIALIZER;
+      coding.coefficients = lbccFloat32;
+      std::vector<float> h(kTokens * kD);
+      for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i % 7) - 3.0f;
+      lbccBasis_t both[2] = {v1, v0};
+      if (r == 0) {
+        step(lbccSendActivations(h.data(), sent_ids, kTokens, v0, &coding, 1, 2, comm, &request),
+             &request);
+        step(lbccRecvActivationGrads(grads.data(), kTokens, both, 2, 1, 2, comm, &request),
+             &request);
+        step(lbccSendActivations(h.data(), sent_ids, kTokens, v0, &coding, 1, 2, comm, &request),
+             &request);
+      } else {
+        step(lbccRecvActivations(received.data(), ids.data(), kTokens, &v0, 1, 0, 2, comm,
+                                 &request),
+             &request);
+        step(lbccSendActivationGrads(h.data(), kTokens, v0, &coding, 0, 2, comm, &request),
+             &request);
+        if (rc == lbccSuccess) {
+          rc = lbccRecvActivations(refused.data(), nullptr, kTokens, &v1, 1, 0, 2, comm, &request);
+          if (rc == lbccSuccess) rc = lbccWait(request);
+          if (request != nullptr) lbccRequestFree(request);
+          if (rc == lbccInvalidUsage) errors[r] = lbccGetLastError(comm);
+          rc = rc == lbccInvalidUsage ? lbccSuccess : lbccInternalError;
+        }
+      }
+      if (rc != lbccSuccess) errors[r] = lbccGetLastError(comm);
+      if (comm != nullptr) lbccCommDestroy(comm);
+      results[r] = rc;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(results[0], lbccSuccess) << errors[0];
+  EXPECT_EQ(results[1], lbccSuccess) << errors[1];
+  EXPECT_EQ(std::vector<int32_t>(sent_ids, sent_ids + kTokens), ids);
+  EXPECT_NE(grads[0], -1.0f);
+  uint64_t hash0 = 0, hash1 = 0;
+  lbccBasisGetInfo(v0, nullptr, nullptr, nullptr, &hash0, nullptr);
+  lbccBasisGetInfo(v1, nullptr, nullptr, nullptr, &hash1, nullptr);
+  char name0[32], name1[32];
+  std::snprintf(name0, sizeof(name0), "%016llx/v0", static_cast<unsigned long long>(hash0));
+  std::snprintf(name1, sizeof(name1), "%016llx/v1", static_cast<unsigned long long>(hash1));
+  EXPECT_THAT(errors[1], HasSubstr(name0));
+  EXPECT_THAT(errors[1], HasSubstr(name1));
+  EXPECT_EQ(refused, std::vector<float>(kTokens * kD, 7.0f));
+  lbccBasisDestroy(v0);
+  lbccBasisDestroy(v1);
 }
 
 }  // namespace

@@ -179,6 +179,78 @@ lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dim
 lbccResult_t lbccRecvCompressed(float* buff, int ndims, const int64_t* dims, int peer,
                                 uint32_t tag, lbccComm_t comm, lbccRequest_t* request);
 
+/* ---- Pipeline activations: the subspace codec between two stages (comm/activations.h) ----
+ *
+ * Forward, a stage sends activations h [tokens x d] as k coefficients c = U^T (h - T[y]) plus
+ * the token ids y; the next stage rebuilds h = U c + T[y]. Backward, it sends the gradient as
+ * U^T g and the receiver rebuilds U (U^T g). U (d x k, orthonormal) and T (V x d) form a basis,
+ * identical on both stages (the same seed and spec, or the same file), named on the wire by its
+ * content hash and version. A receive takes the bases it accepts, newest first: a payload of
+ * another basis fails the request with lbccInvalidUsage (the message names both), corrupt bytes
+ * with lbccDataLoss, another shape with lbccInvalidArgument (buffers untouched on error).
+ * After a basis change (a new version, e.g. after an embedding shift) keep the previous handle
+ * until the backwards of microbatches whose forward used it are done: send each backward with
+ * the basis of its forward and accept both bases when receiving. Single bases only (M = 1):
+ * a mixture basis is lbccUnimplemented here (use the C++ ActivationChannel). Messages between
+ * two ranks with the same tag arrive in order; not ordered with collectives. */
+typedef struct lbccBasis* lbccBasis_t;
+
+typedef struct {
+  size_t size;        /* sizeof(lbccBasisSpec_t): set by LBCC_BASIS_SPEC_INITIALIZER. */
+  int64_t modelDim;   /* d */
+  int64_t rank;       /* k, 1 <= k <= d */
+  int64_t vocabSize;  /* V: token ids in [0, V) travel with activations; 0: no ids */
+  int withTable;      /* Generate T (V x d) with entries N(0, tableStddev^2). */
+  double tableStddev; /* 1.0 */
+  uint64_t seed;
+  uint32_t version;
+} lbccBasisSpec_t;
+
+#define LBCC_BASIS_SPEC_INITIALIZER {sizeof(lbccBasisSpec_t), 0, 0, 0, 0, 1.0, 0, 0}
+
+/* How a send codes the coefficients. */
+typedef struct {
+  size_t size;                  /* sizeof(lbccActivationConfig_t). */
+  lbccDataType_t coefficients;  /* lbccFloat32, lbccBfloat16 (default), lbccFloat16, lbccInt8. */
+  int64_t int8Block;            /* Coefficients per fp32 scale with lbccInt8 (32). */
+} lbccActivationConfig_t;
+
+#define LBCC_ACTIVATION_CONFIG_INITIALIZER \
+  {sizeof(lbccActivationConfig_t), lbccBfloat16, 32}
+
+/* A seeded basis: the same spec gives the same bits on every x86-64 machine. */
+lbccResult_t lbccBasisCreateFromSeed(const lbccBasisSpec_t* spec, lbccBasis_t* basis);
+/* A basis file (written by lbcc.SubspaceBasis.save or codecs::SubspaceBasis::Save). */
+lbccResult_t lbccBasisLoad(const char* path, lbccBasis_t* basis);
+/* Requests that use the basis keep what they need: destroying it while they run is fine. */
+lbccResult_t lbccBasisDestroy(lbccBasis_t basis);
+/* Any output may be NULL. */
+lbccResult_t lbccBasisGetInfo(const lbccBasis_t basis, int64_t* modelDim, int64_t* rank,
+                              int64_t* vocabSize, uint64_t* hash, uint32_t* version);
+
+/* Sends activations h [tokens x d] and ids [tokens] (NULL when V = 0), encoded against `basis`
+ * (config NULL: bf16 coefficients). h and ids are read before the call returns. */
+lbccResult_t lbccSendActivations(const float* h, const int32_t* ids, int64_t tokens,
+                                 lbccBasis_t basis, const lbccActivationConfig_t* config,
+                                 int peer, uint32_t tag, lbccComm_t comm, lbccRequest_t* request);
+/* Receives activations into h [tokens x d] and ids [tokens] (may be NULL) with whichever of
+ * bases[0..nbases) the payload names (the current basis first). */
+lbccResult_t lbccRecvActivations(float* h, int32_t* ids, int64_t tokens, const lbccBasis_t* bases,
+                                 int nbases, int peer, uint32_t tag, lbccComm_t comm,
+                                 lbccRequest_t* request);
+/* Sends the gradient of a received microbatch, grads [tokens x d], encoded against the basis
+ * its forward used. grads is read before the call returns. */
+lbccResult_t lbccSendActivationGrads(const float* grads, int64_t tokens, lbccBasis_t basis,
+                                     const lbccActivationConfig_t* config, int peer, uint32_t tag,
+                                     lbccComm_t comm, lbccRequest_t* request);
+/* Receives a gradient into grads [tokens x d] (keep the previous basis in `bases` while
+ * backwards of its forwards are in flight). */
+lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBasis_t* bases,
+                                     int nbases, int peer, uint32_t tag, lbccComm_t comm,
+                                     lbccRequest_t* request);
+
+/* ---- Requests ---- */
+
 /* lbccSuccess when done (and the operation succeeded), lbccInProgress while running, the
  * operation's error otherwise. */
 lbccResult_t lbccTest(lbccRequest_t request);

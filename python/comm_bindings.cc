@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "codecs/subspace_codec.h"
+#include "comm/activations.h"
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/topology.h"
@@ -241,75 +242,6 @@ py::dict CountersDict(const transport::LinkCounters& c) {
   return d;
 }
 
-// A Codec over one subspace message, so SendCompressed can carry it: Encode() runs
-// EncodeForward (with the ids) or EncodeBackward (with the selectors) of the caller's codec.
-class SubspaceMessageCodec final : public codecs::Codec {
- public:
-  SubspaceMessageCodec(std::shared_ptr<PySubspaceCodec> codec, codecs::SubspaceDirection direction,
-                       std::vector<int32_t> ids, codecs::SubspaceSelectors selectors)
-      : codec_(std::move(codec)),
-        direction_(direction),
-        ids_(std::move(ids)),
-        selectors_(std::move(selectors)) {}
-
-  codecs::CodecId id() const override {
-    return direction_ == codecs::SubspaceDirection::kForward ? codecs::CodecId::kSubspaceForward
-                                                             : codecs::CodecId::kSubspaceBackward;
-  }
-  std::string Describe() const override { return "subspace message"; }
-  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
-    if (shape.size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("subspace message: expected [tokens, d], got ", ShapeToString(shape)));
-    }
-    MutexLock lock(&codec_->mu);
-    return direction_ == codecs::SubspaceDirection::kForward
-               ? codec_->codec.ForwardPayloadBytes(shape[0])
-               : codec_->codec.BackwardPayloadBytes(shape[0]);
-  }
-  absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
-                                absl::Span<uint8_t> out) const override {
-    (void)state;
-    MutexLock lock(&codec_->mu);
-    if (direction_ == codecs::SubspaceDirection::kForward) {
-      return codec_->codec.EncodeForward(input, ids_, out);
-    }
-    return codec_->codec.EncodeBackward(input, selectors_, out);
-  }
-
- private:
-  std::shared_ptr<PySubspaceCodec> codec_;
-  codecs::SubspaceDirection direction_;
-  std::vector<int32_t> ids_;
-  codecs::SubspaceSelectors selectors_;
-};
-
-// What a subspace receive decodes with (on a transport thread) and what it hands back.
-struct SubspaceReceive {
-  codecs::SubspaceDirection direction;
-  std::vector<std::shared_ptr<const codecs::SubspaceBasis>> bases;
-  codecs::SubspaceCodecOptions options;
-  absl::Span<int32_t> ids;  // forward: where the ids go (may be empty)
-  codecs::SubspaceSelectors selectors;
-
-  absl::Status Decode(absl::Span<const uint8_t> payload, const TensorView& out) {
-    absl::StatusOr<codecs::SubspacePayloadHeader> header = codecs::InspectSubspacePayload(payload);
-    if (!header.ok()) return header.status();
-    // The basis the payload names (e.g. the previous one while in-flight backwards drain);
-    // otherwise the newest, whose decoder explains the mismatch.
-    std::shared_ptr<const codecs::SubspaceBasis> basis = bases.front();
-    for (const auto& b : bases) {
-      if (b->id() == header->basis) basis = b;
-    }
-    absl::StatusOr<codecs::SubspaceCodec> codec = codecs::SubspaceCodec::Create(basis, options);
-    if (!codec.ok()) return codec.status();
-    if (direction == codecs::SubspaceDirection::kForward) {
-      return codec->DecodeForward(payload, out, ids, &selectors);
-    }
-    return codec->DecodeBackward(payload, out, &selectors);
-  }
-};
-
 codecs::SubspaceDirection ParseDirection(const std::string& name) {
   if (name == "forward") return codecs::SubspaceDirection::kForward;
   if (name == "backward") return codecs::SubspaceDirection::kBackward;
@@ -496,56 +428,70 @@ py::object RecvCompressed(PyComm& self, py::object out, int peer, uint32_t tag, 
   return Finish(std::move(core), async_op);
 }
 
+// send_subspace / recv_subspace: thin wrappers over comm/activations.h, so Python puts the
+// same bytes on the wire as C and C++.
 py::object SendSubspace(PyComm& self, py::object tensor, int peer, uint32_t tag,
                         std::shared_ptr<PySubspaceCodec> codec, py::object ids,
                         const std::string& direction, py::object selectors, bool async_op) {
   if (codec == nullptr) throw py::type_error("codec: expected an lbcc.SubspaceCodec");
   const codecs::SubspaceDirection dir = ParseDirection(direction);
   TensorView view = ToF32View(tensor, "tensor");
-  std::vector<int32_t> id_copy;
-  if (!ids.is_none()) {
-    absl::Span<const int32_t> s = ToIds(ids, "ids");
-    id_copy.assign(s.begin(), s.end());
-  }
-  auto message = std::make_shared<SubspaceMessageCodec>(codec, dir, std::move(id_copy),
-                                                        ToSelectors(selectors));
+  absl::Span<const int32_t> id_span;
+  if (!ids.is_none()) id_span = ToIds(ids, "ids");
+  const codecs::SubspaceSelectors sel = ToSelectors(selectors);
   auto core = self.NewCore();
-  core->keep = {tensor};
-  core->native = message;
   {
-    py::gil_scoped_release release;  // Encodes before it returns.
-    core->request = core->comm->SendCompressed(view, message.get(), nullptr, peer, tag);
+    py::gil_scoped_release release;  // Encodes before it returns: tensor and ids are read here.
+    core->request =
+        dir == codecs::SubspaceDirection::kForward
+            ? comm::SendActivations(*core->comm, view, id_span, codec->basis, codec->options,
+                                    peer, tag)
+            : comm::SendActivationGrads(*core->comm, view, codec->basis, codec->options, sel,
+                                        peer, tag);
   }
   return Finish(std::move(core), async_op);
 }
 
+// What a subspace receive reports once done.
+struct SubspaceReceived {
+  comm::ActivationRoute route;
+  std::vector<uint8_t> payload;
+};
+
 py::object RecvSubspace(PyComm& self, py::object out, int peer, uint32_t tag, py::object codecs_arg,
-                        py::object ids_out, const std::string& direction, bool async_op) {
-  auto receive = std::make_shared<SubspaceReceive>();
-  receive->direction = ParseDirection(direction);
-  std::vector<std::shared_ptr<PySubspaceCodec>> list;
+                        py::object ids_out, const std::string& direction, bool return_payload,
+                        bool async_op) {
+  const codecs::SubspaceDirection dir = ParseDirection(direction);
+  std::vector<comm::SubspaceBasisPtr> accepted;
   if (py::isinstance<PySubspaceCodec>(codecs_arg)) {
-    list.push_back(codecs_arg.cast<std::shared_ptr<PySubspaceCodec>>());
+    accepted.push_back(codecs_arg.cast<std::shared_ptr<PySubspaceCodec>>()->basis);
   } else {
-    for (py::handle c : codecs_arg) list.push_back(c.cast<std::shared_ptr<PySubspaceCodec>>());
+    for (py::handle c : codecs_arg) {
+      accepted.push_back(c.cast<std::shared_ptr<PySubspaceCodec>>()->basis);
+    }
   }
-  if (list.empty()) throw py::value_error("codecs: need at least one lbcc.SubspaceCodec");
-  for (const auto& c : list) receive->bases.push_back(c->basis);
-  receive->options = list.front()->options;
+  if (accepted.empty()) throw py::value_error("codecs: need at least one lbcc.SubspaceCodec");
   TensorView view = ToF32View(out, "out", Access::kWrite);
+  absl::Span<int32_t> ids;
   if (!ids_out.is_none()) {
     TensorView iv = ToView(ids_out, "ids_out", {DType::kI32}, Access::kWrite);
-    receive->ids = absl::Span<int32_t>(iv.data_as<int32_t>(), iv.num_elements());
+    ids = absl::Span<int32_t>(iv.data_as<int32_t>(), iv.num_elements());
   }
+  auto received = std::make_shared<SubspaceReceived>();
+  std::vector<uint8_t>* payload = return_payload ? &received->payload : nullptr;
   auto core = self.NewCore();
-  core->keep = {out, ids_out, codecs_arg};
-  core->native = receive;
-  core->request = core->comm->RecvCompressed(
-      view, peer, tag, [receive](absl::Span<const uint8_t> payload, const TensorView& target) {
-        return receive->Decode(payload, target);
-      });
-  return Finish(std::move(core), async_op,
-                [receive](Core&) { return SelectorsObject(receive->selectors); });
+  core->keep = {out, ids_out};
+  core->native = received;
+  core->request = dir == codecs::SubspaceDirection::kForward
+                      ? comm::RecvActivations(*core->comm, view, ids, std::move(accepted), peer,
+                                              tag, &received->route, payload)
+                      : comm::RecvActivationGrads(*core->comm, view, std::move(accepted), peer,
+                                                  tag, &received->route, payload);
+  return Finish(std::move(core), async_op, [received, return_payload](Core&) -> py::object {
+    py::object selectors = SelectorsObject(received->route.selectors);
+    if (!return_payload) return selectors;
+    return py::make_tuple(selectors, ToBytes(received->payload));
+  });
 }
 
 }  // namespace
@@ -743,9 +689,10 @@ void BindComm(py::module_& m) {
            "with the forward's selectors for a mixture basis), subspace-compressed.")
       .def("recv_subspace", &RecvSubspace, py::arg("out"), py::arg("peer"), py::arg("tag"),
            py::arg("codecs"), py::arg("ids_out") = py::none(), py::arg("direction") = "forward",
-           py::arg("async_op") = false,
+           py::arg("return_payload") = false, py::arg("async_op") = false,
            "Receives and decodes a subspace payload into out [tokens, d] (ids into ids_out) "
-           "with the codec whose basis the payload names; returns the selectors.")
+           "with the codec whose basis the payload names; returns the selectors, or "
+           "(selectors, payload bytes as received) with return_payload=True.")
       .def(
           "link_counters",
           [](const PyComm& c, int peer) {

@@ -325,3 +325,23 @@ def test_check_basis_detects_different_bases():
         return True
 
     assert run_ranks(3, body) == [True] * 3
+
+
+def test_recv_subspace_returns_the_payload_the_codec_makes():
+    """The toy boundary of pipeline_payloads.py (what //tests:activations_wire_test compares
+    the C API with): every payload received equals what lbcc.SubspaceCodec encodes from the
+    same inputs, and the backward sent after the basis change still names the old basis."""
+    import pipeline_payloads as pp
+
+    v0, v1 = pp.bases()
+    forwards, backwards = pp.capture("forward"), pp.capture("backward")
+    assert sorted(forwards) == sorted(backwards) == list(range(pp.MICROBATCHES))
+    for mb in range(pp.MICROBATCHES):
+        basis = pp.forward_basis(mb, v0, v1)
+        codec = lbcc.SubspaceCodec(basis, coefficient_dtype=pp.COEFFICIENTS)
+        payload, _ = codec.encode_forward(pp.stage0_output(basis, mb).detach(), pp.ids_of(mb))
+        assert forwards[mb] == payload
+        h = torch.empty(pp.TOKENS, pp.D)
+        codec.decode_forward(payload, h)
+        assert backwards[mb] == codec.encode_backward(h - pp.target(mb))
+        assert lbcc.inspect_subspace(backwards[mb])["basis_version"] == basis.version
