@@ -77,6 +77,7 @@ def functions(path):
             if function_depth is None:
                 head = text[header_start:i]
                 flat = " ".join(head.split())
+                flat = re.sub(r"^((public|private|protected)\s*:\s*|using [^;]*;\s*)+", "", flat)
                 if ("(" in flat and not _NOT_FUNCTION.match(flat) and not flat.rstrip().endswith("=")
                         and not re.search(r"=\s*$", flat) and not flat.startswith("#")):
                     function_depth = depth
