@@ -371,7 +371,8 @@ absl::Status SparseAllReduceSchedule::Validate(int g) {
   const std::vector<std::string>& all = *groups_[g].all;
   const size_t count = plan_[g].second - plan_[g].first;
   for (int r = 0; r < group_.size(); ++r) {
-    LBCC_ASSIGN_OR_RETURN(std::vector<absl::Span<const uint8_t>> spans, SplitBlob(all[r], count, r));
+    LBCC_ASSIGN_OR_RETURN(std::vector<absl::Span<const uint8_t>> spans,
+                          SplitBlob(all[r], count, r));
     per_rank_[r].insert(per_rank_[r].end(), spans.begin(), spans.end());
   }
   std::vector<absl::Span<const uint8_t>> payloads(group_.size());
