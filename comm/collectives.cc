@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "base/check.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 
 namespace lbcc::comm {
@@ -17,33 +22,6 @@ using transport::Tag;
 
 absl::Span<const uint8_t> Bytes(const std::string& s) {
   return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-}
-
-absl::Status Direct(const Group& g, Tag tag, const std::string& mine, std::vector<std::string>* out,
-                    Priority priority, absl::Time deadline, size_t max_bytes) {
-  Batch batch(g.fabric, deadline);
-  for (int i = 0; i < g.size(); ++i) {
-    if (i == g.me) continue;
-    batch.Send(g.ranks[i], tag, Bytes(mine), priority);
-    batch.RecvAny(g.ranks[i], tag, &(*out)[i], max_bytes);
-  }
-  return batch.Wait();
-}
-
-absl::Status Ring(const Group& g, Tag tag, std::vector<std::string>* out, Priority priority,
-                  absl::Time deadline, size_t max_bytes) {
-  const int n = g.size();
-  const int right = g.ranks[(g.me + 1) % n];
-  const int left = g.ranks[(g.me + n - 1) % n];
-  for (int step = 0; step < n - 1; ++step) {
-    const int send_index = (g.me - step + n) % n;
-    const int recv_index = (g.me - step - 1 + n) % n;
-    Batch batch(g.fabric, deadline);
-    batch.Send(right, tag + step, Bytes((*out)[send_index]), priority);
-    batch.RecvAny(left, tag + step, &(*out)[recv_index], max_bytes);
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-  }
-  return absl::OkStatus();
 }
 
 // Bundle: u32 count, then per entry u32 index, u64 size, bytes.
@@ -85,93 +63,6 @@ absl::Status Unbundle(const std::string& bundle, std::vector<std::string>* paylo
     offset += size;
   }
   if (offset != bundle.size()) return absl::DataLossError("trailing bytes in payload bundle");
-  return absl::OkStatus();
-}
-
-// Gather in fast islands, leaders exchange the island payloads (each payload crosses each slow
-// link once), leaders hand every member the full set.
-absl::Status Hierarchical(const Group& g, Tag tag, std::vector<std::string>* out,
-                          Priority priority, absl::Time deadline, size_t max_bytes) {
-  const Topology& topology = g.fabric->topology();
-  // Islands in order of their first member; the leader is the first member.
-  std::map<int, std::vector<int>> by_island;  // island id -> group indices
-  std::vector<int> island_order;
-  for (int i = 0; i < g.size(); ++i) {
-    const int island = topology.island_of(g.ranks[i]);
-    if (!by_island.count(island)) island_order.push_back(island);
-    by_island[island].push_back(i);
-  }
-  const std::vector<int>& mine = by_island[topology.island_of(g.ranks[g.me])];
-  const int leader = mine[0];
-  const size_t bundle_max = max_bytes * g.size() + 16 * g.size() + 4;
-  if (g.me != leader) {
-    // Member: hand the payload to the leader, get everything back.
-    std::string all;
-    Batch batch(g.fabric, deadline);
-    batch.Send(g.ranks[leader], tag, Bytes((*out)[g.me]), priority);
-    batch.RecvAny(g.ranks[leader], tag + 2, &all, bundle_max);
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-    std::vector<bool> have(g.size(), false);
-    const std::string own = (*out)[g.me];
-    LBCC_RETURN_IF_ERROR(Unbundle(all, out, &have));
-    if (std::count(have.begin(), have.end(), true) != g.size() || (*out)[g.me] != own) {
-      return absl::DataLossError("leader's bundle misses payloads");
-    }
-    return absl::OkStatus();
-  }
-  // Leader: 1-2. every island payload goes to every other leader as soon as this leader has it
-  // (its own at once, a member's when it arrives), one payload per message, so a slow link
-  // starts with the island's first finished encode instead of waiting for its last; the other
-  // leaders' payloads arrive the same way, one message each.
-  std::vector<int> other_leaders;  // group indices
-  std::vector<std::string> incoming;
-  for (int island : island_order) {
-    const std::vector<int>& members = by_island[island];
-    if (members[0] == g.me) continue;
-    other_leaders.push_back(members[0]);
-    for (size_t m = 0; m < members.size(); ++m) incoming.emplace_back();
-  }
-  const size_t single_max = max_bytes + 16;  // Bundle framing of one payload
-  std::vector<std::string> singles(mine.size());  // sent from, alive until `exchange` is done
-  Batch exchange(g.fabric, deadline);
-  {
-    size_t slot = 0;
-    for (int other : other_leaders) {
-      for (size_t m = 0; m < by_island[topology.island_of(g.ranks[other])].size(); ++m) {
-        exchange.RecvAny(g.ranks[other], tag + 1, &incoming[slot++], single_max);
-      }
-    }
-  }
-  std::vector<std::unique_ptr<Batch>> gather;  // one per member, all posted at once
-  for (size_t k = 1; k < mine.size(); ++k) {
-    gather.push_back(std::make_unique<Batch>(g.fabric, deadline));
-    gather.back()->RecvAny(g.ranks[mine[k]], tag, &(*out)[mine[k]], max_bytes);
-  }
-  for (size_t k = 0; k < mine.size(); ++k) {
-    if (k > 0) LBCC_RETURN_IF_ERROR(gather[k - 1]->Wait());
-    singles[k] = Bundle(*out, {mine[k]});
-    for (int other : other_leaders) {
-      exchange.Send(g.ranks[other], tag + 1, Bytes(singles[k]), priority);
-    }
-  }
-  LBCC_RETURN_IF_ERROR(exchange.Wait());
-  std::vector<bool> have(g.size(), false);
-  for (int i : mine) have[i] = true;
-  for (const std::string& single : incoming) LBCC_RETURN_IF_ERROR(Unbundle(single, out, &have));
-  if (std::count(have.begin(), have.end(), true) != g.size()) {
-    return absl::DataLossError("island payloads missing");
-  }
-  // 3. spread the full set in the island.
-  if (mine.size() > 1) {
-    std::vector<int> everyone(g.size());
-    for (int i = 0; i < g.size(); ++i) everyone[i] = i;
-    const std::string all = Bundle(*out, everyone);
-    Batch batch(g.fabric, deadline);
-    for (size_t k = 1; k < mine.size(); ++k) {
-      batch.Send(g.ranks[mine[k]], tag + 2, Bytes(all), priority);
-    }
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-  }
   return absl::OkStatus();
 }
 
@@ -225,23 +116,395 @@ void Scale(void* data, size_t count, DType dtype, float factor) {
 
 }  // namespace
 
+// The machinery every all-gather algorithm runs on. Operations go to the Fabric's endpoints in
+// joins; a join's continuation runs once all of its operations completed OK, on the thread of
+// the last completion (a transport thread, where it may post but must not block), or inline in
+// Arm() when they all completed before. Algorithm code (Start and the continuations) runs under
+// step_mu_, so it needs no locking of its own. The first failed operation aborts the Fabric,
+// as Batch::Wait does, and stops the continuations; the task is done once its operations drained.
+class AllGatherTask::State : public std::enable_shared_from_this<AllGatherTask::State> {
+ public:
+  State(const Group& group, Tag tag, Priority priority, absl::Time deadline, size_t max_bytes)
+      : group_(group), tag_(tag), priority_(priority), max_bytes_(max_bytes),
+        deadline_(deadline) {}
+  virtual ~State() = default;
+
+  void Launch(std::string mine) {
+    out_.assign(group_.size(), std::string());
+    out_[group_.me] = std::move(mine);
+    MutexLock step(&step_mu_);
+    if (group_.size() == 1) {
+      Finish(absl::OkStatus());
+      return;
+    }
+    Start();
+  }
+
+  bool Done() const {
+    MutexLock lock(&mu_);
+    return DoneLocked();
+  }
+
+  // Waits until the payloads are in (`gathered_only`) or until every operation completed, or
+  // the deadline; after a failure, until no callback can touch the task any more.
+  absl::Status Await(bool gathered_only) {
+    bool timed_out = false;
+    {
+      MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !error_.ok() || (finished_ && (gathered_only || ops_ == 0));
+      };
+      while (!ready()) {
+        if (cv_.WaitWithDeadline(&mu_, deadline_) && !ready()) {
+          error_ = absl::DeadlineExceededError(
+              "a peer did not answer before the communicator's timeout");
+          timed_out = true;
+          break;
+        }
+      }
+      if (error_.ok()) return result_;
+    }
+    // Fail fast everywhere (the first failed operation aborted already); closing the endpoints
+    // fails what is still pending here, so the drain below ends.
+    if (timed_out) group_.fabric->Abort(error_status());
+    MutexLock lock(&mu_);
+    while (ops_ > 0) cv_.Wait(&mu_);
+    return error_;
+  }
+
+  std::vector<std::string>& out() { return out_; }
+
+ protected:
+  // A set of operations and what runs once all completed OK. `pending` counts the operations
+  // not yet completed, plus one until Arm().
+  struct Join {
+    int pending = 1;
+    absl::AnyInvocable<void()> then;
+  };
+
+  virtual void Start() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) = 0;
+
+  Join* NewJoin(absl::AnyInvocable<void()> then) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    joins_.emplace_back();
+    joins_.back().then = std::move(then);
+    return &joins_.back();
+  }
+  // Posts are counted before they are issued, so no completion can find a join at zero early.
+  // `data` and `into` must live as long as the task (members of the algorithm or out_).
+  void Send(Join* join, int index, Tag tag, const std::string* data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    const int peer = group_.ranks[index];
+    Count(join);
+    group_.fabric->out(peer)->Send(
+        tag, Bytes(*data), {priority_}, [self = shared_from_this(), join, peer](absl::Status s) {
+          if (!s.ok()) s = Annotate(s, absl::StrCat("send to rank ", peer));
+          self->OpDone(join, std::move(s));
+        });
+  }
+  void RecvAny(Join* join, int index, Tag tag, std::string* into, size_t max_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    const int peer = group_.ranks[index];
+    Count(join);
+    group_.fabric->in(peer)->Recv(
+        tag,
+        [into, max_bytes](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+          if (size > max_bytes) {
+            return absl::DataLossError(
+                absl::StrCat("message of ", size, " bytes exceeds the limit of ", max_bytes));
+          }
+          into->resize(size);
+          return absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(into->data()), size);
+        },
+        [self = shared_from_this(), join, peer](absl::StatusOr<size_t> n) {
+          absl::Status s = n.status();
+          if (!s.ok()) s = Annotate(s, absl::StrCat("receive from rank ", peer));
+          self->OpDone(join, std::move(s));
+        });
+  }
+  // Everything of `join` is posted: its continuation may run (at once, if all completed).
+  void Arm(Join* join) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    bool fire = false;
+    {
+      MutexLock lock(&mu_);
+      fire = --join->pending == 0 && error_.ok();
+    }
+    if (fire) join->then();
+  }
+  // The algorithm's end: the payloads are in place (OK), or what it found wrong in them.
+  void Finish(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    MutexLock lock(&mu_);
+    finished_ = true;
+    result_ = std::move(status);
+    cv_.SignalAll();
+  }
+
+  const Group group_;
+  const Tag tag_;
+  const Priority priority_;
+  const size_t max_bytes_;
+  std::vector<std::string> out_;  // written by receives and algorithm code, read after Finish
+  Mutex step_mu_;
+
+ private:
+  bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ops_ == 0 && (finished_ || !error_.ok());
+  }
+  absl::Status error_status() {
+    MutexLock lock(&mu_);
+    return error_;
+  }
+  void Count(Join* join) {
+    MutexLock lock(&mu_);
+    ++ops_;
+    if (join != nullptr) ++join->pending;
+  }
+  void OpDone(Join* join, absl::Status status) {
+    bool fire = false;
+    bool abort = false;
+    {
+      MutexLock lock(&mu_);
+      if (!status.ok() && error_.ok()) {
+        error_ = status;
+        abort = true;
+      }
+      fire = join != nullptr && --join->pending == 0 && error_.ok();
+      if (!fire) --ops_;  // a firing operation stays counted until its continuation ran
+      cv_.SignalAll();
+    }
+    if (abort) group_.fabric->Abort(status);
+    if (!fire) return;
+    {
+      MutexLock step(&step_mu_);
+      join->then();
+    }
+    MutexLock lock(&mu_);
+    --ops_;
+    cv_.SignalAll();
+  }
+
+  const absl::Time deadline_;
+  std::deque<Join> joins_ ABSL_GUARDED_BY(step_mu_);  // stable addresses
+  mutable Mutex mu_;
+  CondVar cv_;
+  int ops_ ABSL_GUARDED_BY(mu_) = 0;         // posted, not completed (or continuing)
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // the first failed operation, or the deadline
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status result_ ABSL_GUARDED_BY(mu_);  // Finish()'s verdict
+};
+
+namespace {
+
+using State = AllGatherTask::State;
+
+// Every rank sends to every rank at once; gathered once every receive is in.
+class DirectGather final : public State {
+ public:
+  using State::State;
+
+ private:
+  void Start() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    Join* received = NewJoin([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { Finish(absl::OkStatus()); });
+    for (int i = 0; i < group_.size(); ++i) {
+      if (i == group_.me) continue;
+      Send(nullptr, i, tag_, &out_[group_.me]);
+      RecvAny(received, i, tag_, &out_[i], max_bytes_);
+    }
+    Arm(received);
+  }
+};
+
+// N-1 steps: pass to the right what came from the left one step earlier.
+class RingGather final : public State {
+ public:
+  using State::State;
+
+ private:
+  void Start() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) { Step(0); }
+  void Step(int step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    const int n = group_.size();
+    if (step == n - 1) {
+      Finish(absl::OkStatus());
+      return;
+    }
+    const int send_index = (group_.me - step + n) % n;
+    const int recv_index = (group_.me - step - 1 + n) % n;
+    Join* join = NewJoin([this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS { Step(step + 1); });
+    Send(join, (group_.me + 1) % n, tag_ + step, &out_[send_index]);
+    RecvAny(join, (group_.me + n - 1) % n, tag_ + step, &out_[recv_index], max_bytes_);
+    Arm(join);
+  }
+};
+
+// Gather in fast islands, leaders exchange the island payloads (each payload crosses each slow
+// link once), leaders hand every member the full set. Tags: tag (member -> leader), tag + 1
+// (leader <-> leader, one payload per message), tag + 2 (leader -> members, the full set).
+class HierarchicalGather final : public State {
+ public:
+  using State::State;
+
+ private:
+  void Start() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    const Topology& topology = group_.fabric->topology();
+    // Islands in order of their first member; the leader is the first member.
+    std::map<int, std::vector<int>> by_island;  // island id -> group indices
+    std::vector<int> island_order;
+    for (int i = 0; i < group_.size(); ++i) {
+      const int island = topology.island_of(group_.ranks[i]);
+      if (!by_island.count(island)) island_order.push_back(island);
+      by_island[island].push_back(i);
+    }
+    mine_ = by_island[topology.island_of(group_.ranks[group_.me])];
+    if (group_.me != mine_[0]) {
+      // Member: hand the payload to the leader, get everything back.
+      const size_t bundle_max = max_bytes_ * group_.size() + 16 * group_.size() + 4;
+      Join* join = NewJoin([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { MemberReceived(); });
+      Send(join, mine_[0], tag_, &out_[group_.me]);
+      RecvAny(join, mine_[0], tag_ + 2, &bundle_, bundle_max);
+      Arm(join);
+      return;
+    }
+    // Leader: 1-2. every island payload goes to every other leader as soon as this leader has
+    // it (its own at once, a member's when it and the members before it arrived), one payload
+    // per message, so a slow link starts with the island's first finished encode instead of
+    // waiting for its last; the other leaders' payloads arrive the same way, one message each.
+    size_t incoming = 0;
+    for (int island : island_order) {
+      const std::vector<int>& members = by_island[island];
+      if (members[0] == group_.me) continue;
+      other_leaders_.push_back(members[0]);
+      incoming += members.size();
+    }
+    incoming_.resize(incoming);
+    singles_.resize(mine_.size());
+    exchange_ = NewJoin([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { LeadersExchanged(); });
+    const size_t single_max = max_bytes_ + 16;  // Bundle framing of one payload
+    size_t slot = 0;
+    for (int other : other_leaders_) {
+      for (size_t m = 0; m < by_island[topology.island_of(group_.ranks[other])].size(); ++m) {
+        RecvAny(exchange_, other, tag_ + 1, &incoming_[slot++], single_max);
+      }
+    }
+    arrived_.assign(mine_.size(), false);
+    arrived_[0] = true;
+    for (size_t k = 1; k < mine_.size(); ++k) {
+      Join* join = NewJoin([this, k]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        arrived_[k] = true;
+        Forward();
+      });
+      RecvAny(join, mine_[k], tag_, &out_[mine_[k]], max_bytes_);
+      Arm(join);
+    }
+    Forward();
+  }
+
+  // Sends the island payloads that arrived, in member order, to the other leaders.
+  void Forward() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    while (forwarded_ < mine_.size() && arrived_[forwarded_]) {
+      singles_[forwarded_] = Bundle(out_, {mine_[forwarded_]});
+      for (int other : other_leaders_) Send(exchange_, other, tag_ + 1, &singles_[forwarded_]);
+      ++forwarded_;
+    }
+    if (forwarded_ == mine_.size() && !exchange_armed_) {
+      exchange_armed_ = true;
+      Arm(exchange_);
+    }
+  }
+
+  // 3. spread the full set in the island.
+  void LeadersExchanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    std::vector<bool> have(group_.size(), false);
+    for (int i : mine_) have[i] = true;
+    for (const std::string& single : incoming_) {
+      absl::Status status = Unbundle(single, &out_, &have);
+      if (!status.ok()) return Finish(status);
+    }
+    if (std::count(have.begin(), have.end(), true) != group_.size()) {
+      return Finish(absl::DataLossError("island payloads missing"));
+    }
+    if (mine_.size() == 1) return Finish(absl::OkStatus());
+    std::vector<int> everyone(group_.size());
+    for (int i = 0; i < group_.size(); ++i) everyone[i] = i;
+    bundle_ = Bundle(out_, everyone);
+    Join* spread = NewJoin([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { Finish(absl::OkStatus()); });
+    for (size_t k = 1; k < mine_.size(); ++k) Send(spread, mine_[k], tag_ + 2, &bundle_);
+    Arm(spread);
+  }
+
+  void MemberReceived() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    std::vector<bool> have(group_.size(), false);
+    const std::string own = out_[group_.me];
+    absl::Status status = Unbundle(bundle_, &out_, &have);
+    if (!status.ok()) return Finish(status);
+    if (std::count(have.begin(), have.end(), true) != group_.size() || out_[group_.me] != own) {
+      return Finish(absl::DataLossError("leader's bundle misses payloads"));
+    }
+    Finish(absl::OkStatus());
+  }
+
+  std::vector<int> mine_;           // this island's group indices; mine_[0] leads
+  std::vector<int> other_leaders_;  // group indices
+  std::vector<std::string> incoming_;  // other islands' payloads, one bundle each
+  std::vector<std::string> singles_;   // this island's payloads as sent to the other leaders
+  std::vector<bool> arrived_;          // per member of this island
+  size_t forwarded_ = 0;               // members whose payload went to the other leaders
+  Join* exchange_ = nullptr;           // receives from and sends to the other leaders
+  bool exchange_armed_ = false;
+  std::string bundle_;  // member: the set from the leader; leader: the set for the members
+};
+
+// Algorithm::kAuto reaching the collectives is our bug.
+class UnresolvedGather final : public State {
+ public:
+  using State::State;
+
+ private:
+  void Start() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+    Finish(absl::InternalError("AllGatherV: algorithm not resolved"));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AllGatherTask> AllGatherTask::Post(const Group& group, Tag tag, std::string mine,
+                                                   Algorithm algorithm, Priority priority,
+                                                   absl::Time deadline, size_t max_bytes) {
+  std::shared_ptr<State> state;
+  switch (algorithm) {
+    case Algorithm::kDirect:
+      state = std::make_shared<DirectGather>(group, tag, priority, deadline, max_bytes);
+      break;
+    case Algorithm::kRing:
+      state = std::make_shared<RingGather>(group, tag, priority, deadline, max_bytes);
+      break;
+    case Algorithm::kHierarchical:
+      state = std::make_shared<HierarchicalGather>(group, tag, priority, deadline, max_bytes);
+      break;
+    case Algorithm::kAuto:
+      state = std::make_shared<UnresolvedGather>(group, tag, priority, deadline, max_bytes);
+      break;
+  }
+  state->Launch(std::move(mine));
+  return std::unique_ptr<AllGatherTask>(new AllGatherTask(std::move(state)));
+}
+
+AllGatherTask::~AllGatherTask() { (void)state_->Await(/*gathered_only=*/false); }
+
+bool AllGatherTask::Test() const { return state_->Done(); }
+
+absl::Status AllGatherTask::WaitGathered() { return state_->Await(/*gathered_only=*/true); }
+
+absl::Status AllGatherTask::Wait() { return state_->Await(/*gathered_only=*/false); }
+
+std::vector<std::string>& AllGatherTask::result() { return state_->out(); }
+
 absl::Status AllGatherV(const Group& group, Tag tag, const std::string& mine,
                         std::vector<std::string>* out, Algorithm algorithm, Priority priority,
                         absl::Time deadline, size_t max_bytes) {
-  out->assign(group.size(), std::string());
-  (*out)[group.me] = mine;
-  if (group.size() == 1) return absl::OkStatus();
-  switch (algorithm) {
-    case Algorithm::kDirect:
-      return Direct(group, tag, mine, out, priority, deadline, max_bytes);
-    case Algorithm::kRing:
-      return Ring(group, tag, out, priority, deadline, max_bytes);
-    case Algorithm::kHierarchical:
-      return Hierarchical(group, tag, out, priority, deadline, max_bytes);
-    case Algorithm::kAuto:
-      break;
-  }
-  return absl::InternalError("AllGatherV: algorithm not resolved");
+  std::unique_ptr<AllGatherTask> task =
+      AllGatherTask::Post(group, tag, mine, algorithm, priority, deadline, max_bytes);
+  absl::Status status = task->Wait();
+  *out = std::move(task->result());
+  return status;
 }
 
 absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* out, size_t count,

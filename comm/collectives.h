@@ -1,15 +1,22 @@
 // The collective algorithms over a Group of ranks of a Fabric. Internal to comm/: the
 // Communicator chooses the algorithm (comm/algorithms.h) and runs these on its worker thread.
 //
-// Every function blocks until done or failed; on failure the Fabric is aborted (see Batch) and
-// outputs may hold partial results (callers that promise untouched outputs work on copies).
-// All ranks of the group must call the same function with the same tag base and algorithm.
+// The all-gather is a task (AllGatherTask: post, test, wait) that every algorithm (direct, ring,
+// hierarchical) provides; it runs on transport completions, with no thread of its own, so any
+// number may be in flight (SparseAllReduce posts one per exchange group and streamed piece).
+// AllGatherV is its blocking form (post + wait). The other functions block until done or failed.
 //
-// Thread-safety: one call at a time per Group.
+// On a transport failure, or the deadline, the Fabric is aborted (see Batch) and outputs may hold
+// partial results (callers that promise untouched outputs work on copies). All ranks of the
+// group must run the same collective with the same tag base and algorithm.
+//
+// Thread-safety: one blocking call at a time per Group and tag; an AllGatherTask may be waited
+// for from any one thread.
 #ifndef LBCC_COMM_COLLECTIVES_H_
 #define LBCC_COMM_COLLECTIVES_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,8 +42,49 @@ inline transport::Tag MakeTag(uint32_t comm_id, uint64_t sequence, uint32_t step
          (step & 0xffff);
 }
 
-// Every rank's `mine` lands in out[i] (group order), byte for byte. `max_bytes` bounds any one
-// payload a peer may send (DataLoss beyond).
+// One all-gather in flight: every rank's `mine` lands in result()[i] (group order), byte for
+// byte. `max_bytes` bounds any one payload a peer may send (DataLoss beyond).
+//
+//   auto task = AllGatherTask::Post(group, tag, blob, Algorithm::kRing, priority, deadline, max);
+//   ... other work; task->Test() polls ...
+//   LBCC_RETURN_IF_ERROR(task->Wait());
+//   use(task->result());
+//
+// Post() returns at once; the operations it starts complete on transport threads, and each step
+// of the algorithm is posted from the completion of the one before (never blocking there).
+// Errors from Wait(): what the transport reported (Unavailable, Cancelled, DataLoss for an
+// oversized message; the Fabric is then aborted), DeadlineExceeded once `deadline` passed (the
+// Fabric is aborted), DataLoss for a malformed hierarchical bundle (the Fabric is not aborted),
+// Internal for Algorithm::kAuto with more than one rank.
+class AllGatherTask {
+ public:
+  // `group.fabric` must outlive the task.
+  static std::unique_ptr<AllGatherTask> Post(const Group& group, transport::Tag tag,
+                                             std::string mine, Algorithm algorithm,
+                                             transport::Priority priority, absl::Time deadline,
+                                             size_t max_bytes);
+  ~AllGatherTask();  // Waits as Wait() does: no callback touches the task afterwards.
+  AllGatherTask(const AllGatherTask&) = delete;
+  AllGatherTask& operator=(const AllGatherTask&) = delete;
+
+  // True once every operation of the task completed (successfully or not).
+  bool Test() const;
+  // Blocks until result() holds every rank's payload or the task failed. This rank's own sends
+  // may still be in flight (a direct all-gather's receives can finish first): call Wait() too.
+  absl::Status WaitGathered();
+  // Blocks until every operation completed; returns the task's status.
+  absl::Status Wait();
+  // The payloads, in group order; complete once WaitGathered() or Wait() returned OK.
+  std::vector<std::string>& result();
+
+  class State;  // The algorithm's state machine (collectives.cc).
+
+ private:
+  explicit AllGatherTask(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+// The blocking form: AllGatherTask::Post and Wait; *out gets the result (partial on failure).
 absl::Status AllGatherV(const Group& group, transport::Tag tag, const std::string& mine,
                         std::vector<std::string>* out, Algorithm algorithm,
                         transport::Priority priority, absl::Time deadline, size_t max_bytes);

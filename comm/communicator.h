@@ -37,6 +37,7 @@
 #include "comm/collectives.h"
 #include "comm/fabric.h"
 #include "comm/request.h"
+#include "comm/thread_pool.h"
 #include "codecs/codec.h"
 
 namespace lbcc::comm {
@@ -173,6 +174,9 @@ class Communicator {
   // exchanges do not allocate (and do not page-fault fresh buffers) per call.
   std::vector<uint8_t> encode_buffer_;
   std::vector<std::unique_ptr<codecs::DecodeScratch>> decode_scratch_;  // one per tensor
+  // SparseAllReduce's exchange phase runs here while the worker encodes (sparse_allreduce.h);
+  // one thread, since operations run one at a time.
+  ThreadPool pool_{1, "lbcc-exchange"};
 
   Mutex mu_;
   CondVar cv_;

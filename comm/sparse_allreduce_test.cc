@@ -18,6 +18,7 @@
 #include "codecs/topk_ef.h"
 #include "comm/communicator.h"
 #include "comm/testing.h"
+#include "comm/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "xxhash.h"
@@ -541,6 +542,51 @@ TEST(SparseAllReduceFailureTest, ADeadRankFailsTheOthersWithoutLosingState) {
                                             absl::StatusCode::kDeadlineExceeded)))
         << "rank " << r;
   }
+}
+
+// The communicator's threads are started with it: 100 calls over every exchange path (direct,
+// ring and hierarchical all-gathers, pipelined groups, a tensor streamed in pieces) start none.
+TEST(SparseAllReduceThreadsTest, AHundredCallsStartNoThread) {
+  auto codec = MakeCodec();
+  const std::vector<Shape> shapes = {{256, 512}, {300, 1000}, {64, 64}};
+  RankOptions options;
+  options.topology = *Topology::FromJson(R"({"nranks": 4, "islands": [[0, 2, 3]]})");
+  Mutex mu;
+  std::vector<uint64_t> started(kRanks), after(kRanks);
+  auto statuses = RunRanks(kRanks, options, [&](int rank, Communicator& comm) -> absl::Status {
+    // Once every rank passed the barrier, every communicator (and its pool) exists.
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    const uint64_t before = ThreadPool::ThreadsStarted();
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    std::vector<std::vector<float>> deltas, outs(shapes.size());
+    std::vector<codecs::TopKEfState> states(shapes.size());
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      deltas.push_back(DeltaOf(rank, t, Count(shapes[t])));
+      outs[t].assign(Count(shapes[t]), 0.0f);
+    }
+    const Algorithm algorithms[] = {Algorithm::kDirect, Algorithm::kRing,
+                                    Algorithm::kHierarchical};
+    for (int call = 0; call < 100; ++call) {
+      OpOptions op = Pipelined();
+      op.algorithm = algorithms[call % 3];
+      // Odd calls: the large tensor alone (streamed in pieces over the slow links).
+      const size_t n = call % 2 == 1 ? 1 : shapes.size();
+      std::vector<Communicator::SparseTensor> tensors;
+      for (size_t t = 0; t < n; ++t) {
+        tensors.push_back({*TensorView::Host(deltas[t].data(), shapes[t]),
+                           *TensorView::Host(outs[t].data(), shapes[t]), &states[t]});
+      }
+      LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait());
+    }
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    MutexLock lock(&mu);
+    started[rank] = before;
+    after[rank] = ThreadPool::ThreadsStarted();
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(statuses, Each(IsOk()));
+  EXPECT_GE(started[0], static_cast<uint64_t>(kRanks));  // the counter counts the pools
+  EXPECT_EQ(after, started);
 }
 
 TEST(CompressedP2pTest, DenseInt8BetweenStagesAndShapeMismatch) {

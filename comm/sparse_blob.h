@@ -2,8 +2,8 @@
 //
 // Blob: u8 ok (1), u32 tensor count, then per tensor u64 size + payload bytes; or an error blob:
 // u8 0, u32 magic, u32 length and the error message (at most kMaxErrorMessageBytes) that made
-// the rank give up. A streamed blob (compressed.cc: one large tensor
-// sent while it is encoded) travels as piece messages and a final message: u64 prefix, u64
+// the rank give up. A streamed blob (sparse_allreduce.cc: one large tensor sent while it is
+// encoded) travels as piece messages and a final message: u64 prefix, u64
 // piece bytes used, then the blob without those bytes, so blob = final[16, 16 + prefix) +
 // pieces[0, used) + final[16 + prefix, end). Host byte order (little-endian machines).
 //
