@@ -406,7 +406,7 @@ lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   }
   absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
   if (!dtype.ok()) return Fail(dtype.status(), comm);
-  if ((op != lbccSum && op != lbccAvg) || !lbcc::IsFloating(*dtype)) {
+  if (op == lbccProd || op == lbccMin || op == lbccMax) {
     return DenseAllReduceC(sendbuff, recvbuff, count, datatype, op, comm, request);
   }
   const int64_t n = static_cast<int64_t>(count);
