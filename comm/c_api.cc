@@ -301,6 +301,101 @@ lbccResult_t lbccCommLinkBytes(const lbccComm_t comm, uint64_t* fast_sent, uint6
   return lbccSuccess;
 }
 
+// ---- Dense collectives (comm/dense_collectives.h): lbccReduce, lbccReduceScatter,
+// lbccAllToAll, and lbccAllReduce for integer types and lbccProd/lbccMin/lbccMax.
+namespace {
+
+absl::StatusOr<lbcc::comm::DenseType> ToDenseType(lbccDataType_t type) {
+  LBCC_ASSIGN_OR_RETURN(lbcc::DType dtype, ToDType(type));
+  switch (dtype) {
+    case lbcc::DType::kF32: return lbcc::comm::DenseType::kF32;
+    case lbcc::DType::kF16: return lbcc::comm::DenseType::kF16;
+    case lbcc::DType::kBF16: return lbcc::comm::DenseType::kBF16;
+    case lbcc::DType::kI8: return lbcc::comm::DenseType::kI8;
+    case lbcc::DType::kU8: return lbcc::comm::DenseType::kU8;
+    case lbcc::DType::kI32: return lbcc::comm::DenseType::kI32;
+    case lbcc::DType::kI64: return lbcc::comm::DenseType::kI64;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown lbccDataType_t ", static_cast<int>(type)));
+}
+
+absl::StatusOr<lbcc::comm::DenseOp> ToDenseOp(lbccRedOp_t op) {
+  switch (op) {
+    case lbccSum: return lbcc::comm::DenseOp::kSum;
+    case lbccAvg: return lbcc::comm::DenseOp::kAvg;
+    case lbccProd: return lbcc::comm::DenseOp::kProduct;
+    case lbccMin: return lbcc::comm::DenseOp::kMin;
+    case lbccMax: return lbcc::comm::DenseOp::kMax;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown lbccRedOp_t ", static_cast<int>(op)));
+}
+
+lbccResult_t DenseAllReduceC(const void* sendbuff, void* recvbuff, size_t count,
+                             lbccDataType_t datatype, lbccRedOp_t op, lbccComm* comm,
+                             lbccRequest_t* request) {
+  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  if (!type.ok()) return Fail(type.status(), comm);
+  absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
+  if (!dense_op.ok()) return Fail(dense_op.status(), comm);
+  return Finish(comm->comm->DenseAllReduce(sendbuff, recvbuff, count, *type, *dense_op), comm,
+                request);
+}
+
+}  // namespace
+
+lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        lbccDataType_t datatype, lbccRedOp_t op, int root, lbccComm_t comm,
+                        lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccReduce", comm);
+  LBCC_C_CHECK_PTR("lbccReduce", request);
+  if (count > 0) LBCC_C_CHECK_PTR("lbccReduce", sendbuff);
+  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  if (!type.ok()) return Fail(type.status(), comm);
+  absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
+  if (!dense_op.ok()) return Fail(dense_op.status(), comm);
+  return Finish(comm->comm->DenseReduce(sendbuff, recvbuff, count, *type, *dense_op, root), comm,
+                request);
+}
+
+lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               lbccDataType_t datatype, lbccRedOp_t op, lbccComm_t comm,
+                               lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccReduceScatter", comm);
+  LBCC_C_CHECK_PTR("lbccReduceScatter", request);
+  if (recvcount > 0) {
+    LBCC_C_CHECK_PTR("lbccReduceScatter", sendbuff);
+    LBCC_C_CHECK_PTR("lbccReduceScatter", recvbuff);
+  }
+  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  if (!type.ok()) return Fail(type.status(), comm);
+  absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
+  if (!dense_op.ok()) return Fail(dense_op.status(), comm);
+  return Finish(
+      comm->comm->DenseReduceScatter(sendbuff, recvbuff, recvcount, *type, *dense_op), comm,
+      request);
+}
+
+lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                          lbccDataType_t datatype, lbccComm_t comm, lbccRequest_t* request) {
+  LBCC_C_CHECK_PTR("lbccAllToAll", comm);
+  LBCC_C_CHECK_PTR("lbccAllToAll", request);
+  if (count > 0) {
+    LBCC_C_CHECK_PTR("lbccAllToAll", sendbuff);
+    LBCC_C_CHECK_PTR("lbccAllToAll", recvbuff);
+  }
+  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  if (!type.ok()) return Fail(type.status(), comm);
+  const size_t block = count * lbcc::comm::DenseTypeSize(*type);
+  lbcc::comm::AllToAllLayout layout;
+  for (int i = 0; i < comm->comm->nranks(); ++i) {
+    layout.send_offsets.push_back(i * block);
+    layout.send_bytes.push_back(block);
+    layout.recv_offsets.push_back(i * block);
+    layout.recv_bytes.push_back(block);
+  }
+  return Finish(comm->comm->DenseAllToAll(sendbuff, recvbuff, std::move(layout)), comm, request);
+}
+
 lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            lbccDataType_t datatype, lbccRedOp_t op, lbccComm_t comm,
                            lbccRequest_t* request) {
@@ -310,11 +405,11 @@ lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     LBCC_C_CHECK_PTR("lbccAllReduce", sendbuff);
     LBCC_C_CHECK_PTR("lbccAllReduce", recvbuff);
   }
-  if (op != lbccSum && op != lbccAvg) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("unknown lbccRedOp_t ", op)), comm);
-  }
   absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
   if (!dtype.ok()) return Fail(dtype.status(), comm);
+  if (op == lbccProd || op == lbccMin || op == lbccMax) {
+    return DenseAllReduceC(sendbuff, recvbuff, count, datatype, op, comm, request);
+  }
   const int64_t n = static_cast<int64_t>(count);
   absl::StatusOr<lbcc::TensorView> in =
       lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});

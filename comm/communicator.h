@@ -35,6 +35,7 @@
 #include "comm/algorithms.h"
 #include "comm/bootstrap.h"
 #include "comm/collectives.h"
+#include "comm/dense_collectives.h"
 #include "comm/fabric.h"
 #include "comm/request.h"
 #include "comm/thread_pool.h"
@@ -140,6 +141,26 @@ class Communicator {
       std::function<absl::Status(absl::Span<const uint8_t> payload, const TensorView& out)>;
   RequestPtr RecvCompressed(const TensorView& out, int peer, uint32_t tag,
                             PayloadDecoder decode = nullptr, void* cuda_stream = nullptr);
+
+  // Dense collectives of every torch dtype and reduction (comm/dense_collectives.h): host
+  // buffers of `count` elements of `type` (or `bytes`), which must outlive the request. Ordered
+  // with the collectives above; DenseSend/DenseRecv are not (like SendCompressed).
+  RequestPtr DenseAllReduce(const void* in, void* out, size_t count, DenseType type, DenseOp op,
+                            DenseOptions options = {});
+  RequestPtr DenseReduce(const void* in, void* out, size_t count, DenseType type, DenseOp op,
+                         int root, DenseOptions options = {});
+  RequestPtr DenseReduceScatter(const void* in, void* out, size_t count, DenseType type,
+                                DenseOp op, DenseOptions options = {});
+  RequestPtr DenseAllToAll(const void* in, void* out, AllToAllLayout layout,
+                           DenseOptions options = {});
+  RequestPtr DenseAllGather(const void* in, void* out, size_t bytes, DenseOptions options = {});
+  RequestPtr DenseGather(const void* in, void* out, size_t bytes, int root,
+                         DenseOptions options = {});
+  RequestPtr DenseScatter(const void* in, void* out, size_t bytes, int root,
+                          DenseOptions options = {});
+  RequestPtr DenseBroadcast(void* buffer, size_t bytes, int root, DenseOptions options = {});
+  RequestPtr DenseSend(const void* data, size_t bytes, int peer, uint32_t tag);
+  RequestPtr DenseRecv(void* data, size_t bytes, int peer, uint32_t tag);
 
   // Runs `op` on the worker thread, in order, with this operation's tag base and deadline. The
   // collectives above are built on it; comm/ adds SparseAllReduce and compressed point-to-point

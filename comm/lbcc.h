@@ -60,7 +60,14 @@ typedef enum {
   lbccInt64 = 7
 } lbccDataType_t;
 
-typedef enum { lbccSum = 0, lbccAvg = 1 } lbccRedOp_t;
+typedef enum {
+  lbccSum = 0,
+  lbccAvg = 1,
+  /* Dense reductions (comm/dense_collectives.h): any data type. */
+  lbccProd = 2,
+  lbccMin = 3,
+  lbccMax = 4
+} lbccRedOp_t;
 
 /* How SparseAllReduce combines replicas per coordinate. */
 typedef enum {
@@ -138,6 +145,21 @@ lbccResult_t lbccAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 lbccResult_t lbccBroadcast(void* buff, size_t count, lbccDataType_t datatype, int root,
                            lbccComm_t comm, lbccRequest_t* request);
 lbccResult_t lbccBarrier(lbccComm_t comm, lbccRequest_t* request);
+
+/* Dense reduce, reduce-scatter and all-to-all of every data type (integers too) with every
+ * lbccRedOp_t (lbccAvg: floating types only); see comm/dense_collectives.h.
+ * lbccReduce: the reduction of count elements lands in recvbuff on root only.
+ * lbccReduceScatter: sendbuff holds nranks * recvcount elements; block r, reduced, lands in
+ * rank r's recvbuff. lbccAllToAll: block j (count elements) of sendbuff goes to rank j, whose
+ * recvbuff block i receives rank i's. */
+lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        lbccDataType_t datatype, lbccRedOp_t op, int root, lbccComm_t comm,
+                        lbccRequest_t* request);
+lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               lbccDataType_t datatype, lbccRedOp_t op, lbccComm_t comm,
+                               lbccRequest_t* request);
+lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                          lbccDataType_t datatype, lbccComm_t comm, lbccRequest_t* request);
 
 /* Error-feedback state of one tensor for lbccSparseAllReduce. */
 lbccResult_t lbccTopKStateCreate(lbccTopKState_t* state);

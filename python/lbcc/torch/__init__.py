@@ -9,10 +9,14 @@
   CompressedAllReduceState, compressed_allreduce_hook
                                 DDP communication hook: compressed all-reduce through LBCC
                                 (ddp.py)
+  backend "lbcc" for torch.distributed (registered on import), ProcessGroupLBCC, communicator,
+  sparse_all_reduce, link_bytes   LBCC on a dist group (backend.py)
 Tensors cross into LBCC as contiguous float32 CPU tensors (the wrappers convert); LBCC's own
 calls take them without copying.
 """
 
+from lbcc.torch import backend
+from lbcc.torch.backend import ProcessGroupLBCC, communicator, link_bytes, sparse_all_reduce
 from lbcc.torch.ddp import CompressedAllReduceState, compressed_allreduce_hook
 from lbcc.torch.pipeline import PipelineBoundary
 from lbcc.torch.sparseloco import SparseLoCo
@@ -25,8 +29,11 @@ from lbcc.torch.subspace import (
     sync_basis,
 )
 
+backend.register()
+
 __all__ = [
-    "CompressedAllReduceState", "PipelineBoundary", "SparseLoCo", "SubspaceConstraint",
+    "CompressedAllReduceState", "ProcessGroupLBCC", "communicator", "link_bytes",
+    "sparse_all_reduce", "PipelineBoundary", "SparseLoCo", "SubspaceConstraint",
     "SubspaceEmbedding", "SubspaceLinear", "check_basis", "compressed_allreduce_hook",
     "project_", "sync_basis",
 ]

@@ -1,0 +1,630 @@
+#include "comm/dense_collectives.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "base/check.h"
+#include "base/dtype.h"
+#include "base/status_macros.h"
+#include "comm/communicator.h"
+
+namespace lbcc::comm {
+namespace {
+
+using transport::Priority;
+using transport::Tag;
+
+// Dense point-to-point messages use their own step, next to compressed.cc's 0xffff.
+constexpr uint32_t kDenseP2pStep = 0xfffe;
+
+template <typename T>
+T Combine(T a, T b, DenseOp op) {
+  switch (op) {
+    case DenseOp::kSum:
+    case DenseOp::kAvg:
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;  // wraps instead of overflowing (undefined for int)
+        return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      } else {
+        return a + b;
+      }
+    case DenseOp::kProduct:
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      } else {
+        return a * b;
+      }
+    case DenseOp::kMin:
+      // NaN wins, as torch's minimum does.
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+      }
+      return b < a ? b : a;
+    case DenseOp::kMax:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
+      }
+      return b > a ? b : a;
+    case DenseOp::kBand:
+      if constexpr (std::is_integral_v<T>) return a & b;
+      break;
+    case DenseOp::kBor:
+      if constexpr (std::is_integral_v<T>) return a | b;
+      break;
+    case DenseOp::kBxor:
+      if constexpr (std::is_integral_v<T>) return a ^ b;
+      break;
+  }
+  LBCC_CHECK(false) << "DenseCombine: op not checked";
+  return a;
+}
+
+template <typename T>
+void CombineAll(void* dst, const void* src, size_t count, DenseOp op) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (size_t i = 0; i < count; ++i) d[i] = Combine(d[i], s[i], op);
+}
+
+template <float (*ToF32)(uint16_t), uint16_t (*FromF32)(float)>
+void CombineHalf(void* dst, const void* src, size_t count, DenseOp op) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < count; ++i) d[i] = FromF32(Combine(ToF32(d[i]), ToF32(s[i]), op));
+}
+
+void CombineBool(void* dst, const void* src, size_t count, DenseOp op) {
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 0; i < count; ++i) {
+    const bool a = d[i] != 0, b = s[i] != 0;
+    switch (op) {
+      case DenseOp::kProduct:
+      case DenseOp::kMin:
+      case DenseOp::kBand:
+        d[i] = a && b;
+        break;
+      case DenseOp::kBxor:
+        d[i] = a != b;
+        break;
+      default:  // sum, max, bor
+        d[i] = a || b;
+    }
+  }
+}
+
+absl::Span<uint8_t> Span(void* data, size_t bytes) {
+  return absl::Span<uint8_t>(static_cast<uint8_t*>(data), bytes);
+}
+absl::Span<const uint8_t> ConstSpan(const void* data, size_t bytes) {
+  return absl::Span<const uint8_t>(static_cast<const uint8_t*>(data), bytes);
+}
+
+// Ring reduce-scatter in place over `data` split at begin(c): after n-1 steps this rank's chunk
+// (group.me) holds the reduction over the group. Chunk c is combined starting at rank c + 1.
+template <typename Begin>
+absl::Status RingReduceScatterInPlace(const Group& g, Tag tag, uint8_t* data, Begin begin,
+                                      DenseType type, DenseOp op, Priority priority,
+                                      absl::Time deadline) {
+  const int n = g.size();
+  const size_t element = DenseTypeSize(type);
+  const int right = g.ranks[(g.me + 1) % n];
+  const int left = g.ranks[(g.me + n - 1) % n];
+  size_t largest = 0;
+  for (int c = 0; c < n; ++c) largest = std::max(largest, begin(c + 1) - begin(c));
+  std::vector<uint8_t> incoming(largest * element);
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_c = ((g.me - step - 1) % n + n) % n;
+    const int recv_c = ((g.me - step - 2) % n + n) % n;
+    const size_t send_count = begin(send_c + 1) - begin(send_c);
+    const size_t recv_count = begin(recv_c + 1) - begin(recv_c);
+    Batch batch(g.fabric, deadline);
+    batch.Send(right, tag + step, ConstSpan(data + begin(send_c) * element, send_count * element),
+               priority);
+    batch.Recv(left, tag + step, Span(incoming.data(), recv_count * element));
+    LBCC_RETURN_IF_ERROR(batch.Wait());
+    DenseCombine(data + begin(recv_c) * element, incoming.data(), recv_count, type, op);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRoot(int root, int n, absl::string_view what) {
+  if (root < 0 || root >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": root ", root, " out of range [0, ", n, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t DenseTypeSize(DenseType type) {
+  switch (type) {
+    case DenseType::kF64:
+    case DenseType::kI64:
+      return 8;
+    case DenseType::kF32:
+    case DenseType::kI32:
+      return 4;
+    case DenseType::kF16:
+    case DenseType::kBF16:
+    case DenseType::kI16:
+      return 2;
+    case DenseType::kI8:
+    case DenseType::kU8:
+    case DenseType::kBool:
+      return 1;
+  }
+  return 0;
+}
+
+absl::string_view DenseTypeName(DenseType type) {
+  switch (type) {
+    case DenseType::kF32: return "float32";
+    case DenseType::kF16: return "float16";
+    case DenseType::kBF16: return "bfloat16";
+    case DenseType::kF64: return "float64";
+    case DenseType::kI8: return "int8";
+    case DenseType::kU8: return "uint8";
+    case DenseType::kI16: return "int16";
+    case DenseType::kI32: return "int32";
+    case DenseType::kI64: return "int64";
+    case DenseType::kBool: return "bool";
+  }
+  return "invalid";
+}
+
+absl::string_view DenseOpName(DenseOp op) {
+  switch (op) {
+    case DenseOp::kSum: return "sum";
+    case DenseOp::kAvg: return "avg";
+    case DenseOp::kProduct: return "product";
+    case DenseOp::kMin: return "min";
+    case DenseOp::kMax: return "max";
+    case DenseOp::kBand: return "band";
+    case DenseOp::kBor: return "bor";
+    case DenseOp::kBxor: return "bxor";
+  }
+  return "invalid";
+}
+
+bool IsFloatingDense(DenseType type) {
+  return type == DenseType::kF32 || type == DenseType::kF16 || type == DenseType::kBF16 ||
+         type == DenseType::kF64;
+}
+
+absl::Status CheckDenseOp(DenseType type, DenseOp op) {
+  if (DenseTypeSize(type) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dense type ", static_cast<int>(type)));
+  }
+  if (DenseOpName(op) == "invalid") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", static_cast<int>(op)));
+  }
+  const bool bitwise = op == DenseOp::kBand || op == DenseOp::kBor || op == DenseOp::kBxor;
+  if (bitwise && IsFloatingDense(type)) {
+    return absl::InvalidArgumentError(absl::StrCat("reduction ", DenseOpName(op),
+                                                   " does not apply to ", DenseTypeName(type)));
+  }
+  if (op == DenseOp::kAvg && !IsFloatingDense(type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduction avg needs a floating type, not ", DenseTypeName(type)));
+  }
+  return absl::OkStatus();
+}
+
+void DenseCombine(void* dst, const void* src, size_t count, DenseType type, DenseOp op) {
+  switch (type) {
+    case DenseType::kF32: return CombineAll<float>(dst, src, count, op);
+    case DenseType::kF64: return CombineAll<double>(dst, src, count, op);
+    case DenseType::kF16: return CombineHalf<F16ToF32, F32ToF16>(dst, src, count, op);
+    case DenseType::kBF16: return CombineHalf<Bf16ToF32, F32ToBf16>(dst, src, count, op);
+    case DenseType::kI8: return CombineAll<int8_t>(dst, src, count, op);
+    case DenseType::kU8: return CombineAll<uint8_t>(dst, src, count, op);
+    case DenseType::kI16: return CombineAll<int16_t>(dst, src, count, op);
+    case DenseType::kI32: return CombineAll<int32_t>(dst, src, count, op);
+    case DenseType::kI64: return CombineAll<int64_t>(dst, src, count, op);
+    case DenseType::kBool: return CombineBool(dst, src, count, op);
+  }
+}
+
+void DenseFinish(void* data, size_t count, DenseType type, DenseOp op, int n) {
+  if (op != DenseOp::kAvg || n == 1) return;
+  switch (type) {
+    case DenseType::kF32: {
+      float* d = static_cast<float*>(data);
+      for (size_t i = 0; i < count; ++i) d[i] /= static_cast<float>(n);
+      return;
+    }
+    case DenseType::kF64: {
+      double* d = static_cast<double*>(data);
+      for (size_t i = 0; i < count; ++i) d[i] /= n;
+      return;
+    }
+    case DenseType::kF16: {
+      uint16_t* d = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) d[i] = F32ToF16(F16ToF32(d[i]) / n);
+      return;
+    }
+    case DenseType::kBF16: {
+      uint16_t* d = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) d[i] = F32ToBf16(Bf16ToF32(d[i]) / n);
+      return;
+    }
+    default:
+      LBCC_CHECK(false) << "DenseFinish: avg on a non-floating type";
+  }
+}
+
+absl::Status DenseAllReduceRing(const Group& group, Tag tag, const void* in, void* out,
+                                size_t count, DenseType type, DenseOp op, Priority priority,
+                                absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckDenseOp(type, op));
+  const size_t element = DenseTypeSize(type);
+  if (in != out) std::memmove(out, in, count * element);
+  const int n = group.size();
+  if (n == 1) return absl::OkStatus();
+  uint8_t* data = static_cast<uint8_t*>(out);
+  auto begin = [&](int c) { return count * static_cast<size_t>(c) / n; };
+  LBCC_RETURN_IF_ERROR(
+      RingReduceScatterInPlace(group, tag, data, begin, type, op, priority, deadline));
+  DenseFinish(data + begin(group.me) * element, begin(group.me + 1) - begin(group.me), type, op,
+              n);
+  // All-gather: at step s this rank forwards chunk me - s.
+  const int right = group.ranks[(group.me + 1) % n];
+  const int left = group.ranks[(group.me + n - 1) % n];
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_c = ((group.me - step) % n + n) % n;
+    const int recv_c = ((group.me - step - 1) % n + n) % n;
+    Batch batch(group.fabric, deadline);
+    batch.Send(right, tag + n + step,
+               ConstSpan(data + begin(send_c) * element, (begin(send_c + 1) - begin(send_c)) * element),
+               priority);
+    batch.Recv(left, tag + n + step,
+               Span(data + begin(recv_c) * element, (begin(recv_c + 1) - begin(recv_c)) * element));
+    LBCC_RETURN_IF_ERROR(batch.Wait());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseReduceScatterRing(const Group& group, Tag tag, const void* in, void* out,
+                                    size_t count, DenseType type, DenseOp op, Priority priority,
+                                    absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckDenseOp(type, op));
+  const size_t element = DenseTypeSize(type);
+  const int n = group.size();
+  std::vector<uint8_t> work(static_cast<const uint8_t*>(in),
+                            static_cast<const uint8_t*>(in) + n * count * element);
+  auto begin = [&](int c) { return count * static_cast<size_t>(c); };
+  LBCC_RETURN_IF_ERROR(
+      RingReduceScatterInPlace(group, tag, work.data(), begin, type, op, priority, deadline));
+  uint8_t* mine = work.data() + begin(group.me) * element;
+  DenseFinish(mine, count, type, op, n);
+  std::memcpy(out, mine, count * element);
+  return absl::OkStatus();
+}
+
+absl::Status DenseReduceRing(const Group& group, Tag tag, const void* in, void* out,
+                             size_t count, DenseType type, DenseOp op, int root,
+                             Priority priority, absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckDenseOp(type, op));
+  LBCC_RETURN_IF_ERROR(CheckRoot(root, group.size(), "Reduce"));
+  const size_t element = DenseTypeSize(type);
+  const int n = group.size();
+  std::vector<uint8_t> work(static_cast<const uint8_t*>(in),
+                            static_cast<const uint8_t*>(in) + count * element);
+  auto begin = [&](int c) { return count * static_cast<size_t>(c) / n; };
+  if (n > 1) {
+    LBCC_RETURN_IF_ERROR(
+        RingReduceScatterInPlace(group, tag, work.data(), begin, type, op, priority, deadline));
+  }
+  DenseFinish(work.data() + begin(group.me) * element, begin(group.me + 1) - begin(group.me),
+              type, op, n);
+  // Every rank's reduced chunk goes to the root.
+  Batch batch(group.fabric, deadline);
+  if (group.me == root) {
+    for (int c = 0; c < n; ++c) {
+      if (c == root) continue;
+      batch.Recv(group.ranks[c], tag + n,
+                 Span(work.data() + begin(c) * element, (begin(c + 1) - begin(c)) * element));
+    }
+  } else {
+    batch.Send(group.ranks[root], tag + n,
+               ConstSpan(work.data() + begin(group.me) * element,
+                         (begin(group.me + 1) - begin(group.me)) * element),
+               priority);
+  }
+  LBCC_RETURN_IF_ERROR(batch.Wait());
+  if (group.me == root) std::memcpy(out, work.data(), count * element);
+  return absl::OkStatus();
+}
+
+absl::Status DenseAllToAllDirect(const Group& group, Tag tag, const void* in, void* out,
+                                 const AllToAllLayout& layout, Priority priority,
+                                 absl::Time deadline) {
+  const size_t n = group.size();
+  if (layout.send_offsets.size() != n || layout.send_bytes.size() != n ||
+      layout.recv_offsets.size() != n || layout.recv_bytes.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAll: the layout must have ", n, " entries per list"));
+  }
+  const uint8_t* src = static_cast<const uint8_t*>(in);
+  uint8_t* dst = static_cast<uint8_t*>(out);
+  const int me = group.me;
+  if (layout.send_bytes[me] != layout.recv_bytes[me]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAll: sends ", layout.send_bytes[me], " bytes to itself but expects ",
+                     layout.recv_bytes[me]));
+  }
+  std::memmove(dst + layout.recv_offsets[me], src + layout.send_offsets[me],
+               layout.send_bytes[me]);
+  Batch batch(group.fabric, deadline);
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<int>(i) == me) continue;
+    batch.Send(group.ranks[i], tag, ConstSpan(src + layout.send_offsets[i], layout.send_bytes[i]),
+               priority);
+    batch.Recv(group.ranks[i], tag, Span(dst + layout.recv_offsets[i], layout.recv_bytes[i]));
+  }
+  return batch.Wait();
+}
+
+absl::Status DenseGatherDirect(const Group& group, Tag tag, const void* in, void* out,
+                               size_t bytes, int root, Priority priority, absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckRoot(root, group.size(), "Gather"));
+  Batch batch(group.fabric, deadline);
+  if (group.me == root) {
+    uint8_t* dst = static_cast<uint8_t*>(out);
+    std::memmove(dst + root * bytes, in, bytes);
+    for (int i = 0; i < group.size(); ++i) {
+      if (i != root) batch.Recv(group.ranks[i], tag, Span(dst + i * bytes, bytes));
+    }
+  } else {
+    batch.Send(group.ranks[root], tag, ConstSpan(in, bytes), priority);
+  }
+  return batch.Wait();
+}
+
+absl::Status DenseScatterDirect(const Group& group, Tag tag, const void* in, void* out,
+                                size_t bytes, int root, Priority priority, absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckRoot(root, group.size(), "Scatter"));
+  Batch batch(group.fabric, deadline);
+  if (group.me == root) {
+    const uint8_t* src = static_cast<const uint8_t*>(in);
+    std::memmove(out, src + root * bytes, bytes);
+    for (int i = 0; i < group.size(); ++i) {
+      if (i != root) batch.Send(group.ranks[i], tag, ConstSpan(src + i * bytes, bytes), priority);
+    }
+  } else {
+    batch.Recv(group.ranks[root], tag, Span(out, bytes));
+  }
+  return batch.Wait();
+}
+
+absl::Status VerifyFingerprints(const Group& group, Tag tag, const std::string& fingerprint,
+                                absl::Time deadline) {
+  std::vector<std::string> all;
+  LBCC_RETURN_IF_ERROR(AllGatherV(group, tag, fingerprint, &all, Algorithm::kDirect,
+                                  Priority::kHigh, deadline, 4096));
+  for (int i = 1; i < group.size(); ++i) {
+    if (all[i] != all[0]) {
+      return absl::InvalidArgumentError(absl::StrCat("ranks disagree on the collective: rank 0 posted ",
+                                                     all[0], ", rank ", i, " posted ", all[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Communicator methods (declared in communicator.h's dense block). Each checks what it can
+// before posting, then runs the group-level function above on the worker thread; with
+// options.verify, a fingerprint exchange comes first (tag steps 0..1; the op uses 0x100 up).
+namespace {
+
+constexpr uint32_t kVerifiedStepBase = 0x100;
+
+std::string Fingerprint(absl::string_view name, size_t count, DenseType type, DenseOp op,
+                        int root) {
+  return absl::StrCat(name, "(count=", count, ", dtype=", DenseTypeName(type),
+                      ", op=", DenseOpName(op), ", root=", root, ")");
+}
+
+}  // namespace
+
+namespace {
+// Wraps a group-level function with the optional fingerprint check.
+Communicator::Op Verified(bool verify, std::string fingerprint,
+                          std::function<absl::Status(const Group&, Tag, absl::Time)> run) {
+  return [verify, fingerprint = std::move(fingerprint), run = std::move(run)](
+             const Group& group, Tag tag, absl::Time deadline) -> absl::Status {
+    if (!verify || group.size() == 1) return run(group, tag, deadline);
+    LBCC_RETURN_IF_ERROR(VerifyFingerprints(group, tag, fingerprint, deadline));
+    return run(group, tag + kVerifiedStepBase, deadline);
+  };
+}
+
+absl::Status CheckPointers(absl::string_view name, const void* in, const void* out,
+                           size_t bytes) {
+  if (bytes > 0 && (in == nullptr || out == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": null buffer for ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count, DenseType type,
+                                        DenseOp op, DenseOptions options) {
+  absl::Status check = CheckDenseOp(type, op);
+  if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("DenseAllReduce",
+              Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseAllReduceRing(g, tag, in, out, count, type, op,
+                                                   options.priority, deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseReduce(const void* in, void* out, size_t count, DenseType type,
+                                     DenseOp op, int root, DenseOptions options) {
+  absl::Status check = CheckDenseOp(type, op);
+  if (check.ok()) check = CheckRoot(root, nranks(), "DenseReduce");
+  if (check.ok()) check = CheckPointers("DenseReduce", in, rank() == root ? out : in, count);
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("DenseReduce",
+              Verified(options.verify, Fingerprint("reduce", count, type, op, root),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseReduceRing(g, tag, in, out, count, type, op, root,
+                                                options.priority, deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseReduceScatter(const void* in, void* out, size_t count,
+                                            DenseType type, DenseOp op, DenseOptions options) {
+  absl::Status check = CheckDenseOp(type, op);
+  if (check.ok()) check = CheckPointers("DenseReduceScatter", in, out, count);
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("DenseReduceScatter",
+              Verified(options.verify, Fingerprint("reduce_scatter", count, type, op, -1),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseReduceScatterRing(g, tag, in, out, count, type, op,
+                                                       options.priority, deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseAllToAll(const void* in, void* out, AllToAllLayout layout,
+                                       DenseOptions options) {
+  auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
+  // Ranks may send different sizes to different peers, so the fingerprint holds only the name.
+  return Post("DenseAllToAll",
+              Verified(options.verify, "alltoall",
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseAllToAllDirect(g, tag, in, out, *shared, options.priority,
+                                                    deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseAllGather(const void* in, void* out, size_t bytes,
+                                        DenseOptions options) {
+  absl::Status check = CheckPointers("DenseAllGather", in, out, bytes);
+  if (!check.ok()) return CompletedRequest(check);
+  const int n = nranks();
+  AllToAllLayout layout;
+  for (int i = 0; i < n; ++i) {
+    layout.send_offsets.push_back(0);
+    layout.send_bytes.push_back(bytes);
+    layout.recv_offsets.push_back(i * bytes);
+    layout.recv_bytes.push_back(bytes);
+  }
+  auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
+  return Post("DenseAllGather",
+              Verified(options.verify, absl::StrCat("allgather(bytes=", bytes, ")"),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseAllToAllDirect(g, tag, in, out, *shared, options.priority,
+                                                    deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseGather(const void* in, void* out, size_t bytes, int root,
+                                     DenseOptions options) {
+  absl::Status check = CheckRoot(root, nranks(), "DenseGather");
+  if (check.ok()) check = CheckPointers("DenseGather", in, rank() == root ? out : in, bytes);
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("DenseGather",
+              Verified(options.verify, absl::StrCat("gather(bytes=", bytes, ", root=", root, ")"),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseGatherDirect(g, tag, in, out, bytes, root, options.priority,
+                                                  deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseScatter(const void* in, void* out, size_t bytes, int root,
+                                      DenseOptions options) {
+  absl::Status check = CheckRoot(root, nranks(), "DenseScatter");
+  if (check.ok()) check = CheckPointers("DenseScatter", rank() == root ? in : out, out, bytes);
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("DenseScatter",
+              Verified(options.verify, absl::StrCat("scatter(bytes=", bytes, ", root=", root, ")"),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return DenseScatterDirect(g, tag, in, out, bytes, root,
+                                                   options.priority, deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseBroadcast(void* buffer, size_t bytes, int root,
+                                        DenseOptions options) {
+  absl::Status check = CheckRoot(root, nranks(), "DenseBroadcast");
+  if (check.ok()) check = CheckPointers("DenseBroadcast", buffer, buffer, bytes);
+  if (!check.ok()) return CompletedRequest(check);
+  return Post("DenseBroadcast",
+              Verified(options.verify,
+                       absl::StrCat("broadcast(bytes=", bytes, ", root=", root, ")"),
+                       [=](const Group& g, Tag tag, absl::Time deadline) {
+                         return comm::Broadcast(g, tag, buffer, bytes, root, options.priority,
+                                                deadline);
+                       }),
+              options.timeout);
+}
+
+RequestPtr Communicator::DenseSend(const void* data, size_t bytes, int peer, uint32_t tag) {
+  if (peer < 0 || peer >= nranks() || peer == rank() || (bytes > 0 && data == nullptr)) {
+    return CompletedRequest(absl::InvalidArgumentError(
+        absl::StrCat("DenseSend: bad peer ", peer, " or null buffer (rank ", rank(), " of ",
+                     nranks(), ")")));
+  }
+  absl::Status status = fabric_->aborted();
+  if (!status.ok()) {
+    return CompletedRequest(absl::FailedPreconditionError(
+        absl::StrCat("DenseSend: the communicator failed earlier: ", status.ToString())));
+  }
+  auto request = std::make_shared<Request>();
+  fabric_->out(group_.ranks[peer])
+      ->Send(MakeTag(comm_id_, tag, kDenseP2pStep), ConstSpan(data, bytes),
+             {transport::Priority::kNormal}, [request](absl::Status status) {
+               if (!status.ok()) status = Annotate(status, "DenseSend");
+               request->Complete(std::move(status));
+             });
+  return request;
+}
+
+RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t tag) {
+  if (peer < 0 || peer >= nranks() || peer == rank() || (bytes > 0 && data == nullptr)) {
+    return CompletedRequest(absl::InvalidArgumentError(
+        absl::StrCat("DenseRecv: bad peer ", peer, " or null buffer (rank ", rank(), " of ",
+                     nranks(), ")")));
+  }
+  absl::Status status = fabric_->aborted();
+  if (!status.ok()) {
+    return CompletedRequest(absl::FailedPreconditionError(
+        absl::StrCat("DenseRecv: the communicator failed earlier: ", status.ToString())));
+  }
+  auto request = std::make_shared<Request>();
+  fabric_->in(group_.ranks[peer])
+      ->Recv(
+          MakeTag(comm_id_, tag, kDenseP2pStep),
+          [data, bytes](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+            if (size != bytes) {
+              return absl::DataLossError(absl::StrCat("DenseRecv: the peer sent ", size,
+                                                      " bytes, the buffer holds ", bytes));
+            }
+            return Span(data, bytes);
+          },
+          [request](absl::StatusOr<size_t> n) {
+            absl::Status status = n.status();
+            if (!status.ok()) status = Annotate(status, "DenseRecv");
+            request->Complete(std::move(status));
+          });
+  return request;
+}
+
+}  // namespace lbcc::comm

@@ -1,0 +1,268 @@
+// Dense collectives: every op x type against a reference computed here, 4 ranks as threads over
+// loopback; layouts (all-to-all, gather, scatter, all-gather), point-to-point, and bad input.
+#include "comm/dense_collectives.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/dtype.h"
+#include "base/status_macros.h"
+#include "base/status_matchers.h"
+#include "comm/communicator.h"
+#include "comm/testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::comm {
+namespace {
+
+using ::lbcc::comm::testing::RankOptions;
+using ::lbcc::comm::testing::RunRanks;
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::Each;
+using ::testing::HasSubstr;
+
+constexpr int kRanks = 4;
+
+// Small values (1..3, or 0/1 for bool) so every reduction is exact in every type and order.
+double ValueOf(int rank, size_t i, DenseType type) {
+  if (type == DenseType::kBool) return ((rank + i) % 3) == 0 ? 1 : 0;
+  return static_cast<double>((rank * 7 + i * 3) % 3 + 1);
+}
+
+void Store(void* data, size_t i, DenseType type, double v) {
+  switch (type) {
+    case DenseType::kF32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
+    case DenseType::kF64: static_cast<double*>(data)[i] = v; return;
+    case DenseType::kF16: static_cast<uint16_t*>(data)[i] = F32ToF16(static_cast<float>(v)); return;
+    case DenseType::kBF16: static_cast<uint16_t*>(data)[i] = F32ToBf16(static_cast<float>(v)); return;
+    case DenseType::kI8: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v); return;
+    case DenseType::kU8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); return;
+    case DenseType::kI16: static_cast<int16_t*>(data)[i] = static_cast<int16_t>(v); return;
+    case DenseType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); return;
+    case DenseType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); return;
+    case DenseType::kBool: static_cast<uint8_t*>(data)[i] = v != 0; return;
+  }
+}
+
+double Load(const void* data, size_t i, DenseType type) {
+  switch (type) {
+    case DenseType::kF32: return static_cast<const float*>(data)[i];
+    case DenseType::kF64: return static_cast<const double*>(data)[i];
+    case DenseType::kF16: return F16ToF32(static_cast<const uint16_t*>(data)[i]);
+    case DenseType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(data)[i]);
+    case DenseType::kI8: return static_cast<const int8_t*>(data)[i];
+    case DenseType::kU8: return static_cast<const uint8_t*>(data)[i];
+    case DenseType::kI16: return static_cast<const int16_t*>(data)[i];
+    case DenseType::kI32: return static_cast<const int32_t*>(data)[i];
+    case DenseType::kI64: return static_cast<const int64_t*>(data)[i];
+    case DenseType::kBool: return static_cast<const uint8_t*>(data)[i];
+  }
+  return 0;
+}
+
+double Reference(size_t i, DenseType type, DenseOp op) {
+  const bool boolean = type == DenseType::kBool;
+  int64_t acc = static_cast<int64_t>(ValueOf(0, i, type));
+  double sum = ValueOf(0, i, type);
+  for (int r = 1; r < kRanks; ++r) {
+    const int64_t v = static_cast<int64_t>(ValueOf(r, i, type));
+    switch (op) {
+      case DenseOp::kSum:
+      case DenseOp::kAvg: acc = boolean ? (acc || v) : acc + v; break;
+      case DenseOp::kProduct: acc = boolean ? (acc && v) : acc * v; break;
+      case DenseOp::kMin: acc = std::min(acc, v); break;
+      case DenseOp::kMax: acc = std::max(acc, v); break;
+      case DenseOp::kBand: acc &= v; break;
+      case DenseOp::kBor: acc |= v; break;
+      case DenseOp::kBxor: acc ^= v; break;
+    }
+    sum += v;
+  }
+  if (op == DenseOp::kAvg) return sum / kRanks;
+  return static_cast<double>(acc);
+}
+
+std::vector<uint8_t> Filled(int rank, size_t count, DenseType type, size_t offset = 0) {
+  std::vector<uint8_t> data(count * DenseTypeSize(type));
+  for (size_t i = 0; i < count; ++i) Store(data.data(), i, type, ValueOf(rank, offset + i, type));
+  return data;
+}
+
+absl::Status Expect(const void* data, size_t count, DenseType type, DenseOp op, size_t offset,
+                    absl::string_view what) {
+  for (size_t i = 0; i < count; ++i) {
+    const double want = Reference(offset + i, type, op);
+    if (Load(data, i, type) != want) {
+      return absl::InternalError(absl::StrCat(what, " ", DenseTypeName(type), " ",
+                                              DenseOpName(op), ": element ", i, " is ",
+                                              Load(data, i, type), ", expected ", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+constexpr DenseOp kOps[] = {DenseOp::kSum, DenseOp::kAvg, DenseOp::kProduct, DenseOp::kMin,
+                            DenseOp::kMax, DenseOp::kBand, DenseOp::kBor, DenseOp::kBxor};
+
+class DenseReductionTest : public ::testing::TestWithParam<DenseType> {};
+
+TEST_P(DenseReductionTest, EveryOpMatchesTheReference) {
+  const DenseType type = GetParam();
+  auto results = RunRanks(kRanks, RankOptions(), [type](int rank, Communicator& comm) {
+    for (DenseOp op : kOps) {
+      if (!CheckDenseOp(type, op).ok()) continue;
+      for (size_t count : {size_t{1}, size_t{3}, size_t{37}}) {
+        const size_t bytes = count * DenseTypeSize(type);
+        // All-reduce, in place.
+        std::vector<uint8_t> data = Filled(rank, count, type);
+        LBCC_RETURN_IF_ERROR(
+            comm.DenseAllReduce(data.data(), data.data(), count, type, op)->Wait());
+        LBCC_RETURN_IF_ERROR(Expect(data.data(), count, type, op, 0, "allreduce"));
+        // Reduce to rank 1 (verified).
+        std::vector<uint8_t> in = Filled(rank, count, type);
+        std::vector<uint8_t> out(bytes);
+        DenseOptions verify;
+        verify.verify = true;
+        LBCC_RETURN_IF_ERROR(
+            comm.DenseReduce(in.data(), out.data(), count, type, op, 1, verify)->Wait());
+        if (rank == 1) LBCC_RETURN_IF_ERROR(Expect(out.data(), count, type, op, 0, "reduce"));
+        // Reduce-scatter: rank r gets block r of kRanks blocks.
+        std::vector<uint8_t> blocks = Filled(rank, count * kRanks, type);
+        LBCC_RETURN_IF_ERROR(
+            comm.DenseReduceScatter(blocks.data(), out.data(), count, type, op)->Wait());
+        LBCC_RETURN_IF_ERROR(
+            Expect(out.data(), count, type, op, rank * count, "reduce_scatter"));
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, DenseReductionTest,
+                         ::testing::Values(DenseType::kF32, DenseType::kF16, DenseType::kBF16,
+                                           DenseType::kF64, DenseType::kI8, DenseType::kU8,
+                                           DenseType::kI16, DenseType::kI32, DenseType::kI64,
+                                           DenseType::kBool),
+                         [](const auto& info) { return std::string(DenseTypeName(info.param)); });
+
+TEST(DenseCollectivesTest, LayoutsMoveEveryByte) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    // All-to-all with uneven sizes: rank r sends r + j + 1 bytes to rank j.
+    AllToAllLayout layout;
+    size_t send_total = 0, recv_total = 0;
+    for (int j = 0; j < kRanks; ++j) {
+      layout.send_offsets.push_back(send_total);
+      layout.send_bytes.push_back(rank + j + 1);
+      send_total += rank + j + 1;
+      layout.recv_offsets.push_back(recv_total);
+      layout.recv_bytes.push_back(j + rank + 1);
+      recv_total += j + rank + 1;
+    }
+    std::vector<uint8_t> in(send_total), out(recv_total);
+    for (int j = 0; j < kRanks; ++j) {
+      for (size_t b = 0; b < layout.send_bytes[j]; ++b) {
+        in[layout.send_offsets[j] + b] = static_cast<uint8_t>(rank * 16 + j);
+      }
+    }
+    LBCC_RETURN_IF_ERROR(comm.DenseAllToAll(in.data(), out.data(), layout)->Wait());
+    for (int i = 0; i < kRanks; ++i) {
+      for (size_t b = 0; b < layout.recv_bytes[i]; ++b) {
+        if (out[layout.recv_offsets[i] + b] != i * 16 + rank) {
+          return absl::InternalError(absl::StrCat("alltoall: wrong byte from ", i));
+        }
+      }
+    }
+    // Gather to 2, scatter from 3, all-gather, broadcast from 1: 5 bytes each.
+    const std::vector<uint8_t> mine(5, static_cast<uint8_t>(rank + 1));
+    std::vector<uint8_t> all(5 * kRanks, 0), one(5, 0);
+    LBCC_RETURN_IF_ERROR(comm.DenseGather(mine.data(), all.data(), 5, 2)->Wait());
+    if (rank == 2) {
+      for (int i = 0; i < 5 * kRanks; ++i) {
+        if (all[i] != i / 5 + 1) return absl::InternalError("gather: wrong byte");
+      }
+    }
+    std::vector<uint8_t> source(5 * kRanks);
+    for (int i = 0; i < 5 * kRanks; ++i) source[i] = static_cast<uint8_t>(100 + i / 5);
+    LBCC_RETURN_IF_ERROR(comm.DenseScatter(source.data(), one.data(), 5, 3)->Wait());
+    if (one != std::vector<uint8_t>(5, 100 + rank)) return absl::InternalError("scatter");
+    std::fill(all.begin(), all.end(), 0);
+    LBCC_RETURN_IF_ERROR(comm.DenseAllGather(mine.data(), all.data(), 5)->Wait());
+    for (int i = 0; i < 5 * kRanks; ++i) {
+      if (all[i] != i / 5 + 1) return absl::InternalError("allgather: wrong byte");
+    }
+    std::vector<uint8_t> shared = mine;
+    LBCC_RETURN_IF_ERROR(comm.DenseBroadcast(shared.data(), 5, 1)->Wait());
+    if (shared != std::vector<uint8_t>(5, 2)) return absl::InternalError("broadcast");
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(DenseCollectivesTest, PointToPointRing) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    const int right = (rank + 1) % kRanks, left = (rank + kRanks - 1) % kRanks;
+    const std::vector<int64_t> mine(9, rank);
+    std::vector<int64_t> got(9, -1);
+    RequestPtr recv = comm.DenseRecv(got.data(), 9 * 8, left, 7);
+    RequestPtr send = comm.DenseSend(mine.data(), 9 * 8, right, 7);
+    LBCC_RETURN_IF_ERROR(send->Wait());
+    LBCC_RETURN_IF_ERROR(recv->Wait());
+    if (got != std::vector<int64_t>(9, left)) return absl::InternalError("p2p: wrong data");
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(DenseCollectivesTest, BadInputIsRejectedAtPost) {
+  auto results = RunRanks(2, RankOptions(), [](int rank, Communicator& comm) {
+    float x[4] = {};
+    EXPECT_THAT(comm.DenseAllReduce(x, x, 4, DenseType::kF32, DenseOp::kBxor)->Wait(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bxor")));
+    int32_t i[4] = {};
+    EXPECT_THAT(comm.DenseAllReduce(i, i, 4, DenseType::kI32, DenseOp::kAvg)->Wait(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int32")));
+    EXPECT_THAT(comm.DenseReduce(x, x, 4, DenseType::kF32, DenseOp::kSum, 5)->Wait(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("root 5")));
+    EXPECT_THAT(comm.DenseSend(x, 16, rank, 0)->Wait(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("peer")));
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(DenseCollectivesTest, VerifyNamesTheDisagreeingRankAndKeepsTheCommunicator) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    std::vector<float> data(rank == 2 ? 5 : 4, 1.0f);
+    DenseOptions verify;
+    verify.verify = true;
+    absl::Status status = comm.DenseAllReduce(data.data(), data.data(), data.size(),
+                                              DenseType::kF32, DenseOp::kSum, verify)
+                              ->Wait();
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2")));
+    // Still usable: nothing was aborted.
+    std::vector<float> ok(4, 1.0f);
+    LBCC_RETURN_IF_ERROR(
+        comm.DenseAllReduce(ok.data(), ok.data(), 4, DenseType::kF32, DenseOp::kSum)->Wait());
+    if (ok != std::vector<float>(4, 4.0f)) return absl::InternalError("after verify: wrong sum");
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+TEST(DenseCollectivesTest, UnverifiedSizeMismatchFailsEveryRank) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    std::vector<float> data(rank == 0 ? 8 : 12, 1.0f);
+    return comm.DenseAllReduce(data.data(), data.data(), data.size(), DenseType::kF32,
+                               DenseOp::kSum)
+        ->Wait();
+  });
+  for (const absl::Status& status : results) EXPECT_FALSE(status.ok()) << status;
+}
+
+}  // namespace
+}  // namespace lbcc::comm
