@@ -12,10 +12,16 @@
 #      --site), ranks 2 and 3 behind their own links: hierarchical vs flat;
 #      2. and 3. also with the parameters as --tensors tensors.
 #
-#   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--tensors 16] [--out DIR]
+#   4. with --baseline BIN (an lbcc_perf built from another tree, e.g. before a change): the
+#      SparseAllReduce runs of 1. (one tensor, --tensors tensors) again with BIN, alternating
+#      with this tree's binary --pairs times, side by side (a before/after in one run).
 #
-# Needs root (network namespaces); builds //bench:lbcc_perf. Prints a summary table and leaves
-# the per-run JSON in --out (default /tmp/lbcc_comm_perf).
+#   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--tensors 16] [--out DIR]
+#                              [--baseline BIN --pairs 3] [--results bench/results/comm_testbed.md]
+#
+# Needs root (network namespaces); builds //bench:lbcc_perf. Prints a summary table, writes it
+# with the date, machine and command to --results, and leaves the per-run JSON in --out
+# (default /tmp/lbcc_comm_perf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
@@ -24,9 +30,17 @@ flags_value bytes 16M "tensor size (K, M, G suffixes)"
 flags_value iters 3 "timed iterations per run"
 flags_value tensors 16 "tensors the parameters are split into for the --tensors runs"
 flags_value out /tmp/lbcc_comm_perf "folder for the per-run JSON and logs"
+flags_value baseline "" "a second lbcc_perf binary to compare this tree's with (before/after)"
+flags_value pairs 3 "alternating runs of this tree's and the --baseline binary"
+flags_value results bench/results/comm_testbed.md "where the summary is written (empty: nowhere)"
+command_line="bench/comm_testbed_perf.sh $*"
 flags_parse "$@"
 ((${#FLAGS_ARGS[@]} == 0)) || { echo "comm_testbed_perf: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
 rate=$FLAG_rate bytes=$FLAG_bytes iters=$FLAG_iters tensors=$FLAG_tensors out=$FLAG_out
+baseline=$FLAG_baseline pairs=$FLAG_pairs results=$FLAG_results
+if [[ -n $baseline && ! -x $baseline ]]; then
+  echo "comm_testbed_perf: --baseline $baseline is not an executable" >&2; exit 2
+fi
 T=tools/testbed/testbed
 if ! why=$($T check); then echo "comm_testbed_perf: $why" >&2; exit 1; fi
 bazel build -c opt //bench:lbcc_perf //bench:gloo_allreduce >/dev/null 2>&1 ||
@@ -50,7 +64,7 @@ run() {
       LBCC_LISTEN_ADDR="$($T addr --name "$name" "$rank")" \
       LBCC_BOOTSTRAP_ADDR="$($T addr --name "$name" 0):$port" LBCC_TIMEOUT_S=120 \
       RANK=$rank WORLD_SIZE=4 \
-      "$perf" --min_bytes "$bytes" --max_bytes "$bytes" --iters "$iters" --warmup 1 --quiet \
+      "${PERF:-$perf}" --min_bytes "$bytes" --max_bytes "$bytes" --iters "$iters" --warmup 1 --quiet \
       --topology "$out/$label.topology.json" --json "$out/$label.json" "$@" \
       > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
@@ -93,6 +107,15 @@ run flat_sparse '{"nranks": 4}' --op sparse_allreduce
 run flat_sparse_tensors '{"nranks": 4}' --op sparse_allreduce --tensors "$tensors"
 run flat_dense '{"nranks": 4}' --op allreduce
 gloo_run flat_gloo
+if [[ -n $baseline ]]; then
+  for ((p = 0; p < pairs; ++p)); do
+    PERF=$baseline run "ab${p}_before_sparse" '{"nranks": 4}' --op sparse_allreduce
+    run "ab${p}_after_sparse" '{"nranks": 4}' --op sparse_allreduce
+    PERF=$baseline run "ab${p}_before_sparse_tensors" '{"nranks": 4}' --op sparse_allreduce \
+      --tensors "$tensors"
+    run "ab${p}_after_sparse_tensors" '{"nranks": 4}' --op sparse_allreduce --tensors "$tensors"
+  done
+fi
 $T down --name "$name" >/dev/null
 
 echo "== the same 4 ranks, no shaping: the codecs' share (4 ranks on this machine's cores)"
@@ -118,9 +141,10 @@ run site_hierarchical_tensors "$hetero" --op sparse_allreduce --algo hierarchica
 run site_flat_tensors "$hetero" --op sparse_allreduce --algo direct --tensors "$tensors"
 $T down --name "$name" >/dev/null
 
-python3 - "$out" "$rate" "$tensors" <<'PY'
+summary=$(python3 - "$out" "$rate" "$tensors" "$pairs" "${baseline:+yes}" <<'PY'
 import json, re, sys
 out, rate = sys.argv[1], sys.argv[2]
+pairs, with_baseline = int(sys.argv[4]), sys.argv[5] == "yes"
 m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
 bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 link = bits / 8  # bytes per second of one shaped down-link
@@ -159,4 +183,38 @@ for label in ["hetero", "site", "hetero", "site"]:
           f"bytes (all ranks) {hh['slow_recv_bytes_all_ranks']:.0f} / "
           f"{hf['slow_recv_bytes_all_ranks']:.0f} = "
           f"{hh['slow_recv_bytes_all_ranks']/hf['slow_recv_bytes_all_ranks']:.2f}")
+if with_baseline:
+    print(f"\nbefore/after ({pairs} alternating pairs, --baseline binary first in each pair), "
+          f"time / wire limit:")
+    for kind, what in [("sparse", "one tensor"), ("sparse_tensors", f"{sys.argv[3]} tensors")]:
+        rows = []
+        for p in range(pairs):
+            b = json.load(open(f"{out}/ab{p}_before_{kind}.json"))[0]
+            a = json.load(open(f"{out}/ab{p}_after_{kind}.json"))[0]
+            rows.append((b["seconds"] / (b["wire_recv_bytes"] / link),
+                         a["seconds"] / (a["wire_recv_bytes"] / link)))
+        before = " ".join(f"{x:.2f}x" for x, _ in rows)
+        after = " ".join(f"{y:.2f}x" for _, y in rows)
+        mb = sorted(x for x, _ in rows)[len(rows) // 2]
+        ma = sorted(y for _, y in rows)[len(rows) // 2]
+        print(f"  {what}: before {before} | after {after} | medians {mb:.2f}x -> {ma:.2f}x "
+              f"(after / before {ma / mb:.2f})")
 PY
+)
+echo "$summary"
+if [[ -n $results ]]; then
+  mkdir -p "$(dirname "$results")"
+  {
+    echo "# Communicator on emulated slow links (bench/comm_testbed_perf.sh)"
+    echo
+    echo "Written by the script; do not edit. Date: $(date -u '+%Y-%m-%d %H:%M UTC')."
+    echo "Machine: $(uname -n), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1)."
+    echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)${baseline:+; baseline binary: $baseline}."
+    echo "Command: \`$command_line\`"
+    echo
+    echo '```'
+    echo "$summary"
+    echo '```'
+  } > "$results"
+  echo "comm_testbed_perf: wrote $results"
+fi

@@ -4,7 +4,8 @@
 set -euo pipefail
 root="${TEST_SRCDIR:?run me with bazel test}/${TEST_WORKSPACE:-lbcc}"
 dest="${TEST_TMPDIR:-/tmp}/site"
-"$root/python/install_files.sh" "$root/python/lbcc" "$root/python/lbcc/_lbcc.so" "$dest"
+"$root/python/install_files.sh" --c10d "$root/python/lbcc/_c10d_lbcc.so" "$root/python/lbcc" \
+  "$root/python/lbcc/_lbcc.so" "$dest"
 cd "${TEST_TMPDIR:-/tmp}"
 PYTHONPATH="$dest" PYTHONDONTWRITEBYTECODE=1 "${LBCC_PYTHON:-/usr/bin/python3}" - "$dest" <<'PY'
 import os
@@ -16,7 +17,8 @@ import lbcc
 import lbcc.torch
 
 dest = os.path.realpath(sys.argv[1])
-for module in (lbcc, lbcc.torch, lbcc._lbcc):
+assert lbcc.torch.backend._c10d_lbcc is not None, "the backend's extension was not installed"
+for module in (lbcc, lbcc.torch, lbcc._lbcc, lbcc.torch.backend._c10d_lbcc):
     assert os.path.realpath(module.__file__).startswith(dest), module.__file__
 codec = lbcc.DenseQuantCodec("bf16")
 x = torch.linspace(-1, 1, 256)

@@ -20,9 +20,21 @@ import weakref
 import torch.distributed as dist
 
 import lbcc
-from lbcc import _c10d_lbcc
 
-ProcessGroupLBCC = _c10d_lbcc.ProcessGroupLBCC
+try:
+    from lbcc import _c10d_lbcc
+except ImportError as e:  # Installed without the backend's extension (it needs libtorch).
+    _c10d_lbcc = None
+    _missing = e
+
+    class ProcessGroupLBCC:  # noqa: D101 - stands in so that isinstance() checks work
+        def __init__(self, *args, **kwargs):
+            raise ImportError(
+                "the torch.distributed backend 'lbcc' needs lbcc._c10d_lbcc, which this "
+                "installation lacks (python/install builds and installs it; "
+                f"python/install_files.sh --c10d): {_missing}")
+else:
+    ProcessGroupLBCC = _c10d_lbcc.ProcessGroupLBCC
 
 _lock = threading.Lock()
 # ProcessGroupLBCC -> (store, rank, size, timeout) and -> lbcc.Communicator.
