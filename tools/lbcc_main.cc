@@ -7,6 +7,7 @@
 //                           encode a raw fp32 file into a codec payload, decode payloads (one or
 //                           several replicas, aggregated) back to raw fp32, print a payload's
 //                           header; `lbcc codec --help` for the options
+//   lbcc plan ...           predict a job's step time, bytes and utilization (plan/)
 //   lbcc help               this text
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include "codecs/codec.h"
 #include "codecs/dense_quant.h"
 #include "codecs/topk_ef.h"
+#include "plan/cli.h"
 
 namespace {
 
@@ -42,6 +44,7 @@ constexpr char kUsage[] =
     "  codec encode|decode|inspect ...\n"
     "                    compress a raw fp32 tensor file, decode payloads back to fp32,\n"
     "                    describe payloads; see `lbcc codec --help`\n"
+    "  plan ...          predict step time, bytes and utilization of a job; `lbcc plan --help`\n"
     "  help              show this text\n";
 
 constexpr char kCodecUsage[] =
@@ -398,6 +401,7 @@ int main(int argc, char** argv) {
   }
   if (command == "env") return Env(argc - 2, argv + 2);
   if (command == "codec") return Codec(argc - 2, argv + 2);
+  if (command == "plan") return lbcc::plan::PlanMain(argc - 2, argv + 2);
   std::fprintf(stderr, "lbcc: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }
