@@ -535,15 +535,23 @@ absl::StatusOr<SyncPrediction> PredictSync(const PlanInput& in, ByteCache& cache
                             cpu.decode_values_per_s
                       : 0;
   sync.exchange_cpu_s = std::max(0.0, cpu.exchange_s);
-  // The encode and the wire overlap: bytes leave after the first group (or piece) is encoded,
-  // and the last group's share of the wire waits for the end of the encode.
+  // Three paths, the longest wins (docs/planning.md, "Sync"):
+  //   cpu:   encode, then exchange + validation with no wire (what an unshaped run measures),
+  //          then decode;
+  //   tail:  the last group's share of the wire cannot leave before the encode ends;
+  //   wire:  bytes leave once the first group (or piece) is encoded; decode follows the last.
   const double bandwidth = sync.wire_s - sync.latency_s;
-  const double a = sync.encode_s + tail * bandwidth;
-  const double b = first * sync.encode_s + bandwidth;
-  const double overlapped = std::max(a, b);
-  sync.overlap_s = sync.encode_s + bandwidth - overlapped;
-  sync.seconds = overlapped + sync.latency_s + sync.exchange_cpu_s + sync.decode_s;
-  if (a > b && sync.encode_s > 0) sync.bottleneck = "codec encode (CPU)";
+  const double cpu_path = sync.encode_s + sync.exchange_cpu_s + sync.decode_s;
+  const double tail_path = sync.encode_s + tail * bandwidth + sync.decode_s;
+  const double wire_path = first * sync.encode_s + bandwidth + sync.decode_s;
+  const double longest = std::max({cpu_path, tail_path, wire_path});
+  sync.overlap_s = cpu_path + bandwidth - longest;
+  sync.seconds = longest + sync.latency_s;
+  if (longest == cpu_path && cpu_path > 0) {
+    sync.bottleneck = "codec CPU (encode, validation, decode)";
+  } else if (longest == tail_path && sync.encode_s > 0) {
+    sync.bottleneck = absl::StrCat("encode, then the last group on ", sync.bottleneck);
+  }
   return sync;
 }
 
