@@ -148,10 +148,12 @@ int SimulateMain(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &o)) return 2;
   const std::vector<ModelSize> models = {{"1B", 1e9, 2048}, {"8B", 8e9, 4096}, {"70B", 70e9, 8192}};
   nlohmann::json rows = nlohmann::json::array();
-  std::mt19937_64 rng(o.seed);
   for (bool sites : {false, true}) {
     for (int n : o.participants) {
+      // The same compute draws for both layouts; links drawn per layout.
+      std::mt19937_64 rng(o.seed * 1000003 + static_cast<uint64_t>(n) * 2 + (sites ? 1 : 0));
       nlohmann::json doc = Layout(n, sites, o, rng);
+      rng.seed(o.seed * 1000003 + static_cast<uint64_t>(n) * 2 + 7919);
       std::uniform_real_distribution<double> u(0.0, 1.0);
       nlohmann::json compute = nlohmann::json::array();
       for (int r = 0; r < n; ++r) {
@@ -197,6 +199,8 @@ int SimulateMain(int argc, char** argv) {
                           {"max_slow_up_bytes", up},
                           {"outer_s", p->outer_s},
                           {"utilization", p->utilization},
+                          {"slowest_utilization",
+                           o.H * compute_s / (o.H * compute_s + p->sync.seconds)},
                           {"bottleneck", p->sync.bottleneck}});
           std::fprintf(stderr, "# %s n=%d %s %s: sync %.3g s\n", sites ? "sites" : "flat", n,
                        m.name, algo, p->sync.seconds);
