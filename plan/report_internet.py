@@ -35,6 +35,7 @@ def main(argv):
     command, md_path, png_path = argv[2], argv[3], argv[4]
     key = lambda r: (r["layout"], r["participants"], r["model"])
     by = {}
+    ns = sorted({r["participants"] for r in rows})
     for r in rows:
         by.setdefault(key(r), {})[r["requested"]] = r
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -75,6 +76,19 @@ def main(argv):
                   f"{r['max_slow_down_bytes'] / 1e9:.2f} GB | {100 * r['slowest_utilization']:.1f} % | "
                   f"{100 * r['utilization']:.1f} % | "
                   f"{r['bottleneck']} |")
+    md.append("\n## Summary\n")
+    for layout in ["flat", "sites"]:
+        for model in ["1B", "8B", "70B"]:
+            ok = [n for n in ns if by[(layout, n, model)]["auto"]["slowest_utilization"] >= 0.9]
+            over = [n for n in ns if by[(layout, n, model)]["auto"]["sync_s"] >
+                    by[(layout, n, model)]["auto"]["compute_s"]]
+            shares = by[(layout, ns[-1], model)]["auto"]
+            reach = f"up to {max(ok)} participants" if ok else "at none of these counts"
+            md.append(f"- {layout}, {model}: slowest replica >= 90 % utilized {reach}; "
+                      f"the sync outlasts H inner steps "
+                      f"from {min(over) if over else 'never (up to ' + str(ns[-1]) + ')'}; at "
+                      f"{ns[-1]} the sync is {100 * shares['wire_s'] / shares['sync_s']:.0f} % wire, "
+                      f"{100 * shares['decode_s'] / shares['sync_s']:.0f} % decode")
     md.append("\n## Which algorithm wins where (sync time; * = fastest)\n")
     md.append("| layout | participants | model | direct | ring | hierarchical | table picks | "
               "table = fastest |")
@@ -99,7 +113,6 @@ def main(argv):
     open(md_path, "w").write("\n".join(md) + "\n")
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
-    ns = sorted({r["participants"] for r in rows})
     ax = axes[0][0]
     for term, label in [("compute_s", "H x inner step"), ("wire_s", "wire"),
                         ("encode_s", "encode"), ("decode_s", "decode"), ("sync_s", "sync total")]:
