@@ -77,11 +77,16 @@ std::string PlotScript() {
 absl::StatusOr<nlohmann::json> Sweep(const PlanInput& in, const Recommendation& rec) {
   double base = 0;
   int links = 0;
-  for (const AccessLink& l : in.net.rank_link) {
-    base += std::log(l.down_bps * 8 / 1e6);
+  const int n = in.net.topology.nranks();
+  for (int r = 0; r < n; ++r) {
+    bool slow = false;
+    for (int p = 0; p < n; ++p) slow = slow || in.net.topology.link(r, p) == comm::LinkClass::kSlow;
+    if (!slow) continue;
+    base += std::log(in.net.rank_link[r].down_bps * 8 / 1e6);
     ++links;
   }
-  base = std::exp(base / std::max(1, links));  // geometric mean of the down rates, Mbit/s
+  // Geometric mean of the slow ranks' down rates, Mbit/s.
+  base = links > 0 ? std::exp(base / links) : in.net.fast.down_bps * 8 / 1e6;
   struct Config {
     const char* name;
     PlanInput input;
