@@ -112,6 +112,7 @@ py::object SelectorsObject(const codecs::SubspaceSelectors& selectors);
 void BindComm(py::module_& m);
 void BindCodecs(py::module_& m);
 void BindSubspace(py::module_& m);
+void BindPlan(py::module_& m);  // plan_bindings.cc
 
 }  // namespace lbcc::python
 

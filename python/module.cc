@@ -220,4 +220,5 @@ PYBIND11_MODULE(_lbcc, m) {
   lp::BindCodecs(m);
   lp::BindSubspace(m);
   lp::BindComm(m);
+  lp::BindPlan(m);
 }

@@ -7,6 +7,7 @@
 //                           encode a raw fp32 file into a codec payload, decode payloads (one or
 //                           several replicas, aggregated) back to raw fp32, print a payload's
 //                           header; `lbcc codec --help` for the options
+//   lbcc plan ...           predict a job's step time, bytes and utilization (plan/)
 //   lbcc help               this text
 //
 // Options are Abseil flags read through tools/cli.h (the same rules as every LBCC binary: --help
@@ -36,6 +37,7 @@
 #include "codecs/codec.h"
 #include "codecs/dense_quant.h"
 #include "codecs/topk_ef.h"
+
 #include "tools/cli.h"
 
 // Every subcommand's options (see kCodecUsage); a subcommand accepts only its own. Values are
@@ -61,6 +63,9 @@ ABSL_FLAG(std::string, stochastic_seed, "", "codec encode (dense_quant): stochas
 ABSL_FLAG(std::string, aggregate, "sparseloco", "codec decode: sparseloco, mean or sum");
 ABSL_FLAG(bool, accumulate, false, "codec decode: add into the existing --out file");
 
+#include "plan/cli.h"
+
+
 namespace {
 
 constexpr char kUsage[] =
@@ -73,6 +78,7 @@ constexpr char kUsage[] =
     "  codec encode|decode|inspect ...\n"
     "                    compress a raw fp32 tensor file, decode payloads back to fp32,\n"
     "                    describe payloads; see `lbcc codec --help`\n"
+    "  plan ...          predict step time, bytes and utilization of a job; `lbcc plan --help`\n"
     "  help              show this text\n";
 
 constexpr char kCodecUsage[] =
@@ -435,6 +441,7 @@ int main(int argc, char** argv) {
   }
   if (command == "env") return Env(argc - 2, argv + 2);
   if (command == "codec") return Codec(argc - 2, argv + 2);
+  if (command == "plan") return lbcc::plan::PlanMain(argc - 2, argv + 2);
   std::fprintf(stderr, "lbcc: unknown command '%s'\n%s", command.c_str(), kUsage);
   return 2;
 }

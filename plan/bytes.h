@@ -1,0 +1,69 @@
+// Payload byte formulas the planner uses: what LBCC's codecs put on the wire, from the codecs'
+// own formulas, never from a fit.
+//
+//   TopKEfPayloadBytes   one TopK-EF payload (envelope + params + index + value sections).
+//                        packed12 index coding: exact (TopKEfCodec::MaxEncodedBytes).
+//                        adaptive: the expected length for selections uniformly spread over
+//                        each chunk (the count per sub-block is hypergeometric; the encoder's
+//                        choice of b = 6 or 7 is taken on the expectations); the bound it never
+//                        exceeds is AdaptiveMaxBytes. auto: the smaller of the two.
+//   SparseBlobBytes      what one rank contributes to one SparseAllReduce exchange group
+//                        (comm/sparse_blob.h): u8 ok, u32 count, u64 size per tensor, payloads,
+//                        plus the 16-byte final header of a streamed group.
+//   SubspaceBoundaryBytes one pipeline-boundary payload per microbatch and direction
+//                        (codecs::SubspaceLayout + the envelope), or the dense bf16 activations
+//                        when the boundary is not compressed.
+//
+// Errors: InvalidArgument naming the bad value (shape, option). Thread-safety: pure functions.
+#ifndef LBCC_PLAN_BYTES_H_
+#define LBCC_PLAN_BYTES_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "base/dtype.h"
+#include "codecs/topk_ef.h"
+
+namespace lbcc::plan {
+
+// Bytes of one TopK-EF payload of `shape` with `options` (see the header comment for what
+// "expected" means with adaptive or auto index coding).
+absl::StatusOr<double> TopKEfPayloadBytes(absl::Span<const int64_t> shape,
+                                          const codecs::TopKEfOptions& options);
+
+// Expected bits of the adaptive index coding of `num_chunks` chunks of `chunk_len` positions
+// with k selected per chunk, positions uniform; the encoder's min over b = 6 and b = 7.
+double ExpectedAdaptiveBits(int64_t num_chunks, int64_t chunk_len, int64_t k);
+
+// Exchange groups as SparseAllReduce plans them (comm/compressed.cc PlanGroups): consecutive
+// tensors totalling at least max(total / 8, min_elements) elements; [begin, end) ranges.
+std::vector<std::pair<size_t, size_t>> PlanGroups(absl::Span<const int64_t> tensor_elements,
+                                                  int64_t min_elements);
+
+// One rank's blob for the tensors [begin, end) of `shapes`; `streamed`: the group goes out in
+// pieces (one tensor of >= 2^16 elements over slow links).
+absl::StatusOr<double> SparseBlobBytes(const std::vector<std::vector<int64_t>>& shapes,
+                                       size_t begin, size_t end,
+                                       const codecs::TopKEfOptions& options, bool streamed);
+
+struct BoundaryCoding {
+  int64_t model_dim = 0;   // d
+  int64_t rank = 0;        // k of the subspace; 0: not compressed (dense activations)
+  int64_t vocab_size = 0;  // V (token ids travel forward); 0: no ids
+  DType coefficient_dtype = DType::kBF16;  // f32, bf16, f16 or i8 (dense: bf16 activations)
+  int64_t int8_block = 32;                 // coefficients per int8 scale
+};
+
+// Forward (activations + ids) and backward (gradients) bytes of one microbatch of `tokens`.
+struct BoundaryBytes {
+  double forward = 0;
+  double backward = 0;
+};
+absl::StatusOr<BoundaryBytes> SubspaceBoundaryBytes(const BoundaryCoding& coding,
+                                                    int64_t tokens);
+
+}  // namespace lbcc::plan
+
+#endif  // LBCC_PLAN_BYTES_H_

@@ -1,0 +1,237 @@
+#include "plan/network.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace lbcc::plan {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("rates: ", field, ": ", what));
+}
+
+absl::Status CheckKeys(const Json& object, std::initializer_list<const char*> allowed,
+                       absl::string_view where) {
+  if (!object.is_object()) return Bad(where, "must be an object");
+  for (const auto& item : object.items()) {
+    bool known = false;
+    for (const char* key : allowed) known = known || item.key() == key;
+    if (!known) return Bad(where, absl::StrCat("unknown key '", item.key(), "'"));
+  }
+  return absl::OkStatus();
+}
+
+// A positive rate (Mbit/s or Gbit/s in the file) as bytes per second.
+absl::StatusOr<double> Rate(const Json& object, const char* key, double bits_per_unit,
+                            absl::string_view where) {
+  const std::string field = absl::StrCat(where, ".", key);
+  if (!object.contains(key)) return Bad(field, "is required");
+  const Json& v = object[key];
+  if (!v.is_number()) return Bad(field, "must be a number");
+  const double x = v.get<double>();
+  if (!(x > 0) || !std::isfinite(x)) {
+    return Bad(field, absl::StrCat("is ", x, "; a rate must be > 0"));
+  }
+  return x * bits_per_unit / 8.0;
+}
+
+absl::StatusOr<double> Latency(const Json& object, absl::string_view where) {
+  if (!object.contains("latency_ms")) return 0.0;
+  const Json& v = object["latency_ms"];
+  if (!v.is_number() || v.get<double>() < 0 || !std::isfinite(v.get<double>())) {
+    return Bad(absl::StrCat(where, ".latency_ms"), "must be a number >= 0");
+  }
+  return v.get<double>() * 1e-3;
+}
+
+absl::StatusOr<AccessLink> ParseAccess(const Json& object, absl::string_view where,
+                                       std::initializer_list<const char*> extra = {}) {
+  std::vector<const char*> keys = {"up_mbit", "down_mbit", "latency_ms"};
+  keys.insert(keys.end(), extra.begin(), extra.end());
+  if (!object.is_object()) return Bad(where, "must be an object");
+  for (const auto& item : object.items()) {
+    bool known = false;
+    for (const char* key : keys) known = known || item.key() == key;
+    if (!known) return Bad(where, absl::StrCat("unknown key '", item.key(), "'"));
+  }
+  AccessLink link;
+  LBCC_ASSIGN_OR_RETURN(link.up_bps, Rate(object, "up_mbit", 1e6, where));
+  LBCC_ASSIGN_OR_RETURN(link.down_bps, Rate(object, "down_mbit", 1e6, where));
+  LBCC_ASSIGN_OR_RETURN(link.latency_s, Latency(object, where));
+  return link;
+}
+
+absl::StatusOr<int> Index(const Json& object, const char* key, int limit,
+                          absl::string_view where) {
+  if (!object.is_object() || !object.contains(key) || !object[key].is_number_integer()) {
+    return Bad(where, absl::StrCat("'", key, "' (an integer) is required"));
+  }
+  const int64_t v = object[key].get<int64_t>();
+  if (v < 0 || v >= limit) {
+    return Bad(absl::StrCat(where, ".", key), absl::StrCat("unknown ", key, " ", v, " (", limit,
+                                                           key == std::string("rank")
+                                                               ? " ranks)"
+                                                               : " islands)"));
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+absl::StatusOr<Network> ParseRates(const Json& rates, comm::Topology topology) {
+  if (rates.is_null()) {
+    return absl::InvalidArgumentError(
+        "rates: the topology has no rates: add a \"rates\" object (per-rank up_mbit, down_mbit, "
+        "latency_ms; see docs/planning.md)");
+  }
+  LBCC_RETURN_IF_ERROR(
+      CheckKeys(rates, {"efficiency", "pace_mbit", "fast", "default", "ranks", "sites"}, "rates"));
+  Network net;
+  const int n = topology.nranks();
+  net.topology = std::move(topology);
+  if (rates.contains("efficiency")) {
+    const Json& e = rates["efficiency"];
+    if (!e.is_number() || !(e.get<double>() > 0) || e.get<double>() > 1) {
+      return Bad("efficiency", "must be a number in (0, 1]");
+    }
+    net.efficiency = e.get<double>();
+  }
+  if (rates.contains("pace_mbit")) {
+    LBCC_ASSIGN_OR_RETURN(net.pace_bps, Rate(rates, "pace_mbit", 1e6, "rates"));
+  }
+  net.fast = {10e9 / 8, 10e9 / 8, 50e-6};  // 10 Gbit/s, 50 us unless given
+  if (rates.contains("fast")) {
+    const Json& f = rates["fast"];
+    LBCC_RETURN_IF_ERROR(CheckKeys(f, {"gbit", "latency_ms"}, "fast"));
+    LBCC_ASSIGN_OR_RETURN(const double bps, Rate(f, "gbit", 1e9, "fast"));
+    LBCC_ASSIGN_OR_RETURN(const double latency, Latency(f, "fast"));
+    net.fast = {bps, bps, latency};
+  }
+  std::optional<AccessLink> fallback;
+  if (rates.contains("default")) {
+    LBCC_ASSIGN_OR_RETURN(fallback, ParseAccess(rates["default"], "default"));
+  }
+  std::vector<std::optional<AccessLink>> per_rank(n);
+  if (rates.contains("ranks")) {
+    const Json& list = rates["ranks"];
+    if (!list.is_array()) return Bad("ranks", "must be a list");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string where = absl::StrCat("ranks[", i, "]");
+      LBCC_ASSIGN_OR_RETURN(const int rank, Index(list[i], "rank", n, where));
+      if (per_rank[rank]) return Bad(where, absl::StrCat("rank ", rank, " listed twice"));
+      LBCC_ASSIGN_OR_RETURN(per_rank[rank], ParseAccess(list[i], where, {"rank"}));
+    }
+  }
+  net.rank_link.resize(n);
+  for (int r = 0; r < n; ++r) {
+    bool slow = false;
+    for (int p = 0; p < n; ++p) slow = slow || net.topology.link(r, p) == comm::LinkClass::kSlow;
+    if (per_rank[r]) {
+      net.rank_link[r] = *per_rank[r];
+    } else if (fallback) {
+      net.rank_link[r] = *fallback;
+    } else if (slow) {
+      return Bad("ranks", absl::StrCat("rank ", r,
+                                       " has slow links but no rate (and rates.default is not "
+                                       "given)"));
+    } else {
+      net.rank_link[r] = net.fast;  // never used: all its links are fast
+    }
+  }
+  net.site_link.resize(net.topology.islands().size());
+  if (rates.contains("sites")) {
+    const Json& list = rates["sites"];
+    if (!list.is_array()) return Bad("sites", "must be a list");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string where = absl::StrCat("sites[", i, "]");
+      LBCC_ASSIGN_OR_RETURN(const int island,
+                            Index(list[i], "island", static_cast<int>(net.site_link.size()),
+                                  where));
+      if (net.site_link[island]) {
+        return Bad(where, absl::StrCat("island ", island, " listed twice"));
+      }
+      LBCC_ASSIGN_OR_RETURN(net.site_link[island], ParseAccess(list[i], where, {"island"}));
+    }
+  }
+  return net;
+}
+
+void LinkBytes::Add(const LinkBytes& other) {
+  for (size_t r = 0; r < slow_up.size(); ++r) {
+    slow_up[r] += other.slow_up[r];
+    slow_down[r] += other.slow_down[r];
+    fast_up[r] += other.fast_up[r];
+    fast_down[r] += other.fast_down[r];
+  }
+}
+
+PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers,
+                      LinkBytes* bytes) {
+  const int n = net.topology.nranks();
+  const size_t islands = net.site_link.size();
+  LinkBytes local(n);
+  std::vector<double> site_up(islands, 0), site_down(islands, 0);
+  PhaseTime t;
+  double paced = 0;
+  for (const Transfer& x : transfers) {
+    if (x.src == x.dst || x.bytes <= 0) continue;
+    const bool slow = net.topology.link(x.src, x.dst) == comm::LinkClass::kSlow;
+    double latency = 0;
+    if (slow) {
+      local.slow_up[x.src] += x.bytes;
+      local.slow_down[x.dst] += x.bytes;
+      const int is = net.topology.island_of(x.src), id = net.topology.island_of(x.dst);
+      latency = net.rank_link[x.src].latency_s + net.rank_link[x.dst].latency_s;
+      if (is != id) {
+        if (net.site_link[is]) {
+          site_up[is] += x.bytes;
+          latency += net.site_link[is]->latency_s;
+        }
+        if (net.site_link[id]) {
+          site_down[id] += x.bytes;
+          latency += net.site_link[id]->latency_s;
+        }
+      }
+      if (net.pace_bps > 0) paced = std::max(paced, x.bytes / net.pace_bps);
+    } else {
+      local.fast_up[x.src] += x.bytes;
+      local.fast_down[x.dst] += x.bytes;
+      latency = 2 * net.fast.latency_s;
+    }
+    t.latency_s = std::max(t.latency_s, latency);
+  }
+  const double e = net.efficiency;
+  double worst = paced;
+  t.bottleneck = paced > 0 ? "slow-link pacing" : "";
+  auto consider = [&](double b, double rate, const std::string& what) {
+    if (b <= 0) return;
+    const double s = b / (rate * e);
+    if (s > worst) {
+      worst = s;
+      t.bottleneck = what;
+    }
+  };
+  for (int r = 0; r < n; ++r) {
+    consider(local.slow_up[r], net.rank_link[r].up_bps, absl::StrCat("rank ", r, " up (slow)"));
+    consider(local.slow_down[r], net.rank_link[r].down_bps,
+             absl::StrCat("rank ", r, " down (slow)"));
+    consider(local.fast_up[r], net.fast.up_bps, absl::StrCat("rank ", r, " up (fast)"));
+    consider(local.fast_down[r], net.fast.down_bps, absl::StrCat("rank ", r, " down (fast)"));
+  }
+  for (size_t i = 0; i < islands; ++i) {
+    if (!net.site_link[i]) continue;
+    consider(site_up[i], net.site_link[i]->up_bps, absl::StrCat("island ", i, " site up"));
+    consider(site_down[i], net.site_link[i]->down_bps, absl::StrCat("island ", i, " site down"));
+  }
+  t.seconds = worst + t.latency_s;
+  if (bytes != nullptr) bytes->Add(local);
+  return t;
+}
+
+}  // namespace lbcc::plan

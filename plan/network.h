@@ -1,0 +1,78 @@
+// The network half of the planner: LBCC's topology with per-link rates, and the time of a set of
+// concurrent transfers on it.
+//
+// Link model (docs/planning.md, "Links"): every rank has an access link for slow traffic with
+// its own up and down rate and a one-way latency; a fast island may sit behind one shared site
+// link (up and down); traffic between ranks the topology links fast uses each rank's fast NIC
+// (rates.fast). A transfer s -> d uses up[s] (+ site_up[island(s)]) (+ site_down[island(d)]) +
+// down[d] when topology.link(s, d) is slow, fast_up[s] + fast_down[d] when fast.
+//
+// Time of a phase (transfers that run at once): the busiest resource drains last,
+//   t_phase = max over resources R of bytes(R) / (rate(R) * efficiency)
+//   and no transfer finishes before bytes / pace (the slow-link scheduler's token bucket),
+// plus the largest path latency. This is a lower bound, reached when the slow-link scheduler
+// keeps every bottleneck busy; docs/planning.md discusses when it is not.
+//
+// Thread-safety: immutable values and pure functions.
+#ifndef LBCC_PLAN_NETWORK_H_
+#define LBCC_PLAN_NETWORK_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/topology.h"
+#include "nlohmann/json.hpp"
+
+namespace lbcc::plan {
+
+struct AccessLink {
+  double up_bps = 0;    // bytes per second, line rate
+  double down_bps = 0;
+  double latency_s = 0;  // one way
+};
+
+struct Network {
+  comm::Topology topology = comm::Topology::Flat(1);
+  std::vector<AccessLink> rank_link;                // slow traffic, per rank
+  std::vector<std::optional<AccessLink>> site_link;  // per island, shared; nullopt: none
+  AccessLink fast;                                   // per rank NIC for fast links
+  double efficiency = 0.95;   // goodput / line rate (TCP/IP headers)
+  double pace_bps = 0;        // LBCC_SLOW_PACE_MBITS per slow link (0: off)
+};
+
+// Parses the "rates" object against `topology`. InvalidArgument naming the field: missing
+// rates, a rank without a rate and no default, a rate <= 0 or not a number, an unknown key, an
+// unknown rank or island.
+absl::StatusOr<Network> ParseRates(const nlohmann::json& rates, comm::Topology topology);
+
+struct Transfer {
+  int src = 0;
+  int dst = 0;
+  double bytes = 0;
+};
+
+// Bytes per resource of a phase, for reports: per rank, sent and received on slow and on fast
+// links.
+struct LinkBytes {
+  std::vector<double> slow_up, slow_down, fast_up, fast_down;
+  explicit LinkBytes(int nranks)
+      : slow_up(nranks), slow_down(nranks), fast_up(nranks), fast_down(nranks) {}
+  void Add(const LinkBytes& other);
+};
+
+struct PhaseTime {
+  double seconds = 0;     // bandwidth term + latency term
+  double latency_s = 0;   // the latency term alone
+  std::string bottleneck;  // e.g. "rank 2 down (slow)"
+};
+
+// Time of `transfers` running at once (see the header comment); adds their bytes to `bytes`
+// when given.
+PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers,
+                      LinkBytes* bytes = nullptr);
+
+}  // namespace lbcc::plan
+
+#endif  // LBCC_PLAN_NETWORK_H_

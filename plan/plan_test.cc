@@ -1,0 +1,207 @@
+// The planning model: input errors, the formulas on layouts whose answer is known by hand, the
+// algorithm comm's table picks, and the recommendation's contract.
+#include "plan/plan.h"
+
+#include <string>
+
+#include "base/status_matchers.h"
+#include "gtest/gtest.h"
+#include "plan/bytes.h"
+
+namespace lbcc::plan {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// 4 ranks, every link slow, every down-link `mbit`, up-links fast: lbcc_perf's testbed layout.
+std::string FlatCollective(const std::string& op, int tensors, double mbit) {
+  return R"({"topology": {"nranks": 4},
+             "rates": {"efficiency": 1, "default": {"down_mbit": )" +
+         std::to_string(mbit) + R"(, "up_mbit": 100000}},
+             "collective": {"op": ")" + op + R"(", "bytes": 16777216, "tensors": )" +
+         std::to_string(tensors) + "}}";
+}
+
+constexpr char kPipelineJob[] = R"({
+  "topology": {"nranks": 4, "islands": [[0, 1]],
+               "replicas": [{"kind": "full", "rank": 0}, {"kind": "full", "rank": 1},
+                            {"kind": "pipeline", "stages": [2, 3]}]},
+  "rates": {"default": {"up_mbit": 100, "down_mbit": 100, "latency_ms": 10},
+            "ranks": [{"rank": 0, "up_mbit": 10000, "down_mbit": 10000},
+                      {"rank": 1, "up_mbit": 10000, "down_mbit": 10000}]},
+  "model": {"params": 200000000, "stage_params": [100000000, 100000000], "d": 1024,
+            "seq_len": 1024, "vocab": 50257, "tokens_per_step": 65536},
+  "compute": {"default_tflops": 50},
+  "job": {"H": 30}
+})";
+
+TEST(PlanInput, TopologyWithoutRatesNamesRates) {
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 2},
+                                 "collective": {"bytes": 1024}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rates")));
+}
+
+TEST(PlanInput, RateOfZeroNamesTheField) {
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 2},
+                                 "rates": {"ranks": [{"rank": 1, "up_mbit": 100, "down_mbit": 0}],
+                                           "default": {"up_mbit": 1, "down_mbit": 1}},
+                                 "collective": {"bytes": 1024}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks[0].down_mbit")));
+}
+
+TEST(PlanInput, RankWithoutRateNamesTheRank) {
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 3},
+                                 "rates": {"ranks": [{"rank": 1, "up_mbit": 100, "down_mbit": 9}]},
+                                 "collective": {"bytes": 1024}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 0")));
+}
+
+TEST(PlanInput, StagesThatDoNotAddUpNameStageParams) {
+  std::string job = kPipelineJob;
+  job.replace(job.find("[100000000, 100000000]"), 22, "[100000000, 90000000]");
+  EXPECT_THAT(ParsePlanInput(job), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("model.stage_params")));
+  job = kPipelineJob;
+  job.replace(job.find("[100000000, 100000000]"), 22, "[200000000]");
+  EXPECT_THAT(ParsePlanInput(job), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("pipelines have 2")));
+}
+
+TEST(PlanInput, UnknownKeysAndBadTopologyAreErrors) {
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 2}, "ratez": {}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ratez")));
+  // comm's parser still rejects rate keys inside the topology itself.
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 2, "up_mbit": 5}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("up_mbit")));
+  EXPECT_THAT(ParsePlanInput("{"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Collective, DirectSparseAllReduceOnFlatLinks) {
+  auto in = ParsePlanInput(FlatCollective("sparse_allreduce", 1, 100));
+  ASSERT_THAT(in.status(), IsOk());
+  auto c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->algorithm, comm::Algorithm::kDirect);
+  // Each rank receives the 3 other ranks' blobs; one 4M tensor streams (16-byte final header).
+  codecs::TopKEfOptions options;
+  auto payload = TopKEfPayloadBytes({1024, 4096}, options);
+  ASSERT_THAT(payload.status(), IsOk());
+  const double blob = 5 + 8 + *payload + 16;
+  EXPECT_DOUBLE_EQ(c->rank0_recv_bytes, 3 * blob);
+  EXPECT_DOUBLE_EQ(c->slow_recv_bytes_all, 12 * blob);
+  // No CPU given: the wire alone, at 100 Mbit/s, plus the latency term (0 here).
+  EXPECT_NEAR(c->seconds, 3 * blob / 12.5e6, 1e-9);
+}
+
+TEST(Collective, DenseRingAllReduce) {
+  auto in = ParsePlanInput(FlatCollective("allreduce", 1, 100));
+  ASSERT_THAT(in.status(), IsOk());
+  auto c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->algorithm, comm::Algorithm::kRing);
+  EXPECT_DOUBLE_EQ(c->rank0_recv_bytes, 2.0 * 3 / 4 * 16777216);
+  EXPECT_NEAR(c->seconds, 2.0 * 3 / 4 * 16777216 / 12.5e6, 1e-9);
+}
+
+TEST(Collective, CpuTimeOverlapsTheWire) {
+  std::string doc = FlatCollective("sparse_allreduce", 16, 100);
+  doc.insert(doc.rfind('}'), R"(, "cpu": {"encode_ms": 8, "exchange_ms": 1, "decode_ms": 2})");
+  auto in = ParsePlanInput(doc);
+  ASSERT_THAT(in.status(), IsOk());
+  auto c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  // 4 groups: the wire starts after the first group's encode; the last group's share waits for
+  // the whole encode. The result lies between the wire alone plus the serial CPU and the sum.
+  EXPECT_GT(c->seconds, c->wire_s + 0.003 - 1e-9);
+  EXPECT_LT(c->seconds, c->wire_s + 0.011);
+}
+
+TEST(Sync, TablePicksHierarchicalForIslandsAndItMovesFewerSiteBytes) {
+  const std::string base = R"({
+    "topology": {"nranks": 6, "islands": [[0, 1, 2, 3]]},
+    "rates": {"default": {"up_mbit": 10000, "down_mbit": 10000},
+              "sites": [{"island": 0, "up_mbit": 10000, "down_mbit": 100}],
+              "ranks": [{"rank": 4, "up_mbit": 100, "down_mbit": 100},
+                        {"rank": 5, "up_mbit": 100, "down_mbit": 100}]},
+    "collective": {"op": "sparse_allreduce", "bytes": 4194304})";
+  auto hier = ParsePlanInput(base + "}");
+  ASSERT_THAT(hier.status(), IsOk());
+  auto h = PredictCollective(*hier);
+  ASSERT_THAT(h.status(), IsOk());
+  EXPECT_EQ(h->algorithm, comm::Algorithm::kHierarchical);
+  auto flat = ParsePlanInput(base + R"(, "job": {"algo": "direct"}})");
+  ASSERT_THAT(flat.status(), IsOk());
+  auto f = PredictCollective(*flat);
+  ASSERT_THAT(f.status(), IsOk());
+  EXPECT_EQ(f->algorithm, comm::Algorithm::kDirect);
+  // Behind one shared site link, direct brings each remote payload in once per member.
+  EXPECT_LT(h->seconds, f->seconds);
+  EXPECT_LT(h->slow_recv_bytes_all, f->slow_recv_bytes_all);
+}
+
+TEST(Predict, PipelineTermsAndUtilization) {
+  auto in = ParsePlanInput(kPipelineJob);
+  ASSERT_THAT(in.status(), IsOk());
+  auto dense = Predict(*in);
+  ASSERT_THAT(dense.status(), IsOk());
+  ASSERT_EQ(dense->replicas.size(), 3u);
+  const ReplicaPrediction& pipe = dense->replicas[2];
+  EXPECT_TRUE(pipe.pipeline);
+  EXPECT_EQ(pipe.microbatches, 64);
+  EXPECT_DOUBLE_EQ(pipe.bubble_fraction, 1.0 / 65);
+  EXPECT_DOUBLE_EQ(pipe.boundary_forward_bytes, 1024.0 * 1024 * 2);
+  // Full replicas: compute alone per inner step, t_sync once per outer step.
+  const ReplicaPrediction& full = dense->replicas[0];
+  EXPECT_DOUBLE_EQ(full.compute_s, 65536.0 * 6 * 200e6 / 50e12);
+  EXPECT_DOUBLE_EQ(full.utilization, 30 * full.compute_s / (30 * full.compute_s +
+                                                             dense->sync.seconds));
+  // Compressing the boundary: fewer bytes, higher utilization.
+  in->job.boundary_k[2] = 64;
+  auto compressed = Predict(*in);
+  ASSERT_THAT(compressed.status(), IsOk());
+  EXPECT_LT(compressed->replicas[2].boundary_forward_bytes, pipe.boundary_forward_bytes);
+  EXPECT_GT(compressed->replicas[2].utilization, pipe.utilization);
+  EXPECT_DOUBLE_EQ(compressed->outer_s,
+                   30 * std::max({compressed->replicas[0].inner_s,
+                                  compressed->replicas[2].inner_s}) +
+                       compressed->sync.seconds);
+}
+
+TEST(Recommend, LeastCompressionReachesTheTargetAndCompressAllIsNoWeaker) {
+  auto in = ParsePlanInput(kPipelineJob);
+  ASSERT_THAT(in.status(), IsOk());
+  in->job.target_utilization = 0.9;
+  auto r = Recommend(*in);
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_TRUE(r->reached) << r->note;
+  for (const ReplicaPrediction& p : r->least.replicas) EXPECT_GE(p.utilization, 0.9);
+  const ReplicaPrediction& least = r->least.replicas[2];
+  const ReplicaPrediction& all = r->compress_all.replicas[2];
+  EXPECT_GT(least.boundary_k, 0);  // 100 Mbit/s cannot carry dense activations here
+  EXPECT_LE(all.boundary_k, least.boundary_k);
+  // One step less compression would miss the target at the same H.
+  if (least.boundary_k * 2 <= 1024) {
+    in->job.H = r->H;
+    in->job.boundary_k[2] = least.boundary_k * 2;
+    auto weaker = Predict(*in);
+    ASSERT_THAT(weaker.status(), IsOk());
+    EXPECT_LT(weaker->replicas[2].utilization, 0.9);
+  }
+}
+
+TEST(Recommend, UnreachableTargetSaysWhy) {
+  std::string job = kPipelineJob;
+  job.replace(job.find(R"("up_mbit": 100, "down_mbit": 100, "latency_ms": 10)"), 49,
+              R"("up_mbit": 0.01, "down_mbit": 0.01, "latency_ms": 10)");
+  auto in = ParsePlanInput(job);
+  ASSERT_THAT(in.status(), IsOk());
+  auto r = Recommend(*in);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_FALSE(r->reached);
+  EXPECT_THAT(r->note, HasSubstr("replica 2"));
+}
+
+}  // namespace
+}  // namespace lbcc::plan
