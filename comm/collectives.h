@@ -36,7 +36,12 @@ struct Group {
   int size() const { return static_cast<int>(ranks.size()); }
 };
 
-// Tags: 16 bits of communicator id, 32 bits of operation sequence, 16 bits of step.
+// Tags: 16 bits of communicator id, 32 bits of operation sequence, 16 bits of step. Collectives
+// use steps below kFirstP2pStep; point-to-point operations put the user's tag in the sequence
+// field and a step from kFirstP2pStep up, so they never meet a collective's tags, and the
+// per-tag state of a completed collective ([MakeTag(c, s, 0), MakeTag(c, s, kFirstP2pStep)))
+// can be released without touching theirs.
+inline constexpr uint32_t kFirstP2pStep = 0xff00;
 inline transport::Tag MakeTag(uint32_t comm_id, uint64_t sequence, uint32_t step) {
   return (static_cast<uint64_t>(comm_id & 0xffff) << 48) | ((sequence & 0xffffffffu) << 16) |
          (step & 0xffff);

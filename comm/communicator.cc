@@ -130,7 +130,22 @@ void Communicator::WorkerLoop() {
                         absl::StrCat(pending.name, " on rank ", group_.me));
       LBCC_LOG_IF(WARN, !status.ok()) << status;
     }
+    ReleaseTags(pending.tag);
     pending.request->Complete(std::move(status));
+  }
+}
+
+// The operation has returned on this rank: every message it sends or receives is done, so the
+// transport's matching state for its tags (steps below kFirstP2pStep) goes. Without this each
+// operation would leave a few entries per link behind, and a job's memory would grow with every
+// step.
+void Communicator::ReleaseTags(transport::Tag tag) {
+  const transport::Tag last = tag + kFirstP2pStep;
+  for (int r = 0; r < group_.size(); ++r) {
+    if (r == group_.me) continue;
+    const int peer = group_.ranks[r];
+    if (transport::Endpoint* out = fabric_->out(peer)) out->ReleaseTags(tag, last);
+    if (transport::Endpoint* in = fabric_->in(peer)) in->ReleaseTags(tag, last);
   }
 }
 

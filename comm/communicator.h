@@ -178,6 +178,8 @@ class Communicator {
  private:
   Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> ranks, uint32_t comm_id);
   void WorkerLoop();
+  // Forgets the transport's per-tag state of the operation whose tag base is `tag`.
+  void ReleaseTags(transport::Tag tag);
 
   struct Pending {
     std::string name;

@@ -149,7 +149,7 @@ absl::Status SparseAllReduceSchedule::Plan() {
   // An all-gather uses at most max(n, 3) tag steps; groups take disjoint step ranges.
   steps_ = static_cast<uint32_t>(std::max(group_.size(), 3));
   const int max_groups =
-      static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, 0xff00u / steps_));
+      static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, kFirstP2pStep / steps_));
   plan_ = PlanGroups(tensors_, max_groups, min_elements_);
   const int num_groups = static_cast<int>(plan_.size());
   const GroupShape shape = ShapeOf(topology_, group_.ranks);
@@ -177,7 +177,7 @@ absl::Status SparseAllReduceSchedule::Plan() {
     const uint32_t rounds = direct_ ? 1 : static_cast<uint32_t>(pieces_[g] + 1);
     first_step_[g + 1] = first_step_[g] + rounds * steps_;
   }
-  if (first_step_[num_groups] > 0xff00u) {
+  if (first_step_[num_groups] > kFirstP2pStep) {
     std::fill(pieces_.begin(), pieces_.end(), 0);
     for (int g = 0; g < num_groups; ++g) first_step_[g + 1] = first_step_[g] + steps_;
   }

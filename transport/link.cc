@@ -89,9 +89,29 @@ bool Link::HasPendingWork() const {
   return false;
 }
 
+void Link::ReleaseTags(Tag first, Tag last) {
+  MutexLock lock(&mu_);
+  auto in_range = [&](Tag tag) { return tag >= first && tag < last; };
+  for (auto it = next_tag_seq_.begin(); it != next_tag_seq_.end();) {
+    if (in_range(it->first)) {
+      next_tag_seq_.erase(it++);  // flat_hash_map's erase(iterator) returns void.
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = tags_.begin(); it != tags_.end();) {
+    if (in_range(it->first) && it->second.posted.empty() && it->second.unmatched.empty()) {
+      tags_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
 LinkCounters Link::counters() const {
   MutexLock lock(&mu_);
   LinkCounters c = counters_;
+  c.live_tags = tags_.size() + next_tag_seq_.size();
   const absl::Time now = absl::Now();
   absl::Duration send_busy = send_busy_;
   absl::Duration recv_busy = recv_busy_;

@@ -63,6 +63,7 @@ class Link : public std::enable_shared_from_this<Link> {
   void Send(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done);
   void Recv(Tag tag, absl::Span<uint8_t> buffer, RecvCallback done);
   void Recv(Tag tag, RecvAllocator allocate, RecvCallback done);
+  void ReleaseTags(Tag first, Tag last);  // See Endpoint::ReleaseTags.
   void Close();
   LinkClass link_class() const;
   LinkCounters counters() const;
@@ -218,6 +219,7 @@ class LinkEndpoint final : public Endpoint {
   void Recv(Tag tag, RecvAllocator allocate, RecvCallback done) override {
     link_->Recv(tag, std::move(allocate), std::move(done));
   }
+  void ReleaseTags(Tag first, Tag last) override { link_->ReleaseTags(first, last); }
   void Close() override { link_->Close(); }
   LinkClass link_class() const override { return link_->link_class(); }
   LinkCounters counters() const override { return link_->counters(); }

@@ -99,6 +99,7 @@ struct LinkCounters {
   uint64_t max_queued_messages = 0;     // High-water mark of queued_messages.
   uint64_t retries = 0;                 // Connection attempts repeated while setting up.
   uint64_t pacing_waits = 0;            // Times the token bucket held a chunk back.
+  uint64_t live_tags = 0;               // Per-tag entries held (send and receive side).
 };
 
 class Endpoint {
@@ -118,6 +119,15 @@ class Endpoint {
 
   // Like Recv above, but the buffer is chosen by `allocate` once the message size is known.
   virtual void Recv(Tag tag, RecvAllocator allocate, RecvCallback done) = 0;
+
+  // Forgets the per-tag matching state of tags in [first, last): call it once no Send or Recv
+  // on those tags is pending or will come (a collective that completed on this rank), so that
+  // a long job's memory does not grow with every operation. A tag still in use (a posted
+  // receive, a message not yet received) keeps its state. Thread-safe; never blocks.
+  virtual void ReleaseTags(Tag first, Tag last) {
+    (void)first;
+    (void)last;
+  }
 
   // Fails every pending Send and Recv with Cancelled (their callbacks follow, on a transport
   // thread, once the backend no longer touches their buffers) and disconnects; the peer's pending
