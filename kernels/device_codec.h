@@ -123,7 +123,8 @@ class DeviceTopKEfState final : public codecs::CodecState {
   static absl::StatusOr<std::unique_ptr<DeviceTopKEfState>> Create(Backend& backend, int device);
   ~DeviceTopKEfState() override;
 
-  int device() const { return device_; }
+  int device() const override { return device_; }
+  bool is_device() const override { return true; }
   Backend& backend() const { return *backend_; }
   bool initialized() const { return initialized_; }
   const Shape& shape() const { return shape_; }
