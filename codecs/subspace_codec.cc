@@ -775,7 +775,7 @@ absl::StatusOr<size_t> SubspacePayloadCodec::MaxEncodedBytes(
 
 std::unique_ptr<CodecState> SubspacePayloadCodec::NewState() const {
   if (!codec_) return nullptr;
-  return std::unique_ptr<CodecState>(new SubspaceMessageState(id(), *codec_));
+  return std::unique_ptr<CodecState>(new SubspaceMessageState(this, id(), *codec_));
 }
 
 absl::StatusOr<size_t> SubspacePayloadCodec::Encode(const TensorView& input, CodecState* state,
@@ -786,11 +786,11 @@ absl::StatusOr<size_t> SubspacePayloadCodec::Encode(const TensorView& input, Cod
         absl::StrCat(name(), ": Encode needs a SubspaceMessageState from this codec's NewState()"));
   }
   auto& st = static_cast<SubspaceMessageState&>(*state);
-  if (st.codec_.basis().id() != codec_->basis().id()) {
-    return absl::InvalidArgumentError(absl::StrCat(name(), ": the state holds basis ",
-                                                   st.codec_.basis().id().ToString(),
-                                                   ", this codec ",
-                                                   codec_->basis().id().ToString()));
+  if (st.owner_ != this) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), ": the state comes from another SubspacePayloadCodec (basis ",
+        st.codec_.basis().id().ToString(), "; this codec's is ", codec_->basis().id().ToString(),
+        "): use this codec's NewState()"));
   }
   if (direction_ == SubspaceDirection::kForward) {
     return st.codec_.EncodeForward(input, st.ids_, out, &st.selectors_);
@@ -837,6 +837,7 @@ void SubspacePayloadCodec::ApplyDecode(const DecodeCall& call, CodecScratch* scr
   // As the dense codecs: agg = v_0 + v_1 + ... in payload order, then the rule (every payload
   // carries every coordinate, so the two means agree).
   const size_t n = static_cast<size_t>(out.num_elements());
+  if (n == 0) return;
   s.tile.resize(n);
   s.acc.assign(n, -0.0f);  // -0 + v == v for every v, -0 included
   const TensorView tile = *TensorView::Host(s.tile.data(), out.shape());

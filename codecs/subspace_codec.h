@@ -210,6 +210,8 @@ class SubspaceCodec {
 // The per-message inputs and outputs of SubspacePayloadCodec::Encode, and its encoder's buffers:
 // one per stream of messages. Nothing is ever pending (the codec has no memory across
 // messages): Commit() and Abort() answer FailedPrecondition.
+class SubspacePayloadCodec;
+
 class SubspaceMessageState final : public CodecState {
  public:
   // Forward: the token ids of the next Encode (copied; empty when the basis has no vocabulary).
@@ -226,8 +228,10 @@ class SubspaceMessageState final : public CodecState {
 
  private:
   friend class SubspacePayloadCodec;
-  SubspaceMessageState(CodecId id, SubspaceCodec codec) : id_(id), codec_(std::move(codec)) {}
+  SubspaceMessageState(const SubspacePayloadCodec* owner, CodecId id, SubspaceCodec codec)
+      : owner_(owner), id_(id), codec_(std::move(codec)) {}
 
+  const SubspacePayloadCodec* owner_;  // the codec whose NewState() made it
   CodecId id_;
   SubspaceCodec codec_;  // its own copy: the encoder's buffers
   std::vector<int32_t> ids_;
@@ -265,7 +269,8 @@ class SubspacePayloadCodec final : public Codec {
   absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override;
   // A SubspaceMessageState; nullptr for an Inspector().
   std::unique_ptr<CodecState> NewState() const override;
-  // InvalidArgument for a state of another codec or basis, and as EncodeForward/Backward.
+  // InvalidArgument for a state not from this object's NewState(), and as
+  // EncodeForward/Backward.
   absl::StatusOr<size_t> Encode(const TensorView& input, CodecState* state,
                                 absl::Span<uint8_t> out) const override;
   std::unique_ptr<CodecScratch> NewDecodeScratch() const override;

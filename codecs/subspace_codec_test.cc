@@ -663,9 +663,28 @@ TEST(SubspacePayloadCodecTest, EncodesAndDecodesAsTheSubspaceCodec) {
   // A forward payload is not the backward codec's.
   EXPECT_THAT(DecodeAccumulate(*backward, absl::MakeConstSpan(&span, 1), {}, View(out, tokens, d)),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  // A state of the other direction is refused.
+  // A state of the other direction, or of another object, is refused.
   EXPECT_THAT(backward->Encode(View(g, tokens, d), state.get(), absl::MakeSpan(got_back)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SubspaceMessageState")));
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      auto other, SubspacePayloadCodec::Create(basis, SubspaceDirection::kForward,
+                                               Options(DType::kF32, block)));
+  EXPECT_THAT(other->Encode(View(h, tokens, d), state.get(), absl::MakeSpan(got)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NewState()")));
+
+  // Zero tokens aggregate to nothing.
+  std::unique_ptr<CodecState> empty_state = forward->NewState();
+  std::vector<uint8_t> empty(*forward->MaxEncodedBytes({0, d}));
+  std::vector<float> none;
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      const size_t empty_size,
+      forward->Encode(*TensorView::Host(none.data(), {0, d}), empty_state.get(),
+                      absl::MakeSpan(empty)));
+  const absl::Span<const uint8_t> empties[2] = {
+      absl::MakeConstSpan(empty).subspan(0, empty_size),
+      absl::MakeConstSpan(empty).subspan(0, empty_size)};
+  EXPECT_THAT(DecodeAccumulate(*forward, empties, {}, *TensorView::Host(none.data(), {0, d})),
+              IsOk());
 }
 
 TEST(SubspacePayloadCodecTest, TheRegistryInspectsSubspacePayloads) {
