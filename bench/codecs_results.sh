@@ -10,6 +10,7 @@
 # benchmark runs through /tmp/lbcc-bench.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+args="$*"
 min_time=1 filter=. subspace=0 out=bench/results/codecs.md
 while (($#)); do
   case "$1" in
@@ -39,7 +40,7 @@ tmp=$(mktemp)
 {
   echo "# codecs/ benchmark results"
   echo
-  echo "Written by \`bench/codecs_results.sh $*\`; do not edit by hand."
+  echo "Written by \`bench/codecs_results.sh${args:+ $args}\`; do not edit by hand."
   echo
   echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
   echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
@@ -54,5 +55,6 @@ tmp=$(mktemp)
   fi
 } > "$tmp"
 mkdir -p "$(dirname "$out")"
+chmod 644 "$tmp"
 mv "$tmp" "$out"
 echo "bench/codecs_results.sh: wrote $out"
