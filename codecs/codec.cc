@@ -1,16 +1,39 @@
 #include "codecs/codec.h"
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "codecs/decode_scratch.h"
-#include "codecs/dense_quant.h"
-#include "codecs/topk_ef.h"
+#include "codecs/codec_registry.h"
 
 namespace lbcc::codecs {
+namespace internal {
+
+// The codec-independent half of a DecodeScratch: what PrepareDecode staged for ApplyDecode, and
+// each decoded codec's own CodecScratch.
+struct DecodeScratchImpl {
+  const Codec* prepared = nullptr;  // set between a successful Prepare and Apply
+  CodecScratch* prepared_part = nullptr;
+  DecodeCall prepared_call;
+  std::vector<absl::Span<const uint8_t>> payloads;  // the call's spans (the caller's may go)
+  std::vector<PayloadInfo> infos;                   // per payload: the parsed envelope
+  // One entry per codec id decoded so far (a handful): found by a short linear search.
+  std::vector<std::pair<CodecId, std::unique_ptr<CodecScratch>>> parts;
+
+  CodecScratch* PartFor(const Codec& codec) {
+    for (auto& [id, part] : parts) {
+      if (id == codec.id()) return part.get();
+    }
+    parts.emplace_back(codec.id(), codec.NewDecodeScratch());
+    return parts.back().second.get();
+  }
+};
+
+}  // namespace internal
 
 DecodeScratch::DecodeScratch() : impl_(std::make_unique<internal::DecodeScratchImpl>()) {}
 DecodeScratch::~DecodeScratch() = default;
@@ -36,11 +59,26 @@ absl::StatusOr<Aggregation> ParseAggregation(absl::string_view name) {
       absl::StrCat("unknown aggregation '", name, "' (expected sparseloco, mean or sum)"));
 }
 
-absl::Status PrepareDecode(absl::Span<const absl::Span<const uint8_t>> payloads,
-                           const DecodeOptions& options, const TensorView& out,
-                           DecodeScratch* scratch) {
-  internal::DecodeScratchImpl& s = scratch->impl();
-  s.prepared = false;
+absl::Status Codec::PrepareDecode(const DecodeCall& /*call*/, CodecScratch* /*scratch*/) const {
+  return absl::UnimplementedError(
+      absl::StrCat("decode: ", name(), " payloads are not decoded by DecodeAccumulate"));
+}
+
+void Codec::ApplyDecode(const DecodeCall& /*call*/, CodecScratch* /*scratch*/) const {}
+
+absl::Status Codec::Inspect(const PayloadInfo& /*info*/, PayloadSummary* summary) const {
+  summary->details = "envelope checked only";
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Checks the envelopes and stages the call in `s`; `decoder` is the caller's codec, or nullptr
+// for the registered codec of the payloads' id.
+absl::Status Prepare(const Codec* decoder, absl::Span<const absl::Span<const uint8_t>> payloads,
+                     const DecodeOptions& options, const TensorView& out,
+                     internal::DecodeScratchImpl& s) {
+  s.prepared = nullptr;
   if (payloads.empty()) return absl::InvalidArgumentError("decode: no payloads");
   if (!out.is_host()) return absl::UnimplementedError("decode: the CPU codecs write host memory");
   if (out.dtype() != DType::kF32) {
@@ -63,49 +101,69 @@ absl::Status PrepareDecode(absl::Span<const absl::Span<const uint8_t>> payloads,
                                                      ShapeToString(out.shape())));
     }
   }
-  const absl::Span<const PayloadInfo> infos(s.infos.data(), payloads.size());
-  switch (s.infos[0].codec) {
-    case CodecId::kTopKEf:
-      LBCC_RETURN_IF_ERROR(internal::TopKEfPrepareDecode(infos, s));
-      break;
-    case CodecId::kDenseQuant:
-      LBCC_RETURN_IF_ERROR(internal::DenseQuantPrepareDecode(infos, s));
-      break;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("decode: ", CodecName(s.infos[0].codec),
-                       " payloads are not decoded by DecodeAccumulate"));
+  const CodecId id = s.infos[0].codec;
+  const Codec* codec = decoder != nullptr ? decoder : FindCodec(id);
+  if (codec == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "decode: no decoder of ", CodecName(id), " payloads is linked into this binary"));
   }
-  s.prepared = true;
-  s.prepared_codec = s.infos[0].codec;
-  s.prepared_options = options;
-  s.prepared_out = out;
-  s.prepared_payloads = payloads.size();
+  if (codec->id() != id) {
+    return absl::InvalidArgumentError(absl::StrCat("decode: ", CodecName(id),
+                                                   " payloads given to the decoder of ",
+                                                   codec->name()));
+  }
+  s.payloads.assign(payloads.begin(), payloads.end());
+  const DecodeCall call{s.payloads, absl::MakeConstSpan(s.infos.data(), payloads.size()),
+                        options, out};
+  CodecScratch* part = s.PartFor(*codec);
+  LBCC_RETURN_IF_ERROR(codec->PrepareDecode(call, part));
+  s.prepared = codec;
+  s.prepared_part = part;
+  s.prepared_call = call;
   return absl::OkStatus();
+}
+
+absl::Status DecodeWith(const Codec* decoder,
+                        absl::Span<const absl::Span<const uint8_t>> payloads,
+                        const DecodeOptions& options, const TensorView& out,
+                        DecodeScratch* scratch) {
+  std::unique_ptr<DecodeScratch> local;
+  if (scratch == nullptr) {
+    local = std::make_unique<DecodeScratch>();
+    scratch = local.get();
+  }
+  LBCC_RETURN_IF_ERROR(Prepare(decoder, payloads, options, out, scratch->impl()));
+  return ApplyDecode(scratch);
+}
+
+}  // namespace
+
+absl::Status PrepareDecode(absl::Span<const absl::Span<const uint8_t>> payloads,
+                           const DecodeOptions& options, const TensorView& out,
+                           DecodeScratch* scratch) {
+  return Prepare(nullptr, payloads, options, out, scratch->impl());
 }
 
 absl::Status ApplyDecode(DecodeScratch* scratch) {
   internal::DecodeScratchImpl& s = scratch->impl();
-  if (!s.prepared) return absl::FailedPreconditionError("decode: nothing prepared");
-  s.prepared = false;
-  if (s.prepared_codec == CodecId::kTopKEf) {
-    internal::TopKEfApplyDecode(s);
-  } else {
-    internal::DenseQuantApplyDecode(s);
-  }
+  if (s.prepared == nullptr) return absl::FailedPreconditionError("decode: nothing prepared");
+  const Codec* codec = s.prepared;
+  s.prepared = nullptr;
+  codec->ApplyDecode(s.prepared_call, s.prepared_part);
   return absl::OkStatus();
 }
 
 absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloads,
                               const DecodeOptions& options, const TensorView& out,
                               DecodeScratch* scratch) {
-  std::unique_ptr<DecodeScratch> local;
-  if (scratch == nullptr) {
-    local = std::make_unique<DecodeScratch>();
-    scratch = local.get();
-  }
-  LBCC_RETURN_IF_ERROR(PrepareDecode(payloads, options, out, scratch));
-  return ApplyDecode(scratch);
+  return DecodeWith(nullptr, payloads, options, out, scratch);
+}
+
+absl::Status DecodeAccumulate(const Codec& decoder,
+                              absl::Span<const absl::Span<const uint8_t>> payloads,
+                              const DecodeOptions& options, const TensorView& out,
+                              DecodeScratch* scratch) {
+  return DecodeWith(&decoder, payloads, options, out, scratch);
 }
 
 absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes) {
@@ -119,46 +177,12 @@ absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes) {
   summary.total_bytes = info.total_bytes;
   summary.bits_per_param =
       info.num_elements > 0 ? 8.0 * static_cast<double>(info.total_bytes) / info.num_elements : 0;
-  switch (info.codec) {
-    case CodecId::kTopKEf: {
-      LBCC_ASSIGN_OR_RETURN(TopKEfHeader h, ParseTopKEfHeader(info));
-      std::vector<uint16_t> indices(static_cast<size_t>(h.layout.count()));
-      LBCC_RETURN_IF_ERROR(
-          h.indices == IndexCoding::kAdaptive
-              ? DecodeAdaptive(h.index_section, h.layout, h.adaptive, absl::MakeSpan(indices))
-              : DecodePacked12(h.index_section, h.layout, absl::MakeSpan(indices)));
-      ValueDecoder values;
-      LBCC_RETURN_IF_ERROR(
-          values.Init(h.values, h.value_params, h.value_section, h.layout.count()));
-      summary.k_per_chunk = h.layout.k;
-      summary.selected = h.layout.count();
-      const ChunkGeometry& g = h.geometry;
-      summary.details = absl::StrFormat(
-          "matrix %dx%d in %d chunks of %dx%d, k %d per chunk (density %.4f%%), values %s "
-          "(%d bytes), indices %s (%d bytes%s)",
-          g.rows, g.cols, g.num_chunks, g.h, g.w, h.layout.k,
-          g.num_elements > 0 ? 100.0 * summary.selected / g.num_elements : 0.0,
-          std::string(ValueCodingName(h.values)), h.value_section.size() + h.value_params.size(),
-          std::string(IndexCodingName(h.indices)), h.index_section.size(),
-          h.indices == IndexCoding::kAdaptive
-              ? absl::StrFormat(", sub-blocks of %d, Rice %d", 1 << h.adaptive.sub_block_log2,
-                                h.adaptive.rice)
-              : std::string());
-      break;
-    }
-    case CodecId::kDenseQuant: {
-      LBCC_ASSIGN_OR_RETURN(DenseQuantHeader h, ParseDenseQuantHeader(info));
-      summary.selected = info.num_elements;
-      summary.details =
-          absl::StrFormat("format %s, %s rounding%s", std::string(DenseFormatName(h.format)),
-                          h.stochastic ? "stochastic" : "nearest",
-                          h.block > 0 ? absl::StrFormat(", blocks of %d", h.block) : std::string());
-      break;
-    }
-    default:
-      summary.details = "not a codec of this package (envelope checked only)";
-      break;
+  const Codec* codec = FindCodec(info.codec);
+  if (codec == nullptr) {
+    summary.details = "no codec of this id linked into this binary (envelope checked only)";
+    return summary;
   }
+  LBCC_RETURN_IF_ERROR(codec->Inspect(info, &summary));
   return summary;
 }
 

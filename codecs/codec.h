@@ -1,22 +1,33 @@
 // The codec interface: tensors in, self-describing payloads out, and back.
 //
-// An encoder is a Codec object built from options (TopKEfCodec, DenseQuantCodec); it is
-// immutable and may be shared by threads. Codecs with memory across calls (TopK-EF's error
-// feedback) keep it in a CodecState the caller owns, one per tensor; a state is used by one
-// thread at a time. Encoding is two-phase for stateful codecs: Encode() leaves the state's
-// update pending, Commit() applies it once the payload was delivered, Abort() drops it, so a
-// failed exchange loses nothing.
+// One Codec object carries both directions of one wire format, as leveldb's FilterPolicy
+// carries CreateFilter and KeyMayMatch:
+//   encode   Encode / EncodeStreamed with the options the object was built from (TopKEfCodec,
+//            DenseQuantCodec, SubspacePayloadCodec); memory across calls (TopK-EF's error
+//            feedback) lives in a CodecState the caller owns, one per tensor
+//   decode   PrepareDecode + ApplyDecode: validate and stage payloads in the codec's own
+//            CodecScratch, then write their aggregate; payloads describe themselves, so any
+//            object of the codec decodes what any other encoded
+//   inspect  Inspect: validate one payload and summarise it
+// Each codec registers one object under its payload id (codecs/codec_registry.h); the free
+// functions below (DecodeAccumulate, PrepareDecode, ApplyDecode, InspectPayload) read the id
+// from the payloads (payload.h) and dispatch to that object. A codec's device twin (kernels/)
+// attaches to the same registry entry.
 //
-// Decoding needs no codec object: DecodeAccumulate() reads the codec from the payloads (see
-// payload.h) and combines one or many of them, given in rank order, into a dense tensor.
-// Every payload is validated completely before the output is touched: on any error nothing is
+// Thread-safety: Codec objects are immutable and may be shared by threads. A CodecState is
+// used by one thread at a time, a DecodeScratch too (one per thread). Encoding is two-phase
+// for stateful codecs: Encode() leaves the state's update pending, Commit() applies it once the
+// payload was delivered, Abort() drops it, so a failed exchange loses nothing.
+//
+// Decoding combines one or many payloads, given in rank order, into a dense tensor. Every
+// payload is validated completely before the output is touched: on any error nothing is
 // written.
 //
 // Memory: encoders write into a caller buffer of MaxEncodedBytes(); states and DecodeScratch
 // grow on first use and are reused, so steady-state calls do not allocate.
 //
 // Implementations: topk_ef.h (chunked top-k with error feedback, SparseLoCo), dense_quant.h
-// (int8 / 4-bit absmax, fp16, bf16).
+// (int8 / 4-bit absmax, fp16, bf16), subspace_codec.h (activations on a subspace basis).
 #ifndef LBCC_CODECS_CODEC_H_
 #define LBCC_CODECS_CODEC_H_
 
@@ -56,7 +67,8 @@ struct DecodeOptions {
   bool accumulate = false;
 };
 
-// Per-tensor memory of a stateful codec. Created by Codec::NewState(); owned by the caller.
+// Per-tensor memory of a stateful codec. Created by Codec::NewState() (or by a device twin,
+// kernels::NewDeviceState); owned by the caller.
 class CodecState {
  public:
   virtual ~CodecState() = default;
@@ -67,13 +79,25 @@ class CodecState {
   virtual absl::Status Commit() = 0;
   // Drops the pending update; the state is as before Encode(). FailedPrecondition if none.
   virtual absl::Status Abort() = 0;
+  // True for a state whose memory is on a device (a device twin's state, kernels/): the CPU
+  // codecs refuse it, and device encoders take only such states. device() is its device.
+  virtual bool is_device() const { return false; }
+  virtual int device() const { return -1; }
+};
+
+// A codec's own decoding memory inside a DecodeScratch (each codec defines its subclass in its
+// .cc). Created by Codec::NewDecodeScratch() on the scratch's first decode of that codec.
+class CodecScratch {
+ public:
+  virtual ~CodecScratch() = default;
 };
 
 namespace internal {
 struct DecodeScratchImpl;
 }  // namespace internal
 
-// Reusable decoding memory; one per thread. Grows to the largest call and keeps its buffers.
+// Reusable decoding memory; one per thread. Grows to the largest call and keeps its buffers,
+// one CodecScratch per codec it has decoded.
 class DecodeScratch {
  public:
   DecodeScratch();
@@ -84,6 +108,30 @@ class DecodeScratch {
 
  private:
   std::unique_ptr<internal::DecodeScratchImpl> impl_;
+};
+
+// One decode as a codec sees it: `payloads` (rank order) whose envelopes parsed as `infos`,
+// all of the codec's id and of out's shape; out is host f32. The views stay valid from
+// Codec::PrepareDecode to Codec::ApplyDecode (see PrepareDecode below).
+struct DecodeCall {
+  absl::Span<const absl::Span<const uint8_t>> payloads;
+  absl::Span<const PayloadInfo> infos;
+  DecodeOptions options;
+  TensorView out;
+};
+
+// What a payload holds, for tools and logs.
+struct PayloadSummary {
+  CodecId codec = CodecId::kTopKEf;
+  int codec_version = 0;
+  DType dtype = DType::kF32;
+  Shape shape;
+  int64_t num_elements = 0;
+  size_t total_bytes = 0;
+  double bits_per_param = 0;  // total_bytes * 8 / num_elements
+  int64_t k_per_chunk = 0;    // top-k codecs; 0 otherwise
+  int64_t selected = 0;       // values carried (num_elements for dense codecs)
+  std::string details;        // codec-specific, one line
 };
 
 // Receives, during Codec::EncodeStreamed, the leading bytes of the payload's body as they
@@ -104,8 +152,14 @@ class Codec {
  public:
   virtual ~Codec() = default;
   virtual CodecId id() const = 0;
+  // The wire name of id() ("topk_ef"); a codec whose id is not built in (payload.h) overrides
+  // it, and registration claims the id under this name.
+  virtual absl::string_view name() const { return CodecName(id()); }
   // The options, for logs: "topk_ef(top_k=64, beta=0.95, ...)".
   virtual std::string Describe() const = 0;
+
+  // --- Encoding (uses the options the object was built from).
+
   // Bytes Encode() may write for a tensor of `shape`. InvalidArgument for a bad shape.
   virtual absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const = 0;
   // A fresh state for one tensor, or nullptr for stateless codecs.
@@ -113,9 +167,9 @@ class Codec {
   // Encodes `input` (host fp32) into `out`, which must hold MaxEncodedBytes(input.shape())
   // bytes; returns the payload's size. `state` is the tensor's state (nullptr for stateless
   // codecs); input and out are only used during the call.
-  // Errors: InvalidArgument (bad buffer, shape or state, NaN/Inf in the input: the state is
-  // then untouched), FailedPrecondition (the state has a pending update), Unimplemented (device
-  // memory or a dtype other than fp32).
+  // Errors: InvalidArgument (bad buffer, shape or state, a device state, NaN/Inf in the input:
+  // the state is then untouched), FailedPrecondition (the state has a pending update),
+  // Unimplemented (device memory or a dtype other than fp32).
   virtual absl::StatusOr<size_t> Encode(const TensorView& input, CodecState* state,
                                         absl::Span<uint8_t> out) const = 0;
   // Encode(), reporting body bytes to `observer` as they become final: when it succeeds, the
@@ -129,14 +183,41 @@ class Codec {
     (void)observer;
     return Encode(input, state, out);
   }
+
+  // --- Decoding and inspection (independent of the options: payloads describe themselves).
+  // Called through the free functions below, which check the envelopes, the output's kind and
+  // dtype, and that every payload has this codec's id and out's shape.
+
+  // The codec's CodecScratch; nullptr when it needs none.
+  virtual std::unique_ptr<CodecScratch> NewDecodeScratch() const { return nullptr; }
+  // Validates the codec's params and bodies of `call` as fully as ApplyDecode needs (DataLoss
+  // for a corrupt payload, InvalidArgument for caller input) and stages what ApplyDecode reads
+  // in `scratch` (this codec's, from NewDecodeScratch()). Writes nothing to call.out. The
+  // default: Unimplemented (the codec's payloads are not decoded by aggregation).
+  virtual absl::Status PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const;
+  // Writes the aggregate of the call PrepareDecode accepted; cannot fail.
+  virtual void ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const;
+  // Validates `info` (a parsed envelope of this codec's id) as fully as a decoder would
+  // (DataLoss otherwise) and fills the codec-specific fields of `summary` (k_per_chunk,
+  // selected, details; the envelope's are set). The default checks nothing more.
+  virtual absl::Status Inspect(const PayloadInfo& info, PayloadSummary* summary) const;
 };
 
 // Decodes `payloads` (rank order; all of the same codec and of out's shape) and writes or adds
-// their aggregate into `out` (host fp32). The payload bytes are only read during the call.
-// `scratch` may be nullptr (then the call allocates). Errors: DataLoss for a corrupt or
-// foreign payload (nothing is written to out), InvalidArgument for a shape, codec or dtype
-// that does not match out, or no payloads, Unimplemented for device memory.
+// their aggregate into `out` (host fp32), with the codec registered for the payloads' id. The
+// payload bytes are only read during the call. `scratch` may be nullptr (then the call
+// allocates). Errors: DataLoss for a corrupt or foreign payload, an unknown codec id included
+// (nothing is written to out), InvalidArgument for a shape, codec or dtype that does not match
+// out, or no payloads, Unimplemented for device memory or a codec that does not decode by
+// aggregation (or is not linked into this binary).
 absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloads,
+                              const DecodeOptions& options, const TensorView& out,
+                              DecodeScratch* scratch = nullptr);
+// The same with `decoder` instead of the registered codec: for a codec whose decoding needs
+// more than the payload (SubspacePayloadCodec: its basis). InvalidArgument when the payloads
+// are not of decoder.id().
+absl::Status DecodeAccumulate(const Codec& decoder,
+                              absl::Span<const absl::Span<const uint8_t>> payloads,
                               const DecodeOptions& options, const TensorView& out,
                               DecodeScratch* scratch = nullptr);
 
@@ -152,21 +233,9 @@ absl::Status PrepareDecode(absl::Span<const absl::Span<const uint8_t>> payloads,
                            DecodeScratch* scratch);
 absl::Status ApplyDecode(DecodeScratch* scratch);
 
-// What a payload holds, for tools and logs.
-struct PayloadSummary {
-  CodecId codec = CodecId::kTopKEf;
-  int codec_version = 0;
-  DType dtype = DType::kF32;
-  Shape shape;
-  int64_t num_elements = 0;
-  size_t total_bytes = 0;
-  double bits_per_param = 0;  // total_bytes * 8 / num_elements
-  int64_t k_per_chunk = 0;    // top-k codecs; 0 otherwise
-  int64_t selected = 0;       // values carried (num_elements for dense codecs)
-  std::string details;        // codec-specific, one line
-};
-
-// Validates `bytes` as fully as a decoder would (DataLoss otherwise) and summarises it.
+// Validates `bytes` as fully as a decoder would (DataLoss otherwise, an unknown codec id
+// included) and summarises it. A payload of a built-in id whose codec is not linked into this
+// binary is checked as far as its envelope.
 absl::StatusOr<PayloadSummary> InspectPayload(absl::Span<const uint8_t> bytes);
 
 }  // namespace lbcc::codecs

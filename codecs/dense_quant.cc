@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -12,7 +14,7 @@
 #include "base/status_macros.h"
 #include "codecs/counter_rng.h"
 #include "codecs/cpu_kernels.h"
-#include "codecs/decode_scratch.h"
+#include "codecs/codec_registry.h"
 #include "codecs/payload.h"
 
 namespace lbcc::codecs {
@@ -349,24 +351,38 @@ absl::StatusOr<DenseQuantHeader> ParseDenseQuantHeader(const PayloadInfo& info) 
   return h;
 }
 
-namespace internal {
+namespace {
 
-absl::Status DenseQuantPrepareDecode(absl::Span<const PayloadInfo> payloads,
-                                     DecodeScratchImpl& s) {
+// The dense quantizer's part of a DecodeScratch.
+struct DenseDecodeScratch final : CodecScratch {
+  std::vector<DenseQuantHeader> headers;  // per payload
+  std::vector<float> dense;               // accumulator and one payload's tile
+};
+
+}  // namespace
+
+std::unique_ptr<CodecScratch> DenseQuantCodec::NewDecodeScratch() const {
+  return std::make_unique<DenseDecodeScratch>();
+}
+
+absl::Status DenseQuantCodec::PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const {
+  DenseDecodeScratch& s = static_cast<DenseDecodeScratch&>(*scratch);
+  const absl::Span<const PayloadInfo> payloads = call.infos;
   // Phase 1: validate every payload before touching `out`.
-  s.dense_headers.resize(payloads.size());
+  s.headers.resize(payloads.size());
   for (size_t r = 0; r < payloads.size(); ++r) {
-    LBCC_ASSIGN_OR_RETURN(s.dense_headers[r], ParseDenseQuantHeader(payloads[r]),
+    LBCC_ASSIGN_OR_RETURN(s.headers[r], ParseDenseQuantHeader(payloads[r]),
                           _.Prepend(absl::StrCat("payload ", r)));
   }
   return absl::OkStatus();
 }
 
-void DenseQuantApplyDecode(DecodeScratchImpl& s) {
-  const DecodeOptions& options = s.prepared_options;
-  const TensorView& out = s.prepared_out;
-  const absl::Span<const PayloadInfo> payloads(s.infos.data(), s.prepared_payloads);
-  const DenseQuantHeader& first = s.dense_headers[0];
+void DenseQuantCodec::ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const {
+  DenseDecodeScratch& s = static_cast<DenseDecodeScratch&>(*scratch);
+  const DecodeOptions& options = call.options;
+  const TensorView& out = call.out;
+  const absl::Span<const PayloadInfo> payloads = call.infos;
+  const DenseQuantHeader& first = s.headers[0];
   float* o = out.data_as<float>();
   const int64_t n = out.num_elements();
   const CpuKernels& kern = ActiveKernels();
@@ -395,7 +411,7 @@ void DenseQuantApplyDecode(DecodeScratchImpl& s) {
     const int64_t len = std::min(tile, n - begin);
     std::fill(acc, acc + len, -0.0f);  // -0 + v == v for every v, -0 included
     for (size_t r = 0; r < payloads.size(); ++r) {
-      DecodeRange(s.dense_headers[r], begin, len, tmp);
+      DecodeRange(s.headers[r], begin, len, tmp);
       for (int64_t i = 0; i < len; ++i) acc[i] = acc[i] + tmp[i];
     }
     for (int64_t i = 0; i < len; ++i) {
@@ -405,5 +421,16 @@ void DenseQuantApplyDecode(DecodeScratchImpl& s) {
   }
 }
 
-}  // namespace internal
+absl::Status DenseQuantCodec::Inspect(const PayloadInfo& info, PayloadSummary* summary) const {
+  LBCC_ASSIGN_OR_RETURN(DenseQuantHeader h, ParseDenseQuantHeader(info));
+  summary->selected = info.num_elements;
+  summary->details =
+      absl::StrFormat("format %s, %s rounding%s", std::string(DenseFormatName(h.format)),
+                      h.stochastic ? "stochastic" : "nearest",
+                      h.block > 0 ? absl::StrFormat(", blocks of %d", h.block) : std::string());
+  return absl::OkStatus();
+}
+
+LBCC_REGISTER_CODEC(*DenseQuantCodec::Create(DenseQuantOptions()));
+
 }  // namespace lbcc::codecs

@@ -64,6 +64,13 @@ class DenseQuantCodec final : public Codec {
   absl::StatusOr<size_t> Encode(const TensorView& input, CodecState* state,
                                 absl::Span<uint8_t> out) const override;
 
+  // Decode-accumulate: Prepare validates every payload's params, scales and codes; Apply
+  // aggregates tile by tile (one int8 payload: dequantised straight into the output).
+  std::unique_ptr<CodecScratch> NewDecodeScratch() const override;
+  absl::Status PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const override;
+  void ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const override;
+  absl::Status Inspect(const PayloadInfo& info, PayloadSummary* summary) const override;
+
  private:
   explicit DenseQuantCodec(const DenseQuantOptions& options) : options_(options) {}
   DenseQuantOptions options_;
@@ -79,14 +86,6 @@ struct DenseQuantHeader {
   absl::Span<const uint8_t> codes;
 };
 absl::StatusOr<DenseQuantHeader> ParseDenseQuantHeader(const PayloadInfo& info);
-
-namespace internal {
-struct DecodeScratchImpl;
-// The dense halves of PrepareDecode / ApplyDecode (codec.h).
-absl::Status DenseQuantPrepareDecode(absl::Span<const PayloadInfo> payloads,
-                                     DecodeScratchImpl& scratch);
-void DenseQuantApplyDecode(DecodeScratchImpl& scratch);
-}  // namespace internal
 
 }  // namespace lbcc::codecs
 

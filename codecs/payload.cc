@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
 
@@ -75,10 +77,8 @@ absl::StatusOr<Envelope> ParseEnvelope(absl::Span<const uint8_t> bytes) {
   return e;
 }
 
-}  // namespace
-
-absl::string_view CodecName(CodecId id) {
-  switch (id) {
+absl::string_view BuiltInCodecName(uint16_t id) {
+  switch (static_cast<CodecId>(id)) {
     case CodecId::kTopKEf:
       return "topk_ef";
     case CodecId::kDenseQuant:
@@ -88,12 +88,51 @@ absl::string_view CodecName(CodecId id) {
     case CodecId::kSubspaceBackward:
       return "subspace_backward";
   }
+  return absl::string_view();
+}
+
+// Names of the claimed ids beyond the built-in ones, indexed by id: written once (compare and
+// swap) and then only read, so lookups take no lock. Zero-initialised before any static
+// constructor runs, so codecs may claim ids from theirs.
+struct ClaimedName {
+  absl::string_view name;
+};
+std::atomic<const ClaimedName*> g_claimed[kMaxCodecId + 1];
+
+}  // namespace
+
+absl::string_view CodecName(CodecId id) {
+  const uint16_t raw = static_cast<uint16_t>(id);
+  const absl::string_view built_in = BuiltInCodecName(raw);
+  if (!built_in.empty()) return built_in;
+  if (raw <= kMaxCodecId) {
+    if (const ClaimedName* c = g_claimed[raw].load(std::memory_order_acquire)) return c->name;
+  }
   return "unknown";
 }
 
 bool IsKnownCodec(uint16_t id) {
-  return id >= static_cast<uint16_t>(CodecId::kTopKEf) &&
-         id <= static_cast<uint16_t>(CodecId::kSubspaceBackward);
+  if (id >= static_cast<uint16_t>(CodecId::kTopKEf) &&
+      id <= static_cast<uint16_t>(CodecId::kSubspaceBackward)) {
+    return true;
+  }
+  return id <= kMaxCodecId && g_claimed[id].load(std::memory_order_acquire) != nullptr;
+}
+
+bool ClaimCodecId(uint16_t id, absl::string_view name) {
+  if (id == 0 || id > kMaxCodecId || name.empty()) return false;
+  const absl::string_view built_in = BuiltInCodecName(id);
+  if (!built_in.empty()) return built_in == name;
+  const ClaimedName* current = g_claimed[id].load(std::memory_order_acquire);
+  if (current == nullptr) {
+    // Never freed: names are read without a lock for the life of the process.
+    auto* claim = new ClaimedName{name};
+    if (g_claimed[id].compare_exchange_strong(current, claim, std::memory_order_acq_rel)) {
+      return true;
+    }
+    delete claim;  // another thread claimed it first; `current` is theirs
+  }
+  return current->name == name;
 }
 
 absl::StatusOr<size_t> PeekPayloadBytes(absl::Span<const uint8_t> prefix) {

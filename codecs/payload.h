@@ -39,7 +39,10 @@
 
 namespace lbcc::codecs {
 
-// Codec ids on the wire. Never renumber; add at the end.
+// Codec ids on the wire. Never renumber. Ids 1-4 are LBCC's first codecs and are always known
+// to the envelope (a relay parses them whether or not it links their decoders). A codec added
+// later names its id in its own header (`inline constexpr CodecId kMyCodec{5};`) and claims it
+// when it registers (codecs/codec_registry.h); the registry refuses an id claimed twice.
 enum class CodecId : uint16_t {
   kTopKEf = 1,            // chunked top-k with error feedback (SparseLoCo)
   kDenseQuant = 2,        // dense quantizer: int8 / 4-bit blockwise absmax, fp16, bf16
@@ -47,8 +50,20 @@ enum class CodecId : uint16_t {
   kSubspaceBackward = 4,  // activation gradients projected on a subspace basis
 };
 
+// Ids a codec may claim: [1, kMaxCodecId].
+inline constexpr uint16_t kMaxCodecId = 1023;
+
+// The codec's name ("topk_ef"), or "unknown" for an id neither built in nor claimed.
 absl::string_view CodecName(CodecId id);
+// Whether ParsePayload accepts `id`: ids 1-4, and the ids claimed in this process.
 bool IsKnownCodec(uint16_t id);
+// Claims `id` for the codec `name` (which must outlive the process: a literal or the codec's
+// own storage); from then on ParsePayload accepts it and CodecName names it. Called by
+// codecs::RegisterCodec, not by codecs themselves. Returns false, claiming nothing, when `id`
+// is 0 or above kMaxCodecId, or is built in or claimed under another name; claiming an id
+// again under its own name returns true (two copies of one codec library in a process).
+// Thread-safe.
+bool ClaimCodecId(uint16_t id, absl::string_view name);
 
 inline constexpr char kPayloadMagic[4] = {'L', 'B', 'C', 'C'};
 inline constexpr uint8_t kEnvelopeVersion = 1;

@@ -5,12 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
 #include "base/status_macros.h"
+#include "absl/strings/str_format.h"
+#include "codecs/codec_registry.h"
 #include "codecs/payload.h"
 
 namespace lbcc::codecs {
@@ -50,10 +55,8 @@ T LoadLe(const uint8_t* p) {
   return v;
 }
 
-}  // namespace
-
-absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const uint8_t> payload) {
-  LBCC_ASSIGN_OR_RETURN(PayloadInfo info, ParsePayload(payload));
+// The subspace header of a parsed envelope (InspectSubspacePayload after ParsePayload).
+absl::StatusOr<SubspacePayloadHeader> ParseHeader(const PayloadInfo& info) {
   SubspacePayloadHeader h;
   if (info.codec == CodecId::kSubspaceForward) {
     h.direction = SubspaceDirection::kForward;
@@ -139,6 +142,19 @@ absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const ui
   }
   h.total_bytes = info.total_bytes;
   return h;
+}
+
+// The payload bytes CheckSubspaceBody reads, from a parsed envelope: it locates the body from
+// the payload's end, so the span from the body to the end of the checksum serves.
+absl::Span<const uint8_t> BodyToEnd(const PayloadInfo& info) {
+  return absl::MakeConstSpan(info.body.data(), info.body.size() + kPayloadChecksumBytes);
+}
+
+}  // namespace
+
+absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const uint8_t> payload) {
+  LBCC_ASSIGN_OR_RETURN(PayloadInfo info, ParsePayload(payload));
+  return ParseHeader(info);
 }
 
 absl::StatusOr<SubspaceCodec> SubspaceCodec::Create(std::shared_ptr<const SubspaceBasis> basis,
@@ -685,5 +701,175 @@ absl::StatusOr<SubspaceEnergy> SubspaceCodec::MeasureEnergy(const TensorView& h,
   }
   return e;
 }
+
+// --- SubspacePayloadCodec: the subspace codec as a codecs::Codec.
+
+namespace {
+
+CodecId IdOf(SubspaceDirection direction) {
+  return direction == SubspaceDirection::kForward ? CodecId::kSubspaceForward
+                                                  : CodecId::kSubspaceBackward;
+}
+
+// The subspace codec's part of a DecodeScratch.
+struct SubspaceDecodeScratch final : CodecScratch {
+  std::optional<SubspaceCodec> codec;  // decodes (it keeps buffers); rebuilt for a new basis
+  std::vector<float> tile;             // one payload's reconstruction
+  std::vector<float> acc;              // the aggregate of several payloads
+};
+
+}  // namespace
+
+absl::Status SubspaceMessageState::Commit() {
+  return absl::FailedPreconditionError("subspace state: nothing to commit (stateless codec)");
+}
+
+absl::Status SubspaceMessageState::Abort() {
+  return absl::FailedPreconditionError("subspace state: nothing to abort (stateless codec)");
+}
+
+absl::StatusOr<std::unique_ptr<SubspacePayloadCodec>> SubspacePayloadCodec::Create(
+    std::shared_ptr<const SubspaceBasis> basis, SubspaceDirection direction,
+    SubspaceCodecOptions options) {
+  LBCC_ASSIGN_OR_RETURN(SubspaceCodec codec, SubspaceCodec::Create(std::move(basis), options));
+  return std::unique_ptr<SubspacePayloadCodec>(
+      new SubspacePayloadCodec(direction, std::move(codec)));
+}
+
+std::unique_ptr<SubspacePayloadCodec> SubspacePayloadCodec::Inspector(
+    SubspaceDirection direction) {
+  return std::unique_ptr<SubspacePayloadCodec>(new SubspacePayloadCodec(direction, std::nullopt));
+}
+
+CodecId SubspacePayloadCodec::id() const { return IdOf(direction_); }
+
+std::string SubspacePayloadCodec::Describe() const {
+  if (!codec_) return absl::StrCat(name(), "(no basis: inspects only)");
+  const SubspaceBasis& b = codec_->basis();
+  const SubspaceCodecOptions& o = codec_->options();
+  return absl::StrFormat("%s(basis %s, d=%d, k=%d, M=%d, V=%d, coefficients=%s, int8_block=%d, "
+                         "mixture_block=%d)",
+                         std::string(name()), b.id().ToString(), b.model_dim(), b.rank(),
+                         b.components(), b.vocab_size(),
+                         std::string(DTypeName(o.coefficient_dtype)), o.int8_block,
+                         o.mixture_block);
+}
+
+absl::Status SubspacePayloadCodec::NeedBasis(absl::string_view what) const {
+  if (codec_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(name(), ": ", what, " needs a basis (SubspacePayloadCodec::Create)"));
+}
+
+absl::StatusOr<size_t> SubspacePayloadCodec::MaxEncodedBytes(
+    absl::Span<const int64_t> shape) const {
+  LBCC_RETURN_IF_ERROR(NeedBasis("MaxEncodedBytes"));
+  if (shape.size() != 2 || shape[0] < 0 || shape[1] != codec_->basis().model_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(name(), ": expected [tokens, ",
+                                                   codec_->basis().model_dim(), "], got ",
+                                                   ShapeToString(shape)));
+  }
+  return direction_ == SubspaceDirection::kForward ? codec_->ForwardPayloadBytes(shape[0])
+                                                   : codec_->BackwardPayloadBytes(shape[0]);
+}
+
+std::unique_ptr<CodecState> SubspacePayloadCodec::NewState() const {
+  if (!codec_) return nullptr;
+  return std::unique_ptr<CodecState>(new SubspaceMessageState(this, id(), *codec_));
+}
+
+absl::StatusOr<size_t> SubspacePayloadCodec::Encode(const TensorView& input, CodecState* state,
+                                                    absl::Span<uint8_t> out) const {
+  LBCC_RETURN_IF_ERROR(NeedBasis("Encode"));
+  if (state == nullptr || state->codec() != id() || state->is_device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(), ": Encode needs a SubspaceMessageState from this codec's NewState()"));
+  }
+  auto& st = static_cast<SubspaceMessageState&>(*state);
+  if (st.owner_ != this) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), ": the state comes from another SubspacePayloadCodec (basis ",
+        st.codec_.basis().id().ToString(), "; this codec's is ", codec_->basis().id().ToString(),
+        "): use this codec's NewState()"));
+  }
+  if (direction_ == SubspaceDirection::kForward) {
+    return st.codec_.EncodeForward(input, st.ids_, out, &st.selectors_);
+  }
+  return st.codec_.EncodeBackward(input, st.selectors_, out);
+}
+
+std::unique_ptr<CodecScratch> SubspacePayloadCodec::NewDecodeScratch() const {
+  return std::make_unique<SubspaceDecodeScratch>();
+}
+
+absl::Status SubspacePayloadCodec::PrepareDecode(const DecodeCall& call,
+                                                 CodecScratch* scratch) const {
+  if (!codec_) {
+    return absl::UnimplementedError(absl::StrCat(
+        "decode: ", name(), " payloads decode with their basis: DecodeAccumulate with a "
+        "SubspacePayloadCodec, or SubspaceCodec"));
+  }
+  for (size_t r = 0; r < call.infos.size(); ++r) {
+    absl::StatusOr<SubspacePayloadHeader> h = ParseHeader(call.infos[r]);
+    absl::Status status = h.status();
+    if (status.ok()) status = CheckSubspaceHeaderForDecode(*h, direction_, codec_->basis());
+    if (status.ok()) status = CheckSubspaceBody(BodyToEnd(call.infos[r]), *h).status();
+    if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
+  }
+  auto& s = static_cast<SubspaceDecodeScratch&>(*scratch);
+  if (!s.codec || &s.codec->basis() != &codec_->basis()) s.codec.emplace(*codec_);
+  return absl::OkStatus();
+}
+
+void SubspacePayloadCodec::ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const {
+  auto& s = static_cast<SubspaceDecodeScratch&>(*scratch);
+  const bool forward = direction_ == SubspaceDirection::kForward;
+  auto decode = [&](absl::Span<const uint8_t> payload, const TensorView& into) {
+    const absl::Status status =
+        forward ? s.codec->DecodeForward(payload, into) : s.codec->DecodeBackward(payload, into);
+    LBCC_CHECK(status.ok()) << "validated by PrepareDecode: " << status;
+  };
+  const TensorView& out = call.out;
+  if (call.payloads.size() == 1 && !call.options.accumulate) {
+    decode(call.payloads[0], out);
+    return;
+  }
+  // As the dense codecs: agg = v_0 + v_1 + ... in payload order, then the rule (every payload
+  // carries every coordinate, so the two means agree).
+  const size_t n = static_cast<size_t>(out.num_elements());
+  if (n == 0) return;
+  s.tile.resize(n);
+  s.acc.assign(n, -0.0f);  // -0 + v == v for every v, -0 included
+  const TensorView tile = *TensorView::Host(s.tile.data(), out.shape());
+  for (absl::Span<const uint8_t> payload : call.payloads) {
+    decode(payload, tile);
+    for (size_t i = 0; i < n; ++i) s.acc[i] = s.acc[i] + s.tile[i];
+  }
+  const float replicas = static_cast<float>(call.payloads.size());
+  const bool divide = call.options.aggregation != Aggregation::kSum;
+  float* o = out.data_as<float>();
+  for (size_t i = 0; i < n; ++i) {
+    const float agg = divide ? s.acc[i] / replicas : s.acc[i];
+    o[i] = call.options.accumulate ? o[i] + agg : agg;
+  }
+}
+
+absl::Status SubspacePayloadCodec::Inspect(const PayloadInfo& info,
+                                           PayloadSummary* summary) const {
+  LBCC_ASSIGN_OR_RETURN(const SubspacePayloadHeader h, ParseHeader(info));
+  LBCC_RETURN_IF_ERROR(CheckSubspaceBody(BodyToEnd(info), h).status());
+  summary->selected = h.tokens * h.rank;
+  summary->details = absl::StrFormat(
+      "%d tokens, basis %s (d %d, k %d, M %d, V %d), coefficients %s%s%s", h.tokens,
+      h.basis.ToString(), h.model_dim, h.rank, h.components, h.vocab_size,
+      std::string(DTypeName(h.coefficient_dtype)),
+      h.int8_block > 0 ? absl::StrFormat(" (a scale per %d)", h.int8_block) : std::string(),
+      h.mixture_block > 0 ? absl::StrFormat(", a selector per %d tokens", h.mixture_block)
+                          : std::string());
+  return absl::OkStatus();
+}
+
+LBCC_REGISTER_CODEC(SubspacePayloadCodec::Inspector(SubspaceDirection::kForward));
+LBCC_REGISTER_CODEC(SubspacePayloadCodec::Inspector(SubspaceDirection::kBackward));
 
 }  // namespace lbcc::codecs

@@ -37,15 +37,22 @@
 //                      ids outside [0, V) to encode, selectors of the wrong count or >= M,
 //                      an output buffer of the wrong size, bad options.
 //
+// As a codecs::Codec (codec.h): SubspacePayloadCodec below, one object per direction, is
+// registered under both payload ids, so InspectPayload summarises subspace payloads, and
+// comm/'s compressed point-to-point sends them like any codec's.
+//
 // Thread-safety: a SubspaceCodec keeps scratch buffers and is thread-compatible: one thread at a
 // time per instance (create one per stream); the basis it holds is shared and immutable.
-// InspectSubspacePayload is stateless.
+// InspectSubspacePayload is stateless. A SubspacePayloadCodec is immutable and shareable; its
+// SubspaceMessageState belongs to one thread at a time.
 #ifndef LBCC_CODECS_SUBSPACE_CODEC_H_
 #define LBCC_CODECS_SUBSPACE_CODEC_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +60,7 @@
 #include "absl/types/span.h"
 #include "base/dtype.h"
 #include "base/tensor_view.h"
+#include "codecs/codec.h"
 #include "codecs/subspace_basis.h"
 
 namespace lbcc::codecs {
@@ -197,6 +205,86 @@ class SubspaceCodec {
   std::vector<float> stage_out_;  // ... and their output rows
   std::vector<uint8_t> selectors_;
   std::vector<int32_t> ids_;
+};
+
+// The per-message inputs and outputs of SubspacePayloadCodec::Encode, and its encoder's buffers:
+// one per stream of messages. Nothing is ever pending (the codec has no memory across
+// messages): Commit() and Abort() answer FailedPrecondition.
+class SubspacePayloadCodec;
+
+class SubspaceMessageState final : public CodecState {
+ public:
+  // Forward: the token ids of the next Encode (copied; empty when the basis has no vocabulary).
+  void set_ids(absl::Span<const int32_t> ids) { ids_.assign(ids.begin(), ids.end()); }
+  // Backward: the selectors of the matching forward payload (empty for a single basis).
+  void set_selectors(SubspaceSelectors selectors) { selectors_ = std::move(selectors); }
+  // After a forward Encode: the components it chose; else what set_selectors() gave.
+  const SubspaceSelectors& selectors() const { return selectors_; }
+
+  CodecId codec() const override { return id_; }
+  bool has_pending() const override { return false; }
+  absl::Status Commit() override;
+  absl::Status Abort() override;
+
+ private:
+  friend class SubspacePayloadCodec;
+  SubspaceMessageState(const SubspacePayloadCodec* owner, CodecId id, SubspaceCodec codec)
+      : owner_(owner), id_(id), codec_(std::move(codec)) {}
+
+  const SubspacePayloadCodec* owner_;  // the codec whose NewState() made it
+  CodecId id_;
+  SubspaceCodec codec_;  // its own copy: the encoder's buffers
+  std::vector<int32_t> ids_;
+  SubspaceSelectors selectors_;
+};
+
+// The subspace codec of one direction as a codecs::Codec (id kSubspaceForward or
+// kSubspaceBackward), over a SubspaceCodec:
+//   Encode(x, state, out)  x: h (forward) or g_h (backward), host f32 [tokens, d]; `state`: a
+//                          SubspaceMessageState from NewState() holding the message's ids or
+//                          selectors. The payload is SubspaceCodec's EncodeForward/Backward's.
+//   DecodeAccumulate(codec, payloads, options, out)  decodes with this codec's basis (errors as
+//                          in the header comment); several payloads aggregate as dense ones do:
+//                          agg = v_0 + v_1 + ... in rank order, then / n unless kSum.
+//   Inspect                the header and the body's selectors, ids and scales (DataLoss).
+// The objects the registry holds come from Inspector(): no basis, so they inspect, and answer
+// Unimplemented to DecodeAccumulate without a codec (subspace payloads need their basis) and
+// FailedPrecondition to MaxEncodedBytes and Encode.
+class SubspacePayloadCodec final : public Codec {
+ public:
+  // InvalidArgument as SubspaceCodec::Create.
+  static absl::StatusOr<std::unique_ptr<SubspacePayloadCodec>> Create(
+      std::shared_ptr<const SubspaceBasis> basis, SubspaceDirection direction,
+      SubspaceCodecOptions options = {});
+  // The basis-less object registered for `direction`'s id.
+  static std::unique_ptr<SubspacePayloadCodec> Inspector(SubspaceDirection direction);
+
+  SubspaceDirection direction() const { return direction_; }
+  // The codec it encodes with; nullptr for an Inspector().
+  const SubspaceCodec* subspace_codec() const { return codec_ ? &*codec_ : nullptr; }
+
+  CodecId id() const override;
+  std::string Describe() const override;
+  // [tokens, d] (InvalidArgument otherwise): ForwardPayloadBytes / BackwardPayloadBytes.
+  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override;
+  // A SubspaceMessageState; nullptr for an Inspector().
+  std::unique_ptr<CodecState> NewState() const override;
+  // InvalidArgument for a state not from this object's NewState(), and as
+  // EncodeForward/Backward.
+  absl::StatusOr<size_t> Encode(const TensorView& input, CodecState* state,
+                                absl::Span<uint8_t> out) const override;
+  std::unique_ptr<CodecScratch> NewDecodeScratch() const override;
+  absl::Status PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const override;
+  void ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const override;
+  absl::Status Inspect(const PayloadInfo& info, PayloadSummary* summary) const override;
+
+ private:
+  SubspacePayloadCodec(SubspaceDirection direction, std::optional<SubspaceCodec> codec)
+      : direction_(direction), codec_(std::move(codec)) {}
+  absl::Status NeedBasis(absl::string_view what) const;
+
+  SubspaceDirection direction_;
+  std::optional<SubspaceCodec> codec_;  // sizes, options, basis; never encodes itself
 };
 
 // Byte sizes of a subspace payload's body sections (the wire format above): selectors, ids, int8

@@ -587,3 +587,158 @@ TEST_F(SubspaceRejectionTest, WrongOutputBuffers) {
 
 }  // namespace
 }  // namespace lbcc::codecs
+
+namespace lbcc::codecs {
+namespace {
+
+// --- SubspacePayloadCodec: the subspace codec as a codecs::Codec.
+
+SubspaceCodecOptions Options(DType dtype, int64_t mixture_block) {
+  SubspaceCodecOptions o;
+  o.coefficient_dtype = dtype;
+  o.mixture_block = mixture_block;
+  return o;
+}
+
+TEST(SubspacePayloadCodecTest, EncodesAndDecodesAsTheSubspaceCodec) {
+  const int64_t d = 40, k = 8, m = 3, v = 500, tokens = 29, block = 8;
+  auto basis = MakeBasis(d, k, m, v, true);
+  SubspaceCodec reference = MakeCodec(basis, DType::kBF16, block);
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      auto forward, SubspacePayloadCodec::Create(basis, SubspaceDirection::kForward,
+                                                 Options(DType::kBF16, block)));
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      auto backward, SubspacePayloadCodec::Create(basis, SubspaceDirection::kBackward,
+                                                  Options(DType::kBF16, block)));
+  EXPECT_EQ(forward->id(), CodecId::kSubspaceForward);
+  EXPECT_EQ(backward->id(), CodecId::kSubspaceBackward);
+  EXPECT_THAT(forward->Describe(), HasSubstr("bf16"));
+  const std::vector<int32_t> ids = Ids(tokens, v, 11);
+  std::vector<float> h = Gaussian(tokens * d, 12);
+
+  // Forward: the ids come in the state, the chosen selectors come back in it.
+  SubspaceSelectors want_selectors;
+  LBCC_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> want,
+                            reference.EncodeForward(View(h, tokens, d), ids, &want_selectors));
+  std::unique_ptr<CodecState> state = forward->NewState();
+  ASSERT_NE(state, nullptr);
+  auto& message = static_cast<SubspaceMessageState&>(*state);
+  message.set_ids(ids);
+  LBCC_ASSERT_OK_AND_ASSIGN(const size_t max, forward->MaxEncodedBytes({tokens, d}));
+  std::vector<uint8_t> got(max);
+  LBCC_ASSERT_OK_AND_ASSIGN(const size_t size,
+                            forward->Encode(View(h, tokens, d), state.get(), absl::MakeSpan(got)));
+  got.resize(size);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(message.selectors().values, want_selectors.values);
+  EXPECT_FALSE(message.has_pending());
+  EXPECT_THAT(message.Commit(), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // Decode through codec.h's free function, with the codec (it holds the basis).
+  std::vector<float> out(tokens * d, 7.0f), ref(tokens * d);
+  ASSERT_THAT(reference.DecodeForward(want, View(ref, tokens, d)), IsOk());
+  const absl::Span<const uint8_t> span(got);
+  ASSERT_THAT(DecodeAccumulate(*forward, absl::MakeConstSpan(&span, 1), {}, View(out, tokens, d)),
+              IsOk());
+  EXPECT_EQ(out, ref);
+  // Two payloads: their mean, as dense payloads aggregate; accumulate adds it.
+  const absl::Span<const uint8_t> two[2] = {span, span};
+  std::vector<float> acc(tokens * d, 1.0f);
+  ASSERT_THAT(DecodeAccumulate(*forward, two, {Aggregation::kMean, true}, View(acc, tokens, d)),
+              IsOk());
+  for (size_t i = 0; i < acc.size(); ++i) ASSERT_EQ(acc[i], 1.0f + (ref[i] + ref[i]) / 2) << i;
+
+  // Backward: the forward's selectors go in the state.
+  std::vector<float> g = Gaussian(tokens * d, 13);
+  LBCC_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> want_back,
+                            reference.EncodeBackward(View(g, tokens, d), want_selectors));
+  std::unique_ptr<CodecState> back_state = backward->NewState();
+  static_cast<SubspaceMessageState&>(*back_state).set_selectors(want_selectors);
+  std::vector<uint8_t> got_back(*backward->MaxEncodedBytes({tokens, d}));
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      const size_t back_size,
+      backward->Encode(View(g, tokens, d), back_state.get(), absl::MakeSpan(got_back)));
+  got_back.resize(back_size);
+  EXPECT_EQ(got_back, want_back);
+  // A forward payload is not the backward codec's.
+  EXPECT_THAT(DecodeAccumulate(*backward, absl::MakeConstSpan(&span, 1), {}, View(out, tokens, d)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // A state of the other direction, or of another object, is refused.
+  EXPECT_THAT(backward->Encode(View(g, tokens, d), state.get(), absl::MakeSpan(got_back)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SubspaceMessageState")));
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      auto other, SubspacePayloadCodec::Create(basis, SubspaceDirection::kForward,
+                                               Options(DType::kF32, block)));
+  EXPECT_THAT(other->Encode(View(h, tokens, d), state.get(), absl::MakeSpan(got)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NewState()")));
+
+  // Zero tokens aggregate to nothing.
+  std::unique_ptr<CodecState> empty_state = forward->NewState();
+  std::vector<uint8_t> empty(*forward->MaxEncodedBytes({0, d}));
+  std::vector<float> none;
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      const size_t empty_size,
+      forward->Encode(*TensorView::Host(none.data(), {0, d}), empty_state.get(),
+                      absl::MakeSpan(empty)));
+  const absl::Span<const uint8_t> empties[2] = {
+      absl::MakeConstSpan(empty).subspan(0, empty_size),
+      absl::MakeConstSpan(empty).subspan(0, empty_size)};
+  EXPECT_THAT(DecodeAccumulate(*forward, empties, {}, *TensorView::Host(none.data(), {0, d})),
+              IsOk());
+}
+
+TEST(SubspacePayloadCodecTest, TheRegistryInspectsSubspacePayloads) {
+  const int64_t d = 24, k = 6, v = 300, tokens = 5;
+  auto basis = MakeBasis(d, k, 1, v, true);
+  SubspaceCodec codec = MakeCodec(basis, DType::kI8);
+  const std::vector<int32_t> ids = Ids(tokens, v, 21);
+  std::vector<float> h = Gaussian(tokens * d, 22);
+  LBCC_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> payload,
+                            codec.EncodeForward(View(h, tokens, d), ids));
+  LBCC_ASSERT_OK_AND_ASSIGN(PayloadSummary summary, InspectPayload(payload));
+  EXPECT_EQ(summary.codec, CodecId::kSubspaceForward);
+  EXPECT_EQ(summary.selected, tokens * k);
+  EXPECT_EQ(summary.total_bytes, payload.size());
+  EXPECT_THAT(summary.details, HasSubstr("5 tokens"));
+  EXPECT_THAT(summary.details, HasSubstr(basis->id().ToString()));
+  EXPECT_THAT(summary.details, HasSubstr("i8"));
+
+  // Without a codec holding the basis, DecodeAccumulate cannot decode it.
+  std::vector<float> out(tokens * d, 7.0f);
+  const absl::Span<const uint8_t> span(payload);
+  EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {}, View(out, tokens, d)),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("basis")));
+  EXPECT_THAT(out, ::testing::Each(7.0f));
+  // The registered object inspects only.
+  auto inspector = SubspacePayloadCodec::Inspector(SubspaceDirection::kForward);
+  EXPECT_EQ(inspector->NewState(), nullptr);
+  EXPECT_THAT(inspector->MaxEncodedBytes({tokens, d}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // A token id >= V under a valid checksum: the body check of InspectPayload finds it.
+  std::vector<uint8_t> bad = payload;
+  const size_t ids_at = kBody;  // a single basis: the ids start the body
+  bad[ids_at] = 0xFF;
+  bad[ids_at + 1] = 0xFF;
+  Reseal(&bad);
+  EXPECT_THAT(InspectPayload(bad), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("token id")));
+}
+
+TEST(SubspacePayloadCodecTest, ForeignBasisIsFailedPreconditionAndNothingIsWritten) {
+  const int64_t d = 24, k = 6, tokens = 4;
+  auto basis = MakeBasis(d, k, 1, 0, false, 1);
+  auto other = MakeBasis(d, k, 1, 0, false, 2);
+  SubspaceCodec codec = MakeCodec(basis);
+  std::vector<float> g = Gaussian(tokens * d, 31);
+  LBCC_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> payload, codec.EncodeBackward(View(g, tokens, d)));
+  LBCC_ASSERT_OK_AND_ASSIGN(auto decoder,
+                            SubspacePayloadCodec::Create(other, SubspaceDirection::kBackward));
+  std::vector<float> out(tokens * d, 7.0f);
+  const absl::Span<const uint8_t> span(payload);
+  EXPECT_THAT(DecodeAccumulate(*decoder, absl::MakeConstSpan(&span, 1), {}, View(out, tokens, d)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("payload 0")));
+  EXPECT_THAT(out, ::testing::Each(7.0f));
+}
+
+}  // namespace
+}  // namespace lbcc::codecs

@@ -12,7 +12,7 @@
 #include "base/dtype.h"
 #include "base/status_macros.h"
 #include "codecs/cpu_kernels.h"
-#include "codecs/decode_scratch.h"
+#include "codecs/codec_registry.h"
 #include "codecs/payload.h"
 
 namespace lbcc::codecs {
@@ -29,7 +29,7 @@ constexpr float kHintFactor = 0.95f;
 constexpr size_t kFixedParamBytes = 16;
 constexpr int64_t kMaxPayloads = 65535;  // selection counts are 16-bit
 // Outputs at least this large are written with non-temporal stores when not accumulated into
-// (measured: a 64-byte aligned 2048 x 2048 output from 4 payloads, 2.85 -> 1.30 ms).
+// (skipping the read for ownership pays: BM_TopKEfDecodeAssign4, docs/codecs.md).
 constexpr int64_t kStreamOutputBytes = int64_t{1} << 20;
 
 absl::Status Corrupt(absl::string_view what) {
@@ -325,6 +325,11 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
   if (state_base == nullptr || state_base->codec() != CodecId::kTopKEf) {
     return absl::InvalidArgumentError("topk_ef: Encode needs the tensor's TopKEfState");
   }
+  if (state_base->is_device()) {
+    return absl::InvalidArgumentError(
+        "topk_ef: a device state (kernels::NewDeviceState) given to the CPU codec: encode a CUDA "
+        "tensor with kernels::EncodeOnDevice, or use the codec's NewState()");
+  }
   TopKEfState& st = static_cast<TopKEfState&>(*state_base);
   if (!delta.is_host()) {
     return absl::UnimplementedError("topk_ef: the CPU codec encodes host memory only");
@@ -544,8 +549,27 @@ absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info) {
   return h;
 }
 
-namespace internal {
 namespace {
+
+// One validated TopK-EF payload, ready to scatter.
+struct TopKParsed {
+  int64_t k = 0;
+  size_t index_offset = 0;  // into TopKDecodeScratch::indices
+  ValueDecoder values;
+};
+
+// TopK-EF's part of a DecodeScratch.
+struct TopKDecodeScratch final : CodecScratch {
+  ChunkGeometry geometry;             // the prepared payloads' chunking
+  std::vector<uint16_t> indices;      // every payload's decoded local indices
+  std::vector<TopKParsed> topk;       // per payload
+  std::vector<float> acc;             // per-chunk accumulator (4096)
+  std::vector<uint16_t> count;        // per-chunk selection counts (4096)
+  std::vector<int64_t> local_offset;  // local position -> offset from the chunk's corner
+  std::vector<float> values;          // one chunk's decoded values (4096)
+  std::vector<uint16_t> touched;      // one chunk's distinct selected positions (4096)
+  std::vector<float> strip;           // staged aggregates of a strip of chunks
+};
 
 // agg / d in fp32. For a power of two d the product with the exact reciprocal is the same
 // number (both are the correctly rounded agg * 2^-n) and avoids a division.
@@ -556,7 +580,7 @@ inline float DivideBy(float agg, uint32_t d) {
 
 // Whether the chunks are finished position by position (many selections per chunk: 8 payloads
 // at top_k 64 touch ~12 % of a chunk) rather than through the list of touched positions; at
-// that density the vectorised pass over the block measured ~15-30 % faster than the list.
+// that density the vectorised pass over the block measured faster than the list.
 bool UseDenseFinish(const std::vector<TopKParsed>& topk, const ChunkGeometry& g) {
   int64_t per_chunk = 0;
   for (const TopKParsed& p : topk) per_chunk += p.k;
@@ -623,7 +647,7 @@ inline void AddChunk(const TopKParsed& p, const uint16_t* idx, int64_t c, float*
 
 template <Aggregation kRule, bool kAccumulate>
 void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payloads,
-                   DecodeScratchImpl& s, float* out) {
+                   TopKDecodeScratch& s, float* out) {
   float* acc = s.acc.data();
   uint16_t* count = s.count.data();
   float* vals = s.values.data();
@@ -703,7 +727,7 @@ void ScatterChunks(const ChunkGeometry& g, absl::Span<const PayloadInfo> payload
 
 template <Aggregation kRule>
 void Scatter(bool accumulate, const ChunkGeometry& g, absl::Span<const PayloadInfo> payloads,
-             DecodeScratchImpl& s, float* out) {
+             TopKDecodeScratch& s, float* out) {
   if (accumulate) {
     ScatterChunks<kRule, true>(g, payloads, s, out);
   } else {
@@ -713,7 +737,13 @@ void Scatter(bool accumulate, const ChunkGeometry& g, absl::Span<const PayloadIn
 
 }  // namespace
 
-absl::Status TopKEfPrepareDecode(absl::Span<const PayloadInfo> payloads, DecodeScratchImpl& s) {
+std::unique_ptr<CodecScratch> TopKEfCodec::NewDecodeScratch() const {
+  return std::make_unique<TopKDecodeScratch>();
+}
+
+absl::Status TopKEfCodec::PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const {
+  TopKDecodeScratch& s = static_cast<TopKDecodeScratch&>(*scratch);
+  const absl::Span<const PayloadInfo> payloads = call.infos;
   if (static_cast<int64_t>(payloads.size()) > kMaxPayloads) {
     return absl::InvalidArgumentError(
         absl::StrCat("topk_ef: at most ", kMaxPayloads, " payloads per call"));
@@ -743,15 +773,16 @@ absl::Status TopKEfPrepareDecode(absl::Span<const PayloadInfo> payloads, DecodeS
     }
     if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
   }
-  s.topk_geometry = g;
+  s.geometry = g;
   return absl::OkStatus();
 }
 
-void TopKEfApplyDecode(DecodeScratchImpl& s) {
-  const ChunkGeometry& g = s.topk_geometry;
-  const DecodeOptions& options = s.prepared_options;
-  const TensorView& out = s.prepared_out;
-  const absl::Span<const PayloadInfo> payloads(s.infos.data(), s.prepared_payloads);
+void TopKEfCodec::ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const {
+  TopKDecodeScratch& s = static_cast<TopKDecodeScratch&>(*scratch);
+  const ChunkGeometry& g = s.geometry;
+  const DecodeOptions& options = call.options;
+  const TensorView& out = call.out;
+  const absl::Span<const PayloadInfo> payloads = call.infos;
   // Phase 2: aggregate chunk by chunk (each chunk's accumulator stays in L1). The dense finish
   // writes every position of every chunk (chunks tile the tensor), zeros included; the sparse
   // one only the selected positions, so the output is cleared first.
@@ -785,5 +816,32 @@ void TopKEfApplyDecode(DecodeScratchImpl& s) {
   }
 }
 
-}  // namespace internal
+absl::Status TopKEfCodec::Inspect(const PayloadInfo& info, PayloadSummary* summary) const {
+  LBCC_ASSIGN_OR_RETURN(TopKEfHeader h, ParseTopKEfHeader(info));
+  std::vector<uint16_t> indices(static_cast<size_t>(h.layout.count()));
+  LBCC_RETURN_IF_ERROR(
+      h.indices == IndexCoding::kAdaptive
+          ? DecodeAdaptive(h.index_section, h.layout, h.adaptive, absl::MakeSpan(indices))
+          : DecodePacked12(h.index_section, h.layout, absl::MakeSpan(indices)));
+  ValueDecoder values;
+  LBCC_RETURN_IF_ERROR(values.Init(h.values, h.value_params, h.value_section, h.layout.count()));
+  summary->k_per_chunk = h.layout.k;
+  summary->selected = h.layout.count();
+  const ChunkGeometry& g = h.geometry;
+  summary->details = absl::StrFormat(
+      "matrix %dx%d in %d chunks of %dx%d, k %d per chunk (density %.4f%%), values %s "
+      "(%d bytes), indices %s (%d bytes%s)",
+      g.rows, g.cols, g.num_chunks, g.h, g.w, h.layout.k,
+      g.num_elements > 0 ? 100.0 * summary->selected / g.num_elements : 0.0,
+      std::string(ValueCodingName(h.values)), h.value_section.size() + h.value_params.size(),
+      std::string(IndexCodingName(h.indices)), h.index_section.size(),
+      h.indices == IndexCoding::kAdaptive
+          ? absl::StrFormat(", sub-blocks of %d, Rice %d", 1 << h.adaptive.sub_block_log2,
+                            h.adaptive.rice)
+          : std::string());
+  return absl::OkStatus();
+}
+
+LBCC_REGISTER_CODEC(*TopKEfCodec::Create(TopKEfOptions()));
+
 }  // namespace lbcc::codecs

@@ -155,6 +155,13 @@ class TopKEfCodec final : public Codec {
                                         absl::Span<uint8_t> out,
                                         EncodeObserver* observer) const override;
 
+  // Decode-accumulate (module comment): Prepare validates every payload and unpacks its indices
+  // into the scratch; Apply aggregates chunk by chunk.
+  std::unique_ptr<CodecScratch> NewDecodeScratch() const override;
+  absl::Status PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const override;
+  void ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const override;
+  absl::Status Inspect(const PayloadInfo& info, PayloadSummary* summary) const override;
+
  private:
   explicit TopKEfCodec(const TopKEfOptions& options) : options_(options) {}
   absl::StatusOr<size_t> EncodeImpl(const TensorView& delta, CodecState* state,
@@ -175,14 +182,6 @@ struct TopKEfHeader {
 };
 // Validates a parsed envelope as TopK-EF v1 params and body lengths. DataLoss otherwise.
 absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info);
-
-namespace internal {
-struct DecodeScratchImpl;
-// The TopK-EF halves of PrepareDecode / ApplyDecode (codec.h), after the envelopes were
-// parsed: Prepare validates and stages into `scratch`, Apply writes (cannot fail).
-absl::Status TopKEfPrepareDecode(absl::Span<const PayloadInfo> payloads, DecodeScratchImpl& scratch);
-void TopKEfApplyDecode(DecodeScratchImpl& scratch);
-}  // namespace internal
 
 }  // namespace lbcc::codecs
 

@@ -26,7 +26,7 @@
 //     bits_per_param (whole payload) and header_bits_per_param.
 //   BM_DenseInt8RoundTrip/<n>: int8 absmax (block 256) quantize + dequantize of n floats;
 //     bytes_per_second counts the 4n input bytes, to compare with BM_Memcpy/<4n>.
-// The binary ends with the ratios (from this run) that codecs/README.md reports.
+// The binary ends with the ratios (from this run) that bench/codecs_results.sh records.
 #include <immintrin.h>
 
 #include <algorithm>

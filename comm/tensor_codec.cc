@@ -8,7 +8,7 @@ absl::StatusOr<size_t> EncodeTensor(const codecs::Codec& codec, const TensorView
                                     codecs::EncodeObserver* observer) {
   if (input.is_host()) {
     // A device state holds its memory on the GPU; the CPU codec must not be given one.
-    if (dynamic_cast<kernels::DeviceTopKEfState*>(state) != nullptr) {
+    if (state != nullptr && state->is_device()) {
       return absl::InvalidArgumentError(
           "a host tensor with a device state (kernels::NewDeviceState): use a CUDA tensor or "
           "the codec's NewState()");

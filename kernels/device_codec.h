@@ -9,6 +9,9 @@
 //                                       order, bit-identical output
 //   subspace codec                      kernels/device_subspace.h
 //
+// Each codec's device half is its twin (kernels/device_internal.h DeviceCodec), attached to the
+// codec's registry entry (codecs/codec_registry.h); these entry points find it by codec id.
+//
 // Data movement: the dense tensor never leaves the GPU. An encode copies only the payload's
 // sections (plus a few hundred bytes of parameters) into pinned host memory and assembles the
 // envelope on the host; a decode validates the payloads on the host (like the CPU decoder: on
@@ -102,8 +105,8 @@ class DeviceBuffer {
 };
 
 // The error-feedback state of one tensor, in device memory (codecs::TopKEfState's twin: same
-// Reset/Load/Commit/Abort semantics). Encode with EncodeOnDevice only: the CPU codec must not be
-// given this state.
+// Reset/Load/Commit/Abort semantics). Encode with EncodeOnDevice only: it answers is_device(), so
+// the CPU codecs refuse it.
 class DeviceTopKEfState final : public codecs::CodecState {
  public:
   // Counts of the sequential fallbacks of the bin-mean statistics (kernels/binmean_stats.h).
@@ -123,7 +126,8 @@ class DeviceTopKEfState final : public codecs::CodecState {
   static absl::StatusOr<std::unique_ptr<DeviceTopKEfState>> Create(Backend& backend, int device);
   ~DeviceTopKEfState() override;
 
-  int device() const { return device_; }
+  int device() const override { return device_; }
+  bool is_device() const override { return true; }
   Backend& backend() const { return *backend_; }
   bool initialized() const { return initialized_; }
   const Shape& shape() const { return shape_; }

@@ -15,7 +15,8 @@
 #   kernels/gpu_check.sh --build   on the GPU machine: build with Bazel even if a bundle exists
 #
 # Results go to $OUT (default /tmp/lbcc_gpu_check): one log per test, benchmark.json,
-# torch_*.json, summary.txt. Exit status: 0 when every step ran and every test passed (figures
+# torch_*.json, summary.txt, and kernels_gpu.md (also copied to bench/results/): the summary
+# with the date, machine, GPU and command. Exit status: 0 when every step ran and every test passed (figures
 # are reported, never judged); 1 when a test failed; 2 when something needed is missing (the
 # summary says what).
 set -uo pipefail
@@ -31,6 +32,7 @@ CUDA=${CUDA_PATH:-/usr/local/cuda}
 TESTS=(kernels:cuda_runtime_test kernels:device_codec_gpu_test kernels:device_subspace_gpu_test
        comm:device_sparse_allreduce_test)
 BENCH=kernels:topk_ef_gpu_benchmark
+GPU_CHECK_ARGS="$*"
 gpu_check_parse "$0" "$@"
 
 targets() {
@@ -141,6 +143,27 @@ done
 
 # 4. Summary: the figures of this run next to the issue's goals.
 LD_LIBRARY_PATH=$PY_LD_LIBRARY_PATH python3 kernels/gpu/summarize.py "$OUT" 2>&1 | tee -a "$SUMMARY"
+
+# 5. The results file (the only place kernels/ figures are kept): the summary with the date,
+# the machine, the GPU and the command. In $OUT (it comes back from a device machine) and in
+# the tree's bench/results/.
+{
+  echo "# kernels/ GPU check results"
+  echo
+  echo "Written by \`kernels/gpu_check.sh ${GPU_CHECK_ARGS:-}\`; do not edit by hand."
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "- tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown); binaries: $(if [[ $BIN == "$BUNDLE/bin" ]]; then head -1 "$BUNDLE/MANIFEST"; else echo "built here"; fi)"
+  echo "- machine: \`$(uname -a)\`"
+  echo "- cpu: $(lscpu 2>/dev/null | grep 'Model name' | sed 's/Model name: *//')"
+  echo "- gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo
+  echo '```'
+  cat "$SUMMARY"
+  echo '```'
+} > "$OUT/kernels_gpu.md"
+mkdir -p "$ROOT/bench/results" 2>/dev/null && cp -f "$OUT/kernels_gpu.md" "$ROOT/bench/results/kernels_gpu.md" 2>/dev/null
+note "results: $OUT/kernels_gpu.md"
 
 if ((failed)); then note "RESULT: a test or the benchmark failed"; exit 1; fi
 if ((missing)); then note "RESULT: tests passed; something was missing (see above)"; exit 2; fi

@@ -2,6 +2,7 @@
 // sequence of kernels, then the envelope on the host.
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -481,10 +482,128 @@ struct TopKEncoder {
   }
 };
 
-absl::StatusOr<size_t> EncodeTopKWith(const codecs::TopKEfCodec& codec, const float* delta,
-                                      absl::Span<const int64_t> shape, DeviceTopKEfState& state,
-                                      absl::Span<uint8_t> out, Stream stream) {
-  return TopKEncoder::Encode(codec, delta, shape, state, out, stream);
+namespace {
+
+constexpr int64_t kMaxPayloads = 65535;  // codecs/topk_ef.cc: selection counts are 16-bit
+
+absl::Status DecodeTopK(Backend& be, absl::Span<const codecs::PayloadInfo> infos,
+                        const codecs::DecodeOptions& options, float* out, Stream stream,
+                        DeviceScratch& scratch) {
+  if (static_cast<int64_t>(infos.size()) > kMaxPayloads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_ef: at most ", kMaxPayloads, " payloads per call"));
+  }
+  // Phase 1 (host): validate everything, as the CPU decoder does, before touching `out`.
+  std::vector<codecs::TopKEfHeader> headers(infos.size());
+  std::vector<size_t> index_first(infos.size());
+  size_t total = 0;
+  for (size_t r = 0; r < infos.size(); ++r) {
+    LBCC_ASSIGN_OR_RETURN(headers[r], codecs::ParseTopKEfHeader(infos[r]),
+                          _.Prepend(absl::StrCat("payload ", r)));
+    index_first[r] = total;
+    total += static_cast<size_t>(headers[r].layout.count());
+  }
+  const codecs::ChunkGeometry& g = headers[0].geometry;
+  Image image;
+  const size_t descs_at = image.Add(infos.size() * sizeof(TopKPayloadDesc));
+  const size_t indices_at = image.Add(total * sizeof(uint16_t));
+  std::vector<size_t> table_at(infos.size(), 0), values_at(infos.size(), 0);
+  for (size_t r = 0; r < infos.size(); ++r) {
+    if (codecs::IsBinMean(headers[r].values)) table_at[r] = image.Add(256 * sizeof(float));
+    values_at[r] = image.Add(headers[r].value_section.size());
+  }
+  LBCC_ASSIGN_OR_RETURN(uint8_t * host, scratch.Host(image.size()));
+  LBCC_ASSIGN_OR_RETURN(uint8_t * device, scratch.Device(image.size()));
+  auto* indices = reinterpret_cast<uint16_t*>(host + indices_at);
+  auto* descs = reinterpret_cast<TopKPayloadDesc*>(host + descs_at);
+  for (size_t r = 0; r < infos.size(); ++r) {
+    const codecs::TopKEfHeader& h = headers[r];
+    const absl::Span<uint16_t> list(indices + index_first[r], static_cast<size_t>(h.layout.count()));
+    absl::Status status =
+        h.indices == codecs::IndexCoding::kAdaptive
+            ? codecs::DecodeAdaptive(h.index_section, h.layout, h.adaptive, list)
+            : codecs::DecodePacked12(h.index_section, h.layout, list);
+    codecs::ValueDecoder values;
+    if (status.ok()) status = values.Init(h.values, h.value_params, h.value_section, h.layout.count());
+    if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
+    TopKPayloadDesc d;
+    d.k = h.layout.k;
+    d.index_offset = static_cast<int64_t>(index_first[r]);
+    d.coding = static_cast<int32_t>(h.values);
+    d.block = values.block();
+    d.values = device + values_at[r];
+    if (!h.value_section.empty()) {
+      std::memcpy(host + values_at[r], h.value_section.data(), h.value_section.size());
+    }
+    if (codecs::IsBinMean(h.values)) {
+      // codecs::ValueDecoder's table: lookup[b] + shift in fp32.
+      auto* table = reinterpret_cast<float*>(host + table_at[r]);
+      const int bins = 1 << BinMeanBits(d.coding);
+      const float shift = hd::LoadF32(h.value_params.data());
+      for (int b = 0; b < 256; ++b) {
+        table[b] = b < bins ? hd::Add(hd::LoadF32(h.value_params.data() + 4 + 4 * b), shift) : 0.0f;
+      }
+      d.table = reinterpret_cast<const float*>(device + table_at[r]);
+    }
+    descs[r] = d;
+  }
+  if (g.num_chunks == 0) return absl::OkStatus();  // no elements
+  // Phase 2 (device): upload, aggregate chunk by chunk.
+  LBCC_RETURN_IF_ERROR(be.CopyToDevice(device, host, image.size(), stream));
+  AggregateArgs a;
+  a.g.rows = g.rows;
+  a.g.cols = g.cols;
+  a.g.h = g.h;
+  a.g.w = g.w;
+  a.g.chunk_len = g.chunk_len;
+  a.g.chunks_x = g.chunks_x;
+  a.g.num_chunks = g.num_chunks;
+  a.payloads = reinterpret_cast<const TopKPayloadDesc*>(device + descs_at);
+  a.num_payloads = static_cast<int32_t>(infos.size());
+  a.indices = reinterpret_cast<const uint16_t*>(device + indices_at);
+  a.rule = static_cast<int32_t>(options.aggregation);
+  a.accumulate = options.accumulate;
+  a.out = out;
+  LBCC_RETURN_IF_ERROR(be.AggregateTopK(a, stream));
+  return be.Synchronize(stream);
 }
+
+class TopKEfDevice final : public DeviceCodec {
+ public:
+  absl::StatusOr<std::unique_ptr<codecs::CodecState>> NewState(int device) const override {
+    LBCC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceTopKEfState> state,
+                          DeviceTopKEfState::Create(device));
+    return std::unique_ptr<codecs::CodecState>(std::move(state));
+  }
+
+  absl::StatusOr<size_t> Encode(Backend& backend, const codecs::Codec& codec, const float* data,
+                                absl::Span<const int64_t> shape, codecs::CodecState* state,
+                                absl::Span<uint8_t> out, Stream stream,
+                                DeviceScratch& /*scratch*/) const override {
+    const auto* topk = dynamic_cast<const codecs::TopKEfCodec*>(&codec);
+    if (topk == nullptr) return absl::InvalidArgumentError("topk_ef: not a TopKEfCodec");
+    // A device state of codec kTopKEf is a DeviceTopKEfState: only this twin makes them.
+    auto* st = state != nullptr && state->is_device() && state->codec() == codecs::CodecId::kTopKEf
+                   ? static_cast<DeviceTopKEfState*>(state)
+                   : nullptr;
+    if (st == nullptr || &st->backend() != &backend) {
+      return absl::InvalidArgumentError(
+          "topk_ef: encoding device memory needs the tensor's DeviceTopKEfState "
+          "(kernels::NewDeviceState)");
+    }
+    return TopKEncoder::Encode(*topk, data, shape, *st, out, stream);
+  }
+
+  absl::Status DecodeAccumulate(Backend& backend, absl::Span<const codecs::PayloadInfo> infos,
+                                const codecs::DecodeOptions& options, float* out,
+                                int64_t /*num_elements*/, Stream stream,
+                                DeviceScratch& scratch) const override {
+    return DecodeTopK(backend, infos, options, out, stream, scratch);
+  }
+};
+
+}  // namespace
+
+LBCC_REGISTER_DEVICE_CODEC(codecs::CodecId::kTopKEf, TopKEfDevice);
 
 }  // namespace lbcc::kernels

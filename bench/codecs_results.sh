@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The codecs' figures in one run, written with the date, the machine and the exact commands to
+# bench/results/codecs.md (the only place codecs/ figures are kept; docs/codecs.md names the
+# cases).
+#
+#   bench/codecs_results.sh [--min-time 1] [--filter REGEX] [--subspace] [--out FILE]
+#
+# Runs //codecs:topk_ef_benchmark (all cases, or those matching --filter) and, with
+# --subspace, //codecs:subspace_benchmark on one OpenBLAS thread. Serialised with other
+# benchmark runs through /tmp/lbcc-bench.lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+args="$*"
+min_time=1 filter=. subspace=0 out=bench/results/codecs.md
+while (($#)); do
+  case "$1" in
+    --min-time) min_time=$2; shift ;;
+    --filter) filter=$2; shift ;;
+    --subspace) subspace=1 ;;
+    --out) out=$2; shift ;;
+    -h|--help) sed -n "2,11p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+targets=(//codecs:topk_ef_benchmark)
+((subspace)) && targets+=(//codecs:subspace_benchmark)
+bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
+
+run() {  # title, command...
+  local title=$1
+  shift
+  printf '\n## %s\n\n```sh\n%s\n```\n\n```\n' "$title" "$*"
+  # Colour codes stripped: some Google Benchmark builds colour even when not on a terminal.
+  flock /tmp/lbcc-bench.lock "$@" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'
+  printf '```\n'
+}
+
+tmp=$(mktemp)
+{
+  echo "# codecs/ benchmark results"
+  echo
+  echo "Written by \`bench/codecs_results.sh${args:+ $args}\`; do not edit by hand."
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "- machine: \`$(uname -a)\`"
+  echo "- cpu: $(lscpu | grep 'Model name' | sed 's/Model name: *//'), $(nproc) cores"
+  echo "- load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  run "TopK-EF and dense quantizer (bazel-bin/codecs/topk_ef_benchmark)" \
+    bazel-bin/codecs/topk_ef_benchmark --benchmark_filter="$filter" --benchmark_min_time="$min_time"
+  if ((subspace)); then
+    run "Subspace codec (bazel-bin/codecs/subspace_benchmark, OPENBLAS_NUM_THREADS=1)" \
+      env OPENBLAS_NUM_THREADS=1 bazel-bin/codecs/subspace_benchmark --benchmark_min_time="$min_time"
+  fi
+} > "$tmp"
+mkdir -p "$(dirname "$out")"
+chmod 644 "$tmp"
+mv "$tmp" "$out"
+echo "bench/codecs_results.sh: wrote $out"
