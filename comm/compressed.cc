@@ -169,9 +169,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
     const int max_groups =
         static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, 0xff00u / steps));
     int64_t min_elements = options.sparse_group_elements;
-    if (min_elements <= 0) {
-      LBCC_ASSIGN_OR_RETURN(min_elements, env::GetInt("LBCC_SPARSE_GROUP_ELEMENTS"));
-    }
+    if (min_elements <= 0) min_elements = *config_.sparse_group_elements;
     const std::vector<std::pair<size_t, size_t>> plan =
         PlanGroups(tensors, max_groups, min_elements);
     const int num_groups = static_cast<int>(plan.size());
@@ -183,8 +181,8 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         absl::StatusOr<size_t> max = codec->MaxEncodedBytes(tensors[i].delta.shape());
         bytes += 8 + (max.ok() ? *max : 0);  // A bad shape fails in Encode below.
       }
-      absl::StatusOr<Algorithm> chosen = SelectAlgorithm(
-          Collective::kAllGatherV, ShapeOf(topology(), group.ranks), bytes, options.algorithm);
+      absl::StatusOr<Algorithm> chosen =
+          ChooseAlgorithm(Collective::kAllGatherV, group, bytes, options.algorithm);
       if (!chosen.ok()) return chosen.status();
       algorithms[g] = *chosen;
     }
