@@ -21,8 +21,9 @@ namespace {
 // The declarations. Keep sorted by name; add a variable here and nowhere else.
 constexpr Spec kSpecs[] = {
     {"LBCC_ALGO", Type::kString, "",
-     "Override the algorithm table per collective, e.g. allgatherv=ring,allreduce=ring "
-     "(algorithms: direct, ring, hierarchical)."},
+     "Override the algorithm table per collective (allgatherv, allreduce, broadcast, allgather, "
+     "barrier), e.g. allgatherv=ring,allreduce=ring (algorithms: direct, ring, hierarchical); "
+     "read when a communicator is created."},
     {"LBCC_BOOTSTRAP_ADDR", Type::kString, "",
      "host:port of the bootstrap root for launches from the environment (mpirun; torchrun "
      "defaults to MASTER_ADDR:MASTER_PORT+1)."},
@@ -98,6 +99,9 @@ constexpr Spec kSpecs[] = {
      "elements (at most 8 groups; one tensor is never split), so encoding overlaps the wire. "
      "Must be the same on every rank.",
      {}, 1, int64_t{1} << 40},
+    {"LBCC_STRICT_ENV", Type::kBool, "0",
+     "Communicators fail Init with InvalidArgument on an unknown LBCC_* variable or an invalid "
+     "value, instead of logging a warning."},
     {"LBCC_TIMEOUT_S", Type::kDouble, "300",
      "Seconds a communicator waits for set-up or for one operation before failing it.", {},
      0.001, 86400},
@@ -113,6 +117,28 @@ constexpr Spec kSpecs[] = {
 };
 
 constexpr absl::string_view kPrefix = "LBCC_";
+
+// LBCC_* variables of the build and the tools (tools/setup, python/install, the examples'
+// launchers), not of the library: neither unknown nor checked.
+constexpr absl::string_view kToolVariables[] = {"LBCC_PYTHON", "LBCC_PYTHONPATH",
+                                                "LBCC_SETUP_SKIP"};
+
+// Levenshtein distance, case-insensitive (names are short: quadratic is fine).
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      const bool same = absl::ascii_toupper(a[i - 1]) == absl::ascii_toupper(b[j - 1]);
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
 
 absl::string_view TypeName(Type type) {
   switch (type) {
@@ -136,7 +162,12 @@ bool Bounded(const Spec& spec) { return spec.min != spec.max; }
 
 std::string RangeText(const Spec& spec) {
   if (!Bounded(spec)) return "";
-  return absl::StrCat(" in [", spec.min, ", ", spec.max, "]");
+  // Integer types' bounds in full (1099511627776, not 1.09951e+12).
+  auto bound = [&spec](double value) {
+    return spec.type == Type::kDouble ? absl::StrCat(value)
+                                      : absl::StrCat(static_cast<int64_t>(value));
+  };
+  return absl::StrCat(" in [", bound(spec.min), ", ", bound(spec.max), "]");
 }
 
 absl::StatusOr<const Spec*> Lookup(absl::string_view name, std::initializer_list<Type> types) {
@@ -323,20 +354,47 @@ absl::StatusOr<int64_t> GetBytes(absl::string_view name) {
   return ParseBytesSpec(**spec, RawValue(**spec, &from_user));
 }
 
-absl::Status ValidateEnvironment() {
+std::string ClosestName(absl::string_view name) {
+  // A third of the name may be wrong (LBCC_TIMOUT_S: 1 edit; LBCC_SPARSE_GROUP: 9 of 26).
+  size_t best = name.size() / 3 + 1;
+  absl::string_view closest;
+  for (const Spec& spec : kSpecs) {
+    const size_t distance = EditDistance(name, spec.name);
+    if (distance < best) {
+      best = distance;
+      closest = spec.name;
+    }
+  }
+  return std::string(closest);
+}
+
+std::vector<std::string> EnvironmentProblems() {
   std::vector<std::string> problems;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     absl::string_view assignment(*entry);
     if (!absl::StartsWith(assignment, kPrefix)) continue;
     absl::string_view name = assignment.substr(0, assignment.find('='));
-    if (FindSpec(name) == nullptr) {
-      problems.push_back(absl::StrCat(name, " is not an LBCC variable (misspelt?)"));
+    if (FindSpec(name) != nullptr ||
+        std::find(std::begin(kToolVariables), std::end(kToolVariables), name) !=
+            std::end(kToolVariables)) {
+      continue;
     }
+    const std::string closest = ClosestName(name);
+    problems.push_back(absl::StrCat(
+        name, " is not an LBCC variable (",
+        closest.empty() ? "misspelt? `lbcc env` lists them"
+                        : absl::StrCat("did you mean ", closest, "?"),
+        ")"));
   }
   for (const Spec& spec : kSpecs) {
     absl::Status status = ValidateOne(spec);
     if (!status.ok()) problems.push_back(std::string(status.message()));
   }
+  return problems;
+}
+
+absl::Status ValidateEnvironment() {
+  const std::vector<std::string> problems = EnvironmentProblems();
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
 }

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -56,8 +58,15 @@ absl::StatusOr<std::string> GetString(absl::string_view name);  // kString and k
 absl::StatusOr<int64_t> GetBytes(absl::string_view name);
 
 // Checks every LBCC_* variable in the environment: it must be declared and its value valid.
-// Returns InvalidArgument listing every problem (a misspelt name is one), ok otherwise.
+// One message per problem: "LBCC_TIMOUT_S is not an LBCC variable (did you mean
+// LBCC_TIMEOUT_S?)", "LBCC_TIMEOUT_S='0' is invalid: expected ...". The build's and tools'
+// own LBCC_PYTHON, LBCC_PYTHONPATH and LBCC_SETUP_SKIP are not problems.
+std::vector<std::string> EnvironmentProblems();
+// InvalidArgument joining EnvironmentProblems(), ok when there are none.
 absl::Status ValidateEnvironment();
+// The declared name closest to `name` (edit distance, case-insensitive, at most a third of
+// `name` wrong); empty when none is that close.
+std::string ClosestName(absl::string_view name);
 
 // A Markdown table of every variable: name, type, default, current value, documentation.
 std::string DescribeAll();

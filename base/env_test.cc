@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/scoped_env.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -12,35 +13,9 @@ namespace {
 
 using ::lbcc::testing::IsOk;
 using ::lbcc::testing::IsOkAndHolds;
+using ::lbcc::testing::ScopedEnv;
 using ::lbcc::testing::StatusIs;
 using ::testing::HasSubstr;
-
-// Sets a variable for the scope of a test and restores the previous state.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 TEST(EnvTest, DeclarationsAreSortedUniqueDocumentedAndDefaultsValid) {
   ScopedEnv a("LBCC_DEBUG", nullptr), b("LBCC_DEBUG_FILE", nullptr), c("LBCC_SIMD", nullptr);
@@ -79,6 +54,39 @@ TEST(EnvTest, UnknownLbccVariableIsReported) {
   EXPECT_THAT(ValidateEnvironment(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("LBCC_DEBGU is not an LBCC variable")));
+}
+
+TEST(EnvTest, MisspeltVariableNamesTheClosestDeclaredOne) {
+  ScopedEnv typo("LBCC_TIMOUT_S", "2");
+  EXPECT_THAT(EnvironmentProblems(),
+              ::testing::Contains(
+                  "LBCC_TIMOUT_S is not an LBCC variable (did you mean LBCC_TIMEOUT_S?)"));
+  EXPECT_EQ(ClosestName("LBCC_TIMOUT_S"), "LBCC_TIMEOUT_S");
+  EXPECT_EQ(ClosestName("lbcc_sparse_group_elems"), "LBCC_SPARSE_GROUP_ELEMENTS");
+  EXPECT_EQ(ClosestName("LBCC_ZZZZZZZZZZZ"), "");
+}
+
+TEST(EnvTest, FarFromEveryNameSaysSoWithoutAGuess) {
+  ScopedEnv typo("LBCC_ZZZZZZZZZZZ", "1");
+  EXPECT_THAT(EnvironmentProblems(),
+              ::testing::Contains(HasSubstr("LBCC_ZZZZZZZZZZZ is not an LBCC variable (misspelt?")));
+}
+
+TEST(EnvTest, ToolVariablesAreNotProblems) {
+  ScopedEnv python("LBCC_PYTHON", "/usr/bin/python3"), path("LBCC_PYTHONPATH", "/tmp"),
+      skip("LBCC_SETUP_SKIP", "1");
+  EXPECT_THAT(ValidateEnvironment(), IsOk());
+}
+
+TEST(EnvTest, InvalidValueIsAProblemNamingTheVariable) {
+  ScopedEnv timeout("LBCC_TIMEOUT_S", "0");
+  EXPECT_THAT(EnvironmentProblems(),
+              ::testing::ElementsAre(HasSubstr("LBCC_TIMEOUT_S='0' is invalid")));
+  EXPECT_THAT(GetDouble("LBCC_TIMEOUT_S"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("LBCC_TIMEOUT_S='0'")));
+  timeout.Set("-5");
+  EXPECT_THAT(GetDouble("LBCC_TIMEOUT_S"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("LBCC_TIMEOUT_S='-5'")));
 }
 
 TEST(EnvTest, UndeclaredOrMistypedReadIsInternal) {

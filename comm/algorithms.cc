@@ -1,14 +1,9 @@
 #include "comm/algorithms.h"
 
 #include <set>
-#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
-#include "base/env.h"
-#include "base/status_macros.h"
 
 namespace lbcc::comm {
 namespace {
@@ -21,54 +16,23 @@ constexpr size_t kMax = ~size_t{0};
 //   payload crosses each slow link once and island members share their leader's download.
 // - Payload exchange otherwise: small messages direct (one step of latency, and on slow links
 //   every rank receives each payload once either way); large ones on fast links by ring.
+// - Dense all-gather: the payload exchange's rows (it is one, of equal sizes).
 // - Dense all-reduce: ring (bandwidth-optimal: 2(N-1)/N of the data per rank).
 // - Broadcast: direct from the root (groups are small; the root's up-link carries N-1 copies).
+// - Barrier: direct (an all-gather of nothing: one step, whatever the links).
 constexpr SelectionRule kTable[] = {
     {Collective::kAllGatherV, Links::kSomeSlow, true, 0, kMax, Algorithm::kHierarchical},
     {Collective::kAllGatherV, Links::kSomeSlow, false, 0, kMax, Algorithm::kDirect},
     {Collective::kAllGatherV, Links::kAllFast, false, 0, 1 << 20, Algorithm::kDirect},
     {Collective::kAllGatherV, Links::kAllFast, false, 1 << 20, kMax, Algorithm::kRing},
+    {Collective::kAllGather, Links::kSomeSlow, true, 0, kMax, Algorithm::kHierarchical},
+    {Collective::kAllGather, Links::kSomeSlow, false, 0, kMax, Algorithm::kDirect},
+    {Collective::kAllGather, Links::kAllFast, false, 0, 1 << 20, Algorithm::kDirect},
+    {Collective::kAllGather, Links::kAllFast, false, 1 << 20, kMax, Algorithm::kRing},
     {Collective::kAllReduce, Links::kAny, false, 0, kMax, Algorithm::kRing},
     {Collective::kBroadcast, Links::kAny, false, 0, kMax, Algorithm::kDirect},
+    {Collective::kBarrier, Links::kAny, false, 0, kMax, Algorithm::kDirect},
 };
-
-bool Supports(Collective collective, Algorithm algorithm) {
-  switch (collective) {
-    case Collective::kAllGatherV:
-      return true;
-    case Collective::kAllReduce:
-      return algorithm == Algorithm::kRing;
-    case Collective::kBroadcast:
-      return algorithm == Algorithm::kDirect;
-  }
-  return false;
-}
-
-// LBCC_ALGO's choice for `collective`, kAuto if none.
-absl::StatusOr<Algorithm> FromEnv(Collective collective) {
-  LBCC_ASSIGN_OR_RETURN(std::string spec, env::GetString("LBCC_ALGO"));
-  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
-    std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
-    if (kv.size() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LBCC_ALGO='", spec, "' is invalid: expected collective=algorithm,..."));
-    }
-    const absl::string_view name = absl::StripAsciiWhitespace(kv[0]);
-    bool known = false;
-    for (Collective c : {Collective::kAllGatherV, Collective::kAllReduce, Collective::kBroadcast}) {
-      known = known || name == CollectiveName(c);
-    }
-    if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LBCC_ALGO: unknown collective '", name, "' (allgatherv, allreduce, broadcast)"));
-    }
-    if (name != CollectiveName(collective)) continue;
-    absl::StatusOr<Algorithm> algorithm = ParseAlgorithm(absl::StripAsciiWhitespace(kv[1]));
-    if (!algorithm.ok()) return Annotate(algorithm.status(), "LBCC_ALGO");
-    return algorithm;
-  }
-  return Algorithm::kAuto;
-}
 
 }  // namespace
 
@@ -80,6 +44,10 @@ absl::string_view CollectiveName(Collective collective) {
       return "allreduce";
     case Collective::kBroadcast:
       return "broadcast";
+    case Collective::kAllGather:
+      return "allgather";
+    case Collective::kBarrier:
+      return "barrier";
   }
   return "unknown";
 }
@@ -107,6 +75,31 @@ absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name) {
       absl::StrCat("unknown algorithm '", name, "' (auto, direct, ring, hierarchical)"));
 }
 
+absl::StatusOr<Collective> ParseCollective(absl::string_view name) {
+  for (Collective c : kAllCollectives) {
+    if (name == CollectiveName(c)) return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown collective '", name, "' (allgatherv, allreduce, broadcast, allgather, barrier)"));
+}
+
+// Which implementations exist (collectives.h): the all-gathers, and the barrier built on
+// AllGatherV, have all three; all-reduce has ring, broadcast direct.
+bool HasAlgorithm(Collective collective, Algorithm algorithm) {
+  if (algorithm == Algorithm::kAuto) return false;
+  switch (collective) {
+    case Collective::kAllGatherV:
+    case Collective::kAllGather:
+    case Collective::kBarrier:
+      return true;
+    case Collective::kAllReduce:
+      return algorithm == Algorithm::kRing;
+    case Collective::kBroadcast:
+      return algorithm == Algorithm::kDirect;
+  }
+  return false;
+}
+
 GroupShape ShapeOf(const Topology& topology, absl::Span<const int> ranks) {
   GroupShape shape;
   shape.ranks = static_cast<int>(ranks.size());
@@ -124,11 +117,9 @@ GroupShape ShapeOf(const Topology& topology, absl::Span<const int> ranks) {
 absl::Span<const SelectionRule> SelectionTable() { return kTable; }
 
 absl::StatusOr<Algorithm> SelectAlgorithm(Collective collective, const GroupShape& shape,
-                                          size_t bytes_per_rank, Algorithm requested) {
-  Algorithm chosen = requested;
-  if (chosen == Algorithm::kAuto) {
-    LBCC_ASSIGN_OR_RETURN(chosen, FromEnv(collective));
-  }
+                                          size_t bytes_per_rank, Algorithm requested,
+                                          Algorithm configured) {
+  Algorithm chosen = requested != Algorithm::kAuto ? requested : configured;
   if (chosen == Algorithm::kAuto) {
     for (const SelectionRule& rule : kTable) {
       if (rule.collective != collective) continue;
@@ -140,7 +131,7 @@ absl::StatusOr<Algorithm> SelectAlgorithm(Collective collective, const GroupShap
       break;
     }
   }
-  if (chosen == Algorithm::kAuto || !Supports(collective, chosen)) {
+  if (!HasAlgorithm(collective, chosen)) {
     return absl::InvalidArgumentError(absl::StrCat(CollectiveName(collective), " has no ",
                                                    AlgorithmName(chosen), " algorithm"));
   }

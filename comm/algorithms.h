@@ -1,10 +1,13 @@
 // The one place that chooses a collective algorithm for (collective, link mix, message size),
 // like UCC's score ranges: a table, not `if (slow)` checks scattered through the collectives.
+// Every collective of the Communicator asks it (Communicator::ChooseAlgorithm):
 //
-//   Algorithm a = SelectAlgorithm(Collective::kAllGatherV, shape, bytes_per_rank);
+//   Algorithm a = SelectAlgorithm(Collective::kAllGatherV, shape, bytes_per_rank,
+//                                 op_options.algorithm, config.algorithm(Collective::kAllGatherV));
 //
-// LBCC_ALGO overrides the table per collective: "allgatherv=ring,allreduce=ring" (allgatherv
-// carries SparseAllReduce's payload exchange).
+// The per-operation request wins, then the communicator's configuration (CommConfig, whose
+// defaults come from LBCC_ALGO="allgatherv=ring,allreduce=ring", parsed once at Init), then the
+// table's first matching row.
 //
 // Thread-safety: stateless.
 #ifndef LBCC_COMM_ALGORITHMS_H_
@@ -20,11 +23,19 @@
 
 namespace lbcc::comm {
 
+// Collectives with a row in the table. Never renumber: the values index CommConfig's
+// per-collective choices, and the names are LBCC_ALGO's keys.
 enum class Collective : uint8_t {
-  kAllGatherV,       // payload exchange of SparseAllReduce, AllGather, Barrier
-  kAllReduce,        // dense
-  kBroadcast,
+  kAllGatherV = 0,  // "allgatherv": Communicator::AllGatherV and SparseAllReduce's exchange.
+  kAllReduce = 1,   // "allreduce": dense.
+  kBroadcast = 2,   // "broadcast"
+  kAllGather = 3,   // "allgather": dense, equal sizes.
+  kBarrier = 4,     // "barrier"
 };
+inline constexpr int kNumCollectives = 5;
+inline constexpr Collective kAllCollectives[kNumCollectives] = {
+    Collective::kAllGatherV, Collective::kAllReduce, Collective::kBroadcast,
+    Collective::kAllGather, Collective::kBarrier};
 
 enum class Algorithm : uint8_t {
   kAuto = 0,       // Let the table decide.
@@ -36,6 +47,10 @@ enum class Algorithm : uint8_t {
 absl::string_view CollectiveName(Collective collective);
 absl::string_view AlgorithmName(Algorithm algorithm);
 absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
+// "allgatherv", "allreduce", ... (CollectiveName's spelling). InvalidArgument listing the names.
+absl::StatusOr<Collective> ParseCollective(absl::string_view name);
+// Whether `collective` has an implementation of `algorithm` (kAuto: false).
+bool HasAlgorithm(Collective collective, Algorithm algorithm);
 
 // What the table looks at in a group of ranks.
 struct GroupShape {
@@ -57,11 +72,12 @@ struct SelectionRule {
 };
 absl::Span<const SelectionRule> SelectionTable();
 
-// The table's choice, unless `requested` is not kAuto or LBCC_ALGO names one for `collective`.
-// InvalidArgument for a bad LBCC_ALGO or an algorithm the collective does not have.
+// `requested` (the operation's) unless kAuto, else `configured` (the communicator's
+// CommConfig) unless kAuto, else the table's first matching row. InvalidArgument naming the
+// collective for an algorithm it does not have.
 absl::StatusOr<Algorithm> SelectAlgorithm(Collective collective, const GroupShape& shape,
-                                          size_t bytes_per_rank,
-                                          Algorithm requested = Algorithm::kAuto);
+                                          size_t bytes_per_rank, Algorithm requested,
+                                          Algorithm configured);
 
 }  // namespace lbcc::comm
 

@@ -1,5 +1,6 @@
 // The C API (comm/lbcc.h) over the C++ Communicator. Statuses become lbccResult_t in exactly
 // one place (Fail), which also keeps the full message for lbccGetLastError.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -93,21 +94,55 @@ absl::StatusOr<lbcc::DType> ToDType(lbccDataType_t type) {
   return static_cast<lbcc::DType>(value);  // lbccDataType_t mirrors DType's wire ids.
 }
 
-absl::StatusOr<lbcc::comm::FabricOptions> OptionsFrom(const lbccConfig_t* config) {
-  LBCC_ASSIGN_OR_RETURN(lbcc::comm::FabricOptions options, lbcc::comm::FabricOptionsFromEnv());
-  if (config == nullptr) return options;
+// ---- Configuration: lbccConfig_t -> CommConfig, field by field ----
+absl::StatusOr<lbcc::comm::CommConfig> ConfigFrom(const lbccConfig_t* config) {
+  lbcc::comm::CommConfig out;
+  if (config == nullptr) return out;
   if (config->size != sizeof(lbccConfig_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lbccConfig_t.size=", config->size, " is wrong (this library's is ",
+        sizeof(lbccConfig_t), "): initialise it with LBCC_CONFIG_INITIALIZER"));
+  }
+  if (config->magic != LBCC_CONFIG_MAGIC) {
     return absl::InvalidArgumentError(
-        "lbccConfig_t.size is wrong: initialise it with LBCC_CONFIG_INITIALIZER");
+        "lbccConfig_t.magic is wrong: initialise it with LBCC_CONFIG_INITIALIZER");
   }
-  if (config->transport != nullptr) options.backend = config->transport;
-  if (config->listenAddr != nullptr) options.listen_host = config->listenAddr;
-  if (config->timeoutSeconds > 0) options.timeout = absl::Seconds(config->timeoutSeconds);
+  if (config->version > LBCC_VERSION_CODE) {
+    return absl::InvalidArgumentError(absl::StrCat("lbccConfig_t.version=", config->version,
+                                                   " is newer than this library (",
+                                                   LBCC_VERSION_CODE, ")"));
+  }
+  if (config->transport != nullptr) out.backend = config->transport;
+  if (config->listenAddr != nullptr) out.listen_host = config->listenAddr;
   if (config->topologyFile != nullptr) {
-    LBCC_ASSIGN_OR_RETURN(options.topology, lbcc::comm::Topology::FromFile(config->topologyFile));
+    LBCC_ASSIGN_OR_RETURN(out.topology, lbcc::comm::Topology::FromFile(config->topologyFile));
   }
-  return options;
+  if (config->timeoutSeconds != LBCC_CONFIG_UNDEF_DOUBLE) {
+    if (!(config->timeoutSeconds > 0) || !std::isfinite(config->timeoutSeconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lbccConfig_t.timeoutSeconds=", config->timeoutSeconds,
+                       " is invalid: expected a finite number > 0 (LBCC_CONFIG_UNDEF_DOUBLE: "
+                       "LBCC_TIMEOUT_S)"));
+    }
+    out.timeout = absl::Seconds(config->timeoutSeconds);
+  }
+  if (config->algorithms != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(out.algorithms, lbcc::comm::ParseAlgorithmList(
+                                              config->algorithms, "lbccConfig_t.algorithms"));
+  }
+  if (config->sparseGroupElements != LBCC_CONFIG_UNDEF_INT) {
+    out.sparse_group_elements = config->sparseGroupElements;
+  }
+  if (config->strictEnv != LBCC_CONFIG_UNDEF_INT) {
+    if (config->strictEnv != 0 && config->strictEnv != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lbccConfig_t.strictEnv=", config->strictEnv, " is invalid: expected 0 or 1"));
+    }
+    out.strict_env = config->strictEnv == 1;
+  }
+  return out;
 }
+// ---- end of Configuration ----
 
 lbccResult_t Finish(lbcc::comm::RequestPtr request, lbccComm* comm, lbccRequest_t* out,
                     std::shared_ptr<void> keep_alive = nullptr) {
@@ -211,20 +246,17 @@ const char* lbccGetLastError(lbccComm_t comm) {
 
 lbccResult_t lbccGetUniqueId(lbccUniqueId* unique_id) {
   LBCC_C_CHECK_PTR("lbccGetUniqueId", unique_id);
-  absl::StatusOr<lbcc::comm::FabricOptions> options = lbcc::comm::FabricOptionsFromEnv();
-  if (!options.ok()) return Fail(options.status());
-  absl::StatusOr<lbcc::comm::UniqueId> id =
-      lbcc::comm::CreateUniqueId(options->listen_host, options->timeout);
+  absl::StatusOr<lbcc::comm::UniqueId> id = lbcc::comm::CreateUniqueId(lbcc::comm::CommConfig());
   if (!id.ok()) return Fail(id.status());
   std::memcpy(unique_id, &*id, sizeof(*unique_id));
   return lbccSuccess;
 }
 
-lbccResult_t lbccCommInitRank(lbccComm_t* comm, int nranks, lbccUniqueId comm_id, int rank,
-                              const lbccConfig_t* config) {
-  LBCC_C_CHECK_PTR("lbccCommInitRank", comm);
+lbccResult_t lbccCommInitRankConfig(lbccComm_t* comm, int nranks, lbccUniqueId comm_id, int rank,
+                                    const lbccConfig_t* config) {
+  LBCC_C_CHECK_PTR("lbccCommInitRankConfig", comm);
   *comm = nullptr;
-  absl::StatusOr<lbcc::comm::FabricOptions> options = OptionsFrom(config);
+  absl::StatusOr<lbcc::comm::CommConfig> options = ConfigFrom(config);
   if (!options.ok()) return Fail(options.status());
   lbcc::comm::UniqueId id;
   std::memcpy(&id, &comm_id, sizeof(id));
@@ -236,10 +268,15 @@ lbccResult_t lbccCommInitRank(lbccComm_t* comm, int nranks, lbccUniqueId comm_id
   return lbccSuccess;
 }
 
+lbccResult_t lbccCommInitRank(lbccComm_t* comm, int nranks, lbccUniqueId comm_id, int rank,
+                              const lbccConfig_t* config) {
+  return lbccCommInitRankConfig(comm, nranks, comm_id, rank, config);
+}
+
 lbccResult_t lbccCommInitFromEnv(lbccComm_t* comm, const lbccConfig_t* config) {
   LBCC_C_CHECK_PTR("lbccCommInitFromEnv", comm);
   *comm = nullptr;
-  absl::StatusOr<lbcc::comm::FabricOptions> options = OptionsFrom(config);
+  absl::StatusOr<lbcc::comm::CommConfig> options = ConfigFrom(config);
   if (!options.ok()) return Fail(options.status());
   absl::StatusOr<std::unique_ptr<Communicator>> created =
       Communicator::InitFromEnvironment(*std::move(options));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "codecs/subspace_basis.h"
+#include "base/scoped_env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -73,6 +74,67 @@ TEST(CApiTest, SingleRankCollectivesAndErrors) {
   EXPECT_EQ(y[3], 4.0f);
   EXPECT_EQ(lbccCommDestroy(comm), lbccSuccess);
 }
+
+// ---- Configuration ----
+// Every bad field fails init with lbccInvalidArgument naming it; an explicit field wins over
+// its environment variable.
+TEST(CApiConfigTest, BadFieldsAreNamed) {
+  lbccUniqueId id;
+  ASSERT_EQ(lbccGetUniqueId(&id), lbccSuccess);
+  struct Case {
+    void (*edit)(lbccConfig_t*);
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](lbccConfig_t* c) { c->magic = 0; }, "lbccConfig_t.magic"},
+      {[](lbccConfig_t* c) { c->version = LBCC_VERSION_CODE + 1; }, "lbccConfig_t.version"},
+      {[](lbccConfig_t* c) { c->timeoutSeconds = 0; }, "lbccConfig_t.timeoutSeconds=0"},
+      {[](lbccConfig_t* c) { c->timeoutSeconds = -2; }, "lbccConfig_t.timeoutSeconds=-2"},
+      {[](lbccConfig_t* c) { c->algorithms = "allreduce=direct"; },
+       "allreduce has no direct algorithm"},
+      {[](lbccConfig_t* c) { c->algorithms = "allreduce"; }, "lbccConfig_t.algorithms='allreduce'"},
+      {[](lbccConfig_t* c) { c->sparseGroupElements = 0; }, "sparse_group_elements=0"},
+      {[](lbccConfig_t* c) { c->strictEnv = 2; }, "lbccConfig_t.strictEnv=2"},
+  };
+  for (const Case& c : cases) {
+    lbccConfig_t config = LoopbackConfig();
+    c.edit(&config);
+    lbccComm_t comm = nullptr;
+    EXPECT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &config), lbccInvalidArgument) << c.message;
+    EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr(c.message));
+    EXPECT_EQ(comm, nullptr);
+  }
+}
+
+TEST(CApiConfigTest, ExplicitFieldsWinOverTheEnvironment) {
+  lbcc::testing::ScopedEnv algo("LBCC_ALGO", "allreduce=direct");
+  lbcc::testing::ScopedEnv group("LBCC_SPARSE_GROUP_ELEMENTS", "0");
+  lbccUniqueId id;
+  ASSERT_EQ(lbccGetUniqueId(&id), lbccSuccess);
+  lbccConfig_t config = LoopbackConfig();
+  lbccComm_t comm = nullptr;
+  EXPECT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &config), lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_SPARSE_GROUP_ELEMENTS='0'"));
+  config.sparseGroupElements = 4096;
+  EXPECT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &config), lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_ALGO='allreduce=direct'"));
+  config.algorithms = "allreduce=ring";
+  ASSERT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &config), lbccSuccess);
+  float x[2] = {1, 2};
+  lbccRequest_t request = nullptr;
+  ASSERT_EQ(lbccAllReduce(x, x, 2, lbccFloat32, lbccSum, comm, &request), lbccSuccess);
+  EXPECT_EQ(lbccWait(request), lbccSuccess);
+  EXPECT_EQ(lbccRequestFree(request), lbccSuccess);
+  EXPECT_EQ(lbccCommDestroy(comm), lbccSuccess);
+}
+
+TEST(CApiConfigTest, GetUniqueIdHonoursTheTimeoutVariable) {
+  lbcc::testing::ScopedEnv timeout("LBCC_TIMEOUT_S", "0");
+  lbccUniqueId id;
+  EXPECT_EQ(lbccGetUniqueId(&id), lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_TIMEOUT_S='0'"));
+}
+// ---- end of Configuration ----
 
 lbccResult_t Barrier(lbccComm_t comm) {
   lbccRequest_t request = nullptr;

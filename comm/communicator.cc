@@ -46,17 +46,31 @@ absl::StatusOr<FabricOptions> FabricOptionsFromEnv() {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(const UniqueId& id, int nranks,
-                                                                 int rank, FabricOptions options) {
+                                                                 int rank, CommConfig config) {
   LBCC_LOG(INFO) << "LBCC version " << LBCC_VERSION_STRING;
+  LBCC_RETURN_IF_ERROR(CheckEnvironment(config));
+  LBCC_ASSIGN_OR_RETURN(CommConfig resolved, ResolveConfig(std::move(config)));
+  LBCC_LOG(INFO) << "comm: rank " << rank << " config " << resolved.DebugString();
   LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Fabric> fabric,
-                        Fabric::Create(id, nranks, rank, std::move(options)));
+                        Fabric::Create(id, nranks, rank, FabricOptionsOf(resolved)));
   std::vector<int> ranks(nranks);
   for (int r = 0; r < nranks; ++r) ranks[r] = r;
-  return std::unique_ptr<Communicator>(new Communicator(std::move(fabric), std::move(ranks), 1));
+  return std::unique_ptr<Communicator>(
+      new Communicator(std::move(fabric), std::move(ranks), 1, std::move(resolved)));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(const UniqueId& id, int nranks,
+                                                                 int rank, FabricOptions options) {
+  return Init(id, nranks, rank, ConfigFromFabricOptions(std::move(options)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::InitFromEnvironment(
     FabricOptions options) {
+  return InitFromEnvironment(ConfigFromFabricOptions(std::move(options)));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::InitFromEnvironment(
+    CommConfig config) {
   int rank = 0, nranks = 0;
   if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
     LBCC_ASSIGN_OR_RETURN(rank, IntFromEnv("OMPI_COMM_WORLD_RANK"));
@@ -75,14 +89,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::InitFromEnvironment(
     }
     address = absl::StrCat(std::string(host) == "localhost" ? "127.0.0.1" : host, ":", port + 1);
   }
-  if (rank == 0) LBCC_RETURN_IF_ERROR(StartRoot(address, nranks, 0, options.timeout));
+  // The root waits as long as the ranks will: resolve the timeout before starting it.
+  LBCC_ASSIGN_OR_RETURN(config, ResolveConfig(std::move(config)));
+  if (rank == 0) LBCC_RETURN_IF_ERROR(StartRoot(address, nranks, 0, *config.timeout));
   LBCC_ASSIGN_OR_RETURN(UniqueId id, UniqueIdFromAddress(address, 0));
-  return Init(id, nranks, rank, std::move(options));
+  return Init(id, nranks, rank, std::move(config));
 }
 
 Communicator::Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> ranks,
-                           uint32_t comm_id)
-    : fabric_(std::move(fabric)), comm_id_(comm_id) {
+                           uint32_t comm_id, CommConfig config)
+    : fabric_(std::move(fabric)), config_(std::move(config)), comm_id_(comm_id) {
   group_.fabric = fabric_.get();
   group_.ranks = std::move(ranks);
   group_.me = static_cast<int>(std::find(group_.ranks.begin(), group_.ranks.end(),
@@ -193,7 +209,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   h ^= h >> 29;
   uint32_t id = static_cast<uint32_t>(h & 0xffff);
   if (id < 2) id += 2;  // 0 is reserved, 1 is the world communicator.
-  return std::unique_ptr<Communicator>(new Communicator(fabric_, std::move(ranks), id));
+  return std::unique_ptr<Communicator>(new Communicator(fabric_, std::move(ranks), id, config_));
+}
+
+absl::StatusOr<Algorithm> Communicator::ChooseAlgorithm(Collective collective, const Group& group,
+                                                        size_t bytes_per_rank,
+                                                        Algorithm requested) const {
+  return SelectAlgorithm(collective, ShapeOf(topology(), group.ranks), bytes_per_rank, requested,
+                         config_.algorithm(collective));
 }
 
 RequestPtr Communicator::AllGatherV(const std::string* mine, std::vector<std::string>* out,
@@ -204,10 +227,8 @@ RequestPtr Communicator::AllGatherV(const std::string* mine, std::vector<std::st
   return Post(
       "AllGatherV",
       [this, mine, out, options](const Group& group, transport::Tag tag, absl::Time deadline) {
-        LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
-                              SelectAlgorithm(Collective::kAllGatherV,
-                                              ShapeOf(topology(), group.ranks), mine->size(),
-                                              options.algorithm));
+        LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kAllGatherV, group,
+                                                                mine->size(), options.algorithm));
         return comm::AllGatherV(group, tag, *mine, out, chosen, options.priority, deadline,
                                 kMaxPayloadBytes);
       },
@@ -229,12 +250,16 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
   if (!check.ok()) return CompletedRequest(check);
   return Post("AllReduce", [this, in, out, op, options](const Group& group, transport::Tag tag,
                                                absl::Time deadline) {
-    LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
-                          SelectAlgorithm(Collective::kAllReduce, ShapeOf(topology(), group.ranks),
-                                          in.num_bytes(), options.algorithm));
-    (void)chosen;  // The table offers ring only (SelectAlgorithm rejects the others).
-    return AllReduceRing(group, tag, in.data(), out.data(), in.num_elements(), in.dtype(), op,
-                         options.priority, deadline);
+    LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kAllReduce, group,
+                                                            in.num_bytes(), options.algorithm));
+    switch (chosen) {
+      case Algorithm::kRing:
+        return AllReduceRing(group, tag, in.data(), out.data(), in.num_elements(), in.dtype(), op,
+                             options.priority, deadline);
+      default:  // HasAlgorithm lists what exists; a row or override beyond it is our bug.
+        return absl::InternalError(
+            absl::StrCat("AllReduce: no ", AlgorithmName(chosen), " implementation"));
+    }
   }, options.timeout);
 }
 
@@ -252,9 +277,8 @@ RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out,
                                                     absl::Time deadline) {
     const std::string mine(static_cast<const char*>(in.data()), in.num_bytes());
     std::vector<std::string> all;
-    LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
-                          SelectAlgorithm(Collective::kAllGatherV, ShapeOf(topology(), group.ranks),
-                                          mine.size(), options.algorithm));
+    LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kAllGather, group,
+                                                            mine.size(), options.algorithm));
     LBCC_RETURN_IF_ERROR(comm::AllGatherV(group, tag, mine, &all, chosen, options.priority,
                                           deadline, in.num_bytes()));
     for (int i = 0; i < group.size(); ++i) {
@@ -277,9 +301,19 @@ RequestPtr Communicator::Broadcast(const TensorView& buffer, int root, OpOptions
   if (!check.ok()) return CompletedRequest(check);
   return Post(
       "Broadcast",
-      [buffer, root, options](const Group& group, transport::Tag tag, absl::Time deadline) {
-        return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root,
-                               options.priority, deadline);
+      [this, buffer, root, options](const Group& group, transport::Tag tag,
+                                    absl::Time deadline) -> absl::Status {
+        LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kBroadcast, group,
+                                                                buffer.num_bytes(),
+                                                                options.algorithm));
+        switch (chosen) {
+          case Algorithm::kDirect:
+            return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root,
+                                   options.priority, deadline);
+          default:  // HasAlgorithm lists what exists; a row or override beyond it is our bug.
+            return absl::InternalError(
+                absl::StrCat("Broadcast: no ", AlgorithmName(chosen), " implementation"));
+        }
       },
       options.timeout);
 }
@@ -287,9 +321,13 @@ RequestPtr Communicator::Broadcast(const TensorView& buffer, int root, OpOptions
 RequestPtr Communicator::Barrier(OpOptions options) {
   return Post(
       "Barrier",
-      [](const Group& group, transport::Tag tag, absl::Time deadline) {
+      [this, options](const Group& group, transport::Tag tag,
+                      absl::Time deadline) -> absl::Status {
+        // An all-gather of nothing, ahead of other traffic.
+        LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
+                              ChooseAlgorithm(Collective::kBarrier, group, 0, options.algorithm));
         std::vector<std::string> all;
-        return comm::AllGatherV(group, tag, std::string(), &all, Algorithm::kDirect,
+        return comm::AllGatherV(group, tag, std::string(), &all, chosen,
                                 transport::Priority::kHigh, deadline, 0);
       },
       options.timeout);

@@ -4,7 +4,7 @@
 //
 //   LBCC_ASSIGN_OR_RETURN(UniqueId id, CreateUniqueId("10.0.0.1", absl::Minutes(5)));  // one rank
 //   ... send id to every rank ...
-//   LBCC_ASSIGN_OR_RETURN(auto comm, Communicator::Init(id, nranks, rank, options));
+//   LBCC_ASSIGN_OR_RETURN(auto comm, Communicator::Init(id, nranks, rank, config));
 //   RequestPtr r = comm->AllReduce(grad, grad, ReduceOp::kMean);
 //   LBCC_RETURN_IF_ERROR(r->Wait());
 //
@@ -13,8 +13,12 @@
 // timeout instead of hanging; later operations fail with FailedPrecondition naming the first
 // error. Recreate the communicator to continue.
 //
-// Communicators made by Split() share their parent's connections; destroying the parent while
-// children live is fine (the connections live until the last one is gone).
+// Communicators made by Split() share their parent's connections and configuration; destroying
+// the parent while children live is fine (the connections live until the last one is gone).
+//
+// Configuration (comm/config.h) is resolved once, in Init: explicit CommConfig fields, else the
+// environment, else defaults. Every collective picks its algorithm through the one selection
+// table (comm/algorithms.h) with the config's choices; nothing reads the environment later.
 //
 // Thread-safety: posting from several threads is allowed but ranks must agree on the order of
 // operations, so post from one thread per rank. Requests are thread-safe.
@@ -36,6 +40,7 @@
 #include "comm/bootstrap.h"
 #include "comm/collectives.h"
 #include "comm/dense_collectives.h"
+#include "comm/config.h"
 #include "comm/fabric.h"
 #include "comm/request.h"
 #include "comm/thread_pool.h"
@@ -46,11 +51,11 @@ namespace lbcc::comm {
 // Per-operation options, in the spirit of Gloo's options objects. Defaults: the communicator's
 // timeout, the selection table's algorithm, normal priority.
 struct OpOptions {
-  absl::Duration timeout = absl::ZeroDuration();  // Zero: LBCC_TIMEOUT_S / FabricOptions.
-  Algorithm algorithm = Algorithm::kAuto;
+  absl::Duration timeout = absl::ZeroDuration();  // Zero: the communicator's (CommConfig).
+  Algorithm algorithm = Algorithm::kAuto;          // kAuto: CommConfig's, else the table's.
   transport::Priority priority = transport::Priority::kNormal;
-  // SparseAllReduce: smallest exchange group in elements (0: LBCC_SPARSE_GROUP_ELEMENTS). Every
-  // rank must pass the same value.
+  // SparseAllReduce: smallest exchange group in elements (0: CommConfig's, whose default is
+  // LBCC_SPARSE_GROUP_ELEMENTS). Every rank must pass the same value.
   int64_t sparse_group_elements = 0;
 };
 
@@ -60,13 +65,19 @@ absl::StatusOr<FabricOptions> FabricOptionsFromEnv();
 class Communicator {
  public:
   // Joins the job named by `id` as `rank` of `nranks` (blocks until every rank joined or the
-  // timeout). Errors: InvalidArgument, DeadlineExceeded, Unavailable (see bootstrap.h, fabric.h).
+  // timeout). Resolves `config` first (ResolveConfig) and checks the environment
+  // (CheckEnvironment: warnings, or errors with strict_env). Errors: InvalidArgument (a bad
+  // setting, named), DeadlineExceeded, Unavailable (see bootstrap.h, fabric.h).
+  static absl::StatusOr<std::unique_ptr<Communicator>> Init(const UniqueId& id, int nranks,
+                                                             int rank, CommConfig config = {});
+  // The same with every FabricOptions field explicit (ConfigFromFabricOptions).
   static absl::StatusOr<std::unique_ptr<Communicator>> Init(const UniqueId& id, int nranks,
                                                              int rank, FabricOptions options);
 
   // Joins from the launcher's environment: torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
   // LBCC's root listens on MASTER_PORT + 1 unless LBCC_BOOTSTRAP_ADDR is set) or Open MPI's
   // mpirun (OMPI_COMM_WORLD_RANK/SIZE with LBCC_BOOTSTRAP_ADDR). Rank 0 starts the root.
+  static absl::StatusOr<std::unique_ptr<Communicator>> InitFromEnvironment(CommConfig config = {});
   static absl::StatusOr<std::unique_ptr<Communicator>> InitFromEnvironment(FabricOptions options);
 
   ~Communicator();  // Fails queued operations with Cancelled, waits for the running one.
@@ -78,6 +89,12 @@ class Communicator {
   const std::vector<int>& global_ranks() const { return group_.ranks; }
   const Topology& topology() const { return fabric_->topology(); }
   Fabric* fabric() const { return fabric_.get(); }
+  // The resolved configuration: every field but `topology` (see topology()) is set.
+  const CommConfig& config() const { return config_; }
+  // The algorithm `collective` runs with over `group` for `bytes_per_rank`: `requested` unless
+  // kAuto, else config()'s choice unless kAuto, else the selection table's (SelectAlgorithm).
+  absl::StatusOr<Algorithm> ChooseAlgorithm(Collective collective, const Group& group,
+                                            size_t bytes_per_rank, Algorithm requested) const;
 
   // Like ncclCommSplit: ranks passing the same color form a new communicator, ordered by (key,
   // rank); a negative color returns nullptr. Collective and blocking.
@@ -176,7 +193,8 @@ class Communicator {
   absl::Status status() const { return fabric_->aborted(); }
 
  private:
-  Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> ranks, uint32_t comm_id);
+  Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> ranks, uint32_t comm_id,
+               CommConfig config);
   void WorkerLoop();
   // Forgets the transport's per-tag state of the operation whose tag base is `tag`.
   void ReleaseTags(transport::Tag tag);
@@ -190,6 +208,7 @@ class Communicator {
   };
 
   std::shared_ptr<Fabric> fabric_;
+  const CommConfig config_;  // Resolved in Init; Split() children get a copy.
   Group group_;
   uint32_t comm_id_;
   uint64_t splits_ = 0;  // Splits made so far (only touched by the posting thread).

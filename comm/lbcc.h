@@ -1,7 +1,7 @@
 /* LBCC's C API, in the style of NCCL's nccl.h.
  *
  *   lbccUniqueId id;  lbccGetUniqueId(&id);            // on one rank; send id to the others
- *   lbccComm_t comm;  lbccCommInitRank(&comm, nranks, id, rank, NULL);
+ *   lbccComm_t comm;  lbccCommInitRankConfig(&comm, nranks, id, rank, NULL);
  *   lbccRequest_t req;
  *   lbccAllReduce(buf, buf, count, lbccFloat32, lbccSum, comm, &req);
  *   lbccWait(req);  lbccRequestFree(req);
@@ -23,6 +23,8 @@
 #ifndef LBCC_COMM_LBCC_H_
 #define LBCC_COMM_LBCC_H_
 
+#include <float.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -97,15 +99,36 @@ typedef struct lbccTopKState* lbccTopKState_t;
 
 #define LBCC_SPLIT_NOCOLOR (-1)
 
+/* ---- Configuration (comm/config.h) ----
+ * A communicator's settings, resolved once at init like NCCL's ncclConfig_t: initialise with
+ * LBCC_CONFIG_INITIALIZER, set the fields you want; a field left at its initial value (NULL or
+ * LBCC_CONFIG_UNDEF_*) takes its environment variable, then that variable's default. Nothing is
+ * read from the environment after init; lbccCommSplit children inherit the parent's settings.
+ * A bad value fails init with lbccInvalidArgument naming the field (lbccGetLastError(NULL)). */
+#define LBCC_CONFIG_MAGIC 0x4c424343u /* "LBCC" */
+#define LBCC_CONFIG_UNDEF_INT INT_MIN
+#define LBCC_CONFIG_UNDEF_DOUBLE (-DBL_MAX)
+
 typedef struct {
-  size_t size;              /* sizeof(lbccConfig_t): set by LBCC_CONFIG_INITIALIZER. */
+  size_t size;              /* sizeof(lbccConfig_t). */
+  unsigned int magic;       /* LBCC_CONFIG_MAGIC. */
+  unsigned int version;     /* LBCC_VERSION_CODE of the header the caller was built with. */
   const char* transport;    /* "ucx" or "loopback"; NULL: LBCC_TRANSPORT. */
   const char* listenAddr;   /* IPv4 address to listen on; NULL: LBCC_LISTEN_ADDR. */
   const char* topologyFile; /* Topology JSON; NULL: LBCC_TOPO_FILE or derived. */
-  double timeoutSeconds;    /* <= 0: LBCC_TIMEOUT_S. */
+  double timeoutSeconds;    /* > 0; LBCC_CONFIG_UNDEF_DOUBLE: LBCC_TIMEOUT_S. */
+  const char* algorithms;   /* "allreduce=ring,..." (LBCC_ALGO's syntax); unnamed collectives
+                               and NULL: LBCC_ALGO. */
+  int64_t sparseGroupElements; /* >= 1, same on every rank; LBCC_CONFIG_UNDEF_INT:
+                                  LBCC_SPARSE_GROUP_ELEMENTS. */
+  int strictEnv;            /* 1: unknown LBCC_* variables or invalid values fail init, 0: they
+                               are logged; LBCC_CONFIG_UNDEF_INT: LBCC_STRICT_ENV. */
 } lbccConfig_t;
 
-#define LBCC_CONFIG_INITIALIZER {sizeof(lbccConfig_t), NULL, NULL, NULL, 0.0}
+#define LBCC_CONFIG_INITIALIZER                                                            \
+  {sizeof(lbccConfig_t), LBCC_CONFIG_MAGIC, LBCC_VERSION_CODE, NULL, NULL, NULL,            \
+   LBCC_CONFIG_UNDEF_DOUBLE, NULL, LBCC_CONFIG_UNDEF_INT, LBCC_CONFIG_UNDEF_INT}
+/* ---- end of Configuration ---- */
 
 /* Top-k with error feedback (SparseLoCo); see codecs/topk_ef.h. */
 typedef struct {
@@ -123,7 +146,13 @@ const char* lbccGetErrorString(lbccResult_t result);
 /* The full message of comm's last failure; comm NULL: the calling thread's last failure. */
 const char* lbccGetLastError(lbccComm_t comm);
 
+/* Starts a bootstrap root on LBCC_LISTEN_ADDR that waits LBCC_TIMEOUT_S for the ranks. */
 lbccResult_t lbccGetUniqueId(lbccUniqueId* uniqueId);
+/* Joins the job named by commId as `rank` of `nranks` (blocks until all joined or the timeout).
+ * config NULL: every setting from the environment. */
+lbccResult_t lbccCommInitRankConfig(lbccComm_t* comm, int nranks, lbccUniqueId commId, int rank,
+                                    const lbccConfig_t* config);
+/* The same as lbccCommInitRankConfig (kept for callers written before it). */
 lbccResult_t lbccCommInitRank(lbccComm_t* comm, int nranks, lbccUniqueId commId, int rank,
                               const lbccConfig_t* config);
 /* From torchrun's or mpirun's environment (see comm/communicator.h). */

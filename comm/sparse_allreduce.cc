@@ -95,9 +95,9 @@ std::vector<std::pair<size_t, size_t>> PlanGroups(
   return groups;
 }
 
-absl::StatusOr<int64_t> ResolveSparseGroupElements(const OpOptions& options) {
+int64_t ResolveSparseGroupElements(const OpOptions& options, const CommConfig& config) {
   if (options.sparse_group_elements > 0) return options.sparse_group_elements;
-  return env::GetInt("LBCC_SPARSE_GROUP_ELEMENTS");
+  return *config.sparse_group_elements;  // Resolved at Init.
 }
 
 SparseAllReduceSchedule::SparseAllReduceSchedule(
@@ -115,6 +115,7 @@ SparseAllReduceSchedule::SparseAllReduceSchedule(
       codec_(codec),
       decode_(decode),
       options_(options),
+      configured_(resources.configured),
       min_elements_(min_elements) {}
 
 SparseAllReduceSchedule::~SparseAllReduceSchedule() = default;
@@ -161,7 +162,7 @@ absl::Status SparseAllReduceSchedule::Plan() {
       bytes += 8 + (max.ok() ? *max : 0);  // A bad shape fails in the encode.
     }
     LBCC_ASSIGN_OR_RETURN(algorithms_[g], SelectAlgorithm(Collective::kAllGatherV, shape, bytes,
-                                                          options_.algorithm));
+                                                          options_.algorithm, configured_));
   }
   direct_ = std::all_of(algorithms_.begin(), algorithms_.end(),
                         [](Algorithm a) { return a == Algorithm::kDirect; });
@@ -487,8 +488,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
       "SparseAllReduce",
       [this, tensors = std::move(tensors), codec, decode, options](
           const Group& group, transport::Tag tag, absl::Time deadline) -> absl::Status {
-        LBCC_ASSIGN_OR_RETURN(const int64_t min_elements,
-                              internal::ResolveSparseGroupElements(options));
+        const int64_t min_elements = internal::ResolveSparseGroupElements(options, config_);
         internal::SparseAllReduceSchedule::Resources resources;
         resources.group = &group;
         resources.tag = tag;
@@ -497,6 +497,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         resources.pool = &pool_;
         resources.encode_buffer = &encode_buffer_;
         resources.decode_scratch = &decode_scratch_;
+        resources.configured = config_.algorithm(Collective::kAllGatherV);
         internal::SparseAllReduceSchedule schedule(resources, tensors, *codec, decode, options,
                                                    min_elements);
         return schedule.Run();

@@ -55,7 +55,7 @@ std::vector<std::pair<size_t, size_t>> PlanGroups(
 
 // The smallest exchange group in elements: options.sparse_group_elements, or else
 // LBCC_SPARSE_GROUP_ELEMENTS (InvalidArgument naming it when malformed). Resolved once per call.
-absl::StatusOr<int64_t> ResolveSparseGroupElements(const OpOptions& options);
+int64_t ResolveSparseGroupElements(const OpOptions& options, const CommConfig& config);
 
 class SparseAllReduceSchedule {
  public:
@@ -68,6 +68,7 @@ class SparseAllReduceSchedule {
     ThreadPool* pool = nullptr;                // runs phases 3-4; no other job may wait on it
     std::vector<uint8_t>* encode_buffer = nullptr;                       // reused across calls
     std::vector<std::unique_ptr<codecs::DecodeScratch>>* decode_scratch = nullptr;  // ditto
+    Algorithm configured = Algorithm::kAuto;   // CommConfig's choice for the payload exchange
   };
 
   SparseAllReduceSchedule(const Resources& resources,
@@ -119,6 +120,7 @@ class SparseAllReduceSchedule {
   const codecs::Codec& codec_;
   const codecs::DecodeOptions decode_;
   const OpOptions options_;
+  const Algorithm configured_;
   const int64_t min_elements_;
 
   // Plan (written before the pool starts, then read-only).

@@ -64,13 +64,14 @@ struct RankOptions {
   std::optional<Topology> topology;
 };
 
-// Runs `body(rank, comm)` on `nranks` threads; returns each rank's status (an Init failure or
-// what body returned).
-inline std::vector<absl::Status> RunRanks(
-    int nranks, const RankOptions& options,
+// Runs `body(rank, comm)` on `nranks` threads, each with a Communicator made from `config`
+// (unset fields from the environment); returns each rank's status (an Init failure or what
+// body returned).
+inline std::vector<absl::Status> RunRanksWithConfig(
+    int nranks, const CommConfig& config,
     const std::function<absl::Status(int rank, Communicator& comm)>& body) {
   std::vector<absl::Status> results(nranks);
-  absl::StatusOr<UniqueId> id = CreateUniqueId("127.0.0.1", options.timeout);
+  absl::StatusOr<UniqueId> id = CreateUniqueId(config);
   if (!id.ok()) {
     results.assign(nranks, id.status());
     return results;
@@ -78,12 +79,8 @@ inline std::vector<absl::Status> RunRanks(
   std::vector<std::thread> threads;
   for (int rank = 0; rank < nranks; ++rank) {
     threads.emplace_back([&, rank] {
-      FabricOptions fabric;
-      fabric.backend = options.backend;
-      fabric.timeout = options.timeout;
-      fabric.topology = options.topology;
       absl::StatusOr<std::unique_ptr<Communicator>> comm =
-          Communicator::Init(*id, nranks, rank, fabric);
+          Communicator::Init(*id, nranks, rank, config);
       if (!comm.ok()) {
         results[rank] = comm.status();
         return;
@@ -93,6 +90,17 @@ inline std::vector<absl::Status> RunRanks(
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// The same with RankOptions' fields explicit (listening on 127.0.0.1).
+inline std::vector<absl::Status> RunRanks(
+    int nranks, const RankOptions& options,
+    const std::function<absl::Status(int rank, Communicator& comm)>& body) {
+  FabricOptions fabric;
+  fabric.backend = options.backend;
+  fabric.timeout = options.timeout;
+  fabric.topology = options.topology;
+  return RunRanksWithConfig(nranks, ConfigFromFabricOptions(std::move(fabric)), body);
 }
 
 }  // namespace lbcc::comm::testing

@@ -402,7 +402,8 @@ absl::StatusOr<ShardExchange> PlanShard(const PlanInput& in, const std::vector<i
   }
   LBCC_ASSIGN_OR_RETURN(x.algorithm,
                         comm::SelectAlgorithm(comm::Collective::kAllGatherV, shape,
-                                              static_cast<size_t>(worst), in.job.algorithm));
+                                              static_cast<size_t>(worst), in.job.algorithm,
+                                              comm::Algorithm::kAuto));
   const bool many = ranks.size() > 1;
   bool single_streamed = false;
   for (const auto& [begin, end] : groups) {

@@ -499,17 +499,21 @@ py::object RecvSubspace(PyComm& self, py::object out, int peer, uint32_t tag, py
 void BindComm(py::module_& m) {
   m.def(
       "create_unique_id",
-      [](const std::string& listen_host, double timeout_s) {
+      [](std::optional<std::string> listen_host, std::optional<double> timeout_s) {
+        comm::CommConfig config;
+        config.listen_host = std::move(listen_host);
+        if (timeout_s.has_value()) config.timeout = absl::Seconds(*timeout_s);
         absl::StatusOr<comm::UniqueId> id;
         {
           py::gil_scoped_release release;
-          id = comm::CreateUniqueId(listen_host, absl::Seconds(timeout_s));
+          id = comm::CreateUniqueId(config);
         }
         return IdBytes(ValueOrThrow(std::move(id)));
       },
-      py::arg("listen_host") = "127.0.0.1", py::arg("timeout") = 300.0,
+      py::arg("listen_host") = py::none(), py::arg("timeout") = py::none(),
       "Starts a bootstrap root (this process, a background thread) and returns its unique id "
-      "(bytes): send it to every rank, then each calls Communicator.init.");
+      "(bytes): send it to every rank, then each calls Communicator.init. Unset: "
+      "LBCC_LISTEN_ADDR, LBCC_TIMEOUT_S.");
   m.def(
       "unique_id_from_address",
       [](const std::string& address, uint64_t session) {

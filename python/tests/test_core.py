@@ -302,6 +302,15 @@ def test_bootstrap_with_a_missing_rank_is_deadline_exceeded():
     assert "rank(s) 1 of 2 never joined" in e.value.message
 
 
+def test_create_unique_id_honours_lbcc_timeout_s(monkeypatch):
+    monkeypatch.setenv("LBCC_TIMEOUT_S", "0")
+    with pytest.raises(lbcc.InvalidArgumentError, match="LBCC_TIMEOUT_S='0'"):
+        lbcc.create_unique_id()
+    assert lbcc.unique_id_address(lbcc.create_unique_id(timeout=5)).startswith("127.0.0.1:")
+    with pytest.raises(lbcc.InvalidArgumentError, match="timeout=0"):
+        lbcc.create_unique_id(timeout=0)
+
+
 def test_init_from_environment_without_launcher_is_invalid_argument(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "LBCC_BOOTSTRAP_ADDR"):
