@@ -11,6 +11,7 @@
 #include "base/mutex.h"
 #include "transport/executor.h"
 #include "transport/link.h"
+#include "transport/link_setup.h"
 
 namespace lbcc::transport {
 namespace {
@@ -45,6 +46,7 @@ struct State {
   std::string name ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   std::deque<std::shared_ptr<Link>> accept_queue ABSL_GUARDED_BY(mu);
+  ProbeScratch probe_scratch;  // Thread-safe; for the set-up protocol (no probe runs here).
   std::vector<std::weak_ptr<Link>> links ABSL_GUARDED_BY(mu);
   uint64_t accepted ABSL_GUARDED_BY(mu) = 0;
 };
@@ -136,6 +138,27 @@ class LoopbackLane final : public Lane {
   std::atomic<bool> closed_{false};
 };
 
+// The set-up wire between two LinkSetups in memory: a message reaches the server's LinkSetup at
+// once and its reply comes straight back to the client's.
+class MemoryWire final : public SetupWire {
+ public:
+  MemoryWire(LinkSetup* server, LinkSetup* client, ProbeScratch* scratch)
+      : server_(server), client_(client), scratch_(scratch) {}
+  void Send(ControlMessage message) override {
+    LinkSetup::Step step = server_->OnControl(message.header, *scratch_);
+    if (step.ready.has_value()) ready_ = step.ready;
+    if (step.reply.has_value()) client_->OnControl(step.reply->header, *scratch_);
+  }
+  // What the server's LinkSetup took from READY.
+  const std::optional<LinkParams>& ready() const { return ready_; }
+
+ private:
+  LinkSetup* const server_;
+  LinkSetup* const client_;
+  ProbeScratch* const scratch_;
+  std::optional<LinkParams> ready_;
+};
+
 class LoopbackTransport final : public Transport {
  public:
   explicit LoopbackTransport(const TransportOptions& options)
@@ -205,17 +228,27 @@ class LoopbackTransport final : public Transport {
       absl::SleepFor(absl::Milliseconds(1));  // Waiting for a peer to start listening.
     }
 
-    // The class: explicit, then either side's configuration (slow wins), else fast.
-    LinkClass link_class = LinkClass::kFast;
-    if (options.has_link_class) {
-      link_class = options.link_class;
-    } else {
-      std::optional<LinkClass> mine = state_->options.ConfiguredClass(address, 0);
-      std::optional<LinkClass> theirs = server->options.link_class;
-      if (mine == LinkClass::kSlow || theirs == LinkClass::kSlow) link_class = LinkClass::kSlow;
+    // The set-up every backend runs (transport/link_setup.h), its messages handed over in
+    // memory. The server's rules see the client as its listen name's host (none: only "*").
+    std::string client_name;
+    {
+      MutexLock lock(&state_->mu);
+      client_name = state_->name;
     }
-    const int lanes =
-        link_class == LinkClass::kSlow ? std::max(1, state_->options.scheduler.stripes) : 1;
+    LinkSetup client_setup(LinkSetup::Role::kClient, state_->options,
+                           absl::StrCat("loop:", address), SplitHostPort(address));
+    LinkSetup server_setup(LinkSetup::Role::kServer, server->options,
+                           absl::StrCat("loop:", client_name),
+                           HostPort{SplitHostPort(client_name).host, 0});
+    MemoryWire wire(&server_setup, &client_setup, &server->probe_scratch);
+    wire.Send(HelloMessage(0));
+    if (absl::Status welcomed = client_setup.AwaitWelcomes(1, deadline); !welcomed.ok()) {
+      return welcomed;
+    }
+    // Memory lanes have nothing to measure: an unconfigured link is fast.
+    absl::StatusOr<LinkParams> params =
+        client_setup.Negotiate(wire, options, deadline, /*measure=*/false);
+    if (!params.ok()) return params.status();
 
     uint64_t connection;
     {
@@ -223,10 +256,13 @@ class LoopbackTransport final : public Transport {
       if (server->shut_down) return absl::UnavailableError("loopback listener shut down");
       connection = server->accepted++;
     }
+    wire.Send(LinkSetup::Ready(connection, *params));
+    if (!wire.ready().has_value()) return absl::InternalError("loopback set-up lost READY");
+    const LinkParams& accepted_params = *wire.ready();
     auto client = std::make_shared<Link>(state_->callbacks, absl::StrCat("loop:", address));
     auto accepted = std::make_shared<Link>(
         server->callbacks, absl::StrCat("loop:", address, "#", connection));
-    for (int i = 0; i < lanes; ++i) {
+    for (int i = 0; i < params->stripes; ++i) {
       auto client_lane = std::make_shared<LoopbackLane>(i, server->wire);
       auto server_lane = std::make_shared<LoopbackLane>(i, state_->wire);
       client_lane->Bind(accepted);
@@ -234,9 +270,10 @@ class LoopbackTransport final : public Transport {
       client->AddLane(client_lane);
       accepted->AddLane(server_lane);
     }
-    client->Configure(link_class, state_->options.scheduler, state_->options.fast_chunk_bytes, {});
-    accepted->Configure(link_class, server->options.scheduler, server->options.fast_chunk_bytes,
-                        {});
+    client->Configure(params->link_class, state_->options.scheduler,
+                      state_->options.fast_chunk_bytes, params->probe);
+    accepted->Configure(accepted_params.link_class, server->options.scheduler,
+                        server->options.fast_chunk_bytes, accepted_params.probe);
     client->AddRetries(retries);
     {
       MutexLock lock(&state_->mu);
