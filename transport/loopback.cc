@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "base/status_macros.h"
 #include "transport/executor.h"
 #include "transport/link.h"
 #include "transport/link_setup.h"
@@ -159,6 +160,32 @@ class MemoryWire final : public SetupWire {
   std::optional<LinkParams> ready_;
 };
 
+// What each end configures its Link with, from the set-up every backend runs
+// (transport/link_setup.h), its messages handed over in memory. The server's rules see the
+// client by the host of its listen name (none: only "*" applies).
+struct BothEnds {
+  LinkParams client, server;
+};
+absl::StatusOr<BothEnds> SetUpInMemory(const TransportOptions& client_options,
+                                       absl::string_view client_name, State& server,
+                                       absl::string_view address, const ConnectOptions& options,
+                                       uint64_t connection, absl::Time deadline) {
+  LinkSetup client_setup(LinkSetup::Role::kClient, client_options, absl::StrCat("loop:", address),
+                         SplitHostPort(address));
+  LinkSetup server_setup(LinkSetup::Role::kServer, server.options,
+                         absl::StrCat("loop:", client_name),
+                         HostPort{SplitHostPort(client_name).host, 0});
+  MemoryWire wire(&server_setup, &client_setup, &server.probe_scratch);
+  wire.Send(HelloMessage(connection));
+  LBCC_RETURN_IF_ERROR(client_setup.AwaitWelcomes(1, deadline));
+  // Memory lanes have nothing to measure: an unconfigured link is fast.
+  LBCC_ASSIGN_OR_RETURN(LinkParams params,
+                        client_setup.Negotiate(wire, options, deadline, /*measure=*/false));
+  wire.Send(LinkSetup::Ready(connection, params));
+  if (!wire.ready().has_value()) return absl::InternalError("loopback set-up lost its READY");
+  return BothEnds{params, *wire.ready()};
+}
+
 class LoopbackTransport final : public Transport {
  public:
   explicit LoopbackTransport(const TransportOptions& options)
@@ -228,41 +255,25 @@ class LoopbackTransport final : public Transport {
       absl::SleepFor(absl::Milliseconds(1));  // Waiting for a peer to start listening.
     }
 
-    // The set-up every backend runs (transport/link_setup.h), its messages handed over in
-    // memory. The server's rules see the client as its listen name's host (none: only "*").
     std::string client_name;
     {
       MutexLock lock(&state_->mu);
       client_name = state_->name;
     }
-    LinkSetup client_setup(LinkSetup::Role::kClient, state_->options,
-                           absl::StrCat("loop:", address), SplitHostPort(address));
-    LinkSetup server_setup(LinkSetup::Role::kServer, server->options,
-                           absl::StrCat("loop:", client_name),
-                           HostPort{SplitHostPort(client_name).host, 0});
-    MemoryWire wire(&server_setup, &client_setup, &server->probe_scratch);
-    wire.Send(HelloMessage(0));
-    if (absl::Status welcomed = client_setup.AwaitWelcomes(1, deadline); !welcomed.ok()) {
-      return welcomed;
-    }
-    // Memory lanes have nothing to measure: an unconfigured link is fast.
-    absl::StatusOr<LinkParams> params =
-        client_setup.Negotiate(wire, options, deadline, /*measure=*/false);
-    if (!params.ok()) return params.status();
-
     uint64_t connection;
     {
       MutexLock lock(&server->mu);
       if (server->shut_down) return absl::UnavailableError("loopback listener shut down");
       connection = server->accepted++;
     }
-    wire.Send(LinkSetup::Ready(connection, *params));
-    if (!wire.ready().has_value()) return absl::InternalError("loopback set-up lost READY");
-    const LinkParams& accepted_params = *wire.ready();
+    LBCC_ASSIGN_OR_RETURN(
+        const BothEnds ends,
+        SetUpInMemory(state_->options, client_name, *server, address, options, connection,
+                      deadline));
     auto client = std::make_shared<Link>(state_->callbacks, absl::StrCat("loop:", address));
     auto accepted = std::make_shared<Link>(
         server->callbacks, absl::StrCat("loop:", address, "#", connection));
-    for (int i = 0; i < params->stripes; ++i) {
+    for (int i = 0; i < ends.client.stripes; ++i) {
       auto client_lane = std::make_shared<LoopbackLane>(i, server->wire);
       auto server_lane = std::make_shared<LoopbackLane>(i, state_->wire);
       client_lane->Bind(accepted);
@@ -270,10 +281,10 @@ class LoopbackTransport final : public Transport {
       client->AddLane(client_lane);
       accepted->AddLane(server_lane);
     }
-    client->Configure(params->link_class, state_->options.scheduler,
-                      state_->options.fast_chunk_bytes, params->probe);
-    accepted->Configure(accepted_params.link_class, server->options.scheduler,
-                        server->options.fast_chunk_bytes, accepted_params.probe);
+    client->Configure(ends.client.link_class, state_->options.scheduler,
+                      state_->options.fast_chunk_bytes, ends.client.probe);
+    accepted->Configure(ends.server.link_class, server->options.scheduler,
+                        server->options.fast_chunk_bytes, ends.server.probe);
     client->AddRetries(retries);
     {
       MutexLock lock(&state_->mu);

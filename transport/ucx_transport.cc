@@ -191,7 +191,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // failing links whose peer has been silent for the peer timeout while work was pending.
   void WatchPeersLocked();
   void MarkRunningLocked(const std::shared_ptr<Conn>& conn);
-  WatchClock watch_clock_ ABSL_GUARDED_BY(worker_mu_);
   int DrainCommandsLocked();
   void FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
   int ProgressLocked();
@@ -219,6 +218,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Mutex worker_mu_;
   absl::flat_hash_map<ucp_ep_h, std::shared_ptr<UcxLane>> eps_ ABSL_GUARDED_BY(worker_mu_);
   std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
+  WatchClock watch_clock_ ABSL_GUARDED_BY(worker_mu_);
   int64_t outstanding_ ABSL_GUARDED_BY(worker_mu_) = 0;     // Requests awaiting callbacks.
   ucp_listener_h listener_ ABSL_GUARDED_BY(worker_mu_) = nullptr;
   ProbeScratch probe_scratch_;  // Thread-safe.
