@@ -62,7 +62,7 @@ for i in range(len(trees)):
         with open(os.path.join(tmp, f"{i}.{r}.json")) as f:
             data = json.load(f)
         for b in data["benchmarks"]:
-            name = b["name"].split("/manual_time")[0]
+            name = b["name"].split("/iterations:")[0].split("/manual_time")[0]
             if "error_message" in b:
                 runs.setdefault((name, "error"), []).append((i, r, b["error_message"]))
                 continue
