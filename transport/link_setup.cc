@@ -205,6 +205,8 @@ LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scrat
   switch (static_cast<Ctl>(h.type)) {
     // Served by either end.
     case Ctl::kHello:
+      // Every connection of the link is admitted here (an authentication step decides).
+      step.admit = true;
       step.reply = Message(Ctl::kWelcome);
       step.reply->header.conn_id = h.conn_id;
       step.reply->header.a = EncodeClass(configured_);

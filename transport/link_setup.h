@@ -13,12 +13,15 @@
 //     until one takes probe_min_time or reaches probe_max_bytes (ProbeScratch keeps its buffers);
 //   - PeerWatch: heartbeats on a running link and the silent-peer rule.
 //
-// The client's steps, in order (LinkSetup's client methods), are the one place a new step goes:
-//   1. HELLO / WELCOME on connection 0 (the backend opens it, AwaitWelcomes waits);
-//   2. (an authentication step inserts here: between WELCOME and any classification);
-//   3. Negotiate(): the class, then the probe; the backend opens `stripes` - 1 more connections;
-//   4. Ready(): READY tells the server the class and the probe figures; both ends configure
-//      their Link with the same LinkParams.
+// The steps, in order; each new step (an authenticated handshake with a job secret, issue 24; a
+// topology-consistency check, issue 19) goes into LinkSetup once and every backend runs it:
+//   1. HELLO / WELCOME on each connection: the server's OnControl admits the connection to the
+//      link (Step::admit) or not, the one admission point for every connection of every backend;
+//      the client's backend opens connection 0 and AwaitWelcomes() waits;
+//   2. Negotiate(): every client step over connection 0, in order: [authentication goes first],
+//      then the class, then the probe; the backend opens `stripes` - 1 more connections (step 1);
+//   3. Ready(): READY tells the server the class and the probe figures; both ends configure
+//      their Link with the same LinkParams, and only then does Accept() return the server's end.
 //
 // Implementations of SetupWire: the UCX backend (control active messages on connection 0) and
 // the loopback backend (the peer's LinkSetup called in memory).
@@ -180,6 +183,7 @@ class LinkSetup {
 
   // -- Incoming, any thread (backend context). Never blocks on the network.
   struct Step {
+    bool admit = false;                   // HELLO: attach this connection to the link.
     std::optional<ControlMessage> reply;  // Send back on the connection the message came on.
     std::optional<LinkParams> ready;      // Server, once: READY arrived; configure the Link.
   };
@@ -198,11 +202,12 @@ class LinkSetup {
   // a failure, Cancel() or `deadline` (DeadlineExceeded "<what> from <peer> timed out").
   // 1. WELCOMEs for `connections` connections (the backend sent their HELLOs).
   absl::Status AwaitWelcomes(int connections, absl::Time deadline);
-  // 3. The link class and the probe. `measure`: the backend's lanes can be timed (UCX); a
-  // backend that cannot measure (memory) makes unconfigured links fast and sends no pings.
+  // 2. Every step over connection 0 after WELCOME: the link class and the probe. `measure`: the
+  // backend's lanes can be timed (UCX); a backend that cannot measure (memory) makes
+  // unconfigured links fast and sends no pings.
   absl::StatusOr<LinkParams> Negotiate(SetupWire& wire, const ConnectOptions& options,
                                        absl::Time deadline, bool measure);
-  // 4. The READY message carrying `params` to the server.
+  // 3. The READY message carrying `params` to the server.
   static ControlMessage Ready(uint64_t conn_id, const LinkParams& params);
 
  private:

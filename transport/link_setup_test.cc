@@ -148,6 +148,7 @@ TEST(LinkSetupTest, ServerAnswersHelloWithItsConfiguredClassAndTakesReadyOnce) {
   LinkSetup server(LinkSetup::Role::kServer, options, "10.0.0.7:41000", {"10.0.0.7", 0});
   ProbeScratch scratch;
   LinkSetup::Step welcome = server.OnControl(HelloMessage(42).header, scratch);
+  EXPECT_TRUE(welcome.admit);
   ASSERT_TRUE(welcome.reply.has_value());
   EXPECT_EQ(welcome.reply->header.type, static_cast<uint32_t>(Ctl::kWelcome));
   EXPECT_EQ(welcome.reply->header.conn_id, 42u);

@@ -147,6 +147,9 @@ class MemoryWire final : public SetupWire {
       : server_(server), client_(client), scratch_(scratch) {}
   void Send(ControlMessage message) override {
     LinkSetup::Step step = server_->OnControl(message.header, *scratch_);
+    if (message.header.type == static_cast<uint32_t>(Ctl::kHello) && !step.admit) {
+      client_->Fail(absl::UnavailableError("the listener's link set-up refused the connection"));
+    }
     if (step.ready.has_value()) ready_ = step.ready;
     if (step.reply.has_value()) client_->OnControl(step.reply->header, *scratch_);
   }

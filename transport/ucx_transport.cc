@@ -180,11 +180,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static ucs_status_t OnAmControl(void* arg, const void* header, size_t header_length,
                                   void* data, size_t length, const ucp_am_recv_param_t* param);
   void HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& header);
-  // HELLO: the server's Conn for the connection's link (made at the first HELLO), with `lane`
-  // attached; null when refused.
-  std::shared_ptr<Conn> AttachLaneLocked(const std::shared_ptr<UcxLane>& lane,
+  // HELLO: the server's Conn for the connection's link (made at the first HELLO); null while
+  // shutting down or for a bad lane index.
+  std::shared_ptr<Conn> ServerConnLocked(const std::shared_ptr<UcxLane>& lane,
                                          const ControlHeader& hello)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
+  // A connection the link's set-up admitted joins the link (lanes reach the Link in order).
+  void AttachLaneLocked(const std::shared_ptr<Conn>& conn, const std::shared_ptr<UcxLane>& lane,
+                        int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
   std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
   int RunLocked();
   // One round of every running link's PeerWatch (transport/link_setup.h): heartbeats, and
@@ -914,15 +917,20 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
   }
   // The link's set-up answers; UCX is never called with ctl_mu_ held (UCX calls our error
   // handler with its own locks held, and that handler takes ctl_mu_).
+  const bool hello = static_cast<Ctl>(h.type) == Ctl::kHello;
   std::shared_ptr<Conn> conn;
-  if (static_cast<Ctl>(h.type) == Ctl::kHello) {
+  if (hello) {
     MutexLock lock(&ctl_mu_);
-    conn = AttachLaneLocked(lane, h);
+    conn = ServerConnLocked(lane, h);
   } else {
     conn = lane->conn.lock();
   }
   if (conn == nullptr) return;
   LinkSetup::Step step = conn->setup->OnControl(h, probe_scratch_);
+  if (hello && step.admit) {
+    MutexLock lock(&ctl_mu_);
+    AttachLaneLocked(conn, lane, static_cast<int>(h.lane));
+  }
   if (step.ready.has_value()) {
     MutexLock lock(&ctl_mu_);
     if (!shutting_down_) {
@@ -937,7 +945,7 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
   }
 }
 
-std::shared_ptr<Conn> Engine::AttachLaneLocked(const std::shared_ptr<UcxLane>& lane,
+std::shared_ptr<Conn> Engine::ServerConnLocked(const std::shared_ptr<UcxLane>& lane,
                                                const ControlHeader& h) {
   if (shutting_down_ || h.lane > 64) return nullptr;
   // The server's end of the link; never the client's end of it in this same transport.
@@ -954,7 +962,12 @@ std::shared_ptr<Conn> Engine::AttachLaneLocked(const std::shared_ptr<UcxLane>& l
       if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
     });
   }
-  lane->index = static_cast<int>(h.lane);
+  return conn;
+}
+
+void Engine::AttachLaneLocked(const std::shared_ptr<Conn>& conn,
+                              const std::shared_ptr<UcxLane>& lane, int index) {
+  lane->index = index;
   lane->conn = conn;
   lane->link = conn->link;
   conn->lanes[lane->index] = lane;
@@ -962,7 +975,6 @@ std::shared_ptr<Conn> Engine::AttachLaneLocked(const std::shared_ptr<UcxLane>& l
     conn->link->AddLane(conn->lanes[conn->lanes_added]);
     ++conn->lanes_added;
   }
-  return conn;
 }
 
 void Engine::OnConnRequest(ucp_conn_request_h request, void* arg) {
