@@ -4,18 +4,19 @@
 # --compare WORKTREE (another checkout where the benchmark is built, e.g. main's), runs that
 # tree's binary and this one alternately, --rounds times each, and writes both side by side.
 #
-#   transport/transport_benchmark.sh [--rounds N] [--compare WORKTREE] [--out FILE]
+#   transport/transport_benchmark.sh [--rounds N] [--compare WORKTREE] [--filter REGEX] [--out FILE]
 #
 # Needs root for the shaped cases (they bring up tools/testbed; without root they report an
 # error and the loopback case still runs). Builds the benchmark here with -c opt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args="$*"
-rounds=1 compare="" out=bench/results/transport.md
+rounds=1 compare="" filter="" out=bench/results/transport.md
 while (($#)); do
   case "$1" in
     --rounds) rounds=$2; shift ;;
     --compare) compare=$2; shift ;;
+    --filter) filter=$2; shift ;;
     --out) out=$2; shift ;;
     -h|--help) sed -n "2,10p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -40,7 +41,7 @@ for ((round = 1; round <= rounds; ++round)); do
   for i in "${!trees[@]}"; do
     tree=${trees[$i]}
     echo "round $round: $tree" >&2
-    (cd "$tree" && bazel-bin/transport/transport_benchmark \
+    (cd "$tree" && bazel-bin/transport/transport_benchmark ${filter:+--benchmark_filter="$filter"} \
       --benchmark_out="$tmp/$i.$round.json" --benchmark_out_format=json >&2)
   done
 done
