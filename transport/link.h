@@ -30,26 +30,21 @@
 #include "absl/time/time.h"
 #include "transport/executor.h"
 #include "transport/lane.h"
+#include "transport/link_setup.h"
 #include "transport/options.h"
 #include "transport/token_bucket.h"
 #include "transport/transport.h"
 
 namespace lbcc::transport {
 
-// What the connect-time probe measured (zeros when the class was configured).
-struct ProbeResult {
-  double send_bytes_per_second = 0;
-  double recv_bytes_per_second = 0;
-  double rtt_seconds = 0;
-};
-
 class Link : public std::enable_shared_from_this<Link> {
  public:
   Link(std::shared_ptr<Executor> executor, std::string peer_address);
   ~Link();
 
-  // Set-up by the backend. Lanes may be added until the first Send; chunks may arrive on a lane
-  // as soon as it is added. Configure() must come before the first Send.
+  // Set-up by the backend, with what the link's LinkSetup negotiated (transport/link_setup.h).
+  // Lanes may be added until the first Send; chunks may arrive on a lane as soon as it is added.
+  // Configure() must come before the first Send.
   void AddLane(std::shared_ptr<Lane> lane);
   void Configure(LinkClass link_class, const SchedulerOptions& scheduler, int64_t fast_chunk_bytes,
                  const ProbeResult& probe);

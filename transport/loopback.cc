@@ -9,8 +9,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "base/status_macros.h"
 #include "transport/executor.h"
 #include "transport/link.h"
+#include "transport/link_setup.h"
 
 namespace lbcc::transport {
 namespace {
@@ -45,6 +47,7 @@ struct State {
   std::string name ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   std::deque<std::shared_ptr<Link>> accept_queue ABSL_GUARDED_BY(mu);
+  ProbeScratch probe_scratch;  // Thread-safe; for the set-up protocol (no probe runs here).
   std::vector<std::weak_ptr<Link>> links ABSL_GUARDED_BY(mu);
   uint64_t accepted ABSL_GUARDED_BY(mu) = 0;
 };
@@ -136,6 +139,56 @@ class LoopbackLane final : public Lane {
   std::atomic<bool> closed_{false};
 };
 
+// The set-up wire between two LinkSetups in memory: a message reaches the server's LinkSetup at
+// once and its reply comes straight back to the client's.
+class MemoryWire final : public SetupWire {
+ public:
+  MemoryWire(LinkSetup* server, LinkSetup* client, ProbeScratch* scratch)
+      : server_(server), client_(client), scratch_(scratch) {}
+  void Send(ControlMessage message) override {
+    LinkSetup::Step step = server_->OnControl(message.header, *scratch_);
+    if (message.header.type == static_cast<uint32_t>(Ctl::kHello) && !step.admit) {
+      client_->Fail(absl::UnavailableError("the listener's link set-up refused the connection"));
+    }
+    if (step.ready.has_value()) ready_ = step.ready;
+    if (step.reply.has_value()) client_->OnControl(step.reply->header, *scratch_);
+  }
+  // What the server's LinkSetup took from READY.
+  const std::optional<LinkParams>& ready() const { return ready_; }
+
+ private:
+  LinkSetup* const server_;
+  LinkSetup* const client_;
+  ProbeScratch* const scratch_;
+  std::optional<LinkParams> ready_;
+};
+
+// What each end configures its Link with, from the set-up every backend runs
+// (transport/link_setup.h), its messages handed over in memory. The server's rules see the
+// client by the host of its listen name (none: only "*" applies).
+struct BothEnds {
+  LinkParams client, server;
+};
+absl::StatusOr<BothEnds> SetUpInMemory(const TransportOptions& client_options,
+                                       absl::string_view client_name, State& server,
+                                       absl::string_view address, const ConnectOptions& options,
+                                       uint64_t connection, absl::Time deadline) {
+  LinkSetup client_setup(LinkSetup::Role::kClient, client_options, absl::StrCat("loop:", address),
+                         SplitHostPort(address));
+  LinkSetup server_setup(LinkSetup::Role::kServer, server.options,
+                         absl::StrCat("loop:", client_name),
+                         HostPort{SplitHostPort(client_name).host, 0});
+  MemoryWire wire(&server_setup, &client_setup, &server.probe_scratch);
+  wire.Send(HelloMessage(connection));
+  LBCC_RETURN_IF_ERROR(client_setup.AwaitWelcomes(1, deadline));
+  // Memory lanes have nothing to measure: an unconfigured link is fast.
+  LBCC_ASSIGN_OR_RETURN(LinkParams params,
+                        client_setup.Negotiate(wire, options, deadline, /*measure=*/false));
+  wire.Send(LinkSetup::Ready(connection, params));
+  if (!wire.ready().has_value()) return absl::InternalError("loopback set-up lost its READY");
+  return BothEnds{params, *wire.ready()};
+}
+
 class LoopbackTransport final : public Transport {
  public:
   explicit LoopbackTransport(const TransportOptions& options)
@@ -205,28 +258,25 @@ class LoopbackTransport final : public Transport {
       absl::SleepFor(absl::Milliseconds(1));  // Waiting for a peer to start listening.
     }
 
-    // The class: explicit, then either side's configuration (slow wins), else fast.
-    LinkClass link_class = LinkClass::kFast;
-    if (options.has_link_class) {
-      link_class = options.link_class;
-    } else {
-      std::optional<LinkClass> mine = state_->options.ConfiguredClass(address, 0);
-      std::optional<LinkClass> theirs = server->options.link_class;
-      if (mine == LinkClass::kSlow || theirs == LinkClass::kSlow) link_class = LinkClass::kSlow;
+    std::string client_name;
+    {
+      MutexLock lock(&state_->mu);
+      client_name = state_->name;
     }
-    const int lanes =
-        link_class == LinkClass::kSlow ? std::max(1, state_->options.scheduler.stripes) : 1;
-
     uint64_t connection;
     {
       MutexLock lock(&server->mu);
       if (server->shut_down) return absl::UnavailableError("loopback listener shut down");
       connection = server->accepted++;
     }
+    LBCC_ASSIGN_OR_RETURN(
+        const BothEnds ends,
+        SetUpInMemory(state_->options, client_name, *server, address, options, connection,
+                      deadline));
     auto client = std::make_shared<Link>(state_->callbacks, absl::StrCat("loop:", address));
     auto accepted = std::make_shared<Link>(
         server->callbacks, absl::StrCat("loop:", address, "#", connection));
-    for (int i = 0; i < lanes; ++i) {
+    for (int i = 0; i < ends.client.stripes; ++i) {
       auto client_lane = std::make_shared<LoopbackLane>(i, server->wire);
       auto server_lane = std::make_shared<LoopbackLane>(i, state_->wire);
       client_lane->Bind(accepted);
@@ -234,9 +284,10 @@ class LoopbackTransport final : public Transport {
       client->AddLane(client_lane);
       accepted->AddLane(server_lane);
     }
-    client->Configure(link_class, state_->options.scheduler, state_->options.fast_chunk_bytes, {});
-    accepted->Configure(link_class, server->options.scheduler, server->options.fast_chunk_bytes,
-                        {});
+    client->Configure(ends.client.link_class, state_->options.scheduler,
+                      state_->options.fast_chunk_bytes, ends.client.probe);
+    accepted->Configure(ends.server.link_class, server->options.scheduler,
+                        server->options.fast_chunk_bytes, ends.server.probe);
     client->AddRetries(retries);
     {
       MutexLock lock(&state_->mu);

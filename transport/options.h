@@ -11,20 +11,22 @@
 //   *                 slow      # everyone else
 //
 // The most specific rule wins (host:port, then host, then *). Peers are matched by the address
-// given to Connect() on the client and by the connecting address on the server.
+// given to Connect() on the client and by the connecting host (port unknown) on the server; the
+// loopback backend matches names the same way (its server sees the client's listen name). The
+// parser and the class rule (either side slow: slow) are in transport/link_setup.h.
 //
-// Thread-safety: values; Topology is immutable after Parse().
+// Thread-safety: values.
 #ifndef LBCC_TRANSPORT_OPTIONS_H_
 #define LBCC_TRANSPORT_OPTIONS_H_
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "transport/link_setup.h"
 #include "transport/transport.h"
 
 namespace lbcc::transport {
@@ -47,29 +49,14 @@ struct SchedulerOptions {
 int64_t WindowBytes(const SchedulerOptions& options, double rate_bytes_per_second,
                     double rtt_seconds);
 
-class Topology {
- public:
-  // Parses the file format above. InvalidArgument naming the line for a bad rule.
-  static absl::StatusOr<Topology> Parse(absl::string_view text);
-  // Reads and parses `path`; InvalidArgument when it cannot be read.
-  static absl::StatusOr<Topology> Load(const std::string& path);
-
-  // The class for a peer at host:port (port 0: unknown), if a rule covers it.
-  std::optional<LinkClass> Lookup(absl::string_view host, int port) const;
-  bool empty() const { return rules_.empty(); }
-
- private:
-  std::map<std::string, LinkClass> rules_;  // "host:port", "host" or "*".
-};
-
 struct TransportOptions {
   SchedulerOptions scheduler;
   // Messages on fast links travel in chunks of this size (LBCC_FAST_CHUNK_BYTES), so that any
   // size works whatever the backend's limits.
   int64_t fast_chunk_bytes = 64 << 20;
-  // Explicit class for every link (LBCC_LINK_CLASS=fast|slow); unset: topology, then the probe.
+  // Explicit class for every link (LBCC_LINK_CLASS=fast|slow); unset: link rules, then the probe.
   std::optional<LinkClass> link_class;
-  Topology topology;  // LBCC_LINK_RULES_FILE.
+  LinkRules link_rules;  // LBCC_LINK_RULES_FILE (parser: transport/link_setup.h).
   // A link whose probed rate in either direction is below this is slow (LBCC_SLOW_LINK_GBITS).
   double slow_threshold_bits_per_second = 10e9;
   // Largest probe transfer per direction (LBCC_LINK_PROBE_BYTES); the probe doubles its size until
@@ -93,10 +80,11 @@ struct TransportOptions {
   std::string ucx_tls;
   std::string ucx_net_devices;
 
-  // Reads every LBCC_* variable above (InvalidArgument for a bad value or topology file).
+  // Reads every LBCC_* variable above (InvalidArgument for a bad value or an unreadable or bad
+  // link rules file).
   static absl::StatusOr<TransportOptions> FromEnv();
 
-  // The explicit class for a peer: topology rule, then link_class. nullopt: probe.
+  // The explicit class for a peer: link rule, then link_class. nullopt: probe.
   std::optional<LinkClass> ConfiguredClass(absl::string_view host, int port) const;
 };
 

@@ -15,36 +15,7 @@ using ::lbcc::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 
-TEST(TopologyTest, MostSpecificRuleWins) {
-  LBCC_ASSERT_OK_AND_ASSIGN(Topology topology, Topology::Parse(R"(
-      # peer          class
-      10.0.0.3        slow   # whole host
-      10.0.0.3:5000   fast
-      *               slow
-  )"));
-  EXPECT_THAT(topology.Lookup("10.0.0.3", 5000), Optional(LinkClass::kFast));
-  EXPECT_THAT(topology.Lookup("10.0.0.3", 6000), Optional(LinkClass::kSlow));
-  EXPECT_THAT(topology.Lookup("10.0.0.9", 0), Optional(LinkClass::kSlow));
-}
-
-TEST(TopologyTest, NoRuleNoClass) {
-  LBCC_ASSERT_OK_AND_ASSIGN(Topology topology, Topology::Parse("10.0.0.3 slow\n"));
-  EXPECT_EQ(topology.Lookup("10.0.0.4", 1), std::nullopt);
-}
-
-TEST(TopologyTest, BadLinesNameTheLine) {
-  EXPECT_THAT(Topology::Parse("a fast\nb medium\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
-  EXPECT_THAT(Topology::Parse("a fast extra\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
-  EXPECT_THAT(Topology::Parse("a:99999 fast\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("port")));
-}
-
-TEST(TopologyTest, MissingFileIsInvalidArgument) {
-  EXPECT_THAT(Topology::Load("/nonexistent/lbcc-topology"),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-}
+// The rules file's parser is tested in link_setup_test.cc.
 
 TEST(ParseLinkClassTest, FastAndSlow) {
   EXPECT_THAT(ParseLinkClass(" Slow "), IsOkAndHolds(LinkClass::kSlow));
@@ -74,7 +45,7 @@ TEST_F(FromEnvTest, DefaultsMatchTheIssue) {
 }
 
 TEST_F(FromEnvTest, ReadsEveryVariable) {
-  const std::string path = ::testing::TempDir() + "/topology";
+  const std::string path = ::testing::TempDir() + "/link-rules";
   std::ofstream(path) << "10.1.1.1 slow\n";
   setenv("LBCC_SLOW_CHUNK_BYTES", "64K", 1);
   setenv("LBCC_SLOW_PACE_MBITS", "100", 1);
@@ -98,8 +69,11 @@ TEST_F(FromEnvTest, BadValuesAreInvalidArgument) {
   EXPECT_THAT(TransportOptions::FromEnv(), StatusIs(absl::StatusCode::kInvalidArgument,
                                                     HasSubstr("LBCC_SLOW_STRIPES")));
   unsetenv("LBCC_SLOW_STRIPES");
-  setenv("LBCC_LINK_RULES_FILE", "/nonexistent/topology", 1);
-  EXPECT_THAT(TransportOptions::FromEnv(), StatusIs(absl::StatusCode::kInvalidArgument));
+  setenv("LBCC_LINK_RULES_FILE", "/nonexistent/link-rules", 1);
+  EXPECT_THAT(TransportOptions::FromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "cannot read link rules file /nonexistent/link-rules: No such file or "
+                       "directory"));
 }
 
 }  // namespace

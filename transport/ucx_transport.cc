@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,7 @@
 #include "base/status_macros.h"
 #include "transport/executor.h"
 #include "transport/link.h"
+#include "transport/link_setup.h"
 
 namespace lbcc::transport {
 namespace {
@@ -41,36 +43,6 @@ constexpr unsigned kAmData = 8;
 
 // Transport destruction waits this long for UCX to finish cancelled requests.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
-// First size of the link probe.
-constexpr int64_t kProbeFirstBytes = 64 << 10;
-
-enum class Ctl : uint32_t {
-  kHello = 1,         // client -> server on each new connection: conn_id, lane
-  kWelcome = 2,       // server -> client: a = server's configured class (0 none, 1 fast, 2 slow)
-  kReady = 3,         // client -> server: a = class, x/y = client's send/recv rate, z = rtt
-  kPing = 4,          // a = sequence, b = largest probe transfer to come (0: none)
-  kPong = 5,          // a = sequence
-  kProbeData = 6,     // a = sequence, payload = probe bytes
-  kProbeAck = 7,      // server -> client: a = sequence of the ProbeData fully received
-  kProbeRequest = 8,  // client -> server: a = sequence, b = bytes to send back as ProbeData
-  kCredit = 9,        // a = bytes, b = priority of the chunks
-  kHeartbeat = 10,    // every peer_timeout / 4 on connection 0 of a running link
-};
-
-struct ControlHeader {
-  uint32_t type;
-  uint32_t lane;
-  uint64_t conn_id;
-  uint64_t a;
-  uint64_t b;
-  double x;
-  double y;
-  double z;
-  uint32_t version;
-  uint32_t reserved;
-};
-static_assert(sizeof(ControlHeader) == 64, "ControlHeader is a wire format");
-
 absl::Status FromUcs(ucs_status_t status, absl::string_view what) {
   if (status == UCS_OK) return absl::OkStatus();
   if (status == UCS_ERR_CANCELED) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
@@ -130,27 +102,18 @@ std::string SockaddrToString(const sockaddr_storage& storage, int* port) {
 class Engine;
 class UcxLane;
 
-// One link being set up or running: its Link and its connections. Guarded by Engine::ctl_mu_.
+// One link being set up or running: its Link, its set-up and its connections.
 struct Conn {
   uint64_t id = 0;
   bool client = false;
-  std::string peer;       // Address string.
-  std::string peer_host;  // For topology lookups.
-  int peer_port = 0;
+  std::string peer;  // Address string.
   std::shared_ptr<Link> link;
+  std::unique_ptr<LinkSetup> setup;  // Thread-safe; set before the Conn is shared.
+  // Guarded by Engine::ctl_mu_.
   std::map<int, std::shared_ptr<UcxLane>> lanes;  // Server: connections by lane index.
   int lanes_added = 0;                            // Server: lanes handed to the Link, in order.
-  int welcomes = 0;                               // Client: WELCOMEs received.
-  int server_class = 0;                           // Client: from WELCOME.
-  absl::Status error;                             // Client: set-up failure.
-  bool ready = false;                             // Server: READY received.
-  uint64_t pong_seq = 0;
-  uint64_t probe_ack_seq = 0;
-  uint64_t probe_data_seq = 0;
   // Silent-peer watchdog; worker context only (not ctl_mu_).
-  bool running = false;               // Set up: heartbeats flow and the watchdog applies.
-  absl::Time last_heard;              // Last message from the peer, on any connection.
-  absl::Time last_heartbeat;          // Last heartbeat we sent.
+  PeerWatch watch;
 };
 
 thread_local const Engine* t_worker_owner = nullptr;
@@ -189,6 +152,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   ucp_worker_h worker() const { return worker_; }  // Under the worker lock only.
   const std::shared_ptr<Executor>& executor() const { return executor_; }
 
+  // User threads (set-up): queues `message` on `lane` and progresses.
+  void SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlMessage message);
+
   // Worker context (lock held).
   void SendControl(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
                    std::shared_ptr<std::vector<uint8_t>> payload, DoneCallback done);
@@ -214,21 +180,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static ucs_status_t OnAmControl(void* arg, const void* header, size_t header_length,
                                   void* data, size_t length, const ucp_am_recv_param_t* param);
   void HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& header);
-  // Connection set-up messages; returns the reply to send, if any.
-  std::optional<ControlHeader> HandleSetupLocked(const std::shared_ptr<UcxLane>& lane,
-                                                 const ControlHeader& header)
+  // HELLO: the server's Conn for the connection's link (made at the first HELLO); null while
+  // shutting down or for a bad lane index.
+  std::shared_ptr<Conn> ServerConnLocked(const std::shared_ptr<UcxLane>& lane,
+                                         const ControlHeader& hello)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
+  // A connection the link's set-up admitted joins the link (lanes reach the Link in order).
+  void AttachLaneLocked(const std::shared_ptr<Conn>& conn, const std::shared_ptr<UcxLane>& lane,
+                        int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_);
   std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
   int RunLocked();
-  // Sends heartbeats and fails links whose peer has been silent for the peer timeout while work
-  // was pending (a vanished host sends no reset; TCP alone would retry for many minutes).
+  // One round of every running link's PeerWatch (transport/link_setup.h): heartbeats, and
+  // failing links whose peer has been silent for the peer timeout while work was pending.
   void WatchPeersLocked();
   void MarkRunningLocked(const std::shared_ptr<Conn>& conn);
-  absl::Time next_watch_ ABSL_GUARDED_BY(worker_mu_);
-  absl::Time last_watch_ ABSL_GUARDED_BY(worker_mu_) = absl::InfinitePast();
-  // A probe buffer of `bytes`, kept for reuse: allocating (and zeroing) inside a timed probe
-  // transfer would make the link look slower than it is. Its contents do not matter.
-  std::shared_ptr<std::vector<uint8_t>> Scratch(size_t bytes);
   int DrainCommandsLocked();
   void FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
   int ProgressLocked();
@@ -243,14 +208,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Client set-up helpers (user thread).
   std::shared_ptr<UcxLane> OpenLane(const std::shared_ptr<Conn>& conn, int index,
                                     const sockaddr_in& addr);
-  void SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
-                           std::shared_ptr<std::vector<uint8_t>> payload = nullptr);
-  // Waits on ctl_mu_ until `done(conn)` or an error, shutdown or the deadline.
-  absl::Status WaitFor(const std::shared_ptr<Conn>& conn, absl::Time deadline,
-                       absl::FunctionRef<bool(const Conn&)> done, absl::string_view what);
-  absl::StatusOr<ProbeResult> Probe(const std::shared_ptr<Conn>& conn,
-                                    const std::shared_ptr<UcxLane>& lane, absl::Time deadline,
-                                    bool rates);
 
   const TransportOptions options_;
   const std::shared_ptr<Executor> executor_;
@@ -264,9 +221,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Mutex worker_mu_;
   absl::flat_hash_map<ucp_ep_h, std::shared_ptr<UcxLane>> eps_ ABSL_GUARDED_BY(worker_mu_);
   std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
+  WatchClock watch_clock_ ABSL_GUARDED_BY(worker_mu_);
   int64_t outstanding_ ABSL_GUARDED_BY(worker_mu_) = 0;     // Requests awaiting callbacks.
   ucp_listener_h listener_ ABSL_GUARDED_BY(worker_mu_) = nullptr;
-  std::map<size_t, std::shared_ptr<std::vector<uint8_t>>> scratch_ ABSL_GUARDED_BY(worker_mu_);
+  ProbeScratch probe_scratch_;  // Thread-safe.
 
   Mutex cmd_mu_;
   std::vector<Command> commands_ ABSL_GUARDED_BY(cmd_mu_);
@@ -281,6 +239,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   absl::flat_hash_map<std::pair<uint64_t, bool>, std::shared_ptr<Conn>> conns_
       ABSL_GUARDED_BY(ctl_mu_);
   std::deque<std::shared_ptr<Conn>> accept_queue_ ABSL_GUARDED_BY(ctl_mu_);
+  // Client set-ups in progress (Connect), cancelled by Shutdown even after their Conn left
+  // conns_ (a refused connection that is being retried).
+  absl::flat_hash_map<LinkSetup*, std::shared_ptr<Conn>> connecting_ ABSL_GUARDED_BY(ctl_mu_);
   bool listening_ ABSL_GUARDED_BY(ctl_mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(ctl_mu_) = false;
   std::mt19937_64 random_ ABSL_GUARDED_BY(ctl_mu_){std::random_device{}()};
@@ -418,7 +379,9 @@ class UcxDeferred final : public DeferredPayload {
 // Engine: creation, progress, shutdown.
 
 Engine::Engine(const TransportOptions& options)
-    : options_(options), executor_(std::make_shared<Executor>("lbcc-ucx-cb")) {}
+    : options_(options),
+      executor_(std::make_shared<Executor>("lbcc-ucx-cb")),
+      watch_clock_(options.peer_timeout) {}
 
 absl::StatusOr<std::shared_ptr<Engine>> Engine::Create(const TransportOptions& options) {
   std::shared_ptr<Engine> engine(new Engine(options));
@@ -611,7 +574,7 @@ void Engine::ProgressLoop() {
       t_worker_owner = this;
       const int work = RunLocked();
       const absl::Time now = absl::Now();
-      if (now >= next_watch_) WatchPeersLocked();
+      if (watch_clock_.Due(now)) WatchPeersLocked();
       if (work > 0) {
         last_activity = now;
       } else if (now - last_activity > options_.progress_spin) {
@@ -646,7 +609,12 @@ void Engine::Shutdown() {
     MutexLock lock(&ctl_mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
-    for (auto& [id, conn] : conns_) links.push_back(conn->link);
+    const absl::Status cancelled = absl::CancelledError("transport shut down");
+    for (auto& [id, conn] : conns_) {
+      links.push_back(conn->link);
+      conn->setup->Cancel(cancelled);
+    }
+    for (auto& [setup, conn] : connecting_) setup->Cancel(cancelled);
     accept_queue_.clear();
   }
   for (auto& link : links) link->Fail(absl::CancelledError("transport shut down"));
@@ -711,24 +679,17 @@ void Engine::Shutdown() {
 }
 
 void Engine::MarkRunningLocked(const std::shared_ptr<Conn>& conn) {
-  conn->running = true;
-  conn->last_heard = absl::Now();
-  conn->last_heartbeat = absl::Now();
+  conn->watch.Start(absl::Now());
 }
 
 void Engine::WatchPeersLocked() {
   const absl::Time now = absl::Now();
-  const absl::Duration beat = options_.peer_timeout / 4;
-  next_watch_ = now + std::min(beat, absl::Milliseconds(100));
-  // If this thread itself did not run for a while (a starved machine), the silence was ours:
-  // restart every peer's clock instead of blaming them.
-  const bool we_stalled = last_watch_ != absl::InfinitePast() && now - last_watch_ > beat;
-  last_watch_ = now;
+  const bool we_stalled = watch_clock_.StartRound(now);
   std::vector<std::shared_ptr<Conn>> conns;
   {
     MutexLock lock(&ctl_mu_);
     for (auto& [id, conn] : conns_) {
-      if (conn->running) conns.push_back(conn);
+      if (conn->watch.running()) conns.push_back(conn);
     }
   }
   for (const std::shared_ptr<Conn>& conn : conns) {
@@ -739,26 +700,12 @@ void Engine::WatchPeersLocked() {
       if (it != conn->lanes.end()) lane0 = it->second;
     }
     if (lane0 == nullptr || lane0->closed || conn->link->failed()) continue;
-    if (we_stalled) conn->last_heard = now;
-    if (now - conn->last_heartbeat >= beat) {
-      conn->last_heartbeat = now;
-      ControlHeader heartbeat{};
-      heartbeat.type = static_cast<uint32_t>(Ctl::kHeartbeat);
-      SendControl(lane0, heartbeat, nullptr, nullptr);
-    }
-    const absl::Duration silent = now - conn->last_heard;
-    if (silent > options_.peer_timeout && conn->link->HasPendingWork()) {
-      conn->link->Fail(absl::UnavailableError(
-          absl::StrCat("no word from ", conn->peer, " for ", absl::FormatDuration(silent),
-                       " (peer timeout ", absl::FormatDuration(options_.peer_timeout), ")")));
-    }
+    const PeerWatch::Verdict verdict =
+        conn->watch.Check(now, options_.peer_timeout, we_stalled,
+                          [&conn] { return conn->link->HasPendingWork(); }, conn->peer);
+    if (verdict.send_heartbeat) SendControl(lane0, HeartbeatMessage().header, nullptr, nullptr);
+    if (!verdict.failure.ok()) conn->link->Fail(verdict.failure);
   }
-}
-
-std::shared_ptr<std::vector<uint8_t>> Engine::Scratch(size_t bytes) {
-  std::shared_ptr<std::vector<uint8_t>>& buffer = scratch_[bytes];
-  if (buffer == nullptr) buffer = std::make_shared<std::vector<uint8_t>>(bytes);
-  return buffer;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -857,7 +804,7 @@ void Engine::SendControl(const std::shared_ptr<UcxLane>& lane, ControlHeader hea
 }
 
 void Engine::HeardFrom(const UcxLane& lane) {
-  if (std::shared_ptr<Conn> conn = lane.conn.lock()) conn->last_heard = absl::Now();
+  if (std::shared_ptr<Conn> conn = lane.conn.lock()) conn->watch.HeardFrom(absl::Now());
 }
 
 void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
@@ -930,7 +877,7 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
     auto* ctx = new RequestCtx;
     ctx->engine = engine;
     ctx->lane = lane;
-    ctx->payload = engine->Scratch(length);
+    ctx->payload = engine->probe_scratch_.Get(length);
     ctx->done = [engine, lane, h](absl::Status status) {
       if (status.ok()) engine->HandleControl(lane, h);
     };
@@ -961,124 +908,72 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
     }
     case Ctl::kHeartbeat:
       return;  // HeardFrom() already noted it.
-    case Ctl::kPing: {
-      // A client about to probe announces its largest transfer: allocate the buffers now, not
-      // inside the timed transfers.
-      for (uint64_t bytes = std::min<uint64_t>(kProbeFirstBytes, h.b); bytes > 0;
-           bytes = bytes >= h.b ? 0 : std::min<uint64_t>(bytes * 4, h.b)) {
-        Scratch(std::min<uint64_t>(bytes, 1ull << 30));
-      }
-      ControlHeader reply{};
-      reply.type = static_cast<uint32_t>(Ctl::kPong);
-      reply.a = h.a;
-      SendControl(lane, reply, nullptr, nullptr);
-      return;
-    }
-    case Ctl::kProbeData: {
-      std::shared_ptr<Conn> conn = lane->conn.lock();
-      if (conn == nullptr) return;
-      if (conn->client) {
-        MutexLock lock(&ctl_mu_);
-        conn->probe_data_seq = std::max(conn->probe_data_seq, h.a);
-      } else {
-        ControlHeader reply{};
-        reply.type = static_cast<uint32_t>(Ctl::kProbeAck);
-        reply.a = h.a;
-        SendControl(lane, reply, nullptr, nullptr);
-      }
-      return;
-    }
-    case Ctl::kProbeRequest: {
-      ControlHeader reply{};
-      reply.type = static_cast<uint32_t>(Ctl::kProbeData);
-      reply.a = h.a;
-      const uint64_t bytes = std::min<uint64_t>(h.b, 1ull << 30);
-      SendControl(lane, reply, Scratch(bytes), nullptr);
-      return;
-    }
     default:
       break;
   }
-
-  // Set-up messages update connection state under ctl_mu_; UCX is never called with it held
-  // (UCX calls our error handler with its own locks held, and that handler takes ctl_mu_).
-  std::optional<ControlHeader> reply;
-  {
-    MutexLock lock(&ctl_mu_);
-    reply = HandleSetupLocked(lane, h);
+  if (!IsSetupMessage(h.type)) {
+    LBCC_LOG(WARN) << "unknown control message " << h.type << " from " << lane->peer();
+    return;
   }
-  if (reply.has_value()) SendControl(lane, *reply, nullptr, nullptr);
-}
-
-std::optional<ControlHeader> Engine::HandleSetupLocked(const std::shared_ptr<UcxLane>& lane,
-                                                       const ControlHeader& h) {
-  switch (static_cast<Ctl>(h.type)) {
-    case Ctl::kHello: {
-      if (shutting_down_ || h.lane > 64) return std::nullopt;
-      // The server's end of the link; never the client's end of it in this same transport.
-      std::shared_ptr<Conn>& conn = conns_[{h.conn_id, /*client=*/false}];
-      if (conn == nullptr) {
-        conn = std::make_shared<Conn>();
-        conn->id = h.conn_id;
-        conn->peer = lane->peer();
-        const size_t colon = conn->peer.rfind(':');
-        conn->peer_host = conn->peer.substr(0, colon);
-        conn->link = std::make_shared<Link>(executor_, conn->peer);
-        conn->link->SetKick([weak = weak_from_this()] {
-          if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
-        });
-      }
-      lane->index = static_cast<int>(h.lane);
-      lane->conn = conn;
-      lane->link = conn->link;
-      conn->lanes[lane->index] = lane;
-      while (conn->lanes.count(conn->lanes_added)) {
-        conn->link->AddLane(conn->lanes[conn->lanes_added]);
-        ++conn->lanes_added;
-      }
-      std::optional<LinkClass> mine = options_.ConfiguredClass(conn->peer_host, 0);
-      ControlHeader reply{};
-      reply.type = static_cast<uint32_t>(Ctl::kWelcome);
-      reply.conn_id = h.conn_id;
-      reply.a = !mine.has_value() ? 0 : (*mine == LinkClass::kSlow ? 2 : 1);
-      return reply;
-    }
-    case Ctl::kWelcome: {
-      if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
-        ++conn->welcomes;
-        conn->server_class = static_cast<int>(h.a);
-      }
-      return std::nullopt;
-    }
-    case Ctl::kReady: {
-      std::shared_ptr<Conn> conn = lane->conn.lock();
-      if (conn == nullptr || conn->ready || shutting_down_) return std::nullopt;
-      conn->ready = true;
-      ProbeResult probe;
-      probe.send_bytes_per_second = h.y;  // The client's receive rate is our send rate.
-      probe.recv_bytes_per_second = h.x;
-      probe.rtt_seconds = h.z;
-      conn->link->Configure(h.a == 1 ? LinkClass::kSlow : LinkClass::kFast, options_.scheduler,
-                            options_.fast_chunk_bytes, probe);
+  // The link's set-up answers; UCX is never called with ctl_mu_ held (UCX calls our error
+  // handler with its own locks held, and that handler takes ctl_mu_).
+  const bool hello = static_cast<Ctl>(h.type) == Ctl::kHello;
+  std::shared_ptr<Conn> conn;
+  if (hello) {
+    MutexLock lock(&ctl_mu_);
+    conn = ServerConnLocked(lane, h);
+  } else {
+    conn = lane->conn.lock();
+  }
+  if (conn == nullptr) return;
+  LinkSetup::Step step = conn->setup->OnControl(h, probe_scratch_);
+  if (hello && step.admit) {
+    MutexLock lock(&ctl_mu_);
+    AttachLaneLocked(conn, lane, static_cast<int>(h.lane));
+  }
+  if (step.ready.has_value()) {
+    MutexLock lock(&ctl_mu_);
+    if (!shutting_down_) {
+      conn->link->Configure(step.ready->link_class, options_.scheduler,
+                            options_.fast_chunk_bytes, step.ready->probe);
       if (!conn->link->failed()) accept_queue_.push_back(conn);
       MarkRunningLocked(conn);  // Worker context: this runs inside progress.
-      return std::nullopt;
     }
-    case Ctl::kPong: {
-      if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
-        conn->pong_seq = std::max(conn->pong_seq, h.a);
-      }
-      return std::nullopt;
-    }
-    case Ctl::kProbeAck: {
-      if (std::shared_ptr<Conn> conn = lane->conn.lock()) {
-        conn->probe_ack_seq = std::max(conn->probe_ack_seq, h.a);
-      }
-      return std::nullopt;
-    }
-    default:
-      LBCC_LOG(WARN) << "unknown control message " << h.type << " from " << lane->peer();
-      return std::nullopt;
+  }
+  if (step.reply.has_value()) {
+    SendControl(lane, step.reply->header, std::move(step.reply->payload), nullptr);
+  }
+}
+
+std::shared_ptr<Conn> Engine::ServerConnLocked(const std::shared_ptr<UcxLane>& lane,
+                                               const ControlHeader& h) {
+  if (shutting_down_ || h.lane > 64) return nullptr;
+  // The server's end of the link; never the client's end of it in this same transport.
+  std::shared_ptr<Conn>& conn = conns_[{h.conn_id, /*client=*/false}];
+  if (conn == nullptr) {
+    conn = std::make_shared<Conn>();
+    conn->id = h.conn_id;
+    conn->peer = lane->peer();
+    // The rules see the connecting host; its port is ephemeral, so unknown (0).
+    conn->setup = std::make_unique<LinkSetup>(LinkSetup::Role::kServer, options_, conn->peer,
+                                              HostPort{SplitHostPort(conn->peer).host, 0});
+    conn->link = std::make_shared<Link>(executor_, conn->peer);
+    conn->link->SetKick([weak = weak_from_this()] {
+      if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
+    });
+  }
+  return conn;
+}
+
+void Engine::AttachLaneLocked(const std::shared_ptr<Conn>& conn,
+                              const std::shared_ptr<UcxLane>& lane, int index) {
+  lane->index = index;
+  lane->conn = conn;
+  lane->link = conn->link;
+  conn->lanes[lane->index] = lane;
+  while (conn->lanes.count(conn->lanes_added)) {
+    conn->link->AddLane(conn->lanes[conn->lanes_added]);
+    ++conn->lanes_added;
   }
 }
 
@@ -1126,11 +1021,7 @@ void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   std::shared_ptr<UcxLane> lane = it->second;
   const absl::Status error = absl::UnavailableError(
       absl::StrCat("connection to ", lane->peer(), " lost: ", ucs_status_string(status)));
-  std::shared_ptr<Conn> conn = lane->conn.lock();
-  if (conn != nullptr) {
-    MutexLock lock(&engine->ctl_mu_);
-    if (conn->error.ok()) conn->error = error;
-  }
+  if (std::shared_ptr<Conn> conn = lane->conn.lock()) conn->setup->Fail(error);
   // No more UCX calls on the failed endpoint; queued work on it completes with Cancelled. The
   // endpoint itself is closed after this callback returns.
   lane->closed = true;
@@ -1192,8 +1083,7 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     lane->link = conn->link;
     if (worker_ == nullptr) {  // Shut down by another thread meanwhile.
       lane->closed = true;
-      MutexLock lock(&ctl_mu_);
-      conn->error = absl::CancelledError("transport shut down");
+      conn->setup->Cancel(absl::CancelledError("transport shut down"));
       return 0;
     }
     ucp_ep_params_t params{};
@@ -1209,98 +1099,37 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     const ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
     if (status != UCS_OK) {
       lane->closed = true;
-      MutexLock lock(&ctl_mu_);
-      conn->error = FromUcs(status, absl::StrCat("connect to ", conn->peer));
+      conn->setup->Fail(FromUcs(status, absl::StrCat("connect to ", conn->peer)));
       return 0;
     }
     lane->ep = ep;
     eps_[ep] = lane;
-    ControlHeader hello{};
-    hello.type = static_cast<uint32_t>(Ctl::kHello);
-    hello.conn_id = conn->id;
-    SendControl(lane, hello, nullptr, nullptr);
+    SendControl(lane, HelloMessage(conn->id).header, nullptr, nullptr);
     return 0;
   });
   return lane;
 }
 
-void Engine::SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlHeader header,
-                                 std::shared_ptr<std::vector<uint8_t>> payload) {
+void Engine::SendControlFromUser(const std::shared_ptr<UcxLane>& lane, ControlMessage message) {
   OnWorker([&] {
-    SendControl(lane, header, std::move(payload), nullptr);
+    SendControl(lane, message.header, std::move(message.payload), nullptr);
     return 0;
   });
 }
 
-absl::Status Engine::WaitFor(const std::shared_ptr<Conn>& conn, absl::Time deadline,
-                             absl::FunctionRef<bool(const Conn&)> done, absl::string_view what) {
-  MutexLock lock(&ctl_mu_);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctl_mu_) {
-    return done(*conn) || !conn->error.ok() || shutting_down_;
-  };
-  if (!ctl_mu_.AwaitWithDeadline(ready, deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(what, " from ", conn->peer, " timed out"));
+// Connection 0 of a link being set up, lent to its LinkSetup (the connecting thread).
+class UcxSetupWire final : public SetupWire {
+ public:
+  UcxSetupWire(Engine* engine, std::shared_ptr<UcxLane> lane)
+      : engine_(engine), lane_(std::move(lane)) {}
+  void Send(ControlMessage message) override {
+    engine_->SendControlFromUser(lane_, std::move(message));
   }
-  if (shutting_down_) return absl::CancelledError("transport shut down");
-  if (!done(*conn)) return conn->error;
-  return absl::OkStatus();
-}
 
-absl::StatusOr<ProbeResult> Engine::Probe(const std::shared_ptr<Conn>& conn,
-                                          const std::shared_ptr<UcxLane>& lane,
-                                          absl::Time deadline, bool rates) {
-  ProbeResult result;
-  uint64_t seq = 0;
-  double rtt = 1e9;
-  for (int i = 0; i < 3; ++i) {
-    ControlHeader ping{};
-    ping.type = static_cast<uint32_t>(Ctl::kPing);
-    ping.a = ++seq;
-    ping.b = rates && i == 0 ? static_cast<uint64_t>(options_.probe_max_bytes) : 0;
-    const absl::Time start = absl::Now();
-    SendControlFromUser(lane, ping);
-    LBCC_RETURN_IF_ERROR(WaitFor(
-        conn, deadline, [seq](const Conn& c) { return c.pong_seq >= seq; }, "ping"));
-    rtt = std::min(rtt, absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  result.rtt_seconds = rtt;
-  if (!rates) return result;
-
-  // One direction: transfers grow until one takes probe_min_time or reaches probe_max_bytes.
-  auto measure = [&](bool up) -> absl::StatusOr<double> {
-    int64_t bytes = std::min<int64_t>(kProbeFirstBytes, options_.probe_max_bytes);
-    while (true) {
-      ControlHeader header{};
-      header.a = ++seq;
-      const uint64_t want = seq;
-      auto payload = up ? std::make_shared<std::vector<uint8_t>>(bytes) : nullptr;
-      const absl::Time start = absl::Now();
-      if (up) {
-        header.type = static_cast<uint32_t>(Ctl::kProbeData);
-        SendControlFromUser(lane, header, std::move(payload));
-        LBCC_RETURN_IF_ERROR(WaitFor(
-            conn, deadline, [want](const Conn& c) { return c.probe_ack_seq >= want; }, "probe"));
-      } else {
-        header.type = static_cast<uint32_t>(Ctl::kProbeRequest);
-        header.b = static_cast<uint64_t>(bytes);
-        SendControlFromUser(lane, header);
-        LBCC_RETURN_IF_ERROR(WaitFor(
-            conn, deadline, [want](const Conn& c) { return c.probe_data_seq >= want; },
-            "probe"));
-      }
-      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      if (elapsed >= absl::ToDoubleSeconds(options_.probe_min_time) ||
-          bytes >= options_.probe_max_bytes) {
-        // The round trip is not transfer time; keep at least half the sample.
-        return bytes / std::max(elapsed - rtt, elapsed / 2);
-      }
-      bytes = std::min<int64_t>(bytes * 4, options_.probe_max_bytes);
-    }
-  };
-  LBCC_ASSIGN_OR_RETURN(result.send_bytes_per_second, measure(/*up=*/true));
-  LBCC_ASSIGN_OR_RETURN(result.recv_bytes_per_second, measure(/*up=*/false));
-  return result;
-}
+ private:
+  Engine* const engine_;
+  const std::shared_ptr<UcxLane> lane_;
+};
 
 absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view address,
                                                           absl::Duration timeout,
@@ -1313,8 +1142,9 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   auto conn = std::make_shared<Conn>();
   conn->client = true;
   conn->peer = absl::StrCat(parsed.host, ":", parsed.port);
-  conn->peer_host = parsed.host;
-  conn->peer_port = parsed.port;
+  conn->setup = std::make_unique<LinkSetup>(LinkSetup::Role::kClient, options_, conn->peer,
+                                            HostPort{parsed.host, parsed.port});
+  LinkSetup& setup = *conn->setup;
   conn->link = std::make_shared<Link>(executor_, conn->peer);
   conn->link->SetKick([weak = weak_from_this()] {
     if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
@@ -1326,7 +1156,13 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
       conn->id = random_();
     } while (conns_.contains({conn->id, /*client=*/true}));
     conns_[{conn->id, /*client=*/true}] = conn;
+    connecting_[&setup] = conn;
   }
+  // However Connect ends, Shutdown no longer needs to cancel this set-up.
+  auto forget = absl::MakeCleanup([this, &setup] {
+    MutexLock lock(&ctl_mu_);
+    connecting_.erase(&setup);
+  });
   // On any failure below, the Link's Fail closes every connection opened so far.
   auto fail = [&](absl::Status status) {
     conn->link->Fail(status);
@@ -1343,14 +1179,14 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
     return status;
   };
 
-  // Connection 0, retried while the peer refuses (it may not listen yet).
+  // Step 1: connection 0 and its WELCOME, retried while the peer refuses (it may not listen
+  // yet).
   uint64_t retries = 0;
   std::shared_ptr<UcxLane> lane0;
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
     lane0 = OpenLane(conn, 0, parsed.addr);
-    absl::Status welcomed =
-        WaitFor(conn, deadline, [](const Conn& c) { return c.welcomes >= 1; }, "handshake");
+    absl::Status welcomed = setup.AwaitWelcomes(1, deadline);
     if (welcomed.ok()) break;
     if (welcomed.code() != absl::StatusCode::kUnavailable) return fail(welcomed);
     if (absl::Now() + backoff >= deadline) {
@@ -1363,64 +1199,30 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
       CloseLane(lane0);
       return 0;
     });
-    {
-      MutexLock lock(&ctl_mu_);
-      conn->error = absl::OkStatus();
-    }
+    setup.ClearFailure();
     absl::SleepFor(backoff);  // Retry back-off while the peer is not listening yet.
     backoff = std::min(backoff * 2, absl::Milliseconds(200));
   }
 
-  // The link class: explicit, configured on either side (slow wins), or measured.
-  std::optional<LinkClass> link_class;
-  if (options.has_link_class) {
-    link_class = options.link_class;
-  } else {
-    std::optional<LinkClass> mine = options_.ConfiguredClass(parsed.host, parsed.port);
-    int theirs;
-    {
-      MutexLock lock(&ctl_mu_);
-      theirs = conn->server_class;
-    }
-    if (mine == LinkClass::kSlow || theirs == 2) {
-      link_class = LinkClass::kSlow;
-    } else if (mine.has_value() || theirs == 1) {
-      link_class = LinkClass::kFast;
-    }
-  }
-  absl::StatusOr<ProbeResult> probe = Probe(conn, lane0, deadline, !link_class.has_value());
-  if (!probe.ok()) return fail(probe.status());
-  if (!link_class.has_value()) {
-    const double slowest = std::min(probe->send_bytes_per_second, probe->recv_bytes_per_second);
-    link_class = slowest * 8 < options_.slow_threshold_bits_per_second ? LinkClass::kSlow
-                                                                       : LinkClass::kFast;
-    LBCC_LOG(INFO) << "link to " << conn->peer << " probed at "
-                   << probe->send_bytes_per_second * 8e-9 << " Gbit/s up, "
-                   << probe->recv_bytes_per_second * 8e-9 << " Gbit/s down, rtt "
-                   << probe->rtt_seconds * 1e6 << " us: " << LinkClassName(*link_class);
-  }
+  // Step 3 (link_setup.h): the class and the probe, over connection 0.
+  UcxSetupWire wire(this, lane0);
+  absl::StatusOr<LinkParams> params = setup.Negotiate(wire, options, deadline, /*measure=*/true);
+  if (!params.ok()) return fail(params.status());
 
   // Stripes: more connections for a slow link.
   std::vector<std::shared_ptr<UcxLane>> lanes = {lane0};
-  const int stripes =
-      *link_class == LinkClass::kSlow ? std::max(1, options_.scheduler.stripes) : 1;
-  for (int i = 1; i < stripes; ++i) lanes.push_back(OpenLane(conn, i, parsed.addr));
-  absl::Status welcomed = WaitFor(
-      conn, deadline, [stripes](const Conn& c) { return c.welcomes >= stripes; }, "handshake");
+  for (int i = 1; i < params->stripes; ++i) lanes.push_back(OpenLane(conn, i, parsed.addr));
+  absl::Status welcomed = setup.AwaitWelcomes(params->stripes, deadline);
   if (!welcomed.ok()) return fail(welcomed);
   for (auto& lane : lanes) conn->link->AddLane(lane);
-  conn->link->Configure(*link_class, options_.scheduler, options_.fast_chunk_bytes, *probe);
+  conn->link->Configure(params->link_class, options_.scheduler, options_.fast_chunk_bytes,
+                        params->probe);
   conn->link->AddRetries(retries);
 
-  ControlHeader ready{};
-  ready.type = static_cast<uint32_t>(Ctl::kReady);
-  ready.conn_id = conn->id;
-  ready.a = *link_class == LinkClass::kSlow ? 1 : 0;
-  ready.x = probe->send_bytes_per_second;
-  ready.y = probe->recv_bytes_per_second;
-  ready.z = probe->rtt_seconds;
+  // Step 4: READY.
+  const ControlMessage ready = LinkSetup::Ready(conn->id, *params);
   OnWorker([&] {
-    SendControl(lane0, ready, nullptr, nullptr);
+    SendControl(lane0, ready.header, nullptr, nullptr);
     MarkRunningLocked(conn);
     return 0;
   });

@@ -7,14 +7,11 @@
 // Connect() opens UCP endpoints to it in peer error-handling mode, so a lost peer fails pending
 // work with Unavailable instead of hanging.
 //
-// Set-up of a link (client side, inside Connect):
-//   1. HELLO/WELCOME on connection 0 (refused connections are retried until the timeout);
-//   2. the link class: ConnectOptions, then either side's topology or LBCC_LINK_CLASS (slow wins),
-//      else a timed probe both ways (pings for the round trip, then transfers that grow 4x from
-//      64 KiB until one takes 20 ms or reaches LBCC_LINK_PROBE_BYTES): slow if either direction is
-//      below LBCC_SLOW_LINK_GBITS. UCX's nominal device bandwidths are not used;
-//   3. slow links open LBCC_SLOW_STRIPES - 1 more connections;
-//   4. READY tells the server the class and the probe figures; Accept() returns the endpoint.
+// Set-up of a link is the set-up every backend runs (transport/link_setup.h); this backend carries
+// its messages as control active messages on connection 0: HELLO/WELCOME (refused connections
+// are retried until the timeout), the class (ConnectOptions, then either side's link rules or
+// LBCC_LINK_CLASS, slow wins, else the timed probe over this connection), LBCC_SLOW_STRIPES - 1
+// more connections for a slow link, then READY. Running links exchange heartbeats (PeerWatch).
 //
 // Data chunks travel as active messages whose header is a ChunkHeader; UCX picks eager or
 // rendezvous per size. A rendezvous chunk's bytes stay at the sender until the receiver has

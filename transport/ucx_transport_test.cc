@@ -101,9 +101,9 @@ TEST(UcxTransportTest, ProbeClassifiesAgainstTheThreshold) {
 TEST(UcxTransportTest, ConfiguredClassOnEitherSideSkipsTheProbeAndSlowWins) {
   TransportOptions fast_everywhere = LoopbackTcp();
   fast_everywhere.link_class = LinkClass::kFast;
-  TransportOptions server_topology = LoopbackTcp();
-  LBCC_ASSERT_OK_AND_ASSIGN(server_topology.topology, Topology::Parse("127.0.0.1 slow\n"));
-  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(server_topology, fast_everywhere));
+  TransportOptions server_rules = LoopbackTcp();
+  LBCC_ASSERT_OK_AND_ASSIGN(server_rules.link_rules, LinkRules::Parse("127.0.0.1 slow\n"));
+  LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(server_rules, fast_everywhere));
   EXPECT_EQ(pair.a->link_class(), LinkClass::kSlow);
   EXPECT_EQ(pair.b->link_class(), LinkClass::kSlow);
   EXPECT_EQ(pair.a->counters().probed_send_bytes_per_second, 0);  // Not probed.

@@ -1,0 +1,425 @@
+#include "transport/link_setup.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "transport/options.h"
+
+namespace lbcc::transport {
+namespace {
+
+// First size of the link probe.
+constexpr int64_t kProbeFirstBytes = 64 << 10;
+// Largest single probe transfer a peer may ask us for.
+constexpr uint64_t kProbeLimitBytes = uint64_t{1} << 30;
+
+uint64_t EncodeClass(std::optional<LinkClass> link_class) {
+  if (!link_class.has_value()) return 0;
+  return *link_class == LinkClass::kSlow ? 2 : 1;
+}
+
+std::optional<LinkClass> DecodeClass(uint64_t value) {
+  if (value == 2) return LinkClass::kSlow;
+  if (value == 1) return LinkClass::kFast;
+  return std::nullopt;
+}
+
+ControlMessage Message(Ctl type) {
+  ControlMessage message;
+  message.header.type = static_cast<uint32_t>(type);
+  return message;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Rules.
+
+absl::StatusOr<LinkRules> LinkRules::Parse(absl::string_view text, absl::string_view source) {
+  LinkRules rules;
+  const std::string where =
+      source.empty() ? std::string("link rules") : absl::StrCat("link rules file ", source);
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = line.substr(0, line.find('#'));
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    if (words.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " line ", line_number, ": expected '<host[:port]|*> <fast|slow>', got '",
+          absl::StripAsciiWhitespace(line), "'"));
+    }
+    absl::StatusOr<LinkClass> link_class = ParseLinkClass(words[1]);
+    if (!link_class.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " line ", line_number, ": ", link_class.status().message()));
+    }
+    std::string key(words[0]);
+    const size_t colon = key.rfind(':');
+    if (colon != std::string::npos) {
+      int port = 0;
+      if (!absl::SimpleAtoi(key.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " line ", line_number, ": bad port in '", key, "'"));
+      }
+    }
+    rules.rules_[key] = *link_class;
+  }
+  return rules;
+}
+
+absl::StatusOr<LinkRules> LinkRules::Load(const std::string& path) {
+  auto cannot_read = [&path](int error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read link rules file ", path, ": ", std::strerror(error)));
+  };
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return cannot_read(errno);
+  std::string text;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, n);
+  const bool failed = std::ferror(file) != 0;
+  const int error = errno;
+  std::fclose(file);
+  if (failed) return cannot_read(error);  // E.g. a directory.
+  return Parse(text, path);
+}
+
+std::optional<LinkClass> LinkRules::Lookup(absl::string_view host, int port) const {
+  if (port > 0) {
+    auto it = rules_.find(absl::StrCat(host, ":", port));
+    if (it != rules_.end()) return it->second;
+  }
+  auto it = rules_.find(std::string(host));
+  if (it != rules_.end()) return it->second;
+  it = rules_.find("*");
+  if (it != rules_.end()) return it->second;
+  return std::nullopt;
+}
+
+HostPort SplitHostPort(absl::string_view address) {
+  HostPort result;
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon != absl::string_view::npos && absl::SimpleAtoi(address.substr(colon + 1), &port) &&
+      port >= 0 && port <= 65535) {
+    result.host = std::string(address.substr(0, colon));
+    result.port = port;
+  } else {
+    result.host = std::string(address);
+  }
+  return result;
+}
+
+std::optional<LinkClass> SlowWins(std::optional<LinkClass> mine,
+                                  std::optional<LinkClass> theirs) {
+  if (mine == LinkClass::kSlow || theirs == LinkClass::kSlow) return LinkClass::kSlow;
+  if (mine.has_value() || theirs.has_value()) return LinkClass::kFast;
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages.
+
+bool IsSetupMessage(uint32_t type) {
+  switch (static_cast<Ctl>(type)) {
+    case Ctl::kHello:
+    case Ctl::kWelcome:
+    case Ctl::kReady:
+    case Ctl::kPing:
+    case Ctl::kPong:
+    case Ctl::kProbeData:
+    case Ctl::kProbeAck:
+    case Ctl::kProbeRequest:
+      return true;
+    case Ctl::kCredit:
+    case Ctl::kHeartbeat:
+      return false;
+  }
+  return false;
+}
+
+ControlMessage HelloMessage(uint64_t conn_id) {
+  ControlMessage hello = Message(Ctl::kHello);
+  hello.header.conn_id = conn_id;
+  return hello;
+}
+
+ControlMessage HeartbeatMessage() { return Message(Ctl::kHeartbeat); }
+
+ControlMessage LinkSetup::Ready(uint64_t conn_id, const LinkParams& params) {
+  ControlMessage ready = Message(Ctl::kReady);
+  ready.header.conn_id = conn_id;
+  ready.header.a = params.link_class == LinkClass::kSlow ? 1 : 0;
+  ready.header.x = params.probe.send_bytes_per_second;
+  ready.header.y = params.probe.recv_bytes_per_second;
+  ready.header.z = params.probe.rtt_seconds;
+  return ready;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probe buffers.
+
+std::shared_ptr<std::vector<uint8_t>> ProbeScratch::Get(size_t bytes) {
+  MutexLock lock(&mu_);
+  std::shared_ptr<std::vector<uint8_t>>& buffer = buffers_[bytes];
+  if (buffer == nullptr) buffer = std::make_shared<std::vector<uint8_t>>(bytes);
+  return buffer;
+}
+
+void ProbeScratch::Reserve(uint64_t max_bytes) {
+  for (uint64_t bytes = std::min<uint64_t>(kProbeFirstBytes, max_bytes); bytes > 0;
+       bytes = bytes >= max_bytes ? 0 : std::min<uint64_t>(bytes * 4, max_bytes)) {
+    Get(std::min<uint64_t>(bytes, kProbeLimitBytes));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LinkSetup.
+
+LinkSetup::LinkSetup(Role role, const TransportOptions& options, std::string peer,
+                     HostPort peer_address)
+    : role_(role),
+      peer_(std::move(peer)),
+      configured_(options.ConfiguredClass(peer_address.host, peer_address.port)),
+      slow_threshold_bits_per_second_(options.slow_threshold_bits_per_second),
+      probe_max_bytes_(options.probe_max_bytes),
+      probe_min_time_(options.probe_min_time),
+      slow_stripes_(std::max(1, options.scheduler.stripes)) {}
+
+LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scratch) {
+  Step step;
+  switch (static_cast<Ctl>(h.type)) {
+    // Served by either end.
+    case Ctl::kHello:
+      // Every connection of the link is admitted here (an authentication step decides).
+      step.admit = true;
+      step.reply = Message(Ctl::kWelcome);
+      step.reply->header.conn_id = h.conn_id;
+      step.reply->header.a = EncodeClass(configured_);
+      return step;
+    case Ctl::kPing:
+      // A client about to probe announces its largest transfer: allocate the buffers now, not
+      // inside the timed transfers.
+      scratch.Reserve(h.b);
+      step.reply = Message(Ctl::kPong);
+      step.reply->header.a = h.a;
+      return step;
+    case Ctl::kProbeRequest:
+      step.reply = Message(Ctl::kProbeData);
+      step.reply->header.a = h.a;
+      step.reply->payload = scratch.Get(std::min<uint64_t>(h.b, kProbeLimitBytes));
+      return step;
+    case Ctl::kProbeData:
+      if (role_ == Role::kServer) {
+        step.reply = Message(Ctl::kProbeAck);
+        step.reply->header.a = h.a;
+        return step;
+      }
+      break;
+    default:
+      break;
+  }
+  MutexLock lock(&mu_);
+  switch (static_cast<Ctl>(h.type)) {
+    case Ctl::kWelcome:
+      ++welcomes_;
+      theirs_ = DecodeClass(h.a);
+      break;
+    case Ctl::kPong:
+      pong_seq_ = std::max(pong_seq_, h.a);
+      break;
+    case Ctl::kProbeAck:
+      probe_ack_seq_ = std::max(probe_ack_seq_, h.a);
+      break;
+    case Ctl::kProbeData:  // Client: the reply to a ProbeRequest arrived in full.
+      probe_data_seq_ = std::max(probe_data_seq_, h.a);
+      break;
+    case Ctl::kReady: {
+      if (role_ != Role::kServer || ready_) break;
+      ready_ = true;
+      LinkParams params;
+      params.link_class = h.a == 1 ? LinkClass::kSlow : LinkClass::kFast;
+      params.probe.send_bytes_per_second = h.y;  // The client's receive rate is our send rate.
+      params.probe.recv_bytes_per_second = h.x;
+      params.probe.rtt_seconds = h.z;
+      step.ready = params;
+      break;
+    }
+    default:
+      LBCC_LOG(WARN) << "unknown control message " << h.type << " from " << peer_;
+      break;
+  }
+  return step;
+}
+
+void LinkSetup::Fail(absl::Status status) {
+  MutexLock lock(&mu_);
+  if (failure_.ok()) failure_ = std::move(status);
+}
+
+void LinkSetup::ClearFailure() {
+  MutexLock lock(&mu_);
+  failure_ = absl::OkStatus();
+}
+
+void LinkSetup::Cancel(absl::Status status) {
+  MutexLock lock(&mu_);
+  if (cancelled_.ok()) cancelled_ = std::move(status);
+}
+
+template <typename Pred>
+absl::Status LinkSetup::Await(Pred done, absl::Time deadline, absl::string_view what) {
+  MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done() || !failure_.ok() || !cancelled_.ok();
+  };
+  if (!mu_.AwaitWithDeadline(ready, deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(what, " from ", peer_, " timed out"));
+  }
+  if (!cancelled_.ok()) return cancelled_;
+  if (!done()) return failure_;
+  return absl::OkStatus();
+}
+
+absl::Status LinkSetup::AwaitWelcomes(int connections, absl::Time deadline) {
+  return Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return welcomes_ >= connections; },
+               deadline, "handshake");
+}
+
+absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadline, bool rates) {
+  ProbeResult result;
+  uint64_t seq = 0;
+  double rtt = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    ControlMessage ping = Message(Ctl::kPing);
+    ping.header.a = ++seq;
+    ping.header.b = rates && i == 0 ? static_cast<uint64_t>(probe_max_bytes_) : 0;
+    const absl::Time start = absl::Now();
+    wire.Send(std::move(ping));
+    LBCC_RETURN_IF_ERROR(Await(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pong_seq_ >= seq; }, deadline, "ping"));
+    rtt = std::min(rtt, absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  result.rtt_seconds = rtt;
+  if (!rates) return result;
+
+  // One direction: transfers grow until one takes probe_min_time or reaches probe_max_bytes.
+  auto measure = [&](bool up) -> absl::StatusOr<double> {
+    int64_t bytes = std::min<int64_t>(kProbeFirstBytes, probe_max_bytes_);
+    while (true) {
+      ControlMessage message = Message(up ? Ctl::kProbeData : Ctl::kProbeRequest);
+      message.header.a = ++seq;
+      const uint64_t want = seq;
+      if (up) {
+        message.payload = std::make_shared<std::vector<uint8_t>>(bytes);
+      } else {
+        message.header.b = static_cast<uint64_t>(bytes);
+      }
+      const absl::Time start = absl::Now();
+      wire.Send(std::move(message));
+      if (up) {
+        LBCC_RETURN_IF_ERROR(Await(
+            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return probe_ack_seq_ >= want; },
+            deadline, "probe"));
+      } else {
+        LBCC_RETURN_IF_ERROR(Await(
+            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return probe_data_seq_ >= want; },
+            deadline, "probe"));
+      }
+      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+      if (elapsed >= absl::ToDoubleSeconds(probe_min_time_) || bytes >= probe_max_bytes_) {
+        // The round trip is not transfer time; keep at least half the sample.
+        return bytes / std::max(elapsed - rtt, elapsed / 2);
+      }
+      bytes = std::min<int64_t>(bytes * 4, probe_max_bytes_);
+    }
+  };
+  LBCC_ASSIGN_OR_RETURN(result.send_bytes_per_second, measure(/*up=*/true));
+  LBCC_ASSIGN_OR_RETURN(result.recv_bytes_per_second, measure(/*up=*/false));
+  return result;
+}
+
+absl::StatusOr<LinkParams> LinkSetup::Negotiate(SetupWire& wire, const ConnectOptions& options,
+                                                absl::Time deadline, bool measure) {
+  // The link class: explicit, configured on either side (slow wins), or measured.
+  std::optional<LinkClass> link_class;
+  if (options.has_link_class) {
+    link_class = options.link_class;
+  } else {
+    std::optional<LinkClass> theirs;
+    {
+      MutexLock lock(&mu_);
+      theirs = theirs_;
+    }
+    link_class = SlowWins(configured_, theirs);
+  }
+  LinkParams params;
+  if (measure) {
+    LBCC_ASSIGN_OR_RETURN(params.probe, Probe(wire, deadline, !link_class.has_value()));
+  }
+  if (!link_class.has_value() && measure) {
+    const double slowest =
+        std::min(params.probe.send_bytes_per_second, params.probe.recv_bytes_per_second);
+    link_class = slowest * 8 < slow_threshold_bits_per_second_ ? LinkClass::kSlow
+                                                               : LinkClass::kFast;
+    LBCC_LOG(INFO) << "link to " << peer_ << " probed at "
+                   << params.probe.send_bytes_per_second * 8e-9 << " Gbit/s up, "
+                   << params.probe.recv_bytes_per_second * 8e-9 << " Gbit/s down, rtt "
+                   << params.probe.rtt_seconds * 1e6 << " us: " << LinkClassName(*link_class);
+  }
+  params.link_class = link_class.value_or(LinkClass::kFast);
+  params.stripes = params.link_class == LinkClass::kSlow ? slow_stripes_ : 1;
+  return params;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Liveness.
+
+void PeerWatch::Start(absl::Time now) {
+  running_ = true;
+  last_heard_ = now;
+  last_heartbeat_ = now;
+}
+
+PeerWatch::Verdict PeerWatch::Check(absl::Time now, absl::Duration peer_timeout, bool we_stalled,
+                                    absl::FunctionRef<bool()> pending_work,
+                                    absl::string_view peer) {
+  Verdict verdict;
+  const absl::Duration beat = peer_timeout / 4;
+  if (we_stalled) last_heard_ = now;
+  if (now - last_heartbeat_ >= beat) {
+    last_heartbeat_ = now;
+    verdict.send_heartbeat = true;
+  }
+  const absl::Duration silent = now - last_heard_;
+  if (silent > peer_timeout && pending_work()) {
+    verdict.failure = absl::UnavailableError(
+        absl::StrCat("no word from ", peer, " for ", absl::FormatDuration(silent),
+                     " (peer timeout ", absl::FormatDuration(peer_timeout), ")"));
+  }
+  return verdict;
+}
+
+bool WatchClock::StartRound(absl::Time now) {
+  const absl::Duration beat = peer_timeout_ / 4;
+  next_ = now + std::min(beat, absl::Milliseconds(100));
+  const bool we_stalled = last_ != absl::InfinitePast() && now - last_ > beat;
+  last_ = now;
+  return we_stalled;
+}
+
+}  // namespace lbcc::transport
