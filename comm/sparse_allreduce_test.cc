@@ -590,9 +590,8 @@ TEST(SparseAllReduceThreadsTest, AHundredCallsStartNoThread) {
 }
 
 // Every operation's per-tag state in the transport is released when it completes on a rank, so
-// a long job does not grow with the number of steps: the live tag entries of every link are the
-// no more after 300 than after 30 rounds of all-reduce + sparse all-reduce, and few. (Before the
-// release, each round left entries behind on every link.)
+// a long job does not grow with the number of steps: the live tag entries of every link stay a
+// handful after 30 and after 300 rounds of all-reduce + sparse all-reduce.
 uint64_t LiveTags(Communicator& comm) {
   uint64_t live = 0;
   for (int r = 0; r < comm.nranks(); ++r) {
@@ -635,10 +634,13 @@ TEST(SparseAllReduceMemoryTest, PerTagStateIsReleasedWhenOperationsComplete) {
     return absl::OkStatus();
   });
   ASSERT_THAT(statuses, Each(IsOk()));
-  // A few entries stay (the communicator's set-up traffic); none accrue per operation.
+  // A few entries stay: the set-up's, and those of the next operation, whose messages peers
+  // that measured first may already have sent (at most a few per peer). None accrue per
+  // operation: without the release, 30 rounds leave ~1,000 and 300 rounds ~10,000.
+  const uint64_t bound = 6u * (kRanks - 1);
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_LE(late[r], early[r]) << "rank " << r;
-    EXPECT_LE(late[r], 3u * (kRanks - 1)) << "rank " << r;
+    EXPECT_LE(early[r], bound) << "rank " << r;
+    EXPECT_LE(late[r], bound) << "rank " << r;
   }
 }
 
