@@ -18,13 +18,7 @@ absl::Status Bad(absl::string_view field, absl::string_view what) {
 
 absl::Status CheckKeys(const Json& object, std::initializer_list<const char*> allowed,
                        absl::string_view where) {
-  if (!object.is_object()) return Bad(where, "must be an object");
-  for (const auto& item : object.items()) {
-    bool known = false;
-    for (const char* key : allowed) known = known || item.key() == key;
-    if (!known) return Bad(where, absl::StrCat("unknown key '", item.key(), "'"));
-  }
-  return absl::OkStatus();
+  return CheckJsonKeys(object, allowed, absl::StrCat("rates: ", where));
 }
 
 // A positive rate (Mbit/s or Gbit/s in the file) as bytes per second.
@@ -232,6 +226,20 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
   t.seconds = worst + t.latency_s;
   if (bytes != nullptr) bytes->Add(local);
   return t;
+}
+
+absl::Status CheckJsonKeys(const nlohmann::json& object,
+                           std::initializer_list<const char*> allowed, absl::string_view where) {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  };
+  if (!object.is_object()) return bad("must be an object");
+  for (const auto& item : object.items()) {
+    bool known = false;
+    for (const char* key : allowed) known = known || item.key() == key;
+    if (!known) return bad(absl::StrCat("unknown key '", item.key(), "'"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lbcc::plan

@@ -17,6 +17,7 @@
 #ifndef LBCC_PLAN_NETWORK_H_
 #define LBCC_PLAN_NETWORK_H_
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +73,11 @@ struct PhaseTime {
 // when given.
 PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers,
                       LinkBytes* bytes = nullptr);
+
+// InvalidArgument "<where>: must be an object" or "<where>: unknown key 'k'" unless `object` is
+// an object whose keys are all in `allowed` (the plan's JSON parsers share it).
+absl::Status CheckJsonKeys(const nlohmann::json& object,
+                           std::initializer_list<const char*> allowed, absl::string_view where);
 
 }  // namespace lbcc::plan
 

@@ -26,13 +26,7 @@ absl::Status Bad(absl::string_view field, absl::string_view what) {
 
 absl::Status CheckKeys(const Json& object, std::initializer_list<const char*> allowed,
                        absl::string_view where) {
-  if (!object.is_object()) return Bad(where, "must be an object");
-  for (const auto& item : object.items()) {
-    bool known = false;
-    for (const char* key : allowed) known = known || item.key() == key;
-    if (!known) return Bad(where, absl::StrCat("unknown key '", item.key(), "'"));
-  }
-  return absl::OkStatus();
+  return CheckJsonKeys(object, allowed, where);
 }
 
 // A number at object[key]; `fallback` when absent (nullopt: required). Must be > 0 unless
