@@ -35,8 +35,8 @@ constexpr Spec kSpecs[] = {
     {"LBCC_FAST_CHUNK_BYTES", Type::kBytes, "64M",
      "Transport: fast links carry messages in chunks of this size.", {}, 4096, 1 << 30},
     {"LBCC_LINK_CLASS", Type::kEnum, "auto",
-     "Transport: class of every link: auto (topology file, then a timed probe at connect), fast "
-     "or slow.",
+     "Transport: class of every link: auto (the link rules file or the communicator's topology, "
+     "else a timed probe at connect), fast or slow.",
      "auto|fast|slow"},
     {"LBCC_LINK_PROBE_BYTES", Type::kBytes, "64M",
      "Transport: largest transfer per direction of the connect-time link probe (it grows from "
