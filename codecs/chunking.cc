@@ -1,6 +1,9 @@
 #include "codecs/chunking.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "absl/strings/str_cat.h"
 
 #include "base/tensor_view.h"
 
@@ -14,15 +17,27 @@ double RoundHalfEven(double x) {
   return r;
 }
 
-int64_t ChunkEdge(int64_t n) {
-  if (n <= kChunkEdgeTarget) return n;
-  for (int64_t d = kChunkEdgeTarget; d > 1; --d) {
+int64_t ChunkEdge(int64_t n, int64_t target) {
+  if (n <= target) return n;
+  for (int64_t d = target; d > 1; --d) {
     if (n % d == 0) return d;
   }
   return 1;
 }
 
-absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape) {
+absl::string_view KRuleName(KRule rule) {
+  return rule == KRule::kPerChunk ? "per_chunk" : "proportional";
+}
+
+absl::StatusOr<KRule> ParseKRule(absl::string_view name) {
+  if (name == "proportional") return KRule::kProportional;
+  if (name == "per_chunk") return KRule::kPerChunk;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown k_rule '", name, "' (expected per_chunk or proportional)"));
+}
+
+absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape,
+                                                Chunking chunking) {
   absl::StatusOr<int64_t> count = NumElements(shape);
   if (!count.ok()) return count.status();
   ChunkGeometry g;
@@ -44,7 +59,8 @@ absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape)
     return g;
   }
   g.h = ChunkEdge(g.rows);
-  g.w = ChunkEdge(g.cols);
+  g.w = chunking == Chunking::kFlat1D && shape.size() == 1 ? ChunkEdge(g.cols, kFlatChunkTarget)
+                                                           : ChunkEdge(g.cols);
   g.chunk_len = g.h * g.w;
   g.chunks_y = g.rows / g.h;
   g.chunks_x = g.cols / g.w;
@@ -52,8 +68,16 @@ absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape)
   return g;
 }
 
-int64_t KPerChunk(int64_t chunk_len, double top_k) {
+int64_t KPerChunk(int64_t chunk_len, double top_k, KRule rule) {
   if (chunk_len <= 0) return 0;
+  if (rule == KRule::kPerChunk) {
+    // templar's _clamp_topk: min(top_k, len), at least 2, rounded down to even; then capped at
+    // len (a 1-element chunk, which templar cannot select from).
+    int64_t k = top_k >= static_cast<double>(chunk_len) ? chunk_len : static_cast<int64_t>(top_k);
+    k = std::max<int64_t>(k, 2);
+    k -= k % 2;
+    return std::min(k, chunk_len);
+  }
   // chunk_len * top_k / 4096 is exact in double for every chunk_len <= 4096 and any top_k with
   // at most 40 significant bits, so rounding it half to even is Python's round() on the same
   // value.

@@ -14,7 +14,18 @@
 // divisor of n that is <= 64. The matrix is cut "(y h) (x w) -> y x h w": chunk (y, x) is the
 // h*w block at rows [y*h, y*h+h), cols [x*w, x*w+w), numbered c = y * (cols / w) + x, and a
 // position inside it is local = r * w + col (row-major within the block), so local < 4096.
-// k per chunk = clamp(max(1, round_half_even(chunk_len * top_k / 4096)), 1, chunk_len).
+// Chunking::kFlat1D (TopKEfOptions::chunk_1d = flat4096) replaces the rule for rank 1 only:
+// [N] -> [1, N] with w = ChunkEdge(N, 4096), so chunks of 4096 consecutive elements when 4096
+// divides N (the SparseLoCo 72B report's 1-D rule). Chunks stay uniform: for other N they are
+// the largest divisor of N that is <= 4096 (N itself when N <= 4096), never a ragged tail.
+// k per chunk (KRule):
+//   kProportional  clamp(max(1, round_half_even(chunk_len * top_k / 4096)), 1, chunk_len):
+//                  top_k is "per 4096 elements" (LBCC's default)
+//   kPerChunk      templar's _clamp_topk: k = min(top_k, chunk_len), then max(k, 2), then
+//                  rounded down to even, in every chunk whatever its length; finally capped at
+//                  chunk_len (only a chunk of 1 element, where templar's torch.topk would fail,
+//                  gets k = 1). top_k is a whole number of values per chunk.
+// Both agree for full 64 x 64 chunks and an even top_k.
 //
 // Thread-safety: value types and pure functions.
 #ifndef LBCC_CODECS_CHUNKING_H_
@@ -23,6 +34,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace lbcc::codecs {
@@ -33,8 +45,22 @@ inline constexpr int64_t kTopKReferenceChunk = 4096;  // top_k is "per 64 * 64 e
 // Python's round(): to nearest, ties to even, whatever the FPU rounding mode.
 double RoundHalfEven(double x);
 
-// The largest divisor of n that is <= 64 (n itself when n <= 64). n >= 1.
-int64_t ChunkEdge(int64_t n);
+// The largest divisor of n that is <= target (n itself when n <= target). n >= 1, target >= 1.
+int64_t ChunkEdge(int64_t n, int64_t target = kChunkEdgeTarget);
+
+// How a rank-1 tensor is chunked. Wire values (TopK-EF v2 params); never renumber.
+enum class Chunking : uint8_t {
+  kShapeAware = 0,  // the rules above (1-D: rows of edge(N) <= 64 elements)
+  kFlat1D = 1,      // 1-D: chunks of ChunkEdge(N, 4096) elements; other ranks as kShapeAware
+};
+inline constexpr int64_t kFlatChunkTarget = 4096;
+
+// How many values top-k takes per chunk (see the module comment).
+enum class KRule : uint8_t { kProportional = 0, kPerChunk = 1 };
+// "proportional", "per_chunk".
+absl::string_view KRuleName(KRule rule);
+// The names above; InvalidArgument otherwise.
+absl::StatusOr<KRule> ParseKRule(absl::string_view name);
 
 struct ChunkGeometry {
   int64_t rows = 0;  // matrix view
@@ -56,12 +82,14 @@ struct ChunkGeometry {
 };
 
 // InvalidArgument for an invalid shape (negative dims, rank > kMaxRank, overflow).
-absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape);
+absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape,
+                                                Chunking chunking = Chunking::kShapeAware);
 
-// k per chunk for `top_k` selected per 4096 elements (fractional values allowed: density *
-// 4096). Half-to-even rounding of chunk_len * top_k / 4096, then clamped to [1, chunk_len].
-// Returns 0 for chunk_len 0. top_k must be finite and > 0 (checked by the options).
-int64_t KPerChunk(int64_t chunk_len, double top_k);
+// k per chunk. kProportional: `top_k` selected per 4096 elements (fractional values allowed:
+// density * 4096), half-to-even rounding of chunk_len * top_k / 4096, then clamped to
+// [1, chunk_len]. kPerChunk: templar's rule (module comment) on a whole top_k. Returns 0 for
+// chunk_len 0. top_k must be finite and > 0 (checked by the options).
+int64_t KPerChunk(int64_t chunk_len, double top_k, KRule rule = KRule::kProportional);
 
 }  // namespace lbcc::codecs
 

@@ -112,6 +112,10 @@ absl::Status Prepare(const Codec* decoder, absl::Span<const absl::Span<const uin
                                                    " payloads given to the decoder of ",
                                                    codec->name()));
   }
+  if (options.clip_to_median_norm && !codec->ClipsToMedianNorm()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "decode: clip_to_median_norm is not implemented for ", codec->name(), " payloads"));
+  }
   s.payloads.assign(payloads.begin(), payloads.end());
   const DecodeCall call{s.payloads, absl::MakeConstSpan(s.infos.data(), payloads.size()),
                         options, out};

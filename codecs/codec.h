@@ -65,6 +65,12 @@ struct DecodeOptions {
   // true:  out += aggregate (coordinates no payload carries are left as they are), e.g. to
   //        apply an outer step straight into a buffer.
   bool accumulate = false;
+  // templar's outer step: before aggregating, each payload's decoded values are multiplied by
+  // min(1, median(norms) / (norm + 1e-8)), with norm the L2 norm of that payload's decoded
+  // values and median the lower median over the call's payloads. Computed from the payloads
+  // alone, so every rank gets the same bits (topk_ef.h: MedianNormClipFactors). Only codecs
+  // whose Codec::ClipsToMedianNorm() is true (TopK-EF) accept it; others: Unimplemented.
+  bool clip_to_median_norm = false;
 };
 
 // Per-tensor memory of a stateful codec. Created by Codec::NewState() (or by a device twin,
@@ -201,6 +207,9 @@ class Codec {
   // (DataLoss otherwise) and fills the codec-specific fields of `summary` (k_per_chunk,
   // selected, details; the envelope's are set). The default checks nothing more.
   virtual absl::Status Inspect(const PayloadInfo& info, PayloadSummary* summary) const;
+  // Whether PrepareDecode honours DecodeOptions::clip_to_median_norm; the free functions
+  // refuse the option (Unimplemented) for a codec that does not.
+  virtual bool ClipsToMedianNorm() const { return false; }
 };
 
 // Decodes `payloads` (rank order; all of the same codec and of out's shape) and writes or adds
@@ -209,7 +218,8 @@ class Codec {
 // allocates). Errors: DataLoss for a corrupt or foreign payload, an unknown codec id included
 // (nothing is written to out), InvalidArgument for a shape, codec or dtype that does not match
 // out, or no payloads, Unimplemented for device memory or a codec that does not decode by
-// aggregation (or is not linked into this binary).
+// aggregation (or is not linked into this binary), or clip_to_median_norm for a codec that does
+// not clip (Codec::ClipsToMedianNorm).
 absl::Status DecodeAccumulate(absl::Span<const absl::Span<const uint8_t>> payloads,
                               const DecodeOptions& options, const TensorView& out,
                               DecodeScratch* scratch = nullptr);

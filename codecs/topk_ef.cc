@@ -26,7 +26,9 @@ constexpr int64_t kGroupElements = 262144;
 // a few more candidates than k on smooth data, sometimes fewer (then it lowers and retries);
 // 0.95 measured faster than 0.8 or 0.9 on 4096 x 4096.
 constexpr float kHintFactor = 0.95f;
-constexpr size_t kFixedParamBytes = 16;
+constexpr size_t kFixedParamBytes = 16;  // version 1; version 2 adds the chunking byte
+// |v| bits of kMaxEncodableMagnitude: e' entries above are refused (topk_ef.h).
+constexpr uint32_t kMaxEncodableAbsBits = 0x71800000u;  // 2^100
 constexpr int64_t kMaxPayloads = 65535;  // selection counts are 16-bit
 // Outputs at least this large are written with non-temporal stores when not accumulated into
 // (skipping the read for ownership pays: BM_TopKEfDecodeAssign4, docs/codecs.md).
@@ -209,10 +211,65 @@ class IndexStream {
   size_t appended_ = 0;      // scratch bytes reported
 };
 
+size_t FixedParamBytes(Chunking chunking) {
+  return chunking == Chunking::kShapeAware ? kFixedParamBytes : kFixedParamBytes + 1;
+}
+
 }  // namespace
 
+absl::string_view Chunk1DName(Chunk1D rule) {
+  switch (rule) {
+    case Chunk1D::kLbcc:
+      return "lbcc";
+    case Chunk1D::kTemplar:
+      return "templar";
+    case Chunk1D::kFlat4096:
+      return "flat4096";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Chunk1D> ParseChunk1D(absl::string_view name) {
+  for (Chunk1D r : {Chunk1D::kLbcc, Chunk1D::kTemplar, Chunk1D::kFlat4096}) {
+    if (name == Chunk1DName(r)) return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown chunk_1d '", name, "' (expected lbcc, templar or flat4096)"));
+}
+
+Chunking TopKEfOptions::ChunkingFor(absl::Span<const int64_t> shape) const {
+  if (chunk_1d != Chunk1D::kFlat4096 || shape.size() != 1 || shape[0] <= 0) {
+    return Chunking::kShapeAware;
+  }
+  return ChunkEdge(shape[0], kFlatChunkTarget) != ChunkEdge(shape[0]) ? Chunking::kFlat1D
+                                                                      : Chunking::kShapeAware;
+}
+
+absl::StatusOr<ChunkGeometry> TopKEfOptions::Geometry(absl::Span<const int64_t> shape) const {
+  return MakeChunkGeometry(shape, ChunkingFor(shape));
+}
+
+int64_t TopKEfOptions::KFor(const ChunkGeometry& g) const {
+  return g.num_chunks > 0 ? KPerChunk(g.chunk_len, top_k, k_rule) : 0;
+}
+
 absl::Status TopKEfOptions::Validate() const {
-  if (!(top_k > 0 && top_k <= kTopKReferenceChunk)) {
+  if (k_rule != KRule::kProportional && k_rule != KRule::kPerChunk) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_ef: unknown k_rule ", static_cast<int>(k_rule)));
+  }
+  if (chunk_1d != Chunk1D::kLbcc && chunk_1d != Chunk1D::kTemplar &&
+      chunk_1d != Chunk1D::kFlat4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_ef: unknown chunk_1d ", static_cast<int>(chunk_1d)));
+  }
+  if (k_rule == KRule::kPerChunk) {
+    if (!(top_k >= 1 && top_k <= kTopKReferenceChunk && top_k == std::floor(top_k))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topk_ef: top_k ", top_k, " must be a whole number in [1, 4096] with k_rule per_chunk "
+          "(values per chunk)"));
+    }
+  } else if (!(top_k > 0 && top_k <= kTopKReferenceChunk)) {
     return absl::InvalidArgumentError(
         absl::StrCat("topk_ef: top_k ", top_k, " must be in (0, 4096] (per 4096 elements)"));
   }
@@ -236,23 +293,28 @@ absl::Status TopKEfOptions::Validate() const {
 
 std::string TopKEfOptions::ToString() const {
   return absl::StrFormat(
-      "topk_ef(top_k=%g per 4096, beta=%g, lr=%g, values=%s, indices=%s, range_sigmas=%g, "
-      "value_block=%d)",
+      "topk_ef(top_k=%g, beta=%g, lr=%g, values=%s, indices=%s, range_sigmas=%g, "
+      "value_block=%d, k_rule=%s, chunk_1d=%s)",
       top_k, beta, lr, std::string(ValueCodingName(values)), std::string(IndexCodingName(indices)),
-      range_sigmas, value_block);
+      range_sigmas, value_block, std::string(KRuleName(k_rule)),
+      std::string(Chunk1DName(chunk_1d)));
 }
 
 absl::Status TopKEfState::Reset(absl::Span<const int64_t> shape) {
   LBCC_ASSIGN_OR_RETURN(ChunkGeometry g, MakeChunkGeometry(shape));
-  geometry_ = g;
   shape_.assign(shape.begin(), shape.end());
   error_.assign(static_cast<size_t>(g.num_elements), 0.0f);
   next_.assign(static_cast<size_t>(g.num_elements), 0.0f);
-  if (g.num_chunks > 0) BuildLocalOffsets(g, &local_offset_);
+  SetGeometry(g);
   pending_ = false;
   initialized_ = true;
-  hint_ = 0;
   return absl::OkStatus();
+}
+
+void TopKEfState::SetGeometry(const ChunkGeometry& g) {
+  geometry_ = g;
+  if (g.num_chunks > 0) BuildLocalOffsets(g, &local_offset_);
+  hint_ = 0;
 }
 
 absl::Status TopKEfState::Load(absl::Span<const int64_t> shape, absl::Span<const float> error) {
@@ -296,12 +358,13 @@ std::unique_ptr<CodecState> TopKEfCodec::NewState() const {
 }
 
 absl::StatusOr<size_t> TopKEfCodec::MaxEncodedBytes(absl::Span<const int64_t> shape) const {
-  LBCC_ASSIGN_OR_RETURN(ChunkGeometry g, MakeChunkGeometry(shape));
-  const int64_t k = g.num_chunks > 0 ? KPerChunk(g.chunk_len, options_.top_k) : 0;
+  LBCC_ASSIGN_OR_RETURN(ChunkGeometry g, options_.Geometry(shape));
+  const int64_t k = options_.KFor(g);
   const IndexLayout layout{g.num_chunks, k, g.chunk_len};
   size_t index_bytes = Packed12Bytes(layout.count());
   if (options_.indices == IndexCoding::kAdaptive) index_bytes = AdaptiveMaxBytes(layout);
-  const size_t params = kFixedParamBytes + ValueParamBytes(options_.values);
+  const size_t params =
+      FixedParamBytes(options_.ChunkingFor(shape)) + ValueParamBytes(options_.values);
   const size_t body =
       index_bytes + ValueSectionBytes(options_.values, layout.count(), options_.value_block);
   return PayloadBytes(shape.size(), params, body);
@@ -354,8 +417,12 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
     return absl::InvalidArgumentError(absl::StrCat("topk_ef: output buffer holds ", out.size(),
                                                    " bytes, MaxEncodedBytes is ", max_bytes));
   }
+  // The options decide the chunking (a state starts with the shape-aware one).
+  const Chunking chunking = options_.ChunkingFor(delta.shape());
+  LBCC_ASSIGN_OR_RETURN(const ChunkGeometry wanted, MakeChunkGeometry(delta.shape(), chunking));
+  if (wanted.w != st.geometry_.w) st.SetGeometry(wanted);
   const ChunkGeometry& g = st.geometry_;
-  const int64_t k = g.num_chunks > 0 ? KPerChunk(g.chunk_len, options_.top_k) : 0;
+  const int64_t k = options_.KFor(g);
   const IndexLayout layout{g.num_chunks, k, g.chunk_len};
   const int64_t total = layout.count();
   Grow(&st.sel_local_, static_cast<size_t>(total));
@@ -392,11 +459,13 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
         max_bits = std::max(max_bits, kern.ef_update(e + off, d + off, next + off, len,
                                                      options_.beta, options_.lr));
       }
-      if (max_bits > kMaxFiniteAbsBits) {
+      if (max_bits > kMaxEncodableAbsBits) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "topk_ef: delta has a NaN or infinite entry (or beta * e + lr * delta overflows) in "
-            "rows ",
-            y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
+            "topk_ef: delta has a NaN or infinite entry, or |beta * e + lr * delta| exceeds "
+            "2^100 (largest |e'| ",
+            max_bits > kMaxFiniteAbsBits ? std::string("not finite")
+                                         : absl::StrFormat("%g", BitsToFloat(max_bits)),
+            ") in rows ", y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
       }
       for (int64_t x = x0; x < x1; ++x) {
         const int64_t c = y * g.chunks_x + x;
@@ -426,10 +495,12 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
   }
   const size_t value_param_bytes = ValueParamBytes(options_.values);
   const size_t value_bytes = ValueSectionBytes(options_.values, total, options_.value_block);
+  const size_t fixed_param_bytes = FixedParamBytes(chunking);
   PayloadWriter writer;
-  LBCC_RETURN_IF_ERROR(writer.Begin(out, CodecId::kTopKEf, kTopKEfVersion, DType::kF32,
-                                    delta.shape(), kFixedParamBytes + value_param_bytes,
-                                    index_bytes + value_bytes));
+  LBCC_RETURN_IF_ERROR(writer.Begin(
+      out, CodecId::kTopKEf,
+      chunking == Chunking::kShapeAware ? kTopKEfVersion : kTopKEfVersionChunking, DType::kF32,
+      delta.shape(), fixed_param_bytes + value_param_bytes, index_bytes + value_bytes));
   ByteWriter params(writer.params());
   params.U32(static_cast<uint32_t>(k));
   params.U8(static_cast<uint8_t>(options_.values));
@@ -438,6 +509,7 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
                                              : 0);
   params.U8(coding == IndexCoding::kAdaptive ? static_cast<uint8_t>(adaptive.params.rice) : 0);
   params.U64(index_bytes);
+  if (chunking != Chunking::kShapeAware) params.U8(static_cast<uint8_t>(chunking));
   const absl::Span<uint8_t> index_section = writer.body().subspan(0, index_bytes);
   if (stream) {
     if (index_bytes > 0) std::memcpy(index_section.data(), st.index_scratch_.data(), index_bytes);
@@ -448,7 +520,7 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
   }
   const absl::Span<float> values(st.sel_value_.data(), static_cast<size_t>(total));
   EncodeValues(options_.values, ValueEncodeOptions{options_.range_sigmas, options_.value_block},
-               values, writer.params().subspan(kFixedParamBytes, value_param_bytes),
+               values, writer.params().subspan(fixed_param_bytes, value_param_bytes),
                writer.body().subspan(index_bytes, value_bytes),
                absl::MakeSpan(st.centered_.data(), static_cast<size_t>(total)),
                absl::MakeSpan(st.codes_.data(), static_cast<size_t>(total)));
@@ -477,18 +549,17 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
 
 absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info) {
   if (info.codec != CodecId::kTopKEf) return Corrupt("not a topk_ef payload");
-  if (info.codec_version != kTopKEfVersion) {
+  if (info.codec_version != kTopKEfVersion && info.codec_version != kTopKEfVersionChunking) {
     return Corrupt(absl::StrCat("unknown topk_ef version ", info.codec_version,
-                                " (this build reads ", kTopKEfVersion, ")"));
+                                " (this build reads ", kTopKEfVersion, " and ",
+                                kTopKEfVersionChunking, ")"));
   }
   if (info.dtype != DType::kF32) {
     return Corrupt(absl::StrCat("dtype ", DTypeName(info.dtype), " (topk_ef carries f32)"));
   }
   if (info.flags != 0) return Corrupt(absl::StrCat("unknown flags ", info.flags));
   TopKEfHeader h;
-  absl::StatusOr<ChunkGeometry> g = MakeChunkGeometry(info.shape);
-  if (!g.ok()) return Corrupt(g.status().message());
-  h.geometry = *g;
+  h.version = info.codec_version;
   ByteReader params(info.params);
   LBCC_ASSIGN_OR_RETURN(const uint32_t k, params.U32("k"));
   LBCC_ASSIGN_OR_RETURN(const uint8_t value_coding, params.U8("value coding"));
@@ -496,6 +567,16 @@ absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info) {
   LBCC_ASSIGN_OR_RETURN(const uint8_t sub_block_log2, params.U8("sub-block size"));
   LBCC_ASSIGN_OR_RETURN(const uint8_t rice, params.U8("Rice parameter"));
   LBCC_ASSIGN_OR_RETURN(const uint64_t index_bytes, params.U64("index section length"));
+  if (h.version == kTopKEfVersionChunking) {
+    LBCC_ASSIGN_OR_RETURN(const uint8_t chunking, params.U8("chunking"));
+    if (chunking > static_cast<uint8_t>(Chunking::kFlat1D)) {
+      return Corrupt(absl::StrCat("unknown chunking ", chunking));
+    }
+    h.chunking = static_cast<Chunking>(chunking);
+  }
+  absl::StatusOr<ChunkGeometry> g = MakeChunkGeometry(info.shape, h.chunking);
+  if (!g.ok()) return Corrupt(g.status().message());
+  h.geometry = *g;
   if (h.geometry.num_chunks == 0 ? k != 0 : (k < 1 || k > h.geometry.chunk_len)) {
     return Corrupt(absl::StrCat("k ", k, " for chunks of ", h.geometry.chunk_len));
   }
@@ -556,6 +637,8 @@ struct TopKParsed {
   int64_t k = 0;
   size_t index_offset = 0;  // into TopKDecodeScratch::indices
   ValueDecoder values;
+  float clip = 1.0f;                     // the median-norm clip factor (1: values as decoded)
+  const float* scaled_quad = nullptr;    // 2-bit bin-mean, clip != 1: values.quad() * clip
 };
 
 // TopK-EF's part of a DecodeScratch.
@@ -569,6 +652,9 @@ struct TopKDecodeScratch final : CodecScratch {
   std::vector<float> values;          // one chunk's decoded values (4096)
   std::vector<uint16_t> touched;      // one chunk's distinct selected positions (4096)
   std::vector<float> strip;           // staged aggregates of a strip of chunks
+  std::vector<float> norms;           // clip_to_median_norm: per payload
+  std::vector<float> factors;
+  std::vector<float> scaled_quads;    // per payload, 1024 floats (TopKParsed::scaled_quad)
 };
 
 // agg / d in fp32. For a power of two d the product with the exact reciprocal is the same
@@ -629,7 +715,7 @@ inline void AddChunk(const TopKParsed& p, const uint16_t* idx, int64_t c, float*
   };
   if (p.values.coding() == ValueCoding::kBinMean2 && p.k % 4 == 0) {
     // 2-bit codes: one byte gives four values; no staging buffer.
-    const float* quad = p.values.quad();
+    const float* quad = p.scaled_quad != nullptr ? p.scaled_quad : p.values.quad();
     const uint8_t* codes = p.values.code_bytes() + first / 4;
     for (int64_t j = 0; j < p.k; j += 4) {
       const float* q = quad + 4 * codes[j / 4];
@@ -640,6 +726,9 @@ inline void AddChunk(const TopKParsed& p, const uint16_t* idx, int64_t c, float*
     }
   } else {
     p.values.Decode(first, p.k, vals);
+    if (p.clip != 1.0f) {
+      for (int64_t j = 0; j < p.k; ++j) vals[j] = vals[j] * p.clip;
+    }
     for (int64_t j = 0; j < p.k; ++j) add(idx[j], vals[j]);
   }
   if (kList) *num_touched = nt;
@@ -772,6 +861,32 @@ absl::Status TopKEfCodec::PrepareDecode(const DecodeCall& call, CodecScratch* sc
       status = s.topk[r].values.Init(h.values, h.value_params, h.value_section, h.layout.count());
     }
     if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
+    s.topk[r].clip = 1.0f;
+    s.topk[r].scaled_quad = nullptr;
+  }
+  if (call.options.clip_to_median_norm) {
+    // templar's clip (topk_ef.h): every payload's norm, their lower median, then the factors;
+    // 2-bit bin-mean payloads get a scaled copy of their four-values-per-code table.
+    const size_t n = payloads.size();
+    s.norms.resize(n);
+    s.factors.resize(n);
+    if (s.values.size() < static_cast<size_t>(kTopKReferenceChunk)) {
+      s.values.resize(kTopKReferenceChunk);
+    }
+    for (size_t r = 0; r < n; ++r) {
+      s.norms[r] = DecodedNorm(s.topk[r].values, s.topk[r].k * g.num_chunks, s.values.data());
+    }
+    MedianNormClipFactors(s.norms, absl::MakeSpan(s.factors));
+    if (s.scaled_quads.size() < n * 1024) s.scaled_quads.resize(n * 1024);
+    for (size_t r = 0; r < n; ++r) {
+      TopKParsed& p = s.topk[r];
+      p.clip = s.factors[r];
+      if (p.clip == 1.0f || p.values.coding() != ValueCoding::kBinMean2) continue;
+      float* scaled = s.scaled_quads.data() + r * 1024;
+      const float* quad = p.values.quad();
+      for (int i = 0; i < 1024; ++i) scaled[i] = quad[i] * p.clip;
+      p.scaled_quad = scaled;
+    }
   }
   s.geometry = g;
   return absl::OkStatus();
@@ -841,6 +956,29 @@ absl::Status TopKEfCodec::Inspect(const PayloadInfo& info, PayloadSummary* summa
           : std::string());
   return absl::OkStatus();
 }
+
+float DecodedNorm(const ValueDecoder& values, int64_t count, float* scratch) {
+  double sum = 0;
+  for (int64_t first = 0; first < count; first += kTopKReferenceChunk) {
+    const int64_t n = std::min<int64_t>(kTopKReferenceChunk, count - first);
+    values.Decode(first, n, scratch);
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(scratch[i]) * scratch[i];
+  }
+  return static_cast<float>(std::sqrt(sum));
+}
+
+void MedianNormClipFactors(absl::Span<const float> norms, absl::Span<float> factors) {
+  LBCC_DCHECK(norms.size() == factors.size() && !norms.empty());
+  std::copy(norms.begin(), norms.end(), factors.begin());
+  std::sort(factors.begin(), factors.end());
+  const float median = factors[(factors.size() - 1) / 2];  // torch.median: the lower one
+  for (size_t r = 0; r < norms.size(); ++r) {
+    const float q = median / (norms[r] + 1e-8f);
+    factors[r] = q < 1.0f ? q : 1.0f;
+  }
+}
+
+bool TopKEfCodec::ClipsToMedianNorm() const { return true; }
 
 LBCC_REGISTER_CODEC(*TopKEfCodec::Create(TopKEfOptions()));
 

@@ -17,14 +17,31 @@
 // committed buffer as it was; Commit() makes e_new the state (a pointer swap), Abort() drops it.
 // Encode() refuses to run while an update is pending (FailedPrecondition).
 //
-// NaN and infinity: a delta with a non-finite entry, or an e' that overflows fp32, is
-// InvalidArgument; the state is untouched and nothing is pending.
+// NaN, infinity and overflow: a delta with a non-finite entry, or an e' of magnitude above
+// kMaxEncodableMagnitude (2^100), is InvalidArgument; the state is untouched and nothing is
+// pending. The bound keeps every later step finite: the bin-mean's centred values (<= 2 max|e'|)
+// and reconstructions (<= 3 max|e'|), and a decode's sum over up to 65535 payloads (< 2^16
+// times 3 * 2^100 < FLT_MAX = 2^128), so a decode never turns finite payloads into +-inf.
 //
-// Payload (codec id kTopKEf, version 1, dtype f32, the tensor's shape), params, little-endian:
+// SparseLoCo compatibility (TopKEfOptions::k_rule, chunk_1d; chunking.h): k_rule kProportional
+// (the default) scales k with the chunk's length; kPerChunk is templar's (the production
+// trainer's) rule, top_k values in every chunk. chunk_1d kLbcc (the default) and kTemplar
+// chunk a 1-D tensor into rows of edge(N) <= 64 elements (the two rules coincide today; both
+// names stay so that a caller asking for templar's keeps it if LBCC's default changes);
+// kFlat4096 into 4096-element chunks. Ties at the k-th magnitude: the lower local position
+// wins (torch.topk leaves it unspecified).
+//
+// Payload (codec id kTopKEf, dtype f32, the tensor's shape), params, little-endian:
 //   u32 k per chunk | u8 value coding | u8 index coding (1 packed12, 2 adaptive) |
 //   u8 sub-block log2 (adaptive; else 0) | u8 Rice parameter (adaptive; else 0) |
-//   u64 index section bytes | value coding params (value_coding.h)
-// Body: index section, then value section. The chunk geometry follows from the shape.
+//   u64 index section bytes | [version 2 only: u8 chunking (chunking.h Chunking)] |
+//   value coding params (value_coding.h)
+// Version 1 (no chunking byte: Chunking::kShapeAware) is written whenever the tensor's
+// geometry is the shape-aware one, so every payload of the default options and of k_rule
+// kPerChunk is byte-for-byte what earlier builds wrote; version 2 only when kFlat4096 chunks a
+// 1-D tensor differently. Decoders read both. The k rule needs no field: k is in the header.
+// Body: index section, then value section. The chunk geometry follows from the shape (and the
+// chunking byte).
 //
 // Performance: one pass streams e, delta and the pending buffer (like a triad); selection runs
 // on cache-resident groups of chunks with AVX2 (compaction against a threshold carried from
@@ -54,6 +71,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/tensor_view.h"
 #include "codecs/chunking.h"
@@ -63,22 +81,51 @@
 
 namespace lbcc::codecs {
 
-inline constexpr uint8_t kTopKEfVersion = 1;
+inline constexpr uint8_t kTopKEfVersion = 1;         // shape-aware chunking
+inline constexpr uint8_t kTopKEfVersionChunking = 2;  // with the chunking byte
+inline constexpr float kMaxEncodableMagnitude = 0x1p100f;  // largest |beta * e + lr * delta|
+
+// How TopK-EF chunks a 1-D tensor (see the module comment).
+enum class Chunk1D : uint8_t { kLbcc = 0, kTemplar = 1, kFlat4096 = 2 };
+// "lbcc", "templar", "flat4096".
+absl::string_view Chunk1DName(Chunk1D rule);
+// The names above; InvalidArgument otherwise.
+absl::StatusOr<Chunk1D> ParseChunk1D(absl::string_view name);
 
 struct TopKEfOptions {
-  double top_k = 64;   // selected per 4096 elements (= density * 4096), in (0, 4096]
+  // kProportional: selected per 4096 elements (= density * 4096), in (0, 4096].
+  // kPerChunk: selected in every chunk (templar's topk_compression), a whole number in
+  // [1, 4096].
+  double top_k = 64;
   float beta = 0.95f;  // error decay
   float lr = 1.0f;     // outer learning rate, applied before compression
   ValueCoding values = ValueCoding::kBinMean2;
   IndexCoding indices = IndexCoding::kAuto;
   float range_sigmas = 6.0f;  // bin-mean range
   int64_t value_block = 64;   // absmax codings: selected values per scale, [1, 2^20]
+  KRule k_rule = KRule::kProportional;
+  Chunk1D chunk_1d = Chunk1D::kLbcc;
 
   static TopKEfOptions FromDensity(double density) {
     TopKEfOptions o;
     o.top_k = density * kTopKReferenceChunk;
     return o;
   }
+  // The options templar (the production SparseLoCo trainer) runs: top_k per chunk (64),
+  // beta 0.95, lr 1, 2-bit bin-mean values, range 6 sigma, its 1-D chunking.
+  static TopKEfOptions Templar(double top_k = 64) {
+    TopKEfOptions o;
+    o.top_k = top_k;
+    o.k_rule = KRule::kPerChunk;
+    o.chunk_1d = Chunk1D::kTemplar;
+    return o;
+  }
+  // The chunking these options give a tensor of `shape` (kFlat1D only where it changes the
+  // geometry), its geometry and k per chunk (0 for an empty tensor). InvalidArgument for a bad
+  // shape.
+  Chunking ChunkingFor(absl::Span<const int64_t> shape) const;
+  absl::StatusOr<ChunkGeometry> Geometry(absl::Span<const int64_t> shape) const;
+  int64_t KFor(const ChunkGeometry& g) const;
   // InvalidArgument naming the bad field.
   absl::Status Validate() const;
   std::string ToString() const;
@@ -117,6 +164,10 @@ class TopKEfState final : public CodecState {
   bool initialized_ = false;
   bool pending_ = false;
   Shape shape_;
+  // The chunking the encoder uses (the codec's options decide it; Reset picks the shape-aware
+  // one). e is stored in the tensor's layout, so a change of chunking keeps it.
+  void SetGeometry(const ChunkGeometry& g);
+
   ChunkGeometry geometry_;
   std::vector<float> error_;  // committed e
   std::vector<float> next_;   // pending e_new (same size; swapped on Commit)
@@ -161,6 +212,8 @@ class TopKEfCodec final : public Codec {
   absl::Status PrepareDecode(const DecodeCall& call, CodecScratch* scratch) const override;
   void ApplyDecode(const DecodeCall& call, CodecScratch* scratch) const override;
   absl::Status Inspect(const PayloadInfo& info, PayloadSummary* summary) const override;
+  // Honours DecodeOptions::clip_to_median_norm (topk_ef.h: MedianNormClipFactors).
+  bool ClipsToMedianNorm() const override;
 
  private:
   explicit TopKEfCodec(const TopKEfOptions& options) : options_(options) {}
@@ -171,6 +224,8 @@ class TopKEfCodec final : public Codec {
 
 // The parsed params of a TopK-EF payload (for decoders, tools and tests).
 struct TopKEfHeader {
+  int version = kTopKEfVersion;
+  Chunking chunking = Chunking::kShapeAware;
   ChunkGeometry geometry;
   IndexLayout layout;
   ValueCoding values = ValueCoding::kBinMean2;
@@ -180,8 +235,24 @@ struct TopKEfHeader {
   absl::Span<const uint8_t> index_section;
   absl::Span<const uint8_t> value_section;
 };
-// Validates a parsed envelope as TopK-EF v1 params and body lengths. DataLoss otherwise.
+// Validates a parsed envelope as TopK-EF (version 1 or 2) params and body lengths. DataLoss
+// otherwise.
 absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info);
+
+// templar's median-norm clip (DecodeOptions::clip_to_median_norm), shared by the CPU decoder
+// and its device twin so that every rank and device computes the same bits from the payloads
+// alone:
+//   norm_r   = fp32(sqrt(sum of v_hat^2)) over payload r's decoded values, squares and sum in
+//              double, in payload order
+//   median   = the lower median of the norms (torch.median: element (R - 1) / 2 of the sorted
+//              norms)
+//   factor_r = min(1, median / (norm_r + 1e-8f))   fp32 operations
+// Each decoded value of payload r is then multiplied by factor_r (fp32) before the
+// aggregation. A factor of exactly 1 leaves the values' bits as they are.
+// `scratch` holds 4096 floats; `values` decodes `count` values.
+float DecodedNorm(const ValueDecoder& values, int64_t count, float* scratch);
+// factors[r] from norms[r] (same sizes, >= 1 entry).
+void MedianNormClipFactors(absl::Span<const float> norms, absl::Span<float> factors);
 
 }  // namespace lbcc::codecs
 

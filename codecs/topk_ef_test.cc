@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +19,7 @@
 #include "base/dtype.h"
 #include "base/status_matchers.h"
 #include "codecs/codec.h"
+#include "codecs/dense_quant.h"
 #include "codecs/payload.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -875,9 +879,13 @@ TEST_F(RejectTest, PrepareThenApplyEqualsDecodeAccumulate) {
 
 TEST_F(RejectTest, UnknownVersionAndCodecId) {
   Bytes p = Make();
-  p[5] = 2;  // codec version
+  p[5] = 3;  // codec version (1 and 2 are known)
   Reseal(p);
-  ExpectRejected({p}, absl::StatusCode::kDataLoss, "unknown topk_ef version 2");
+  ExpectRejected({p}, absl::StatusCode::kDataLoss, "unknown topk_ef version 3");
+  p = Make();
+  p[5] = 2;  // a version 1 payload read as version 2: its first value parameter byte is no
+  Reseal(p);  // chunking
+  ExpectRejected({p}, absl::StatusCode::kDataLoss);
   p = Make();
   p[6] = 99;  // codec id
   Reseal(p);
@@ -995,6 +1003,328 @@ TEST_F(RejectTest, CallerMistakesAreInvalidArgument) {
       DecodeAccumulate(absl::MakeConstSpan(&span, 1), {}, *TensorView::Host(out.data(), {61, 62})),
       StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(out, ::testing::Each(7.0f));
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// SparseLoCo compatibility options (k_rule, chunk_1d), the median-norm clip, the magnitude
+// bound. The Python suite (python/tests/test_templar_compat.py) checks the same against an
+// independent re-statement of templar's rules over several shapes, EF steps and 4 replicas.
+
+TEST(TopKEfCompatTest, PerChunkKIsTemplarsClampTopK) {
+  // templar: min(top_k, len), at least 2, rounded down to even; LBCC caps a 1-element chunk.
+  const struct {
+    int64_t len;
+    double top_k;
+    int64_t k;
+  } cases[] = {{4096, 64, 64}, {1500, 64, 64}, {64, 64, 64}, {30, 64, 30}, {31, 64, 30},
+               {3, 64, 2},     {2, 64, 2},     {1, 64, 1},   {4096, 1, 2}, {4096, 7, 6},
+               {26, 128, 26},  {4096, 4096, 4096}};
+  for (const auto& c : cases) {
+    EXPECT_EQ(KPerChunk(c.len, c.top_k, KRule::kPerChunk), c.k) << c.len << " " << c.top_k;
+  }
+  // The proportional rule for comparison (the issue's examples): 23 of 1500, 1 of 64.
+  EXPECT_EQ(KPerChunk(1500, 64), 23);
+  EXPECT_EQ(KPerChunk(64, 64), 1);
+  EXPECT_EQ(KPerChunk(4096, 64), KPerChunk(4096, 64, KRule::kPerChunk));
+}
+
+TEST(TopKEfCompatTest, OptionsAreValidatedAndNamed) {
+  TopKEfOptions o = TopKEfOptions::Templar();
+  EXPECT_THAT(o.Validate(), IsOk());
+  o.top_k = 63.5;
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("whole number in [1, 4096] with k_rule per_chunk")));
+  o.top_k = 0.5;
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument));
+  o = TopKEfOptions();
+  o.k_rule = static_cast<KRule>(7);
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k_rule")));
+  o = TopKEfOptions();
+  o.chunk_1d = static_cast<Chunk1D>(9);
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunk_1d")));
+  for (Chunk1D r : {Chunk1D::kLbcc, Chunk1D::kTemplar, Chunk1D::kFlat4096}) {
+    EXPECT_THAT(ParseChunk1D(Chunk1DName(r)), ::lbcc::testing::IsOkAndHolds(r));
+  }
+  for (KRule r : {KRule::kProportional, KRule::kPerChunk}) {
+    EXPECT_THAT(ParseKRule(KRuleName(r)), ::lbcc::testing::IsOkAndHolds(r));
+  }
+  EXPECT_THAT(ParseKRule("even"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("even")));
+  EXPECT_THAT(ParseChunk1D("flat"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(MakeCodec(TopKEfOptions::Templar())->Describe(),
+              HasSubstr("k_rule=per_chunk, chunk_1d=templar"));
+}
+
+TEST(TopKEfCompatTest, ChunkingOf1DTensors) {
+  TopKEfOptions flat;
+  flat.chunk_1d = Chunk1D::kFlat4096;
+  const struct {
+    int64_t n;
+    int64_t w_flat;
+  } cases[] = {{8192, 4096}, {12288, 4096}, {5000, 2500}, {4096, 4096}, {64, 64}, {130, 130},
+               {4099, 1}};  // 4099 is prime: chunks of 1, as the 64 rule gives a prime > 64
+  for (const auto& c : cases) {
+    const ChunkGeometry g = *flat.Geometry({c.n});
+    EXPECT_EQ(g.w, c.w_flat) << c.n;
+    EXPECT_EQ(g.h, 1);
+    EXPECT_EQ(g.num_chunks, c.n / c.w_flat);
+    const ChunkGeometry shape_aware = *TopKEfOptions().Geometry({c.n});
+    EXPECT_EQ(shape_aware.w, ChunkEdge(c.n)) << c.n;
+    EXPECT_EQ(flat.ChunkingFor({c.n}),
+              c.w_flat == ChunkEdge(c.n) ? Chunking::kShapeAware : Chunking::kFlat1D);
+  }
+  // Other ranks keep the shape-aware rule.
+  EXPECT_EQ(flat.ChunkingFor({64, 128}), Chunking::kShapeAware);
+  EXPECT_EQ(flat.ChunkingFor({}), Chunking::kShapeAware);
+  EXPECT_EQ(flat.ChunkingFor({2, 8192}), Chunking::kShapeAware);
+}
+
+// Version 1 whenever the geometry is the shape-aware one (lbcc and templar chunking give the
+// same bytes); version 2 with the chunking byte for flat 1-D chunks, decoded with them.
+TEST(TopKEfCompatTest, PayloadVersionFollowsTheChunking) {
+  const std::vector<std::vector<int64_t>> shapes = {{130}, {64}, {8192}, {100, 30}, {3, 64, 8}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    TopKEfOptions lbcc_rule, templar_rule, flat;
+    templar_rule.chunk_1d = Chunk1D::kTemplar;
+    flat.chunk_1d = Chunk1D::kFlat4096;
+    for (KRule rule : {KRule::kProportional, KRule::kPerChunk}) {
+      lbcc_rule.k_rule = templar_rule.k_rule = flat.k_rule = rule;
+      TopKEfState s1, s2, s3;
+      std::vector<float> d = Normals(Count(shape), 5);
+      const Bytes a = Encode(*MakeCodec(lbcc_rule), s1, d, shape);
+      const Bytes b = Encode(*MakeCodec(templar_rule), s2, d, shape);
+      const Bytes c = Encode(*MakeCodec(flat), s3, d, shape);
+      EXPECT_EQ(a, b);
+      EXPECT_EQ(a[5], kTopKEfVersion);
+      const bool flat_differs = flat.ChunkingFor(shape) == Chunking::kFlat1D;
+      EXPECT_EQ(c[5], flat_differs ? kTopKEfVersionChunking : kTopKEfVersion);
+      if (!flat_differs) EXPECT_EQ(a, c);
+      EXPECT_LE(c.size(), *MakeCodec(flat)->MaxEncodedBytes(shape));
+      // Every payload decodes to e' - e_new: the values the encoder took out of its buffer.
+      for (auto [payload, state] : {std::pair<const Bytes*, TopKEfState*>{&a, &s1}, {&c, &s3}}) {
+        ASSERT_THAT(state->Commit(), IsOk());
+        std::vector<float> out(d.size(), 7.0f);
+        const absl::Span<const uint8_t> span(*payload);
+        ASSERT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {Aggregation::kSum, false},
+                                     *TensorView::Host(out.data(), Shape(shape.begin(), shape.end()))),
+                    IsOk());
+        const float beta_e = 0.0f;  // first round: e = 0, so e' = delta
+        int64_t selected = 0;
+        for (size_t i = 0; i < d.size(); ++i) {
+          selected += out[i] != 0;
+          EXPECT_EQ(state->error()[i], (d[i] + beta_e) - out[i]) << i;
+        }
+        const absl::StatusOr<PayloadSummary> summary = InspectPayload(*payload);
+        ASSERT_THAT(summary, IsOk());
+        EXPECT_EQ(summary->selected, selected);
+      }
+    }
+  }
+  // A flat 8192 payload: two chunks of 4096, proportional k = 64 each; per_chunk 64 too.
+  TopKEfOptions flat;
+  flat.chunk_1d = Chunk1D::kFlat4096;
+  TopKEfState st;
+  std::vector<float> d = Normals(8192, 9);
+  const absl::StatusOr<PayloadSummary> summary =
+      InspectPayload(Encode(*MakeCodec(flat), st, d, {8192}));
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_EQ(summary->codec_version, kTopKEfVersionChunking);
+  EXPECT_EQ(summary->k_per_chunk, 64);
+  EXPECT_EQ(summary->selected, 128);
+  EXPECT_THAT(summary->details, HasSubstr("2 chunks of 1x4096"));
+}
+
+TEST(TopKEfCompatTest, UnknownChunkingIsDataLoss) {
+  TopKEfOptions flat;
+  flat.chunk_1d = Chunk1D::kFlat4096;
+  TopKEfState st;
+  std::vector<float> d = Normals(8192, 3);
+  Bytes p = Encode(*MakeCodec(flat), st, d, {8192});
+  const absl::StatusOr<PayloadInfo> info = ParsePayload(p);
+  ASSERT_THAT(info, IsOk());
+  const size_t chunking_at = static_cast<size_t>(info->params.data() - p.data()) + 16;
+  ASSERT_EQ(p[chunking_at], 1);
+  p[chunking_at] = 2;
+  Reseal(p);
+  std::vector<float> out(8192, 7.0f);
+  const absl::Span<const uint8_t> span(p);
+  EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), {},
+                               *TensorView::Host(out.data(), {8192})),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("unknown chunking 2")));
+  EXPECT_THAT(out, ::testing::Each(7.0f));
+}
+
+// Payloads written before the versioned chunking (testdata/topk_ef_v1_golden/, by the tree at
+// commit 4d02345): they still decode to the same bits, and today's encoder still writes them.
+Bytes ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  EXPECT_NE(f, nullptr) << path;
+  Bytes b;
+  if (f == nullptr) return b;
+  int c;
+  while ((c = std::fgetc(f)) != EOF) b.push_back(static_cast<uint8_t>(c));
+  std::fclose(f);
+  return b;
+}
+
+// The golden inputs: a multiplicative hash of (i + salt) mapped to [-0.5, 0.5), exact in fp32.
+std::vector<float> GoldenInput(int64_t n, uint64_t salt) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = ((static_cast<uint64_t>(i) + salt) * 2654435761u) % (uint64_t{1} << 32);
+    v[static_cast<size_t>(i)] = static_cast<float>(static_cast<double>(h) / 4294967296.0 - 0.5);
+  }
+  return v;
+}
+
+TEST(TopKEfCompatTest, GoldenVersion1PayloadsStillDecodeAndAreStillWritten) {
+  const struct {
+    const char* name;
+    std::vector<int64_t> shape;
+    IndexCoding indices;
+  } cases[] = {{"2d_100x30", {100, 30}, IndexCoding::kPacked12},
+               {"1d_130", {130}, IndexCoding::kAdaptive}};
+  for (const auto& c : cases) {
+    const std::string dir = std::string("codecs/testdata/topk_ef_v1_golden/") + c.name;
+    const Bytes r0 = ReadFile(dir + "_r0.bin"), r1 = ReadFile(dir + "_r1.bin");
+    const Bytes decoded = ReadFile(dir + "_decoded.f32");
+    ASSERT_FALSE(r0.empty());
+    ASSERT_EQ(r0[5], 1);
+    const int64_t n = Count(c.shape);
+    ASSERT_EQ(decoded.size(), static_cast<size_t>(n) * 4);
+    std::vector<float> out(static_cast<size_t>(n), 7.0f);
+    const absl::Span<const uint8_t> spans[] = {r0, r1};
+    ASSERT_THAT(DecodeAccumulate(spans, {Aggregation::kSparseLoCoMean, false},
+                                 *TensorView::Host(out.data(), Shape(c.shape.begin(), c.shape.end()))),
+                IsOk());
+    EXPECT_EQ(std::memcmp(out.data(), decoded.data(), decoded.size()), 0) << c.name;
+    TopKEfOptions o;
+    o.indices = c.indices;
+    auto codec = MakeCodec(o);
+    TopKEfState st;
+    std::vector<float> d0 = GoldenInput(n, 1), d1 = GoldenInput(n, 7);
+    EXPECT_EQ(Encode(*codec, st, d0, c.shape), r0) << c.name;
+    ASSERT_THAT(st.Commit(), IsOk());
+    EXPECT_EQ(Encode(*codec, st, d1, c.shape), r1) << c.name;
+  }
+}
+
+// The clip against a re-statement: each payload decoded alone, scaled by
+// min(1, lower_median / (norm + 1e-8)), then the mean over the payloads that selected each
+// coordinate, in rank order.
+TEST(TopKEfCompatTest, ClipToMedianNormScalesEachPayloadBeforeTheMean) {
+  const std::vector<int64_t> shape = {96, 200};
+  const int64_t n = Count(shape);
+  for (ValueCoding values : {ValueCoding::kBinMean2, ValueCoding::kF32, ValueCoding::kBinMean8}) {
+    TopKEfOptions o = TopKEfOptions::Templar();
+    o.values = values;
+    auto codec = MakeCodec(o);
+    std::vector<Bytes> payloads;
+    const float scales[] = {1.0f, 3.0f, 0.5f, 40.0f};  // an outlier at rank 3
+    for (int r = 0; r < 4; ++r) {
+      TopKEfState st;
+      std::vector<float> d = Normals(n, 100 + r, scales[r]);
+      payloads.push_back(Encode(*codec, st, d, shape));
+    }
+    std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
+    std::vector<std::vector<float>> alone(4, std::vector<float>(static_cast<size_t>(n)));
+    std::vector<float> norms(4);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_THAT(DecodeAccumulate(absl::MakeConstSpan(&spans[r], 1), {Aggregation::kSum, false},
+                                   *TensorView::Host(alone[r].data(), {96, 200})),
+                  IsOk());
+      double sum = 0;
+      for (float v : alone[r]) sum += static_cast<double>(v) * v;
+      norms[r] = static_cast<float>(std::sqrt(sum));
+    }
+    std::vector<float> sorted = norms;
+    std::sort(sorted.begin(), sorted.end());
+    const float median = sorted[1];  // lower median of 4
+    std::vector<float> expected(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = -0.0f;
+      int count = 0;
+      for (int r = 0; r < 4; ++r) {
+        const float v = alone[r][static_cast<size_t>(i)];
+        if (v == 0) continue;  // not selected (bin-mean reconstructions are never 0 here)
+        const float q = median / (norms[r] + 1e-8f);
+        acc += v * (q < 1.0f ? q : 1.0f);
+        ++count;
+      }
+      expected[static_cast<size_t>(i)] = count == 0 ? 0.0f : acc / static_cast<float>(count);
+    }
+    DecodeOptions clip;
+    clip.clip_to_median_norm = true;
+    std::vector<float> out(static_cast<size_t>(n), 7.0f);
+    ASSERT_THAT(DecodeAccumulate(spans, clip, *TensorView::Host(out.data(), {96, 200})), IsOk());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[static_cast<size_t>(i)], expected[static_cast<size_t>(i)])
+          << ValueCodingName(values) << " at " << i;
+    }
+    // The outlier was scaled down; the ranks below the median were not.
+    EXPECT_GT(norms[3], 10 * norms[0]);
+    std::vector<float> factors(4);
+    MedianNormClipFactors(norms, absl::MakeSpan(factors));
+    EXPECT_EQ(factors[0], 1.0f);
+    EXPECT_EQ(factors[2], 1.0f);
+    EXPECT_LT(factors[3], 0.1f);
+    // Prepare + Apply give the same bits, whatever payload arrives first on the wire (the
+    // decode's order is the rank order of the spans).
+    DecodeScratch scratch;
+    std::vector<float> again(static_cast<size_t>(n), 7.0f);
+    ASSERT_THAT(PrepareDecode(spans, clip, *TensorView::Host(again.data(), {96, 200}), &scratch),
+                IsOk());
+    ASSERT_THAT(ApplyDecode(&scratch), IsOk());
+    EXPECT_EQ(again, out);
+  }
+}
+
+TEST(TopKEfCompatTest, ClipToMedianNormIsUnimplementedForCodecsThatDoNotClip) {
+  auto dense = *DenseQuantCodec::Create(DenseQuantOptions());
+  std::vector<float> x = Normals(256, 1);
+  Bytes p(*dense->MaxEncodedBytes({256}));
+  p.resize(*dense->Encode(*TensorView::Host(x.data(), {256}), nullptr, absl::MakeSpan(p)));
+  DecodeOptions clip;
+  clip.clip_to_median_norm = true;
+  std::vector<float> out(256, 7.0f);
+  const absl::Span<const uint8_t> span(p);
+  EXPECT_THAT(DecodeAccumulate(absl::MakeConstSpan(&span, 1), clip,
+                               *TensorView::Host(out.data(), {256})),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("clip_to_median_norm")));
+  EXPECT_THAT(out, ::testing::Each(7.0f));
+}
+
+// Issue 19: deltas of 3e38 decoded to +inf once several replicas selected them. Entries of e'
+// above 2^100 are refused at encode; at the bound, a decode of 65535 replicas stays finite.
+TEST(TopKEfCompatTest, MagnitudesAbove2To100AreRefusedAndTheBoundDecodesFinite) {
+  const std::vector<int64_t> shape = {4096};
+  auto codec = MakeCodec(TopKEfOptions());
+  for (float big : {3e38f, -3e38f, 0x1.000002p100f, 1e31f}) {
+    TopKEfState st;
+    std::vector<float> d = Normals(4096, 1);
+    d[7] = big;
+    Bytes out(*codec->MaxEncodedBytes(shape));
+    EXPECT_THAT(codec->Encode(*TensorView::Host(d.data(), {4096}), &st, absl::MakeSpan(out)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceeds 2^100")))
+        << big;
+    EXPECT_FALSE(st.has_pending());
+  }
+  // At the bound, with the opposite sign elsewhere (the bin-mean's centred values double).
+  std::vector<Bytes> payloads;
+  for (int r = 0; r < 4; ++r) {
+    TopKEfState st;
+    std::vector<float> d = Normals(4096, 1);
+    d[7] = kMaxEncodableMagnitude;
+    d[9] = -kMaxEncodableMagnitude;
+    payloads.push_back(Encode(*codec, st, d, shape));
+  }
+  std::vector<absl::Span<const uint8_t>> spans;
+  for (int r = 0; r < 65535; ++r) spans.push_back(payloads[r % 4]);
+  std::vector<float> out(4096);
+  ASSERT_THAT(DecodeAccumulate(spans, {Aggregation::kSum, false}, *TensorView::Host(out.data(), {4096})),
+              IsOk());
+  for (float v : out) ASSERT_TRUE(std::isfinite(v)) << v;
+  EXPECT_GT(out[7], 1e34f);
 }
 
 }  // namespace
