@@ -461,11 +461,9 @@ absl::StatusOr<size_t> TopKEfCodec::EncodeImpl(const TensorView& delta, CodecSta
       }
       if (max_bits > kMaxEncodableAbsBits) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "topk_ef: delta has a NaN or infinite entry, or |beta * e + lr * delta| exceeds "
-            "2^100 (largest |e'| ",
-            max_bits > kMaxFiniteAbsBits ? std::string("not finite")
-                                         : absl::StrFormat("%g", BitsToFloat(max_bits)),
-            ") in rows ", y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
+            "topk_ef: delta has a NaN or infinite entry, or |beta * e + lr * delta| exceeds 2^100, "
+            "in rows ",
+            y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
       }
       for (int64_t x = x0; x < x1; ++x) {
         const int64_t c = y * g.chunks_x + x;

@@ -483,6 +483,61 @@ TEST(DeviceDecodeTest, CorruptPayloadsAreRejectedAndTheOutputUntouched) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// templar's options (k_rule per_chunk): the device twin stays byte-identical; flat 1-D chunks
+// are host-only (Unimplemented); the median-norm clip decodes to the CPU decoder's bits.
+TEST(DeviceTopKTest, TemplarOptionsAndTheMedianNormClipMatchTheCpuCodec) {
+  LBCC_SKIP_WITHOUT_BACKEND();
+  std::mt19937 rng(5);
+  for (const ShapeCase& s : Shapes()) {
+    const int64_t n = Count(s.shape);
+    std::vector<std::vector<float>> deltas;
+    for (int i = 0; i < 3; ++i) deltas.push_back(Gaussian(n, rng, 0.01f));
+    CompareTopK(codecs::TopKEfOptions::Templar(), s.shape, 3, deltas, s.name);
+    ASSERT_FALSE(HasFatalFailure()) << s.name;
+  }
+  codecs::TopKEfOptions flat;
+  flat.chunk_1d = codecs::Chunk1D::kFlat4096;
+  LBCC_ASSERT_OK_AND_ASSIGN(auto flat_codec, codecs::TopKEfCodec::Create(flat));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceTopKEfState> st, DeviceTopKEfState::Create(Emu(), 0));
+  const DeviceBuffer delta = Upload(Gaussian(8192, rng));
+  std::vector<uint8_t> out(*flat_codec->MaxEncodedBytes({8192}));
+  EXPECT_THAT(internal::EncodeWith(Emu(), *flat_codec, F(delta), {8192}, st.get(),
+                                   absl::MakeSpan(out), nullptr, nullptr),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("flat4096")));
+  for (codecs::ValueCoding values : {codecs::ValueCoding::kBinMean2, codecs::ValueCoding::kF32}) {
+    codecs::TopKEfOptions o = codecs::TopKEfOptions::Templar();
+    o.values = values;
+    LBCC_ASSERT_OK_AND_ASSIGN(auto codec, codecs::TopKEfCodec::Create(o));
+    const Shape shape = {96, 200};
+    std::vector<std::vector<uint8_t>> payloads;
+    for (float sigma : {1.0f, 3.0f, 0.5f, 40.0f}) {
+      codecs::TopKEfState cpu_state;
+      std::vector<float> d = Gaussian(Count(shape), rng, sigma);
+      std::vector<uint8_t> p(*codec->MaxEncodedBytes(shape));
+      LBCC_ASSERT_OK_AND_ASSIGN(TensorView view, TensorView::Host(d.data(), shape));
+      LBCC_ASSERT_OK_AND_ASSIGN(const size_t size, codec->Encode(view, &cpu_state, absl::MakeSpan(p)));
+      p.resize(size);
+      payloads.push_back(std::move(p));
+    }
+    std::vector<absl::Span<const uint8_t>> spans(payloads.begin(), payloads.end());
+    codecs::DecodeOptions options;
+    options.clip_to_median_norm = true;
+    std::vector<float> cpu(static_cast<size_t>(Count(shape)));
+    LBCC_ASSERT_OK_AND_ASSIGN(TensorView view, TensorView::Host(cpu.data(), shape));
+    ASSERT_THAT(codecs::DecodeAccumulate(spans, options, view), IsOk());
+    DeviceBuffer dev_out = Upload(std::vector<float>(cpu.size(), 7.0f));
+    const absl::Status status = internal::DecodeAccumulateWith(Emu(), spans, options, Mut(dev_out),
+                                                               shape, nullptr, nullptr);
+    if (values != codecs::ValueCoding::kBinMean2) {
+      EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("bin-mean")));
+      for (float x : Download(dev_out, cpu.size())) ASSERT_EQ(x, 7.0f);
+      continue;
+    }
+    ASSERT_THAT(status, IsOk());
+    ExpectBitwiseEqual(Download(dev_out, cpu.size()), cpu, "clipped decode");
+  }
+}
+
 TEST(DeviceDenseTest, EncodeMatchesTheCpuCodec) {
   LBCC_SKIP_WITHOUT_BACKEND();
   std::mt19937 rng(21);

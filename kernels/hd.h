@@ -34,6 +34,8 @@ namespace lbcc::kernels::hd {
 
 inline constexpr uint32_t kAbsMask = 0x7fffffffu;
 inline constexpr uint32_t kMaxFiniteAbsBits = 0x7f7fffffu;
+// |x| bits of codecs::kMaxEncodableMagnitude (2^100): TopK-EF refuses larger e' entries.
+inline constexpr uint32_t kMaxEncodableAbsBits = 0x71800000u;
 // Absmax scales are capped so that qmax * scale stays finite (codecs/cpu_kernels.h).
 inline constexpr float kMaxScale8 = 3.4028234663852886e38f / 128;
 inline constexpr float kMaxScale4 = 3.4028234663852886e38f / 8;

@@ -253,6 +253,11 @@ struct TopKEncoder {
                                        absl::Span<const int64_t> shape, DeviceTopKEfState& st,
                                        absl::Span<uint8_t> out, Stream stream) {
     const codecs::TopKEfOptions& o = codec.options();
+    if (o.ChunkingFor(shape) != codecs::Chunking::kShapeAware) {
+      return absl::UnimplementedError(
+          "topk_ef: the device encoder chunks 1-D tensors as chunk_1d lbcc/templar only "
+          "(flat4096: encode on the host)");
+    }
     if (st.pending_) {
       return absl::FailedPreconditionError(
           "topk_ef: the previous update is still pending; Commit() or Abort() it first");
@@ -272,7 +277,7 @@ struct TopKEncoder {
     Backend& be = *st.backend_;
     LBCC_RETURN_IF_ERROR(be.SetDevice(st.device_));
     const codecs::ChunkGeometry& g = st.geometry_;
-    const int64_t k = g.num_chunks > 0 ? codecs::KPerChunk(g.chunk_len, o.top_k) : 0;
+    const int64_t k = o.KFor(g);
     const codecs::IndexLayout layout{g.num_chunks, k, g.chunk_len};
     const int64_t count = layout.count();
     const int coding = static_cast<int>(o.values);
@@ -408,8 +413,8 @@ struct TopKEncoder {
     if (summary->bad_chunk != INT32_MAX) {
       const int64_t y = summary->bad_chunk / g.chunks_x;
       return absl::InvalidArgumentError(absl::StrCat(
-          "topk_ef: delta has a NaN or infinite entry (or beta * e + lr * delta overflows) in "
-          "rows ",
+          "topk_ef: delta has a NaN or infinite entry, or |beta * e + lr * delta| exceeds 2^100, "
+          "in rows ",
           y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
     }
     if (o.indices == codecs::IndexCoding::kAdaptive) {
@@ -512,6 +517,26 @@ absl::Status DecodeTopK(Backend& be, absl::Span<const codecs::PayloadInfo> infos
     if (codecs::IsBinMean(headers[r].values)) table_at[r] = image.Add(256 * sizeof(float));
     values_at[r] = image.Add(headers[r].value_section.size());
   }
+  // templar's median-norm clip: factors from the payloads on the host (codecs/topk_ef.h), applied
+  // to the bin-mean tables, so the device adds exactly the CPU decoder's v_hat * factor.
+  std::vector<float> clip(infos.size(), 1.0f);
+  if (options.clip_to_median_norm) {
+    std::vector<float> norms(infos.size()), buffer(codecs::kTopKReferenceChunk);
+    for (size_t r = 0; r < infos.size(); ++r) {
+      const codecs::TopKEfHeader& h = headers[r];
+      if (!codecs::IsBinMean(h.values)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "topk_ef: the device decoder clips bin-mean payloads only (payload ", r, " is ",
+            codecs::ValueCodingName(h.values), "): decode on the host"));
+      }
+      codecs::ValueDecoder values;
+      LBCC_RETURN_IF_ERROR(
+          Annotate(values.Init(h.values, h.value_params, h.value_section, h.layout.count()),
+                   absl::StrCat("payload ", r)));
+      norms[r] = codecs::DecodedNorm(values, h.layout.count(), buffer.data());
+    }
+    codecs::MedianNormClipFactors(norms, absl::MakeSpan(clip));
+  }
   LBCC_ASSIGN_OR_RETURN(uint8_t * host, scratch.Host(image.size()));
   LBCC_ASSIGN_OR_RETURN(uint8_t * device, scratch.Device(image.size()));
   auto* indices = reinterpret_cast<uint16_t*>(host + indices_at);
@@ -542,6 +567,7 @@ absl::Status DecodeTopK(Backend& be, absl::Span<const codecs::PayloadInfo> infos
       const float shift = hd::LoadF32(h.value_params.data());
       for (int b = 0; b < 256; ++b) {
         table[b] = b < bins ? hd::Add(hd::LoadF32(h.value_params.data() + 4 + 4 * b), shift) : 0.0f;
+        if (clip[r] != 1.0f) table[b] = hd::Mul(table[b], clip[r]);
       }
       d.table = reinterpret_cast<const float*>(device + table_at[r]);
     }

@@ -7,7 +7,7 @@
 //   rule) are written in ascending local order to sel_local / sel_value [c * k, c * k + k);
 //   the adaptive index coding's length of this chunk for sub-blocks of 64 and of 128 positions
 //   goes to bits6[c] / bits7[c];
-//   a non-finite e' lowers *bad_chunk to c.
+//   a non-finite e', or one above 2^100 (codecs/topk_ef.h), lowers *bad_chunk to c.
 //
 // The selection is a radix select on the |e'| bits (order-preserving for finite floats): four
 // passes (exponent, then 8 + 8 + 7 mantissa bits) find the k-th largest key T and how many
@@ -159,7 +159,7 @@ LBCC_UNROLL
         for (int j = 0; j < 4; ++j) {
           rv[j] = hd::Add(hd::Mul(a.beta, ev[j]), hd::Mul(a.lr, dv[j]));
           mine.v[4 * q + j] = rv[j];
-          bad |= hd::AbsBits(rv[j]) > hd::kMaxFiniteAbsBits;
+          bad |= hd::AbsBits(rv[j]) > hd::kMaxEncodableAbsBits;
         }
 #if defined(__CUDA_ARCH__)
         *reinterpret_cast<float4*>(a.next + off) = make_float4(rv[0], rv[1], rv[2], rv[3]);
@@ -175,7 +175,7 @@ LBCC_UNROLL
           const int64_t off = corner + static_cast<int64_t>(r) * g.cols + col;
           v = hd::Add(hd::Mul(a.beta, a.e[off]), hd::Mul(a.lr, a.delta[off]));
           a.next[off] = v;
-          bad |= hd::AbsBits(v) > hd::kMaxFiniteAbsBits;
+          bad |= hd::AbsBits(v) > hd::kMaxEncodableAbsBits;
           if (++col == w) {
             col = 0;
             ++r;
