@@ -3,7 +3,8 @@
 // Input: one mode byte, then a payload. Mode bit 0 set: the fuzzer stamps its codec's id into
 // the header and rewrites the checksum, so mutations reach that codec's own parsing instead of
 // stopping at the XXH3 check (mode bit 0 clear fuzzes the envelope and checksum path as is).
-// Bits 1-2 pick the aggregation, bit 3 accumulate, bit 4 decodes the payload as two replicas.
+// Bits 1-2 pick the aggregation, bit 3 accumulate, bit 4 decodes the payload as two replicas,
+// bit 5 sets clip_to_median_norm when the payload's codec clips (Codec::ClipsToMedianNorm).
 // Properties checked (abort on violation):
 //   - every error is DataLoss (the output always has the payload's shape);
 //   - on error the output is untouched;
@@ -61,6 +62,9 @@ inline int FuzzDecode(CodecId codec, const uint8_t* data, size_t size) {
   DecodeOptions options;
   options.aggregation = static_cast<Aggregation>(((mode >> 1) & 3) % 3);
   options.accumulate = (mode >> 3) & 1;
+  const Codec* decoder = FindCodec(info->codec);
+  options.clip_to_median_norm =
+      ((mode >> 5) & 1) && decoder != nullptr && decoder->ClipsToMedianNorm();
   const absl::Span<const uint8_t> span(bytes);
   const absl::Span<const uint8_t> spans[2] = {span, span};
   const size_t count = (mode >> 4) & 1 ? 2 : 1;

@@ -73,6 +73,24 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // templar's options (k per chunk), flat 1-D chunks (payload version 2), and the median-norm
+  // clip (mode bit 5), over shapes where the rules differ from the defaults.
+  const std::vector<lbcc::Shape> compat_shapes = {{8192}, {5000}, {100, 30}, {130}};
+  int c = 0;
+  for (const lbcc::Shape& shape : compat_shapes) {
+    for (Chunk1D chunk_1d : {Chunk1D::kTemplar, Chunk1D::kFlat4096}) {
+      for (IndexCoding i : {IndexCoding::kPacked12, IndexCoding::kAdaptive}) {
+        TopKEfOptions options = TopKEfOptions::Templar();
+        options.chunk_1d = chunk_1d;
+        options.indices = i;
+        auto codec = *TopKEfCodec::Create(options);
+        TopKEfState state;
+        const uint8_t mode = static_cast<uint8_t>(1 | ((c % 3) << 1) | ((c % 2) << 4) | (1 << 5));
+        Write(root + "/topk_ef_corpus/compat_" + std::to_string(c++), mode,
+              Encode(*codec, shape, &state, static_cast<uint32_t>(c)));
+      }
+    }
+  }
   n = 0;
   for (const lbcc::Shape& shape : {lbcc::Shape{40}, lbcc::Shape{3, 17}, lbcc::Shape{}}) {
     for (DenseFormat f :

@@ -532,7 +532,8 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
       lbcc::codecs::TopKEfCodec::Create(*options);
   if (!codec.ok()) return Fail(codec.status(), comm);
   lbcc::codecs::DecodeOptions decode;
-  switch (aggregation) {
+  decode.clip_to_median_norm = (aggregation & lbccAggClipToMedianNorm) != 0;
+  switch (static_cast<int>(aggregation) & ~static_cast<int>(lbccAggClipToMedianNorm)) {
     case lbccAggSparseLoCo:
       decode.aggregation = lbcc::codecs::Aggregation::kSparseLoCoMean;
       break;

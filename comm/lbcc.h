@@ -75,7 +75,10 @@ typedef enum {
 typedef enum {
   lbccAggSparseLoCo = 0, /* Mean over the replicas that selected the coordinate. */
   lbccAggMean = 1,       /* Mean over all replicas. */
-  lbccAggSum = 2
+  lbccAggSum = 2,
+  /* A flag OR-ed onto one of the above (cast back to lbccAggregation_t): templar's outer step,
+   * each rank's contribution scaled by min(1, median(norms) / (norm + 1e-8)) first. */
+  lbccAggClipToMedianNorm = 16
 } lbccAggregation_t;
 
 /* Value coding of the top-k codec. */

@@ -65,8 +65,8 @@ absl::StatusOr<double> TopKEfPayloadBytes(absl::Span<const int64_t> shape,
                         codecs::TopKEfCodec::Create(packed));
   LBCC_ASSIGN_OR_RETURN(const size_t exact_packed, codec->MaxEncodedBytes(shape));
   if (options.indices == codecs::IndexCoding::kPacked12) return static_cast<double>(exact_packed);
-  LBCC_ASSIGN_OR_RETURN(const codecs::ChunkGeometry g, codecs::MakeChunkGeometry(shape));
-  const int64_t k = g.num_chunks > 0 ? codecs::KPerChunk(g.chunk_len, options.top_k) : 0;
+  LBCC_ASSIGN_OR_RETURN(const codecs::ChunkGeometry g, options.Geometry(shape));
+  const int64_t k = options.KFor(g);
   const double packed12_index = static_cast<double>(codecs::Packed12Bytes(g.num_chunks * k));
   // The adaptive section is zero-padded to a byte once per tensor.
   const double adaptive_index =

@@ -380,10 +380,8 @@ absl::StatusOr<ShardExchange> PlanShard(const PlanInput& in, const std::vector<i
     for (int64_t d : s) n *= d;
     elements.push_back(n);
     x.elements += n;
-    LBCC_ASSIGN_OR_RETURN(const codecs::ChunkGeometry g, codecs::MakeChunkGeometry(s));
-    x.selected += g.num_chunks * (g.num_chunks > 0 ? codecs::KPerChunk(g.chunk_len,
-                                                                        in.job.topk.top_k)
-                                                   : 0);
+    LBCC_ASSIGN_OR_RETURN(const codecs::ChunkGeometry g, in.job.topk.Geometry(s));
+    x.selected += g.num_chunks * in.job.topk.KFor(g);
   }
   const std::vector<std::pair<size_t, size_t>> groups =
       PlanGroups(elements, in.job.sparse_group_elements);

@@ -126,7 +126,8 @@ void BindCodecs(py::module_& m) {
   py::class_<TopKEfCodec, Codec, std::shared_ptr<TopKEfCodec>>(
       m, "TopKEfCodec", "Chunked top-k with error feedback (SparseLoCo).")
       .def(py::init([](double top_k, float beta, float lr, const std::string& values,
-                       const std::string& indices, float range_sigmas, int64_t value_block) {
+                       const std::string& indices, float range_sigmas, int64_t value_block,
+                       const std::string& k_rule, const std::string& chunk_1d) {
              codecs::TopKEfOptions o;
              o.top_k = top_k;
              o.beta = beta;
@@ -135,17 +136,32 @@ void BindCodecs(py::module_& m) {
              o.indices = ParseIndexCoding(indices);
              o.range_sigmas = range_sigmas;
              o.value_block = value_block;
+             o.k_rule = ValueOrThrow(codecs::ParseKRule(k_rule));
+             o.chunk_1d = ValueOrThrow(codecs::ParseChunk1D(chunk_1d));
              std::unique_ptr<TopKEfCodec> c = ValueOrThrow(TopKEfCodec::Create(o));
              return std::shared_ptr<TopKEfCodec>(std::move(c));
            }),
            py::arg("top_k") = 64.0, py::arg("beta") = 0.95f, py::arg("lr") = 1.0f,
            py::arg("values") = "binmean2", py::arg("indices") = "auto",
-           py::arg("range_sigmas") = 6.0f, py::arg("value_block") = 64)
+           py::arg("range_sigmas") = 6.0f, py::arg("value_block") = 64,
+           py::arg("k_rule") = "proportional", py::arg("chunk_1d") = "lbcc",
+           "k_rule: proportional (top_k per 4096 elements, k scaled to the chunk) or per_chunk "
+           "(templar: top_k in every chunk, min(top_k, len), >= 2, even). chunk_1d: lbcc or "
+           "templar (1-D rows of edge(N) <= 64 elements; the same rule) or flat4096 (4096-element "
+           "chunks). See codecs/topk_ef.h.")
       .def_property_readonly("top_k", [](const TopKEfCodec& c) { return c.options().top_k; })
       .def_property_readonly("beta", [](const TopKEfCodec& c) { return c.options().beta; })
       .def_property_readonly("lr", [](const TopKEfCodec& c) { return c.options().lr; })
-      .def_property_readonly("values", [](const TopKEfCodec& c) {
-        return std::string(codecs::ValueCodingName(c.options().values));
+      .def_property_readonly("values",
+                             [](const TopKEfCodec& c) {
+                               return std::string(codecs::ValueCodingName(c.options().values));
+                             })
+      .def_property_readonly("k_rule",
+                             [](const TopKEfCodec& c) {
+                               return std::string(codecs::KRuleName(c.options().k_rule));
+                             })
+      .def_property_readonly("chunk_1d", [](const TopKEfCodec& c) {
+        return std::string(codecs::Chunk1DName(c.options().chunk_1d));
       });
 
   py::class_<DenseQuantCodec, Codec, std::shared_ptr<DenseQuantCodec>>(
@@ -167,7 +183,8 @@ void BindCodecs(py::module_& m) {
 
   m.def(
       "decode",
-      [](py::object payloads, py::handle out, const std::string& aggregation, bool accumulate) {
+      [](py::object payloads, py::handle out, const std::string& aggregation, bool accumulate,
+         bool clip_to_median_norm) {
         std::vector<py::bytes> keep;
         if (py::isinstance<py::bytes>(payloads)) {
           keep.push_back(payloads.cast<py::bytes>());
@@ -180,6 +197,7 @@ void BindCodecs(py::module_& m) {
         codecs::DecodeOptions options;
         options.aggregation = ParseAggregationOrThrow(aggregation);
         options.accumulate = accumulate;
+        options.clip_to_median_norm = clip_to_median_norm;
         absl::Status status;
         {
           py::gil_scoped_release release;
@@ -188,9 +206,11 @@ void BindCodecs(py::module_& m) {
         ThrowIfError(status);
       },
       py::arg("payloads"), py::arg("out"), py::arg("aggregation") = "sum",
-      py::arg("accumulate") = false,
+      py::arg("accumulate") = false, py::arg("clip_to_median_norm") = false,
       "Decodes one payload or a list (rank order) into `out` (float32 CPU, the payloads' "
-      "shape), combined by `aggregation` (sparseloco, mean, sum); nothing is written on error.");
+      "shape), combined by `aggregation` (sparseloco, mean, sum); nothing is written on error. "
+      "clip_to_median_norm: templar's outer step, each payload scaled by "
+      "min(1, median(norms) / (norm + 1e-8)) first (TopK-EF payloads).");
 
   m.def(
       "inspect",

@@ -371,7 +371,7 @@ py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
                            std::shared_ptr<codecs::Codec> codec, py::object states,
                            const std::string& aggregation, bool accumulate, bool async_op,
                            std::optional<double> timeout, const std::string& algorithm,
-                           const std::string& priority) {
+                           const std::string& priority, bool clip_to_median_norm) {
   if (codec == nullptr) throw py::type_error("codec: expected an lbcc.Codec");
   if (deltas.size() != outs.size()) {
     throw StatusError(absl::InvalidArgumentError(absl::StrCat(
@@ -397,6 +397,7 @@ py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
   codecs::DecodeOptions decode;
   decode.aggregation = ParseAggregationOrThrow(aggregation);
   decode.accumulate = accumulate;
+  decode.clip_to_median_norm = clip_to_median_norm;
   comm::OpOptions options = MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
   auto core = self.NewCore();
   // Tuples and the state pointers themselves: the caller may change its lists meanwhile.
@@ -680,8 +681,11 @@ void BindComm(py::module_& m) {
            py::arg("codec"), py::arg("states") = py::none(), py::arg("aggregation") = "sparseloco",
            py::arg("accumulate") = false, py::arg("async_op") = false,
            py::arg("timeout") = py::none(), py::arg("algorithm") = "auto", py::arg("priority") = "",
+           py::arg("clip_to_median_norm") = false,
            "SparseLoCo's exchange: encodes each delta with its state, exchanges, decodes in rank "
-           "order into outs (identical bits on every rank). States commit only on success.")
+           "order into outs (identical bits on every rank). States commit only on success. "
+           "clip_to_median_norm: templar's outer step (each rank's contribution scaled by "
+           "min(1, median(norms) / (norm + 1e-8)) before the aggregation).")
       .def("send_compressed", &SendCompressed, py::arg("tensor"), py::arg("peer"), py::arg("tag"),
            py::arg("codec"), py::arg("state") = nullptr, py::arg("async_op") = false)
       .def("recv_compressed", &RecvCompressed, py::arg("out"), py::arg("peer"), py::arg("tag"),
