@@ -67,7 +67,7 @@ def _group_rank(group, rank, what):
     if group is None or group is dist.distributed_c10d._get_default_group():
         return rank
     try:
-        return dist.distributed_c10d._get_group_rank(group, rank)
+        return dist.distributed_c10d.get_group_rank(group, rank)
     except RuntimeError as e:
         raise ValueError(f"{what}: global rank {rank} is not in the group") from e
 
