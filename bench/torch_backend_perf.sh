@@ -2,7 +2,10 @@
 # torch.distributed backend "lbcc" vs "gloo": the same script (bench/torch_backend_perf.py),
 # backend= switched, 4 ranks as processes, runs alternating --pairs times (lbcc first):
 #   1. testbed (tools/testbed): every down-link shaped to --rate, one rank per emulated host:
-#      dense all-reduce of one float32 tensor of --bytes, time (goal: lbcc / gloo <= 1.0);
+#      dense all-reduce of one float32 tensor of --bytes, time (goal: lbcc / gloo <= 1.0).
+#      The emulated hosts share one host name, so LBCC's default topology makes one fast island
+#      of them; "lbcc, slow links" runs again with every rank its own island (LBCC_TOPO_FILE
+#      {"nranks": 4}), the slow-link scheduler's path, which real hosts behind such links take;
 #   2. loopback (127.0.0.1, no shaping, no namespaces): the same all-reduce, throughput
 #      (goal: lbcc / gloo >= 0.9), and the per-call time of an 8-byte all-reduce.
 #
@@ -22,16 +25,18 @@ flags_value pairs 2 "alternating lbcc/gloo runs per setting"
 flags_value small_calls 200 "8-byte all-reduces per per-call sample (loopback)"
 flags_value out /tmp/lbcc_torch_backend_perf "folder for the installed package, JSON and logs"
 flags_value results bench/results/torch_backend.md "where the summary is written (empty: nowhere)"
+flags_bool reuse "summarise the JSON already in --out (same --pairs) instead of running"
 command_line="bench/torch_backend_perf.sh $*"
 flags_parse "$@"
 ((${#FLAGS_ARGS[@]} == 0)) || { echo "torch_backend_perf: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
 rate=$FLAG_rate iters=$FLAG_iters pairs=$FLAG_pairs out=$FLAG_out results=$FLAG_results
-small_calls=$FLAG_small_calls
+small_calls=$FLAG_small_calls reuse=$FLAG_reuse
 bytes=$(python3 -c "import sys; s = sys.argv[1].upper(); m = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
 print(int(float(s[:-1]) * m[s[-1]]) if s[-1] in m else int(s))" "$FLAG_bytes")
 python="${LBCC_PYTHON:-/usr/bin/python3}"
 T=tools/testbed/testbed
 
+if ((!reuse)); then
 bazel build //python:lbcc/_lbcc.so //python:lbcc/_c10d_lbcc.so >/dev/null 2>&1 ||
   bazel build //python:lbcc/_lbcc.so //python:lbcc/_c10d_lbcc.so
 mkdir -p "$out"
@@ -39,7 +44,15 @@ rm -rf "$out/site"
 python/install_files.sh --c10d bazel-bin/python/lbcc/_c10d_lbcc.so python/lbcc \
   bazel-bin/python/lbcc/_lbcc.so "$out/site" >/dev/null
 worker=$PWD/bench/torch_backend_perf.py
+fi
 export PYTHONPATH="$out/site" OMP_NUM_THREADS=1
+# The command that measured (a --reuse run summarises it).
+if ((reuse)); then
+  command_line=$(cat "$out/command.txt")
+else
+  echo "$command_line" > "$out/command.txt"
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/when.txt"
+fi
 
 # run LABEL BACKEND WHERE(testbed|loopback) SMALL_CALLS: 4 ranks; rank 0 writes LABEL.json.
 run() {
@@ -73,12 +86,14 @@ run() {
 }
 
 testbed=yes
-if ! why=$($T check); then
+if ((reuse)); then
+  [[ -e $out/testbed_gloo_0.json ]] || testbed="no: not in the reused --out"
+elif ! why=$($T check); then
   testbed="no: $why"
   echo "torch_backend_perf: testbed skipped: $why" >&2
 fi
 name="tb$$"
-if [[ $testbed == yes ]]; then
+if [[ $testbed == yes ]] && ((!reuse)); then
   trap '$T down --name "$name" >/dev/null 2>&1 || true' EXIT
   $T down --stale >/dev/null 2>&1 || true
   echo "== testbed: 4 hosts, every down-link $rate"
@@ -91,14 +106,14 @@ if [[ $testbed == yes ]]; then
   done
   $T down --name "$name" >/dev/null
 fi
-echo "== loopback: 4 processes on 127.0.0.1, no shaping"
-for ((p = 0; p < pairs; ++p)); do
+((reuse)) || echo "== loopback: 4 processes on 127.0.0.1, no shaping"
+for ((p = 0; p < pairs && !reuse; ++p)); do
   run "loopback_lbcc_$p" lbcc loopback "$small_calls"
   run "loopback_gloo_$p" gloo loopback "$small_calls"
 done
 
 summary=$("$python" - "$out" "$pairs" "$rate" "$testbed" <<'PY'
-import json, statistics, sys
+import json, re, statistics, sys
 out, pairs, rate, testbed = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 load = lambda k: json.load(open(f"{out}/{k}.json"))
 med = statistics.median
@@ -118,6 +133,17 @@ if testbed == "yes":
                  "(goal <= 1.0)")
     lines.append("  per run (s): lbcc " + " ".join(f"{r['seconds']:.3f}" for r in lb) +
                  " | gloo " + " ".join(f"{r['seconds']:.3f}" for r in gl))
+    slow = [load(f"testbed_lbcc_slow_{p}") for p in range(pairs)]
+    t_s = med([r["seconds"] for r in slow])
+    lines.append(f"  lbcc, slow links (every rank its own island): {t_s:.3f} s, lbcc/gloo time = "
+                 f"{t_s / t_g:.2f}x; per run (s): " + " ".join(f"{r['seconds']:.3f}" for r in slow))
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
+    link = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
+    if link:
+        wire = 2 * 3 / 4 * lb[0]["bytes"] / link
+        lines.append(f"  wire limit of the ring (2 (n-1)/n x bytes per down-link at {rate}): "
+                     f"{wire:.3f} s; lbcc {t_l / wire:.2f}x, slow links {t_s / wire:.2f}x, gloo "
+                     f"{t_g / wire:.2f}x of it")
 else:
     lines.append(f"testbed: not run ({testbed})")
 lb, gl = setting("loopback")
@@ -140,7 +166,7 @@ if [[ -n $results ]]; then
   {
     echo "# torch.distributed backend lbcc vs gloo (bench/torch_backend_perf.sh)"
     echo
-    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- measured: $(cat "$out/when.txt" 2>/dev/null || echo unknown) (at the start; 1, 5, 15 min)"
     echo "- machine: $(uname -srm), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared with other jobs"
     echo "- tree: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- python comm transport || echo ' + uncommitted changes')"
     echo "- command: \`$command_line\`"
