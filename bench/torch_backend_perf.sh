@@ -51,7 +51,7 @@ if ((reuse)); then
   command_line=$(cat "$out/command.txt")
 else
   echo "$command_line" > "$out/command.txt"
-  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" > "$out/when.txt"
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg) at the start (1, 5, 15 min), tree $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- python comm transport || echo ' + uncommitted changes')" > "$out/when.txt"
 fi
 
 # run LABEL BACKEND WHERE(testbed|loopback) SMALL_CALLS: 4 ranks; rank 0 writes LABEL.json.
@@ -166,9 +166,8 @@ if [[ -n $results ]]; then
   {
     echo "# torch.distributed backend lbcc vs gloo (bench/torch_backend_perf.sh)"
     echo
-    echo "- measured: $(cat "$out/when.txt" 2>/dev/null || echo unknown) (at the start; 1, 5, 15 min)"
-    echo "- machine: $(uname -srm), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared with other jobs"
-    echo "- tree: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- python comm transport || echo ' + uncommitted changes')"
+    echo "- measured: $(cat "$out/when.txt" 2>/dev/null || echo unknown)"
+    echo "- machine: $(uname -srm), $(getconf _NPROCESSORS_ONLN) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared with other jobs"
     echo "- command: \`$command_line\`"
     echo
     echo '```'
