@@ -6,8 +6,8 @@
     comm.send_compressed(t, dst=1, ...), comm.recv_compressed(out, src=0, ...)
     comm.send_subspace(t, dst=1, ...),   comm.recv_subspace(out, src=0, ...)
 
-`reduce_op(op, supported)` turns any spelling into LBCC's op name; an op the operation does not
-implement is an lbcc.InvalidArgumentError naming it and the ones it has. No torch import here:
+`reduce_op(op)` turns any spelling into LBCC's op name, which the operation then checks (an op
+it does not implement is its lbcc.InvalidArgumentError naming the op). No torch import here:
 a ReduceOp is recognised by its `op.name` / `name` attribute (torch 1.13: ReduceOp.SUM.op.name
 == "SUM").
 """
@@ -24,10 +24,10 @@ _OPS = {
 }
 
 
-def reduce_op(op, supported, what="all_reduce"):
+def reduce_op(op, supported=None, what="all_reduce"):
     """LBCC's name ("sum", "mean", "max", ...) of `op`: a string in any case, a
     torch.distributed.ReduceOp or ReduceOp.RedOpType. Raises InvalidArgumentError when `op` is
-    not one of `supported` (LBCC names)."""
+    no reduction, or not one of `supported` (LBCC names) when that is given."""
     if isinstance(op, str):
         name = op.lower()
     else:
@@ -39,7 +39,9 @@ def reduce_op(op, supported, what="all_reduce"):
                 f"{what}: op {op!r} is neither a string nor a torch.distributed.ReduceOp")
         name = name.lower()
     lbcc_name = _OPS.get(name)
-    if lbcc_name not in supported:
+    if lbcc_name is None and supported is None:
+        raise errors.make_error("INVALID_ARGUMENT", f"{what}: unknown op {op!r}")
+    if supported is not None and lbcc_name not in supported:
         raise errors.make_error(
             "INVALID_ARGUMENT",
             f"{what}: op {op if isinstance(op, str) else name.upper()!r} is not supported here "
@@ -75,7 +77,7 @@ def install(communicator_type):
 
     @functools.wraps(all_reduce)
     def all_reduce_(self, tensor, out=None, op="sum", **kwargs):
-        return all_reduce(self, tensor, out, op=reduce_op(op, ("sum", "mean")), **kwargs)
+        return all_reduce(self, tensor, out, op=reduce_op(op), **kwargs)
 
     cls.all_reduce = all_reduce_
 
