@@ -377,6 +377,31 @@ def test_compressed_send_recv_on_groups():
 
 
 @case
+def test_pipeline_boundary_on_default_group():
+    # Stage 0 on global rank 0, stage 1 on global rank 1; the boundary named by the dist group.
+    lbcc.torch.communicator()  # collective: every rank, before the two stages pair up
+    if RANK not in (0, 1):
+        return
+    tokens, d = 12, 16
+    basis = lbcc.SubspaceBasis.from_seed(model_dim=d, rank=4, vocab_size=20, with_table=True,
+                                         seed=5)
+    boundary = lbcc.torch.PipelineBoundary(None, 1 - RANK, basis, timeout=30)
+    ids = torch.arange(tokens) % 20
+    if RANK == 0:
+        h = torch.randn(tokens, d, generator=torch.Generator().manual_seed(1),
+                        requires_grad=True)
+        boundary.send(h, ids).backward()
+        boundary.synchronize()
+        assert h.grad is not None and h.grad.abs().sum() > 0
+    else:
+        h, got = boundary.recv(tokens)
+        assert torch.equal(got.reshape(-1).long(), ids), got
+        (h * torch.linspace(-1, 1, d)).sum().backward()
+        boundary.synchronize()
+        assert h.shape == (tokens, d)
+
+
+@case
 def test_sparseloco_on_default_group():
     # The SparseLoCo worker's model and schedule (sparseloco_common), on the default dist group
     # (comm=None); test_c10d_backend checks the result against the pure-PyTorch reference.
