@@ -60,6 +60,9 @@ from lbcc._lbcc import (
     unique_id_address,
     unique_id_from_address,
 )
+from lbcc import _torch_spellings
+
+_torch_spellings.install(Communicator)  # size(), get_rank(), op=ReduceOp, src=/dst= (see there)
 
 __all__ = [
     "AbortedError", "ArgumentTypeError", "CancelledError", "Codec", "CodecState", "Communicator", "DataLossError",

@@ -8,15 +8,19 @@ dtype and the bad-input cases. Writes {case: "ok" | "skip: why" | "FAIL: ..."} t
 import datetime
 import json
 import os
+import re
 import sys
+import time
 import traceback
 
 import torch
 import torch.distributed as dist
 
-import lbcc.torch  # noqa: F401  (registers the backend)
+import lbcc
+import lbcc.torch  # registers the backend
 
 RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+TIMEOUT_S = 20
 CASES = []
 
 
@@ -289,18 +293,267 @@ def test_multi_device_constructor():
     raise Skip("CUDA devices: CPU tensors only")
 
 
+# --- LBCC's own operations on a dist group (issue 22, item 3). ---
+
+def _gathered(t, group=None):
+    """Every rank's copy of `t` (through the group's dense all-gather)."""
+    n = dist.get_world_size(group)
+    outs = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(outs, t, group=group)
+    return outs
+
+
+@case
+def test_sparse_all_reduce_on_default_group():
+    codec = lbcc.TopKEfCodec(top_k=4096, values="fp32")  # every value selected: lossless
+    gen = torch.Generator().manual_seed(RANK)
+    deltas = [torch.randn(64, 32, generator=gen), torch.randn(67, generator=gen)]
+    outs = [torch.empty_like(d) for d in deltas]
+    states = [codec.new_state() for _ in deltas]
+    lbcc.torch.sparse_all_reduce(deltas, states, codec=codec, outs=outs, aggregation="sum")
+    for out in outs:
+        assert all(torch.equal(out, o) for o in _gathered(out)), "ranks differ"
+    torch.testing.assert_close(outs[0], _reference_sum(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[1], _reference_sum(1), atol=1e-5, rtol=1e-5)
+    counters = lbcc.torch.link_bytes()
+    assert counters["compressed"]["fast_sent"] > 0 and counters["dense"]["fast_sent"] > 0
+    assert counters["fast_sent"] == (counters["compressed"]["fast_sent"] +
+                                     counters["dense"]["fast_sent"])
+    peer = (RANK + 1) % WORLD
+    assert lbcc.torch.link_counters(peer)["bytes_sent"] > 0
+    assert lbcc.torch.communicator() is lbcc.torch.communicator(None)
+
+
+def _reference_sum(i):
+    total = None
+    for r in range(WORLD):
+        g = torch.Generator().manual_seed(r)
+        parts = [torch.randn(64, 32, generator=g), torch.randn(67, generator=g)]
+        total = parts[i] if total is None else total + parts[i]
+    return total
+
+
+@case
+def test_sparse_all_reduce_on_new_group():
+    g = dist.new_group([0, 2], backend="lbcc")
+    if RANK not in (0, 2):
+        return
+    codec = lbcc.TopKEfCodec(top_k=4096, values="fp32")
+    x = torch.full((128,), float(RANK + 1))
+    lbcc.torch.sparse_all_reduce([x], [codec.new_state()], g, codec=codec, aggregation="mean")
+    assert torch.equal(x, torch.full((128,), 2.0)), x[:4]
+    assert lbcc.torch.communicator(g).size() == 2
+    assert lbcc.torch.communicator(g).get_rank() == (0 if RANK == 0 else 1)
+
+
+@case
+def test_compressed_send_recv_on_groups():
+    codec = lbcc.DenseQuantCodec(format="bf16")
+    sent = torch.linspace(-1, 1, 96) * (RANK + 1)
+    # Default group: rank 0 -> rank WORLD-1 (global ranks, torch's dst=/src=).
+    lbcc.torch.communicator()  # made collectively before point-to-point
+    if RANK == 0:
+        lbcc.torch.send_compressed(sent, WORLD - 1, codec=codec, tag=5)
+    elif RANK == WORLD - 1:
+        got = torch.empty(96)
+        lbcc.torch.recv_compressed(got, 0, tag=5)
+        torch.testing.assert_close(got, torch.linspace(-1, 1, 96), atol=1e-2, rtol=1e-2)
+    # A new group of ranks 1 and 3: peers named by their global ranks.
+    g = dist.new_group([1, 3], backend="lbcc")
+    if RANK in (1, 3):
+        lbcc.torch.communicator(g)
+        if RANK == 1:
+            req = lbcc.torch.send_compressed(sent, 3, g, codec=codec, async_op=True)
+            req.wait()
+        else:
+            got = torch.empty(96)
+            lbcc.torch.recv_compressed(got, 1, g)
+            torch.testing.assert_close(got, torch.linspace(-1, 1, 96) * 2, atol=2e-2, rtol=1e-2)
+        try:
+            lbcc.torch.send_compressed(sent, 0, g, codec=codec)
+            raise AssertionError("a rank outside the group was accepted")
+        except ValueError as e:
+            assert "not in the group" in str(e), e
+
+
+@case
+def test_pipeline_boundary_on_default_group():
+    # Stage 0 on global rank 0, stage 1 on global rank 1; the boundary named by the dist group.
+    lbcc.torch.communicator()  # collective: every rank, before the two stages pair up
+    if RANK not in (0, 1):
+        return
+    tokens, d = 12, 16
+    basis = lbcc.SubspaceBasis.from_seed(model_dim=d, rank=4, vocab_size=20, with_table=True,
+                                         seed=5)
+    boundary = lbcc.torch.PipelineBoundary(None, 1 - RANK, basis, timeout=30)
+    ids = torch.arange(tokens) % 20
+    if RANK == 0:
+        h = torch.randn(tokens, d, generator=torch.Generator().manual_seed(1),
+                        requires_grad=True)
+        boundary.send(h, ids).backward()
+        boundary.synchronize()
+        assert h.grad is not None and h.grad.abs().sum() > 0
+    else:
+        h, got = boundary.recv(tokens)
+        assert torch.equal(got.reshape(-1).long(), ids), got
+        (h * torch.linspace(-1, 1, d)).sum().backward()
+        boundary.synchronize()
+        assert h.shape == (tokens, d)
+
+
+@case
+def test_sparseloco_on_default_group():
+    # The SparseLoCo worker's model and schedule (sparseloco_common), on the default dist group
+    # (comm=None); test_c10d_backend checks the result against the pure-PyTorch reference.
+    import sparseloco_common as common
+    from lbcc.torch import SparseLoCo
+
+    torch.set_num_threads(1)
+    model = common.build_model(1)
+    opt = SparseLoCo(torch.optim.AdamW(model.parameters(), lr=common.INNER_LR), None,
+                     inner_steps=common.INNER_STEPS, top_k=128, beta=0.95, outer_lr=1.0,
+                     value_bits=2)
+    steps = []
+    for outer in range(common.OUTER_STEPS):
+        for i in range(common.INNER_STEPS):
+            common.inner_step(model, opt, 1, RANK, outer, i)
+            opt.step()
+        steps.append({"params": [p.detach().clone() for p in model.parameters()],
+                      "ef": opt.error_feedback()})
+    torch.save(steps, os.path.join(OUT, f"sparseloco_rank{RANK}.pt"))
+
+
+@case
+def test_ddp_compressed_hook_on_lbcc_group():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(hook):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 4))
+        ddp = DDP(model)
+        state = None
+        if hook:
+            state = lbcc.torch.CompressedAllReduceState(None, codec="int8")
+            ddp.register_comm_hook(state, lbcc.torch.compressed_allreduce_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(100 + RANK)
+        for _ in range(10):
+            x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        if state is not None:
+            assert state.calls > 0
+            state.close()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    plain, hooked = train(False), train(True)
+    assert all(torch.equal(hooked, o) for o in _gathered(hooked)), "replicas differ"
+    # int8 blockwise quantization of the gradients: close to plain DDP, not equal.
+    torch.testing.assert_close(hooked, plain, atol=2e-2, rtol=0)
+    assert not torch.equal(hooked, plain)
+
+
+@case
+def test_torch_spellings_on_lbcc_communicator():
+    comm = lbcc.torch.communicator()
+    assert (comm.size(), comm.get_rank()) == (WORLD, RANK)
+    x = torch.full((3,), float(RANK))
+    comm.all_reduce(x, op=dist.ReduceOp.SUM)
+    assert x.tolist() == [float(sum(range(WORLD)))] * 3
+    comm.all_reduce(x, op=dist.ReduceOp.AVG)
+    comm.all_reduce(x, op="avg")
+    assert x.tolist() == [float(sum(range(WORLD)))] * 3
+    b = torch.full((2,), float(RANK))
+    comm.broadcast(b, src=WORLD - 1)
+    assert b.tolist() == [float(WORLD - 1)] * 2
+    b.fill_(float(RANK))
+    comm.broadcast(b, root=0)
+    assert b.tolist() == [0.0, 0.0]
+    b.fill_(float(RANK))
+    comm.broadcast(b, 1)
+    assert b.tolist() == [1.0, 1.0]
+    for op, name in ((dist.ReduceOp.MAX, "max"), ("min", "min"), ("PRODUCT", "product")):
+        try:
+            comm.all_reduce(x, op=op)
+            raise AssertionError(f"{op} accepted")
+        except lbcc.InvalidArgumentError as e:  # the extension's: "unknown op 'max' (sum, mean)"
+            assert e.code == "INVALID_ARGUMENT" and f"'{name}'" in str(e), e
+
+
+# --- Bad input (issue 22): each case on a fresh group, since a failed group stays failed. ---
+
+def _fresh_group(verify=False):
+    if verify:
+        os.environ["LBCC_VERIFY_COLLECTIVES"] = "1"
+    try:
+        return dist.new_group(backend="lbcc")
+    finally:
+        os.environ.pop("LBCC_VERIFY_COLLECTIVES", None)
+
+
+_CODE = re.compile(r"LBCC [A-Z_]+: ")
+
+
+@case
+def test_wrong_device_or_layout_is_refused_at_once():
+    # A sparse tensor reaches ProcessGroupLBCC, which refuses it; a meta tensor (the only other
+    # device this CPU build of torch has) is refused by torch's dispatcher before any backend.
+    for fn in (lambda t: dist.all_reduce(t), lambda t: dist.broadcast(t, src=0),
+               lambda t: dist.send(t, dst=(RANK + 1) % WORLD)):
+        msg = expect_error(lambda: fn(torch.zeros(2).to_sparse()), "LBCC INVALID_ARGUMENT",
+                           "dense CPU tensors")
+        assert _CODE.match(msg), msg
+        try:
+            fn(torch.zeros(2, device="meta"))
+            raise AssertionError("a meta tensor was accepted")
+        except (RuntimeError, NotImplementedError) as e:
+            assert "Meta" in str(e), e
+    dist.barrier()  # the group is still usable: nothing was posted
+
+
+@case
+def test_size_mismatch_across_ranks_fails_every_rank():
+    g = _fresh_group()
+    n = 1024 if RANK == 0 else 2048
+    msg = expect_error(lambda: dist.all_reduce(torch.ones(n), group=g), "LBCC")
+    assert _CODE.match(msg), msg
+    print(f"rank {RANK}: size mismatch -> {msg[:160]}", flush=True)
+
+
+@case
+def test_dtype_mismatch_across_ranks_fails_when_verified():
+    g = _fresh_group(verify=True)
+    t = torch.ones(8, dtype=torch.float32 if RANK != 1 else torch.int32)  # same bytes
+    msg = expect_error(lambda: dist.all_reduce(t, group=g), "LBCC INVALID_ARGUMENT")
+    print(f"rank {RANK}: dtype mismatch -> {msg[:160]}", flush=True)
+    dist.all_reduce(torch.ones(2), group=g)  # a verified mismatch leaves the group usable
+
+
+@case
+def test_shape_mismatch_across_ranks_fails_when_verified():
+    g = _fresh_group(verify=True)
+    t = torch.ones(8) if RANK != 2 else torch.ones(9)
+    msg = expect_error(lambda: dist.broadcast(t, src=0, group=g), "LBCC INVALID_ARGUMENT")
+    assert _CODE.match(msg), msg
+
+
 @case
 def test_dead_peer_fails_within_timeout():
     # Last case: rank WORLD-1 leaves; the others' all-reduce must fail, not hang.
     if RANK == WORLD - 1:
         os._exit(0)
+    start = time.monotonic()
     msg = expect_error(lambda: dist.all_reduce(torch.ones(1 << 16)), "LBCC")
-    print(f"rank {RANK}: dead peer -> {msg[:200]}", flush=True)
+    assert _CODE.match(msg), msg
+    print(f"rank {RANK}: dead peer -> after {time.monotonic() - start:.1f} s (timeout "
+          f"{TIMEOUT_S} s): {msg[:200]}", flush=True)
 
 
 def main():
     dist.init_process_group("lbcc", init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK,
-                            world_size=WORLD, timeout=datetime.timedelta(seconds=20))
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     results = {}
     for fn in CASES:
         if fn.__name__ == "test_dead_peer_fails_within_timeout":

@@ -1,6 +1,11 @@
 """torch.distributed backend "lbcc": ProcessGroupGlooTest's cases ported one for one
-(c10d_worker.py), on 4 ranks as processes (LBCC over UCX on 127.0.0.1). A skipped case says
-why; the dead-peer case checks that the survivors get LBCC's RuntimeError, not a hang."""
+(c10d_worker.py), on 4 ranks as processes (LBCC over UCX on 127.0.0.1), plus LBCC's own
+operations on dist groups (sparse_all_reduce, compressed send/recv, SparseLoCo, the DDP hook)
+and bad input across ranks. A skipped case says why; the dead-peer case checks that the
+survivors get LBCC's RuntimeError ("LBCC <CODE>: ..."), not a hang.
+
+SparseLoCo on the default group is compared with test_sparseloco's pure-PyTorch reference
+(same tolerance and reason as there)."""
 
 import json
 import os
@@ -28,7 +33,7 @@ def results(tmp_path_factory):
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} failed:\n{logs[r]}"
     print("\n".join(logs))
-    return [json.load(open(out / f"rank{r}.json")) for r in range(WORLD)]
+    return {"out": out, "ranks": [json.load(open(out / f"rank{r}.json")) for r in range(WORLD)]}
 
 
 sys.path.insert(0, HERE)
@@ -40,10 +45,27 @@ CASE_NAMES = [line.split("def ")[1].split("(")[0]
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_case(results, name):
     ranks = range(WORLD - 1) if name == "test_dead_peer_fails_within_timeout" else range(WORLD)
-    outcomes = {r: results[r].get(name, "missing") for r in ranks}
+    outcomes = {r: results["ranks"][r].get(name, "missing") for r in ranks}
     if all(o.startswith("skip") for o in outcomes.values()):
         pytest.skip(outcomes[0][len("skip: "):])
-    if name == "test_dead_peer_fails_within_timeout":
-        return  # The survivors wrote their results before the case ran: reaching here is it.
     for r, o in outcomes.items():
         assert o == "ok", f"rank {r}: {o}"
+
+
+def test_sparseloco_on_default_group_matches_reference(results):
+    import torch
+
+    import sparseloco_common as common
+    from test_sparseloco import ReferenceSparseLoCo, assert_close
+
+    steps = [torch.load(results["out"] / f"sparseloco_rank{r}.pt") for r in range(WORLD)]
+    assert WORLD == common.RANKS
+    ref = ReferenceSparseLoCo(seed=1, replicas=WORLD, top_k=128, beta=0.95, outer_lr=1.0, bits=2,
+                              aggregation="sparseloco")
+    for step in range(common.OUTER_STEPS):
+        ref.outer_step(step)
+        for r in range(WORLD):
+            assert all(torch.equal(a, b) for a, b in zip(steps[r][step]["params"],
+                                                          steps[0][step]["params"]))
+            assert_close(steps[r][step]["ef"], ref.errors[r], f"rank {r} ef, step {step}")
+        assert_close(steps[0][step]["params"], ref.theta, f"params after step {step}")

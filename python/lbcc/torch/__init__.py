@@ -10,13 +10,23 @@
                                 DDP communication hook: compressed all-reduce through LBCC
                                 (ddp.py)
   backend "lbcc" for torch.distributed (registered on import), ProcessGroupLBCC, communicator,
-  sparse_all_reduce, link_bytes   LBCC on a dist group (backend.py)
+  sparse_all_reduce, send_compressed, recv_compressed, link_bytes, link_counters
+                                LBCC on a dist group (backend.py); SparseLoCo, PipelineBoundary
+                                and CompressedAllReduceState take a dist group too
 Tensors cross into LBCC as contiguous float32 CPU tensors (the wrappers convert); LBCC's own
 calls take them without copying.
 """
 
 from lbcc.torch import backend
-from lbcc.torch.backend import ProcessGroupLBCC, communicator, link_bytes, sparse_all_reduce
+from lbcc.torch.backend import (
+    ProcessGroupLBCC,
+    communicator,
+    link_bytes,
+    link_counters,
+    recv_compressed,
+    send_compressed,
+    sparse_all_reduce,
+)
 from lbcc.torch.ddp import CompressedAllReduceState, compressed_allreduce_hook
 from lbcc.torch.pipeline import PipelineBoundary
 from lbcc.torch.sparseloco import SparseLoCo
@@ -33,7 +43,7 @@ backend.register()
 
 __all__ = [
     "CompressedAllReduceState", "ProcessGroupLBCC", "communicator", "link_bytes",
-    "sparse_all_reduce", "PipelineBoundary", "SparseLoCo", "SubspaceConstraint",
+    "link_counters", "recv_compressed", "send_compressed", "sparse_all_reduce", "PipelineBoundary", "SparseLoCo", "SubspaceConstraint",
     "SubspaceEmbedding", "SubspaceLinear", "check_basis", "compressed_allreduce_hook",
     "project_", "sync_basis",
 ]

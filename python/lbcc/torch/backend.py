@@ -62,10 +62,23 @@ def _group(group):
     return pg
 
 
+def _group_rank(group, rank, what):
+    """`rank` (a global rank, as torch.distributed's src=/dst= are) as a rank of `group`."""
+    if group is None or group is dist.distributed_c10d._get_default_group():
+        return rank
+    try:
+        return dist.distributed_c10d.get_group_rank(group, rank)
+    except RuntimeError as e:
+        raise ValueError(f"{what}: global rank {rank} is not in the group") from e
+
+
 def communicator(group=None):
     """The lbcc.Communicator of a dist group (the default group when None); its ranks are the
-    group's ranks. Collective on first use: every member must call it (sparse_all_reduce and
-    compressed send/recv do)."""
+    group's ranks. Collective on first use: every member must call it (sparse_all_reduce does;
+    before compressed point-to-point, call it once on every member). An lbcc.Communicator is
+    returned as it is."""
+    if isinstance(group, lbcc.Communicator):
+        return group
     pg = _group(group)
     with _lock:
         comm = _comms.get(pg)
@@ -87,13 +100,48 @@ def communicator(group=None):
 
 
 def sparse_all_reduce(tensors, states, group=None, *, codec, outs=None, **kwargs):
-    """SparseLoCo's exchange on a dist group: lbcc.Communicator.sparse_all_reduce of
-    communicator(group), in place unless `outs` is given (other keywords as there)."""
+    """SparseLoCo's exchange on a dist group (or an lbcc.Communicator):
+    lbcc.Communicator.sparse_all_reduce of communicator(group), in place unless `outs` is given
+    (other keywords as there: aggregation, async_op, timeout, ...)."""
     return communicator(group).sparse_all_reduce(
         tensors, tensors if outs is None else outs, codec, states=states, **kwargs)
 
 
+def send_compressed(tensor, dst, group=None, *, codec, state=None, tag=0, async_op=False):
+    """Sends `tensor` encoded by `codec` to global rank `dst` of a dist group (torch's dst=)."""
+    return communicator(group).send_compressed(
+        tensor, _peer(group, dst, "send_compressed"), tag, codec, state, async_op=async_op)
+
+
+def recv_compressed(out, src, group=None, *, tag=0, async_op=False):
+    """Receives and decodes into `out` what global rank `src` sent with send_compressed."""
+    return communicator(group).recv_compressed(
+        out, _peer(group, src, "recv_compressed"), tag, async_op=async_op)
+
+
+def _peer(group, rank, what):
+    if isinstance(group, lbcc.Communicator):
+        return rank
+    return _group_rank(group, rank, what)
+
+
+def link_counters(peer, group=None):
+    """Counters of the link to global rank `peer` (bytes, messages, rates, queues, link class)
+    of the group's lbcc.Communicator (communicator(group): compressed traffic)."""
+    return communicator(group).link_counters(_peer(group, peer, "link_counters"))
+
+
 def link_bytes(group=None):
-    """LBCC's link counters of a dist group's process group: bytes sent and received on fast and
-    slow links."""
-    return _group(group).link_bytes()
+    """LBCC's link counters of a dist group: bytes this rank sent and received on fast and slow
+    links, by the process group's collectives plus (once made) its communicator's compressed
+    operations; "dense" and "compressed" hold the two parts."""
+    pg = _group(group)
+    dense = dict(pg.link_bytes())
+    with _lock:
+        comm = _comms.get(pg)
+    compressed = dict(comm.bytes_by_class()) if comm is not None and not comm.closed else {
+        k: 0 for k in dense}
+    total = {k: dense[k] + compressed.get(k, 0) for k in dense}
+    total["dense"] = dense
+    total["compressed"] = compressed
+    return total

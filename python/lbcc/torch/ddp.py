@@ -3,10 +3,10 @@ compressed.
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("gloo")              # DDP's own group (parameter broadcast, ...)
-    comm = lbcc.init()                           # LBCC, same ranks (torchrun environment)
+    dist.init_process_group("lbcc")              # DDP's own group (parameter broadcast, ...)
     model = DDP(model)
-    state = lbcc.torch.CompressedAllReduceState(comm, codec="int8")
+    state = lbcc.torch.CompressedAllReduceState(None, codec="int8")  # the default group's
+    # (or, beside a Gloo group: CompressedAllReduceState(lbcc.init(), codec="int8"))
     model.register_comm_hook(state, lbcc.torch.compressed_allreduce_hook)
 
 Codecs:
@@ -27,6 +27,7 @@ import threading
 import torch
 
 import lbcc
+from lbcc.torch import backend
 
 _DENSE = ("int8", "int4", "bf16", "fp16")
 
@@ -66,7 +67,10 @@ class CompressedAllReduceState:
     """State of compressed_allreduce_hook: the communicator, codec and error feedback.
 
     Args:
-      comm: an lbcc.Communicator whose ranks are DDP's ranks, in the same order.
+      comm: an lbcc.Communicator whose ranks are DDP's ranks, in the same order, or a
+        torch.distributed group with backend "lbcc" (None: the default group, DDP's own when
+        it runs on backend "lbcc"); construct the state on every rank (a collective for a
+        group: its lbcc.torch.communicator() is made then).
       codec: "int8", "int4", "bf16", "fp16" or "topk".
       block: elements per scale of int8 / int4.
       top_k, beta, values: the TopK-EF options (values selected per 4096, error decay,
@@ -76,9 +80,9 @@ class CompressedAllReduceState:
       timeout: seconds one bucket's exchange may take (default: the communicator's).
     """
 
-    def __init__(self, comm, codec="int8", *, block=256, top_k=256, beta=1.0, values="bf16",
-                 aggregation="mean", start_iter=None, timeout=None):
-        self.comm = comm
+    def __init__(self, comm=None, codec="int8", *, block=256, top_k=256, beta=1.0,
+                 values="bf16", aggregation="mean", start_iter=None, timeout=None):
+        self.comm = backend.communicator(comm)
         self.kind = codec
         if codec in _DENSE:
             self.codec = lbcc.DenseQuantCodec(format=codec, block=block)

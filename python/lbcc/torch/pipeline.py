@@ -27,6 +27,7 @@ side knows fails with lbcc.FailedPreconditionError.
 import torch
 
 import lbcc
+from lbcc.torch import backend
 
 
 class _Send(torch.autograd.Function):
@@ -88,8 +89,10 @@ class PipelineBoundary:
     """The boundary between this rank's stage and the stage at `peer` (a rank of `comm`).
 
     Args:
-      comm: an lbcc.Communicator holding both stages.
-      peer: the other stage's rank in `comm`.
+      comm: an lbcc.Communicator holding both stages, or a torch.distributed group with backend
+        "lbcc" (None: the default group); its lbcc.torch.communicator() is made on first use, a
+        collective: construct the boundaries on every member of the group.
+      peer: the other stage's rank in `comm`; for a dist group, its global rank (torch's dst=).
       basis: the lbcc.SubspaceBasis shared by both stages (identical bits; see sync_basis).
       coefficient_dtype: "f32", "bf16", "f16" or "i8" for the coefficients on the wire.
       tag: tells apart several boundaries between the same two ranks.
@@ -98,6 +101,9 @@ class PipelineBoundary:
 
     def __init__(self, comm, peer, basis, *, coefficient_dtype="f32", tag=0, int8_block=32,
                  mixture_block=64, timeout=None):
+        if not isinstance(comm, lbcc.Communicator):
+            peer = backend._peer(comm, peer, "PipelineBoundary")
+            comm = backend.communicator(comm)
         self.comm = comm
         self.peer = peer
         self.tag = tag

@@ -12,24 +12,60 @@ sparseloco.md):
      theta_saved = theta_saved - g        (or - outer_lr * sign(g) with sign=True)
      theta_local = theta_saved
 The outer parameters are kept in fp32 in host memory, whatever the model's dtype and device.
+
+SparseLoCo is a torch.optim.Optimizer: its param_groups are the inner optimizer's (so lr
+schedulers such as StepLR drive the inner lr), zero_grad() is the inner one's, and
+state_dict()/load_state_dict() hold the inner state, the outer parameters, the error feedback and
+the step counters. The replicas are an lbcc.Communicator or a torch.distributed group whose
+backend is "lbcc" (None: the default group); see lbcc.torch.communicator.
+
+compat: None (LBCC's rules, the default: k = round(chunk_len * top_k / 4096) per chunk, 1-D
+tensors in rows of their largest divisor <= 64, no clipping) or "templar" (templar's trainer:
+k = top_k in every chunk, templar's 1-D chunking, and each peer's contribution clipped to the
+median of the peers' norms before the mean; ../shared/reference/sparseloco.md, 7b).
 """
+
+import collections
 
 import torch
 
 import lbcc
+from lbcc.torch import backend
 
 _VALUES_BY_BITS = {2: "binmean2", 4: "binmean4", 8: "binmean8", 16: "bf16", 32: "fp32"}
 
+# compat -> (TopKEfCodec keywords, sparse_all_reduce keywords).
+_COMPAT = {
+    None: ({}, {}),
+    "templar": ({"k_rule": "per_chunk", "chunk_1d": "templar"}, {"clip_to_median_norm": True}),
+}
 
-class SparseLoCo:
+
+def compat_missing(compat):
+    """What this build of lbcc lacks for `compat` (empty when it has everything)."""
+    codec_keywords, exchange_keywords = _COMPAT[compat]
+    missing = []
+    if codec_keywords:
+        try:
+            lbcc.TopKEfCodec(**codec_keywords)
+        except TypeError:
+            missing.append("TopKEfCodec(" + ", ".join(f"{k}=" for k in codec_keywords) + ")")
+    doc = lbcc.Communicator.sparse_all_reduce.__doc__ or ""
+    missing += [f"sparse_all_reduce({k}=)" for k in exchange_keywords if k not in doc]
+    return missing
+
+
+class SparseLoCo(torch.optim.Optimizer):
     """Wraps an inner optimizer; call step() after every inner backward.
 
     Args:
       inner: any torch optimizer over the model's parameters (AdamW in the paper).
-      comm: the lbcc.Communicator of the replicas that average these parameters (e.g. one made
-        by split() or lbcc.shard_communicators() for per-shard groups of pipeline replicas); or a
-        list of (params, communicator) pairs when groups of parameters sync over different
-        communicators (a full replica that takes part in every shard).
+      comm: the replicas that average these parameters: an lbcc.Communicator (e.g. one made by
+        split() or lbcc.shard_communicators() for per-shard groups of pipeline replicas), a
+        torch.distributed group with backend "lbcc" (dist.new_group(...)), or None for the
+        default group; or a list of (params, communicator or group) pairs when groups of
+        parameters sync over different communicators (a full replica that takes part in every
+        shard).
       inner_steps: H, inner steps per outer step.
       top_k: values selected per 64 x 64 chunk (per 4096 elements), e.g. 64 (1.56 %).
       chunk: the chunk edge target; LBCC's codec implements the reference's 64.
@@ -42,17 +78,21 @@ class SparseLoCo:
       sync_initial: broadcast the parameters from rank 0 of each communicator first, so every
         replica starts from the same bits.
       timeout: seconds one exchange may take (default: the communicator's).
+      compat: None (LBCC's rules) or "templar" (see the module doc).
     """
 
-    def __init__(self, inner, comm, *, inner_steps=15, top_k=64, chunk=64, beta=0.95,
+    def __init__(self, inner, comm=None, *, inner_steps=15, top_k=64, chunk=64, beta=0.95,
                  outer_lr=1.0, value_bits=2, values=None, aggregation="sparseloco",
                  weight_decay=0.0, sign=False, index_coding="auto", range_sigmas=6.0,
-                 sync_initial=True, timeout=None):
+                 sync_initial=True, timeout=None, compat=None):
         if chunk != 64:
             raise lbcc.errors.make_error(
                 "UNIMPLEMENTED",
                 f"SparseLoCo: chunk {chunk}: LBCC's TopK-EF codec chunks with edge 64 (the "
                 "reference's); choose top_k to set the density")
+        if not isinstance(inner, torch.optim.Optimizer):
+            raise TypeError(f"SparseLoCo: inner must be a torch.optim.Optimizer, got "
+                            f"{type(inner).__name__}")
         if inner_steps < 1:
             raise ValueError("SparseLoCo: inner_steps must be >= 1")
         if values is None:
@@ -61,38 +101,83 @@ class SparseLoCo:
             values = _VALUES_BY_BITS[value_bits]
         if aggregation not in ("sparseloco", "mean", "sum"):
             raise ValueError("SparseLoCo: aggregation must be sparseloco, mean or sum")
+        if compat not in _COMPAT:
+            raise ValueError(f"SparseLoCo: compat must be None or 'templar', got {compat!r}")
+        if compat == "templar" and aggregation != "sparseloco":
+            raise ValueError("SparseLoCo: compat='templar' aggregates as 'sparseloco' "
+                             f"(mean over the selecting peers), got aggregation={aggregation!r}")
+        missing = compat_missing(compat)
+        if missing:
+            raise lbcc.errors.make_error(
+                "UNIMPLEMENTED",
+                f"SparseLoCo: compat={compat!r} needs {', '.join(missing)}, which this build of "
+                "lbcc lacks")
+        codec_keywords, self._exchange_keywords = _COMPAT[compat]
+        # What torch.optim.Optimizer.__init__ sets, without copying the inner's param groups:
+        # param_groups below is the inner optimizer's list itself.
+        torch._C._log_api_usage_once("python.optimizer")
+        self.defaults = dict(inner.defaults)
+        self._hook_for_profile()
+        self.state = collections.defaultdict(dict)
+        self._warned_capturable_if_run_uncaptured = True
         self.inner = inner
         self.options = dict(inner_steps=inner_steps, top_k=float(top_k), chunk=chunk,
                             beta=float(beta), outer_lr=float(outer_lr), values=values,
                             aggregation=aggregation, weight_decay=float(weight_decay),
                             sign=bool(sign), index_coding=index_coding,
-                            range_sigmas=float(range_sigmas))
+                            range_sigmas=float(range_sigmas), compat=compat)
         self.codec = lbcc.TopKEfCodec(top_k=top_k, beta=beta, lr=outer_lr, values=values,
-                                      indices=index_coding, range_sigmas=range_sigmas)
+                                      indices=index_coding, range_sigmas=range_sigmas,
+                                      **codec_keywords)
         self.timeout = timeout
+        self.sync_initial = sync_initial
         if isinstance(comm, (list, tuple)):
             groups = [(list(params), c) for params, c in comm]
         else:
-            params = [p for g in inner.param_groups for p in g["params"]]
-            groups = [(params, comm)]
+            groups = [([p for g in inner.param_groups for p in g["params"]], comm)]
         self._groups = []
         for params, c in groups:
-            with torch.no_grad():
-                if sync_initial:
-                    for p in params:
-                        buf = p.detach().to("cpu", torch.float32).contiguous().clone()
-                        c.broadcast(buf, 0, timeout=timeout)
-                        p.copy_(buf)
-                outer = [p.detach().to("cpu", torch.float32).contiguous().clone()
-                         for p in params]
-            states = [self.codec.new_state() for _ in params]
-            self._groups.append({"params": params, "comm": c, "outer": outer, "states": states})
+            self._groups.append({"params": [], "comm": _communicator(c), "outer": [],
+                                 "states": []})
+            self._add_params(self._groups[-1], params)
         self.inner_step_count = 0
         self.outer_step_count = 0
 
     @property
     def param_groups(self):
+        """The inner optimizer's param groups (lr schedulers set their lr)."""
         return self.inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self.inner.param_groups = groups
+
+    @torch.no_grad()
+    def _add_params(self, group, params):
+        for p in params:
+            if self.sync_initial:
+                buf = p.detach().to("cpu", torch.float32).contiguous().clone()
+                group["comm"].broadcast(buf, 0, timeout=self.timeout)
+                p.copy_(buf)
+            outer = p.detach().to("cpu", torch.float32).contiguous().clone()
+            state = self.codec.new_state()
+            group["params"].append(p)
+            group["outer"].append(outer)
+            group["states"].append(state)
+            self.state[p] = {"outer": outer, "error_feedback": state}
+
+    def add_param_group(self, param_group):
+        """Adds a param group to the inner optimizer; its parameters sync over the (single)
+        communicator. Collective when sync_initial: every replica must add the same group."""
+        if not hasattr(self, "_groups"):
+            raise RuntimeError("SparseLoCo: pass the parameters to the inner optimizer")
+        if len(self._groups) != 1:
+            raise ValueError("SparseLoCo.add_param_group: this optimizer syncs over several "
+                             "communicators; which one the new parameters use is ambiguous")
+        before = len(self.inner.param_groups)
+        self.inner.add_param_group(param_group)
+        params = [p for g in self.inner.param_groups[before:] for p in g["params"]]
+        self._add_params(self._groups[0], params)
 
     def zero_grad(self, set_to_none=True):
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -105,17 +190,24 @@ class SparseLoCo:
             self.outer_step()
         return loss
 
+    def _exchange(self, group, deltas, aggregates):
+        """The compressed all-reduce of one communicator's pseudo-gradients into `aggregates`.
+        The one place an outer step talks to the replicas: an elastic variant (replicas that
+        come and go, lbcc.elastic) replaces this method."""
+        group["comm"].sparse_all_reduce(deltas, aggregates, self.codec, group["states"],
+                                        aggregation=self.options["aggregation"],
+                                        timeout=self.timeout, **self._exchange_keywords)
+
     @torch.no_grad()
     def outer_step(self):
         """Pseudo-gradients, compressed exchange through LBCC, outer SGD (see module doc)."""
         o = self.options
         for group in self._groups:
-            params, outer, states = group["params"], group["outer"], group["states"]
+            params, outer = group["params"], group["outer"]
             deltas = [(saved - p.detach().to("cpu", torch.float32)).contiguous()
                       for p, saved in zip(params, outer)]
             aggregates = [torch.empty_like(d) for d in deltas]
-            group["comm"].sparse_all_reduce(deltas, aggregates, self.codec, states,
-                                            aggregation=o["aggregation"], timeout=self.timeout)
+            self._exchange(group, deltas, aggregates)
             for p, saved, g in zip(params, outer, aggregates):
                 if o["weight_decay"]:
                     saved.mul_(1.0 - o["outer_lr"] * o["weight_decay"])
@@ -136,33 +228,60 @@ class SparseLoCo:
                 for g in self._groups for s in g["states"]]
 
     def state_dict(self):
-        return {
-            "inner": self.inner.state_dict(),
+        """torch's shape (the inner optimizer's "state" and "param_groups") plus "sparseloco":
+        the outer parameters, the error feedback, the step counters and the options."""
+        state = self.inner.state_dict()
+        state["sparseloco"] = {
             "outer": [t.clone() for t in self.outer_parameters()],
             "error_feedback": self.error_feedback(),
             "inner_step_count": self.inner_step_count,
             "outer_step_count": self.outer_step_count,
             "options": dict(self.options),
         }
+        return state
 
     @torch.no_grad()
-    def load_state_dict(self, state):
-        for key in ("top_k", "beta", "outer_lr", "values", "aggregation"):
-            if state["options"].get(key) != self.options[key]:
+    def load_state_dict(self, state_dict):
+        """Restores state_dict()'s result (also the earlier {"inner": ..., "outer": ...} form)."""
+        if "sparseloco" in state_dict:
+            mine = state_dict["sparseloco"]
+            inner = {k: v for k, v in state_dict.items() if k != "sparseloco"}
+        elif "inner" in state_dict:
+            mine, inner = state_dict, state_dict["inner"]
+        else:
+            raise ValueError("SparseLoCo.load_state_dict: not a SparseLoCo state dict (no "
+                             "'sparseloco' entry)")
+        for key in ("top_k", "beta", "outer_lr", "values", "aggregation", "compat"):
+            if mine["options"].get(key) != self.options[key]:
                 raise ValueError(f"SparseLoCo.load_state_dict: option {key} was "
-                                 f"{state['options'].get(key)!r}, this optimizer has "
+                                 f"{mine['options'].get(key)!r}, this optimizer has "
                                  f"{self.options[key]!r}")
-        self.inner.load_state_dict(state["inner"])
         outer = self.outer_parameters()
         states = [s for g in self._groups for s in g["states"]]
-        if len(state["outer"]) != len(outer) or len(state["error_feedback"]) != len(states):
-            raise ValueError("SparseLoCo.load_state_dict: the number of parameters differs")
-        for mine, saved in zip(outer, state["outer"]):
-            mine.copy_(saved)
-        for i, error in enumerate(state["error_feedback"]):
+        if len(mine["outer"]) != len(outer) or len(mine["error_feedback"]) != len(states):
+            raise ValueError(f"SparseLoCo.load_state_dict: the state holds {len(mine['outer'])} "
+                             f"parameters, this optimizer {len(outer)}")
+        for i, (current, saved) in enumerate(zip(outer, mine["outer"])):
+            if tuple(saved.shape) != tuple(current.shape):
+                raise ValueError(f"SparseLoCo.load_state_dict: parameter {i} has shape "
+                                 f"{tuple(saved.shape)} in the state, {tuple(current.shape)} here")
+        self.inner.load_state_dict(inner)
+        for current, saved in zip(outer, mine["outer"]):
+            current.copy_(saved)
+        for i, error in enumerate(mine["error_feedback"]):
             if error is None:
                 states[i].reset(tuple(outer[i].shape))
             else:
                 states[i].load(error.to(torch.float32).contiguous())
-        self.inner_step_count = state["inner_step_count"]
-        self.outer_step_count = state["outer_step_count"]
+        self.inner_step_count = mine["inner_step_count"]
+        self.outer_step_count = mine["outer_step_count"]
+
+
+def _communicator(comm):
+    """An lbcc.Communicator as it is; a dist group (None: the default one) as its communicator."""
+    if isinstance(comm, lbcc.Communicator):
+        return comm
+    if comm is None and not torch.distributed.is_initialized():
+        raise ValueError("SparseLoCo: comm is None and torch.distributed has no default group; "
+                         "pass an lbcc.Communicator or call init_process_group(backend='lbcc')")
+    return backend.communicator(comm)
