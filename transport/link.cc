@@ -11,6 +11,13 @@
 namespace lbcc::transport {
 namespace {
 
+// Scratch for sealed bytes, not zero-filled (it is written in full before it is read).
+struct Scratch {
+  explicit Scratch(size_t n) : bytes(new uint8_t[n]), size(n) {}
+  std::unique_ptr<uint8_t[]> bytes;
+  size_t size;
+};
+
 absl::Span<const uint8_t> HeaderBytes(const ChunkHeader& header) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&header), sizeof(header));
 }
@@ -23,13 +30,13 @@ class SealedPayload final : public DeferredPayload {
                 const ChunkHeader& wire)
       : inner_(std::move(inner)), channel_(std::move(channel)), wire_(wire) {}
   void Fetch(uint8_t* dst, DoneCallback done) override {
-    auto sealed = std::make_shared<std::vector<uint8_t>>(wire_.length);
-    uint8_t* into = sealed->data();
+    auto sealed = std::make_shared<Scratch>(wire_.length);
+    uint8_t* into = sealed->bytes.get();
     inner_->Fetch(into, [sealed, dst, channel = channel_, wire = wire_,
                          done = std::move(done)](absl::Status status) mutable {
       if (status.ok()) {
         status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
-                               sealed->data(), sealed->size(), dst);
+                               sealed->bytes.get(), sealed->size, dst);
       }
       done(std::move(status));
     });
@@ -275,18 +282,18 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
     lane_inflight_[lane] += length;
     inflight_by_priority_[static_cast<int>(msg->priority)] += length;
   }
-  std::shared_ptr<std::vector<uint8_t>> sealed;
+  std::shared_ptr<Scratch> sealed;
   const uint8_t* bytes = msg->data + offset;
   size_t wire_length = length;
   if (channel_ != nullptr) {
     header.flags |= kChunkSealed | (channel_->encrypt() ? kChunkEncrypted : 0);
     wire_length = length + SecureChannel::kOverhead;
     header.length = static_cast<uint32_t>(wire_length);
-    sealed = std::make_shared<std::vector<uint8_t>>(wire_length);
+    sealed = std::make_shared<Scratch>(wire_length);
     const absl::Status status =
-        channel_->Seal(HeaderBytes(header), bytes, length, sealed->data());
+        channel_->Seal(HeaderBytes(header), bytes, length, sealed->bytes.get());
     LBCC_CHECK(status.ok()) << status;  // OpenSSL failing on valid keys is not input's fault.
-    bytes = sealed->data();
+    bytes = sealed->bytes.get();
   }
   lanes_[lane]->SendChunk(header, bytes, wire_length,
                           [self = shared_from_this(), seq = msg->seq, lane, length, credit,
@@ -455,7 +462,7 @@ void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
 void Link::OnChunkLocked(int lane, const ChunkHeader& wire, const uint8_t* data,
                          std::unique_ptr<DeferredPayload> deferred) {
   ChunkHeader h = wire;
-  std::vector<uint8_t> opened;
+  std::unique_ptr<uint8_t[]> opened;
   if (channel_ != nullptr) {
     if ((wire.flags & kChunkSealed) == 0 || wire.length < SecureChannel::kOverhead) {
       CountIntegrityFailure();
@@ -469,15 +476,15 @@ void Link::OnChunkLocked(int lane, const ChunkHeader& wire, const uint8_t* data,
     if (deferred != nullptr) {
       deferred = std::make_unique<SealedPayload>(std::move(deferred), channel_, wire);
     } else {
-      opened.resize(h.length);
+      opened.reset(new uint8_t[std::max<uint32_t>(h.length, 1)]);
       absl::Status status = channel_->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
-                                           data, wire.length, opened.data());
+                                           data, wire.length, opened.get());
       if (!status.ok()) {
         ++counters_.integrity_failures;
         FailLocked(std::move(status));
         return;
       }
-      data = opened.data();
+      data = opened.get();
     }
   }
   if (h.version != kWireVersion || h.offset > h.total_size ||
