@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/executor.h"
+#include "transport/link_setup.h"
 #include "transport/link.h"
 #include "transport/loopback.h"
 #include "transport/options.h"
@@ -284,6 +285,79 @@ TEST(AuthFrameTest, ParsesOnlyWellFormedFramesOfTheKindExpected) {
                                                  bad.size()),
                              2),
               StatusIs(absl::StatusCode::kDataLoss));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The link handshake, message by message (LinkSetup): what a hostile client can send.
+
+TransportOptions WithSecret(std::optional<JobSecret> secret, uint64_t identity) {
+  TransportOptions options;
+  options.security.secret = secret;
+  options.security.identity = identity;
+  return options;
+}
+
+// A member's HELLO and AUTH against `server`; returns them (for replaying).
+std::vector<ControlHeader> MemberHandshake(LinkSetup& server, ProbeScratch& scratch) {
+  LinkSetup client(LinkSetup::Role::kClient, WithSecret(Secret(), 1), "server", HostPort{"s", 1});
+  std::vector<ControlHeader> sent;
+  sent.push_back(client.Hello(42, 0).header);
+  LinkSetup::Step welcome = server.OnControl(sent.back(), scratch);
+  EXPECT_TRUE(welcome.admit);
+  EXPECT_FALSE(welcome.refuse);
+  client.OnControl(welcome.reply->header, scratch);
+  EXPECT_THAT(client.AwaitWelcomes(1, absl::Now() + kWait), IsOk());
+  // Negotiate sends AUTH first; capture it with a wire that records.
+  struct Recorder : SetupWire {
+    void Send(ControlMessage message) override { messages.push_back(message.header); }
+    std::vector<ControlHeader> messages;
+  } wire;
+  ConnectOptions fast;
+  fast.has_link_class = true;
+  fast.link_class = LinkClass::kFast;
+  EXPECT_THAT(client.Negotiate(wire, fast, absl::Now() + kWait, /*measure=*/false), IsOk());
+  EXPECT_FALSE(wire.messages.empty());
+  sent.push_back(wire.messages.at(0));
+  EXPECT_EQ(sent.back().type, static_cast<uint32_t>(Ctl::kAuth));
+  return sent;
+}
+
+TEST(LinkHandshakeTest, AForgedProofIsRefusedAndNothingIsAnsweredBeforeAProof) {
+  ProbeScratch scratch;
+  LinkSetup server(LinkSetup::Role::kServer, WithSecret(Secret(), 2), "client", HostPort{"c", 0});
+  // An impostor (another secret) ignores the server's proof and sends its own anyway.
+  LinkSetup impostor(LinkSetup::Role::kClient, WithSecret(JobSecret::Random(), 1), "server",
+                     HostPort{"s", 1});
+  LinkSetup::Step welcome = server.OnControl(impostor.Hello(42, 0).header, scratch);
+  ASSERT_TRUE(welcome.reply.has_value());
+  // Before a proof, nothing but the handshake is answered: a PING or READY is refused.
+  ControlHeader ping{};
+  ping.type = static_cast<uint32_t>(Ctl::kPing);
+  EXPECT_TRUE(server.OnControl(ping, scratch).refuse);
+  ControlHeader forged{};
+  forged.type = static_cast<uint32_t>(Ctl::kAuth);
+  forged.a = 0x1234;
+  forged.b = 0x5678;
+  EXPECT_TRUE(server.OnControl(forged, scratch).refuse);
+  ControlMessage ready = LinkSetup::Ready(42, LinkParams{});
+  LinkSetup::Step step = server.OnControl(ready.header, scratch);
+  EXPECT_TRUE(step.refuse);
+  EXPECT_FALSE(step.ready.has_value());
+}
+
+TEST(LinkHandshakeTest, AReplayedLinkHandshakeIsRefused) {
+  ProbeScratch scratch;
+  LinkSetup first(LinkSetup::Role::kServer, WithSecret(Secret(), 2), "client", HostPort{"c", 0});
+  const std::vector<ControlHeader> recorded = MemberHandshake(first, scratch);
+  EXPECT_FALSE(first.OnControl(recorded[1], scratch).refuse);  // The member's own AUTH passes.
+  // A second HELLO for the authenticated link is refused.
+  EXPECT_TRUE(first.OnControl(recorded[0], scratch).refuse);
+  // Replayed to a fresh server, HELLO gets a new nonce and the old AUTH fails.
+  LinkSetup second(LinkSetup::Role::kServer, WithSecret(Secret(), 2), "client", HostPort{"c", 0});
+  EXPECT_TRUE(second.OnControl(recorded[0], scratch).admit);
+  EXPECT_TRUE(second.OnControl(recorded[1], scratch).refuse);
+  ControlMessage ready = LinkSetup::Ready(42, LinkParams{});
+  EXPECT_FALSE(second.OnControl(ready.header, scratch).ready.has_value());
 }
 
 // ---------------------------------------------------------------------------------------------
