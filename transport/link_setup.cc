@@ -464,6 +464,9 @@ LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scrat
         return Refuse("its link keys could not be derived");
       }
       params.channel = *std::move(channel);
+      LBCC_LOG_IF(INFO, params.channel != nullptr)
+          << "link from " << peer_ << " authenticated, "
+          << (params.channel->encrypt() ? "encrypted" : "not encrypted");
       step.ready = params;
       break;
     }
@@ -607,6 +610,9 @@ absl::StatusOr<LinkParams> LinkSetup::Negotiate(SetupWire& wire, const ConnectOp
   params.stripes = params.link_class == LinkClass::kSlow ? slow_stripes_ : 1;
   MutexLock lock(&mu_);
   LBCC_ASSIGN_OR_RETURN(params.channel, Channel(params.link_class));
+  LBCC_LOG_IF(INFO, params.channel != nullptr)
+      << "link to " << peer_ << " authenticated, "
+      << (params.channel->encrypt() ? "encrypted" : "not encrypted");
   return params;
 }
 
