@@ -94,15 +94,34 @@ struct GcmCtx {
   EVP_CIPHER_CTX* ctx;
 };
 
+// AES-256-GCM, fetched from the provider once: OpenSSL 3 looks a cipher up on every use
+// otherwise, which costs more than sealing a small chunk.
+const EVP_CIPHER* Aes256Gcm() {
+  static const EVP_CIPHER* const cipher = [] {
+    const EVP_CIPHER* fetched = EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr);
+    return fetched != nullptr ? fetched : EVP_aes_256_gcm();
+  }();
+  return cipher;
+}
+
+// One cipher context per thread, re-keyed for each chunk (allocating one per chunk costs more
+// than a small chunk's cipher work).
+EVP_CIPHER_CTX* ThreadContext() {
+  thread_local GcmCtx c;
+  return c.ctx;
+}
+
 bool Gcm(bool seal, const std::array<uint8_t, 32>& key, const uint8_t iv[12],
          absl::Span<const uint8_t> aad, bool encrypt, const uint8_t* in, size_t length,
          uint8_t* out, uint8_t tag[16]) {
-  GcmCtx c;
+  struct {
+    EVP_CIPHER_CTX* ctx;
+  } c{ThreadContext()};
   if (c.ctx == nullptr) return false;
   int n = 0;
   auto init = seal ? EVP_EncryptInit_ex : EVP_DecryptInit_ex;
   auto update = seal ? EVP_EncryptUpdate : EVP_DecryptUpdate;
-  if (init(c.ctx, EVP_aes_256_gcm(), nullptr, key.data(), iv) <= 0) return false;
+  if (init(c.ctx, Aes256Gcm(), nullptr, key.data(), iv) <= 0) return false;
   if (!seal && EVP_CIPHER_CTX_ctrl(c.ctx, EVP_CTRL_GCM_SET_TAG, 16, tag) <= 0) return false;
   if (update(c.ctx, nullptr, &n, aad.data(), static_cast<int>(aad.size())) <= 0) return false;
   // OpenSSL takes int lengths: go in pieces of at most 1 GiB.
