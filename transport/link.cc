@@ -11,6 +11,9 @@
 namespace lbcc::transport {
 namespace {
 
+// Bytes a link keeps unread before Configure() (see OnChunk).
+constexpr uint64_t kMaxEarlyBytes = uint64_t{1} << 30;
+
 // Scratch for sealed bytes, not zero-filled (it is written in full before it is read).
 struct Scratch {
   explicit Scratch(size_t n) : bytes(new uint8_t[n]), size(n) {}
@@ -444,7 +447,15 @@ void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
   MutexLock lock(&mu_);
   if (failed_) return;  // `deferred` is discarded.
   if (!configured_) {
-    // Whether it is sealed is known at Configure(): keep it unread until then.
+    // Whether it is sealed is known at Configure(): keep it unread until then. A legitimate peer
+    // sends at most a few stripes' chunks before its READY is processed; a connection that sends
+    // more before the set-up finished (it may not even have authenticated) is cut off.
+    early_bytes_ += wire.length;
+    if (early_bytes_ > kMaxEarlyBytes) {
+      FailLocked(absl::UnavailableError(absl::StrCat(
+          peer_address_, " sent more than ", kMaxEarlyBytes, " bytes before the link was set up")));
+      return;
+    }
     EarlyChunk early;
     early.lane = lane;
     early.header = wire;

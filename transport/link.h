@@ -186,6 +186,7 @@ class Link : public std::enable_shared_from_this<Link> {
   bool configured_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<SecureChannel> channel_ ABSL_GUARDED_BY(mu_);
   std::vector<EarlyChunk> early_ ABSL_GUARDED_BY(mu_);
+  uint64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   LinkClass link_class_ ABSL_GUARDED_BY(mu_) = LinkClass::kFast;
   SchedulerOptions scheduler_ ABSL_GUARDED_BY(mu_);
   int64_t fast_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 64 << 20;
