@@ -32,8 +32,18 @@ constexpr Spec kSpecs[] = {
      "NONE|VERSION|WARN|INFO|TRACE"},
     {"LBCC_DEBUG_FILE", Type::kString, "",
      "Write logs to this file instead of stderr; %h expands to the host name, %p to the pid."},
+    {"LBCC_ENCRYPT", Type::kEnum, "slow",
+     "Transport, with a job secret: which authenticated links are also encrypted "
+     "(AES-256-GCM): slow ones, all or none (every chunk is authenticated either way).",
+     "none|slow|all"},
     {"LBCC_FAST_CHUNK_BYTES", Type::kBytes, "64M",
      "Transport: fast links carry messages in chunks of this size.", {}, 4096, 1 << 30},
+    {"LBCC_JOB_SECRET", Type::kString, "",
+     "The job secret, 64 hex digits (32 random bytes, e.g. `openssl rand -hex 32`): every "
+     "connection authenticates with it and every chunk is sealed; empty: no authentication. "
+     "Never printed."},
+    {"LBCC_JOB_SECRET_FILE", Type::kString, "",
+     "File holding the job secret (32 raw bytes or 64 hex digits); instead of LBCC_JOB_SECRET."},
     {"LBCC_LINK_CLASS", Type::kEnum, "auto",
      "Transport: class of every link: auto (the link rules file or the communicator's topology, "
      "else a timed probe at connect), fast or slow.",
@@ -409,6 +419,7 @@ std::string DescribeAll() {
     if (Bounded(spec)) absl::StrAppend(&type, RangeText(spec));
     absl::Status status = ValidateOne(spec);
     std::string current = from_user ? absl::StrCat("`", value, "`") : "(default)";
+    if (from_user && spec.name == "LBCC_JOB_SECRET") current = "(set, not shown)";
     if (!status.ok()) absl::StrAppend(&current, " INVALID");
     absl::StrAppend(&out, "| ", spec.name, " | ", type, " | `", spec.default_value, "` | ",
                     current, " | ", spec.help, " |\n");

@@ -97,6 +97,8 @@ ABSL_FLAG(int, nthreads, 1, "same as -t");
 // LBCC's own.
 ABSL_FLAG(int, local, 0, "spawn this many ranks as processes on this machine (0: launcher env)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file (rank 0)");
+ABSL_FLAG(std::string, job_secret_file, "",
+          "file holding the job secret (sets LBCC_JOB_SECRET_FILE for every rank; transport/secure.h)");
 ABSL_FLAG(double, top_k, 64, "sparse_allreduce: values kept per 4096");
 ABSL_FLAG(int, tensors, 1,
           "sparse_allreduce: split each size into this many equal tensors, as a model's "
@@ -1127,6 +1129,9 @@ int main(int argc, char** argv) {
   setlinebuf(stdout);
   const lbcc::cli::Parsed parsed =
       lbcc::cli::ParseOrExit(argc, argv, lbcc::kUsage, "bench/lbcc_perf.cc");
+  if (const std::string secret_file = absl::GetFlag(FLAGS_job_secret_file); !secret_file.empty()) {
+    setenv("LBCC_JOB_SECRET_FILE", secret_file.c_str(), 1);  // Spawned ranks inherit it.
+  }
   absl::StatusOr<lbcc::Settings> settings = lbcc::Resolve(parsed);
   if (!settings.ok()) {
     std::fprintf(stderr, "lbcc_perf: %s (see --help)\n",

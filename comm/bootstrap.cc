@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/logging.h"
+#include "transport/secure.h"
 #include "base/status_macros.h"
 
 namespace lbcc::comm {
@@ -172,8 +173,18 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
   std::map<int, Joined> joined;
   while (nranks == 0 || static_cast<int>(joined.size()) < nranks) {
     if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
-    Fd conn(accept(listener.get(), nullptr, nullptr));
+    sockaddr_in from{};
+    socklen_t from_length = sizeof(from);
+    Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from), &from_length));
     if (conn.get() < 0) continue;
+    // With a job secret, only members get further (transport/secure.h; refusals are logged).
+    if (!transport::AuthenticateJobMember(conn.get(), transport::HandshakeRole::kServer,
+                                          absl::StrCat("bootstrap ", session), ~uint64_t{0},
+                                          std::min(deadline, absl::Now() + absl::Seconds(10)),
+                                          FormatAddress(from))
+             .ok()) {
+      continue;
+    }
     // A slow or silent client must not hold up the root past its deadline.
     absl::StatusOr<std::string> hello =
         RecvFrame(conn.get(), std::min(deadline, absl::Now() + absl::Seconds(10)), kMaxBlobBytes + 64);
@@ -337,6 +348,9 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
     absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
+  LBCC_RETURN_IF_ERROR(transport::AuthenticateJobMember(
+      fd.get(), transport::HandshakeRole::kClient, absl::StrCat("bootstrap ", session),
+      static_cast<uint64_t>(rank), deadline, UniqueIdAddress(id)));
   std::string hello;
   Append<uint32_t>(&hello, kHelloMagic);
   Append<uint64_t>(&hello, session);

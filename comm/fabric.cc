@@ -28,8 +28,12 @@ constexpr Tag kByeTag = ~Tag{0} - 1;
 // How long a closing rank waits for its peers' goodbyes at most.
 constexpr absl::Duration kByeTimeout = absl::Seconds(30);
 
-absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend) {
+absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend,
+                                                                   const UniqueId& id, int rank) {
   LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
+  // With a job secret, every link's handshake binds the job (the id's session) and the rank.
+  options.security.job_id = std::string(id.internal + 8, 8);
+  options.security.identity = static_cast<uint64_t>(rank);
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
   if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
@@ -62,7 +66,7 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   fabric->rank_ = rank;
   fabric->nranks_ = nranks;
   fabric->options_ = options;
-  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend));
+  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend, id, rank));
   std::string listen = absl::StrCat(options.listen_host, ":0");
   if (options.backend == "loopback") {
     std::random_device random;

@@ -9,6 +9,49 @@
 #include "base/logging.h"
 
 namespace lbcc::transport {
+namespace {
+
+// Bytes a link keeps unread before Configure() (see OnChunk).
+constexpr uint64_t kMaxEarlyBytes = uint64_t{1} << 30;
+
+// Scratch for sealed bytes, not zero-filled (it is written in full before it is read).
+struct Scratch {
+  explicit Scratch(size_t n) : bytes(new uint8_t[n]), size(n) {}
+  std::unique_ptr<uint8_t[]> bytes;
+  size_t size;
+};
+
+absl::Span<const uint8_t> HeaderBytes(const ChunkHeader& header) {
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&header), sizeof(header));
+}
+
+// A sealed chunk's bytes still at the sender: fetched into a scratch buffer, opened into the
+// receive buffer.
+class SealedPayload final : public DeferredPayload {
+ public:
+  SealedPayload(std::unique_ptr<DeferredPayload> inner, std::shared_ptr<SecureChannel> channel,
+                const ChunkHeader& wire)
+      : inner_(std::move(inner)), channel_(std::move(channel)), wire_(wire) {}
+  void Fetch(uint8_t* dst, DoneCallback done) override {
+    auto sealed = std::make_shared<Scratch>(wire_.length);
+    uint8_t* into = sealed->bytes.get();
+    inner_->Fetch(into, [sealed, dst, channel = channel_, wire = wire_,
+                         done = std::move(done)](absl::Status status) mutable {
+      if (status.ok()) {
+        status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                               sealed->bytes.get(), sealed->size, dst);
+      }
+      done(std::move(status));
+    });
+  }
+
+ private:
+  std::unique_ptr<DeferredPayload> inner_;
+  std::shared_ptr<SecureChannel> channel_;
+  ChunkHeader wire_;
+};
+
+}  // namespace
 
 Link::Link(std::shared_ptr<Executor> executor, std::string peer_address)
     : executor_(std::move(executor)), peer_address_(std::move(peer_address)) {}
@@ -27,9 +70,13 @@ void Link::AddLane(std::shared_ptr<Lane> lane) {
 }
 
 void Link::Configure(LinkClass link_class, const SchedulerOptions& scheduler,
-                     int64_t fast_chunk_bytes, const ProbeResult& probe) {
+                     int64_t fast_chunk_bytes, const ProbeResult& probe,
+                     std::shared_ptr<SecureChannel> channel) {
   MutexLock lock(&mu_);
   configured_ = true;
+  channel_ = std::move(channel);
+  counters_.authenticated = channel_ != nullptr;
+  counters_.encrypted = channel_ != nullptr && channel_->encrypt();
   link_class_ = link_class;
   scheduler_ = scheduler;
   fast_chunk_bytes_ = std::max<int64_t>(fast_chunk_bytes, 1);
@@ -48,6 +95,12 @@ void Link::Configure(LinkClass link_class, const SchedulerOptions& scheduler,
   counters_.probed_send_bytes_per_second = probe.send_bytes_per_second;
   counters_.probed_recv_bytes_per_second = probe.recv_bytes_per_second;
   counters_.probed_rtt_seconds = probe.rtt_seconds;
+  std::vector<EarlyChunk> early = std::move(early_);
+  early_.clear();
+  for (EarlyChunk& chunk : early) {
+    if (failed_) break;
+    OnChunkLocked(chunk.lane, chunk.header, chunk.bytes.data(), std::move(chunk.deferred));
+  }
 }
 
 void Link::AddRetries(uint64_t retries) {
@@ -232,9 +285,22 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
     lane_inflight_[lane] += length;
     inflight_by_priority_[static_cast<int>(msg->priority)] += length;
   }
-  lanes_[lane]->SendChunk(header, msg->data + offset, length,
+  std::shared_ptr<Scratch> sealed;
+  const uint8_t* bytes = msg->data + offset;
+  size_t wire_length = length;
+  if (channel_ != nullptr) {
+    header.flags |= kChunkSealed | (channel_->encrypt() ? kChunkEncrypted : 0);
+    wire_length = length + SecureChannel::kOverhead;
+    header.length = static_cast<uint32_t>(wire_length);
+    sealed = std::make_shared<Scratch>(wire_length);
+    const absl::Status status =
+        channel_->Seal(HeaderBytes(header), bytes, length, sealed->bytes.get());
+    LBCC_CHECK(status.ok()) << status;  // OpenSSL failing on valid keys is not input's fault.
+    bytes = sealed->bytes.get();
+  }
+  lanes_[lane]->SendChunk(header, bytes, wire_length,
                           [self = shared_from_this(), seq = msg->seq, lane, length, credit,
-                           priority = msg->priority](absl::Status status) {
+                           priority = msg->priority, sealed](absl::Status status) {
                             self->OnChunkSent(seq, lane, length, credit, priority,
                                               std::move(status));
                           });
@@ -376,10 +442,62 @@ void Link::RecvLocked(Tag tag, PostedRecv recv) {
   TryMatchLocked(tag);
 }
 
-void Link::OnChunk(int lane, const ChunkHeader& h, const uint8_t* data,
+void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
                    std::unique_ptr<DeferredPayload> deferred) {
   MutexLock lock(&mu_);
   if (failed_) return;  // `deferred` is discarded.
+  if (!configured_) {
+    // Whether it is sealed is known at Configure(): keep it unread until then. A legitimate peer
+    // sends at most a few stripes' chunks before its READY is processed; a connection that sends
+    // more before the set-up finished (it may not even have authenticated) is cut off.
+    early_bytes_ += wire.length;
+    if (early_bytes_ > kMaxEarlyBytes) {
+      FailLocked(absl::UnavailableError(absl::StrCat(
+          peer_address_, " sent more than ", kMaxEarlyBytes, " bytes before the link was set up")));
+      return;
+    }
+    EarlyChunk early;
+    early.lane = lane;
+    early.header = wire;
+    if (deferred != nullptr) {
+      early.deferred = std::move(deferred);
+    } else if (data != nullptr) {
+      early.bytes.assign(data, data + wire.length);
+    }
+    early_.push_back(std::move(early));
+    return;
+  }
+  OnChunkLocked(lane, wire, data, std::move(deferred));
+}
+
+void Link::OnChunkLocked(int lane, const ChunkHeader& wire, const uint8_t* data,
+                         std::unique_ptr<DeferredPayload> deferred) {
+  ChunkHeader h = wire;
+  std::unique_ptr<uint8_t[]> opened;
+  if (channel_ != nullptr) {
+    if ((wire.flags & kChunkSealed) == 0 || wire.length < SecureChannel::kOverhead) {
+      CountIntegrityFailure();
+      ++counters_.integrity_failures;
+      FailLocked(absl::DataLossError(absl::StrCat(
+          "unsealed chunk from ", peer_address_, " on an authenticated link")));
+      return;
+    }
+    h.length = static_cast<uint32_t>(wire.length - SecureChannel::kOverhead);
+    h.flags = static_cast<uint8_t>(wire.flags & ~(kChunkSealed | kChunkEncrypted));
+    if (deferred != nullptr) {
+      deferred = std::make_unique<SealedPayload>(std::move(deferred), channel_, wire);
+    } else {
+      opened.reset(new uint8_t[std::max<uint32_t>(h.length, 1)]);
+      absl::Status status = channel_->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                                           data, wire.length, opened.get());
+      if (!status.ok()) {
+        ++counters_.integrity_failures;
+        FailLocked(std::move(status));
+        return;
+      }
+      data = opened.get();
+    }
+  }
   if (h.version != kWireVersion || h.offset > h.total_size ||
       h.length > h.total_size - h.offset || (h.length == 0 && h.total_size != 0) ||
       lane < 0 || lane >= static_cast<int>(lanes_.size())) {
@@ -531,10 +649,13 @@ void Link::OnFetchDone(uint64_t seq, uint32_t length, int credit_lane, uint8_t p
     counters_.bytes_received += length;
     MaybeFinishRecvLocked(msg);
   } else {
+    if (status.code() == absl::StatusCode::kDataLoss) ++counters_.integrity_failures;
     if (msg->status.ok()) msg->status = status;
     MaybeFinishRecvLocked(msg);  // May destroy msg.
     if (!failed_) {
-      FailLocked(status.code() == absl::StatusCode::kCancelled
+      // A sealed chunk that did not verify stays DataLoss; anything else lost the link.
+      FailLocked(status.code() == absl::StatusCode::kCancelled ||
+                         status.code() == absl::StatusCode::kDataLoss
                      ? status
                      : absl::UnavailableError(absl::StrCat("link to ", peer_address_,
                                                            " lost: ", status.message())));
@@ -585,6 +706,7 @@ void Link::FailLocked(absl::Status status) {
   if (failed_) return;
   failed_ = true;
   failure_ = status;
+  early_.clear();  // Unread; their deferred bytes are released.
   LBCC_LOG_IF(INFO, status.code() != absl::StatusCode::kCancelled)
       << "link to " << peer_address_ << " failed: " << status;
 

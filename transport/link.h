@@ -8,6 +8,14 @@
 // messages by priority and hand chunks to the least-loaded lane while the bytes in flight (not yet
 // credited back by the receiver) stay under the window and the token bucket allows.
 //
+// Authenticated links (a SecureChannel from the link set-up, transport/secure.h): every chunk is
+// sealed (AES-256-GCM: encrypted, or authenticated only) before it reaches a lane, and opened
+// before any of its bytes reach a receive buffer; a chunk that does not verify fails the link
+// with DataLoss naming the peer. On the wire such a chunk carries kChunkSealed (and
+// kChunkEncrypted when encrypted) and `length` counts the counter and tag as well; the header
+// as sent is the AEAD's associated data. Chunks that arrive before Configure() wait, unread,
+// until it says whether the link is sealed.
+//
 // Thread-safety: all public methods are thread-safe. Lock order: a backend's own lock (the UCX
 // worker) may be held when calling On*(); the Link's mutex is never held while calling user code
 // other than a RecvAllocator, and user callbacks run on the Executor.
@@ -37,6 +45,10 @@
 
 namespace lbcc::transport {
 
+// ChunkHeader::flags beside kChunkNeedsCredit (lane.h).
+inline constexpr uint8_t kChunkSealed = 2;
+inline constexpr uint8_t kChunkEncrypted = 4;
+
 class Link : public std::enable_shared_from_this<Link> {
  public:
   Link(std::shared_ptr<Executor> executor, std::string peer_address);
@@ -46,8 +58,10 @@ class Link : public std::enable_shared_from_this<Link> {
   // Lanes may be added until the first Send; chunks may arrive on a lane as soon as it is added.
   // Configure() must come before the first Send.
   void AddLane(std::shared_ptr<Lane> lane);
+  // `channel`: the link's keys when the set-up authenticated it (LinkParams::channel); null:
+  // chunks travel as they are.
   void Configure(LinkClass link_class, const SchedulerOptions& scheduler, int64_t fast_chunk_bytes,
-                 const ProbeResult& probe);
+                 const ProbeResult& probe, std::shared_ptr<SecureChannel> channel = nullptr);
   // Called after the Link's mutex is released in calling paths, so that the backend can make
   // progress on the caller's thread (UCX: try the worker lock and progress).
   void SetKick(std::function<void()> kick);
@@ -121,6 +135,14 @@ class Link : public std::enable_shared_from_this<Link> {
     std::map<uint64_t, InMsg*> unmatched;  // By tag_seq.
   };
 
+  struct EarlyChunk {  // Arrived before Configure().
+    int lane = 0;
+    ChunkHeader header{};
+    std::vector<uint8_t> bytes;
+    std::unique_ptr<DeferredPayload> deferred;
+  };
+  void OnChunkLocked(int lane, const ChunkHeader& header, const uint8_t* data,
+                     std::unique_ptr<DeferredPayload> deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -162,6 +184,9 @@ class Link : public std::enable_shared_from_this<Link> {
   std::vector<std::shared_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> lane_inflight_ ABSL_GUARDED_BY(mu_);
   bool configured_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<SecureChannel> channel_ ABSL_GUARDED_BY(mu_);
+  std::vector<EarlyChunk> early_ ABSL_GUARDED_BY(mu_);
+  uint64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   LinkClass link_class_ ABSL_GUARDED_BY(mu_) = LinkClass::kFast;
   SchedulerOptions scheduler_ ABSL_GUARDED_BY(mu_);
   int64_t fast_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 64 << 20;

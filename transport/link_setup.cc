@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <array>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -38,6 +39,27 @@ ControlMessage Message(Ctl type) {
   ControlMessage message;
   message.header.type = static_cast<uint32_t>(type);
   return message;
+}
+
+// The header's 16-byte slots: any two 8-byte fields (u64 or double bits).
+void PutBytes(const uint8_t* bytes, void* lo, void* hi) {
+  std::memcpy(lo, bytes, 8);
+  std::memcpy(hi, bytes + 8, 8);
+}
+std::array<uint8_t, 16> GetBytes(const void* lo, const void* hi) {
+  std::array<uint8_t, 16> bytes;
+  std::memcpy(bytes.data(), lo, 8);
+  std::memcpy(bytes.data() + 8, hi, 8);
+  return bytes;
+}
+
+uint32_t AuthFlags(const SecurityOptions& security) {
+  return kAuthFlag | static_cast<uint32_t>(security.encrypt) << 1;
+}
+
+EncryptMode FlagsMode(uint32_t flags) {
+  const uint32_t mode = (flags >> 1) & 3;
+  return mode <= 2 ? static_cast<EncryptMode>(mode) : EncryptMode::kAll;
 }
 
 }  // namespace
@@ -144,6 +166,7 @@ bool IsSetupMessage(uint32_t type) {
     case Ctl::kProbeData:
     case Ctl::kProbeAck:
     case Ctl::kProbeRequest:
+    case Ctl::kAuth:
       return true;
     case Ctl::kCredit:
     case Ctl::kHeartbeat:
@@ -198,10 +221,184 @@ LinkSetup::LinkSetup(Role role, const TransportOptions& options, std::string pee
       slow_threshold_bits_per_second_(options.slow_threshold_bits_per_second),
       probe_max_bytes_(options.probe_max_bytes),
       probe_min_time_(options.probe_min_time),
-      slow_stripes_(std::max(1, options.scheduler.stripes)) {}
+      slow_stripes_(std::max(1, options.scheduler.stripes)),
+      security_(options.security) {}
+
+ControlMessage LinkSetup::Hello(uint64_t conn_id, uint32_t lane) {
+  ControlMessage hello = HelloMessage(conn_id);
+  if (!security_.enabled()) return hello;
+  MutexLock lock(&mu_);
+  hello.header.reserved = AuthFlags(security_);
+  if (lane == 0) {
+    transcript_ = HandshakeTranscript{};
+    transcript_.job_id = security_.job_id;
+    transcript_.link_id = conn_id;
+    transcript_.client_identity = security_.identity;
+    transcript_.client_nonce = NewNonce();
+    transcript_.client_flags = hello.header.reserved;
+    authenticated_ = false;
+    PutBytes(transcript_.client_nonce.data(), &hello.header.a, &hello.header.b);
+    std::memcpy(&hello.header.x, &security_.identity, 8);
+  } else {
+    const Mac mac = StripeMac(*security_.secret, transcript_, lane);
+    PutBytes(mac.data(), &hello.header.a, &hello.header.b);
+  }
+  return hello;
+}
+
+LinkSetup::Step LinkSetup::Refuse(absl::string_view why) {
+  RefuseConnection(peer_, why);
+  Step step;
+  step.refuse = true;
+  return step;
+}
+
+LinkSetup::Step LinkSetup::ServeHello(const ControlHeader& h) {
+  Step step;
+  if (!security_.enabled()) {
+    // The client authenticates and we cannot: tell it, so it fails with a clear error.
+    step.admit = true;
+    step.reply = Message(Ctl::kWelcome);
+    step.reply->header.conn_id = h.conn_id;
+    step.reply->header.a = EncodeClass(configured_);
+    return step;
+  }
+  if ((h.reserved & kAuthFlag) == 0) {
+    step = Refuse("it offers no job secret (LBCC_JOB_SECRET) and this job requires one");
+    // A WELCOME asking for authentication lets an LBCC client without a secret say why.
+    step.reply = Message(Ctl::kWelcome);
+    step.reply->header.reserved = kAuthFlag;
+    return step;
+  }
+  if (h.lane == 0) {
+    if (authenticated_) {
+      return Refuse(absl::StrCat("a second handshake for link ", h.conn_id,
+                                 ", already authenticated (a replay?)"));
+    }
+    hello_seen_ = true;
+    transcript_ = HandshakeTranscript{};
+    transcript_.job_id = security_.job_id;
+    transcript_.link_id = h.conn_id;
+    std::memcpy(&transcript_.client_identity, &h.x, 8);
+    const std::array<uint8_t, 16> nonce = GetBytes(&h.a, &h.b);
+    std::memcpy(transcript_.client_nonce.data(), nonce.data(), kNonceBytes);
+    transcript_.client_flags = h.reserved;
+    transcript_.server_identity = security_.identity;
+    transcript_.server_nonce = NewNonce();
+    transcript_.server_flags = AuthFlags(security_);
+    const Mac mac = HandshakeMac(*security_.secret, transcript_, HandshakeRole::kServer);
+    step.admit = true;
+    step.reply = Message(Ctl::kWelcome);
+    ControlHeader& w = step.reply->header;
+    w.conn_id = security_.identity;
+    w.a = EncodeClass(configured_);
+    PutBytes(transcript_.server_nonce.data(), &w.b, &w.x);
+    PutBytes(mac.data(), &w.y, &w.z);
+    w.reserved = transcript_.server_flags;
+    return step;
+  }
+  // A further connection (a stripe) of an authenticated link carries its own proof.
+  const std::array<uint8_t, 16> got = GetBytes(&h.a, &h.b);
+  Mac mac;
+  std::memcpy(mac.data(), got.data(), kMacBytes);
+  if (!authenticated_ || !MacEqual(mac, StripeMac(*security_.secret, transcript_, h.lane))) {
+    return Refuse(absl::StrCat("connection ", h.lane, " of link ", h.conn_id,
+                               " carries no valid proof"));
+  }
+  step.admit = true;
+  step.reply = Message(Ctl::kWelcome);
+  step.reply->header.conn_id = h.conn_id;
+  step.reply->header.a = EncodeClass(configured_);
+  step.reply->header.reserved = transcript_.server_flags;
+  return step;
+}
+
+LinkSetup::Step LinkSetup::ServeAuth(const ControlHeader& h) {
+  if (!security_.enabled()) return Refuse("it sent a proof this end cannot check (no secret)");
+  if (!hello_seen_ || authenticated_) {
+    return Refuse("a proof without a handshake in progress (a replay?)");
+  }
+  const std::array<uint8_t, 16> got = GetBytes(&h.a, &h.b);
+  Mac mac;
+  std::memcpy(mac.data(), got.data(), kMacBytes);
+  if (!MacEqual(mac, HandshakeMac(*security_.secret, transcript_, HandshakeRole::kClient))) {
+    hello_seen_ = false;  // This handshake is over; a new one needs a new HELLO (and nonce).
+    return Refuse("it does not hold this job's secret (its handshake proof is wrong)");
+  }
+  authenticated_ = true;
+  CountHandshake(true);
+  return Step{};
+}
+
+bool LinkSetup::TakeWelcome(const ControlHeader& h) {
+  const bool theirs_auth = (h.reserved & kAuthFlag) != 0;
+  if (!security_.enabled()) {
+    if (theirs_auth && failure_.ok()) {
+      RefuseConnection(peer_, "it requires a job secret and this end has none");
+      failure_ = absl::PermissionDeniedError(absl::StrCat(
+          peer_, " requires a job secret: set LBCC_JOB_SECRET or LBCC_JOB_SECRET_FILE"));
+    }
+    return !theirs_auth;
+  }
+  if (h.lane != 0) return true;  // A stripe's WELCOME: its data is sealed with the link's keys.
+  if (!theirs_auth) {
+    if (failure_.ok()) {
+      RefuseConnection(peer_, "it does not authenticate (no job secret)");
+      failure_ = absl::PermissionDeniedError(
+          absl::StrCat(peer_, " does not authenticate: it has no job secret"));
+    }
+    return false;
+  }
+  transcript_.server_identity = h.conn_id;
+  const std::array<uint8_t, 16> nonce = GetBytes(&h.b, &h.x);
+  std::memcpy(transcript_.server_nonce.data(), nonce.data(), kNonceBytes);
+  transcript_.server_flags = h.reserved;
+  const std::array<uint8_t, 16> got = GetBytes(&h.y, &h.z);
+  Mac mac;
+  std::memcpy(mac.data(), got.data(), kMacBytes);
+  if (!MacEqual(mac, HandshakeMac(*security_.secret, transcript_, HandshakeRole::kServer))) {
+    if (failure_.ok()) {
+      RefuseConnection(peer_, "it does not hold this job's secret (its handshake proof is wrong)");
+      failure_ = absl::PermissionDeniedError(
+          absl::StrCat(peer_, " does not hold this job's secret (its handshake proof is wrong)"));
+    }
+    return false;
+  }
+  authenticated_ = true;
+  CountHandshake(true);
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<SecureChannel>> LinkSetup::Channel(LinkClass link_class) {
+  if (!security_.enabled()) return std::shared_ptr<SecureChannel>();
+  const uint32_t theirs =
+      role_ == Role::kClient ? transcript_.server_flags : transcript_.client_flags;
+  const bool encrypt =
+      EncryptLink(security_.encrypt, FlagsMode(theirs), link_class == LinkClass::kSlow);
+  return SecureChannel::Create(*security_.secret, transcript_,
+                               role_ == Role::kClient ? HandshakeRole::kClient
+                                                      : HandshakeRole::kServer,
+                               encrypt, peer_);
+}
 
 LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scratch) {
   Step step;
+  if (role_ == Role::kServer &&
+      (security_.enabled() || (static_cast<Ctl>(h.type) == Ctl::kHello && h.reserved != 0))) {
+    MutexLock lock(&mu_);
+    switch (static_cast<Ctl>(h.type)) {
+      case Ctl::kHello:
+        return ServeHello(h);
+      case Ctl::kAuth:
+        return ServeAuth(h);
+      default:
+        // Nothing but the handshake is answered before the client's proof verified.
+        if (!authenticated_) {
+          return Refuse(absl::StrCat("set-up message ", h.type, " before authentication"));
+        }
+        break;
+    }
+  }
   switch (static_cast<Ctl>(h.type)) {
     // Served by either end.
     case Ctl::kHello:
@@ -236,8 +433,13 @@ LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scrat
   MutexLock lock(&mu_);
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kWelcome:
+      if (role_ != Role::kClient) break;
+      if (!TakeWelcome(h)) break;  // failure_ says why; AwaitWelcomes returns it.
       ++welcomes_;
       theirs_ = DecodeClass(h.a);
+      break;
+    case Ctl::kAuth:  // A client never takes a proof: only a server asks for one.
+      step = Refuse("it sent a proof to the connecting side");
       break;
     case Ctl::kPong:
       pong_seq_ = std::max(pong_seq_, h.a);
@@ -256,6 +458,15 @@ LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scrat
       params.probe.send_bytes_per_second = h.y;  // The client's receive rate is our send rate.
       params.probe.recv_bytes_per_second = h.x;
       params.probe.rtt_seconds = h.z;
+      absl::StatusOr<std::shared_ptr<SecureChannel>> channel = Channel(params.link_class);
+      if (!channel.ok()) {
+        LBCC_LOG(WARN) << "link from " << peer_ << ": " << channel.status();
+        return Refuse("its link keys could not be derived");
+      }
+      params.channel = *std::move(channel);
+      LBCC_LOG_IF(INFO, params.channel != nullptr)
+          << "link from " << peer_ << " authenticated, "
+          << (params.channel->encrypt() ? "encrypted" : "not encrypted");
       step.ready = params;
       break;
     }
@@ -355,6 +566,20 @@ absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadlin
 
 absl::StatusOr<LinkParams> LinkSetup::Negotiate(SetupWire& wire, const ConnectOptions& options,
                                                 absl::Time deadline, bool measure) {
+  if (security_.enabled()) {
+    // The client's proof goes first; the server answers nothing else before it.
+    ControlMessage auth = Message(Ctl::kAuth);
+    {
+      MutexLock lock(&mu_);
+      auth.header.conn_id = transcript_.link_id;
+      if (!authenticated_) {
+        return absl::InternalError(absl::StrCat("link to ", peer_, " negotiated before WELCOME"));
+      }
+      const Mac mac = HandshakeMac(*security_.secret, transcript_, HandshakeRole::kClient);
+      PutBytes(mac.data(), &auth.header.a, &auth.header.b);
+    }
+    wire.Send(std::move(auth));
+  }
   // The link class: explicit, configured on either side (slow wins), or measured.
   std::optional<LinkClass> link_class;
   if (options.has_link_class) {
@@ -383,6 +608,11 @@ absl::StatusOr<LinkParams> LinkSetup::Negotiate(SetupWire& wire, const ConnectOp
   }
   params.link_class = link_class.value_or(LinkClass::kFast);
   params.stripes = params.link_class == LinkClass::kSlow ? slow_stripes_ : 1;
+  MutexLock lock(&mu_);
+  LBCC_ASSIGN_OR_RETURN(params.channel, Channel(params.link_class));
+  LBCC_LOG_IF(INFO, params.channel != nullptr)
+      << "link to " << peer_ << " authenticated, "
+      << (params.channel->encrypt() ? "encrypted" : "not encrypted");
   return params;
 }
 

@@ -7,19 +7,25 @@
 //   - LinkRules: the LBCC_LINK_RULES_FILE parser and lookup (file format in options.h);
 //   - the class rule: ConnectOptions, else either side's configuration (rules file, then
 //     LBCC_LINK_CLASS) where slow wins, else the connect-time probe (SlowWins, LinkSetup);
-//   - the set-up protocol (ControlHeader, Ctl): HELLO -> WELCOME -> [probe] -> READY, run by a
-//     LinkSetup on each end (client: Connect's thread drives it; server: it answers);
+//   - the set-up protocol (ControlHeader, Ctl): HELLO -> WELCOME -> [AUTH] -> [probe] -> READY,
+//     run by a LinkSetup on each end (client: Connect's thread drives it; server: it answers);
+//   - with a job secret (TransportOptions::security, transport/secure.h): mutual
+//     authentication in HELLO / WELCOME / AUTH (a fresh nonce from each side, HMAC-SHA-256
+//     proofs binding the job, the link id and both identities), a proof on every further
+//     connection of the link, and the link's SecureChannel (per-direction AES-256-GCM keys) in
+//     LinkParams; a connection that fails is refused (Step::refuse), logged at WARN and counted;
 //   - the probe: three pings for the round trip, then transfers each way growing 4x from 64 KiB
 //     until one takes probe_min_time or reaches probe_max_bytes (ProbeScratch keeps its buffers);
 //   - PeerWatch: heartbeats on a running link and the silent-peer rule.
 //
-// The steps, in order; each new step (an authenticated handshake with a job secret, issue 24; a
-// topology-consistency check, issue 19) goes into LinkSetup once and every backend runs it:
+// The steps, in order; each new step goes into LinkSetup once and every backend runs it:
 //   1. HELLO / WELCOME on each connection: the server's OnControl admits the connection to the
-//      link (Step::admit) or not, the one admission point for every connection of every backend;
-//      the client's backend opens connection 0 and AwaitWelcomes() waits;
-//   2. Negotiate(): every client step over connection 0, in order: [authentication goes first],
-//      then the class, then the probe; the backend opens `stripes` - 1 more connections (step 1);
+//      link (Step::admit) or refuses it (Step::refuse: the backend closes it), the one admission
+//      point for every connection of every backend; the client's backend opens connection 0
+//      (its HELLO from Hello()) and AwaitWelcomes() waits (and checks the server's proof);
+//   2. Negotiate(): every client step over connection 0, in order: AUTH (the client's proof;
+//      the server answers nothing else before it), then the class, then the probe; the backend
+//      opens `stripes` - 1 more connections (step 1);
 //   3. Ready(): READY tells the server the class and the probe figures; both ends configure
 //      their Link with the same LinkParams, and only then does Accept() return the server's end.
 //
@@ -47,6 +53,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/mutex.h"
+#include "transport/secure.h"
 #include "transport/transport.h"
 
 namespace lbcc::transport {
@@ -99,7 +106,16 @@ enum class Ctl : uint32_t {
   kProbeRequest = 8,  // client -> server: a = sequence, b = bytes to send back as ProbeData
   kCredit = 9,        // a = bytes, b = priority of the chunks (a backend's lane, not set-up)
   kHeartbeat = 10,    // every peer_timeout / 4 on connection 0 of a running link
+  kAuth = 11,         // client -> server: a/b = the client's proof (after WELCOME, connection 0)
 };
+
+// With a job secret, `reserved` carries kAuthFlag | encryption mode << 1 in HELLO and WELCOME,
+// and the fields carry the handshake (transport/secure.h):
+//   HELLO, connection 0: a/b = client nonce, x = client identity (bits);
+//   HELLO, connection i > 0: a/b = StripeMac(lane i);
+//   WELCOME, connection 0: conn_id = server identity, b/x = server nonce, y/z = server proof;
+//   AUTH: a/b = client proof.
+inline constexpr uint32_t kAuthFlag = 1;
 
 struct ControlHeader {
   uint32_t type;
@@ -124,6 +140,7 @@ struct ControlMessage {
 
 // Whether `type` belongs to the set-up protocol (LinkSetup::OnControl takes it).
 bool IsSetupMessage(uint32_t type);
+// An unauthenticated HELLO (LinkSetup::Hello makes the one a backend sends).
 ControlMessage HelloMessage(uint64_t conn_id);
 ControlMessage HeartbeatMessage();
 
@@ -141,6 +158,8 @@ struct LinkParams {
   LinkClass link_class = LinkClass::kFast;
   int stripes = 1;  // Connections the client opens (the server counts the ones that arrive).
   ProbeResult probe;
+  // Authenticated links (a job secret): this end's keys; every chunk is sealed. Null: plain.
+  std::shared_ptr<SecureChannel> channel;
 };
 
 // Probe buffers of each size, kept for reuse by one backend: allocating (and zeroing) inside a
@@ -184,6 +203,10 @@ class LinkSetup {
   // -- Incoming, any thread (backend context). Never blocks on the network.
   struct Step {
     bool admit = false;                   // HELLO: attach this connection to the link.
+    // Close this connection once `reply` (if any) is sent: it failed authentication (already
+    // logged and counted). A refused HELLO's connection was not admitted; any other refusal
+    // fails the link.
+    bool refuse = false;
     std::optional<ControlMessage> reply;  // Send back on the connection the message came on.
     std::optional<LinkParams> ready;      // Server, once: READY arrived; configure the Link.
   };
@@ -200,7 +223,11 @@ class LinkSetup {
 
   // -- Client steps, in order, on the connecting thread. Each blocks until its replies arrived,
   // a failure, Cancel() or `deadline` (DeadlineExceeded "<what> from <peer> timed out").
-  // 1. WELCOMEs for `connections` connections (the backend sent their HELLOs).
+  // 0. The HELLO for connection `lane` of the link `conn_id` (connection 0: a fresh nonce; a
+  // further connection: its proof, so only after Negotiate()).
+  ControlMessage Hello(uint64_t conn_id, uint32_t lane);
+  // 1. WELCOMEs for `connections` connections (the backend sent their HELLOs). With a secret:
+  // PermissionDenied when the server's proof is wrong or it does not authenticate.
   absl::Status AwaitWelcomes(int connections, absl::Time deadline);
   // 2. Every step over connection 0 after WELCOME: the link class and the probe. `measure`: the
   // backend's lanes can be timed (UCX); a backend that cannot measure (memory) makes
@@ -215,6 +242,14 @@ class LinkSetup {
   template <typename Pred>
   absl::Status Await(Pred done, absl::Time deadline, absl::string_view what);
   absl::StatusOr<ProbeResult> Probe(SetupWire& wire, absl::Time deadline, bool rates);
+  // The authenticated parts of OnControl (a secret is set, or the peer sent one).
+  Step ServeHello(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Step ServeAuth(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Client: checks a WELCOME; false (failure_ set) when the server fails authentication.
+  bool TakeWelcome(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Step Refuse(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<SecureChannel>> Channel(LinkClass link_class)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Role role_;
   const std::string peer_;
@@ -223,6 +258,7 @@ class LinkSetup {
   const int64_t probe_max_bytes_;
   const absl::Duration probe_min_time_;
   const int slow_stripes_;
+  const SecurityOptions security_;
 
   Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
@@ -234,6 +270,10 @@ class LinkSetup {
   uint64_t pong_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t probe_ack_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t probe_data_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Authentication (security_.enabled()).
+  HandshakeTranscript transcript_ ABSL_GUARDED_BY(mu_);
+  bool hello_seen_ ABSL_GUARDED_BY(mu_) = false;     // Server: a HELLO on connection 0 arrived.
+  bool authenticated_ ABSL_GUARDED_BY(mu_) = false;  // The peer's proof verified.
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -147,20 +147,26 @@ class MemoryWire final : public SetupWire {
       : server_(server), client_(client), scratch_(scratch) {}
   void Send(ControlMessage message) override {
     LinkSetup::Step step = server_->OnControl(message.header, *scratch_);
+    // The reply first: a refusal's WELCOME tells the client why (the first failure is kept).
+    if (step.reply.has_value()) client_->OnControl(step.reply->header, *scratch_);
     if (message.header.type == static_cast<uint32_t>(Ctl::kHello) && !step.admit) {
       client_->Fail(absl::UnavailableError("the listener's link set-up refused the connection"));
+    } else if (step.refuse) {
+      refused_ = true;
+      client_->Fail(absl::PermissionDeniedError("the listener refused the link: authentication"));
     }
     if (step.ready.has_value()) ready_ = step.ready;
-    if (step.reply.has_value()) client_->OnControl(step.reply->header, *scratch_);
   }
   // What the server's LinkSetup took from READY.
   const std::optional<LinkParams>& ready() const { return ready_; }
+  bool refused() const { return refused_; }
 
  private:
   LinkSetup* const server_;
   LinkSetup* const client_;
   ProbeScratch* const scratch_;
   std::optional<LinkParams> ready_;
+  bool refused_ = false;
 };
 
 // What each end configures its Link with, from the set-up every backend runs
@@ -179,13 +185,19 @@ absl::StatusOr<BothEnds> SetUpInMemory(const TransportOptions& client_options,
                          absl::StrCat("loop:", client_name),
                          HostPort{SplitHostPort(client_name).host, 0});
   MemoryWire wire(&server_setup, &client_setup, &server.probe_scratch);
-  wire.Send(HelloMessage(connection));
+  wire.Send(client_setup.Hello(connection, 0));
   LBCC_RETURN_IF_ERROR(client_setup.AwaitWelcomes(1, deadline));
   // Memory lanes have nothing to measure: an unconfigured link is fast.
   LBCC_ASSIGN_OR_RETURN(LinkParams params,
                         client_setup.Negotiate(wire, options, deadline, /*measure=*/false));
   wire.Send(LinkSetup::Ready(connection, params));
-  if (!wire.ready().has_value()) return absl::InternalError("loopback set-up lost its READY");
+  if (!wire.ready().has_value()) {
+    if (wire.refused()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("loop:", address, " refused the link: authentication failed"));
+    }
+    return absl::InternalError("loopback set-up lost its READY");
+  }
   return BothEnds{params, *wire.ready()};
 }
 
@@ -285,9 +297,9 @@ class LoopbackTransport final : public Transport {
       accepted->AddLane(server_lane);
     }
     client->Configure(ends.client.link_class, state_->options.scheduler,
-                      state_->options.fast_chunk_bytes, ends.client.probe);
+                      state_->options.fast_chunk_bytes, ends.client.probe, ends.client.channel);
     accepted->Configure(ends.server.link_class, server->options.scheduler,
-                        server->options.fast_chunk_bytes, ends.server.probe);
+                        server->options.fast_chunk_bytes, ends.server.probe, ends.server.channel);
     client->AddRetries(retries);
     {
       MutexLock lock(&state_->mu);

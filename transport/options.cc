@@ -67,6 +67,7 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv() {
   LBCC_ASSIGN_OR_RETURN(options.slow_eager_bytes, env::GetBytes("LBCC_SLOW_EAGER_BYTES"));
   LBCC_ASSIGN_OR_RETURN(const int64_t spin_us, env::GetInt("LBCC_UCX_SPIN_US"));
   options.progress_spin = absl::Microseconds(spin_us);
+  LBCC_ASSIGN_OR_RETURN(options.security, SecurityOptions::FromEnv());
   return options;
 }
 

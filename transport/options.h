@@ -80,6 +80,10 @@ struct TransportOptions {
   std::string ucx_tls;
   std::string ucx_net_devices;
 
+  // The job secret and encryption mode (LBCC_JOB_SECRET / LBCC_JOB_SECRET_FILE, LBCC_ENCRYPT;
+  // transport/secure.h). No secret: links are not authenticated.
+  SecurityOptions security;
+
   // Reads every LBCC_* variable above (InvalidArgument for a bad value or an unreadable or bad
   // link rules file).
   static absl::StatusOr<TransportOptions> FromEnv();

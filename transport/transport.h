@@ -100,6 +100,9 @@ struct LinkCounters {
   uint64_t retries = 0;                 // Connection attempts repeated while setting up.
   uint64_t pacing_waits = 0;            // Times the token bucket held a chunk back.
   uint64_t live_tags = 0;               // Per-tag entries held (send and receive side).
+  bool authenticated = false;           // Set up with the job secret; every chunk is sealed.
+  bool encrypted = false;               // ...and encrypted (LBCC_ENCRYPT).
+  uint64_t integrity_failures = 0;      // Sealed chunks that did not verify (the link failed).
 };
 
 class Endpoint {

@@ -927,6 +927,29 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
   }
   if (conn == nullptr) return;
   LinkSetup::Step step = conn->setup->OnControl(h, probe_scratch_);
+  if (step.refuse) {
+    // Failed authentication (logged and counted by the set-up): close the connection once the
+    // reply, if any, is out. A refused HELLO was never admitted, so its link (if it has another
+    // connection) lives on; any other refusal came on the link's own connection.
+    if (!hello) {
+      conn->link->Fail(absl::PermissionDeniedError(
+          absl::StrCat("link from ", lane->peer(), " failed authentication")));
+    } else {
+      MutexLock lock(&ctl_mu_);
+      if (conn->lanes.empty()) conns_.erase({conn->id, conn->client});
+    }
+    auto close = [this, lane](absl::Status) {
+      Submit([this, lane](bool live) {
+        if (live) CloseLane(lane);
+      });
+    };
+    if (step.reply.has_value()) {
+      SendControl(lane, step.reply->header, std::move(step.reply->payload), std::move(close));
+    } else {
+      close(absl::OkStatus());
+    }
+    return;
+  }
   if (hello && step.admit) {
     MutexLock lock(&ctl_mu_);
     AttachLaneLocked(conn, lane, static_cast<int>(h.lane));
@@ -935,7 +958,7 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
     MutexLock lock(&ctl_mu_);
     if (!shutting_down_) {
       conn->link->Configure(step.ready->link_class, options_.scheduler,
-                            options_.fast_chunk_bytes, step.ready->probe);
+                            options_.fast_chunk_bytes, step.ready->probe, step.ready->channel);
       if (!conn->link->failed()) accept_queue_.push_back(conn);
       MarkRunningLocked(conn);  // Worker context: this runs inside progress.
     }
@@ -1104,7 +1127,8 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     }
     lane->ep = ep;
     eps_[ep] = lane;
-    SendControl(lane, HelloMessage(conn->id).header, nullptr, nullptr);
+    SendControl(lane, conn->setup->Hello(conn->id, static_cast<uint32_t>(index)).header, nullptr,
+                nullptr);
     return 0;
   });
   return lane;
@@ -1216,7 +1240,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   if (!welcomed.ok()) return fail(welcomed);
   for (auto& lane : lanes) conn->link->AddLane(lane);
   conn->link->Configure(params->link_class, options_.scheduler, options_.fast_chunk_bytes,
-                        params->probe);
+                        params->probe, params->channel);
   conn->link->AddRetries(retries);
 
   // Step 4: READY.

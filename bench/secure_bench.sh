@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# What issue 24's security costs, authenticated (+ encrypted) against plain, one run of ratios,
+# written to bench/results/secure.md (date, machine, command):
+#   1. UCX tcp point-to-point on loopback, 4 MiB messages: throughput of plain, integrity-only
+#      (LBCC_ENCRYPT=none) and encrypted (LBCC_ENCRYPT=all) links, the three alternating in one
+#      process for --rounds rounds (bench/secure_perf; the bytes cross real sockets);
+#   2. the connect time added per link (median Connect + Accept of fresh links, same runs);
+#   3. SparseAllReduce, 4 ranks, every down-link shaped to --rate in tools/testbed (root):
+#      plain against a job secret with the default LBCC_ENCRYPT=slow (slow links encrypted),
+#      alternating for --pairs rounds; the secure runs log at INFO, which shows every link
+#      authenticated, and every log is searched for the secret. Skipped with the reason without
+#      root / network namespaces.
+#
+#   bench/secure_bench.sh [--pairs 5] [--rounds 15] [--rate 100mbit] [--bytes 16M] [--iters 5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/flags.sh
+flags_value pairs 5 "alternating testbed runs of each variant"
+flags_value rounds 15 "alternating point-to-point rounds of each variant"
+flags_value rate 100mbit "testbed down-link rate (tc syntax)"
+flags_value bytes 16M "SparseAllReduce tensor size"
+flags_value iters 5 "timed SparseAllReduce iterations per run"
+flags_value out /tmp/lbcc_secure_bench "folder for the per-run JSON and logs"
+flags_value results bench/results/secure.md "where the summary is written"
+flags_parse "$@"
+pairs=$FLAG_pairs rounds=$FLAG_rounds rate=$FLAG_rate bytes=$FLAG_bytes iters=$FLAG_iters out=$FLAG_out
+results=$FLAG_results
+command="bench/secure_bench.sh $*"
+
+bazel build -c opt --jobs=2 //bench:secure_perf //bench:lbcc_perf >/dev/null 2>&1 ||
+  bazel build -c opt --jobs=2 //bench:secure_perf //bench:lbcc_perf
+secure_perf=$PWD/bazel-bin/bench/secure_perf
+perf=$PWD/bazel-bin/bench/lbcc_perf
+rm -rf "$out"
+mkdir -p "$out"
+
+echo "== UCX tcp on lo, 4 MiB point-to-point"
+UCX_MEM_EVENTS=no "$secure_perf" --bytes 4M --count 16 --window 8 --connects 20 \
+  --rounds "$rounds" > "$out/p2p.jsonl"
+
+testbed_note=""
+T=tools/testbed/testbed
+if ! why=$($T check 2>&1); then
+  testbed_note="skipped: $why"
+  echo "== testbed $testbed_note"
+else
+  echo "== testbed: 4 ranks, every down-link $rate, SparseAllReduce of $bytes"
+  name="sb$$"
+  trap '$T down --name "$name" >/dev/null 2>&1 || true' EXIT
+  $T down --stale >/dev/null 2>&1 || true
+  $T up --name "$name" --hosts 4 --rate "$rate" --slow 0,1,2,3 --owner-pid $$ >/dev/null
+  openssl rand -hex 32 > "$out/secret"
+  chmod 600 "$out/secret"
+  echo '{"nranks": 4}' > "$out/topology.json"
+  run() {  # run LABEL LOG_LEVEL [lbcc_perf flags]
+    local label=$1 level=$2
+    shift 2
+    local port=$((29000 + RANDOM % 1000)) pids=() rank
+    for rank in 0 1 2 3; do
+      $T exec --name "$name" "$rank" -- env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no \
+        LBCC_LISTEN_ADDR="$($T addr --name "$name" "$rank")" \
+        LBCC_BOOTSTRAP_ADDR="$($T addr --name "$name" 0):$port" LBCC_TIMEOUT_S=120 \
+        LBCC_DEBUG="$level" RANK=$rank WORLD_SIZE=4 \
+        "$perf" --op sparse_allreduce --min_bytes "$bytes" --max_bytes "$bytes" --iters "$iters" \
+        --warmup 1 --quiet --topology "$out/topology.json" --json "$out/$label.json" "$@" \
+        > "$out/$label.rank$rank.log" 2>&1 &
+      pids+=($!)
+    done
+    local rc=0 pid
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    if ((rc)); then
+      echo "secure_bench: $label failed; logs in $out/$label.rank*.log" >&2
+      tail -5 "$out/$label".rank*.log >&2
+      exit 1
+    fi
+    echo "  $label done"
+  }
+  for ((p = 0; p < pairs; ++p)); do
+    run "sparse_plain_$p" WARN
+    run "sparse_secure_$p" INFO --job_secret_file "$out/secret"
+  done
+  $T down --name "$name" >/dev/null
+  if grep -qi "$(cat "$out/secret")" "$out"/*.log; then
+    echo "secure_bench: the secret appears in a log" >&2
+    exit 1
+  fi
+fi
+
+aes=$(grep -qw aes /proc/cpuinfo && echo yes || echo no)
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+python3 - "$out" "$pairs" "$results" "$command" "$aes" "$cpu" "$rate" "$bytes" "$testbed_note" <<'PY'
+import datetime, glob, json, os, platform, statistics, sys
+out, pairs, results, command, aes, cpu, rate, size, note = sys.argv[1:]
+pairs = int(pairs)
+p2p = {r["mode"]: r for r in map(json.loads, open(f"{out}/p2p.jsonl"))}
+med = lambda xs: statistics.median(xs)
+bw = {m: r["bytes_per_second_median"] for m, r in p2p.items()}
+best = {m: r["bytes_per_second_max"] for m, r in p2p.items()}
+conn = {m: r["connect_us_median"] for m, r in p2p.items()}
+rounds = p2p["plain"]["rounds"]
+lines = [
+    "# Security cost (issue 24)", "",
+    f"Written by `{command}` on {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC.",
+    f"Machine: {platform.node()}, {os.cpu_count()} cores ({cpu}), AES-NI: {aes}; "
+    "shared with other builds, so single runs vary.", "",
+    f"## UCX tcp on lo, 4 MiB point-to-point ({rounds} alternating rounds of 16 messages, 8 in "
+    "flight; connect: median of 20 fresh links each)", "",
+    "| link | median (MB/s) | ratio | best (MB/s) | ratio | connect per link (us) | added (us) |",
+    "|---|---|---|---|---|---|---|"]
+for m, label in [("plain", "plain"), ("integrity", "authenticated (LBCC_ENCRYPT=none)"),
+                 ("encrypted", "authenticated + encrypted (LBCC_ENCRYPT=all)")]:
+    lines.append(f"| {label} | {bw[m]/1e6:.0f} | {bw[m]/bw['plain']:.2f} | {best[m]/1e6:.0f} | "
+                 f"{best[m]/best['plain']:.2f} | {conn[m]:.0f} | {conn[m]-conn['plain']:+.0f} |")
+lines.append("")
+lines.append(f"## SparseAllReduce, 4 ranks, every down-link {rate}, tensor {size}")
+lines.append("")
+if note:
+    lines.append(f"Not measured: {note}.")
+else:
+    rows = []
+    for p in range(pairs):
+        a = json.load(open(f"{out}/sparse_plain_{p}.json"))[0]
+        b = json.load(open(f"{out}/sparse_secure_{p}.json"))[0]
+        rows.append((a["seconds"], b["seconds"]))
+    lines += ["| round | plain (s) | secret, slow links encrypted (s) | ratio |", "|---|---|---|---|"]
+    for i, (a, b) in enumerate(rows):
+        lines.append(f"| {i} | {a:.3f} | {b:.3f} | {b/a:.3f} |")
+    ma, mb = med([a for a, _ in rows]), med([b for _, b in rows])
+    lines.append(f"| median | {ma:.3f} | {mb:.3f} | {mb/ma:.3f} |")
+    authenticated = sum(open(f).read().count(" authenticated, ")
+                        for f in glob.glob(f"{out}/sparse_secure_0.rank*.log"))
+    lines += ["", f"Round 0's secure run logged {authenticated} link ends as authenticated. "
+              "The secret was searched for in every rank's log "
+              "(INFO in the secure runs): absent."]
+text = "\n".join(lines) + "\n"
+open(results, "w").write(text)
+print(text)
+PY

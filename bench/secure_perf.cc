@@ -1,0 +1,174 @@
+// secure_perf: what authentication and encryption cost on UCX links (issue 24), two transports in
+// this process over UCX tcp on lo (the bytes cross real sockets). One JSON object per line:
+//
+//   secure_perf [--bytes=4M --count=16 --window=8 --connects=20 --rounds=15]
+//
+// Three variants, alternating so that the machine's load falls on all alike: plain (no job
+// secret), integrity (a secret, LBCC_ENCRYPT=none: every chunk authenticated) and encrypted (a
+// secret, LBCC_ENCRYPT=all: AES-256-GCM). Per variant: the median time of `connects` fresh links
+// (Connect + Accept; no probe: links are fast by configuration), and the median and best
+// throughput of `rounds` runs of `count` messages of `bytes`, `window` in flight, one way.
+// bench/secure_bench.sh writes them to bench/results/secure.md.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "base/env.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
+#include "transport/options.h"
+#include "transport/secure.h"
+#include "transport/transport.h"
+#include "transport/ucx_transport.h"
+
+ABSL_FLAG(std::string, bytes, "4M", "message size (K, M, G suffixes)");
+ABSL_FLAG(int, count, 16, "messages per timed round");
+ABSL_FLAG(int, window, 8, "messages in flight");
+ABSL_FLAG(int, connects, 20, "links set up per variant for the connect time");
+ABSL_FLAG(int, rounds, 15, "timed rounds per variant (the variants alternate)");
+
+namespace lbcc {
+namespace {
+
+using transport::Endpoint;
+using transport::Transport;
+
+// Counts completions; Wait(n) returns once n arrived or an error did.
+class Counter {
+ public:
+  void Done(const absl::Status& status) {
+    MutexLock lock(&mu_);
+    ++done_;
+    if (!status.ok() && error_.ok()) error_ = status;
+  }
+  absl::Status Wait(int n) {
+    MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ >= n || !error_.ok(); };
+    if (!mu_.AwaitWithTimeout(ready, absl::Minutes(5))) return absl::DeadlineExceededError("wait");
+    return error_;
+  }
+
+ private:
+  Mutex mu_;
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Variant {
+  std::string mode;
+  std::unique_ptr<Transport> server, client;
+  std::string address;
+  std::unique_ptr<Endpoint> a, b;
+  std::vector<double> connect_us, bytes_per_second;
+};
+
+absl::Status Setup(Variant& v) {
+  transport::TransportOptions options;
+  options.ucx_tls = "tcp";
+  options.ucx_net_devices = "lo";
+  options.link_class = transport::LinkClass::kFast;
+  if (v.mode != "plain") {
+    options.security.secret = transport::JobSecret::Random();
+    options.security.encrypt =
+        v.mode == "encrypted" ? transport::EncryptMode::kAll : transport::EncryptMode::kNone;
+  }
+  LBCC_ASSIGN_OR_RETURN(v.server, transport::NewUcxTransport(options));
+  LBCC_ASSIGN_OR_RETURN(v.client, transport::NewUcxTransport(options));
+  LBCC_ASSIGN_OR_RETURN(v.address, v.server->Listen("127.0.0.1:0"));
+  return absl::OkStatus();
+}
+
+// A fresh link (Connect + Accept), timed; it replaces the variant's link.
+absl::Status Connect(Variant& v) {
+  const absl::Time start = absl::Now();
+  LBCC_ASSIGN_OR_RETURN(std::unique_ptr<Endpoint> a, v.client->Connect(v.address, absl::Seconds(60), {}));
+  LBCC_ASSIGN_OR_RETURN(std::unique_ptr<Endpoint> b, v.server->Accept(absl::Seconds(60)));
+  v.connect_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  v.a = std::move(a);
+  v.b = std::move(b);
+  return absl::OkStatus();
+}
+
+// `messages` of `bytes`, `window` in flight, a -> b; returns bytes per second.
+absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int window) {
+  std::vector<uint8_t> data(bytes, 7);
+  std::vector<std::vector<uint8_t>> sinks(window, std::vector<uint8_t>(bytes));
+  Counter sent, received;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < messages; ++i) {
+    if (i >= window) LBCC_RETURN_IF_ERROR(received.Wait(i - window + 1));
+    v.b->Recv(1, absl::MakeSpan(sinks[i % window]),
+              [&received](absl::StatusOr<size_t> r) { received.Done(r.status()); });
+    v.a->Send(1, data, {}, [&sent](absl::Status s) { sent.Done(s); });
+  }
+  LBCC_RETURN_IF_ERROR(received.Wait(messages));
+  LBCC_RETURN_IF_ERROR(sent.Wait(messages));
+  return static_cast<double>(bytes) * messages / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "secure_perf: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int Run() {
+  absl::StatusOr<int64_t> bytes = env::ParseBytes(absl::GetFlag(FLAGS_bytes));
+  if (!bytes.ok()) return Fail(bytes.status());
+  std::vector<Variant> variants;
+  for (const char* mode : {"plain", "integrity", "encrypted"}) variants.push_back({mode});
+  for (Variant& v : variants) {
+    if (absl::Status s = Setup(v); !s.ok()) return Fail(s);
+  }
+  // The variants alternate, so that the machine's load drifts over all of them alike.
+  for (int i = 0; i < absl::GetFlag(FLAGS_connects); ++i) {
+    for (Variant& v : variants) {
+      if (absl::Status s = Connect(v); !s.ok()) return Fail(s);
+    }
+  }
+  const int window = absl::GetFlag(FLAGS_window);
+  for (Variant& v : variants) {
+    if (absl::StatusOr<double> warm = Stream(v, *bytes, window, window); !warm.ok()) {
+      return Fail(warm.status());
+    }
+  }
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    for (Variant& v : variants) {
+      absl::StatusOr<double> rate = Stream(v, *bytes, absl::GetFlag(FLAGS_count), window);
+      if (!rate.ok()) return Fail(rate.status());
+      v.bytes_per_second.push_back(*rate);
+    }
+  }
+  for (Variant& v : variants) {
+    const transport::LinkCounters counters = v.a->counters();
+    std::printf(
+        "{\"mode\": \"%s\", \"bytes\": %lld, \"count\": %d, \"window\": %d, "
+        "\"rounds\": %zu, \"bytes_per_second_median\": %.6g, \"bytes_per_second_max\": %.6g, "
+        "\"connect_us_median\": %.1f, \"connects\": %zu, \"authenticated\": %s, "
+        "\"encrypted\": %s}\n",
+        v.mode.c_str(), static_cast<long long>(*bytes), absl::GetFlag(FLAGS_count), window,
+        v.bytes_per_second.size(), Median(v.bytes_per_second),
+        *std::max_element(v.bytes_per_second.begin(), v.bytes_per_second.end()),
+        Median(v.connect_us), v.connect_us.size(), counters.authenticated ? "true" : "false",
+        counters.encrypted ? "true" : "false");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lbcc
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return lbcc::Run();
+}

@@ -1,0 +1,612 @@
+// The job secret, the handshake, sealed chunks, and authenticated links over both backends:
+// members connect and their chunks are sealed; impostors (wrong or no secret) and replayed
+// handshakes are refused while the job goes on; a byte flipped on a socket between two Links is
+// DataLoss naming the peer; the secret never reaches the log.
+#include "transport/secure.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "base/logging.h"
+#include "base/mutex.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/executor.h"
+#include "transport/link_setup.h"
+#include "transport/link.h"
+#include "transport/loopback.h"
+#include "transport/options.h"
+#include "transport/test_util.h"
+#include "transport/ucx_transport.h"
+
+namespace lbcc::transport {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::IsOkAndHolds;
+using ::lbcc::testing::StatusIs;
+using ::lbcc::transport::testing::kWait;
+using ::lbcc::transport::testing::Pattern;
+using ::lbcc::transport::testing::RecvResult;
+using ::lbcc::transport::testing::SendResult;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kHex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+JobSecret Secret(const char* hex = kHex) { return *JobSecret::FromHex(hex); }
+
+HandshakeTranscript Transcript() {
+  HandshakeTranscript t;
+  t.job_id = "job";
+  t.link_id = 7;
+  t.client_identity = 1;
+  t.server_identity = 2;
+  t.client_nonce = NewNonce();
+  t.server_nonce = NewNonce();
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secret.
+
+TEST(JobSecretTest, HexAndFileFormsAndErrorsNeverQuoteTheText) {
+  EXPECT_EQ(Secret().ToHex(), kHex);
+  EXPECT_EQ(Secret(" 00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff\n").ToHex(),
+            kHex);
+  absl::StatusOr<JobSecret> short_secret = JobSecret::FromHex("abcdef0123");
+  EXPECT_THAT(short_secret, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(short_secret.status().message()), Not(HasSubstr("abcdef0123")));
+  std::string bad(kHex);
+  bad[5] = 'z';
+  absl::StatusOr<JobSecret> not_hex = JobSecret::FromHex(bad);
+  EXPECT_THAT(not_hex, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(not_hex.status().message()), Not(HasSubstr(bad)));
+
+  const std::string path = ::testing::TempDir() + "/secret.bin";
+  const JobSecret random = JobSecret::Random();
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(file, nullptr);
+  std::fwrite(random.bytes().data(), 1, random.bytes().size(), file);
+  std::fclose(file);
+  EXPECT_THAT(JobSecret::FromFile(path).value().ToHex(), random.ToHex());
+  EXPECT_THAT(JobSecret::FromFile(path + ".missing"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot read")));
+}
+
+TEST(JobSecretTest, EncryptModesAndTheStrongerRequestWins) {
+  EXPECT_THAT(ParseEncryptMode("SLOW"), IsOkAndHolds(EncryptMode::kSlow));
+  EXPECT_THAT(ParseEncryptMode("some"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(EncryptLink(EncryptMode::kNone, EncryptMode::kNone, true));
+  EXPECT_TRUE(EncryptLink(EncryptMode::kNone, EncryptMode::kSlow, true));
+  EXPECT_FALSE(EncryptLink(EncryptMode::kNone, EncryptMode::kSlow, false));
+  EXPECT_TRUE(EncryptLink(EncryptMode::kAll, EncryptMode::kNone, false));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handshake MACs and the channel.
+
+TEST(HandshakeTest, ProofsDependOnEverythingBoundAndOnTheRole) {
+  const HandshakeTranscript t = Transcript();
+  const Mac server = HandshakeMac(Secret(), t, HandshakeRole::kServer);
+  EXPECT_TRUE(MacEqual(server, HandshakeMac(Secret(), t, HandshakeRole::kServer)));
+  EXPECT_FALSE(MacEqual(server, HandshakeMac(Secret(), t, HandshakeRole::kClient)));
+  EXPECT_FALSE(MacEqual(server, HandshakeMac(JobSecret::Random(), t, HandshakeRole::kServer)));
+  auto changed = [&](auto change) {
+    HandshakeTranscript other = t;
+    change(other);
+    return !MacEqual(server, HandshakeMac(Secret(), other, HandshakeRole::kServer));
+  };
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.job_id = "other job"; }));
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.link_id = 8; }));
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.client_identity = 3; }));
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.server_identity = 3; }));
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.client_nonce[0] ^= 1; }));
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.server_nonce[15] ^= 1; }));
+  EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.server_flags = 5; }));
+}
+
+class ChannelTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ChannelTest, SealedChunksOpenOnceAndAFlippedBitIsDataLossNamingThePeer) {
+  const bool encrypt = GetParam();
+  const HandshakeTranscript t = Transcript();
+  auto client = *SecureChannel::Create(Secret(), t, HandshakeRole::kClient, encrypt, "client");
+  auto server = *SecureChannel::Create(Secret(), t, HandshakeRole::kServer, encrypt, "peer-A");
+  const std::vector<uint8_t> data = Pattern(100000, 1);
+  const uint8_t aad[4] = {1, 2, 3, 4};
+  std::vector<uint8_t> sealed(data.size() + SecureChannel::kOverhead);
+  ASSERT_THAT(client->Seal(aad, data.data(), data.size(), sealed.data()), IsOk());
+  // Confidentiality only when asked for.
+  EXPECT_EQ(std::memcmp(sealed.data() + 8, data.data(), 1000) == 0, !encrypt);
+
+  std::vector<uint8_t> out(data.size());
+  std::vector<uint8_t> flipped = sealed;
+  flipped[8 + 5000] ^= 0x10;
+  EXPECT_THAT(server->Open(aad, encrypt, flipped.data(), flipped.size(), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("peer-A")));
+  const uint8_t other_aad[4] = {1, 2, 3, 5};
+  EXPECT_THAT(server->Open(other_aad, encrypt, sealed.data(), sealed.size(), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(server->Open(aad, !encrypt, sealed.data(), sealed.size(), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss));
+  // The direction matters: the client's own keys do not open what it sent.
+  EXPECT_THAT(client->Open(aad, encrypt, sealed.data(), sealed.size(), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss));
+  ASSERT_THAT(server->Open(aad, encrypt, sealed.data(), sealed.size(), out.data()), IsOk());
+  EXPECT_EQ(out, data);
+  // A replayed chunk (same counter) is refused.
+  EXPECT_THAT(server->Open(aad, encrypt, sealed.data(), sealed.size(), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("replayed")));
+  // Counters out of order are fine, each once.
+  std::vector<std::vector<uint8_t>> later(3, std::vector<uint8_t>(10 + SecureChannel::kOverhead));
+  for (auto& s : later) ASSERT_THAT(client->Seal(aad, data.data(), 10, s.data()), IsOk());
+  for (int i : {2, 0, 1}) {
+    EXPECT_THAT(server->Open(aad, encrypt, later[i].data(), later[i].size(), out.data()), IsOk());
+  }
+  EXPECT_THAT(server->Open(aad, encrypt, later[0].data(), later[0].size(), out.data()),
+              StatusIs(absl::StatusCode::kDataLoss));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ChannelTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "encrypted" : "authenticated"; });
+
+// ---------------------------------------------------------------------------------------------
+// Socket handshake (bootstrap root, membership service).
+
+struct SocketPair {
+  SocketPair() { EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fd), 0); }
+  ~SocketPair() {
+    close(fd[0]);
+    close(fd[1]);
+  }
+  int fd[2];
+};
+
+absl::StatusOr<uint64_t> RunServer(int fd, const JobSecret& secret) {
+  return AuthenticateSocket(fd, HandshakeRole::kServer, secret, "job", 100, absl::Now() + kWait,
+                            "client-peer");
+}
+
+TEST(SocketHandshakeTest, MembersLearnEachOthersIdentityAndImpostorsAreRefused) {
+  {
+    SocketPair p;
+    absl::StatusOr<uint64_t> server;
+    std::thread t([&] { server = RunServer(p.fd[1], Secret()); });
+    EXPECT_THAT(AuthenticateSocket(p.fd[0], HandshakeRole::kClient, Secret(), "job", 7,
+                                   absl::Now() + kWait, "server-peer"),
+                IsOkAndHolds(100));
+    t.join();
+    EXPECT_THAT(server, IsOkAndHolds(7));
+  }
+  const SecurityCounters before = GetSecurityCounters();
+  {
+    SocketPair p;
+    absl::StatusOr<uint64_t> server;
+    std::thread t([&] { server = RunServer(p.fd[1], Secret()); });
+    // The impostor sees the server's proof fail and gives up; the server sees it leave.
+    EXPECT_THAT(AuthenticateSocket(p.fd[0], HandshakeRole::kClient, JobSecret::Random(), "job",
+                                   7, absl::Now() + kWait, "server-peer"),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("server-peer")));
+    shutdown(p.fd[0], SHUT_RDWR);
+    t.join();
+    EXPECT_THAT(server, Not(IsOk()));
+  }
+  {
+    // Another job (same secret, other job id) is refused too.
+    SocketPair p;
+    absl::StatusOr<uint64_t> server;
+    std::thread t([&] { server = RunServer(p.fd[1], Secret()); });
+    EXPECT_THAT(AuthenticateSocket(p.fd[0], HandshakeRole::kClient, Secret(), "other job", 7,
+                                   absl::Now() + kWait, "server-peer"),
+                StatusIs(absl::StatusCode::kPermissionDenied));
+    shutdown(p.fd[0], SHUT_RDWR);
+    t.join();
+  }
+  {
+    // Bytes that are not a handshake (an old client's bootstrap hello).
+    SocketPair p;
+    absl::StatusOr<uint64_t> server;
+    std::thread t([&] { server = RunServer(p.fd[1], Secret()); });
+    const std::string junk(kAuthHelloBytes, 'x');
+    ASSERT_EQ(write(p.fd[0], junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+    t.join();
+    EXPECT_THAT(server, StatusIs(absl::StatusCode::kDataLoss));
+  }
+  EXPECT_GE(GetSecurityCounters().handshakes_refused, before.handshakes_refused + 2);
+}
+
+TEST(SocketHandshakeTest, AReplayedHandshakeIsRefused) {
+  // A recording proxy between a member and the server keeps what the member sent...
+  std::string recorded;
+  {
+    SocketPair member_side, server_side;
+    absl::StatusOr<uint64_t> server;
+    std::thread t([&] { server = RunServer(server_side.fd[1], Secret()); });
+    std::thread proxy([&] {
+      // member -> server: hello then proof; server -> member: the answer.
+      char hello[kAuthHelloBytes], answer[kAuthAnswerBytes], proof[kAuthProofBytes];
+      ASSERT_EQ(read(member_side.fd[1], hello, sizeof(hello)), ssize_t{sizeof(hello)});
+      ASSERT_EQ(write(server_side.fd[0], hello, sizeof(hello)), ssize_t{sizeof(hello)});
+      ASSERT_EQ(read(server_side.fd[0], answer, sizeof(answer)), ssize_t{sizeof(answer)});
+      ASSERT_EQ(write(member_side.fd[1], answer, sizeof(answer)), ssize_t{sizeof(answer)});
+      ASSERT_EQ(read(member_side.fd[1], proof, sizeof(proof)), ssize_t{sizeof(proof)});
+      ASSERT_EQ(write(server_side.fd[0], proof, sizeof(proof)), ssize_t{sizeof(proof)});
+      recorded.assign(hello, sizeof(hello));
+      recorded.append(proof, sizeof(proof));
+    });
+    EXPECT_THAT(AuthenticateSocket(member_side.fd[0], HandshakeRole::kClient, Secret(), "job", 7,
+                                   absl::Now() + kWait, "server"),
+                IsOk());
+    proxy.join();
+    t.join();
+    ASSERT_THAT(server, IsOk());
+  }
+  // ...and replays it to a new session: the server's nonce is new, so the old proof fails.
+  SocketPair p;
+  absl::StatusOr<uint64_t> server;
+  std::thread t([&] { server = RunServer(p.fd[1], Secret()); });
+  ASSERT_EQ(write(p.fd[0], recorded.data(), recorded.size()),
+            static_cast<ssize_t>(recorded.size()));
+  t.join();
+  EXPECT_THAT(server, StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
+TEST(AuthFrameTest, ParsesOnlyWellFormedFramesOfTheKindExpected) {
+  AuthFrame frame;
+  frame.kind = 2;
+  frame.identity = 42;
+  frame.nonce = NewNonce();
+  frame.mac[3] = 9;
+  const std::string bytes = EncodeAuthFrame(frame);
+  ASSERT_EQ(bytes.size(), kAuthAnswerBytes);
+  auto span = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  absl::StatusOr<AuthFrame> parsed = ParseAuthFrame(span, 2);
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->identity, 42u);
+  EXPECT_EQ(parsed->nonce, frame.nonce);
+  EXPECT_EQ(parsed->mac, frame.mac);
+  EXPECT_THAT(ParseAuthFrame(span, 1), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(ParseAuthFrame(span.subspan(1), 2), StatusIs(absl::StatusCode::kDataLoss));
+  std::string bad = bytes;
+  bad[0] = 'X';
+  EXPECT_THAT(ParseAuthFrame(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bad.data()),
+                                                 bad.size()),
+                             2),
+              StatusIs(absl::StatusCode::kDataLoss));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The link handshake, message by message (LinkSetup): what a hostile client can send.
+
+TransportOptions WithSecret(std::optional<JobSecret> secret, uint64_t identity) {
+  TransportOptions options;
+  options.security.secret = secret;
+  options.security.identity = identity;
+  return options;
+}
+
+// A member's HELLO and AUTH against `server`; returns them (for replaying).
+std::vector<ControlHeader> MemberHandshake(LinkSetup& server, ProbeScratch& scratch) {
+  LinkSetup client(LinkSetup::Role::kClient, WithSecret(Secret(), 1), "server", HostPort{"s", 1});
+  std::vector<ControlHeader> sent;
+  sent.push_back(client.Hello(42, 0).header);
+  LinkSetup::Step welcome = server.OnControl(sent.back(), scratch);
+  EXPECT_TRUE(welcome.admit);
+  EXPECT_FALSE(welcome.refuse);
+  client.OnControl(welcome.reply->header, scratch);
+  EXPECT_THAT(client.AwaitWelcomes(1, absl::Now() + kWait), IsOk());
+  // Negotiate sends AUTH first; capture it with a wire that records.
+  struct Recorder : SetupWire {
+    void Send(ControlMessage message) override { messages.push_back(message.header); }
+    std::vector<ControlHeader> messages;
+  } wire;
+  ConnectOptions fast;
+  fast.has_link_class = true;
+  fast.link_class = LinkClass::kFast;
+  EXPECT_THAT(client.Negotiate(wire, fast, absl::Now() + kWait, /*measure=*/false), IsOk());
+  EXPECT_FALSE(wire.messages.empty());
+  sent.push_back(wire.messages.at(0));
+  EXPECT_EQ(sent.back().type, static_cast<uint32_t>(Ctl::kAuth));
+  return sent;
+}
+
+TEST(LinkHandshakeTest, AForgedProofIsRefusedAndNothingIsAnsweredBeforeAProof) {
+  ProbeScratch scratch;
+  LinkSetup server(LinkSetup::Role::kServer, WithSecret(Secret(), 2), "client", HostPort{"c", 0});
+  // An impostor (another secret) ignores the server's proof and sends its own anyway.
+  LinkSetup impostor(LinkSetup::Role::kClient, WithSecret(JobSecret::Random(), 1), "server",
+                     HostPort{"s", 1});
+  LinkSetup::Step welcome = server.OnControl(impostor.Hello(42, 0).header, scratch);
+  ASSERT_TRUE(welcome.reply.has_value());
+  // Before a proof, nothing but the handshake is answered: a PING or READY is refused.
+  ControlHeader ping{};
+  ping.type = static_cast<uint32_t>(Ctl::kPing);
+  EXPECT_TRUE(server.OnControl(ping, scratch).refuse);
+  ControlHeader forged{};
+  forged.type = static_cast<uint32_t>(Ctl::kAuth);
+  forged.a = 0x1234;
+  forged.b = 0x5678;
+  EXPECT_TRUE(server.OnControl(forged, scratch).refuse);
+  ControlMessage ready = LinkSetup::Ready(42, LinkParams{});
+  LinkSetup::Step step = server.OnControl(ready.header, scratch);
+  EXPECT_TRUE(step.refuse);
+  EXPECT_FALSE(step.ready.has_value());
+}
+
+TEST(LinkHandshakeTest, AReplayedLinkHandshakeIsRefused) {
+  ProbeScratch scratch;
+  LinkSetup first(LinkSetup::Role::kServer, WithSecret(Secret(), 2), "client", HostPort{"c", 0});
+  const std::vector<ControlHeader> recorded = MemberHandshake(first, scratch);
+  EXPECT_FALSE(first.OnControl(recorded[1], scratch).refuse);  // The member's own AUTH passes.
+  // A second HELLO for the authenticated link is refused.
+  EXPECT_TRUE(first.OnControl(recorded[0], scratch).refuse);
+  // Replayed to a fresh server, HELLO gets a new nonce and the old AUTH fails.
+  LinkSetup second(LinkSetup::Role::kServer, WithSecret(Secret(), 2), "client", HostPort{"c", 0});
+  EXPECT_TRUE(second.OnControl(recorded[0], scratch).admit);
+  EXPECT_TRUE(second.OnControl(recorded[1], scratch).refuse);
+  ControlMessage ready = LinkSetup::Ready(42, LinkParams{});
+  EXPECT_FALSE(second.OnControl(ready.header, scratch).ready.has_value());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authenticated links over both backends.
+
+enum class Backend { kLoopback, kUcx };
+
+TransportOptions Options(Backend backend, std::optional<JobSecret> secret,
+                         EncryptMode encrypt = EncryptMode::kSlow) {
+  TransportOptions options;
+  if (backend == Backend::kUcx) {
+    options.ucx_tls = "tcp";
+    options.ucx_net_devices = "lo";
+    options.peer_timeout = absl::Seconds(5);
+    options.link_class = LinkClass::kFast;  // No probe: quick connects.
+  }
+  options.security.secret = secret;
+  options.security.encrypt = encrypt;
+  options.security.identity = secret.has_value() ? 11 : 0;
+  return options;
+}
+
+std::unique_ptr<Transport> Make(Backend backend, const TransportOptions& options) {
+  if (backend == Backend::kLoopback) return NewLoopbackTransport(options);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = NewUcxTransport(options);
+  EXPECT_THAT(transport, IsOk());
+  return transport.ok() ? *std::move(transport) : nullptr;
+}
+
+std::string ListenAddress(Backend backend) {
+  static std::atomic<int> n{0};
+  return backend == Backend::kLoopback ? absl::StrCat("secure-", n++) : "127.0.0.1:0";
+}
+
+// Sends `size` bytes a -> b and back, and checks they arrive intact.
+void RoundTrip(Endpoint& a, Endpoint& b, size_t size) {
+  for (int direction = 0; direction < 2; ++direction) {
+    Endpoint& from = direction == 0 ? a : b;
+    Endpoint& to = direction == 0 ? b : a;
+    const std::vector<uint8_t> data = Pattern(size, direction + 1);
+    std::vector<uint8_t> got(size);
+    SendResult sent;
+    RecvResult received;
+    to.Recv(3, absl::MakeSpan(got), received.Callback());
+    from.Send(3, data, {}, sent.Callback());
+    EXPECT_THAT(sent.Wait(), IsOk());
+    EXPECT_THAT(received.Wait(), IsOkAndHolds(size));
+    EXPECT_EQ(got, data);
+  }
+}
+
+class SecureLinkTest : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(SecureLinkTest, MembersConnectAndEveryChunkIsSealedEncryptedAsAsked) {
+  for (EncryptMode mode : {EncryptMode::kSlow, EncryptMode::kAll}) {
+    SCOPED_TRACE(EncryptModeName(mode));
+    auto server = Make(GetParam(), Options(GetParam(), Secret(), mode));
+    auto client = Make(GetParam(), Options(GetParam(), Secret()));
+    ASSERT_NE(server, nullptr);
+    ASSERT_NE(client, nullptr);
+    LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+    RoundTrip(*a, *b, 3 << 20);
+    RoundTrip(*a, *b, 0);
+    // A fast link: encrypted only when either end asks for all links.
+    const bool encrypted = mode == EncryptMode::kAll;
+    EXPECT_TRUE(a->counters().authenticated);
+    EXPECT_TRUE(b->counters().authenticated);
+    EXPECT_EQ(a->counters().encrypted, encrypted);
+    EXPECT_EQ(b->counters().encrypted, encrypted);
+    EXPECT_EQ(a->counters().integrity_failures, 0u);
+  }
+}
+
+TEST_P(SecureLinkTest, SlowStripedLinksAuthenticateEveryConnection) {
+  TransportOptions options = Options(GetParam(), Secret());
+  options.link_class = LinkClass::kSlow;
+  options.scheduler.stripes = 3;
+  options.scheduler.chunk_bytes = 64 << 10;
+  auto server = Make(GetParam(), options);
+  auto client = Make(GetParam(), options);
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  EXPECT_EQ(a->counters().stripes, 3);
+  RoundTrip(*a, *b, 1 << 20);
+  EXPECT_TRUE(a->counters().encrypted);  // A slow link under the default mode.
+  EXPECT_TRUE(b->counters().encrypted);
+}
+
+TEST_P(SecureLinkTest, ImpostorsAreRefusedAndTheJobGoesOn) {
+  auto server = Make(GetParam(), Options(GetParam(), Secret()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+  const SecurityCounters before = GetSecurityCounters();
+
+  auto wrong = Make(GetParam(), Options(GetParam(), JobSecret::Random()));
+  EXPECT_THAT(wrong->Connect(address, absl::Seconds(20), {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("secret")));
+  auto none = Make(GetParam(), Options(GetParam(), std::nullopt));
+  EXPECT_THAT(none->Connect(address, absl::Seconds(20), {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("requires a job secret")));
+  EXPECT_GE(GetSecurityCounters().handshakes_refused, before.handshakes_refused + 2);
+
+  // The member that comes next is the one Accept returns, and its link works.
+  auto member = Make(GetParam(), Options(GetParam(), Secret()));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, member->Connect(address, kWait, {}));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  RoundTrip(*a, *b, 100000);
+  EXPECT_THAT(server->Accept(absl::Milliseconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));  // No impostor was accepted.
+}
+
+TEST_P(SecureLinkTest, AMemberRefusesAListenerWithoutTheSecret) {
+  auto server = Make(GetParam(), Options(GetParam(), std::nullopt));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+  auto member = Make(GetParam(), Options(GetParam(), Secret()));
+  EXPECT_THAT(member->Connect(address, absl::Seconds(20), {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("does not authenticate")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SecureLinkTest,
+                         ::testing::Values(Backend::kLoopback, Backend::kUcx),
+                         [](const auto& info) {
+                           return info.param == Backend::kUcx ? "ucx" : "loopback";
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// A byte flipped on a real socket between two Links.
+
+// A Lane that writes each chunk (header, then bytes) to a socket; a reader thread on the other
+// end hands them to its Link. Completions run on the lane's own thread, never inline.
+class SocketLane final : public Lane {
+ public:
+  explicit SocketLane(int fd) : fd_(fd), executor_(std::make_shared<Executor>("lane")) {}
+  void SendChunk(const ChunkHeader& header, const uint8_t* data, size_t length,
+                 DoneCallback done) override {
+    executor_->Post([this, header, data, length, done = std::move(done)]() mutable {
+      bool ok = write(fd_, &header, sizeof(header)) == sizeof(header);
+      for (size_t sent = 0; ok && sent < length;) {
+        const ssize_t n = write(fd_, data + sent, length - sent);
+        ok = n > 0;
+        sent += ok ? static_cast<size_t>(n) : 0;
+      }
+      done(ok ? absl::OkStatus() : absl::UnavailableError("socket lane write failed"));
+    });
+  }
+  void SendCredit(uint64_t, uint8_t) override {}
+  void Close() override {}
+
+ private:
+  const int fd_;
+  std::shared_ptr<Executor> executor_;
+};
+
+bool ReadFull(int fd, void* into, size_t size) {
+  auto* p = static_cast<uint8_t*>(into);
+  while (size > 0) {
+    const ssize_t n = read(fd, p, size);
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+TEST(SecureWireTest, AByteFlippedByAProxyOnTheSocketIsDataLossNeverAWrongResult) {
+  // sender Link -> lane socket -> proxy (flips one byte) -> socket -> reader -> receiver Link.
+  SocketPair to_proxy, from_proxy;
+  const HandshakeTranscript t = Transcript();
+  auto executor = std::make_shared<Executor>("callbacks");
+  auto sender = std::make_shared<Link>(executor, "peer-B");
+  auto receiver = std::make_shared<Link>(executor, "peer-A");
+  sender->AddLane(std::make_shared<SocketLane>(to_proxy.fd[0]));
+  receiver->AddLane(std::make_shared<SocketLane>(from_proxy.fd[1]));  // Unused direction.
+  sender->Configure(LinkClass::kFast, {}, 1 << 20, {},
+                    *SecureChannel::Create(Secret(), t, HandshakeRole::kClient, true, "peer-B"));
+  receiver->Configure(LinkClass::kFast, {}, 1 << 20, {},
+                      *SecureChannel::Create(Secret(), t, HandshakeRole::kServer, true, "peer-A"));
+  constexpr size_t kSize = 3 << 20;  // Three chunks; the second gets the flip.
+  constexpr size_t kFlipAt = sizeof(ChunkHeader) + (1 << 20) + SecureChannel::kOverhead +
+                             sizeof(ChunkHeader) + 8 + 12345;
+  std::thread proxy([&] {
+    std::vector<uint8_t> buffer(65536);
+    size_t at = 0;
+    while (true) {
+      const ssize_t n = read(to_proxy.fd[1], buffer.data(), buffer.size());
+      if (n <= 0) break;
+      if (at <= kFlipAt && kFlipAt < at + n) buffer[kFlipAt - at] ^= 0x01;
+      at += n;
+      if (write(from_proxy.fd[0], buffer.data(), n) != n) break;
+    }
+    shutdown(from_proxy.fd[0], SHUT_WR);
+  });
+  std::thread reader([&] {
+    ChunkHeader h;
+    while (ReadFull(from_proxy.fd[1], &h, sizeof(h))) {
+      std::vector<uint8_t> bytes(h.length);
+      if (!ReadFull(from_proxy.fd[1], bytes.data(), bytes.size())) break;
+      receiver->OnChunk(0, h, bytes.data(), nullptr);
+    }
+  });
+
+  const std::vector<uint8_t> data = Pattern(kSize, 9);
+  std::vector<uint8_t> got(kSize);
+  SendResult sent;
+  RecvResult received;
+  receiver->Recv(1, absl::MakeSpan(got), received.Callback());
+  sender->Send(1, data, {}, sent.Callback());
+  EXPECT_THAT(sent.Wait(), IsOk());
+  EXPECT_THAT(received.Wait(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("peer-A")));
+  EXPECT_EQ(receiver->counters().integrity_failures, 1u);
+  shutdown(to_proxy.fd[0], SHUT_WR);
+  proxy.join();
+  reader.join();
+  sender->Close();
+  receiver->Close();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The secret never reaches the log.
+
+TEST(SecretLogTest, TraceLogsOfSetUpAndRefusalsNeverContainTheSecret) {
+  Mutex mu;
+  std::string log;
+  SetLogLevel(LogLevel::kTrace);
+  SetLogSink([&](LogLevel, absl::string_view, int, absl::string_view message) {
+    MutexLock lock(&mu);
+    absl::StrAppend(&log, message, "\n");
+  });
+  const JobSecret secret = JobSecret::Random();
+  for (Backend backend : {Backend::kLoopback, Backend::kUcx}) {
+    auto server = Make(backend, Options(backend, secret));
+    auto client = Make(backend, Options(backend, secret));
+    auto impostor = Make(backend, Options(backend, JobSecret::Random()));
+    const std::string address = *server->Listen(ListenAddress(backend));
+    EXPECT_THAT(impostor->Connect(address, absl::Seconds(20), {}), Not(IsOk()));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+    RoundTrip(*a, *b, 1000);
+  }
+  SetLogSink(nullptr);
+  SetLogLevel(LogLevel::kWarn);
+  MutexLock lock(&mu);
+  EXPECT_THAT(log, HasSubstr("refused connection from"));  // The refusals were logged...
+  const std::string hex = secret.ToHex();
+  EXPECT_THAT(absl::AsciiStrToLower(log), Not(HasSubstr(hex)));  // ...without the secret,
+  EXPECT_THAT(log, Not(HasSubstr(hex.substr(0, 16))));           // or a piece of it.
+}
+
+}  // namespace
+}  // namespace lbcc::transport
