@@ -1,7 +1,7 @@
 // ElasticGroup (comm/elastic.h): one member. Threads: a reader of the master's messages, a
-// heartbeat sender that also watches the master's silence, and an epoch set-up thread that
-// builds each epoch's Communicator as soon as the epoch is announced (so set-up overlaps the
-// trainer's inner steps). The caller's thread runs phases: acquire the epoch's communicator,
+// heartbeat sender that also watches the master's silence, and one set-up thread per epoch that
+// builds its Communicator as soon as the epoch is announced (so set-up overlaps the trainer's
+// inner steps). The caller's thread runs phases: acquire the epoch's communicator,
 // run the phase, report to the master, wait for its decision, then commit or roll back.
 #include "comm/elastic.h"
 
@@ -135,7 +135,7 @@ bool IsCallerError(const absl::Status& s) {
 
 }  // namespace
 
-class ElasticGroup::Impl {
+class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Impl> {
  public:
   Impl(ElasticOptions options, std::vector<TensorView> shared)
       : options_(std::move(options)), shared_(std::move(shared)) {}
@@ -166,7 +166,7 @@ class ElasticGroup::Impl {
       options_.name = absl::StrCat(host, ":", getpid());
     }
     LBCC_ASSIGN_OR_RETURN(peer_timeout_, ResolvePeerTimeout(options_.peer_timeout));
-    setup_timeout_ = options_.comm_config.timeout.value_or(peer_timeout_ + absl::Seconds(10));
+    setup_timeout_ = options_.comm_config.timeout.value_or(peer_timeout_ + absl::Seconds(5));
     options_.comm_config.timeout = setup_timeout_;
     const absl::Time deadline = absl::Now() + options_.join_timeout;
     LBCC_ASSIGN_OR_RETURN(sock_, Socket::Connect(options_.master_address,
@@ -191,7 +191,6 @@ class ElasticGroup::Impl {
     }
     reader_ = std::thread([this] { ReadLoop(); });
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-    setup_ = std::thread([this] { SetupLoop(); });
     MutexLock lock(&mu_);
     mu_.AwaitWithDeadline(
         [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return info_.epoch > 0 || !fatal_.ok(); },
@@ -223,7 +222,7 @@ class ElasticGroup::Impl {
       comm = comm_;
     }
     if (comm) comm->Abort();
-    for (std::thread* t : {&reader_, &heartbeat_, &setup_}) {
+    for (std::thread* t : {&reader_, &heartbeat_}) {
       if (t->joinable()) t->join();
     }
     MutexLock lock(&mu_);
@@ -361,6 +360,8 @@ class ElasticGroup::Impl {
             step_ = m->step;
             ++stats_.epochs_seen;
             if (comm_) old = comm_;  // its running operation must fail now
+            std::thread([self = shared_from_this(), info = info_] { self->BuildEpoch(info); })
+                .detach();
             break;
           }
           case MsgType::kDecision:
@@ -411,44 +412,32 @@ class ElasticGroup::Impl {
     }
   }
 
-  void SetupLoop() {
-    MutexLock lock(&mu_);
-    while (true) {
-      mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return left_ || !fatal_.ok() || info_.epoch > setup_epoch_;
-      });
-      if (left_ || !fatal_.ok()) return;
-      const EpochInfo info = info_;
-      setup_epoch_ = info.epoch;
-      std::shared_ptr<Communicator> old = std::move(comm_);
-      comm_.reset();
-      mu_.Unlock();
-      old.reset();  // the caller may still hold it; its operation was aborted
-      absl::StatusOr<std::unique_ptr<Communicator>> comm =
-          Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config);
-      std::shared_ptr<Communicator> built;
-      if (comm.ok()) built = std::move(*comm);
-      mu_.Lock();
-      if (info_.epoch != info.epoch || left_) {  // superseded
-        mu_.Unlock();
-        built.reset();
-        mu_.Lock();
-        continue;
-      }
+  // Builds `info`'s communicator, on a thread of its own per epoch: an epoch superseded while
+  // its members meet (one left before joining its bootstrap) holds its thread until the set-up
+  // timeout, and must not hold up the newer epoch. The thread keeps the Impl alive.
+  void BuildEpoch(const EpochInfo& info) {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config);
+    std::shared_ptr<Communicator> built;
+    if (comm.ok()) built = std::move(*comm);
+    std::shared_ptr<Communicator> old;
+    {
+      MutexLock lock(&mu_);
+      if (info_.epoch != info.epoch || left_ || !fatal_.ok()) return;  // superseded: drop it
+      old = std::move(comm_);
       comm_ = std::move(built);
       comm_epoch_ = info.epoch;
       setup_status_ = comm.status();
-      if (!comm.ok()) {
-        LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": epoch " << info.epoch
-                       << " set-up failed: " << comm.status();
-        Message failed;
-        failed.type = MsgType::kSetupFailed;
-        failed.epoch = info.epoch;
-        failed.text = comm.status().ToString();
-        mu_.Unlock();
-        (void)sock_->Send(failed, absl::Now() + absl::Seconds(1));
-        mu_.Lock();
-      }
+    }
+    old.reset();
+    if (!comm.ok()) {
+      LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": epoch " << info.epoch
+                     << " set-up failed: " << comm.status();
+      Message failed;
+      failed.type = MsgType::kSetupFailed;
+      failed.epoch = info.epoch;
+      failed.text = comm.status().ToString();
+      (void)sock_->Send(failed, absl::Now() + absl::Seconds(1));
     }
   }
 
@@ -679,7 +668,7 @@ class ElasticGroup::Impl {
   absl::Duration peer_timeout_;
   absl::Duration setup_timeout_;
   std::unique_ptr<Socket> sock_;
-  std::thread reader_, heartbeat_, setup_;
+  std::thread reader_, heartbeat_;
 
   Mutex mu_;
   bool left_ ABSL_GUARDED_BY(mu_) = false;
@@ -688,7 +677,6 @@ class ElasticGroup::Impl {
   EpochInfo info_ ABSL_GUARDED_BY(mu_);   // the newest epoch announced
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps of the job
   uint64_t expect_after_ ABSL_GUARDED_BY(mu_) = 0;  // a decision announced a newer epoch
-  uint64_t setup_epoch_ ABSL_GUARDED_BY(mu_) = 0;   // the set-up thread's latest epoch
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   uint64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status setup_status_ ABSL_GUARDED_BY(mu_);
@@ -698,13 +686,16 @@ class ElasticGroup::Impl {
 
 absl::StatusOr<std::unique_ptr<ElasticGroup>> ElasticGroup::Join(
     ElasticOptions options, std::vector<TensorView> shared_state) {
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(shared_state));
-  LBCC_RETURN_IF_ERROR(impl->Join());
+  auto impl = std::make_shared<Impl>(std::move(options), std::move(shared_state));
+  if (absl::Status s = impl->Join(); !s.ok()) {
+    (void)impl->Leave();  // stops the threads Join started
+    return s;
+  }
   return std::unique_ptr<ElasticGroup>(new ElasticGroup(std::move(impl)));
 }
 
-ElasticGroup::ElasticGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ElasticGroup::~ElasticGroup() = default;
+ElasticGroup::ElasticGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ElasticGroup::~ElasticGroup() { (void)impl_->Leave(); }
 absl::Status ElasticGroup::Boundary() { return impl_->Boundary(); }
 absl::Status ElasticGroup::SparseAllReduce(const std::vector<Communicator::SparseTensor>& tensors,
                                            const codecs::Codec* codec,

@@ -40,8 +40,9 @@
 // differs, corrupt master messages), DeadlineExceeded (not admitted before join_timeout).
 //
 // Thread-safety: ElasticMaster is thread-safe. An ElasticGroup's calls come from one thread;
-// its own threads (master reader, heartbeat, epoch set-up) are started by Join and joined by
-// the destructor.
+// its own threads (master reader, heartbeat) are started by Join and joined by Leave() and the
+// destructor; each epoch's Communicator::Init runs on a thread of its own that ends by itself
+// (within the set-up timeout) and holds what it needs.
 #ifndef LBCC_COMM_ELASTIC_H_
 #define LBCC_COMM_ELASTIC_H_
 
@@ -69,7 +70,7 @@ struct ElasticMasterOptions {
   absl::Duration peer_timeout = absl::ZeroDuration();  // zero: LBCC_PEER_TIMEOUT_MS
   // IPv4 address the per-epoch bootstrap roots listen on; empty: listen_address's host.
   std::string bootstrap_host;
-  // How long an epoch's members have to build its communicator; zero: peer_timeout + 10 s.
+  // How long an epoch's members have to build its communicator; zero: peer_timeout + 5 s.
   absl::Duration setup_timeout = absl::ZeroDuration();
   int min_members = 1;  // the first epoch forms once this many joined
 };
@@ -84,6 +85,8 @@ class ElasticMaster {
   uint64_t epoch() const;
   uint64_t committed_steps() const;
   int members() const;  // in the current epoch
+  // Waits until `n` newcomers wait for the next step boundary; false at the timeout.
+  bool AwaitWaiting(int n, absl::Duration timeout) const;
   // Closes every connection and joins the threads: members fail with Unavailable naming it.
   void Stop();
 
@@ -152,8 +155,8 @@ class ElasticGroup {
   class Impl;
 
  private:
-  explicit ElasticGroup(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit ElasticGroup(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with the epoch set-up thread
 };
 
 }  // namespace lbcc::comm

@@ -43,7 +43,7 @@ class ElasticMaster::Impl {
     }
     LBCC_ASSIGN_OR_RETURN(peer_timeout_, ResolvePeerTimeout(options_.peer_timeout));
     if (options_.setup_timeout <= absl::ZeroDuration()) {
-      options_.setup_timeout = peer_timeout_ + absl::Seconds(10);
+      options_.setup_timeout = peer_timeout_ + absl::Seconds(5);
     }
     LBCC_ASSIGN_OR_RETURN(listener_, Socket::Listen(options_.listen_address, &address_));
     if (options_.bootstrap_host.empty()) {
@@ -85,6 +85,12 @@ class ElasticMaster::Impl {
   int members() {
     MutexLock lock(&mu_);
     return static_cast<int>(members_.size());
+  }
+  bool AwaitWaiting(int n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return static_cast<int>(joiners_.size()) >= n; },
+        timeout);
   }
 
  private:
@@ -403,6 +409,9 @@ std::string ElasticMaster::address() const { return impl_->address(); }
 uint64_t ElasticMaster::epoch() const { return impl_->epoch(); }
 uint64_t ElasticMaster::committed_steps() const { return impl_->steps(); }
 int ElasticMaster::members() const { return impl_->members(); }
+bool ElasticMaster::AwaitWaiting(int n, absl::Duration timeout) const {
+  return impl_->AwaitWaiting(n, timeout);
+}
 void ElasticMaster::Stop() { impl_->Stop(); }
 
 }  // namespace lbcc::comm

