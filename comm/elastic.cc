@@ -316,12 +316,18 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     uint64_t step = 0;
   };
 
+  // Aborts `comm` on a thread of its own: closing endpoints to a dead peer can take the
+  // transport's timeout, and the master's reader must keep reading (heartbeats) meanwhile.
+  static void AbortSoon(std::shared_ptr<Communicator> comm) {
+    std::thread([comm = std::move(comm)] { comm->Abort(); }).detach();
+  }
+
   // Fails the group for good (the master is lost, or it evicted or refused us).
   void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!fatal_.ok() || left_) return;
     LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": " << why;
     fatal_ = std::move(why);
-    if (comm_) comm_->Abort();
+    if (comm_) AbortSoon(comm_);
   }
 
   absl::Status MasterLost(absl::string_view how) {
@@ -385,18 +391,26 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             break;
         }
       }
-      if (old) old->Abort();
+      if (old) AbortSoon(std::move(old));
     }
   }
 
   void HeartbeatLoop() {
     const absl::Duration period = std::max(peer_timeout_ / 4, absl::Milliseconds(10));
     MutexLock lock(&mu_);
+    absl::Time last_tick = absl::Now();
     while (!left_ && fatal_.ok()) {
       mu_.AwaitWithTimeout(
           [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return left_ || !fatal_.ok(); }, period);
       if (left_ || !fatal_.ok()) return;
-      const absl::Duration silent = absl::Now() - last_heard_;
+      const absl::Time now = absl::Now();
+      if (now - last_tick > peer_timeout_ / 2) {
+        // This process was stalled (SIGSTOP, swapped out), not the master: give the reader a
+        // period to take what the master sent meanwhile (an eviction) before judging it.
+        last_heard_ = std::max(last_heard_, now - peer_timeout_ + period);
+      }
+      last_tick = now;
+      const absl::Duration silent = now - last_heard_;
       if (silent > peer_timeout_) {
         FailLocked(MasterLost(absl::StrCat("was silent for ", absl::ToInt64Milliseconds(silent),
                                            " ms")));
@@ -498,6 +512,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
         changed = absl::StrCat("membership changed: ", info_.reason);
       }
       if (!(decided && decision.ok)) ++stats_.aborted_calls;
+      if (decided && decision.ok) stats_.committed_epoch = a.info.epoch;
     }
     if (decided && decision.ok) {
       if constexpr (!std::is_same_v<Finish, std::nullptr_t>) {

@@ -87,6 +87,10 @@ class ElasticMaster {
   int members() const;  // in the current epoch
   // Waits until `n` newcomers wait for the next step boundary; false at the timeout.
   bool AwaitWaiting(int n, absl::Duration timeout) const;
+  // Waits until the epoch is at least `n`; false at the timeout.
+  bool AwaitEpoch(uint64_t n, absl::Duration timeout) const;
+  // Waits until the job committed `n` outer steps; false at the timeout.
+  bool AwaitCommittedSteps(uint64_t n, absl::Duration timeout) const;
   // Closes every connection and joins the threads: members fail with Unavailable naming it.
   void Stop();
 
@@ -118,6 +122,7 @@ struct ElasticStats {
   uint64_t state_bytes_sent = 0;       // by this member, in the last Boundary that moved state
   uint64_t state_bytes_received = 0;   // ditto
   uint64_t epochs_seen = 0;
+  uint64_t committed_epoch = 0;        // the epoch in which the last committed phase ran
   uint64_t aborted_calls = 0;
 };
 

@@ -86,6 +86,16 @@ class ElasticMaster::Impl {
     MutexLock lock(&mu_);
     return static_cast<int>(members_.size());
   }
+  bool AwaitEpoch(uint64_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_ >= n; },
+                                timeout);
+  }
+  bool AwaitSteps(uint64_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return step_ >= n; },
+                                timeout);
+  }
   bool AwaitWaiting(int n, absl::Duration timeout) {
     MutexLock lock(&mu_);
     return mu_.AwaitWithTimeout(
@@ -260,7 +270,9 @@ class ElasticMaster::Impl {
     joiners_.push_back(conn.id);
     LBCC_LOG(INFO) << "lbcc-master: " << conn.name << " waits to join (epoch " << epoch_
                    << ", step " << step_ << ")";
-    if (members_.empty() && static_cast<int>(joiners_.size()) >= options_.min_members) {
+    // The first epoch waits for min_members; a job whose members all left restarts with one.
+    const int needed = epoch_ == 0 ? options_.min_members : 1;
+    if (members_.empty() && static_cast<int>(joiners_.size()) >= needed) {
       std::vector<uint64_t> ids;
       ids.swap(joiners_);
       NewEpoch(ids, absl::StrCat(ids.size(), " member(s) formed the group"));
@@ -409,6 +421,12 @@ std::string ElasticMaster::address() const { return impl_->address(); }
 uint64_t ElasticMaster::epoch() const { return impl_->epoch(); }
 uint64_t ElasticMaster::committed_steps() const { return impl_->steps(); }
 int ElasticMaster::members() const { return impl_->members(); }
+bool ElasticMaster::AwaitEpoch(uint64_t n, absl::Duration timeout) const {
+  return impl_->AwaitEpoch(n, timeout);
+}
+bool ElasticMaster::AwaitCommittedSteps(uint64_t n, absl::Duration timeout) const {
+  return impl_->AwaitSteps(n, timeout);
+}
 bool ElasticMaster::AwaitWaiting(int n, absl::Duration timeout) const {
   return impl_->AwaitWaiting(n, timeout);
 }
