@@ -60,10 +60,11 @@ from lbcc._lbcc import (
     unique_id_address,
     unique_id_from_address,
 )
+from lbcc.elastic import ElasticGroup, ElasticMaster
 
 __all__ = [
     "AbortedError", "ArgumentTypeError", "CancelledError", "Codec", "CodecState", "Communicator", "DataLossError",
-    "DeadlineExceededError", "DenseQuantCodec", "Error", "FailedPreconditionError",
+    "DeadlineExceededError", "DenseQuantCodec", "ElasticGroup", "ElasticMaster", "Error", "FailedPreconditionError",
     "InternalError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError", "Request",
     "SubspaceBasis", "SubspaceCodec", "TopKEfCodec", "TopKEfState", "Topology",
     "UnavailableError", "UnimplementedError", "broadcast_bytes", "create_unique_id", "decode",
