@@ -479,7 +479,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // Runs one phase in the acquired epoch and applies the master's decision.
   template <typename Body, typename Finish>
   absl::Status RunPhase(const Acquired& a, Phase phase, Body body, Finish finish) {
+    const absl::Time started = absl::Now();
     const absl::Status local = body();
+    const absl::Time ran = absl::Now();
     Message report;
     report.type = MsgType::kReport;
     report.epoch = a.info.epoch;
@@ -511,6 +513,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       } else {
         changed = absl::StrCat("membership changed: ", info_.reason);
       }
+      LBCC_LOG(TRACE) << "ElasticGroup " << options_.name << ": epoch " << a.info.epoch
+                      << " step " << a.step << (phase == Phase::kSync ? " sync " : " exchange ")
+                      << absl::ToDoubleMilliseconds(ran - started) << " ms, decision after "
+                      << absl::ToDoubleMilliseconds(absl::Now() - ran) << " ms";
       if (!(decided && decision.ok)) ++stats_.aborted_calls;
       if (decided && decision.ok) stats_.committed_epoch = a.info.epoch;
     }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -42,7 +43,7 @@ namespace lbcc::comm {
 namespace {
 
 constexpr int64_t kElements = 1 << 16;
-constexpr int kPeerTimeoutMs = 3000;
+constexpr int kPeerTimeoutMs = 5000;
 // Each member's inner steps between two exchanges (the work a trainer does there).
 constexpr absl::Duration kInnerSteps = absl::Milliseconds(20);
 
@@ -55,6 +56,68 @@ std::vector<float> Delta(int seed, uint64_t step) {
 }
 
 uint64_t Hash(const std::vector<float>& v) { return XXH3_64bits(v.data(), v.size() * 4); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Bench mode: the same exchange alternately over the epoch's plain communicator and through
+// the elastic group (same processes, same layout), then the highest seed leaves cleanly and the
+// others time their next step. Prints "BENCH <plain ms> <elastic ms> <step after leave ms>".
+int RunBench(ElasticGroup& group, const codecs::Codec& codec, codecs::TopKEfState& state,
+             int seed, int steps) {
+  codecs::TopKEfState plain_state;
+  std::vector<float> out(kElements);
+  std::vector<double> plain, elastic;
+  auto elastic_step = [&] {
+    absl::Status s;
+    do {
+      s = group.Boundary();
+      if (s.ok()) {
+        std::vector<float> delta = Delta(seed, group.step());
+        s = group.SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                    *TensorView::Host(out.data(), {kElements}), &state}},
+                                  &codec);
+      }
+    } while (IsRetryable(s));
+    return s;
+  };
+  if (!elastic_step().ok()) return 1;  // the first boundary and step: every member is set up
+  for (int i = 0; i < steps; ++i) {
+    std::shared_ptr<Communicator> comm = group.communicator();
+    if (comm == nullptr) return 1;
+    std::vector<float> delta = Delta(seed, 100000 + i);
+    absl::Time t0 = absl::Now();
+    absl::Status s = comm->SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                             *TensorView::Host(out.data(), {kElements}),
+                                             &plain_state}},
+                                           &codec)
+                         ->Wait();
+    plain.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    t0 = absl::Now();
+    absl::Status e = elastic_step();
+    elastic.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    if (!s.ok() || !e.ok()) {
+      std::printf("ERROR bench %s %s\n", s.ToString().c_str(), e.ToString().c_str());
+      return 1;
+    }
+  }
+  const int last_seed = std::atoi(std::getenv("ELASTIC_BENCH_LEAVER"));
+  double after_leave = -1;
+  if (seed == last_seed) {
+    (void)group.Leave();
+  } else {
+    const absl::Time t0 = absl::Now();
+    if (!elastic_step().ok()) return 1;
+    after_leave = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  }
+  std::printf("BENCH %.3f %.3f %.3f\n", Median(plain), Median(elastic), after_leave);
+  std::fflush(stdout);
+  if (seed != last_seed) (void)group.Leave();
+  return 0;
+}
 
 // --- The member program. ---
 int RunMember() {
@@ -84,6 +147,9 @@ int RunMember() {
     return absl::IsFailedPrecondition(group.status()) ? 3 : 1;
   }
   const double join_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (const char* bench = std::getenv("ELASTIC_BENCH_STEPS")) {
+    return RunBench(**group, *codec, state, seed, std::atoi(bench));
+  }
   double first_ms = -1;
   std::vector<uint64_t> committed;
   std::vector<float> out(kElements);
@@ -332,6 +398,39 @@ TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
       << "\nrecover_ms " << absl::StrJoin(recover_ms, " ") << "\njoin_ms "
       << absl::StrJoin(join_ms, " ") << "\nfirst_commit_ms " << absl::StrJoin(first_ms, " ")
       << "\n";
+  }
+  (*master)->Stop();
+}
+
+TEST(ElasticChurnTest, SteadyStateAgainstThePlainCommunicator) {
+  const char* steps = std::getenv("ELASTIC_BENCH_STEPS");
+  if (steps == nullptr) GTEST_SKIP() << "a measurement: set ELASTIC_BENCH_STEPS (bench/elastic.sh)";
+  constexpr int kMembers = 4;
+  setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
+  setenv("ELASTIC_BENCH_LEAVER", absl::StrCat(kMembers - 1).c_str(), 1);
+  ElasticMasterOptions mo;
+  mo.job_id = "churn";
+  mo.min_members = kMembers;
+  mo.peer_timeout = absl::Milliseconds(kPeerTimeoutMs);
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+  ASSERT_THAT(master.status(), lbcc::testing::IsOk());
+  std::vector<ChildPtr> live;
+  for (int i = 0; i < kMembers; ++i) {
+    live.push_back(Spawn((*master)->address(), i, absl::StrCat("b", i)));
+  }
+  std::vector<std::string> lines;
+  for (ChildPtr& c : live) {
+    Reap(c.get(), /*stop=*/false);
+    EXPECT_EQ(c->exit_code, 0) << c->output;
+    std::istringstream in(c->output);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("BENCH ", 0) == 0) lines.push_back(line.substr(6));
+    }
+  }
+  if (const char* stats = std::getenv("ELASTIC_CHURN_STATS")) {
+    std::ofstream f(stats, std::ios::app);
+    for (const std::string& l : lines) f << "bench " << l << "\n";
   }
   (*master)->Stop();
 }

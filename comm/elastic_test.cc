@@ -30,7 +30,7 @@ constexpr int64_t kElements = 8192;
 std::unique_ptr<ElasticMaster> StartMaster(int min_members, const std::string& job = "job-1") {
   ElasticMasterOptions o;
   o.job_id = job;
-  o.peer_timeout = absl::Seconds(2);
+  o.peer_timeout = absl::Seconds(5);
   o.min_members = min_members;
   absl::StatusOr<std::unique_ptr<ElasticMaster>> m = ElasticMaster::Start(o);
   EXPECT_THAT(m.status(), IsOk());
@@ -43,7 +43,7 @@ ElasticOptions MemberOptions(const ElasticMaster& master, const std::string& nam
   o.job_id = "job-1";
   o.name = name;
   o.comm_config.backend = "loopback";
-  o.peer_timeout = absl::Seconds(2);
+  o.peer_timeout = absl::Seconds(5);
   o.op_timeout = absl::Seconds(30);
   o.join_timeout = absl::Seconds(30);
   return o;
