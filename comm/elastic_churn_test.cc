@@ -271,14 +271,19 @@ int Events() {
   return n;
 }
 
-TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
-  constexpr int kMembers = 4;
+// The master, in this process; members inherit LBCC_PEER_TIMEOUT_MS (Spawn sets it too).
+absl::StatusOr<std::unique_ptr<ElasticMaster>> StartMaster(int members) {
   setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
   ElasticMasterOptions mo;
   mo.job_id = "churn";
-  mo.min_members = kMembers;
+  mo.min_members = members;
   mo.peer_timeout = absl::Milliseconds(kPeerTimeoutMs);
-  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+  return ElasticMaster::Start(mo);
+}
+
+TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
+  constexpr int kMembers = 4;
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = StartMaster(kMembers);
   ASSERT_THAT(master.status(), lbcc::testing::IsOk());
   const std::string address = (*master)->address();
 
@@ -406,13 +411,8 @@ TEST(ElasticChurnTest, SteadyStateAgainstThePlainCommunicator) {
   const char* steps = std::getenv("ELASTIC_BENCH_STEPS");
   if (steps == nullptr) GTEST_SKIP() << "a measurement: set ELASTIC_BENCH_STEPS (bench/elastic.sh)";
   constexpr int kMembers = 4;
-  setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
   setenv("ELASTIC_BENCH_LEAVER", absl::StrCat(kMembers - 1).c_str(), 1);
-  ElasticMasterOptions mo;
-  mo.job_id = "churn";
-  mo.min_members = kMembers;
-  mo.peer_timeout = absl::Milliseconds(kPeerTimeoutMs);
-  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = StartMaster(kMembers);
   ASSERT_THAT(master.status(), lbcc::testing::IsOk());
   std::vector<ChildPtr> live;
   for (int i = 0; i < kMembers; ++i) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/scoped_env.h"
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/topk_ef.h"
@@ -333,6 +334,21 @@ TEST(ElasticTest, TheMastersFailureFailsEveryMemberWithAStatusNamingIt) {
     EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   }
   for (int i = 0; i < 2; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+TEST(ElasticTest, MembersFindTheMasterThroughLbccMasterAddr) {
+  auto master = StartMaster(1);
+  lbcc::testing::ScopedEnv addr("LBCC_MASTER_ADDR", master->address().c_str());
+  auto codec = Codec();
+  Member m;
+  ElasticOptions o = MemberOptions(*master, "m0");
+  o.master_address.clear();
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
+      ElasticGroup::Join(o, {*TensorView::Host(m.params.data(), {kElements})});
+  ASSERT_THAT(g.status(), IsOk());
+  m.group = std::move(*g);
+  EXPECT_THAT(m.Step(*codec), IsOk());
+  EXPECT_EQ(master->committed_steps(), 1u);
 }
 
 TEST(ElasticTest, BadOptionsAreInvalidArgument) {

@@ -1,8 +1,8 @@
 """lbcc.torch.SparseLoCo over an elastic group (lbcc.ElasticGroup): the outer step retries over
 the new epoch when members leave, newcomers receive the outer parameters at the step boundary,
-and nothing is checkpointed by hand. SparseLoCo(elastic=True) calls `outer_step(self)` instead
-of its own exchange; `join(sparseloco, ...)` makes the group from the optimizer's outer
-parameters.
+and nothing is checkpointed by hand. The group stands in for SparseLoCo's communicator;
+SparseLoCo(elastic=True) only needs to call `after_outer_step(self)` at the end of its outer
+step; `join(sparseloco, ...)` makes the group from the optimizer's outer parameters.
 
     opt = lbcc.torch.SparseLoCo(inner, comm=None, elastic=True, sync_initial=False)
     group = lbcc.torch.elastic.join(opt, master_address=..., job_id=...)
@@ -10,10 +10,9 @@ parameters.
 
 import torch
 
-import lbcc
 from lbcc.elastic import ElasticGroup
 
-__all__ = ["join", "boundary", "outer_step"]
+__all__ = ["after_outer_step", "boundary", "join", "outer_step"]
 
 
 def _groups(opt):
@@ -50,26 +49,18 @@ def boundary(opt):
         _adopt_outer(group)
 
 
-@torch.no_grad()
 def outer_step(opt):
-    """SparseLoCo's outer step over the elastic group: the exchange is retried with the same
-    pseudo-gradients until an epoch completes it (its error feedback was rolled back on every
-    failed try), then the outer SGD update, then the next step's boundary."""
-    o = opt.options
-    group = _groups(opt)
-    params, outer, states = group["params"], group["outer"], group["states"]
-    deltas = [(saved - p.detach().to("cpu", torch.float32)).contiguous()
-              for p, saved in zip(params, outer)]
-    aggregates = [torch.empty_like(d) for d in deltas]
-    group["comm"].sparse_all_reduce(deltas, aggregates, opt.codec, states,
-                                    aggregation=o["aggregation"])
-    for p, saved, g in zip(params, outer, aggregates):
-        if o["weight_decay"]:
-            saved.mul_(1.0 - o["outer_lr"] * o["weight_decay"])
-        if o["sign"]:
-            saved.sub_(torch.sign(g).mul_(o["outer_lr"]))
-        else:
-            saved.sub_(g)
-        p.copy_(saved)
-    opt.outer_step_count += 1
+    """SparseLoCo's outer step over the elastic group, then the next step's boundary. The
+    group stands in for the communicator (lbcc.ElasticGroup.sparse_all_reduce takes SparseLoCo's
+    arguments and retries with the same pseudo-gradients until an epoch completes the exchange;
+    every failed try rolled its error feedback back), so SparseLoCo's own update runs unchanged.
+    With SparseLoCo(elastic=True) wired to call after_outer_step(self) at the end of its
+    outer_step, call opt.outer_step() instead."""
+    opt.outer_step()
+    if not getattr(opt, "elastic", False):
+        after_outer_step(opt)
+
+
+def after_outer_step(opt):
+    """What SparseLoCo(elastic=True) runs after its outer update: the next step's boundary."""
     boundary(opt)
