@@ -56,6 +56,8 @@ constexpr Spec kSpecs[] = {
      "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer."},
     {"LBCC_LISTEN_ADDR", Type::kString, "127.0.0.1",
      "IPv4 address this rank listens on for other ranks (its own address on the network)."},
+    {"LBCC_MASTER_ADDR", Type::kString, "",
+     "host:port of the elastic membership service (lbcc-master) an ElasticGroup joins."},
     {"LBCC_PEER_TIMEOUT_MS", Type::kInt, "10000",
      "Transport: a peer that stops answering fails pending work with Unavailable after about "
      "this many milliseconds.",

@@ -113,6 +113,7 @@ void BindComm(py::module_& m);
 void BindCodecs(py::module_& m);
 void BindSubspace(py::module_& m);
 void BindPlan(py::module_& m);  // plan_bindings.cc
+void BindElastic(py::module_& m);  // elastic_bindings.cc
 
 }  // namespace lbcc::python
 

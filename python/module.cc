@@ -221,4 +221,5 @@ PYBIND11_MODULE(_lbcc, m) {
   lp::BindSubspace(m);
   lp::BindComm(m);
   lp::BindPlan(m);
+  lp::BindElastic(m);
 }

@@ -1,0 +1,447 @@
+// Elastic membership with members as processes over UCX (127.0.0.1) and the master in this
+// process: churn (a random member killed -9 at a random moment, restarted, rejoining), a
+// SIGSTOP'd member evicted and told so when it resumes, two members killed at once. Every
+// committed step must be bit-identical on every member that committed it, and every surviving
+// member's error feedback must equal a replay of exactly the steps it committed (nothing lost,
+// nothing applied twice).
+//
+// The test binary is also the member program (ELASTIC_ROLE=member): it steps until its stdin
+// closes, printing "COMMIT <step> <epoch> <out hash> <params hash>" per committed step, then
+// "EF OK" or "EF MISMATCH", and "TIMES <join ms> <first commit ms>".
+// ELASTIC_CHURN_EVENTS (default 6) sets the number of churn events; ELASTIC_CHURN_STATS=FILE
+// writes the measured times (bench/elastic.sh reads them).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "base/status_matchers.h"
+#include "codecs/topk_ef.h"
+#include "comm/elastic.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::comm {
+namespace {
+
+constexpr int64_t kElements = 1 << 16;
+constexpr int kPeerTimeoutMs = 5000;
+// Each member's inner steps between two exchanges (the work a trainer does there).
+constexpr absl::Duration kInnerSteps = absl::Milliseconds(20);
+
+std::vector<float> Delta(int seed, uint64_t step) {
+  std::mt19937 rng(static_cast<uint32_t>(seed * 7919 + step));
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> v(kElements);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+uint64_t Hash(const std::vector<float>& v) { return XXH3_64bits(v.data(), v.size() * 4); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Bench mode: the same exchange alternately over the epoch's plain communicator and through
+// the elastic group (same processes, same layout), then the highest seed leaves cleanly and the
+// others time their next step. Prints "BENCH <plain ms> <elastic ms> <step after leave ms>".
+int RunBench(ElasticGroup& group, const codecs::Codec& codec, codecs::TopKEfState& state,
+             int seed, int steps) {
+  codecs::TopKEfState plain_state;
+  std::vector<float> out(kElements);
+  std::vector<double> plain, elastic;
+  auto elastic_step = [&] {
+    absl::Status s;
+    do {
+      s = group.Boundary();
+      if (s.ok()) {
+        std::vector<float> delta = Delta(seed, group.step());
+        s = group.SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                    *TensorView::Host(out.data(), {kElements}), &state}},
+                                  &codec);
+      }
+    } while (IsRetryable(s));
+    return s;
+  };
+  if (!elastic_step().ok()) return 1;  // the first boundary and step: every member is set up
+  for (int i = 0; i < steps; ++i) {
+    std::shared_ptr<Communicator> comm = group.communicator();
+    if (comm == nullptr) return 1;
+    std::vector<float> delta = Delta(seed, 100000 + i);
+    absl::Time t0 = absl::Now();
+    absl::Status s = comm->SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                             *TensorView::Host(out.data(), {kElements}),
+                                             &plain_state}},
+                                           &codec)
+                         ->Wait();
+    plain.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    t0 = absl::Now();
+    absl::Status e = elastic_step();
+    elastic.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    if (!s.ok() || !e.ok()) {
+      std::printf("ERROR bench %s %s\n", s.ToString().c_str(), e.ToString().c_str());
+      return 1;
+    }
+  }
+  const int last_seed = std::atoi(std::getenv("ELASTIC_BENCH_LEAVER"));
+  double after_leave = -1;
+  if (seed == last_seed) {
+    (void)group.Leave();
+  } else {
+    const absl::Time t0 = absl::Now();
+    if (!elastic_step().ok()) return 1;
+    after_leave = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  }
+  std::printf("BENCH %.3f %.3f %.3f\n", Median(plain), Median(elastic), after_leave);
+  std::fflush(stdout);
+  if (seed != last_seed) (void)group.Leave();
+  return 0;
+}
+
+// --- The member program. ---
+int RunMember() {
+  const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
+  std::atomic<bool> stop{false};
+  std::thread stdin_watch([&] {
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    stop = true;
+  });
+  stdin_watch.detach();
+  auto codec = *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
+  std::vector<float> params(kElements, 0.f);
+  codecs::TopKEfState state;
+  ElasticOptions o;
+  o.master_address = std::getenv("ELASTIC_MASTER");
+  o.job_id = "churn";
+  o.name = std::getenv("ELASTIC_NAME");
+  o.comm_config.backend = "ucx";
+  o.op_timeout = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> group =
+      ElasticGroup::Join(o, {*TensorView::Host(params.data(), {kElements})});
+  if (!group.ok()) {
+    std::printf("ERROR join %s\n", group.status().ToString().c_str());
+    return absl::IsFailedPrecondition(group.status()) ? 3 : 1;
+  }
+  const double join_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (const char* bench = std::getenv("ELASTIC_BENCH_STEPS")) {
+    return RunBench(**group, *codec, state, seed, std::atoi(bench));
+  }
+  double first_ms = -1;
+  std::vector<uint64_t> committed;
+  std::vector<float> out(kElements);
+  int code = 0;
+  while (!stop) {
+    absl::SleepFor(kInnerSteps);
+    absl::Status s = (*group)->Boundary();
+    if (IsRetryable(s)) continue;
+    if (s.ok()) {
+      const uint64_t step = (*group)->step();
+      std::vector<float> delta = Delta(seed, step);
+      s = (*group)->SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                      *TensorView::Host(out.data(), {kElements}), &state}},
+                                    codec.get());
+      if (IsRetryable(s)) continue;
+      if (s.ok()) {
+        for (int64_t i = 0; i < kElements; ++i) params[i] += out[i];
+        committed.push_back(step);
+        if (first_ms < 0) first_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+        std::printf("COMMIT %llu %llu %016llx %016llx\n", static_cast<unsigned long long>(step),
+                    static_cast<unsigned long long>((*group)->stats().committed_epoch),
+                    static_cast<unsigned long long>(Hash(out)),
+                    static_cast<unsigned long long>(Hash(params)));
+        std::fflush(stdout);
+        continue;
+      }
+    }
+    std::printf("ERROR %d %s\n", static_cast<int>(s.code()), s.ToString().c_str());
+    code = absl::IsFailedPrecondition(s) ? 3 : 1;  // 3: evicted
+    break;
+  }
+  // Replay exactly the committed steps on a fresh state: must give the same error feedback.
+  codecs::TopKEfState replay;
+  std::vector<uint8_t> buf(*codec->MaxEncodedBytes({kElements}));
+  for (uint64_t step : committed) {
+    std::vector<float> delta = Delta(seed, step);
+    (void)codec->Encode(*TensorView::Host(delta.data(), {kElements}), &replay,
+                        absl::MakeSpan(buf));
+    (void)replay.Commit();
+  }
+  const bool same = committed.empty() ||
+                    (!state.has_pending() && std::equal(state.error().begin(), state.error().end(),
+                                                        replay.error().begin(),
+                                                        replay.error().end()));
+  std::printf("EF %s\nTIMES %.1f %.1f\n", same ? "OK" : "MISMATCH", join_ms, first_ms);
+  std::fflush(stdout);
+  (void)(*group)->Leave();
+  return code;
+}
+
+// --- The test side. ---
+struct Child {
+  pid_t pid = -1;
+  int in_fd = -1;   // closing it stops the member
+  int out_fd = -1;
+  std::string name;
+  std::string output;  // written by `drain` until the child's stdout closes
+  std::thread drain;
+  std::atomic<bool> committed{false};  // it printed a COMMIT line (it is a member)
+  int exit_code = -1;
+};
+using ChildPtr = std::shared_ptr<Child>;
+
+ChildPtr Spawn(const std::string& master, int seed, const std::string& name) {
+  int in[2], out[2];
+  // Close-on-exec: no child may hold another's stdin open (its end would never come).
+  EXPECT_EQ(pipe2(in, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    setenv("ELASTIC_ROLE", "member", 1);
+    setenv("ELASTIC_MASTER", master.c_str(), 1);
+    setenv("ELASTIC_SEED", absl::StrCat(seed).c_str(), 1);
+    setenv("ELASTIC_NAME", name.c_str(), 1);
+    setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
+    setenv("UCX_MEM_EVENTS", "no", 1);
+    execl("/proc/self/exe", "elastic_churn_test", nullptr);
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  auto c = std::make_shared<Child>();
+  c->pid = pid;
+  c->in_fd = in[1];
+  c->out_fd = out[0];
+  c->name = name;
+  c->drain = std::thread([c = c.get()] {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(c->out_fd, buf, sizeof(buf))) > 0) {
+      c->output.append(buf, n);
+      if (!c->committed && c->output.find("COMMIT") != std::string::npos) c->committed = true;
+    }
+    close(c->out_fd);
+  });
+  return c;
+}
+
+// Collects a child's output and exit code (after it was killed or told to stop).
+void Reap(Child* c, bool stop = true) {
+  if (stop && c->in_fd >= 0) close(c->in_fd);
+  if (stop) c->in_fd = -1;
+  c->drain.join();
+  int status = 0;
+  waitpid(c->pid, &status, 0);
+  c->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (c->in_fd >= 0) close(c->in_fd);
+  c->in_fd = -1;
+}
+
+int Events() {
+  const char* e = std::getenv("ELASTIC_CHURN_EVENTS");
+  int n = 6;
+  if (e != nullptr && !absl::SimpleAtoi(e, &n)) n = 6;
+  return n;
+}
+
+// The master, in this process; members inherit LBCC_PEER_TIMEOUT_MS (Spawn sets it too).
+absl::StatusOr<std::unique_ptr<ElasticMaster>> StartMaster(int members) {
+  setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
+  ElasticMasterOptions mo;
+  mo.job_id = "churn";
+  mo.min_members = members;
+  mo.peer_timeout = absl::Milliseconds(kPeerTimeoutMs);
+  return ElasticMaster::Start(mo);
+}
+
+TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
+  constexpr int kMembers = 4;
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = StartMaster(kMembers);
+  ASSERT_THAT(master.status(), lbcc::testing::IsOk());
+  const std::string address = (*master)->address();
+
+  std::vector<ChildPtr> live, done;
+  // On a failed assertion: no child outlives the test, no drain thread is left running.
+  struct Cleanup {
+    std::vector<ChildPtr>* live;
+    ~Cleanup() {
+      for (ChildPtr& c : *live) {
+        if (c->drain.joinable()) {
+          kill(c->pid, SIGKILL);
+          Reap(c.get());
+        }
+      }
+    }
+  } cleanup{&live};
+  int incarnation = 0;
+  for (int i = 0; i < kMembers; ++i) {
+    live.push_back(Spawn(address, i, absl::StrCat("w", i, ".", incarnation++)));
+  }
+  std::vector<int> seeds = {0, 1, 2, 3};
+  ASSERT_TRUE((*master)->AwaitCommittedSteps(2, absl::Seconds(60))) << "the job never started";
+
+  std::mt19937 rng(12345);
+  std::vector<double> recover_ms;
+  const int events = Events();
+  int stopped_events = 0, double_events = 0;
+  // Waits until every live member committed a step (the restarted ones rejoined).
+  auto all_members = [&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (absl::Now() < deadline) {
+      bool all = true;
+      for (const ChildPtr& c : live) all &= c->committed.load();
+      if (all) return true;
+      (*master)->AwaitCommittedSteps((*master)->committed_steps() + 1, absl::Seconds(1));
+    }
+    return false;
+  };
+  for (int e = 0; e < events; ++e) {
+    ASSERT_TRUE(all_members()) << "event " << e << ": a restarted member did not rejoin";
+    // A random moment: somewhere within the next steps (placement, not synchronisation).
+    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 300)(rng)));
+    const int kind = e % 6 == 2 ? 1 : e % 6 == 4 ? 2 : 0;  // 0 kill, 1 SIGSTOP, 2 two killed
+    std::vector<int> victims = {std::uniform_int_distribution<int>(0, kMembers - 1)(rng)};
+    if (kind == 2) victims.push_back((victims[0] + 1) % kMembers);
+    const uint64_t epoch = (*master)->epoch();
+    const absl::Time t0 = absl::Now();
+    for (int v : victims) kill(live[v]->pid, kind == 1 ? SIGSTOP : SIGKILL);
+    // The master drops the victims (a new epoch), and the survivors commit a step without them.
+    ASSERT_TRUE((*master)->AwaitEpoch(epoch + 1, absl::Seconds(120))) << "event " << e;
+    const uint64_t before = (*master)->committed_steps();
+    ASSERT_TRUE((*master)->AwaitCommittedSteps(before + 1, absl::Seconds(120)))
+        << "event " << e << ": no step committed after the event";
+    recover_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    for (int v : victims) {
+      ChildPtr c = live[v];
+      if (kind == 1) {
+        ++stopped_events;
+        kill(c->pid, SIGCONT);  // it was evicted by now: it must say so and exit
+        Reap(c.get(), /*stop=*/false);  // it must exit by itself
+        EXPECT_EQ(c->exit_code, 3) << c->name << " after SIGSTOP/SIGCONT:\n" << c->output;
+        EXPECT_NE(c->output.find("evicted"), std::string::npos) << c->output;
+      } else {
+        Reap(c.get());
+      }
+      done.push_back(c);
+      live[v] = Spawn(address, seeds[v], absl::StrCat("w", v, ".", incarnation++));
+    }
+    double_events += kind == 2;
+  }
+  // Everyone (the restarted ones too) takes part in a few more steps, then stops.
+  ASSERT_TRUE(all_members()) << "a restarted member did not rejoin after the last event";
+  const uint64_t now = (*master)->committed_steps();
+  EXPECT_TRUE((*master)->AwaitCommittedSteps(now + 3, absl::Seconds(60)));
+  for (ChildPtr& c : live) {
+    close(c->in_fd);
+    c->in_fd = -1;
+  }
+  for (ChildPtr& c : live) {
+    Reap(c.get());
+    EXPECT_EQ(c->exit_code, 0) << c->name << ":\n" << c->output;
+    EXPECT_NE(c->output.find("EF OK"), std::string::npos) << c->name << ":\n" << c->output;
+    done.push_back(c);
+  }
+
+  // Every committed step: one epoch, one aggregate, one parameter vector on every member.
+  std::map<uint64_t, std::string> seen;  // step -> "epoch out params"
+  std::map<uint64_t, int> count;
+  std::vector<double> join_ms, first_ms;
+  for (const ChildPtr& c : done) {
+    EXPECT_EQ(c->output.find("EF MISMATCH"), std::string::npos) << c->name << ":\n" << c->output;
+    std::istringstream lines(c->output);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      if (f[0] == "COMMIT" && f.size() == 5) {
+        uint64_t step = 0;
+        ASSERT_TRUE(absl::SimpleAtoi(f[1], &step));
+        const std::string v = absl::StrCat(f[2], " ", f[3], " ", f[4]);
+        auto [it, fresh] = seen.emplace(step, v);
+        EXPECT_EQ(it->second, v) << "step " << step << " differs on " << c->name;
+        ++count[step];
+      } else if (f[0] == "TIMES" && f.size() == 3) {
+        double j = 0, fst = 0;
+        if (absl::SimpleAtod(f[1], &j) && absl::SimpleAtod(f[2], &fst) && fst >= 0) {
+          join_ms.push_back(j);
+          first_ms.push_back(fst);
+        }
+      }
+    }
+  }
+  EXPECT_GE(seen.size(), static_cast<size_t>(events + 2));
+  if (const char* stats = std::getenv("ELASTIC_CHURN_STATS")) {
+    std::ofstream f(stats);
+    f << "events " << events << " stopped " << stopped_events << " double " << double_events
+      << "\nsteps " << (*master)->committed_steps() << " epochs " << (*master)->epoch()
+      << "\nrecover_ms " << absl::StrJoin(recover_ms, " ") << "\njoin_ms "
+      << absl::StrJoin(join_ms, " ") << "\nfirst_commit_ms " << absl::StrJoin(first_ms, " ")
+      << "\n";
+  }
+  (*master)->Stop();
+}
+
+TEST(ElasticChurnTest, SteadyStateAgainstThePlainCommunicator) {
+  const char* steps = std::getenv("ELASTIC_BENCH_STEPS");
+  if (steps == nullptr) GTEST_SKIP() << "a measurement: set ELASTIC_BENCH_STEPS (bench/elastic.sh)";
+  constexpr int kMembers = 4;
+  setenv("ELASTIC_BENCH_LEAVER", absl::StrCat(kMembers - 1).c_str(), 1);
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = StartMaster(kMembers);
+  ASSERT_THAT(master.status(), lbcc::testing::IsOk());
+  std::vector<ChildPtr> live;
+  for (int i = 0; i < kMembers; ++i) {
+    live.push_back(Spawn((*master)->address(), i, absl::StrCat("b", i)));
+  }
+  std::vector<std::string> lines;
+  for (ChildPtr& c : live) {
+    Reap(c.get(), /*stop=*/false);
+    EXPECT_EQ(c->exit_code, 0) << c->output;
+    std::istringstream in(c->output);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("BENCH ", 0) == 0) lines.push_back(line.substr(6));
+    }
+  }
+  if (const char* stats = std::getenv("ELASTIC_CHURN_STATS")) {
+    std::ofstream f(stats, std::ios::app);
+    for (const std::string& l : lines) f << "bench " << l << "\n";
+  }
+  (*master)->Stop();
+}
+
+}  // namespace
+}  // namespace lbcc::comm
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("ELASTIC_ROLE"); role != nullptr) {
+    return lbcc::comm::RunMember();
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

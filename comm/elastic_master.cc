@@ -1,0 +1,435 @@
+// ElasticMaster (comm/elastic.h): the membership service. One acceptor thread, one reader
+// thread per connection, one ticker thread (heartbeats, silence checks); every event is handled
+// under mu_, so the membership logic below is sequential.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/env.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "comm/bootstrap.h"
+#include "comm/elastic.h"
+#include "comm/elastic_wire.h"
+
+namespace lbcc::comm {
+
+using elastic::Message;
+using elastic::MsgType;
+using elastic::Phase;
+using elastic::Socket;
+
+absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given) {
+  if (given > absl::ZeroDuration()) return given;
+  LBCC_ASSIGN_OR_RETURN(const int64_t ms, env::GetInt("LBCC_PEER_TIMEOUT_MS"));
+  return absl::Milliseconds(ms);
+}
+
+class ElasticMaster::Impl {
+ public:
+  explicit Impl(ElasticMasterOptions options) : options_(std::move(options)) {}
+  ~Impl() { Stop(); }
+
+  absl::Status Start() {
+    if (options_.job_id.empty()) {
+      return absl::InvalidArgumentError("ElasticMaster: job_id is empty");
+    }
+    if (options_.min_members < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ElasticMaster: min_members ", options_.min_members, " < 1"));
+    }
+    LBCC_ASSIGN_OR_RETURN(peer_timeout_, ResolvePeerTimeout(options_.peer_timeout));
+    if (options_.setup_timeout <= absl::ZeroDuration()) {
+      options_.setup_timeout = peer_timeout_ + absl::Seconds(5);
+    }
+    LBCC_ASSIGN_OR_RETURN(listener_, Socket::Listen(options_.listen_address, &address_));
+    if (options_.bootstrap_host.empty()) {
+      options_.bootstrap_host = address_.substr(0, address_.rfind(':'));
+    }
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+    ticker_ = std::thread([this] { TickLoop(); });
+    LBCC_LOG(INFO) << "lbcc-master: job '" << options_.job_id << "' listening on " << address_;
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      for (auto& [id, conn] : conns_) conn->sock->Shutdown();
+    }
+    if (listener_) listener_->Shutdown();
+    if (acceptor_.joinable()) acceptor_.join();
+    if (ticker_.joinable()) ticker_.join();
+    std::vector<std::thread> readers;
+    {
+      MutexLock lock(&mu_);
+      readers.swap(readers_);
+    }
+    for (std::thread& t : readers) t.join();
+  }
+
+  const std::string& address() const { return address_; }
+  uint64_t epoch() {
+    MutexLock lock(&mu_);
+    return epoch_;
+  }
+  uint64_t steps() {
+    MutexLock lock(&mu_);
+    return step_;
+  }
+  int members() {
+    MutexLock lock(&mu_);
+    return static_cast<int>(members_.size());
+  }
+  bool AwaitEpoch(uint64_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_ >= n; },
+                                timeout);
+  }
+  bool AwaitSteps(uint64_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return step_ >= n; },
+                                timeout);
+  }
+  bool AwaitWaiting(int n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return static_cast<int>(joiners_.size()) >= n; },
+        timeout);
+  }
+
+ private:
+  struct Conn {
+    uint64_t id = 0;
+    std::string name;
+    std::shared_ptr<Socket> sock;
+    absl::Time last_heard;
+    bool joined = false;
+    bool synced = false;
+    bool dead = false;
+  };
+  struct Report {
+    Phase phase;
+    uint64_t step;
+    bool ok;
+    bool broken;
+    uint32_t code;
+    std::string text;
+  };
+
+  void AcceptLoop() {
+    while (true) {
+      absl::StatusOr<std::unique_ptr<Socket>> sock =
+          listener_->Accept(absl::Now() + absl::Milliseconds(200));
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      if (!sock.ok()) continue;
+      auto conn = std::make_shared<Conn>();
+      conn->id = ++next_id_;
+      conn->sock = std::move(*sock);
+      conn->name = conn->sock->peer();
+      conn->last_heard = absl::Now();
+      conns_[conn->id] = conn;
+      readers_.emplace_back([this, conn] { ReadLoop(conn); });
+    }
+  }
+
+  void ReadLoop(std::shared_ptr<Conn> conn) {
+    while (true) {
+      absl::StatusOr<Message> m = conn->sock->Receive(absl::InfiniteFuture());
+      MutexLock lock(&mu_);
+      if (stopping_ || conn->dead) return;
+      if (!m.ok()) {
+        Drop(*conn, absl::StrCat("lost its connection (", m.status().message(), ")"), false);
+        FlushFailedSends();
+        return;
+      }
+      conn->last_heard = absl::Now();
+      Handle(*conn, *m);
+      FlushFailedSends();
+    }
+  }
+
+  void TickLoop() {
+    const absl::Duration period = std::max(peer_timeout_ / 4, absl::Milliseconds(10));
+    MutexLock lock(&mu_);
+    while (!stopping_) {
+      mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; },
+                           period);
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      std::vector<std::shared_ptr<Conn>> all;
+      for (auto& [id, conn] : conns_) all.push_back(conn);
+      for (auto& conn : all) {
+        if (conn->dead) continue;
+        const absl::Duration silent = now - conn->last_heard;
+        if (silent > peer_timeout_) {
+          Message evicted;
+          evicted.type = MsgType::kEvicted;
+          evicted.text = absl::StrCat("silent for ", absl::ToInt64Milliseconds(silent),
+                                      " ms (LBCC_PEER_TIMEOUT_MS ",
+                                      absl::ToInt64Milliseconds(peer_timeout_), ")");
+          (void)conn->sock->Send(evicted, now + absl::Milliseconds(100));
+          Drop(*conn, absl::StrCat("was ", evicted.text), false);
+        } else if (conn->joined) {
+          Message hb;
+          hb.type = MsgType::kHeartbeat;
+          Send(*conn, hb);
+        }
+      }
+      FlushFailedSends();
+    }
+  }
+
+  void Send(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (conn.dead) return;
+    if (!conn.sock->Send(m, absl::Now() + absl::Seconds(1)).ok()) failed_sends_.push_back(conn.id);
+  }
+
+  void FlushFailedSends() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!failed_sends_.empty()) {
+      const uint64_t id = failed_sends_.back();
+      failed_sends_.pop_back();
+      auto it = conns_.find(id);
+      if (it != conns_.end()) Drop(*it->second, "could not be reached", false);
+    }
+  }
+
+  std::string Describe(const Conn& conn) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto it = std::find(members_.begin(), members_.end(), conn.id);
+    if (it != members_.end()) {
+      return absl::StrCat("rank ", it - members_.begin(), " (", conn.name, ")");
+    }
+    return absl::StrCat("member ", conn.name);
+  }
+
+  void Refuse(Conn& conn, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    LBCC_LOG(WARN) << "lbcc-master: refusing " << conn.name << ": " << why;
+    Message m;
+    m.type = MsgType::kRefuse;
+    m.code = static_cast<uint32_t>(why.code());
+    m.text = std::string(why.message());
+    (void)conn.sock->Send(m, absl::Now() + absl::Seconds(1));
+    conn.dead = true;
+    conn.sock->Shutdown();
+    conns_.erase(conn.id);
+  }
+
+  void Handle(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (m.type) {
+      case MsgType::kJoin:
+        return OnJoin(conn, m);
+      case MsgType::kHeartbeat:
+        return;
+      case MsgType::kReport:
+        return OnReport(conn, m);
+      case MsgType::kLeave:
+        return Drop(conn, "left", true);
+      case MsgType::kSetupFailed:
+        if (m.epoch == epoch_ && IsMember(conn.id)) {
+          NewEpoch(members_, absl::StrCat("the communicator could not be built at ",
+                                          Describe(conn), ": ", m.text));
+        }
+        return;
+      default:
+        return Refuse(conn, absl::DataLossError(absl::StrCat(
+                                "lbcc-master: unexpected message type ",
+                                static_cast<int>(m.type), " from a member")));
+    }
+  }
+
+  bool IsMember(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::find(members_.begin(), members_.end(), id) != members_.end();
+  }
+
+  void OnJoin(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (conn.joined) return;
+    if (m.job_id != options_.job_id) {
+      return Refuse(conn, absl::InvalidArgumentError(absl::StrCat(
+                              "lbcc-master at ", address_, ": job id '", m.job_id,
+                              "' is not this job's ('", options_.job_id, "')")));
+    }
+    if (m.state_step >= 0 && static_cast<uint64_t>(m.state_step) != step_) {
+      return Refuse(conn, absl::FailedPreconditionError(absl::StrCat(
+                              "lbcc-master: stale shared state: it is of step ", m.state_step,
+                              ", the job is at step ", step_, "; join without state_step")));
+    }
+    conn.joined = true;
+    if (!m.name.empty()) conn.name = m.name;
+    Message welcome;
+    welcome.type = MsgType::kWelcome;
+    welcome.member_id = conn.id;
+    welcome.step = step_;
+    welcome.peer_timeout_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(peer_timeout_));
+    Send(conn, welcome);
+    joiners_.push_back(conn.id);
+    LBCC_LOG(INFO) << "lbcc-master: " << conn.name << " waits to join (epoch " << epoch_
+                   << ", step " << step_ << ")";
+    // The first epoch waits for min_members; a job whose members all left restarts with one.
+    const int needed = epoch_ == 0 ? options_.min_members : 1;
+    if (members_.empty() && static_cast<int>(joiners_.size()) >= needed) {
+      std::vector<uint64_t> ids;
+      ids.swap(joiners_);
+      NewEpoch(ids, absl::StrCat(ids.size(), " member(s) formed the group"));
+    }
+  }
+
+  void OnReport(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (m.epoch != epoch_ || !IsMember(conn.id)) return;  // a phase of an older epoch
+    reports_[conn.id] = Report{m.phase, m.step, m.ok, m.broken, m.code, m.text};
+    if (reports_.size() < members_.size()) return;
+    // Every member reported: decide.
+    const Report& first = reports_.begin()->second;
+    bool all_ok = true, broken = false;
+    std::string why;
+    for (size_t r = 0; r < members_.size(); ++r) {
+      const Report& rep = reports_[members_[r]];
+      if (rep.phase != first.phase || rep.step != first.step) {
+        all_ok = false;
+        if (why.empty()) {
+          why = absl::StrCat("members disagree on the phase: rank ", r, " is at step ", rep.step,
+                             ", another at step ", first.step);
+        }
+      }
+      if (!rep.ok) {
+        all_ok = false;
+        if (why.empty()) {
+          why = absl::StrCat("rank ", r, " (", conns_[members_[r]]->name, "): ", rep.text);
+        }
+      }
+      broken |= rep.broken;
+    }
+    reports_.clear();
+    Message d;
+    d.type = MsgType::kDecision;
+    d.epoch = epoch_;
+    d.step = first.step;
+    d.phase = first.phase;
+    d.ok = all_ok;
+    const bool admit = all_ok && first.phase == Phase::kStep && !joiners_.empty();
+    d.broken = admit || (!all_ok && broken);
+    d.text = why;
+    for (uint64_t id : members_) Send(*conns_[id], d);
+    if (all_ok) {
+      for (uint64_t id : members_) conns_[id]->synced = true;
+      if (first.phase == Phase::kStep) step_ = first.step + 1;
+      if (admit) {
+        std::vector<uint64_t> ids = members_;
+        ids.insert(ids.end(), joiners_.begin(), joiners_.end());
+        std::string names;
+        for (uint64_t id : joiners_) absl::StrAppend(&names, names.empty() ? "" : ", ", conns_[id]->name);
+        joiners_.clear();
+        NewEpoch(ids, absl::StrCat(names, " joined at step ", step_));
+      }
+    } else if (broken) {
+      NewEpoch(members_, absl::StrCat("the communicator failed: ", why));
+    }
+  }
+
+  // Removes `conn` from the job; a member's departure starts a new epoch of the others.
+  void Drop(Conn& conn, absl::string_view what, bool clean) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (conn.dead) return;
+    const std::string who = Describe(conn);
+    conn.dead = true;
+    conn.sock->Shutdown();
+    joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), conn.id), joiners_.end());
+    const bool member = IsMember(conn.id);
+    std::shared_ptr<Conn> keep = conns_[conn.id];  // `conn` stays valid until we return
+    conns_.erase(conn.id);
+    if (!member) return;
+    std::vector<uint64_t> rest;
+    for (uint64_t id : members_) {
+      if (id != conn.id) rest.push_back(id);
+    }
+    LBCC_LOG(INFO) << "lbcc-master: " << who << (clean ? " left" : " dropped: ") << (clean ? "" : what);
+    NewEpoch(rest, absl::StrCat(who, " ", what));
+  }
+
+  void NewEpoch(std::vector<uint64_t> ids, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t previous = epoch_;
+    ++epoch_;
+    reports_.clear();
+    members_ = std::move(ids);
+    LBCC_LOG(INFO) << "lbcc-master: epoch " << previous << " -> " << epoch_ << " ("
+                   << members_.size() << " members): " << reason;
+    if (members_.empty()) return;
+    bool any_synced = false;
+    for (uint64_t id : members_) any_synced |= conns_[id]->synced;
+    // No member holds the state (the group forms, or every holder left): rank 0's is the
+    // reference from now on.
+    if (!any_synced) conns_[members_[0]]->synced = true;
+    absl::StatusOr<UniqueId> uid = CreateUniqueId(options_.bootstrap_host, options_.setup_timeout);
+    if (!uid.ok()) {
+      // Cannot form the epoch: tell the members why instead of leaving them waiting.
+      std::vector<uint64_t> all = members_;
+      for (uint64_t id : all) Refuse(*conns_[id], uid.status());
+      members_.clear();
+      return;
+    }
+    Message e;
+    e.type = MsgType::kEpoch;
+    e.epoch = epoch_;
+    e.step = step_;
+    e.nranks = static_cast<uint32_t>(members_.size());
+    e.unique_id.assign(uid->internal, sizeof(uid->internal));
+    for (size_t r = 0; r < members_.size(); ++r) {
+      const Conn& c = *conns_[members_[r]];
+      e.names.push_back(c.name);
+      if (!c.synced) e.needs_state.push_back(static_cast<uint32_t>(r));
+    }
+    e.text = absl::StrCat(reason, " (epoch ", previous, " -> ", epoch_, ")");
+    for (size_t r = 0; r < members_.size(); ++r) {
+      e.rank = static_cast<uint32_t>(r);
+      Send(*conns_[members_[r]], e);
+    }
+  }
+
+  ElasticMasterOptions options_;
+  absl::Duration peer_timeout_;
+  std::string address_;
+  std::unique_ptr<Socket> listener_;
+  std::thread acceptor_, ticker_;
+
+  Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> members_ ABSL_GUARDED_BY(mu_);  // the current epoch, in rank order
+  std::vector<uint64_t> joiners_ ABSL_GUARDED_BY(mu_);  // waiting for a step boundary
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps
+  std::map<uint64_t, Report> reports_ ABSL_GUARDED_BY(mu_);  // the current phase's
+  std::vector<uint64_t> failed_sends_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<ElasticMaster>> ElasticMaster::Start(ElasticMasterOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  LBCC_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<ElasticMaster>(new ElasticMaster(std::move(impl)));
+}
+
+ElasticMaster::ElasticMaster(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ElasticMaster::~ElasticMaster() = default;
+std::string ElasticMaster::address() const { return impl_->address(); }
+uint64_t ElasticMaster::epoch() const { return impl_->epoch(); }
+uint64_t ElasticMaster::committed_steps() const { return impl_->steps(); }
+int ElasticMaster::members() const { return impl_->members(); }
+bool ElasticMaster::AwaitEpoch(uint64_t n, absl::Duration timeout) const {
+  return impl_->AwaitEpoch(n, timeout);
+}
+bool ElasticMaster::AwaitCommittedSteps(uint64_t n, absl::Duration timeout) const {
+  return impl_->AwaitSteps(n, timeout);
+}
+bool ElasticMaster::AwaitWaiting(int n, absl::Duration timeout) const {
+  return impl_->AwaitWaiting(n, timeout);
+}
+void ElasticMaster::Stop() { impl_->Stop(); }
+
+}  // namespace lbcc::comm

@@ -1,0 +1,367 @@
+// ElasticGroup and ElasticMaster with members as threads over the loopback transport: forming a
+// group, bit-identical steps, clean leaves (also while a step is in flight, two at once), joins
+// during a step, refused joins, and the master's own failure. Killed, stopped (SIGSTOP) and
+// restarted members as processes over UCX: elastic_churn_test.cc.
+#include "comm/elastic.h"
+
+#include <xxhash.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/scoped_env.h"
+#include "base/status_macros.h"
+#include "base/status_matchers.h"
+#include "codecs/topk_ef.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lbcc::comm {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kElements = 8192;
+
+std::unique_ptr<ElasticMaster> StartMaster(int min_members, const std::string& job = "job-1") {
+  ElasticMasterOptions o;
+  o.job_id = job;
+  o.peer_timeout = absl::Seconds(5);
+  o.min_members = min_members;
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> m = ElasticMaster::Start(o);
+  EXPECT_THAT(m.status(), IsOk());
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+ElasticOptions MemberOptions(const ElasticMaster& master, const std::string& name) {
+  ElasticOptions o;
+  o.master_address = master.address();
+  o.job_id = "job-1";
+  o.name = name;
+  o.comm_config.backend = "loopback";
+  o.peer_timeout = absl::Seconds(5);
+  o.op_timeout = absl::Seconds(30);
+  o.join_timeout = absl::Seconds(30);
+  return o;
+}
+
+// The pseudo-gradient member `seed` sends in `step`: the same on every try of the step.
+std::vector<float> Delta(int seed, uint64_t step) {
+  std::mt19937 rng(static_cast<uint32_t>(seed * 7919 + step));
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> v(kElements);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::unique_ptr<codecs::TopKEfCodec> Codec() {
+  return *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
+}
+
+uint64_t Hash(const std::vector<float>& v) { return XXH3_64bits(v.data(), v.size() * 4); }
+
+// One member: its shared state (a parameter vector), its error feedback, what it committed.
+struct Member {
+  int seed = 0;
+  std::vector<float> params = std::vector<float>(kElements, 0.f);
+  codecs::TopKEfState state;
+  std::unique_ptr<ElasticGroup> group;
+  std::map<uint64_t, uint64_t> out_hash;  // committed step -> hash of its aggregate
+  std::vector<uint64_t> committed;        // steps this member committed, in order
+  int aborted = 0;
+
+  absl::Status Join(const ElasticMaster& master, const std::string& name,
+                    int64_t state_step = -1) {
+    ElasticOptions o = MemberOptions(master, name);
+    o.state_step = state_step;
+    LBCC_ASSIGN_OR_RETURN(TensorView p, TensorView::Host(params.data(), {kElements}));
+    LBCC_ASSIGN_OR_RETURN(group, ElasticGroup::Join(o, {p}));
+    return absl::OkStatus();
+  }
+
+  // One outer step, retried over new epochs: Boundary, exchange, outer update (params += out).
+  absl::Status Step(const codecs::Codec& codec) {
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      absl::Status s = group->Boundary();
+      if (IsRetryable(s)) {
+        ++aborted;
+        continue;
+      }
+      LBCC_RETURN_IF_ERROR(s);
+      const uint64_t step = group->step();
+      std::vector<float> delta = Delta(seed, step), out(kElements, -1.f);
+      LBCC_ASSIGN_OR_RETURN(TensorView d, TensorView::Host(delta.data(), {kElements}));
+      LBCC_ASSIGN_OR_RETURN(TensorView o, TensorView::Host(out.data(), {kElements}));
+      s = group->SparseAllReduce({{d, o, &state}}, &codec);
+      if (IsRetryable(s)) {
+        ++aborted;
+        continue;
+      }
+      LBCC_RETURN_IF_ERROR(s);
+      for (int64_t i = 0; i < kElements; ++i) params[i] += out[i];
+      out_hash[step] = Hash(out);
+      committed.push_back(step);
+      return absl::OkStatus();
+    }
+    return absl::InternalError("too many retries");
+  }
+};
+
+// A fresh state fed the member's committed steps' deltas, committing each: what its error
+// feedback must be if nothing was lost and nothing applied twice.
+std::vector<float> ReplayError(const Member& m, const codecs::Codec& codec) {
+  codecs::TopKEfState replay;
+  std::vector<uint8_t> buf(*codec.MaxEncodedBytes({kElements}));
+  for (uint64_t step : m.committed) {
+    std::vector<float> delta = Delta(m.seed, step);
+    EXPECT_THAT(codec.Encode(*TensorView::Host(delta.data(), {kElements}), &replay,
+                             absl::MakeSpan(buf))
+                    .status(),
+                IsOk());
+    EXPECT_THAT(replay.Commit(), IsOk());
+  }
+  return std::vector<float>(replay.error().begin(), replay.error().end());
+}
+
+void ExpectErrorFeedbackExact(const Member& m, const codecs::Codec& codec) {
+  const std::vector<float> want = ReplayError(m, codec);
+  ASSERT_FALSE(m.state.has_pending());
+  if (m.committed.empty()) return;
+  const std::vector<float> got(m.state.error().begin(), m.state.error().end());
+  EXPECT_EQ(got, want) << "member " << m.seed;
+}
+
+// Runs `steps` outer steps on every member in `members` (threads).
+std::vector<absl::Status> RunSteps(std::vector<Member*> members, int steps,
+                                   const codecs::Codec& codec) {
+  std::vector<absl::Status> results(members.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < members.size(); ++i) {
+    threads.emplace_back([&, i] {
+      for (int s = 0; s < steps && results[i].ok(); ++s) results[i] = members[i]->Step(codec);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+std::vector<absl::Status> JoinAll(const ElasticMaster& master, std::vector<Member*> members) {
+  std::vector<absl::Status> results(members.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < members.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = members[i]->Join(master, absl::StrCat("m", members[i]->seed));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(ElasticTest, GroupFormsSyncsStateAndStepsBitIdentically) {
+  auto master = StartMaster(3);
+  ASSERT_NE(master, nullptr);
+  auto codec = Codec();
+  Member m[3];
+  for (int i = 0; i < 3; ++i) {
+    m[i].seed = i;
+    m[i].params.assign(kElements, static_cast<float>(i));  // only rank 0's survives the sync
+  }
+  for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1], &m[2]})) ASSERT_THAT(s, IsOk());
+  for (const absl::Status& s : RunSteps({&m[0], &m[1], &m[2]}, 4, *codec)) EXPECT_THAT(s, IsOk());
+  EXPECT_EQ(master->committed_steps(), 4u);
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(m[i].out_hash, m[0].out_hash);
+    EXPECT_EQ(m[i].params, m[0].params);
+  }
+  // The state holder is whoever joined first; the two others received it.
+  uint64_t received = 0;
+  for (int i = 0; i < 3; ++i) received += m[i].group->stats().state_bytes_received;
+  EXPECT_GE(received, 2 * kElements * sizeof(float));
+  for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+// A survivor already in its next step when the leave is announced retries it once; no timeout.
+TEST(ElasticTest, CleanLeaveBetweenStepsCostsAtMostOneRetry) {
+  auto master = StartMaster(3);
+  auto codec = Codec();
+  Member m[3];
+  for (int i = 0; i < 3; ++i) m[i].seed = i;
+  for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1], &m[2]})) ASSERT_THAT(s, IsOk());
+  for (const absl::Status& s : RunSteps({&m[0], &m[1], &m[2]}, 2, *codec)) ASSERT_THAT(s, IsOk());
+  const uint64_t epoch = master->epoch();
+  ASSERT_THAT(m[2].group->Leave(), IsOk());
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 2, *codec)) EXPECT_THAT(s, IsOk());
+  EXPECT_GT(master->epoch(), epoch);
+  EXPECT_EQ(master->members(), 2);
+  EXPECT_EQ(m[0].out_hash, m[1].out_hash);
+  EXPECT_LE(m[0].aborted, 1);
+  EXPECT_LE(m[1].aborted, 1);
+  for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+TEST(ElasticTest, LeavingWhileOthersAreInAStepAbortsAndRetriesOverTheSurvivors) {
+  auto master = StartMaster(4);
+  auto codec = Codec();
+  Member m[4];
+  for (int i = 0; i < 4; ++i) m[i].seed = i;
+  for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1], &m[2], &m[3]})) {
+    ASSERT_THAT(s, IsOk());
+  }
+  for (const absl::Status& s : RunSteps({&m[0], &m[1], &m[2], &m[3]}, 1, *codec)) {
+    ASSERT_THAT(s, IsOk());
+  }
+  // Members 0 and 1 enter step 1; 2 and 3 never do: they leave at once while it is in flight.
+  std::thread survivors([&] {
+    for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 2, *codec)) EXPECT_THAT(s, IsOk());
+  });
+  // The survivors' step is in flight once their communicator runs an operation; waiting for
+  // the master to see their reports is not possible (they cannot finish), so leave right away:
+  // either order (leave before or during the step) must end with both survivors' steps done.
+  std::thread a([&] { EXPECT_THAT(m[2].group->Leave(), IsOk()); });
+  std::thread b([&] { EXPECT_THAT(m[3].group->Leave(), IsOk()); });
+  a.join();
+  b.join();
+  survivors.join();
+  EXPECT_EQ(master->members(), 2);
+  EXPECT_EQ(m[0].out_hash, m[1].out_hash);
+  EXPECT_EQ(m[0].committed, (std::vector<uint64_t>{0, 1, 2}));
+  for (int i = 0; i < 4; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+TEST(ElasticTest, ANewcomerWaitsForTheStepInFlightThenGetsTheState) {
+  auto master = StartMaster(2);
+  auto codec = Codec();
+  Member m[3];
+  for (int i = 0; i < 3; ++i) m[i].seed = i;
+  for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1]})) ASSERT_THAT(s, IsOk());
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 2, *codec)) ASSERT_THAT(s, IsOk());
+  // Member 0 enters step 2 and waits for member 1; the newcomer joins meanwhile.
+  std::atomic<bool> joined{false};
+  absl::Status first;
+  std::thread zero([&] { first = m[0].Step(*codec); });
+  std::thread newcomer([&] {
+    EXPECT_THAT(m[2].Join(*master, "m2"), IsOk());
+    joined = true;
+  });
+  // The newcomer is admitted only once step 2 committed, which needs member 1.
+  ASSERT_TRUE(master->AwaitWaiting(1, absl::Seconds(30)));
+  EXPECT_FALSE(joined);
+  EXPECT_THAT(m[1].Step(*codec), IsOk());
+  zero.join();
+  newcomer.join();
+  EXPECT_THAT(first, IsOk());
+  ASSERT_TRUE(joined);
+  EXPECT_EQ(m[0].aborted + m[1].aborted, 0);
+  EXPECT_EQ(m[2].group->step(), 3u);
+  for (const absl::Status& s : RunSteps({&m[0], &m[1], &m[2]}, 2, *codec)) EXPECT_THAT(s, IsOk());
+  EXPECT_EQ(m[2].params, m[0].params);
+  EXPECT_EQ(m[1].params, m[0].params);
+  EXPECT_EQ(m[2].out_hash.at(3), m[0].out_hash.at(3));
+  EXPECT_GE(m[2].group->stats().state_bytes_received, kElements * sizeof(float));
+  for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+TEST(ElasticTest, WrongJobIdAndStaleStateAreRefused) {
+  auto master = StartMaster(1);
+  auto codec = Codec();
+  Member m;
+  ASSERT_THAT(m.Join(*master, "m0"), IsOk());
+  ASSERT_THAT(m.Step(*codec), IsOk());
+  ASSERT_THAT(m.Step(*codec), IsOk());
+
+  std::vector<float> params(kElements);
+  ElasticOptions o = MemberOptions(*master, "intruder");
+  o.job_id = "job-2";
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> wrong =
+      ElasticGroup::Join(o, {*TensorView::Host(params.data(), {kElements})});
+  EXPECT_THAT(wrong.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job-2")));
+
+  o = MemberOptions(*master, "stale");
+  o.state_step = 1;  // the job is at step 2
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> stale =
+      ElasticGroup::Join(o, {*TensorView::Host(params.data(), {kElements})});
+  EXPECT_THAT(stale.status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale shared state")));
+  EXPECT_EQ(master->members(), 1);
+  EXPECT_THAT(m.Step(*codec), IsOk());
+}
+
+TEST(ElasticTest, ANewcomerWithTheWrongStateSizeFailsTheSyncWithoutHurtingTheOthers) {
+  auto master = StartMaster(1);
+  auto codec = Codec();
+  Member m;
+  ASSERT_THAT(m.Join(*master, "m0"), IsOk());
+  ASSERT_THAT(m.Step(*codec), IsOk());
+  std::vector<float> small(16);
+  ElasticOptions o = MemberOptions(*master, "small");
+  std::unique_ptr<ElasticGroup> odd;
+  std::thread join([&] {
+    absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
+        ElasticGroup::Join(o, {*TensorView::Host(small.data(), {16})});
+    ASSERT_THAT(g.status(), IsOk());
+    odd = std::move(*g);
+  });
+  ASSERT_TRUE(master->AwaitWaiting(1, absl::Seconds(30)));
+  ASSERT_THAT(m.Step(*codec), IsOk());  // admits the newcomer at its commit
+  join.join();
+  ASSERT_NE(odd, nullptr);
+  absl::Status odd_sync;
+  std::thread t([&] { odd_sync = odd->Boundary(); });
+  const absl::Status member_sync = m.group->Boundary();
+  t.join();
+  EXPECT_THAT(odd_sync, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
+  EXPECT_FALSE(member_sync.ok());
+  EXPECT_THAT(odd->Leave(), IsOk());
+  EXPECT_THAT(m.Step(*codec), IsOk());
+  ExpectErrorFeedbackExact(m, *codec);
+}
+
+TEST(ElasticTest, TheMastersFailureFailsEveryMemberWithAStatusNamingIt) {
+  auto master = StartMaster(2);
+  auto codec = Codec();
+  Member m[2];
+  for (int i = 0; i < 2; ++i) m[i].seed = i;
+  for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1]})) ASSERT_THAT(s, IsOk());
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 1, *codec)) ASSERT_THAT(s, IsOk());
+  const std::string address = master->address();
+  master->Stop();
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 1, *codec)) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
+  }
+  for (int i = 0; i < 2; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+TEST(ElasticTest, MembersFindTheMasterThroughLbccMasterAddr) {
+  auto master = StartMaster(1);
+  lbcc::testing::ScopedEnv addr("LBCC_MASTER_ADDR", master->address().c_str());
+  auto codec = Codec();
+  Member m;
+  ElasticOptions o = MemberOptions(*master, "m0");
+  o.master_address.clear();
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
+      ElasticGroup::Join(o, {*TensorView::Host(m.params.data(), {kElements})});
+  ASSERT_THAT(g.status(), IsOk());
+  m.group = std::move(*g);
+  EXPECT_THAT(m.Step(*codec), IsOk());
+  EXPECT_EQ(master->committed_steps(), 1u);
+}
+
+TEST(ElasticTest, BadOptionsAreInvalidArgument) {
+  ElasticMasterOptions mo;
+  EXPECT_THAT(ElasticMaster::Start(mo).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  ElasticOptions o;
+  o.master_address = "not-an-address";
+  o.job_id = "j";
+  EXPECT_THAT(ElasticGroup::Join(o, {}).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  o.master_address = "127.0.0.1:1";
+  o.job_id = "";
+  EXPECT_THAT(ElasticGroup::Join(o, {}).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace lbcc::comm

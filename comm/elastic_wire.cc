@@ -1,0 +1,339 @@
+#include "comm/elastic_wire.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+
+namespace lbcc::comm::elastic {
+namespace {
+
+constexpr uint32_t kMagic = 0x4d45424c;  // "LBEM"
+constexpr uint8_t kVersion = 1;
+constexpr uint32_t kMaxFrame = 1 << 20;
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    out_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  void PutString(absl::string_view s) {
+    Put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (in_.size() < sizeof(T)) return ok_ = false;
+    std::memcpy(v, in_.data(), sizeof(T));
+    in_.remove_prefix(sizeof(T));
+    return true;
+  }
+  bool GetString(std::string* s) {
+    uint32_t n = 0;
+    if (!Get(&n) || n > in_.size()) return ok_ = false;
+    s->assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool GetBool(bool* b) {
+    uint8_t v = 0;
+    if (!Get(&v)) return false;
+    *b = v != 0;
+    return true;
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  absl::string_view in_;
+  bool ok_ = true;
+};
+
+absl::Status Errno(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat("elastic: ", what, ": ", std::strerror(errno)));
+}
+
+absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  const std::string host(address.substr(0, colon == absl::string_view::npos ? 0 : colon));
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("elastic: '", address, "' is not an IPv4 host:port"));
+  }
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+}  // namespace
+
+std::string Encode(const Message& m) {
+  Writer w;
+  w.Put<uint32_t>(kMagic);
+  w.Put<uint8_t>(kVersion);
+  w.Put<uint8_t>(static_cast<uint8_t>(m.type));
+  switch (m.type) {
+    case MsgType::kJoin:
+      w.PutString(m.job_id);
+      w.PutString(m.name);
+      w.Put<int64_t>(m.state_step);
+      break;
+    case MsgType::kWelcome:
+      w.Put<uint64_t>(m.member_id);
+      w.Put<uint64_t>(m.step);
+      w.Put<uint64_t>(m.peer_timeout_ms);
+      break;
+    case MsgType::kEpoch:
+      w.Put<uint64_t>(m.epoch);
+      w.Put<uint64_t>(m.step);
+      w.Put<uint32_t>(m.rank);
+      w.Put<uint32_t>(m.nranks);
+      w.PutString(m.unique_id);
+      w.Put<uint32_t>(static_cast<uint32_t>(m.needs_state.size()));
+      for (uint32_t r : m.needs_state) w.Put<uint32_t>(r);
+      w.Put<uint32_t>(static_cast<uint32_t>(m.names.size()));
+      for (const std::string& n : m.names) w.PutString(n);
+      break;
+    case MsgType::kReport:
+    case MsgType::kDecision:
+      w.Put<uint64_t>(m.epoch);
+      w.Put<uint64_t>(m.step);
+      w.Put<uint8_t>(static_cast<uint8_t>(m.phase));
+      w.Put<uint8_t>(m.ok);
+      w.Put<uint8_t>(m.broken);
+      w.Put<uint32_t>(m.code);
+      break;
+    case MsgType::kSetupFailed:
+      w.Put<uint64_t>(m.epoch);
+      break;
+    case MsgType::kRefuse:
+      w.Put<uint32_t>(m.code);
+      break;
+    case MsgType::kHeartbeat:
+    case MsgType::kLeave:
+    case MsgType::kEvicted:
+      break;
+  }
+  w.PutString(m.text);
+  return w.Take();
+}
+
+absl::StatusOr<Message> Decode(absl::string_view body) {
+  Reader r(body);
+  uint32_t magic = 0;
+  uint8_t version = 0, type = 0;
+  if (!r.Get(&magic) || magic != kMagic || !r.Get(&version) || !r.Get(&type)) {
+    return absl::DataLossError("elastic: not a membership message (bad magic)");
+  }
+  if (version != kVersion) {
+    return absl::DataLossError(
+        absl::StrCat("elastic: membership message version ", version, ", expected ", kVersion));
+  }
+  if (type < 1 || type > static_cast<uint8_t>(MsgType::kEvicted)) {
+    return absl::DataLossError(absl::StrCat("elastic: unknown membership message type ", type));
+  }
+  Message m;
+  m.type = static_cast<MsgType>(type);
+  uint8_t phase = 0;
+  uint32_t count = 0;
+  switch (m.type) {
+    case MsgType::kJoin:
+      r.GetString(&m.job_id) && r.GetString(&m.name) && r.Get(&m.state_step);
+      break;
+    case MsgType::kWelcome:
+      r.Get(&m.member_id) && r.Get(&m.step) && r.Get(&m.peer_timeout_ms);
+      break;
+    case MsgType::kEpoch:
+      if (r.Get(&m.epoch) && r.Get(&m.step) && r.Get(&m.rank) && r.Get(&m.nranks) &&
+          r.GetString(&m.unique_id) && r.Get(&count) && count <= kMaxFrame / 4) {
+        m.needs_state.resize(count);
+        for (uint32_t& v : m.needs_state) r.Get(&v);
+        if (r.Get(&count) && count <= kMaxFrame / 4) {
+          m.names.resize(count);
+          for (std::string& n : m.names) r.GetString(&n);
+        }
+      }
+      if (r.ok() && (m.rank >= m.nranks || m.names.size() != m.nranks)) {
+        return absl::DataLossError("elastic: epoch message with a bad rank or member list");
+      }
+      break;
+    case MsgType::kReport:
+    case MsgType::kDecision:
+      r.Get(&m.epoch) && r.Get(&m.step) && r.Get(&phase) && r.GetBool(&m.ok) &&
+          r.GetBool(&m.broken) && r.Get(&m.code);
+      m.phase = static_cast<Phase>(phase);
+      if (r.ok() && m.phase != Phase::kSync && m.phase != Phase::kStep) {
+        return absl::DataLossError(absl::StrCat("elastic: unknown phase ", phase));
+      }
+      break;
+    case MsgType::kSetupFailed:
+      r.Get(&m.epoch);
+      break;
+    case MsgType::kRefuse:
+      r.Get(&m.code);
+      break;
+    case MsgType::kHeartbeat:
+    case MsgType::kLeave:
+    case MsgType::kEvicted:
+      break;
+  }
+  r.GetString(&m.text);
+  if (!r.ok()) return absl::DataLossError("elastic: truncated membership message");
+  return m;
+}
+
+Socket::~Socket() { close(fd_); }
+
+absl::StatusOr<std::unique_ptr<Socket>> Socket::Connect(absl::string_view address,
+                                                        absl::Time deadline) {
+  LBCC_ASSIGN_OR_RETURN(const sockaddr_in addr, ParseAddress(address));
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Errno("socket");
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return std::make_unique<Socket>(fd);
+    }
+    const int err = errno;
+    close(fd);
+    if (absl::Now() + backoff > deadline) {
+      return absl::UnavailableError(absl::StrCat("elastic: cannot reach the membership service at ",
+                                                 address, ": ", std::strerror(err)));
+    }
+    absl::SleepFor(backoff);  // retry pacing, not synchronisation
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Socket>> Socket::Listen(absl::string_view address,
+                                                       std::string* bound) {
+  LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  auto sock = std::make_unique<Socket>(fd);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno(absl::StrCat("bind ", address));
+  }
+  if (listen(fd, 128) != 0) return Errno("listen");
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  char host[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+  *bound = absl::StrCat(host, ":", ntohs(addr.sin_port));
+  return sock;
+}
+
+absl::Status Socket::WaitFor(short events, absl::Time deadline) {
+  while (true) {
+    if (shut_.load()) return absl::CancelledError("elastic: connection shut down");
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("elastic: timed out");
+    pollfd p{fd_, events, 0};
+    // Short polls so Shutdown() is noticed promptly even where shutdown() does not wake poll.
+    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 100));
+    const int n = poll(&p, 1, ms);
+    if (n < 0 && errno != EINTR) return Errno("poll");
+    if (n > 0) return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Socket>> Socket::Accept(absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
+  const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return Errno("accept");
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return std::make_unique<Socket>(fd);
+}
+
+absl::Status Socket::Send(const Message& message, absl::Time deadline) {
+  const std::string body = Encode(message);
+  std::string frame(sizeof(uint32_t), '\0');
+  const uint32_t size = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &size, sizeof(size));
+  frame += body;
+  MutexLock lock(&send_mu_);
+  const char* p = frame.data();
+  size_t left = frame.size();
+  while (left > 0) {
+    absl::Status ready = WaitFor(POLLOUT, deadline);
+    if (!ready.ok()) return absl::UnavailableError(absl::StrCat("elastic: send: ", ready.message()));
+    const ssize_t n = send(fd_, p, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Errno("send");
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Socket::ReadExactly(char* data, size_t size, absl::Time deadline) {
+  while (size > 0) {
+    LBCC_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
+    const ssize_t n = recv(fd_, data, size, MSG_DONTWAIT);
+    if (n == 0) return absl::UnavailableError("elastic: connection closed by the other side");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Errno("recv");
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Message> Socket::Receive(absl::Time deadline) {
+  uint32_t size = 0;
+  LBCC_RETURN_IF_ERROR(ReadExactly(reinterpret_cast<char*>(&size), sizeof(size), deadline));
+  if (size > kMaxFrame) {
+    return absl::DataLossError(absl::StrCat("elastic: membership frame of ", size, " bytes"));
+  }
+  std::string body(size, '\0');
+  LBCC_RETURN_IF_ERROR(ReadExactly(body.data(), size, deadline));
+  return Decode(body);
+}
+
+void Socket::Shutdown() {
+  if (!shut_.exchange(true)) shutdown(fd_, SHUT_RDWR);
+}
+
+std::string Socket::peer() const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char host[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(addr.sin_port));
+}
+
+}  // namespace lbcc::comm::elastic

@@ -1,0 +1,104 @@
+// The elastic membership protocol between ElasticGroup members and the ElasticMaster
+// (comm/elastic.h): framed messages over one TCP connection per member. Internal to comm/.
+//
+// Frame: u32 length, then the body: u32 magic "LBEM", u8 version, u8 type, fields (u64/u32/u8
+// little-endian, strings as u32 length + bytes). Decoders reject unknown magic, versions, types
+// and truncated bodies with DataLoss (the bytes come from the network).
+//
+// Thread-safety: a Socket may be written by several threads under its own mutex; one thread
+// reads it. Shutdown() may be called from any thread and makes a blocked reader return.
+#ifndef LBCC_COMM_ELASTIC_WIRE_H_
+#define LBCC_COMM_ELASTIC_WIRE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "base/mutex.h"
+
+namespace lbcc::comm::elastic {
+
+enum class MsgType : uint8_t {
+  kJoin = 1,         // member -> master
+  kWelcome = 2,      // master -> member: accepted, waiting for an epoch
+  kRefuse = 3,       // master -> member: code + message; the connection closes
+  kEpoch = 4,        // master -> members: a new epoch
+  kReport = 5,       // member -> master: a phase's local outcome
+  kDecision = 6,     // master -> members: commit or abort of a phase
+  kHeartbeat = 7,    // both ways
+  kLeave = 8,        // member -> master
+  kSetupFailed = 9,  // member -> master: the epoch's communicator could not be built
+  kEvicted = 10,     // master -> member: dropped (silent too long)
+};
+
+enum class Phase : uint8_t { kSync = 1, kStep = 2 };
+
+struct Message {
+  MsgType type = MsgType::kHeartbeat;
+  // kJoin
+  std::string job_id, name;
+  int64_t state_step = -1;
+  // kWelcome / kEpoch / kReport / kDecision / kSetupFailed
+  uint64_t member_id = 0;
+  uint64_t epoch = 0;
+  uint64_t step = 0;
+  uint64_t peer_timeout_ms = 0;
+  // kEpoch
+  uint32_t rank = 0, nranks = 0;
+  std::string unique_id;              // kUniqueIdBytes
+  std::vector<uint32_t> needs_state;  // ranks without the shared state
+  std::vector<std::string> names;     // per rank
+  // kReport / kDecision
+  Phase phase = Phase::kStep;
+  bool ok = false;      // report: local success; decision: commit
+  bool broken = false;  // report: the communicator failed; decision: a new epoch follows
+  // kRefuse: absl::StatusCode; every type: a message (reason, error)
+  uint32_t code = 0;
+  std::string text;
+};
+
+std::string Encode(const Message& message);
+absl::StatusOr<Message> Decode(absl::string_view body);
+
+// An owned TCP socket with framed send/receive.
+class Socket {
+ public:
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket();
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  // Connects to "host:port", retrying until `deadline` (the master may start later).
+  static absl::StatusOr<std::unique_ptr<Socket>> Connect(absl::string_view address,
+                                                         absl::Time deadline);
+  // Listens on "host:port" (port 0: any); *bound is the address it got.
+  static absl::StatusOr<std::unique_ptr<Socket>> Listen(absl::string_view address,
+                                                        std::string* bound);
+  // The next connection, or DeadlineExceeded at `deadline`, Cancelled after Shutdown().
+  absl::StatusOr<std::unique_ptr<Socket>> Accept(absl::Time deadline);
+
+  // Thread-safe. Unavailable when the other side is gone or not reading before `deadline`.
+  absl::Status Send(const Message& message, absl::Time deadline);
+  // One reader. DeadlineExceeded at `deadline`, Unavailable when closed, DataLoss when corrupt.
+  absl::StatusOr<Message> Receive(absl::Time deadline);
+  // Wakes a blocked Receive/Accept (they fail) and makes later calls fail. Idempotent.
+  void Shutdown();
+  std::string peer() const;
+
+ private:
+  absl::Status WaitFor(short events, absl::Time deadline);
+  absl::Status ReadExactly(char* data, size_t size, absl::Time deadline);
+
+  const int fd_;
+  Mutex send_mu_;
+  std::atomic<bool> shut_{false};
+};
+
+}  // namespace lbcc::comm::elastic
+
+#endif  // LBCC_COMM_ELASTIC_WIRE_H_

@@ -1,0 +1,144 @@
+// lbcc.ElasticMaster and lbcc._ElasticGroup over comm/elastic.h (python/lbcc/elastic.py wraps
+// the group with the retry loop).
+//
+// Lifetimes: a group keeps its shared-state arrays referenced for its whole life (the C++ group
+// writes them in Boundary()). Blocking calls (joining, Boundary, SparseAllReduce, Leave, Stop)
+// release the GIL; the group's own threads never touch Python objects.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "comm/elastic.h"
+#include "python/bindings.h"
+
+namespace lbcc::python {
+namespace {
+
+struct PyElasticGroup {
+  std::unique_ptr<comm::ElasticGroup> group;
+  py::tuple shared;  // the arrays the group reads and writes
+};
+
+comm::ElasticGroup& Group(PyElasticGroup& self) {
+  if (self.group == nullptr) {
+    throw StatusError(absl::FailedPreconditionError("ElasticGroup: this member left the group"));
+  }
+  return *self.group;
+}
+
+}  // namespace
+
+void BindElastic(py::module_& m) {
+  py::class_<comm::ElasticMaster>(m, "ElasticMaster",
+                                  "The membership service of an elastic job (lbcc-master).")
+      .def(py::init([](const std::string& job_id, const std::string& listen,
+                       double peer_timeout_ms, int min_members, const std::string& bootstrap_host) {
+             comm::ElasticMasterOptions o;
+             o.job_id = job_id;
+             o.listen_address = listen;
+             o.peer_timeout = absl::Milliseconds(peer_timeout_ms);
+             o.min_members = min_members;
+             o.bootstrap_host = bootstrap_host;
+             py::gil_scoped_release release;
+             return ValueOrThrow(comm::ElasticMaster::Start(o));
+           }),
+           py::arg("job_id"), py::arg("listen") = "127.0.0.1:0", py::arg("peer_timeout_ms") = 0.0,
+           py::arg("min_members") = 1, py::arg("bootstrap_host") = "")
+      .def_property_readonly("address", &comm::ElasticMaster::address)
+      .def_property_readonly("epoch", &comm::ElasticMaster::epoch)
+      .def_property_readonly("committed_steps", &comm::ElasticMaster::committed_steps)
+      .def_property_readonly("members", &comm::ElasticMaster::members)
+      .def("stop", &comm::ElasticMaster::Stop, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<PyElasticGroup>(m, "_ElasticGroup", "One member of an elastic job (use lbcc.ElasticGroup).")
+      .def(py::init([](py::list shared, const std::string& master, const std::string& job_id,
+                       const std::string& name, const std::string& backend, double op_timeout,
+                       double join_timeout, double peer_timeout_ms, int64_t state_step) {
+             auto self = std::make_unique<PyElasticGroup>();
+             self->shared = py::tuple(shared);
+             std::vector<TensorView> views;
+             for (size_t i = 0; i < shared.size(); ++i) {
+               const std::string what = absl::StrCat("shared_state[", i, "]");
+               views.push_back(ToF32View(shared[i], what.c_str(), Access::kWrite));
+             }
+             comm::ElasticOptions o;
+             o.master_address = master;
+             o.job_id = job_id;
+             o.name = name;
+             if (!backend.empty()) o.comm_config.backend = backend;
+             o.op_timeout = absl::Seconds(op_timeout);
+             o.join_timeout = absl::Seconds(join_timeout);
+             o.peer_timeout = absl::Milliseconds(peer_timeout_ms);
+             o.state_step = state_step;
+             py::gil_scoped_release release;
+             self->group = ValueOrThrow(comm::ElasticGroup::Join(o, std::move(views)));
+             return self;
+           }),
+           py::arg("shared_state"), py::arg("master_address") = "", py::arg("job_id"),
+           py::arg("name") = "", py::arg("backend") = "", py::arg("op_timeout") = 300.0,
+           py::arg("join_timeout") = 600.0, py::arg("peer_timeout_ms") = 0.0,
+           py::arg("state_step") = -1)
+      .def("boundary",
+           [](PyElasticGroup& self) {
+             comm::ElasticGroup& g = Group(self);
+             py::gil_scoped_release release;
+             ThrowIfError(g.Boundary());
+           })
+      .def(
+          "sparse_all_reduce",
+          [](PyElasticGroup& self, py::list deltas, py::list outs,
+             std::shared_ptr<codecs::Codec> codec, py::list states,
+             const std::string& aggregation) {
+            if (codec == nullptr) throw py::type_error("codec: expected an lbcc.Codec");
+            if (deltas.size() != outs.size() || deltas.size() != states.size()) {
+              throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+                  "ElasticGroup.sparse_all_reduce: ", deltas.size(), " deltas, ", outs.size(),
+                  " outputs, ", states.size(), " states")));
+            }
+            std::vector<std::shared_ptr<codecs::CodecState>> keep;
+            std::vector<comm::Communicator::SparseTensor> tensors;
+            for (size_t i = 0; i < deltas.size(); ++i) {
+              const std::string d = absl::StrCat("deltas[", i, "]"),
+                                o = absl::StrCat("outs[", i, "]");
+              keep.push_back(states[i].is_none()
+                                 ? nullptr
+                                 : states[i].cast<std::shared_ptr<codecs::CodecState>>());
+              tensors.push_back({ToF32View(deltas[i], d.c_str()),
+                                 ToF32View(outs[i], o.c_str(), Access::kWrite), keep.back().get()});
+            }
+            codecs::DecodeOptions decode;
+            decode.aggregation = ParseAggregationOrThrow(aggregation);
+            comm::ElasticGroup& g = Group(self);
+            py::gil_scoped_release release;
+            ThrowIfError(g.SparseAllReduce(tensors, codec.get(), decode));
+          },
+          py::arg("deltas"), py::arg("outs"), py::arg("codec"), py::arg("states"),
+          py::arg("aggregation") = "sparseloco")
+      .def("leave",
+           [](PyElasticGroup& self) {
+             if (self.group == nullptr) return;
+             std::unique_ptr<comm::ElasticGroup> g = std::move(self.group);
+             py::gil_scoped_release release;
+             ThrowIfError(g->Leave());
+             g.reset();
+           })
+      .def_property_readonly("epoch", [](PyElasticGroup& s) { return Group(s).epoch(); })
+      .def_property_readonly("rank", [](PyElasticGroup& s) { return Group(s).rank(); })
+      .def_property_readonly("size", [](PyElasticGroup& s) { return Group(s).size(); })
+      .def_property_readonly("step", [](PyElasticGroup& s) { return Group(s).step(); })
+      .def_property_readonly("stats", [](PyElasticGroup& s) {
+        const comm::ElasticStats st = Group(s).stats();
+        py::dict d;
+        d["state_bytes"] = st.state_bytes;
+        d["state_bytes_sent"] = st.state_bytes_sent;
+        d["state_bytes_received"] = st.state_bytes_received;
+        d["epochs_seen"] = st.epochs_seen;
+        d["aborted_calls"] = st.aborted_calls;
+        d["committed_epoch"] = st.committed_epoch;
+        return d;
+      });
+}
+
+}  // namespace lbcc::python

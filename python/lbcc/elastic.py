@@ -1,0 +1,76 @@
+"""Elastic membership (comm/elastic.h, docs/elastic.md): members join and leave a running
+SparseLoCo job. `ElasticMaster` is the membership service (also the `lbcc-master` binary);
+`ElasticGroup` is one member, whose calls retry over the new epoch when the membership changed.
+
+    master = lbcc.ElasticMaster("job-7")                  # or: lbcc-master --job_id job-7
+    group = lbcc.ElasticGroup([params], master_address=master.address, job_id="job-7")
+    while training:
+        group.boundary()                 # newcomers receive `params` here
+        ... inner steps, deltas ...
+        group.sparse_all_reduce(deltas, outs, codec, states)   # retried over new epochs
+        ... outer update of params ...
+    group.leave()
+
+A retried call has rolled its error-feedback states back, so it is repeated with the same
+inputs. Errors other than a membership change raise as usual (lbcc.errors); the master's loss
+raises UnavailableError naming it.
+"""
+
+from lbcc import errors
+from lbcc._lbcc import ElasticMaster, _ElasticGroup
+
+__all__ = ["ElasticGroup", "ElasticMaster", "retrying"]
+
+
+def retrying(call, retries=1000, on_retry=None):
+    """Runs `call()` until it does not raise AbortedError (a membership change), at most
+    `retries` more times; `on_retry(error)` sees each retried error."""
+    for attempt in range(retries + 1):
+        try:
+            return call()
+        except errors.AbortedError as e:
+            if attempt == retries:
+                raise
+            if on_retry is not None:
+                on_retry(e)
+    return None
+
+
+class ElasticGroup:
+    """One member of an elastic job. `shared_state`: float32 CPU tensors or arrays every member
+    holds identically (parameters, outer-optimizer state), kept referenced and overwritten in a
+    newcomer's first boundary(). Keyword options: master_address (default LBCC_MASTER_ADDR),
+    job_id, name, backend ("ucx", "loopback"), op_timeout and join_timeout (seconds),
+    peer_timeout_ms (default LBCC_PEER_TIMEOUT_MS), state_step (the committed step whose state
+    this member holds; another step is refused as stale)."""
+
+    def __init__(self, shared_state, *, job_id, retries=1000, on_retry=None, **options):
+        self._group = _ElasticGroup(list(shared_state), job_id=job_id, **options)
+        self.retries = retries
+        self.on_retry = on_retry
+        self.membership_changes = []  # messages of the retried calls, for logs and plots
+
+    def _retry(self, call):
+        def note(e):
+            self.membership_changes.append(str(e))
+            if self.on_retry is not None:
+                self.on_retry(e)
+        return retrying(call, self.retries, note)
+
+    def boundary(self):
+        """The start of an outer step: newcomers receive the shared state."""
+        self._retry(self._group.boundary)
+
+    def sparse_all_reduce(self, deltas, outs, codec, states, aggregation="sparseloco", **_):
+        """SparseLoCo's exchange over the current epoch's members, retried over new epochs."""
+        self._retry(lambda: self._group.sparse_all_reduce(list(deltas), list(outs), codec,
+                                                          list(states), aggregation))
+
+    def leave(self):
+        self._group.leave()
+
+    epoch = property(lambda self: self._group.epoch)
+    rank = property(lambda self: self._group.rank)
+    size = property(lambda self: self._group.size)
+    step = property(lambda self: self._group.step)
+    stats = property(lambda self: self._group.stats)
