@@ -105,7 +105,7 @@ def test_sparseloco_outer_step_over_an_elastic_group():
         torch.manual_seed(seed)  # different initial weights: the group's rank 0 wins
         model = torch.nn.Linear(16, 8)
         opt = lbcc.torch.SparseLoCo(torch.optim.SGD(model.parameters(), lr=0.1), None,
-                                    inner_steps=2, sync_initial=False)
+                                    inner_steps=2, elastic=True)
         lbcc.torch.elastic.join(opt, master_address=master.address, job_id="py-job",
                                 name=f"t{seed}", backend="loopback", peer_timeout_ms=2000)
         x = torch.randn(32, 16, generator=torch.Generator().manual_seed(seed))
@@ -114,7 +114,7 @@ def test_sparseloco_outer_step_over_an_elastic_group():
                 opt.zero_grad()
                 model(x).square().mean().backward()
                 opt.inner.step()
-            lbcc.torch.elastic.outer_step(opt)
+            opt.outer_step()  # elastic=True: retried over the new epoch, then the boundary
         outer = [t.clone() for t in opt.outer_parameters()]
         opt._groups[0]["comm"].leave()
         return outer

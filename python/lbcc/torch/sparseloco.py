@@ -31,6 +31,7 @@ import torch
 
 import lbcc
 from lbcc.torch import backend
+from lbcc.torch import elastic as elastic_glue
 
 _VALUES_BY_BITS = {2: "binmean2", 4: "binmean4", 8: "binmean8", 16: "bf16", 32: "fp32"}
 
@@ -84,7 +85,7 @@ class SparseLoCo(torch.optim.Optimizer):
     def __init__(self, inner, comm=None, *, inner_steps=15, top_k=64, chunk=64, beta=0.95,
                  outer_lr=1.0, value_bits=2, values=None, aggregation="sparseloco",
                  weight_decay=0.0, sign=False, index_coding="auto", range_sigmas=6.0,
-                 sync_initial=True, timeout=None, compat=None):
+                 sync_initial=True, timeout=None, compat=None, elastic=False):
         if chunk != 64:
             raise lbcc.errors.make_error(
                 "UNIMPLEMENTED",
@@ -130,14 +131,21 @@ class SparseLoCo(torch.optim.Optimizer):
                                       indices=index_coding, range_sigmas=range_sigmas,
                                       **codec_keywords)
         self.timeout = timeout
-        self.sync_initial = sync_initial
+        # elastic=True: replicas come and go (lbcc.torch.elastic.join makes the group and takes
+        # the members' outer parameters); a failed exchange is retried over the next epoch.
+        self.elastic = bool(elastic)
+        if self.elastic and comm is not None:
+            raise ValueError("SparseLoCo(elastic=True): pass comm=None and join with "
+                             "lbcc.torch.elastic.join(opt, master_address=..., job_id=...)")
+        self.sync_initial = sync_initial and not self.elastic
         if isinstance(comm, (list, tuple)):
             groups = [(list(params), c) for params, c in comm]
         else:
             groups = [([p for g in inner.param_groups for p in g["params"]], comm)]
         self._groups = []
         for params, c in groups:
-            self._groups.append({"params": [], "comm": _communicator(c), "outer": [],
+            self._groups.append({"params": [], "comm": None if self.elastic else _communicator(c),
+                                 "outer": [],
                                  "states": []})
             self._add_params(self._groups[-1], params)
         self.inner_step_count = 0
@@ -194,6 +202,9 @@ class SparseLoCo(torch.optim.Optimizer):
         """The compressed all-reduce of one communicator's pseudo-gradients into `aggregates`.
         The one place an outer step talks to the replicas: an elastic variant (replicas that
         come and go, lbcc.elastic) replaces this method."""
+        if group["comm"] is None:
+            raise RuntimeError("SparseLoCo(elastic=True): join the elastic group first "
+                               "(lbcc.torch.elastic.join(opt, master_address=..., job_id=...))")
         group["comm"].sparse_all_reduce(deltas, aggregates, self.codec, group["states"],
                                         aggregation=self.options["aggregation"],
                                         timeout=self.timeout, **self._exchange_keywords)
@@ -217,6 +228,8 @@ class SparseLoCo(torch.optim.Optimizer):
                     saved.sub_(g)
                 p.copy_(saved)
         self.outer_step_count += 1
+        if self.elastic:
+            elastic_glue.after_outer_step(self)  # the next step's boundary (newcomers' state)
 
     def outer_parameters(self):
         """The fp32 outer parameters (theta_saved), in parameter order over all groups."""
