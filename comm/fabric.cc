@@ -28,8 +28,10 @@ constexpr Tag kByeTag = ~Tag{0} - 1;
 // How long a closing rank waits for its peers' goodbyes at most.
 constexpr absl::Duration kByeTimeout = absl::Seconds(30);
 
-absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend) {
+absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend,
+                                                                    const std::string& device) {
   LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
+  transport::PinUcxDevice(device, &options);
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
   if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
@@ -62,12 +64,16 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   fabric->rank_ = rank;
   fabric->nranks_ = nranks;
   fabric->options_ = options;
-  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend));
-  std::string listen = absl::StrCat(options.listen_host, ":0");
+  std::string listen, device;
   if (options.backend == "loopback") {
     std::random_device random;
     listen = absl::StrCat("lbcc-", random(), random(), "-r", rank);
+  } else {  // LBCC_LISTEN_ADDR, else the interface toward the root (transport/netif.h).
+    LBCC_ASSIGN_OR_RETURN(const transport::NetChoice net, ChooseListenAddress(id, options.listen_host));
+    listen = transport::JoinHostPort(net.address, 0);
+    if (!net.loopback) device = net.interface;
   }
+  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend, device));
   LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
                         _.Prepend("comm: listen"));
   const std::string hostname = Hostname();
@@ -81,6 +87,7 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
     fabric->hostnames_.push_back(parts[0]);
     addresses.push_back(parts[1]);
   }
+  LBCC_RETURN_IF_ERROR(CheckAdvertisedAddresses(fabric->hostnames_, addresses));
   if (options.topology.has_value()) {
     if (options.topology->nranks() != nranks) {
       return absl::InvalidArgumentError(absl::StrCat("comm: the topology has ",
