@@ -68,5 +68,5 @@ mn_mpirun() {
     mpirun --allow-run-as-root --hostfile "$hostfile" -np "$np" --map-by node \
     --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include eth0 --mca btl tcp,self --mca btl_tcp_if_include eth0 \
-    --mca pml ob1 -x UCX_MEM_EVENTS=no -x LBCC_DEBUG "$@"
+    --mca pml ob1 -x UCX_MEM_EVENTS=no ${LBCC_DEBUG:+-x LBCC_DEBUG} "$@"
 }

@@ -10,6 +10,7 @@ init seconds, bytes by link class and a digest of its final parameters (every re
 the same bits).
 """
 
+import gc
 import hashlib
 import json
 import os
@@ -58,6 +59,10 @@ def main():
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     print(json.dumps({k: record[k] for k in ("rank", "host", "init_s", "bytes", "digest")}))
+    # Close the communicator before the interpreter exits (which may skip destructors): every
+    # rank says goodbye, so none waits for a peer that is gone.
+    del opt, comm
+    gc.collect()
 
 
 if __name__ == "__main__":

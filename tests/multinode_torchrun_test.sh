@@ -43,7 +43,11 @@ for ((i = 0; i < nodes; i++)); do
   fi
 done
 ((failed == 0)) || exit 1
-grep -h "NET/Socket: using" "$MN_TMP"/node*.out | sed 's/^.*NET/NET/' | sort | uniq -c
+# Each rank's interface choice (its stderr is in torchrun's --log_dir).
+grep -rh "NET/Socket: using" "$MN_TMP"/logs* | sed 's/^.*NET/NET/' | sort | uniq -c || {
+  echo "no NET/Socket line in the ranks' logs"
+  exit 1
+}
 "$python" - "$out" "$nodes" <<'PY'
 import json, os, sys
 out, n = sys.argv[1], int(sys.argv[2])

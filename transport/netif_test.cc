@@ -1,11 +1,13 @@
 #include "transport/netif.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/options.h"
 
 namespace lbcc::transport {
 namespace {
@@ -131,6 +133,19 @@ TEST(ResolveHostTest, NamesAndLiterals) {
   EXPECT_TRUE(IsLoopbackAddress("127.0.0.5"));
   EXPECT_TRUE(IsLoopbackAddress("::1"));
   EXPECT_FALSE(IsLoopbackAddress("10.77.0.1"));
+}
+
+TEST(PinUcxDeviceTest, PinsTheChosenDeviceUnlessTheUserSetOne) {
+  const char* user = std::getenv("UCX_NET_DEVICES");
+  if (user != nullptr) GTEST_SKIP() << "UCX_NET_DEVICES is set here: " << user;
+  TransportOptions options;
+  PinUcxDevice("eth0", &options);
+  EXPECT_EQ(options.ucx_net_devices, "eth0");
+  PinUcxDevice("eth1", &options);  // Set already: kept.
+  EXPECT_EQ(options.ucx_net_devices, "eth0");
+  TransportOptions none;
+  PinUcxDevice("", &none);  // Loopback or an address of no interface: UCX's own choice.
+  EXPECT_EQ(none.ucx_net_devices, "");
 }
 
 }  // namespace
