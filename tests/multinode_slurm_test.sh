@@ -46,3 +46,21 @@ if mn_exec 1 env $(slurm_env 1 "node[0-") "$capi" >"$MN_TMP/bad.out" 2>"$MN_TMP/
 fi
 grep -q "Slurm node list 'node\[0-'" "$MN_TMP/bad.err" || { cat "$MN_TMP/bad.err"; exit 1; }
 echo "bad node list, after $((SECONDS - start)) s: $(grep -o "Slurm node list[^;]*" "$MN_TMP/bad.err" | head -1)"
+
+# A rank that advertises loopback while its peers are on other hosts: every rank fails init,
+# naming the rank and the fix (not a connect timeout).
+pids=()
+for ((i = 0; i < nodes; i++)); do
+  listen=()
+  ((i == nodes - 1)) && listen=(LBCC_LISTEN_ADDR=127.0.0.1)
+  # shellcheck disable=SC2046
+  mn_exec "$i" env -u RANK -u OMPI_COMM_WORLD_RANK $(slurm_env "$i" "node[0-$((nodes - 1))]") \
+    "${listen[@]}" LBCC_TIMEOUT_S=60 "$capi" >"$MN_TMP/lo$i.out" 2>"$MN_TMP/lo$i.err" &
+  pids+=($!)
+done
+for ((i = 0; i < nodes; i++)); do
+  if wait "${pids[$i]}"; then echo "rank $i accepted a loopback peer"; exit 1; fi
+  grep -q "rank $((nodes - 1)) (host node$((nodes - 1))) advertises the loopback address" \
+    "$MN_TMP/lo$i.err" || { echo "rank $i:"; cat "$MN_TMP/lo$i.err"; exit 1; }
+done
+echo "loopback advertised to remote peers: $(grep -o "rank $((nodes - 1)) (host[^:]*" "$MN_TMP/lo0.err" | head -1)"

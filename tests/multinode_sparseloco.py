@@ -10,7 +10,6 @@ init seconds, bytes by link class and a digest of its final parameters (every re
 the same bits).
 """
 
-import gc
 import hashlib
 import json
 import os
@@ -61,8 +60,7 @@ def main():
     print(json.dumps({k: record[k] for k in ("rank", "host", "init_s", "bytes", "digest")}))
     # Close the communicator before the interpreter exits (which may skip destructors): every
     # rank says goodbye, so none waits for a peer that is gone.
-    del opt, comm
-    gc.collect()
+    comm.close()
 
 
 if __name__ == "__main__":

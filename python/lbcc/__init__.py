@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 
-_init_count = 0
+_init_counts = {}  # rank -> lbcc.init calls through a store (threads may be ranks in tests).
 
 
 def init(unique_id=None, nranks=None, rank=None, *, store=None, **options):
@@ -120,7 +120,6 @@ def _init_through_store(store, nranks, rank, options):
 
     import torch.distributed as dist
 
-    global _init_count
     env = os.environ
     timeout = options.get("timeout")
     seconds = float(timeout if timeout is not None else env.get("LBCC_TIMEOUT_S", 300))
@@ -152,9 +151,10 @@ def _init_through_store(store, nranks, rank, options):
         store = dist.TCPStore(host, int(port), nranks, is_master,
                               datetime.timedelta(seconds=seconds), wait_for_workers=False)
     # Keys are per (restart of the worker group, call): ranks call init in the same order.
+    count = _init_counts.get(rank, 0)
+    _init_counts[rank] = count + 1
     key = (f"lbcc/unique_id/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-           f"{env.get('TORCHELASTIC_RUN_ID', '')}/{_init_count}")
-    _init_count += 1
+           f"{env.get('TORCHELASTIC_RUN_ID', '')}/{count}")
     if rank == 0:
         uid = create_unique_id(options.get("listen_host"), timeout=seconds)
         store.set(key, uid)
