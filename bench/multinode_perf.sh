@@ -2,8 +2,11 @@
 # bench/lbcc_perf through real mpirun across 4 emulated nodes (tools/testbed namespaces node0..
 # node3 with host names of their own, unshaped links; the unique id by MPI_Bcast, each rank on
 # its eth0) against the same 4 ranks through mpirun on one node, alternating --pairs times, for
-# UCX's default transports and for UCX_TLS=tcp (the same transport on both sides). Also the
-# torchrun SparseLoCo test across 3 nodes (init time, bytes, replicas identical).
+# UCX's default transports and for UCX_TLS=tcp (the same transport on both sides). Both layouts
+# run with one topology (LBCC_TOPO_FILE: the 4 ranks one fast island), so the same algorithm and
+# link class run on both and only the hosts differ (by host name, 4 nodes would be 4 islands
+# joined by slow links). Also the torchrun SparseLoCo test across 3 nodes (init time, bytes,
+# replicas identical).
 #
 #   bench/multinode_perf.sh [--op allreduce] [--max 16M] [--iters 5] [--pairs 2]
 #                           [--results bench/results/multinode.md]
@@ -27,7 +30,10 @@ bazel build --jobs=2 //bench:lbcc_perf //tests:multinode_c_api //python:lbcc >&2
 perf=$(realpath bazel-bin/bench/lbcc_perf)
 source tests/multinode_lib.sh
 MN_TMP=$(mktemp -d /tmp/lbcc_multinode.XXXXXX)
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 mn_up 4
+topo="$MN_TMP/one_island.json"
+echo '{"nranks": 4, "islands": [[0, 1, 2, 3]]}' >"$topo"
 
 run() {  # LABEL NP_PER_NODE_LAYOUT(spread|one) TLS
   local label=$1 layout=$2 tls=$3 json="$MN_TMP/$1.json" hostfile="$MN_TMP/hostfile.$2"
@@ -40,7 +46,7 @@ run() {  # LABEL NP_PER_NODE_LAYOUT(spread|one) TLS
     mpirun --allow-run-as-root --hostfile "$hostfile" -np 4 --map-by node \
     --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include eth0 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca pml ob1 \
-    -x UCX_MEM_EVENTS=no "${tls_env[@]}" \
+    -x UCX_MEM_EVENTS=no -x LBCC_TOPO_FILE="$topo" "${tls_env[@]}" \
     "$perf" --op "$FLAG_op" -b 4K -e "$FLAG_max" -f 4 -n "$FLAG_iters" -w 2 --json "$json" \
     >"$MN_TMP/$label.out" 2>"$MN_TMP/$label.err" || { cat "$MN_TMP/$label.err" >&2; exit 1; }
   echo "$label" >>"$MN_TMP/runs"
@@ -73,7 +79,8 @@ for r in runs:
     setting = "UCX_TLS=tcp" if "tcp" in rest else "UCX default"
     by[(setting, layout)].append({row["bytes"]: row for row in rows})
 print("lbcc_perf %s, 4 ranks through mpirun: 4 nodes (1 rank per namespace) vs 1 node (4 ranks"
-      " in one namespace); time per operation, best of the alternating runs" %
+      " in one namespace), one fast island in both (LBCC_TOPO_FILE); time per operation, best"
+      " of the alternating runs" %
       json.load(open(os.path.join(d, runs[0] + ".json")))[0].get("op", "allreduce"))
 for setting in ("UCX default", "UCX_TLS=tcp"):
     four, one = by[(setting, "4nodes")], by[(setting, "1node")]
@@ -96,6 +103,7 @@ if [[ -n "$FLAG_results" ]]; then
     echo
     echo "Written by the script; do not edit. Date: $(date -u '+%Y-%m-%d %H:%M UTC')."
     echo "Machine: $(hostname), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')."
+    echo "Load average (1, 5, 15 min) at the start: $load_start; at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo "Tree: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')."
     echo "Command: \`$command_line\`"
     echo
