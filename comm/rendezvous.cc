@@ -225,6 +225,66 @@ absl::Status BroadcastWithMpi(UniqueId* id, bool open_mpi_launch) {
   return absl::OkStatus();
 }
 
+// SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the root on the node list's first host.
+absl::Status DetectSlurm(LaunchEnvironment* out) {
+  LaunchEnvironment& l = *out;
+  l.launcher = Launcher::kSlurm;
+  LBCC_ASSIGN_OR_RETURN(l.rank, IntVar("SLURM_PROCID", "Slurm"));
+  LBCC_ASSIGN_OR_RETURN(l.nranks, IntVar("SLURM_NTASKS", "Slurm"));
+  if (Get("SLURM_LOCALID") != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(l.local_rank, IntVar("SLURM_LOCALID", "Slurm"));
+  }
+  const char* list_var = Get("SLURM_STEP_NODELIST") != nullptr ? "SLURM_STEP_NODELIST"
+                         : Get("SLURM_JOB_NODELIST") != nullptr ? "SLURM_JOB_NODELIST"
+                                                                : "SLURM_NODELIST";
+  if (Get(list_var) == nullptr) {
+    return absl::InvalidArgumentError(
+        "Slurm environment: SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) is not set");
+  }
+  LBCC_ASSIGN_OR_RETURN(std::vector<std::string> hosts, ExpandSlurmNodeList(Get(list_var)),
+                        _.Prepend(list_var));
+  LBCC_ASSIGN_OR_RETURN(const int64_t port, env::GetInt("LBCC_BOOTSTRAP_PORT"));
+  l.root_address = transport::JoinHostPort(hosts.front(), static_cast<int>(port));
+  const char* job = Get("SLURM_JOB_ID");
+  const char* step = Get("SLURM_STEP_ID");
+  l.session = Hash(absl::StrCat("slurm/", job ? job : "", "/", step ? step : ""));
+  return absl::OkStatus();
+}
+
+// LBCC_BOOTSTRAP_ADDR over any launcher, torchrun's MASTER_ADDR:MASTER_PORT+1; then the root's
+// address must parse and its host resolve (failing now, not at the timeout).
+absl::Status SetFixedRoot(LaunchEnvironment* out) {
+  LaunchEnvironment& l = *out;
+  LBCC_ASSIGN_OR_RETURN(const std::string fixed, env::GetString("LBCC_BOOTSTRAP_ADDR"));
+  if (!fixed.empty()) {
+    l.launcher = Launcher::kBootstrapAddr;
+    l.root_address = fixed;
+    l.session = 0;
+  } else if (l.launcher == Launcher::kTorchrun) {
+    const char* host = Get("MASTER_ADDR");
+    if (host == nullptr || *host == '\0') {
+      return absl::InvalidArgumentError(
+          "torchrun environment: set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT");
+    }
+    LBCC_ASSIGN_OR_RETURN(const int port, IntVar("MASTER_PORT", "torchrun"),
+                          _.Prepend("set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT"));
+    if (port >= 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("torchrun environment: MASTER_PORT=", port, " leaves no port above it"));
+    }
+    l.root_address = transport::JoinHostPort(host, port + 1);
+  }
+  if (!l.root_address.empty()) {
+    // Fail now, not at the timeout: the address parses and its host resolves.
+    LBCC_ASSIGN_OR_RETURN(const transport::HostAndPort hp,
+                          transport::ParseHostPort(l.root_address, "bootstrap root"));
+    LBCC_RETURN_IF_ERROR(
+        transport::ResolveHost(hp.host, absl::StrCat(LauncherName(l.launcher), " bootstrap root"))
+            .status());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view LauncherName(Launcher launcher) {
@@ -289,27 +349,8 @@ absl::StatusOr<LaunchEnvironment> DetectLaunch() {
     }
   } else if (Get("SLURM_PROCID") != nullptr && Get("RANK") == nullptr) {
     // torchrun inside an allocation sets RANK: its own variables win there.
-    l.launcher = Launcher::kSlurm;
     rank_var = "SLURM_PROCID";
-    LBCC_ASSIGN_OR_RETURN(l.rank, IntVar("SLURM_PROCID", "Slurm"));
-    LBCC_ASSIGN_OR_RETURN(l.nranks, IntVar("SLURM_NTASKS", "Slurm"));
-    if (Get("SLURM_LOCALID") != nullptr) {
-      LBCC_ASSIGN_OR_RETURN(l.local_rank, IntVar("SLURM_LOCALID", "Slurm"));
-    }
-    const char* list_var = Get("SLURM_STEP_NODELIST") != nullptr ? "SLURM_STEP_NODELIST"
-                           : Get("SLURM_JOB_NODELIST") != nullptr ? "SLURM_JOB_NODELIST"
-                                                                  : "SLURM_NODELIST";
-    if (Get(list_var) == nullptr) {
-      return absl::InvalidArgumentError(
-          "Slurm environment: SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) is not set");
-    }
-    LBCC_ASSIGN_OR_RETURN(std::vector<std::string> hosts, ExpandSlurmNodeList(Get(list_var)),
-                          _.Prepend(list_var));
-    LBCC_ASSIGN_OR_RETURN(const int64_t port, env::GetInt("LBCC_BOOTSTRAP_PORT"));
-    l.root_address = transport::JoinHostPort(hosts.front(), static_cast<int>(port));
-    const char* job = Get("SLURM_JOB_ID");
-    const char* step = Get("SLURM_STEP_ID");
-    l.session = Hash(absl::StrCat("slurm/", job ? job : "", "/", step ? step : ""));
+    LBCC_RETURN_IF_ERROR(DetectSlurm(&l));
   } else {
     l.launcher = Launcher::kTorchrun;
     rank_var = "RANK";
@@ -320,33 +361,7 @@ absl::StatusOr<LaunchEnvironment> DetectLaunch() {
     }
   }
   LBCC_RETURN_IF_ERROR(CheckRank(l, rank_var));
-  LBCC_ASSIGN_OR_RETURN(const std::string fixed, env::GetString("LBCC_BOOTSTRAP_ADDR"));
-  if (!fixed.empty()) {
-    l.launcher = Launcher::kBootstrapAddr;
-    l.root_address = fixed;
-    l.session = 0;
-  } else if (l.launcher == Launcher::kTorchrun) {
-    const char* host = Get("MASTER_ADDR");
-    if (host == nullptr || *host == '\0') {
-      return absl::InvalidArgumentError(
-          "torchrun environment: set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT");
-    }
-    LBCC_ASSIGN_OR_RETURN(const int port, IntVar("MASTER_PORT", "torchrun"),
-                          _.Prepend("set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT"));
-    if (port >= 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("torchrun environment: MASTER_PORT=", port, " leaves no port above it"));
-    }
-    l.root_address = transport::JoinHostPort(host, port + 1);
-  }
-  if (!l.root_address.empty()) {
-    // Fail now, not at the timeout: the address parses and its host resolves.
-    LBCC_ASSIGN_OR_RETURN(const transport::HostAndPort hp,
-                          transport::ParseHostPort(l.root_address, "bootstrap root"));
-    LBCC_RETURN_IF_ERROR(
-        transport::ResolveHost(hp.host, absl::StrCat(LauncherName(l.launcher), " bootstrap root"))
-            .status());
-  }
+  LBCC_RETURN_IF_ERROR(SetFixedRoot(&l));
   return l;
 }
 

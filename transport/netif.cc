@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -217,95 +218,104 @@ bool IsLoopbackAddress(absl::string_view numeric_address) {
   return false;
 }
 
+namespace {
+
+// LBCC_LISTEN_ADDR: an interface name, else an address (or a name resolving to one).
+absl::StatusOr<NetChoice> OverrideChoice(absl::string_view text,
+                                         const std::vector<NetInterface>& interfaces) {
+  for (const NetInterface& i : interfaces) {
+    if (i.name == text) return ChoiceOf(i, "LBCC_LISTEN_ADDR");
+  }
+  absl::StatusOr<std::vector<std::string>> addresses = ResolveHost(text, "LBCC_LISTEN_ADDR");
+  if (!addresses.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LBCC_LISTEN_ADDR='", text,
+                     "' is neither an interface here nor an address that resolves (interfaces: ",
+                     Names(interfaces), ")"));
+  }
+  NetChoice c;
+  c.address = addresses->front();
+  c.ipv6 = c.address.find(':') != std::string::npos;
+  c.loopback = IsLoopbackAddress(c.address);
+  c.reason = "LBCC_LISTEN_ADDR";
+  for (const NetInterface& i : interfaces) {
+    if (i.address == c.address) c.interface = i.name;
+  }
+  return c;
+}
+
+// The interface the kernel routes toward the root through, if the filter allows it. nullopt:
+// no route, or an interface the filter excludes.
+absl::StatusOr<std::optional<NetChoice>> RoutedChoice(
+    absl::string_view root_host, const InterfaceFilter& filter,
+    const std::vector<NetInterface>& interfaces) {
+  LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> root,
+                        ResolveHost(root_host, "bootstrap root"));
+  absl::StatusOr<std::string> source = RoutedSource(root.front());
+  if (!source.ok()) return std::nullopt;
+  for (const NetInterface& i : interfaces) {
+    if (i.address != *source) continue;
+    // A root on loopback: every rank is on this host.
+    if (i.loopback && IsLoopbackAddress(root.front())) {
+      return ChoiceOf(i, absl::StrCat("the bootstrap root ", root_host, " is local"));
+    }
+    if (filter.Matches(i.name)) return ChoiceOf(i, absl::StrCat("routes to ", root_host));
+    if (i.loopback) {
+      // The root is one of this host's own addresses: use that address's interface.
+      for (const NetInterface& j : interfaces) {
+        if (j.address == root.front() && filter.Matches(j.name)) {
+          return ChoiceOf(j, absl::StrCat("the bootstrap root ", root_host, " is here"));
+        }
+      }
+    }
+    break;
+  }
+  return std::nullopt;
+}
+
+// No override: toward the root, else the first allowed interface, else loopback.
+absl::StatusOr<NetChoice> DefaultChoice(const InterfaceFilter& filter, absl::string_view root_host,
+                                        const std::vector<NetInterface>& interfaces) {
+  std::vector<const NetInterface*> allowed;
+  for (const NetInterface& i : interfaces) {
+    if (filter.Matches(i.name)) allowed.push_back(&i);
+  }
+  if (!filter.is_default() && allowed.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LBCC_SOCKET_IFNAME='", filter.spec(),
+                     "' matches no interface that is up here (interfaces: ", Names(interfaces),
+                     ")"));
+  }
+  if (!root_host.empty()) {
+    LBCC_ASSIGN_OR_RETURN(std::optional<NetChoice> routed,
+                          RoutedChoice(root_host, filter, interfaces));
+    if (routed.has_value()) return *std::move(routed);
+  }
+  if (!allowed.empty()) {
+    return ChoiceOf(*allowed.front(), filter.is_default()
+                                          ? "first up interface"
+                                          : absl::StrCat("LBCC_SOCKET_IFNAME=", filter.spec()));
+  }
+  for (const NetInterface& i : interfaces) {
+    if (i.loopback) return ChoiceOf(i, "no other interface is up");
+  }
+  return absl::UnavailableError(
+      absl::StrCat("no network interface is up here (interfaces: ", Names(interfaces), ")"));
+}
+
+}  // namespace
+
 absl::StatusOr<NetChoice> SelectListenAddress(absl::string_view listen_override,
                                               absl::string_view ifname,
                                               absl::string_view root_host,
                                               const std::vector<NetInterface>& interfaces) {
   LBCC_ASSIGN_OR_RETURN(const InterfaceFilter filter, InterfaceFilter::Parse(ifname));
-  absl::StatusOr<NetChoice> choice;
   const absl::string_view override_text = absl::StripAsciiWhitespace(listen_override);
-  if (!override_text.empty()) {
-    // An interface name, else an address (or a name resolving to one).
-    for (const NetInterface& i : interfaces) {
-      if (i.name == override_text) {
-        choice = ChoiceOf(i, "LBCC_LISTEN_ADDR");
-        break;
-      }
-    }
-    if (!choice.ok()) {
-      absl::StatusOr<std::vector<std::string>> addresses =
-          ResolveHost(override_text, "LBCC_LISTEN_ADDR");
-      if (!addresses.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "LBCC_LISTEN_ADDR='", override_text,
-            "' is neither an interface here nor an address that resolves (interfaces: ",
-            Names(interfaces), ")"));
-      }
-      NetChoice c;
-      c.address = addresses->front();
-      c.ipv6 = c.address.find(':') != std::string::npos;
-      c.loopback = IsLoopbackAddress(c.address);
-      c.reason = "LBCC_LISTEN_ADDR";
-      for (const NetInterface& i : interfaces) {
-        if (i.address == c.address) c.interface = i.name;
-      }
-      choice = c;
-    }
-  } else {
-    std::vector<const NetInterface*> allowed;
-    for (const NetInterface& i : interfaces) {
-      if (filter.Matches(i.name)) allowed.push_back(&i);
-    }
-    if (!filter.is_default() && allowed.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LBCC_SOCKET_IFNAME='", filter.spec(),
-                       "' matches no interface that is up here (interfaces: ", Names(interfaces),
-                       ")"));
-    }
-    if (!root_host.empty()) {
-      LBCC_ASSIGN_OR_RETURN(std::vector<std::string> root,
-                            ResolveHost(root_host, "bootstrap root"));
-      absl::StatusOr<std::string> source = RoutedSource(root.front());
-      if (source.ok()) {
-        for (const NetInterface& i : interfaces) {
-          if (i.address != *source) continue;
-          // A root on loopback: every rank is on this host.
-          if (i.loopback && IsLoopbackAddress(root.front())) {
-            choice = ChoiceOf(i, absl::StrCat("the bootstrap root ", root_host, " is local"));
-          } else if (filter.Matches(i.name)) {
-            choice = ChoiceOf(i, absl::StrCat("routes to ", root_host));
-          } else if (i.loopback) {
-            // The root is one of this host's own addresses: use that address's interface.
-            for (const NetInterface& j : interfaces) {
-              if (j.address == root.front() && filter.Matches(j.name)) {
-                choice = ChoiceOf(j, absl::StrCat("the bootstrap root ", root_host, " is here"));
-              }
-            }
-          }
-          break;
-        }
-      }
-    }
-    if (!choice.ok() && !allowed.empty()) {
-      choice = ChoiceOf(*allowed.front(), filter.is_default()
-                                              ? "first up interface"
-                                              : absl::StrCat("LBCC_SOCKET_IFNAME=", filter.spec()));
-    }
-    if (!choice.ok()) {
-      for (const NetInterface& i : interfaces) {
-        if (i.loopback) {
-          choice = ChoiceOf(i, "no other interface is up");
-          break;
-        }
-      }
-    }
-    if (!choice.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("no network interface is up here (interfaces: ", Names(interfaces), ")"));
-    }
-  }
-  LBCC_LOG(INFO) << "NET/Socket: using " << (choice->interface.empty() ? "-" : choice->interface)
-                 << " " << choice->address << " (" << choice->reason << ")";
+  LBCC_ASSIGN_OR_RETURN(const NetChoice choice,
+                        override_text.empty() ? DefaultChoice(filter, root_host, interfaces)
+                                              : OverrideChoice(override_text, interfaces));
+  LBCC_LOG(INFO) << "NET/Socket: using " << (choice.interface.empty() ? "-" : choice.interface)
+                 << " " << choice.address << " (" << choice.reason << ")";
   return choice;
 }
 
