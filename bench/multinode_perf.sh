@@ -98,13 +98,15 @@ echo "$summary"
 echo
 echo "$torch_summary"
 if [[ -n "$FLAG_results" ]]; then
+  # Before the results file is rewritten (it is tracked: rewriting it is not a change of the tree).
+  tree="$(git rev-parse --short HEAD)$(git diff --quiet -- . ":!$FLAG_results" || echo ' (with uncommitted changes)')"
   {
     echo "# Across emulated nodes with the real launchers (bench/multinode_perf.sh)"
     echo
     echo "Written by the script; do not edit. Date: $(date -u '+%Y-%m-%d %H:%M UTC')."
     echo "Machine: $(hostname), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')."
     echo "Load average (1, 5, 15 min) at the start: $load_start; at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
-    echo "Tree: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')."
+    echo "Tree: $tree."
     echo "Command: \`$command_line\`"
     echo
     echo '```'
