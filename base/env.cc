@@ -25,8 +25,12 @@ constexpr Spec kSpecs[] = {
      "barrier), e.g. allgatherv=ring,allreduce=ring (algorithms: direct, ring, hierarchical); "
      "read when a communicator is created."},
     {"LBCC_BOOTSTRAP_ADDR", Type::kString, "",
-     "host:port of the bootstrap root for launches from the environment (mpirun; torchrun "
-     "defaults to MASTER_ADDR:MASTER_PORT+1)."},
+     "host:port (a name or an address; [v6]:port) of the bootstrap root for launches from the "
+     "environment; unset: MPI_Bcast under mpirun, the first host of SLURM_STEP_NODELIST under "
+     "srun, MASTER_ADDR:MASTER_PORT+1 under torchrun (C/C++; Python uses torch's store)."},
+    {"LBCC_BOOTSTRAP_PORT", Type::kInt, "29499",
+     "Port of the bootstrap root on the first host of SLURM_STEP_NODELIST (Slurm launches).", {},
+     1, 65535},
     {"LBCC_DEBUG", Type::kEnum, "WARN",
      "Log level: NONE, VERSION, WARN, INFO or TRACE (like NCCL_DEBUG).",
      "NONE|VERSION|WARN|INFO|TRACE"},
@@ -54,10 +58,14 @@ constexpr Spec kSpecs[] = {
      {}, 65536, 1 << 30},
     {"LBCC_LINK_RULES_FILE", Type::kString, "",
      "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer."},
-    {"LBCC_LISTEN_ADDR", Type::kString, "127.0.0.1",
-     "IPv4 address this rank listens on for other ranks (its own address on the network)."},
+    {"LBCC_LISTEN_ADDR", Type::kString, "",
+     "Address (IPv4 or IPv6) or interface name this rank listens on for other ranks; unset: "
+     "chosen as LBCC_SOCKET_IFNAME describes."},
     {"LBCC_MASTER_ADDR", Type::kString, "",
      "host:port of the elastic membership service (lbcc-master) an ElasticGroup joins."},
+    {"LBCC_MPI_LIBRARY", Type::kString, "",
+     "MPI library LBCC loads under mpirun to broadcast the unique id (dlopen name or path); "
+     "unset: libmpi.so.40 (Open MPI) or libmpi.so.12 (MPICH)."},
     {"LBCC_PEER_TIMEOUT_MS", Type::kInt, "10000",
      "Transport: a peer that stops answering fails pending work with Unavailable after about "
      "this many milliseconds.",
@@ -106,6 +114,10 @@ constexpr Spec kSpecs[] = {
      "Transport: unacknowledged bytes a slow link keeps in flight; 0: max(stripes x chunk, "
      "2 x probed rate x RTT).",
      {}, 0, 1 << 30},
+    {"LBCC_SOCKET_IFNAME", Type::kString, "",
+     "Interfaces to listen on, NCCL_SOCKET_IFNAME's syntax: prefixes (eth,ib), =exact names, "
+     "^ to exclude (^docker,lo); unset: the interface that routes to the bootstrap root, else "
+     "the first up one but lo and docker*, else lo."},
     {"LBCC_SPARSE_GROUP_ELEMENTS", Type::kInt, "1048576",
      "SparseAllReduce: tensors are encoded and exchanged in groups of at least this many "
      "elements (at most 8 groups; one tensor is never split), so encoding overlaps the wire. "

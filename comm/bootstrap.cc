@@ -24,6 +24,7 @@
 #include "base/logging.h"
 #include "transport/secure.h"
 #include "base/status_macros.h"
+#include "transport/netif.h"
 
 namespace lbcc::comm {
 namespace {
@@ -58,24 +59,53 @@ absl::Status Errno(absl::string_view what) {
   return absl::UnavailableError(absl::StrCat("bootstrap: ", what, ": ", std::strerror(errno)));
 }
 
-absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
-  std::vector<std::string> parts = absl::StrSplit(address, ':');
-  int port = 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port < 0 || port > 65535 ||
-      inet_pton(AF_INET, parts[0].c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bootstrap: '", address, "' is not an IPv4 host:port"));
+// A resolved "host:port" (a name or an IPv4/IPv6 literal; IPv6 in brackets).
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+  int family() const { return storage.ss_family; }
+};
+
+SockAddr FromNumeric(const std::string& host, int port) {
+  SockAddr a;
+  if (host.find(':') != std::string::npos) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET6, host.c_str(), &in6->sin6_addr);
+    a.len = sizeof(sockaddr_in6);
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, host.c_str(), &in->sin_addr);
+    a.len = sizeof(sockaddr_in);
   }
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
+  return a;
 }
 
-std::string FormatAddress(const sockaddr_in& addr) {
-  char host[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
-  return absl::StrCat(host, ":", ntohs(addr.sin_port));
+absl::StatusOr<SockAddr> ParseAddress(absl::string_view address) {
+  LBCC_ASSIGN_OR_RETURN(const transport::HostAndPort hp,
+                        transport::ParseHostPort(address, "bootstrap: address"));
+  LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> resolved,
+                        transport::ResolveHost(hp.host, "bootstrap"));
+  return FromNumeric(resolved.front(), hp.port);
+}
+
+std::string FormatAddress(const SockAddr& addr) {
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (addr.family() == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr.storage);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+  } else {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr.storage);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+  }
+  return transport::JoinHostPort(host, port);
 }
 
 // Waits for `events` on `fd` until `deadline`.
@@ -241,17 +271,20 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
   LBCC_LOG(INFO) << "bootstrap: all " << nranks << " ranks joined";
 }
 
-absl::StatusOr<Fd> Listen(const sockaddr_in& addr, sockaddr_in* bound) {
-  Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+// `bind_errno`: errno of a failed bind, 0 otherwise.
+absl::StatusOr<Fd> Listen(const SockAddr& addr, SockAddr* bound, int* bind_errno) {
+  *bind_errno = 0;
+  Fd fd(socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) return Errno("socket");
   const int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (bind(fd.get(), addr.get(), addr.len) != 0) {
+    *bind_errno = errno;
     return Errno(absl::StrCat("bind ", FormatAddress(addr)));
   }
   if (listen(fd.get(), 1024) != 0) return Errno("listen");
-  socklen_t len = sizeof(*bound);
-  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(bound), &len) != 0) {
+  bound->len = sizeof(bound->storage);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound->storage), &bound->len) != 0) {
     return Errno("getsockname");
   }
   return fd;
@@ -274,13 +307,23 @@ absl::Status CheckArgs(int nranks, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status StartRootAt(const sockaddr_in& addr, int nranks, uint64_t session,
-                         absl::Duration timeout, std::string* address) {
-  sockaddr_in bound{};
-  LBCC_ASSIGN_OR_RETURN(Fd listener, Listen(addr, &bound));
+// `wildcard_fallback`: a fixed address of another host (a name that resolves to a virtual
+// address, a NAT) is served on every interface of the same family instead.
+absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
+                         absl::Duration timeout, bool wildcard_fallback, std::string* address) {
+  SockAddr bound;
+  int bind_errno = 0;
+  absl::StatusOr<Fd> listener = Listen(addr, &bound, &bind_errno);
+  if (!listener.ok() && wildcard_fallback && bind_errno == EADDRNOTAVAIL) {
+    SockAddr any = FromNumeric(addr.family() == AF_INET6 ? "::" : "0.0.0.0", 0);
+    std::memcpy(reinterpret_cast<char*>(&any.storage) + 2,
+                reinterpret_cast<const char*>(&addr.storage) + 2, 2);  // The port.
+    listener = Listen(any, &bound, &bind_errno);
+  }
+  if (!listener.ok()) return listener.status();
   *address = FormatAddress(bound);
   LBCC_LOG(INFO) << "bootstrap: root at " << *address;
-  std::thread(RunRoot, std::move(listener), nranks, session, absl::Now() + timeout).detach();
+  std::thread(RunRoot, *std::move(listener), nranks, session, absl::Now() + timeout).detach();
   return absl::OkStatus();
 }
 
@@ -288,25 +331,55 @@ absl::Status StartRootAt(const sockaddr_in& addr, int nranks, uint64_t session,
 
 absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout) {
   LBCC_RETURN_IF_ERROR(CheckArgs(1, timeout));
-  LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(absl::StrCat(listen_host, ":0")));
+  LBCC_ASSIGN_OR_RETURN(const transport::NetChoice net,
+                        transport::SelectListenAddress(listen_host, /*root_host=*/""));
   std::random_device random;
   const uint64_t session = (static_cast<uint64_t>(random()) << 32) ^ random() ^ 1;
   std::string address;
-  LBCC_RETURN_IF_ERROR(StartRootAt(addr, /*nranks=*/0, session, timeout, &address));
+  LBCC_RETURN_IF_ERROR(StartRootAt(FromNumeric(net.address, 0), /*nranks=*/0, session, timeout,
+                                   /*wildcard_fallback=*/false, &address));
   return MakeId(address, session);
 }
 
 absl::Status StartRoot(absl::string_view address, int nranks, uint64_t session,
                        absl::Duration timeout) {
   LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
-  LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
+  LBCC_ASSIGN_OR_RETURN(SockAddr addr, ParseAddress(address));
   std::string bound;
-  return StartRootAt(addr, nranks, session, timeout, &bound);
+  return StartRootAt(addr, nranks, session, timeout, /*wildcard_fallback=*/true, &bound);
 }
 
 absl::StatusOr<UniqueId> UniqueIdFromAddress(absl::string_view address, uint64_t session) {
   LBCC_RETURN_IF_ERROR(ParseAddress(address).status());
+  if (address.size() > kUniqueIdBytes - 17) {
+    return absl::InvalidArgumentError(absl::StrCat("bootstrap: address '", address, "' is longer than ",
+                                                   kUniqueIdBytes - 17, " characters"));
+  }
   return MakeId(std::string(address), session);
+}
+
+absl::StatusOr<transport::NetChoice> ChooseListenAddress(const UniqueId& id,
+                                                         absl::string_view listen_host) {
+  LBCC_ASSIGN_OR_RETURN(const transport::HostAndPort root,
+                        transport::ParseHostPort(UniqueIdAddress(id), "bootstrap: root"));
+  return transport::SelectListenAddress(listen_host, root.host);
+}
+
+absl::Status CheckAdvertisedAddresses(const std::vector<std::string>& hostnames,
+                                      const std::vector<std::string>& addresses) {
+  for (size_t r = 0; r < addresses.size() && r < hostnames.size(); ++r) {
+    absl::StatusOr<transport::HostAndPort> hp = transport::ParseHostPort(addresses[r], "address");
+    if (!hp.ok() || !transport::IsLoopbackAddress(hp->host)) continue;
+    for (size_t peer = 0; peer < hostnames.size(); ++peer) {
+      if (hostnames[peer] == hostnames[r]) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "comm: rank ", r, " (host ", hostnames[r], ") advertises the loopback address ",
+          addresses[r], " but rank ", peer, " is on host ", hostnames[peer],
+          ": on rank ", r, "'s host set LBCC_SOCKET_IFNAME to the interface its peers reach "
+          "(or LBCC_LISTEN_ADDR to its address), or unset LBCC_LISTEN_ADDR"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string UniqueIdAddress(const UniqueId& id) {
@@ -328,16 +401,16 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
   }
   uint64_t session = 0;
   std::memcpy(&session, id.internal + 8, 8);
-  LBCC_ASSIGN_OR_RETURN(sockaddr_in root, ParseAddress(UniqueIdAddress(id)));
+  LBCC_ASSIGN_OR_RETURN(SockAddr root, ParseAddress(UniqueIdAddress(id)));
   const absl::Time deadline = absl::Now() + timeout;
 
   // Connect, retrying while the root is not up yet.
   Fd fd;
   absl::Duration backoff = absl::Milliseconds(10);
   while (true) {
-    fd = Fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    fd = Fd(socket(root.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) return Errno("socket");
-    if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&root), sizeof(root)) == 0) break;
+    if (connect(fd.get(), root.get(), root.len) == 0) break;
     if (errno != ECONNREFUSED && errno != EINTR && errno != ETIMEDOUT) {
       return Errno(absl::StrCat("connect to ", UniqueIdAddress(id)));
     }

@@ -7,8 +7,10 @@
 // rank agrees on nranks and the session, that no rank number is taken twice, and answers once
 // all ranks have joined. The root exits after answering, or at its deadline.
 //
-// Launchers without a way to pass an id (torchrun, mpirun) use a fixed root address instead:
-// rank 0 calls StartRoot(address, ...) and every rank calls UniqueIdFromAddress(address).
+// Launchers without a way to pass an id use a fixed root address instead: rank 0 calls
+// StartRoot(address, ...) and every rank calls UniqueIdFromAddress(address). Launchers that
+// can pass the id (torch's store, MPI_Bcast) do so: comm/rendezvous.h. Addresses are
+// "host:port" with a host name or an IPv4/IPv6 address ("[fd00::1]:29500").
 //
 // Errors (every call has a deadline; nothing hangs):
 //   DeadlineExceeded  a rank never joined (every joined rank is told which ranks are missing),
@@ -27,29 +29,45 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "transport/netif.h"
 
 namespace lbcc::comm {
 
 inline constexpr int kUniqueIdBytes = 128;
 
-// Opaque to callers; bytes are: "LBID", u32 version, u64 session, NUL-terminated "host:port".
+// Opaque to callers; bytes are: "LBID", u32 version, u64 session, NUL-terminated "host:port"
+// (at most 111 characters).
 struct UniqueId {
   char internal[kUniqueIdBytes];
 };
 
-// Starts a root listening on `listen_host` (an IPv4 address; port chosen by the kernel) until
+// Starts a root listening on `listen_host` (an address, an interface name, or "" for the
+// interface transport/netif.h's SelectListenAddress picks; port chosen by the kernel) until
 // `timeout` passes, and returns the id that names it. Like ncclGetUniqueId, the root learns
 // nranks from the first rank that joins; every later rank must agree.
 absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout);
 
-// Starts a root on the fixed "host:port" `address` (torchrun/mpirun style) for `nranks` ranks.
-// `session` must be the same on every rank (e.g. derived from the job id).
+// Starts a root on the fixed "host:port" `address` (torchrun/Slurm style) for `nranks` ranks.
+// The host is a name or an address (IPv6 in brackets), resolved with getaddrinfo; one that is
+// not this host's (a virtual address) is served on every interface. `session` must be the same
+// on every rank (e.g. derived from the job id).
 absl::Status StartRoot(absl::string_view address, int nranks, uint64_t session,
                        absl::Duration timeout);
 absl::StatusOr<UniqueId> UniqueIdFromAddress(absl::string_view address, uint64_t session);
 
 // The "host:port" an id names (for logs).
 std::string UniqueIdAddress(const UniqueId& id);
+
+// Where this rank listens for its peers: `listen_host` (LBCC_LISTEN_ADDR: an address or an
+// interface name) if not empty, else the interface that routes to the id's root, chosen with
+// LBCC_SOCKET_IFNAME (transport/netif.h). InvalidArgument naming a value that matches nothing.
+absl::StatusOr<transport::NetChoice> ChooseListenAddress(const UniqueId& id,
+                                                         absl::string_view listen_host);
+
+// After the exchange: InvalidArgument naming the rank, and the fix, when a rank advertises a
+// loopback address while another rank is on a different host (it could never be reached).
+absl::Status CheckAdvertisedAddresses(const std::vector<std::string>& hostnames,
+                                      const std::vector<std::string>& addresses);
 
 // Joins the job as `rank` of `nranks` and returns every rank's blob, in rank order. Retries the
 // connection until `timeout` (the root may start after this rank).

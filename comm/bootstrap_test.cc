@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/mutex.h"
 #include "base/status_matchers.h"
 #include "comm/testing.h"
@@ -123,6 +124,55 @@ TEST(BootstrapTest, ProcessesWithAFixedRootAddress) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << pid;
   }
+}
+
+TEST(BootstrapTest, RootsOnAHostNameAndOnIpv6) {
+  for (const std::string host : {"localhost", "[::1]"}) {
+    const std::string address = absl::StrCat(host, ":", testing::FreeLoopbackPort());
+    LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, UniqueIdFromAddress(address, 7));
+    LBCC_ASSERT_OK(StartRoot(address, 2, 7, absl::Seconds(20)));
+    auto results = RunRanks(id, 2, {1, 0}, absl::Seconds(20));
+    for (auto& r : results) {
+      EXPECT_THAT(r, ::lbcc::testing::IsOkAndHolds(ElementsAreArray({"blob-0", "blob-1"})))
+          << address;
+    }
+  }
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId v6, CreateUniqueId("::1", absl::Seconds(20)));
+  EXPECT_THAT(UniqueIdAddress(v6), HasSubstr("[::1]:"));
+  auto results = RunRanks(v6, 2, {0, 1}, absl::Seconds(20));
+  for (auto& r : results) EXPECT_THAT(r, IsOk());
+}
+
+TEST(BootstrapTest, UnresolvableHostsFailAtOnceNamingTheHost) {
+  EXPECT_THAT(UniqueIdFromAddress("no-such-host.invalid:29500", 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
+  EXPECT_THAT(StartRoot("no-such-host.invalid:29500", 2, 0, absl::Seconds(300)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
+  EXPECT_THAT(CreateUniqueId("no-such-host.invalid", absl::Seconds(300)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
+  EXPECT_THAT(UniqueIdFromAddress("fd00::1:29500", 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[addr]:port")));
+}
+
+TEST(BootstrapTest, ChooseListenAddressFollowsTheRoot) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, UniqueIdFromAddress("127.0.0.1:1", 1));
+  EXPECT_THAT(ChooseListenAddress(id, ""),
+              ::lbcc::testing::IsOkAndHolds(::testing::Field(&transport::NetChoice::address,
+                                                             "127.0.0.1")));
+  EXPECT_THAT(ChooseListenAddress(id, "::1"),
+              ::lbcc::testing::IsOkAndHolds(::testing::Field(&transport::NetChoice::ipv6, true)));
+}
+
+TEST(BootstrapTest, LoopbackAdvertisedToRemotePeersIsNamed) {
+  EXPECT_THAT(CheckAdvertisedAddresses({"a", "a"}, {"127.0.0.1:5", "127.0.0.1:6"}), IsOk());
+  EXPECT_THAT(CheckAdvertisedAddresses({"a", "b"}, {"10.0.0.1:5", "10.0.0.2:6"}), IsOk());
+  EXPECT_THAT(
+      CheckAdvertisedAddresses({"node0", "node1", "node1"},
+                               {"10.77.0.1:5", "10.77.0.2:6", "127.0.0.1:7"}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::AllOf(HasSubstr("rank 2 (host node1) advertises the loopback address "
+                                          "127.0.0.1:7 but rank 0 is on host node0"),
+                                HasSubstr("LBCC_SOCKET_IFNAME"))));
 }
 
 }  // namespace

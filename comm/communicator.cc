@@ -11,21 +11,13 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/version.h"
+#include "comm/rendezvous.h"
 
 namespace lbcc::comm {
 namespace {
 
 // Bounds what one peer may make us allocate for one payload.
 constexpr size_t kMaxPayloadBytes = size_t{1} << 40;
-
-absl::StatusOr<int> IntFromEnv(const char* name) {
-  const char* value = std::getenv(name);
-  int parsed = 0;
-  if (value == nullptr || !absl::SimpleAtoi(value, &parsed)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " is not set to an integer"));
-  }
-  return parsed;
-}
 
 absl::Status CheckHostTensor(const TensorView& t, absl::string_view what) {
   if (!t.is_host()) {
@@ -71,28 +63,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::InitFromEnvironment(
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::InitFromEnvironment(
     CommConfig config) {
-  int rank = 0, nranks = 0;
-  if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
-    LBCC_ASSIGN_OR_RETURN(rank, IntFromEnv("OMPI_COMM_WORLD_RANK"));
-    LBCC_ASSIGN_OR_RETURN(nranks, IntFromEnv("OMPI_COMM_WORLD_SIZE"));
-  } else {
-    LBCC_ASSIGN_OR_RETURN(rank, IntFromEnv("RANK"), _.Prepend("torchrun environment"));
-    LBCC_ASSIGN_OR_RETURN(nranks, IntFromEnv("WORLD_SIZE"), _.Prepend("torchrun environment"));
-  }
-  LBCC_ASSIGN_OR_RETURN(std::string address, env::GetString("LBCC_BOOTSTRAP_ADDR"));
-  if (address.empty()) {
-    const char* host = std::getenv("MASTER_ADDR");
-    LBCC_ASSIGN_OR_RETURN(int port, IntFromEnv("MASTER_PORT"),
-                          _.Prepend("set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT"));
-    if (host == nullptr) {
-      return absl::InvalidArgumentError("set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT");
-    }
-    address = absl::StrCat(std::string(host) == "localhost" ? "127.0.0.1" : host, ":", port + 1);
-  }
-  // The root waits as long as the ranks will: resolve the timeout before starting it.
+  // The launcher's variables and rendezvous (comm/rendezvous.h); the root waits as long as the
+  // ranks will: resolve the timeout before starting it.
+  LBCC_ASSIGN_OR_RETURN(const LaunchEnvironment launch, DetectLaunch());
   LBCC_ASSIGN_OR_RETURN(config, ResolveConfig(std::move(config)));
-  if (rank == 0) LBCC_RETURN_IF_ERROR(StartRoot(address, nranks, 0, *config.timeout));
-  LBCC_ASSIGN_OR_RETURN(UniqueId id, UniqueIdFromAddress(address, 0));
+  LBCC_ASSIGN_OR_RETURN(UniqueId id, RendezvousId(launch, *config.listen_host, *config.timeout));
+  const int rank = launch.rank, nranks = launch.nranks;
   return Init(id, nranks, rank, std::move(config));
 }
 

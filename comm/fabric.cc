@@ -29,11 +29,13 @@ constexpr Tag kByeTag = ~Tag{0} - 1;
 constexpr absl::Duration kByeTimeout = absl::Seconds(30);
 
 absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend,
-                                                                   const UniqueId& id, int rank) {
+                                                                    const UniqueId& id, int rank,
+                                                                    const std::string& device) {
   LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
   // With a job secret, every link's handshake binds the job (the id's session) and the rank.
   options.security.job_id = std::string(id.internal + 8, 8);
   options.security.identity = static_cast<uint64_t>(rank);
+  transport::PinUcxDevice(device, &options);
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
   if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
@@ -66,12 +68,16 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   fabric->rank_ = rank;
   fabric->nranks_ = nranks;
   fabric->options_ = options;
-  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend, id, rank));
-  std::string listen = absl::StrCat(options.listen_host, ":0");
+  std::string listen, device;
   if (options.backend == "loopback") {
     std::random_device random;
     listen = absl::StrCat("lbcc-", random(), random(), "-r", rank);
+  } else {  // LBCC_LISTEN_ADDR, else the interface toward the root (transport/netif.h).
+    LBCC_ASSIGN_OR_RETURN(const transport::NetChoice net, ChooseListenAddress(id, options.listen_host));
+    listen = transport::JoinHostPort(net.address, 0);
+    if (!net.loopback) device = net.interface;
   }
+  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend, id, rank, device));
   LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
                         _.Prepend("comm: listen"));
   const std::string hostname = Hostname();
@@ -85,6 +91,7 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
     fabric->hostnames_.push_back(parts[0]);
     addresses.push_back(parts[1]);
   }
+  LBCC_RETURN_IF_ERROR(CheckAdvertisedAddresses(fabric->hostnames_, addresses));
   if (options.topology.has_value()) {
     if (options.topology->nranks() != nranks) {
       return absl::InvalidArgumentError(absl::StrCat("comm: the topology has ",

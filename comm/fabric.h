@@ -37,7 +37,8 @@ namespace lbcc::comm {
 
 struct FabricOptions {
   std::string backend = "ucx";          // "ucx" or "loopback" (LBCC_TRANSPORT).
-  std::string listen_host = "127.0.0.1";  // IPv4 address to listen on (LBCC_LISTEN_ADDR).
+  // Address or interface to listen on (LBCC_LISTEN_ADDR); empty: chosen (transport/netif.h).
+  std::string listen_host = "127.0.0.1";
   absl::Duration timeout = absl::Seconds(300);  // Set-up and per-operation (LBCC_TIMEOUT_S).
   std::optional<Topology> topology;     // Unset: LBCC_TOPO_FILE, else same host = island.
 };

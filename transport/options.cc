@@ -1,6 +1,7 @@
 #include "transport/options.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -76,6 +77,14 @@ std::optional<LinkClass> TransportOptions::ConfiguredClass(absl::string_view hos
   std::optional<LinkClass> from_rules = link_rules.Lookup(host, port);
   if (from_rules.has_value()) return from_rules;
   return link_class;
+}
+
+void PinUcxDevice(const std::string& device, TransportOptions* options) {
+  if (device.empty() || !options->ucx_net_devices.empty() ||
+      std::getenv("UCX_NET_DEVICES") != nullptr) {
+    return;
+  }
+  options->ucx_net_devices = device;
 }
 
 }  // namespace lbcc::transport

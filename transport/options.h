@@ -92,6 +92,10 @@ struct TransportOptions {
   std::optional<LinkClass> ConfiguredClass(absl::string_view host, int port) const;
 };
 
+// Sets options->ucx_net_devices to `device` (the interface the rank listens on,
+// transport/netif.h) unless it is set already, the user set UCX_NET_DEVICES, or `device` is empty.
+void PinUcxDevice(const std::string& device, TransportOptions* options);
+
 }  // namespace lbcc::transport
 
 #endif  // LBCC_TRANSPORT_OPTIONS_H_

@@ -77,16 +77,95 @@ __all__ = [
 ]
 
 
-def init(unique_id=None, nranks=None, rank=None, **options):
-    """A communicator: from a unique id (with nranks and rank), or, without one, from the
-    launcher's environment (torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; LBCC's root
-    listens on MASTER_PORT + 1). `options`: backend ("ucx", "loopback"), listen_host, timeout
-    (seconds), topology (an lbcc.Topology or the path of a topology JSON file)."""
-    if unique_id is None:
+_init_counts = {}  # rank -> lbcc.init calls through a store (threads may be ranks in tests).
+
+
+def init(unique_id=None, nranks=None, rank=None, *, store=None, **options):
+    """A communicator, from a unique id (with nranks and rank) or from the launcher.
+
+    Without a unique id:
+      - under torchrun (or any env:// launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank
+        0's unique id travels through torch's own store, so LBCC opens no rendezvous port of its
+        own: `store` if given, else the default process group's store when one is initialised,
+        else a torch.distributed.TCPStore client of MASTER_ADDR:MASTER_PORT (torchrun's agent
+        hosts it; without the agent, rank 0 hosts it as torch's env:// does);
+      - under mpirun (MPI_Bcast), Slurm's srun (a root on the first host of
+        SLURM_STEP_NODELIST) or with LBCC_BOOTSTRAP_ADDR: the C++ rendezvous
+        (Communicator.init_from_environment, comm/rendezvous.h).
+    `options`: backend ("ucx", "loopback"), listen_host (an address or an interface name),
+    timeout (seconds), topology (an lbcc.Topology or the path of a topology JSON file)."""
+    if unique_id is not None:
+        if nranks is None or rank is None:
+            raise ValueError("lbcc.init: a unique id needs nranks and rank")
+        return Communicator.init(unique_id, nranks, rank, **options)
+    if store is None and not _torch_launch():
         return Communicator.init_from_environment(**options)
-    if nranks is None or rank is None:
-        raise ValueError("lbcc.init: a unique id needs nranks and rank")
-    return Communicator.init(unique_id, nranks, rank, **options)
+    return _init_through_store(store, nranks, rank, options)
+
+
+def _torch_launch():
+    """True when the environment is an env:// launch whose store LBCC can use."""
+    import os
+    env = os.environ
+    if env.get("LBCC_BOOTSTRAP_ADDR") or "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return False
+    if not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return False
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _init_through_store(store, nranks, rank, options):
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    env = os.environ
+    timeout = options.get("timeout")
+    seconds = float(timeout if timeout is not None else env.get("LBCC_TIMEOUT_S", 300))
+    if store is None and dist.is_available() and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        rank = dist.get_rank() if rank is None else rank
+        nranks = dist.get_world_size() if nranks is None else nranks
+    for name, value in (("RANK", rank), ("WORLD_SIZE", nranks)):
+        if value is None and not env.get(name, "").isdigit():
+            raise errors.make_error("INVALID_ARGUMENT", f"lbcc.init: {name}={env.get(name)!r} "
+                                    "is not a non-negative integer")
+    rank = int(env["RANK"]) if rank is None else rank
+    nranks = int(env["WORLD_SIZE"]) if nranks is None else nranks
+    if store is None:
+        host, port = env["MASTER_ADDR"], env["MASTER_PORT"]
+        if not port.isdigit():
+            raise errors.make_error(
+                "INVALID_ARGUMENT", f"lbcc.init: MASTER_PORT={port!r} is not a port number")
+        import socket
+        try:
+            socket.getaddrinfo(host, None)
+        except socket.gaierror as e:
+            raise errors.make_error(
+                "INVALID_ARGUMENT", f"lbcc.init: MASTER_ADDR host '{host}' does not resolve "
+                f"({e.strerror}); check the name, /etc/hosts or DNS") from None
+        # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); a plain env:// launch
+        # has rank 0 host it, as torch's env:// rendezvous does.
+        is_master = rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        store = dist.TCPStore(host, int(port), nranks, is_master,
+                              datetime.timedelta(seconds=seconds), wait_for_workers=False)
+    # Keys are per (restart of the worker group, call): ranks call init in the same order.
+    count = _init_counts.get(rank, 0)
+    _init_counts[rank] = count + 1
+    key = (f"lbcc/unique_id/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+           f"{env.get('TORCHELASTIC_RUN_ID', '')}/{count}")
+    if rank == 0:
+        uid = create_unique_id(options.get("listen_host"), timeout=seconds)
+        store.set(key, uid)
+    else:
+        store.wait([key], datetime.timedelta(seconds=seconds))
+        uid = bytes(store.get(key))
+    return Communicator.init(uid, nranks, rank, **options)
 
 
 def broadcast_bytes(comm, data, root=0, timeout=None):

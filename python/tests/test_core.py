@@ -294,7 +294,8 @@ def test_timeouts_abort_and_closed_communicators():
     assert run_ranks(2, body) == [True, True]
 
 
-def test_bootstrap_with_a_missing_rank_is_deadline_exceeded():
+def test_bootstrap_with_a_missing_rank_is_deadline_exceeded(monkeypatch):
+    monkeypatch.setenv("LBCC_SOCKET_IFNAME", "=lo")  # The root on loopback (default: not lo).
     uid = lbcc.create_unique_id(timeout=1)
     assert lbcc.unique_id_address(uid).startswith("127.0.0.1:")
     with pytest.raises(lbcc.DeadlineExceededError) as e:
@@ -303,6 +304,7 @@ def test_bootstrap_with_a_missing_rank_is_deadline_exceeded():
 
 
 def test_create_unique_id_honours_lbcc_timeout_s(monkeypatch):
+    monkeypatch.setenv("LBCC_SOCKET_IFNAME", "=lo")  # The root on loopback (default: not lo).
     monkeypatch.setenv("LBCC_TIMEOUT_S", "0")
     with pytest.raises(lbcc.InvalidArgumentError, match="LBCC_TIMEOUT_S='0'"):
         lbcc.create_unique_id()

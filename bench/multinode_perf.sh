@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# bench/lbcc_perf through real mpirun across 4 emulated nodes (tools/testbed namespaces node0..
+# node3 with host names of their own, unshaped links; the unique id by MPI_Bcast, each rank on
+# its eth0) against the same 4 ranks through mpirun on one node, alternating --pairs times, for
+# UCX's default transports and for UCX_TLS=tcp (the same transport on both sides). Both layouts
+# run with one topology (LBCC_TOPO_FILE: the 4 ranks one fast island), so the same algorithm and
+# link class run on both and only the hosts differ (by host name, 4 nodes would be 4 islands
+# joined by slow links). Also the torchrun SparseLoCo test across 3 nodes (init time, bytes,
+# replicas identical).
+#
+#   bench/multinode_perf.sh [--op allreduce] [--max 16M] [--iters 5] [--pairs 2]
+#                           [--results bench/results/multinode.md]
+#
+# Needs root (network namespaces); builds //bench:lbcc_perf and the tests' programs. Writes the
+# summary with date, machine and command to --results.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/flags.sh
+flags_value op allreduce "lbcc_perf operation"
+flags_value max 16M "largest message (lbcc_perf -e)"
+flags_value iters 5 "timed iterations per size (lbcc_perf -n)"
+flags_value pairs 2 "alternating 4-node / 1-node runs per transport setting"
+flags_value results bench/results/multinode.md "where the summary is written (empty: nowhere)"
+command_line="bench/multinode_perf.sh $*"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 0)) || { echo "multinode_perf: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
+export TESTBED=tools/testbed/testbed
+"$TESTBED" check >/dev/null || { "$TESTBED" check; exit 1; }
+bazel build --jobs=2 //bench:lbcc_perf //tests:multinode_c_api //python:lbcc >&2
+perf=$(realpath bazel-bin/bench/lbcc_perf)
+source tests/multinode_lib.sh
+MN_TMP=$(mktemp -d /tmp/lbcc_multinode.XXXXXX)
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+mn_up 4
+topo="$MN_TMP/one_island.json"
+echo '{"nranks": 4, "islands": [[0, 1, 2, 3]]}' >"$topo"
+
+run() {  # LABEL NP_PER_NODE_LAYOUT(spread|one) TLS
+  local label=$1 layout=$2 tls=$3 json="$MN_TMP/$1.json" hostfile="$MN_TMP/hostfile.$2"
+  if [[ $layout == one ]]; then echo "node0 slots=4" >"$hostfile"; else mn_hostfile "$hostfile" 1; fi
+  local agent="$MN_TMP/rsh_agent"
+  mn_rsh_agent "$agent"
+  local tls_env=()
+  [[ -n "$tls" ]] && tls_env=(-x UCX_TLS="$tls")
+  mn_exec 0 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --allow-run-as-root --hostfile "$hostfile" -np 4 --map-by node \
+    --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
+    --mca oob_tcp_if_include eth0 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca pml ob1 \
+    -x UCX_MEM_EVENTS=no -x LBCC_TOPO_FILE="$topo" "${tls_env[@]}" \
+    "$perf" --op "$FLAG_op" -b 4K -e "$FLAG_max" -f 4 -n "$FLAG_iters" -w 2 --json "$json" \
+    >"$MN_TMP/$label.out" 2>"$MN_TMP/$label.err" || { cat "$MN_TMP/$label.err" >&2; exit 1; }
+  echo "$label" >>"$MN_TMP/runs"
+}
+
+for tls in "" tcp; do
+  for ((p = 0; p < FLAG_pairs; p++)); do
+    run "4nodes${tls:+_$tls}_$p" spread "$tls"
+    run "1node${tls:+_$tls}_$p" one "$tls"
+  done
+done
+
+# The torchrun SparseLoCo job across 3 nodes (its own testbed).
+"$TESTBED" down --name "$MN_NAME"
+trap - EXIT
+mkdir -p "$MN_TMP/pkg"
+cp -r python/lbcc "$MN_TMP/pkg/"
+cp bazel-bin/python/lbcc/_lbcc.so bazel-bin/python/lbcc/_c10d_lbcc.so "$MN_TMP/pkg/lbcc/"
+PYTHONPATH="$MN_TMP/pkg" NODES=3 tests/multinode_torchrun_test.sh tests/multinode_sparseloco.py >"$MN_TMP/torchrun.out" 2>&1 ||
+  { cat "$MN_TMP/torchrun.out" >&2; exit 1; }
+
+summary=$(python3 - "$MN_TMP" <<'PY'
+import collections, json, os, sys
+d = sys.argv[1]
+runs = open(os.path.join(d, "runs")).read().split()
+by = collections.defaultdict(list)  # (setting, layout) -> list of {bytes: busbw}
+for r in runs:
+    rows = json.load(open(os.path.join(d, r + ".json")))
+    layout, *rest = r.split("_")
+    setting = "UCX_TLS=tcp" if "tcp" in rest else "UCX default"
+    by[(setting, layout)].append({row["bytes"]: row for row in rows})
+print("lbcc_perf %s, 4 ranks through mpirun: 4 nodes (1 rank per namespace) vs 1 node (4 ranks"
+      " in one namespace), one fast island in both (LBCC_TOPO_FILE); time per operation, best"
+      " of the alternating runs" %
+      json.load(open(os.path.join(d, runs[0] + ".json")))[0].get("op", "allreduce"))
+for setting in ("UCX default", "UCX_TLS=tcp"):
+    four, one = by[(setting, "4nodes")], by[(setting, "1node")]
+    if not four:
+        continue
+    print("\n%s\n%10s %14s %14s %8s" % (setting, "bytes", "4 nodes (us)", "1 node (us)", "ratio"))
+    for size in sorted(four[0]):
+        t4 = min(run[size]["seconds"] for run in four) * 1e6
+        t1 = min(run[size]["seconds"] for run in one) * 1e6
+        print("%10d %14.1f %14.1f %8.2f" % (size, t4, t1, t4 / t1))
+PY
+)
+torch_summary=$(grep -E "^rank [0-9]+ on|replicas|NET/Socket" "$MN_TMP/torchrun.out")
+echo "$summary"
+echo
+echo "$torch_summary"
+if [[ -n "$FLAG_results" ]]; then
+  # Before the results file is rewritten (it is tracked: rewriting it is not a change of the tree).
+  tree="$(git rev-parse --short HEAD)$(git diff --quiet -- . ":!$FLAG_results" || echo ' (with uncommitted changes)')"
+  {
+    echo "# Across emulated nodes with the real launchers (bench/multinode_perf.sh)"
+    echo
+    echo "Written by the script; do not edit. Date: $(date -u '+%Y-%m-%d %H:%M UTC')."
+    echo "Machine: $(hostname), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')."
+    echo "Load average (1, 5, 15 min) at the start: $load_start; at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "Tree: $tree."
+    echo "Command: \`$command_line\`"
+    echo
+    echo '```'
+    echo "$summary"
+    echo
+    echo "torchrun --nnodes 3 (tests/multinode_torchrun_test.sh, SparseLoCo, node2's down-link at 100mbit):"
+    echo "$torch_summary"
+    echo '```'
+  } >"$FLAG_results"
+  echo "wrote $FLAG_results"
+fi
