@@ -88,8 +88,8 @@ def communicator(group=None):
     key = "lbcc/python_unique_id"
     seconds = timeout.total_seconds()
     if rank == 0:
-        uid = lbcc.create_unique_id(os.environ.get("LBCC_LISTEN_ADDR", "127.0.0.1"),
-                                    timeout=seconds)
+        # None: LBCC_LISTEN_ADDR, else the interface LBCC_SOCKET_IFNAME chooses (multi-host).
+        uid = lbcc.create_unique_id(None, timeout=seconds)
         store.set(key, uid)
     else:
         uid = store.get(key)
