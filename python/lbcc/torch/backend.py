@@ -13,7 +13,6 @@ LBCC's compressed operations (SparseAllReduce, compressed send/recv) live on lbc
 the group (a collective call), through the same store, and kept as long as the group lives.
 """
 
-import os
 import threading
 import weakref
 
