@@ -328,7 +328,10 @@ void PostRound(const StatePtr& state, const RoundPtr& round, Tag send_tag, Tag t
 
 absl::Status AbortedBy(const VoteAgreement::Round& round, int peer) {
   const absl::Status& reason = round.received[peer]->reason;
-  return absl::UnavailableError(absl::StrCat("rank ", peer,
+  // A peer that timed out stays a timeout; any other reason is a step this rank lost to a peer.
+  return absl::Status(absl::IsDeadlineExceeded(reason) ? absl::StatusCode::kDeadlineExceeded
+                                                        : absl::StatusCode::kUnavailable,
+                      absl::StrCat("rank ", peer,
                                              " could not complete the step, aborted on every "
                                              "surviving rank: ",
                                              reason.ToString()));
@@ -354,16 +357,24 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
       return local.ok() ? absl::CancelledError("agreement: the control connections are closed")
                         : local;
     }
+    if (result.ok() && absl::Now() > deadline) {
+      // Late (this rank was frozen or starved): the peers may have given up on its vote already,
+      // and abort is the one vote that agrees with whatever they decided without it.
+      result = absl::DeadlineExceededError(
+          absl::StrCat("rank ", state->rank, " reached its vote after the deadline"));
+    }
     auto it = state->board.find(op_seq);
-    if (it != state->board.end()) {
+    if (!result.ok() && it == state->board.end()) {
+      Entry entry;
+      entry.phase = Entry::kAborted;
+      entry.reason = result;
+      state->RememberLocked(op_seq, entry);
+    } else if (it != state->board.end()) {
       // A peer asked before this rank got here: it promised not to vote commit.
       if (result.ok()) result = it->second.reason;
     } else {
-      Entry entry;
-      entry.phase = local.ok() ? Entry::kVoted : Entry::kAborted;
-      entry.reason = local;
-      state->RememberLocked(op_seq, entry);
-      vote_commit = local.ok();
+      state->RememberLocked(op_seq, Entry());  // voted commit
+      vote_commit = true;
     }
   }
   votes->mine = EncodeControl(vote_commit ? ControlKind::kVoteCommit : ControlKind::kVoteAbort,
