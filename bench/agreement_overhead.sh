@@ -2,14 +2,14 @@
 # The outcome agreement's cost on the no-failure path (docs/agreement.md): SparseAllReduce time
 # from lbcc_perf --local 4 of this tree against a baseline tree's lbcc_perf (built without the
 # agreement), alternating the two binaries round by round so that both see the same machine
-# load; writes bench/results/agreement.md (median time per size and the ratio).
+# load; writes bench/results/agreement.md (median and best time per size, and their ratios).
 #
 #   bench/agreement_overhead.sh --baseline /path/to/main/lbcc_perf [--this bazel-bin/bench/lbcc_perf]
-#       [--rounds 5] [--sizes "64K 1M 4M"] [--out bench/results/agreement.md]
+#       [--rounds 5] [--iters 30] [--sizes "64K 1M 4M"] [--out bench/results/agreement.md]
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-this="$here/../bazel-bin/bench/lbcc_perf" baseline="" rounds=5 sizes="64K 1M 4M"
+this="$here/../bazel-bin/bench/lbcc_perf" baseline="" rounds=5 sizes="64K 1M 4M" iters=30
 out="$here/results/agreement.md"
 while (($#)); do
   case "$1" in
@@ -17,6 +17,7 @@ while (($#)); do
     --this) this=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
+    --iters) iters=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "agreement_overhead: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -30,32 +31,38 @@ trap 'rm -rf "$work"' EXIT
 measure() {
   local bin=$1 size
   for size in $sizes; do
-    UCX_MEM_EVENTS=no "$bin" --local 4 --op sparse_allreduce -b "$size" -e "$size" -n 30 -w 5 \
+    UCX_MEM_EVENTS=no "$bin" --local 4 --op sparse_allreduce -b "$size" -e "$size" -n "$iters" -w 5 \
       2>/dev/null | awk '$1 ~ /^[0-9]+$/ {print $1, $6}'
   done
 }
+load=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((r = 0; r < rounds; r++)); do
   measure "$baseline" >>"$work/baseline"
   measure "$this" >>"$work/this"
 done
 
+best() { sort -g | head -1; }
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 {
   echo "# Outcome agreement: SparseAllReduce cost without failures"
   echo
   echo "Written by bench/agreement_overhead.sh on $(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n)"
-  echo "($(nproc) cores, shared with other jobs: figures are medians of $rounds alternating rounds)."
+  echo "($(nproc) cores, shared with other jobs, load average $load at the start: medians and"
+  echo "bests of $rounds alternating rounds)."
   echo
-  echo "Command: \`bench/agreement_overhead.sh --baseline $baseline --this $this --rounds $rounds" \
+  echo "Command: \`bench/agreement_overhead.sh --baseline $baseline --this $this --rounds $rounds --iters $iters" \
        "--sizes \"$sizes\"\`; each round runs \`lbcc_perf --local 4 --op sparse_allreduce -b S -e S" \
-       "-n 30 -w 5\` (4 processes over UCX on 127.0.0.1, TopK-EF) per size S, baseline first."
+       "-n $iters -w 5\` (4 processes over UCX on 127.0.0.1, TopK-EF) per size S, baseline first."
   echo
-  echo "| size (B) | baseline median (us) | with agreement median (us) | ratio |"
-  echo "|---:|---:|---:|---:|"
+  echo "| size (B) | baseline median (us) | with agreement median (us) | median ratio | baseline best (us) | with agreement best (us) | best ratio |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|"
   for size_bytes in $(awk '{print $1}' "$work/baseline" | sort -gu); do
     b=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/baseline" | median)
     t=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/this" | median)
-    echo "| $size_bytes | $b | $t | $(awk -v b="$b" -v t="$t" 'BEGIN {printf "%.3f", t / b}') |"
+    bb=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/baseline" | best)
+    tb=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/this" | best)
+    echo "| $size_bytes | $b | $t | $(awk -v b="$b" -v t="$t" 'BEGIN {printf "%.3f", t / b}') |" \
+         "$bb | $tb | $(awk -v b="$bb" -v t="$tb" 'BEGIN {printf "%.3f", t / b}') |"
   done
   echo
   echo "Raw (size, time us), baseline: $(tr '\n' ';' <"$work/baseline")"

@@ -6,17 +6,23 @@
 # end with the same last committed step (or one left a state or output half done).
 #
 #   tests/outcome_trials.sh --bin bazel-bin/tests/outcome_trial [--kills 300] [--stops 20]
-#       [--cuts 15] [--seed 1] [--keep DIR]
+#       [--cuts 15] [--seed 1] [--keep DIR] [--results bench/results/outcome_trials.md --label L]
+#   tests/outcome_trials.sh --from-log LOG --results FILE --label L   (a finished run's log)
 #
-# Prints one line per trial and a summary:
-#   SUMMARY kind=kill trials=300 disagreements=0 broken=0 hangs=0 ...
+# Prints one line per trial and a summary, and exits 1 when the ranks that stayed connected
+# disagreed, a rank left a half-done step, or a rank hung:
+#   SUMMARY kind=kill trials=300 disagreements=0 connected_disagreements=0 broken=0 hangs=0
+# "disagreements" counts every rank that lived on (a stopped rank once resumed, a cut-off rank);
+# "connected_disagreements" only those that were neither killed, stopped nor cut off.
+# --results appends the summary, with date, host and command, to a Markdown file.
 # Link cuts need root and network namespaces (tools/testbed/testbed check); without them they
 # are skipped with the reason. LBCC_TIMEOUT_S defaults to 3 here (a lost rank shows up fast).
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 testbed="$here/../tools/testbed/testbed"
-bin="" kills=300 stops=20 cuts=15 seed=1 keep=""
+bin="" kills=300 stops=20 cuts=15 seed=1 keep="" results="" label="" from_log=""
+command_line="tests/outcome_trials.sh $*"
 while (($#)); do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -25,9 +31,31 @@ while (($#)); do
     --cuts) cuts=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
+    --results) results=$2; shift 2 ;;
+    --label) label=$2; shift 2 ;;
+    --from-log) from_log=$2; shift 2 ;;
     *) echo "outcome_trials: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# Appends the SUMMARY lines of $1 to the results file.
+write_results() {
+  [[ -n "$results" ]] || return 0
+  {
+    [[ -s "$results" ]] || printf '# Outcome trials (tests/outcome_trials.sh)\n\nEach row: 4 ranks of tests/outcome_trial over UCX; one random rank killed (-9), stopped (SIGSTOP,\nresumed after the others exit) or cut off (tools/testbed cut) at a random moment. LBCC_TIMEOUT_S=%s.\n' "${LBCC_TIMEOUT_S:-3}"
+    echo
+    echo "## ${label:-run}"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n), $(nproc) cores (shared); command: \`$command_line\`"
+    echo
+    grep '^SUMMARY\|^SKIP' "$1" | sed 's/^/    /'
+  } >>"$results"
+}
+if [[ -n "$from_log" ]]; then
+  command_line="$(grep -m1 '^# command: ' "$from_log" | cut -c12-)"
+  [[ -n "$command_line" ]] || command_line="(see $from_log)"
+  write_results "$from_log"
+  exit 0
+fi
 [[ -x "$bin" ]] || { echo "outcome_trials: --bin must name the outcome_trial binary" >&2; exit 2; }
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 export LBCC_TIMEOUT_S=${LBCC_TIMEOUT_S:-3}
@@ -142,7 +170,8 @@ for ((i = 0; i < kills; i++)); do trial=$((trial + 1)); run_trial kill; done
 for ((i = 0; i < stops; i++)); do trial=$((trial + 1)); run_trial stop; done
 if ((cuts > 0)); then
   if ! why=$("$testbed" check 2>&1); then
-    echo "SKIP cut trials: $why"
+    skipped="SKIP cut trials: $why"
+    echo "$skipped"
     cuts=0
   fi
 fi
@@ -152,13 +181,20 @@ for ((i = 0; i < cuts; i++)); do
   "$testbed" up --name "$tb_name" --hosts 4 --owner-pid $$ >/dev/null || { echo "SKIP cut: testbed up failed"; break; }
   run_trial cut
 done
+failed=0
+summary="$work/summary"
+: >"$summary"
 for kind in kill stop cut; do
   [[ -n "${total[$kind]:-}" ]] || continue
+  (( ${minority[$kind]:-0} + ${broken[$kind]:-0} + ${hangs[$kind]:-0} > 0 )) && failed=1
   echo "SUMMARY kind=$kind trials=${total[$kind]} disagreements=${disagree[$kind]:-0}" \
        "connected_disagreements=${minority[$kind]:-0} broken=${broken[$kind]:-0}" \
-       "hangs=${hangs[$kind]:-0}"
+       "hangs=${hangs[$kind]:-0}" | tee -a "$summary"
 done
+[[ -n "${skipped:-}" ]] && echo "$skipped" >>"$summary"
+write_results "$summary"
 # Disagreements kept for a look (their ranks' outputs) when --keep is not given.
 if [[ -z "$keep" ]] && compgen -G "$work/trial*" >/dev/null; then
   mkdir -p /tmp/outcome_trials_disagreements && cp -r "$work"/trial* /tmp/outcome_trials_disagreements/
 fi
+exit $failed
