@@ -144,6 +144,9 @@ struct VoteAgreement::State {
   std::unordered_map<uint64_t, Entry> board ABSL_GUARDED_BY(mu);
   std::deque<uint64_t> order ABSL_GUARDED_BY(mu);  // insertion order, for forgetting
   std::vector<std::string> query_buffers;         // one standing receive per peer
+  // Until when a peer may still ask about an operation this rank decided: its deadline (a peer
+  // waits that long for a vote) plus the two rounds' grace. Linger() waits no longer.
+  absl::Time askable_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
   bool FrozenLocked(uint64_t op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = board.find(op);
@@ -285,13 +288,13 @@ void PostRound(const StatePtr& state, const RoundPtr& round, Tag send_tag, Tag t
                                        round->mine.size());
   for (int peer : peers) {
     state->out[peer]->Send(send_tag, mine, {transport::Priority::kHigh},
-                           [state, round, peer, send_tag](absl::Status status) {
+                           // A lost vote or query is the receiver's missing message.
+                           [state, round, peer, send_tag](absl::Status) {
                              MutexLock lock(&state->mu);
                              --round->sends_pending;
                              if (!state->stopped && send_tag != kQueryTag) {
                                state->out[peer]->ReleaseTags(send_tag, send_tag + 1);
                              }
-                                                      (void)status;  // a lost vote is the receiver's missing vote
                            });
   }
   for (int peer : from) {
@@ -357,6 +360,8 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
       return local.ok() ? absl::CancelledError("agreement: the control connections are closed")
                         : local;
     }
+    state->askable_until =
+        std::max(state->askable_until, std::max(deadline, absl::Now()) + 2 * state->grace);
     if (result.ok() && absl::Now() > deadline) {
       // Late (this rank was frozen or starved): the peers may have given up on its vote already,
       // and abort is the one vote that agrees with whatever they decided without it.
@@ -469,6 +474,12 @@ absl::Status VoteAgreement::Linger(absl::Time deadline) {
     if (state->out[r] != nullptr && state->in[r] != nullptr) peers.push_back(static_cast<int>(r));
   }
   if (peers.empty()) return absl::OkStatus();
+  {
+    // Nobody can still be deciding anything with this rank's help: no need to wait for them.
+    MutexLock lock(&state->mu);
+    deadline = std::min(deadline, state->askable_until);
+    if (deadline <= absl::Now()) return absl::OkStatus();
+  }
   auto byes = std::make_shared<Round>(static_cast<int>(state->out.size()));
   byes->mine = EncodeControl(ControlKind::kReplyUndecided, 0, absl::OkStatus());
   {

@@ -80,9 +80,11 @@ class VoteAgreement final : public OutcomeAgreement {
   void Start();
   absl::Status Decide(const Group& group, uint64_t op_seq, absl::Status local,
                       absl::Time deadline) override;
-  // Before closing: tells every peer this rank is done and waits (until `deadline`) for each
-  // peer to say the same or to be lost, answering queries meanwhile, so that a rank that
-  // committed still answers the peers that are deciding. Returns the first failure.
+  // Before closing: tells every peer this rank is done and waits (until `deadline`, and no
+  // longer than a peer could still be deciding an operation this rank voted on: its deadline
+  // plus two grace periods; not at all without such an operation) for each peer to say the
+  // same or to be lost, answering queries meanwhile, so that a rank that committed still
+  // answers the peers that are deciding. Returns the first failure.
   absl::Status Linger(absl::Time deadline);
   // No more answers; pending control operations fail (the caller then closes the endpoints).
   void Stop();

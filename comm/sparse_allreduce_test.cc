@@ -604,7 +604,9 @@ TEST_P(SparseAllReduceOutcomeTest, EverySurvivorCommitsOrEverySurvivorAborts) {
     op.algorithm = c.algorithm;
     LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait());
     std::vector<std::vector<float>> memory, before = outs;
-    for (const auto& state : states) memory.emplace_back(state.error().begin(), state.error().end());
+    for (const auto& state : states) {
+      memory.emplace_back(state.error().begin(), state.error().end());
+    }
     {
       MutexLock lock(&mu);
       if (++warm == kRanks) armed = true;
