@@ -11,6 +11,7 @@
 #include "base/check.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "comm/agreement.h"
 #include "transport/loopback.h"
 #include "transport/options.h"
 #include "transport/ucx_transport.h"
@@ -27,6 +28,11 @@ constexpr Tag kHelloTag = ~Tag{0};
 constexpr Tag kByeTag = ~Tag{0} - 1;
 // How long a closing rank waits for its peers' goodbyes at most.
 constexpr absl::Duration kByeTimeout = absl::Seconds(30);
+// Each round of the outcome agreement may last this long past an operation's deadline (at most
+// the communicator's timeout): long enough for a lost rank to show as lost.
+constexpr absl::Duration kAgreementGrace = absl::Seconds(10);
+// The hello of a control connection: the rank with this bit set.
+constexpr uint32_t kControlHello = 0x80000000u;
 
 absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend,
                                                                     const UniqueId& id, int rank,
@@ -103,6 +109,15 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
     LBCC_ASSIGN_OR_RETURN(fabric->topology_, Topology::FromEnvironment(fabric->hostnames_));
   }
   LBCC_RETURN_IF_ERROR(fabric->Connect(addresses));
+  std::vector<Endpoint*> control_out(nranks, nullptr), control_in(nranks, nullptr);
+  for (int peer = 0; peer < nranks; ++peer) {
+    control_out[peer] = fabric->control_out_[peer].get();
+    control_in[peer] = fabric->control_in_[peer].get();
+  }
+  fabric->agreement_ = std::make_unique<internal::VoteAgreement>(
+      rank, std::move(control_out), std::move(control_in),
+      std::min(options.timeout, kAgreementGrace));
+  fabric->agreement_->Start();
   LBCC_LOG(INFO) << "comm: rank " << rank << "/" << nranks << " connected over "
                  << fabric->transport_->backend() << ", topology " << fabric->topology_.ToJson();
   return fabric;
@@ -111,12 +126,14 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
 absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
   out_.resize(nranks_);
   in_.resize(nranks_);
+  control_out_.resize(nranks_);
+  control_in_.resize(nranks_);
   const absl::Time deadline = absl::Now() + options_.timeout;
-  // Accept the nranks-1 incoming connections while connecting out.
+  // Accept the 2 (nranks-1) incoming connections (data and control) while connecting out.
   absl::Status accept_status;
   std::vector<std::unique_ptr<Endpoint>> accepted;
   std::thread acceptor([&] {
-    for (int i = 0; i < nranks_ - 1; ++i) {
+    for (int i = 0; i < 2 * (nranks_ - 1); ++i) {
       absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
           transport_->Accept(deadline - absl::Now());
       if (!endpoint.ok()) {
@@ -134,24 +151,29 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
     connect_options.link_class = topology_.link(rank_, peer) == LinkClass::kFast
                                      ? transport::LinkClass::kFast
                                      : transport::LinkClass::kSlow;
-    absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
-        transport_->Connect(addresses[peer], deadline - absl::Now(), connect_options);
-    if (!endpoint.ok()) {
-      connect_status = Annotate(endpoint.status(), absl::StrCat("comm: connect to rank ", peer));
-      break;
+    for (auto* endpoints : {&out_, &control_out_}) {
+      absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
+          transport_->Connect(addresses[peer], deadline - absl::Now(), connect_options);
+      if (!endpoint.ok()) {
+        connect_status =
+            Annotate(endpoint.status(), absl::StrCat("comm: connect to rank ", peer));
+        break;
+      }
+      (*endpoints)[peer] = *std::move(endpoint);
     }
-    out_[peer] = *std::move(endpoint);
   }
   acceptor.join();
   LBCC_RETURN_IF_ERROR(connect_status);
   LBCC_RETURN_IF_ERROR(accept_status);
-  // Hellos: every outgoing endpoint says who we are; every accepted one tells us its peer.
+  // Hellos: every outgoing endpoint says who we are (and whether it is the control
+  // connection); every accepted one tells us its peer.
   std::vector<uint32_t> peer_of(accepted.size(), 0);
   const uint32_t me = static_cast<uint32_t>(rank_);
+  const uint32_t me_control = me | kControlHello;
   auto latch = std::make_shared<Latch>();
   {
     MutexLock lock(&latch->mu);
-    latch->pending = 2 * (nranks_ - 1);
+    latch->pending = 4 * (nranks_ - 1);
   }
   auto done = [latch](const absl::Status& status) {
     MutexLock lock(&latch->mu);
@@ -163,6 +185,9 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
     if (peer == rank_) continue;
     out_[peer]->Send(kHelloTag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&me), 4),
                      {}, [done](absl::Status s) { done(s); });
+    control_out_[peer]->Send(
+        kHelloTag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&me_control), 4),
+        {}, [done](absl::Status s) { done(s); });
   }
   for (size_t i = 0; i < accepted.size(); ++i) {
     accepted[i]->Recv(kHelloTag,
@@ -184,8 +209,10 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
     if (status.ok()) status = latch->first_error;
   }
   if (!status.ok()) {
-    for (auto& e : out_) {
-      if (e) e->Close();
+    for (auto* endpoints : {&out_, &control_out_}) {
+      for (auto& e : *endpoints) {
+        if (e) e->Close();
+      }
     }
     for (auto& e : accepted) e->Close();
     MutexLock lock(&latch->mu);
@@ -193,11 +220,13 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
     return status;
   }
   for (size_t i = 0; i < accepted.size(); ++i) {
-    const uint32_t peer = peer_of[i];
-    if (peer >= static_cast<uint32_t>(nranks_) || peer == me || in_[peer]) {
+    const bool control = (peer_of[i] & kControlHello) != 0;
+    const uint32_t peer = peer_of[i] & ~kControlHello;
+    std::vector<std::unique_ptr<Endpoint>>& in = control ? control_in_ : in_;
+    if (peer >= static_cast<uint32_t>(nranks_) || peer == me || in[peer]) {
       return absl::InternalError(absl::StrCat("comm: unexpected hello from rank ", peer));
     }
-    in_[peer] = std::move(accepted[i]);
+    in[peer] = std::move(accepted[i]);
   }
   connected_ = true;
   return absl::OkStatus();
@@ -223,8 +252,33 @@ Fabric::~Fabric() {
     const absl::Status status = batch.Wait();
     LBCC_LOG_IF(INFO, !status.ok()) << "comm: rank " << rank_ << " closing: " << status;
   }
+  // Peers may still be deciding an operation this rank already decided (after a failure
+  // especially): answer their queries until each said goodbye on the control connections too,
+  // or is lost.
+  if (agreement_ != nullptr && nranks_ > 1) {
+    const absl::Status status =
+        agreement_->Linger(absl::Now() + std::min(options_.timeout, kByeTimeout));
+    LBCC_LOG_IF(INFO, !status.ok()) << "comm: rank " << rank_ << " closing control: " << status;
+  }
   Abort(absl::CancelledError("communicator destroyed"));
+  CloseControl();
 }
+
+void Fabric::CloseControl() {
+  if (agreement_ != nullptr) agreement_->Stop();
+  for (auto* endpoints : {&control_out_, &control_in_}) {
+    for (auto& e : *endpoints) {
+      if (e) e->Close();
+    }
+  }
+}
+
+void Fabric::CrashForTesting() {
+  Abort(absl::UnavailableError("crashed (test)"));
+  CloseControl();
+}
+
+OutcomeAgreement* Fabric::agreement() const { return agreement_.get(); }
 
 void Fabric::Abort(absl::Status why) {
   {

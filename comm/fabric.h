@@ -7,6 +7,10 @@
 // and receives on the endpoint the peer connected to it. Communicators made by Split() share
 // their parent's Fabric and use their own tag space.
 //
+// Each pair of ranks also has a control connection each way (control_out/control_in), which an
+// abort does not close: the outcome agreement (comm/agreement.h) runs on it after a failure, and
+// a closing rank answers its peers' questions on it until they said goodbye.
+//
 // Batch posts sends and receives and waits for all of them with a deadline; any failure or the
 // deadline aborts the Fabric (every endpoint closed, so peers fail fast too, NCCL-style) and the
 // Batch returns the first error once no callback can touch its buffers any more.
@@ -35,6 +39,11 @@
 
 namespace lbcc::comm {
 
+class OutcomeAgreement;
+namespace internal {
+class VoteAgreement;
+}  // namespace internal
+
 struct FabricOptions {
   std::string backend = "ucx";          // "ucx" or "loopback" (LBCC_TRANSPORT).
   // Address or interface to listen on (LBCC_LISTEN_ADDR); empty: chosen (transport/netif.h).
@@ -59,9 +68,17 @@ class Fabric {
   transport::Endpoint* out(int peer) const { return out_[peer].get(); }
   transport::Endpoint* in(int peer) const { return in_[peer].get(); }
 
-  // Closes every endpoint: pending operations here and at the peers fail. Idempotent; the
-  // first status is kept and returned by aborted().
+  // The control connections to `peer`: only the outcome agreement uses them.
+  transport::Endpoint* control_out(int peer) const { return control_out_[peer].get(); }
+  transport::Endpoint* control_in(int peer) const { return control_in_[peer].get(); }
+  // The vote agreement over the control connections (comm/agreement.h); lives with the Fabric.
+  OutcomeAgreement* agreement() const;
+
+  // Closes every data endpoint: pending operations here and at the peers fail. Idempotent; the
+  // first status is kept and returned by aborted(). The control connections stay up.
   void Abort(absl::Status why);
+  // Tests: as if the process died: every endpoint closed, control ones too, no more answers.
+  void CrashForTesting();
   // OK while usable; the abort reason afterwards.
   absl::Status aborted() const;
 
@@ -76,6 +93,7 @@ class Fabric {
  private:
   Fabric() = default;
   absl::Status Connect(const std::vector<std::string>& addresses);
+  void CloseControl();
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -85,6 +103,9 @@ class Fabric {
   std::unique_ptr<transport::Transport> transport_;
   std::vector<std::unique_ptr<transport::Endpoint>> out_;
   std::vector<std::unique_ptr<transport::Endpoint>> in_;
+  std::vector<std::unique_ptr<transport::Endpoint>> control_out_;
+  std::vector<std::unique_ptr<transport::Endpoint>> control_in_;
+  std::unique_ptr<internal::VoteAgreement> agreement_;  // Stopped before the endpoints close.
   bool connected_ = false;  // Every endpoint exists (Connect succeeded): goodbyes can be said.
   mutable Mutex mu_;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);

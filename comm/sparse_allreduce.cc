@@ -9,6 +9,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "codecs/payload.h"
+#include "comm/agreement.h"
 #include "comm/sparse_blob.h"
 #include "comm/tensor_codec.h"
 
@@ -116,6 +117,7 @@ SparseAllReduceSchedule::SparseAllReduceSchedule(
       decode_(decode),
       options_(options),
       configured_(resources.configured),
+      agreement_(resources.agreement),
       min_elements_(min_elements) {}
 
 SparseAllReduceSchedule::~SparseAllReduceSchedule() = default;
@@ -124,6 +126,7 @@ absl::Status SparseAllReduceSchedule::Run() {
   const absl::Time t0 = absl::Now();
   LBCC_RETURN_IF_ERROR(Plan());
   PrepareDecodeScratch();
+  MaybeFault(group_, FaultPoint::kBeforeSend);
   pool_->Submit([this] { ExchangeAndValidate(); });
   EncodeAndStream();
   const absl::Time t1 = absl::Now();
@@ -133,6 +136,7 @@ absl::Status SparseAllReduceSchedule::Run() {
   }
   absl::Status sent = DrainTasks();
   if (!sent.ok() && exchanged_.ok()) exchanged_ = sent;
+  MaybeFault(group_, FaultPoint::kAfterLastSend);
   const absl::Time t2 = absl::Now();
   LBCC_RETURN_IF_ERROR(Conclude());
   LBCC_LOG(TRACE) << "SparseAllReduce rank " << group_.me << ": " << tensors_.size()
@@ -211,6 +215,7 @@ void SparseAllReduceSchedule::EncodeAndStream() {
       placeholder = stop_encoding_;
     }
     EncodeGroup(g, placeholder);
+    if (g == 0) MaybeFault(group_, FaultPoint::kMidExchange);
     MutexLock lock(&mu_);
     encoded_ = g + 1;
   }
@@ -423,7 +428,8 @@ absl::Status SparseAllReduceSchedule::DrainTasks() {
 }
 
 // 5. The outcome, in this order: a failed exchange, this rank's own error, a bad payload or
-// another rank's error; only then are the outputs written and the states committed.
+// another rank's error; then the agreement (comm/agreement.h) makes it the same on every
+// surviving rank; only then are the outputs written and the states committed.
 absl::Status SparseAllReduceSchedule::Conclude() {
   absl::Status failure = exchanged_;
   if (failure.ok()) failure = local_;
@@ -431,6 +437,7 @@ absl::Status SparseAllReduceSchedule::Conclude() {
   if (failure.ok() && groups_exchanged_ != static_cast<int>(plan_.size())) {
     failure = absl::InternalError("SparseAllReduce: exchange ended early without an error");
   }
+  if (agreement_ != nullptr) failure = agreement_->Decide(group_, tag_, failure, deadline_);
   if (!failure.ok()) {
     AbortStates();
     return failure;
@@ -498,6 +505,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         resources.encode_buffer = &encode_buffer_;
         resources.decode_scratch = &decode_scratch_;
         resources.configured = config_.algorithm(Collective::kAllGatherV);
+        resources.agreement = group.fabric->agreement();
         internal::SparseAllReduceSchedule schedule(resources, tensors, *codec, decode, options,
                                                    min_elements);
         return schedule.Run();

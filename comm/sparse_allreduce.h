@@ -12,8 +12,9 @@
 //                                   streamed blobs, notices a rank that gave up
 //   4. Validate      pool thread    every payload checked in full (codecs::PrepareDecode stages
 //                                   host decodes), while later groups are still on the wire
-//   5. Decode/commit worker thread  outputs written and states committed, or, after any
-//      or abort                     failure, every state aborted and no output written
+//   5. Agree, then   worker thread  every surviving rank agrees on commit or abort
+//      decode/commit                (comm/agreement.h); then outputs written and states
+//      or abort                     committed, or every state aborted and no output written
 //
 // Phases 2 and 3-4 overlap: the communicator's thread pool (comm/thread_pool.h) runs 3-4 while
 // the worker encodes; the all-gathers run on transport completions. No thread is started per call.
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "base/mutex.h"
 #include "codecs/codec.h"
+#include "comm/agreement.h"
 #include "comm/algorithms.h"
 #include "comm/collectives.h"
 #include "comm/communicator.h"
@@ -69,6 +71,9 @@ class SparseAllReduceSchedule {
     std::vector<uint8_t>* encode_buffer = nullptr;                       // reused across calls
     std::vector<std::unique_ptr<codecs::DecodeScratch>>* decode_scratch = nullptr;  // ditto
     Algorithm configured = Algorithm::kAuto;   // CommConfig's choice for the payload exchange
+    // Makes the outcome the same on every surviving rank before anything is written (the
+    // Fabric's vote agreement); null: each rank concludes on its own.
+    OutcomeAgreement* agreement = nullptr;
   };
 
   SparseAllReduceSchedule(const Resources& resources,
@@ -121,6 +126,7 @@ class SparseAllReduceSchedule {
   const codecs::DecodeOptions decode_;
   const OpOptions options_;
   const Algorithm configured_;
+  OutcomeAgreement* const agreement_;
   const int64_t min_elements_;
 
   // Plan (written before the pool starts, then read-only).

@@ -16,6 +16,8 @@
 #include "codecs/dense_quant.h"
 #include "codecs/payload.h"
 #include "codecs/topk_ef.h"
+#include "comm/agreement.h"
+#include "comm/collectives.h"
 #include "comm/communicator.h"
 #include "comm/testing.h"
 #include "comm/thread_pool.h"
@@ -543,6 +545,133 @@ TEST(SparseAllReduceFailureTest, ADeadRankFailsTheOthersWithoutLosingState) {
         << "rank " << r;
   }
 }
+
+// One outcome per step: a rank dies (every connection closed, control ones too, as when its
+// process is killed) at each point of the schedule; every survivor ends the same way: all
+// commit (states committed, outputs written) or all abort (states kept, outputs untouched).
+struct DeathCase {
+  const char* name;
+  internal::FaultPoint point;
+  int vote_reach;  // at kVote: how many peers get the dying rank's vote (-1: all)
+  Algorithm algorithm;
+  const char* expect;  // "abort", or "either" when the dying rank's vote may have counted
+};
+
+class SparseAllReduceOutcomeTest : public ::testing::TestWithParam<DeathCase> {};
+
+TEST_P(SparseAllReduceOutcomeTest, EverySurvivorCommitsOrEverySurvivorAborts) {
+  constexpr int kVictim = 2;
+  const DeathCase c = GetParam();
+  const std::vector<Shape>& shapes = kManyShapes;
+  const size_t n = shapes.size();
+  auto codec = MakeCodec();
+  RankOptions options;
+  options.timeout = absl::Seconds(20);
+  Mutex mu;
+  int warm = 0;           // ranks done with the first (undisturbed) call
+  bool armed = false;     // the hook kills from now on
+  internal::SetFaultHookForTesting(
+      [&](const Group& group, internal::FaultPoint point) -> int {
+        {
+          MutexLock lock(&mu);
+          if (!armed || group.fabric->rank() != kVictim) return -1;
+        }
+        if (point == internal::FaultPoint::kVote) return c.vote_reach;
+        const internal::FaultPoint death = c.point == internal::FaultPoint::kVote
+                                               ? internal::FaultPoint::kAfterVote
+                                               : c.point;
+        if (point == death) group.fabric->CrashForTesting();
+        return -1;
+      });
+  struct Outcome {
+    absl::Status status;
+    bool committed = false, written = false, pending = false, partly = false;
+  };
+  std::vector<Outcome> outcomes(kRanks);
+  auto statuses = RunRanks(kRanks, options, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<std::vector<float>> deltas, outs(n);
+    std::vector<codecs::TopKEfState> states(n);
+    std::vector<Communicator::SparseTensor> tensors;
+    for (size_t t = 0; t < n; ++t) {
+      deltas.push_back(DeltaOf(rank, t, Count(shapes[t])));
+      outs[t].assign(Count(shapes[t]), 0.0f);
+    }
+    for (size_t t = 0; t < n; ++t) {
+      tensors.push_back({*TensorView::Host(deltas[t].data(), shapes[t]),
+                         *TensorView::Host(outs[t].data(), shapes[t]), &states[t]});
+    }
+    OpOptions op = Pipelined();
+    op.algorithm = c.algorithm;
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait());
+    std::vector<std::vector<float>> memory, before = outs;
+    for (const auto& state : states) {
+      memory.emplace_back(state.error().begin(), state.error().end());
+    }
+    {
+      MutexLock lock(&mu);
+      if (++warm == kRanks) armed = true;
+      mu.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return armed; });
+    }
+    Outcome& o = outcomes[rank];
+    o.status = comm.SparseAllReduce(tensors, codec.get(), {}, op)->Wait();
+    int changed = 0, written = 0;
+    for (size_t t = 0; t < n; ++t) {
+      o.pending |= states[t].has_pending();
+      changed += std::memcmp(states[t].error().data(), memory[t].data(),
+                             memory[t].size() * 4) != 0;
+      written += outs[t] != before[t];
+    }
+    o.committed = changed == static_cast<int>(n);
+    o.written = written == static_cast<int>(n);
+    o.partly = (changed != 0 && !o.committed) || (written != 0 && !o.written);
+    return absl::OkStatus();
+  });
+  internal::SetFaultHookForTesting(nullptr);
+  EXPECT_THAT(statuses, Each(IsOk()));
+  const bool commit = outcomes[0].status.ok();
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == kVictim) continue;
+    const Outcome& o = outcomes[r];
+    SCOPED_TRACE(absl::StrCat("rank ", r, ": ", o.status.ToString()));
+    EXPECT_EQ(o.status.ok(), commit) << "survivors disagree";
+    EXPECT_FALSE(o.pending);
+    EXPECT_FALSE(o.partly);
+    EXPECT_EQ(o.committed, commit);
+    EXPECT_EQ(o.written, commit);
+    if (!commit) {
+      EXPECT_THAT(o.status, StatusIs(AnyOf(absl::StatusCode::kUnavailable,
+                                           absl::StatusCode::kCancelled,
+                                           absl::StatusCode::kDeadlineExceeded)));
+    }
+  }
+  if (std::string(c.expect) == "abort") EXPECT_FALSE(commit);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DeathPoints, SparseAllReduceOutcomeTest,
+    ::testing::Values(
+        DeathCase{"BeforeSendDirect", internal::FaultPoint::kBeforeSend, -1, Algorithm::kDirect,
+                  "abort"},
+        DeathCase{"BeforeSendRing", internal::FaultPoint::kBeforeSend, -1, Algorithm::kRing,
+                  "abort"},
+        DeathCase{"MidExchangeDirect", internal::FaultPoint::kMidExchange, -1,
+                  Algorithm::kDirect, "abort"},
+        DeathCase{"MidExchangeRing", internal::FaultPoint::kMidExchange, -1, Algorithm::kRing,
+                  "abort"},
+        DeathCase{"AfterLastSendDirect", internal::FaultPoint::kAfterLastSend, -1,
+                  Algorithm::kDirect, "abort"},
+        DeathCase{"AfterLastSendRing", internal::FaultPoint::kAfterLastSend, -1,
+                  Algorithm::kRing, "abort"},
+        DeathCase{"VotedToNobody", internal::FaultPoint::kVote, 0, Algorithm::kDirect, "abort"},
+        DeathCase{"VotedToOnePeer", internal::FaultPoint::kVote, 1, Algorithm::kDirect,
+                  "either"},
+        DeathCase{"VotedToTwoPeers", internal::FaultPoint::kVote, 2, Algorithm::kRing,
+                  "either"},
+        DeathCase{"AfterVotingDirect", internal::FaultPoint::kAfterVote, -1, Algorithm::kDirect,
+                  "either"},
+        DeathCase{"AfterVotingRing", internal::FaultPoint::kAfterVote, -1, Algorithm::kRing,
+                  "either"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // The communicator's threads are started with it: 100 calls over every exchange path (direct,
 // ring and hierarchical all-gathers, pipelined groups, a tensor streamed in pieces) start none.

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The outcome agreement's cost on the no-failure path (docs/agreement.md): SparseAllReduce time
+# from lbcc_perf --local 4 of this tree against a baseline tree's lbcc_perf (built without the
+# agreement), alternating the two binaries round by round so that both see the same machine
+# load; writes bench/results/agreement.md (median and best time per size, and their ratios).
+#
+#   bench/agreement_overhead.sh --baseline /path/to/main/lbcc_perf [--this bazel-bin/bench/lbcc_perf]
+#       [--rounds 5] [--iters 30] [--sizes "64K 1M 4M"] [--out bench/results/agreement.md]
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+this="$here/../bazel-bin/bench/lbcc_perf" baseline="" rounds=5 sizes="64K 1M 4M" iters=30
+out="$here/results/agreement.md"
+while (($#)); do
+  case "$1" in
+    --baseline) baseline=$2; shift 2 ;;
+    --this) this=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    --iters) iters=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "agreement_overhead: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$baseline" && -x "$this" ]] || {
+  echo "agreement_overhead: --baseline and --this must be lbcc_perf binaries" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# One lbcc_perf run per size: prints "size time_us" (out-of-place time, mean over ranks).
+measure() {
+  local bin=$1 size
+  for size in $sizes; do
+    UCX_MEM_EVENTS=no "$bin" --local 4 --op sparse_allreduce -b "$size" -e "$size" -n "$iters" -w 5 \
+      2>/dev/null | awk '$1 ~ /^[0-9]+$/ {print $1, $6}'
+  done
+}
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+for ((r = 0; r < rounds; r++)); do
+  measure "$baseline" >>"$work/baseline"
+  measure "$this" >>"$work/this"
+done
+
+best() { sort -g | head -1; }
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+{
+  echo "# Outcome agreement: SparseAllReduce cost without failures"
+  echo
+  echo "Written by bench/agreement_overhead.sh on $(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n)"
+  echo "($(nproc) cores, shared with other jobs, load average $load at the start: medians and"
+  echo "bests of $rounds alternating rounds)."
+  echo
+  echo "Command: \`bench/agreement_overhead.sh --baseline $baseline --this $this --rounds $rounds --iters $iters" \
+       "--sizes \"$sizes\"\`; each round runs \`lbcc_perf --local 4 --op sparse_allreduce -b S -e S" \
+       "-n $iters -w 5\` (4 processes over UCX on 127.0.0.1, TopK-EF) per size S, baseline first."
+  echo
+  echo "| size (B) | baseline median (us) | with agreement median (us) | median ratio | baseline best (us) | with agreement best (us) | best ratio |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|"
+  for size_bytes in $(awk '{print $1}' "$work/baseline" | sort -gu); do
+    b=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/baseline" | median)
+    t=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/this" | median)
+    bb=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/baseline" | best)
+    tb=$(awk -v s="$size_bytes" '$1 == s {print $2}' "$work/this" | best)
+    echo "| $size_bytes | $b | $t | $(awk -v b="$b" -v t="$t" 'BEGIN {printf "%.3f", t / b}') |" \
+         "$bb | $tb | $(awk -v b="$bb" -v t="$tb" 'BEGIN {printf "%.3f", t / b}') |"
+  done
+  echo
+  echo "Raw (size, time us), baseline: $(tr '\n' ';' <"$work/baseline")"
+  echo
+  echo "Raw (size, time us), with agreement: $(tr '\n' ';' <"$work/this")"
+} >"$out"
+cat "$out"

@@ -1,0 +1,505 @@
+#include "comm/agreement.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "comm/collectives.h"
+
+namespace lbcc::comm {
+namespace internal {
+namespace {
+
+using transport::Endpoint;
+using transport::Tag;
+
+constexpr uint32_t kMagic = 0x4741424c;  // "LBAG" little-endian
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+// Control tags: an operation's tag base has step 0, so op + 1 and op + 2 are its own; the
+// standing query receive and the goodbye sit at the top of the tag space, where no operation's
+// tags reach (and the control endpoints carry nothing else).
+constexpr Tag kVoteStep = 1;
+constexpr Tag kReplyStep = 2;
+constexpr Tag kQueryTag = ~Tag{0} - 2;
+constexpr Tag kByeTag = ~Tag{0} - 1;
+constexpr size_t kMaxControlBytes = kHeaderBytes + 4 + kMaxReasonBytes;
+// Decisions remembered for peers that ask late; a peer can be at most a few operations behind
+// (it takes part in every exchange), so this is ample.
+constexpr size_t kRemembered = 1024;
+
+bool IsAbortKind(ControlKind kind) {
+  return kind == ControlKind::kVoteAbort || kind == ControlKind::kReplyAborted;
+}
+
+std::atomic<bool> fault_hook_set{false};
+Mutex fault_mu;
+FaultHook* fault_hook ABSL_GUARDED_BY(fault_mu) = nullptr;
+
+}  // namespace
+
+std::string EncodeControl(ControlKind kind, uint64_t op, const absl::Status& reason) {
+  std::string out(kHeaderBytes, '\0');
+  std::memcpy(out.data(), &kMagic, 4);
+  out[4] = static_cast<char>(kVersion);
+  out[5] = static_cast<char>(kind);
+  std::memcpy(out.data() + 8, &op, 8);
+  if (IsAbortKind(kind)) {
+    const uint32_t code = static_cast<uint32_t>(reason.code());
+    out.append(reinterpret_cast<const char*>(&code), 4);
+    const absl::string_view text = reason.message().substr(0, kMaxReasonBytes);
+    out.append(text.data(), text.size());
+  }
+  return out;
+}
+
+absl::Status DecodeControl(absl::string_view bytes, ControlMessage* out) {
+  if (bytes.size() < kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("control message of ", bytes.size(), " bytes"));
+  }
+  uint32_t magic = 0;
+  std::memcpy(&magic, bytes.data(), 4);
+  const uint8_t version = static_cast<uint8_t>(bytes[4]);
+  const uint8_t kind = static_cast<uint8_t>(bytes[5]);
+  if (magic != kMagic || version != kVersion || bytes[6] != 0 || bytes[7] != 0) {
+    return absl::DataLossError("control message: bad magic, version or header");
+  }
+  if (kind < static_cast<uint8_t>(ControlKind::kVoteCommit) ||
+      kind > static_cast<uint8_t>(ControlKind::kReplyUndecided)) {
+    return absl::DataLossError(absl::StrCat("control message: unknown kind ", kind));
+  }
+  out->kind = static_cast<ControlKind>(kind);
+  std::memcpy(&out->op, bytes.data() + 8, 8);
+  out->reason = absl::OkStatus();
+  if (IsAbortKind(out->kind)) {
+    if (bytes.size() < kHeaderBytes + 4 || bytes.size() > kMaxControlBytes) {
+      return absl::DataLossError("control message: bad abort reason");
+    }
+    uint32_t code = 0;
+    std::memcpy(&code, bytes.data() + kHeaderBytes, 4);
+    if (code == 0 || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      code = static_cast<uint32_t>(absl::StatusCode::kUnknown);
+    }
+    out->reason = absl::Status(static_cast<absl::StatusCode>(code),
+                               std::string(bytes.substr(kHeaderBytes + 4)));
+  } else if (bytes.size() != kHeaderBytes) {
+    return absl::DataLossError("control message: trailing bytes");
+  }
+  return absl::OkStatus();
+}
+
+void SetFaultHookForTesting(FaultHook hook) {
+  MutexLock lock(&fault_mu);
+  delete fault_hook;
+  fault_hook = hook ? new FaultHook(std::move(hook)) : nullptr;
+  fault_hook_set.store(fault_hook != nullptr);
+}
+
+int MaybeFault(const Group& group, FaultPoint point) {
+  if (!fault_hook_set.load(std::memory_order_relaxed)) return -1;
+  FaultHook hook;
+  {
+    MutexLock lock(&fault_mu);
+    if (fault_hook == nullptr) return -1;
+    hook = *fault_hook;
+  }
+  return hook(group, point);
+}
+
+// One operation on this rank, as the board remembers it.
+struct Entry {
+  enum Phase { kVoted, kCommitted, kAborted };
+  Phase phase = kVoted;
+  bool frozen = false;  // a peer asked while undecided: only the query round decides now
+  absl::Status reason;  // kAborted: why
+};
+
+// One round of messages to and from every peer (votes, or queries and replies).
+struct VoteAgreement::Round {
+  explicit Round(int nranks) : buffers(nranks), received(nranks), failure(nranks) {}
+  std::string mine;                            // what this rank sends (lives with the round)
+  std::vector<std::string> buffers;            // per global rank
+  std::vector<std::optional<ControlMessage>> received;
+  std::vector<absl::Status> failure;           // per peer: why nothing was received
+  int receives_pending = 0;
+  int sends_pending = 0;
+  int first_abort = -1;      // a peer that voted or answered abort
+  int first_committed = -1;  // a peer that answered committed
+};
+
+struct VoteAgreement::State {
+  int rank = 0;
+  std::vector<Endpoint*> out, in;
+  absl::Duration grace;
+
+  Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  std::unordered_map<uint64_t, Entry> board ABSL_GUARDED_BY(mu);
+  std::deque<uint64_t> order ABSL_GUARDED_BY(mu);  // insertion order, for forgetting
+  std::vector<std::string> query_buffers;         // one standing receive per peer
+  // Until when a peer may still ask about an operation this rank decided: its deadline (a peer
+  // waits that long for a vote) plus the two rounds' grace. Linger() waits no longer.
+  absl::Time askable_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  bool FrozenLocked(uint64_t op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = board.find(op);
+    return it == board.end() || it->second.frozen;
+  }
+  // Records this rank's decision; returns what Decide() returns.
+  absl::Status DecideLocked(uint64_t op, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Entry& entry = board[op];
+    entry.phase = why.ok() ? Entry::kCommitted : Entry::kAborted;
+    entry.reason = why;
+    return why;
+  }
+
+  void RememberLocked(uint64_t op, Entry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    board[op] = std::move(entry);
+    order.push_back(op);
+    while (order.size() > kRemembered) {
+      auto it = board.find(order.front());
+      if (it != board.end() && it->second.phase == Entry::kVoted) break;  // still deciding
+      if (it != board.end()) board.erase(it);
+      order.pop_front();
+    }
+  }
+};
+
+namespace {
+
+using StatePtr = std::shared_ptr<VoteAgreement::State>;
+
+}  // namespace
+
+VoteAgreement::VoteAgreement(int rank, std::vector<Endpoint*> out, std::vector<Endpoint*> in,
+                             absl::Duration grace)
+    : state_(std::make_shared<State>()) {
+  state_->rank = rank;
+  state_->out = std::move(out);
+  state_->in = std::move(in);
+  state_->grace = grace;
+  state_->query_buffers.resize(state_->in.size());
+}
+
+VoteAgreement::~VoteAgreement() { Stop(); }
+
+size_t VoteAgreement::RememberedForTesting() const {
+  MutexLock lock(&state_->mu);
+  return state_->board.size();
+}
+
+namespace {
+
+// Answers a peer's query about `op` (its decision, or Undecided, after which this rank no
+// longer commits on its own), then waits for the next query.
+void PostQueryReceive(const StatePtr& state, int peer);
+
+void Answer(const StatePtr& state, int peer, uint64_t op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  auto it = state->board.find(op);
+  if (it == state->board.end()) {
+    // Not voted yet (or never will): this rank now refuses to vote commit on it.
+    Entry tombstone;
+    tombstone.phase = Entry::kAborted;
+    tombstone.reason = absl::UnavailableError(
+        absl::StrCat("rank ", state->rank, " had not voted when rank ", peer,
+                     " asked; it gave up on the step"));
+    state->RememberLocked(op, tombstone);
+    it = state->board.find(op);
+  }
+  Entry& entry = it->second;
+  ControlKind kind = ControlKind::kReplyUndecided;
+  if (entry.phase == Entry::kVoted) {
+    entry.frozen = true;
+  } else {
+    kind = entry.phase == Entry::kCommitted ? ControlKind::kReplyCommitted
+                                            : ControlKind::kReplyAborted;
+  }
+  auto reply = std::make_shared<std::string>(EncodeControl(kind, op, entry.reason));
+  Endpoint* out = state->out[peer];
+  const Tag tag = op + kReplyStep;
+  out->Send(tag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(reply->data()),
+                                           reply->size()),
+            {transport::Priority::kHigh}, [state, reply, peer, tag](absl::Status) {
+              MutexLock lock(&state->mu);
+              if (!state->stopped) state->out[peer]->ReleaseTags(tag, tag + 1);
+            });
+}
+
+void PostQueryReceive(const StatePtr& state, int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  std::string* buffer = &state->query_buffers[peer];
+  state->in[peer]->Recv(
+      kQueryTag,
+      [buffer](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+        if (size > kMaxControlBytes) return absl::DataLossError("oversized control message");
+        buffer->resize(size);
+        return absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(buffer->data()), size);
+      },
+      [state, peer, buffer](absl::StatusOr<size_t> n) {
+        MutexLock lock(&state->mu);
+        if (state->stopped) return;
+        if (!n.ok() && !absl::IsDataLoss(n.status())) return;  // the link is gone
+        ControlMessage message;
+        if (n.ok() && DecodeControl(*buffer, &message).ok() &&
+            message.kind == ControlKind::kQuery) {
+          Answer(state, peer, message.op);
+        } else {
+          LBCC_LOG(WARN) << "comm: rank " << state->rank << " ignores a malformed query from rank "
+                         << peer;
+        }
+        PostQueryReceive(state, peer);
+      });
+}
+
+}  // namespace
+
+void VoteAgreement::Start() {
+  MutexLock lock(&state_->mu);
+  for (size_t peer = 0; peer < state_->in.size(); ++peer) {
+    if (state_->in[peer] != nullptr) PostQueryReceive(state_, static_cast<int>(peer));
+  }
+}
+
+void VoteAgreement::Stop() {
+  MutexLock lock(&state_->mu);
+  state_->stopped = true;
+}
+
+namespace {
+
+using RoundPtr = std::shared_ptr<VoteAgreement::Round>;
+
+// Sends round->mine to `peers` on `send_tag` and receives one message about operation `op` from
+// each of `from` on `tag`. Completions land in `round` under state->mu.
+void PostRound(const StatePtr& state, const RoundPtr& round, Tag send_tag, Tag tag, uint64_t op,
+               const std::vector<int>& peers, const std::vector<int>& from) {
+  {
+    MutexLock lock(&state->mu);
+    round->sends_pending += static_cast<int>(peers.size());
+    round->receives_pending += static_cast<int>(from.size());
+  }
+  const absl::Span<const uint8_t> mine(reinterpret_cast<const uint8_t*>(round->mine.data()),
+                                       round->mine.size());
+  for (int peer : peers) {
+    state->out[peer]->Send(send_tag, mine, {transport::Priority::kHigh},
+                           // A lost vote or query is the receiver's missing message.
+                           [state, round, peer, send_tag](absl::Status) {
+                             MutexLock lock(&state->mu);
+                             --round->sends_pending;
+                             if (!state->stopped && send_tag != kQueryTag) {
+                               state->out[peer]->ReleaseTags(send_tag, send_tag + 1);
+                             }
+                           });
+  }
+  for (int peer : from) {
+    std::string* buffer = &round->buffers[peer];
+    state->in[peer]->Recv(
+        tag,
+        [buffer](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+          if (size > kMaxControlBytes) return absl::DataLossError("oversized control message");
+          buffer->resize(size);
+          return absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(buffer->data()), size);
+        },
+        [state, round, peer, tag, op, buffer](absl::StatusOr<size_t> n) {
+          MutexLock lock(&state->mu);
+          --round->receives_pending;
+          if (!state->stopped) state->in[peer]->ReleaseTags(tag, tag + 1);
+          ControlMessage message;
+          absl::Status status = n.status();
+          if (status.ok()) status = DecodeControl(*buffer, &message);
+          if (status.ok() && message.op != op) {
+            status = absl::DataLossError("control message for another operation");
+          }
+          if (!status.ok()) {
+            round->failure[peer] = Annotate(status, absl::StrCat("rank ", peer));
+          } else {
+            if (IsAbortKind(message.kind) && round->first_abort < 0) round->first_abort = peer;
+            if (message.kind == ControlKind::kReplyCommitted && round->first_committed < 0) {
+              round->first_committed = peer;
+            }
+            round->received[peer] = std::move(message);
+          }
+              });
+  }
+}
+
+absl::Status AbortedBy(const VoteAgreement::Round& round, int peer) {
+  const absl::Status& reason = round.received[peer]->reason;
+  // A peer that timed out stays a timeout; any other reason is a step this rank lost to a peer.
+  return absl::Status(absl::IsDeadlineExceeded(reason) ? absl::StatusCode::kDeadlineExceeded
+                                                        : absl::StatusCode::kUnavailable,
+                      absl::StrCat("rank ", peer,
+                                             " could not complete the step, aborted on every "
+                                             "surviving rank: ",
+                                             reason.ToString()));
+}
+
+}  // namespace
+
+absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::Status local,
+                                   absl::Time deadline) {
+  if (group.size() <= 1) return local;
+  const StatePtr& state = state_;
+  std::vector<int> peers;
+  for (int r = 0; r < group.size(); ++r) {
+    if (r != group.me) peers.push_back(group.ranks[r]);
+  }
+  // Round 1: the vote.
+  auto votes = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  absl::Status result = local;
+  bool vote_commit = false;
+  {
+    MutexLock lock(&state->mu);
+    if (state->stopped) {
+      return local.ok() ? absl::CancelledError("agreement: the control connections are closed")
+                        : local;
+    }
+    state->askable_until =
+        std::max(state->askable_until, std::max(deadline, absl::Now()) + 2 * state->grace);
+    if (result.ok() && absl::Now() > deadline) {
+      // Late (this rank was frozen or starved): the peers may have given up on its vote already,
+      // and abort is the one vote that agrees with whatever they decided without it.
+      result = absl::DeadlineExceededError(
+          absl::StrCat("rank ", state->rank, " reached its vote after the deadline"));
+    }
+    auto it = state->board.find(op_seq);
+    if (!result.ok() && it == state->board.end()) {
+      Entry entry;
+      entry.phase = Entry::kAborted;
+      entry.reason = result;
+      state->RememberLocked(op_seq, entry);
+    } else if (it != state->board.end()) {
+      // A peer asked before this rank got here: it promised not to vote commit.
+      if (result.ok()) result = it->second.reason;
+    } else {
+      state->RememberLocked(op_seq, Entry());  // voted commit
+      vote_commit = true;
+    }
+  }
+  votes->mine = EncodeControl(vote_commit ? ControlKind::kVoteCommit : ControlKind::kVoteAbort,
+                              op_seq, result);
+  const int reach = MaybeFault(group, FaultPoint::kVote);
+  std::vector<int> voted_to = peers;
+  if (reach >= 0 && reach < static_cast<int>(peers.size())) voted_to.resize(reach);
+  PostRound(state, votes, op_seq + kVoteStep, op_seq + kVoteStep, op_seq, voted_to, peers);
+  if (fault_hook_set.load(std::memory_order_relaxed)) {
+    {
+      MutexLock lock(&state->mu);
+      state->mu.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return votes->sends_pending == 0;
+      });
+    }
+    MaybeFault(group, FaultPoint::kAfterVote);
+  }
+  // An abort vote decides at once: nobody can commit without this rank's commit vote.
+  if (!vote_commit) return result;
+
+  const absl::Time vote_deadline = std::max(deadline, absl::Now() + state->grace);
+  int missing = -1;
+  bool voted_in_time = true;
+  {
+    MutexLock lock(&state->mu);
+    voted_in_time = state->mu.AwaitWithDeadline(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+          return votes->receives_pending == 0 || votes->first_abort >= 0 ||
+                 state->FrozenLocked(op_seq) || state->stopped;
+        },
+        vote_deadline);
+    if (votes->first_abort >= 0) {
+      return state->DecideLocked(op_seq, AbortedBy(*votes, votes->first_abort));
+    }
+    for (int peer : peers) {
+      if (!votes->received[peer].has_value() && missing < 0) missing = peer;
+    }
+    if (missing < 0 && !state->FrozenLocked(op_seq) && !state->stopped) {
+      return state->DecideLocked(op_seq, absl::OkStatus());
+    }
+    if (state->stopped) {
+      return state->DecideLocked(
+          op_seq, absl::CancelledError("agreement: the control connections are closed"));
+    }
+    // A vote is missing (or a peer asked first): from now on this rank commits only if some
+    // rank says it committed.
+    state->board[op_seq].frozen = true;
+  }
+
+  // Round 2: ask every peer.
+  auto queries = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  queries->mine = EncodeControl(ControlKind::kQuery, op_seq, absl::OkStatus());
+  PostRound(state, queries, kQueryTag, op_seq + kReplyStep, op_seq, peers, peers);
+  MutexLock lock(&state->mu);
+  state->mu.AwaitWithDeadline(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return queries->receives_pending == 0 || queries->first_committed >= 0 ||
+               queries->first_abort >= 0 || votes->first_abort >= 0 || state->stopped;
+      },
+      absl::Now() + state->grace);
+  if (queries->first_committed >= 0) return state->DecideLocked(op_seq, absl::OkStatus());
+  if (queries->first_abort >= 0) {
+    return state->DecideLocked(op_seq, AbortedBy(*queries, queries->first_abort));
+  }
+  if (votes->first_abort >= 0) {
+    return state->DecideLocked(op_seq, AbortedBy(*votes, votes->first_abort));
+  }
+  // Nobody reachable committed: abort (docs/agreement.md says why not commit).
+  absl::Status why;
+  if (missing < 0) {
+    why = absl::UnavailableError(
+        "a peer asked before every vote was in and no reachable rank committed");
+  } else if (!votes->failure[missing].ok()) {
+    why = absl::Status(absl::IsDeadlineExceeded(votes->failure[missing])
+                           ? absl::StatusCode::kDeadlineExceeded
+                           : absl::StatusCode::kUnavailable,
+                       absl::StrCat("no vote from ", votes->failure[missing].message(),
+                                    "; no reachable rank committed, so every survivor aborts"));
+  } else {
+    why = absl::DeadlineExceededError(absl::StrCat(
+        "rank ", missing, voted_in_time ? " had not voted when this rank asked" :
+                                          " did not vote before the deadline",
+        "; no reachable rank committed, so every survivor aborts"));
+  }
+  return state->DecideLocked(op_seq, why);
+}
+
+absl::Status VoteAgreement::Linger(absl::Time deadline) {
+  const StatePtr& state = state_;
+  std::vector<int> peers;
+  for (size_t r = 0; r < state->out.size(); ++r) {
+    if (state->out[r] != nullptr && state->in[r] != nullptr) peers.push_back(static_cast<int>(r));
+  }
+  if (peers.empty()) return absl::OkStatus();
+  {
+    // Nobody can still be deciding anything with this rank's help: no need to wait for them.
+    MutexLock lock(&state->mu);
+    deadline = std::min(deadline, state->askable_until);
+    if (deadline <= absl::Now()) return absl::OkStatus();
+  }
+  auto byes = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  byes->mine = EncodeControl(ControlKind::kReplyUndecided, 0, absl::OkStatus());
+  {
+    MutexLock lock(&state->mu);
+    if (state->stopped) return absl::CancelledError("agreement stopped");
+  }
+  PostRound(state, byes, kByeTag, kByeTag, 0, peers, peers);
+  MutexLock lock(&state->mu);
+  if (!state->mu.AwaitWithDeadline(
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+            return (byes->receives_pending == 0 && byes->sends_pending == 0) || state->stopped;
+          },
+          deadline)) {
+    return absl::DeadlineExceededError("agreement: a peer did not say goodbye in time");
+  }
+  for (int peer : peers) {
+    if (!byes->failure[peer].ok()) return byes->failure[peer];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace lbcc::comm
