@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Heterogeneous low-bandwidth pre-training at toy scale: runs, CSVs, plots, summary table.
 
-    hetero.py --preset demo|full|smoke [--runs a,b] [--out DIR] [--no-testbed] [--readme PATH]
+    hetero.py --preset demo|full|smoke|grid [--runs a,b] [--out DIR] [--no-testbed] [--readme PATH]
+
+Run names: ddp | diloco | sparseloco | {hetero,allpipe}_k<D>[_<adaptation>] (boundary k/d = 1/D,
+adaptation project | shift | pgproj, default shift), each optionally suffixed _s<seed>.
 
 Layout "hetero": ranks 0 and 1 are full replicas on a fast island; ranks 2 and 3 are the two
 stages of a pipeline replica, each behind a 100 Mbit/s down-link (tools/testbed network
@@ -13,7 +16,9 @@ topology and paced by LBCC_SLOW_PACE_MBITS). Layout "allpipe": three pipeline re
 import argparse
 import csv
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,20 +41,49 @@ LAYOUTS = {
 }
 SLOW_HOSTS = {"hetero": "2,3", "allpipe": "4,5"}
 
-# name: (layout, method, boundary k (0: uncompressed fp32), what it shows)
-RUNS = {
-    "ddp": ("hetero", "ddp", 0, "dense DDP: fp32 gradient all-reduce every step"),
-    "diloco": ("hetero", "diloco", 0, "DiLoCo: dense fp32 outer sync every H steps"),
-    "sparseloco": ("hetero", "sparseloco", 0, "SparseLoCo, boundary uncompressed"),
-    "hetero_k16": ("hetero", "sparseloco", 8, "SparseLoCo + pipeline boundary k/d=1/16"),
-    "hetero_k32": ("hetero", "sparseloco", 4, "SparseLoCo + pipeline boundary k/d=1/32"),
-    "allpipe_k16": ("allpipe", "sparseloco", 8, "3 pipelines, all boundaries k/d=1/16"),
-    "allpipe_k32": ("allpipe", "sparseloco", 4, "3 pipelines, all boundaries k/d=1/32"),
-}
+ADAPTATIONS = ("project", "shift", "pgproj")
+ADAPT_WHAT = {"project": "E re-projected (T fixed)", "shift": "embedding shift",
+              "pgproj": "embedding shift + pseudo-gradients onto span(U)"}
+BEST_ADAPTATION = "shift"  # the demo's; the grid's verdict is in README.md
+RATIOS = (8, 16, 32, 64)
+SEEDS = (0, 1, 2)
+D_MODEL = 128
+
+
+def spec(name):
+    """(layout, method, boundary k (0: uncompressed), adaptation, seed, configuration, what)."""
+    m = re.fullmatch(r"(ddp|diloco|sparseloco|(hetero|allpipe)_k(\d+)(?:_(project|shift|pgproj))?)"
+                     r"(?:_s(\d+))?", name)
+    if not m:
+        raise ValueError(f"unknown run {name!r} (see hetero.py's doc)")
+    seed = int(m.group(5) or 0)
+    if m.group(2) is None:
+        method = m.group(1)
+        what = {"ddp": "dense DDP: fp32 gradient all-reduce every step",
+                "diloco": "DiLoCo: dense fp32 outer sync every H steps",
+                "sparseloco": "SparseLoCo, boundary uncompressed"}[method]
+        return "hetero", method, 0, None, seed, method, what
+    layout, den = m.group(2), int(m.group(3))
+    if den < 2 or D_MODEL % den:
+        raise ValueError(f"run {name!r}: k/d = 1/{den} needs a divisor of d = {D_MODEL}")
+    adapt = m.group(4) or BEST_ADAPTATION
+    who = "pipeline boundary" if layout == "hetero" else "3 pipelines, all boundaries"
+    return (layout, "sparseloco", D_MODEL // den, adapt, seed, f"{layout}_k{den}_{adapt}",
+            f"SparseLoCo + {who} k/d=1/{den}, {ADAPT_WHAT[adapt]}")
+
+
+GRID = ([f"sparseloco_s{s}" for s in SEEDS] +
+        [f"{lay}_k{den}_{ad}_s{s}" for s in SEEDS for ad in ADAPTATIONS for den in RATIOS
+         for lay in ("hetero", "allpipe")])
+GRID.sort(key=lambda n: spec(n)[4])  # seed-major: a cut-short grid has whole configurations
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
-    "demo": dict(steps=60, inner_steps=15, runs=["ddp", "sparseloco", "hetero_k16"]),
-    "full": dict(steps=300, inner_steps=15, runs=list(RUNS)),
+    "demo": dict(steps=60, inner_steps=15,
+                 runs=["sparseloco", "hetero_k16_project", f"hetero_k16_{BEST_ADAPTATION}"]),
+    "full": dict(steps=300, inner_steps=15,
+                 runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
+                       "allpipe_k32"]),
+    "grid": dict(steps=300, inner_steps=15, runs=GRID),
 }
 
 
@@ -120,7 +154,7 @@ def tee(stream, log):
 
 
 def run_one(name, cfg, net, args, pkg, out):
-    layout, method, k, _ = RUNS[name]
+    layout, method, k, adapt, seed, _, _ = spec(name)
     net.up(layout)
     rundir = os.path.join(out, name)
     shutil.rmtree(rundir, ignore_errors=True)
@@ -144,7 +178,9 @@ def run_one(name, cfg, net, args, pkg, out):
         base_env["LBCC_SLOW_PACE_MBITS"] = str(int(args.rate.rstrip("mbit")))
     argv = [sys.executable, os.path.join(HERE, "worker.py"), "--method", method, "--k", str(k),
             "--steps", str(cfg["steps"]), "--inner-steps", str(cfg["inner_steps"]),
-            "--topology", topo_path, "--outdir", rundir]
+            "--topology", topo_path, "--outdir", rundir, "--seed", str(seed), "--d", str(D_MODEL)]
+    if adapt:
+        argv += ["--adapt", adapt]
     if args.account:
         # Payload accounting assumes the direct exchange: each payload to every shard member.
         argv.append("--account")
@@ -204,6 +240,7 @@ def summarize(name, rundir, n, wall):
         "identical": all(ok for lg in logs for _, ok in lg["identical"]),
         "outer_checks": len(logs[0]["identical"]),
         "payload": {r: lg["payload"] for r, lg in enumerate(logs)},
+        "basis_versions": sorted({lg["basis"][1] for lg in logs}),
         "stage_link": {r: lg.get("stage_link") for r, lg in enumerate(logs) if lg.get("stage_link")},
         "slow_sent_by_rank": {r: lg["final_counters"]["slow_sent"] for r, lg in enumerate(logs)},
         "kinds": {r: (lg["kind"], lg["stage"]) for r, lg in enumerate(logs)},
@@ -211,6 +248,140 @@ def summarize(name, rundir, n, wall):
     with open(os.path.join(rundir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def mean_std(xs):
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def aggregate(results):
+    """Per configuration (the run name without its seed): seeds, held-out loss and slow-link
+    bytes as (mean, sample std)."""
+    groups = {}
+    for name, s in results.items():
+        layout, _, _, adapt, seed, config, what = spec(name)
+        groups.setdefault(config, {"what": what, "layout": layout, "adapt": adapt, "runs": []})
+        groups[config]["runs"].append(s)
+    for config, g in groups.items():
+        g["seeds"] = len(g["runs"])
+        g["loss"] = mean_std([r["eval_loss"] for r in g["runs"]])
+        g["slow"] = mean_std([r["slow_bytes"] for r in g["runs"]])
+        g["identical"] = all(r["identical"] for r in g["runs"])
+        m = re.search(r"_k(\d+)_", config + "_")
+        g["den"] = int(m.group(1)) if m else None
+    return groups
+
+
+def plot_grid(groups, out):
+    """Held-out loss vs slow-link bytes, mean +- std over seeds, one curve per configuration
+    (layout and adaptation, over k/d)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 6))
+    curves = {}
+    for config, g in groups.items():
+        key = "sparseloco (uncompressed)" if g["den"] is None else f"{g['layout']} {g['adapt']}"
+        curves.setdefault(key, []).append(g)
+    styles = {"hetero": "-o", "allpipe": "--s"}
+    for key, gs in sorted(curves.items()):
+        gs.sort(key=lambda g: g["slow"][0])
+        x = [g["slow"][0] / 1e6 for g in gs]
+        y = [g["loss"][0] for g in gs]
+        ax.errorbar(x, y, yerr=[g["loss"][1] for g in gs], xerr=[g["slow"][1] / 1e6 for g in gs],
+                    fmt=styles.get(gs[0]["layout"], "o") if gs[0]["den"] else "k*",
+                    markersize=10 if gs[0]["den"] is None else 5, capsize=3, label=key)
+        for g in gs:
+            if g["den"]:
+                ax.annotate(f"1/{g['den']}", (g["slow"][0] / 1e6, g["loss"][0]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("slow-link bytes (MB, all ranks, sent; mean over seeds)")
+    ax.set_ylabel("held-out loss (mean +- std over seeds)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(out, "loss_vs_bytes.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def grid_table(groups, cfg, net_desc):
+    def fmt(ms, scale=1.0, digits=3):
+        return f"{ms[0] / scale:.{digits}f} +- {ms[1] / scale:.{digits}f}"
+    order = sorted(groups, key=lambda c: (groups[c]["den"] or 0, groups[c]["adapt"] or "",
+                                          groups[c]["layout"]))
+    lines = [f"Grid: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {D_MODEL}, "
+             f"{net_desc}; mean +- sample std over seeds.", "",
+             "| configuration | what | seeds | held-out loss | slow-link MB | replicas identical |",
+             "|---|---|---|---|---|---|"]
+    for c in order:
+        g = groups[c]
+        lines.append(f"| {c} | {g['what']} | {g['seeds']} | {fmt(g['loss'])} "
+                     f"| {fmt(g['slow'], 1e6, 2)} | {'yes' if g['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def verdicts(groups):
+    """The paper's two claims and the cost of compression, stated from the grid's numbers."""
+    out = []
+    base = groups.get("sparseloco")
+    for adapt in ADAPTATIONS:
+        rows, gaps = [], []
+        for den in RATIOS:
+            h, p = groups.get(f"hetero_k{den}_{adapt}"), groups.get(f"allpipe_k{den}_{adapt}")
+            if not (h and p):
+                continue
+            gap = p["loss"][0] - h["loss"][0]
+            spread = h["loss"][1] + p["loss"][1]
+            gaps.append((den, gap, spread))
+            rows.append(f"1/{den}: {h['loss'][0]:.3f} vs {p['loss'][0]:.3f}, gap {gap:+.3f} "
+                        f"(spread {spread:.3f})")
+        if not gaps:
+            continue
+        beats = [g > sp for _, g, sp in gaps]
+        if all(beats):
+            claim1 = "YES: heterogeneous beats compress-all at every ratio by more than the spread"
+        elif any(beats):
+            claim1 = ("PARTLY: heterogeneous beats compress-all by more than the spread only at " +
+                      ", ".join(f"1/{d}" for (d, _, _), b in zip(gaps, beats) if b))
+        else:
+            claim1 = "NO: at no ratio does heterogeneous beat compress-all by more than the spread"
+        g = [x for _, x, _ in gaps]
+        if len(g) > 1 and all(b >= a for a, b in zip(g, g[1:])):
+            claim2 = "the gap grows monotonically as k/d shrinks"
+        elif len(g) > 1 and g[-1] > g[0]:
+            claim2 = "the gap is larger at the smallest k/d than at the largest, not monotonically"
+        else:
+            claim2 = "the gap does NOT grow as k/d shrinks"
+        out.append(f"- **{adapt}** ({ADAPT_WHAT[adapt]}): heterogeneous vs compress-all held-out "
+                   f"loss (gap = compress-all - heterogeneous; spread = sum of the two stds): "
+                   f"{'; '.join(rows)}. Claim 1 (heterogeneous better): {claim1}. "
+                   f"Claim 2 (gap grows with compression): {claim2}.")
+        if base:
+            costs = []
+            for den in (8, 32):
+                for lay in ("hetero", "allpipe"):
+                    c = groups.get(f"{lay}_k{den}_{adapt}")
+                    if c:
+                        costs.append(f"{lay} 1/{den} {c['loss'][0]:.3f} "
+                                     f"({100 * (c['loss'][0] / base['loss'][0] - 1):+.1f} %)")
+            out.append(f"  Cost vs uncompressed SparseLoCo ({base['loss'][0]:.3f} +- "
+                       f"{base['loss'][1]:.3f}): " + ", ".join(costs) + ".")
+    ranked = sorted((groups[c]["loss"][0], groups[c]["adapt"]) for c in groups
+                    if groups[c]["adapt"] and groups[c]["layout"] == "hetero")
+    if ranked:
+        means = {}
+        for loss, adapt in ranked:
+            means.setdefault(adapt, []).append(loss)
+        best = min(means, key=lambda a: sum(means[a]) / len(means[a]))
+        out.append(f"- Best adaptation (mean heterogeneous held-out loss over the ratios): "
+                   f"**{best}** (" + ", ".join(f"{a} {sum(v) / len(v):.3f}"
+                                               for a, v in sorted(means.items())) + ").")
+    return "\n".join(out)
 
 
 def plot(results, out):
@@ -237,7 +408,8 @@ def plot(results, out):
     path = os.path.join(out, "loss.png")
     fig.savefig(path, dpi=90)
     # One plot per run as well.
-    for name in results:
+    plt.close(fig)
+    for name in (results if len(results) <= 12 else []):
         with open(os.path.join(out, name, "metrics.csv")) as f:
             rows = list(csv.DictReader(f))
         fig, (b1, b2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -263,13 +435,13 @@ def table(results, cfg, missing, net_desc):
         if name == "ddp":
             ratio = "1x"
         lines.append(
-            f"| {name} | {RUNS[name][3]} | {s['train_loss']:.3f} | {s['eval_loss']:.3f} "
+            f"| {name} | {spec(name)[6]} | {s['train_loss']:.3f} | {s['eval_loss']:.3f} "
             f"| {s['slow_bytes'] / 1e6:.2f} | {s['dp_slow_bytes'] / 1e6:.2f} "
             f"| {s['fast_bytes'] / 1e6:.2f} | {ratio} "
             f"| {s['train_seconds']:.0f} | {'yes' if s['identical'] else 'NO'} "
             f"({s['outer_checks']} checks) |")
     for name, why in missing.items():
-        lines.append(f"| {name} | {RUNS[name][3]} | not run: {why} | | | | | | | |")
+        lines.append(f"| {name} | {spec(name)[6]} | not run: {why} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -287,7 +459,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=list(PRESETS), default="demo")
-    ap.add_argument("--runs", help="comma-separated subset of " + ",".join(RUNS))
+    ap.add_argument("--runs", help="comma-separated run names (see the doc above)")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "lbcc_hetero"))
     ap.add_argument("--no-testbed", action="store_true")
@@ -295,12 +467,15 @@ def main():
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--account", action="store_true")
     ap.add_argument("--readme", help="README whose results section gets the table")
+    ap.add_argument("--seeds", type=int, help="grid: the first N seeds only")
     args = ap.parse_args()
     cfg = dict(PRESETS[args.preset])
     if args.runs:
         cfg["runs"] = args.runs.split(",")
     if args.steps:
         cfg["steps"] = args.steps
+    if args.seeds:
+        cfg["runs"] = [n for n in cfg["runs"] if spec(n)[4] < args.seeds]
     os.makedirs(args.out, exist_ok=True)
     pkg = package_path(args.out)
     use_tb = False
@@ -312,12 +487,14 @@ def main():
     net = Net(use_tb, args.rate)
     net_desc = (f"tools/testbed namespaces, slow down-links shaped to {args.rate}" if use_tb else
                 f"127.0.0.1 (no testbed): slow links marked in the topology, paced to {args.rate}")
+    for name in cfg["runs"]:
+        spec(name)  # fails early on a bad name
     print(f"== hetero_training: {len(cfg['runs'])} runs, {cfg['steps']} steps each, "
           f"H = {cfg['inner_steps']}; {net_desc}; results in {args.out}", flush=True)
     results, missing = {}, {}
     try:
         for i, name in enumerate(cfg["runs"]):
-            print(f"== [{i + 1}/{len(cfg['runs'])}] {name}: {RUNS[name][3]}", flush=True)
+            print(f"== [{i + 1}/{len(cfg['runs'])}] {name}: {spec(name)[6]}", flush=True)
             s = run_one(name, cfg, net, args, pkg, args.out)
             if s is None:
                 missing[name] = "failed (see logs)"
@@ -328,12 +505,20 @@ def main():
                       f"{s['train_seconds']:.0f} s", flush=True)
     finally:
         net.down()
-    for name in RUNS:
-        if name not in results and name not in missing:
-            missing[name] = f"not in preset {args.preset}"
-    text = table(results, cfg, missing, net_desc)
-    if results:
-        text += f"\n\nPlot: `{os.path.relpath(plot(results, args.out), args.out)}` in the output directory."
+    if args.preset == "grid":
+        groups = aggregate(results)
+        text = grid_table(groups, cfg, net_desc)
+        if missing:
+            text += "\n\nNot finished: " + ", ".join(f"{n} ({w})" for n, w in missing.items())
+        if groups:
+            text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out))}` (held-out loss "
+                     f"vs slow-link bytes, mean +- std over seeds, one curve per configuration).")
+            text += "\n\n" + verdicts(groups)
+    else:
+        text = table(results, cfg, missing, net_desc)
+        if results:
+            text += (f"\n\nPlot: `{os.path.relpath(plot(results, args.out), args.out)}` in the "
+                     f"output directory.")
     if "ddp" in results and "sparseloco" in results and results["sparseloco"]["slow_bytes"]:
         d, sp = results["ddp"], results["sparseloco"]
         text += (f"\n\nSparseLoCo vs dense DDP slow-link bytes: "
@@ -343,7 +528,7 @@ def main():
                  f"synchronisation alone (stage-link bytes measured and subtracted).")
     for kk in ("k16", "k32"):
         h, p = results.get(f"hetero_{kk}"), results.get(f"allpipe_{kk}")
-        if h and p:
+        if h and p and args.preset != "grid":
             verdict = "no worse" if h["eval_loss"] <= p["eval_loss"] + 1e-3 else "WORSE"
             text += (f"\nHeterogeneous vs all-compressed at {kk}: held-out loss {h['eval_loss']:.3f} "
                      f"vs {p['eval_loss']:.3f} ({verdict}).")
