@@ -75,7 +75,10 @@ def spec(name):
 GRID = ([f"sparseloco_s{s}" for s in SEEDS] +
         [f"{lay}_k{den}_{ad}_s{s}" for s in SEEDS for ad in ADAPTATIONS for den in RATIOS
          for lay in ("hetero", "allpipe")])
-GRID.sort(key=lambda n: spec(n)[4])  # seed-major: a cut-short grid has whole configurations
+# Seed-major (a cut-short grid has whole configurations), then by layout (the testbed is set up
+# once per layout change).
+GRID.sort(key=lambda n: (spec(n)[4], spec(n)[0] != "hetero"))
+MODEL = dict(d=128, layers=4, seq=64)  # every preset's model unless it says otherwise
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
     "demo": dict(steps=60, inner_steps=15,
@@ -83,7 +86,8 @@ PRESETS = {
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
-    "grid": dict(steps=300, inner_steps=15, runs=GRID),
+    # Sized to this machine's budget (2 shared cores; see README.md "Grid").
+    "grid": dict(steps=200, inner_steps=10, d=64, layers=2, seq=32, runs=GRID),
 }
 
 
@@ -153,18 +157,14 @@ def tee(stream, log):
         log.flush()
 
 
-def run_one(name, cfg, net, args, pkg, out):
-    layout, method, k, adapt, seed, _, _ = spec(name)
+def run_group(names, cfg, net, args, pkg, out):
+    """Runs `names` (one layout) one after the other in one set of rank processes (worker.py
+    --runs-file: torch and LBCC load once per group); returns {name: summary or None (failed)}."""
+    layout = spec(names[0])[0]
     net.up(layout)
-    rundir = os.path.join(out, name)
-    shutil.rmtree(rundir, ignore_errors=True)
-    os.makedirs(rundir)
     topo = dict(LAYOUTS[layout])
-    topo_path = os.path.join(rundir, "topology.json")
-    with open(topo_path, "w") as f:
-        json.dump(topo, f)
     n = topo["nranks"]
-    port = 20000 + (os.getpid() * 7 + len(name) * 131) % 20000
+    port = 20000 + (os.getpid() * 7 + len(names[0]) * 131) % 20000
     base_env = {
         "PYTHONPATH": pkg, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "PYTHONDONTWRITEBYTECODE": "1", "UCX_MEM_EVENTS": "no", "UCX_TLS": "tcp",
@@ -176,27 +176,47 @@ def run_one(name, cfg, net, args, pkg, out):
     else:
         base_env["UCX_NET_DEVICES"] = "lo"
         base_env["LBCC_SLOW_PACE_MBITS"] = str(int(args.rate.rstrip("mbit")))
-    argv = [sys.executable, os.path.join(HERE, "worker.py"), "--method", method, "--k", str(k),
-            "--steps", str(cfg["steps"]), "--inner-steps", str(cfg["inner_steps"]),
-            "--topology", topo_path, "--outdir", rundir, "--seed", str(seed), "--d", str(D_MODEL)]
-    if adapt:
-        argv += ["--adapt", adapt]
     if args.account:
         # Payload accounting assumes the direct exchange: each payload to every shard member.
-        argv.append("--account")
         base_env["LBCC_ALGO"] = "allgatherv=direct"
+    batch = []
+    for i, name in enumerate(names):
+        _, method, k, adapt, seed, _, _ = spec(name)
+        rundir = os.path.join(out, name)
+        shutil.rmtree(rundir, ignore_errors=True)
+        os.makedirs(rundir)
+        topo_path = os.path.join(rundir, "topology.json")
+        with open(topo_path, "w") as f:
+            json.dump(topo, f)
+        argv = ["--method", method, "--k", str(k), "--steps", str(cfg["steps"]),
+                "--inner-steps", str(cfg["inner_steps"]), "--topology", topo_path,
+                "--outdir", rundir, "--seed", str(seed), "--d", str(D_MODEL),
+                "--layers", str(cfg["layers"]), "--seq", str(cfg["seq"]),
+                "--bootstrap-port", str(port + 1 + i)]
+        if adapt:
+            argv += ["--adapt", adapt]
+        if args.account:
+            argv.append("--account")
+        batch.append(argv)
+    logdir = os.path.join(out, f"{names[0]}.ranks")
+    shutil.rmtree(logdir, ignore_errors=True)
+    os.makedirs(logdir)
+    batch_path = os.path.join(logdir, "batch.json")
+    with open(batch_path, "w") as f:
+        json.dump(batch, f)
+    argv = [sys.executable, os.path.join(HERE, "worker.py"), "--runs-file", batch_path]
     procs = []
     t0 = time.time()
     for r in range(n):
         env = dict(base_env, RANK=str(r), LBCC_LISTEN_ADDR=net.addr(r))
-        log = open(os.path.join(rundir, f"rank{r}.log"), "w")
+        log = open(os.path.join(logdir, f"rank{r}.log"), "w")
         p = subprocess.Popen(net.command(r, env, argv), stderr=subprocess.STDOUT,
                              stdout=subprocess.PIPE if r == 0 else log, text=r == 0)
         if r == 0:  # Progress lines: live on the terminal and in the log.
             threading.Thread(target=tee, args=(p.stdout, log), daemon=True).start()
         procs.append(p)
     failed = False
-    deadline = t0 + args.timeout + 60
+    deadline = t0 + (args.timeout + 60) * len(names)
     for r, p in enumerate(procs):
         try:
             rc = p.wait(timeout=max(1.0, deadline - time.time()))
@@ -205,14 +225,18 @@ def run_one(name, cfg, net, args, pkg, out):
             rc = "timeout"
         if rc != 0:
             failed = True
-            print(f"  {name}: rank {r} exit {rc}; see {rundir}/rank{r}.log", flush=True)
+            print(f"  {names[0]}..: rank {r} exit {rc}; see {logdir}/rank{r}.log", flush=True)
     if failed:
         for r in range(n):
-            with open(os.path.join(rundir, f"rank{r}.log")) as f:
+            with open(os.path.join(logdir, f"rank{r}.log")) as f:
                 tail = f.read()[-1500:]
-            print(f"---- {name} rank {r} log tail\n{tail}", file=sys.stderr)
-        return None
-    return summarize(name, rundir, n, time.time() - t0)
+            print(f"---- {names[0]}.. rank {r} log tail\n{tail}", file=sys.stderr)
+    results = {}
+    for name in names:
+        rundir = os.path.join(out, name)
+        done = all(os.path.exists(os.path.join(rundir, f"rank{r}.json")) for r in range(n))
+        results[name] = summarize(name, rundir, n, None) if done else None
+    return results
 
 
 def summarize(name, rundir, n, wall):
@@ -236,7 +260,8 @@ def summarize(name, rundir, n, wall):
         "fast_bytes": rows[-1][2], "slow_bytes": rows[-1][3],
         "dp_slow_bytes": sum(lg["final_counters"]["dp_slow_sent"] for lg in logs),
         "stage_bytes": sum(lg["final_counters"]["stage_sent"] for lg in logs),
-        "train_seconds": max(lg["train_seconds"] for lg in logs), "wall_seconds": wall,
+        "train_seconds": max(lg["train_seconds"] for lg in logs),
+        "wall_seconds": wall if wall is not None else max(lg["run_seconds"] for lg in logs),
         "identical": all(ok for lg in logs for _, ok in lg["identical"]),
         "outer_checks": len(logs[0]["identical"]),
         "payload": {r: lg["payload"] for r, lg in enumerate(logs)},
@@ -315,6 +340,7 @@ def grid_table(groups, cfg, net_desc):
     order = sorted(groups, key=lambda c: (groups[c]["den"] or 0, groups[c]["adapt"] or "",
                                           groups[c]["layout"]))
     lines = [f"Grid: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {D_MODEL}, "
+             f"{cfg['layers']} layers, context {cfg['seq']}, "
              f"{net_desc}; mean +- sample std over seeds.", "",
              "| configuration | what | seeds | held-out loss | slow-link MB | replicas identical |",
              "|---|---|---|---|---|---|"]
@@ -424,7 +450,8 @@ def plot(results, out):
 
 
 def table(results, cfg, missing, net_desc):
-    lines = [f"Preset: {cfg['steps']} steps, H = {cfg['inner_steps']}, {net_desc}.", "",
+    lines = [f"Preset: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {cfg['d']}, "
+             f"{cfg['layers']} layers, context {cfg['seq']}, {net_desc}.", "",
              "| run | what | final train loss | held-out loss | slow-link MB | of which data-parallel MB "
              "| fast-link MB | data-parallel slow vs ddp | train s | replicas identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -468,8 +495,18 @@ def main():
     ap.add_argument("--account", action="store_true")
     ap.add_argument("--readme", help="README whose results section gets the table")
     ap.add_argument("--seeds", type=int, help="grid: the first N seeds only")
+    ap.add_argument("--results", help="grid: also copy results.md, grid_summary.json and the "
+                                      "plot into this folder (e.g. examples/hetero_training/results)")
+    ap.add_argument("--d", type=int, help="model dimension (default: the preset's)")
+    ap.add_argument("--layers", type=int, help="transformer blocks, split evenly over 2 stages")
+    ap.add_argument("--seq", type=int, help="context length")
     args = ap.parse_args()
-    cfg = dict(PRESETS[args.preset])
+    global D_MODEL
+    cfg = dict(MODEL, **PRESETS[args.preset])
+    for key in ("d", "layers", "seq"):
+        if getattr(args, key):
+            cfg[key] = getattr(args, key)
+    D_MODEL = cfg["d"]
     if args.runs:
         cfg["runs"] = args.runs.split(",")
     if args.steps:
@@ -492,17 +529,26 @@ def main():
     print(f"== hetero_training: {len(cfg['runs'])} runs, {cfg['steps']} steps each, "
           f"H = {cfg['inner_steps']}; {net_desc}; results in {args.out}", flush=True)
     results, missing = {}, {}
+    groups = []  # consecutive runs of one layout share their rank processes
+    for name in cfg["runs"]:
+        if groups and spec(groups[-1][0])[0] == spec(name)[0]:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    done = 0
     try:
-        for i, name in enumerate(cfg["runs"]):
-            print(f"== [{i + 1}/{len(cfg['runs'])}] {name}: {spec(name)[6]}", flush=True)
-            s = run_one(name, cfg, net, args, pkg, args.out)
-            if s is None:
-                missing[name] = "failed (see logs)"
-            else:
+        for names in groups:
+            print(f"== [{done + 1}-{done + len(names)}/{len(cfg['runs'])}] " +
+                  ", ".join(names), flush=True)
+            for name, s in run_group(names, cfg, net, args, pkg, args.out).items():
+                if s is None:
+                    missing[name] = "failed (see logs)"
+                    continue
                 results[name] = s
                 print(f"   {name}: loss {s['first_loss']:.3f} -> {s['train_loss']:.3f}, "
                       f"held-out {s['eval_loss']:.3f}, slow {s['slow_bytes'] / 1e6:.2f} MB, "
                       f"{s['train_seconds']:.0f} s", flush=True)
+            done += len(names)
     finally:
         net.down()
     if args.preset == "grid":
@@ -536,6 +582,24 @@ def main():
         f.write(text + "\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"config": cfg, "results": results, "missing": missing}, f, indent=1)
+    if args.preset == "grid":
+        slim = {"config": {k: v for k, v in cfg.items() if k != "runs"}, "net": net_desc,
+                "configurations": {c: {k: g[k] for k in ("what", "seeds", "loss", "slow",
+                                                        "identical")}
+                                   for c, g in aggregate(results).items()},
+                "runs": {n: {k: r[k] for k in ("eval_loss", "train_loss", "slow_bytes",
+                                               "dp_slow_bytes", "stage_bytes", "identical",
+                                               "basis_versions", "train_seconds",
+                                               "wall_seconds")}
+                         for n, r in results.items()},
+                "missing": missing}
+        with open(os.path.join(args.out, "grid_summary.json"), "w") as f:
+            json.dump(slim, f, indent=1)
+        if args.results:
+            os.makedirs(args.results, exist_ok=True)
+            for name in ("results.md", "grid_summary.json", "loss_vs_bytes.png"):
+                if os.path.exists(os.path.join(args.out, name)):
+                    shutil.copy(os.path.join(args.out, name), args.results)
     print("\n" + text)
     if args.readme:
         write_readme(args.readme, text)

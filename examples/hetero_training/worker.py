@@ -79,7 +79,8 @@ class DiLoCo:
             g["outer"].copy_(flat(g["params"]))
 
 
-def main():
+def parser():
+    """The one argument parser of a run (hetero.py builds the argument lists)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", choices=["ddp", "diloco", "sparseloco"], required=True)
     ap.add_argument("--k", type=int, default=0, help="boundary rank of compressed pipelines; 0: none")
@@ -99,7 +100,29 @@ def main():
     ap.add_argument("--outdir", required=True)
     ap.add_argument("--account", action="store_true", help="payload accounting (smoke test)")
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("LBCC_TIMEOUT_S", 300)))
-    a = ap.parse_args()
+    ap.add_argument("--bootstrap-port", type=int,
+                    help="run on LBCC_BOOTSTRAP_ADDR's host at this port (batch runs)")
+    return ap
+
+
+def main():
+    batch = argparse.ArgumentParser(add_help=False)
+    batch.add_argument("--runs-file", help="a JSON file: a list of argument lists, one run each, "
+                                           "run in this process one after the other")
+    b, rest = batch.parse_known_args()
+    if b.runs_file:  # torch and LBCC load once for all of them
+        with open(b.runs_file) as f:
+            runs = json.load(f)
+        for argv in runs:
+            run(parser().parse_args(argv))
+    else:
+        run(parser().parse_args(rest))
+
+
+def run(a):
+    if a.bootstrap_port:
+        host = os.environ["LBCC_BOOTSTRAP_ADDR"].rsplit(":", 1)[0]
+        os.environ["LBCC_BOOTSTRAP_ADDR"] = f"{host}:{a.bootstrap_port}"
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
 
@@ -337,9 +360,12 @@ def main():
             return sum(losses) / len(losses) if losses else None
         log["eval_loss"] = excluding(evaluate)
     log["setup_seconds"] = t_train - t_start
+    log["run_seconds"] = time.time() - t_start
     with open(os.path.join(a.outdir, f"rank{rank}.json"), "w") as f:
         json.dump(log, f)
     excluding(comm.barrier)
+    for c in list(shards.values()) + ([pair] if pair is not None else []):
+        c.close()
     comm.close()
 
 
