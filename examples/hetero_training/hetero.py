@@ -295,6 +295,7 @@ def aggregate(results):
         layout, _, _, adapt, seed, config, what = spec(name)
         groups.setdefault(config, {"what": what, "layout": layout, "adapt": adapt, "runs": []})
         groups[config]["runs"].append(s)
+        groups[config].setdefault("by_seed", {})[seed] = s["eval_loss"]
     for config, g in groups.items():
         g["seeds"] = len(g["runs"])
         g["loss"] = mean_std([r["eval_loss"] for r in g["runs"]])
@@ -369,14 +370,19 @@ def verdicts(groups):
                 continue
             gap = p["loss"][0] - h["loss"][0]
             spread = h["loss"][1] + p["loss"][1]
-            gaps.append((den, gap, spread, min(h["seeds"], p["seeds"])))
+            both = sorted(set(h["by_seed"]) & set(p["by_seed"]))
+            paired = mean_std([p["by_seed"][x] - h["by_seed"][x] for x in both]) if both else (0, 0)
+            wins = sum(p["by_seed"][x] > h["by_seed"][x] for x in both)
+            gaps.append((den, gap, spread, min(h["seeds"], p["seeds"]), paired, wins, len(both)))
             rows.append(f"1/{den}: {h['loss'][0]:.3f} vs {p['loss'][0]:.3f}, gap {gap:+.3f} "
-                        f"(spread {spread:.3f}, {min(h['seeds'], p['seeds'])} seeds)")
+                        f"(spread {spread:.3f}; per-seed gap {paired[0]:+.3f} +- {paired[1]:.3f}, "
+                        f"heterogeneous better in {wins} of {len(both)} seeds)")
         if not gaps:
             continue
-        ratios = ", ".join(f"1/{d}" for d, _, _, _ in gaps)
-        beats = [g > sp for _, g, sp, _ in gaps]
-        few = " (one seed: no spread to compare with)" if min(n for *_, n in gaps) < 2 else ""
+        ratios = ", ".join(f"1/{d}" for d, *_ in gaps)
+        beats = [g > sp for _, g, sp, *_ in gaps]
+        paired_beats = [pm > ps for *_, (pm, ps), _, _ in gaps]
+        few = " (one seed: no spread to compare with)" if min(x[3] for x in gaps) < 2 else ""
         if few:
             claim1 = f"cannot tell{few}"
         elif all(beats):
@@ -384,11 +390,17 @@ def verdicts(groups):
                       f"the spread")
         elif any(beats):
             claim1 = ("PARTLY: heterogeneous is better by more than the spread only at " +
-                      ", ".join(f"1/{d}" for (d, _, _, _), b in zip(gaps, beats) if b) +
+                      ", ".join(f"1/{x[0]}" for x, b in zip(gaps, beats) if b) +
                       f" of {ratios}")
         else:
             claim1 = f"NO: at none of {ratios} is heterogeneous better by more than the spread"
-        g = [x for _, x, _, _ in gaps]
+        if not few:
+            n_pb = sum(paired_beats)
+            claim1 += (f"; paired by seed (same data, init and basis), the mean gap exceeds the "
+                       f"per-seed gaps' std at {n_pb} of {len(gaps)} ratios" +
+                       (" (" + ", ".join(f"1/{x[0]}" for x, b in zip(gaps, paired_beats) if b) +
+                        ")" if 0 < n_pb < len(gaps) else ""))
+        g = [x[1] for x in gaps]
         if len(g) < 2:
             claim2 = "cannot tell from one ratio"
         elif all(b >= a for a, b in zip(g, g[1:])):
@@ -409,8 +421,11 @@ def verdicts(groups):
                 for lay in ("hetero", "allpipe"):
                     c = groups.get(f"{lay}_k{den}_{adapt}")
                     if c:
+                        within = (abs(c["loss"][0] - base["loss"][0]) <=
+                                  c["loss"][1] + base["loss"][1])
                         costs.append(f"{lay} 1/{den} {c['loss'][0]:.3f} "
-                                     f"({100 * (c['loss'][0] / base['loss'][0] - 1):+.1f} %)")
+                                     f"({100 * (c['loss'][0] / base['loss'][0] - 1):+.1f} %, "
+                                     f"{'within' if within else 'beyond'} the spread)")
             if costs:
                 out.append(f"  Cost vs uncompressed SparseLoCo ({base['loss'][0]:.3f} +- "
                            f"{base['loss'][1]:.3f}, {base['slow'][0] / 1e6:.2f} MB slow-link): " +
