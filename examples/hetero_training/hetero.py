@@ -468,11 +468,16 @@ def verdicts(groups):
         means = {ad: [groups[f"{lay}_k{den}_{ad}"]["loss"] for den in common
                       for lay in ("hetero", "allpipe")] for ad in ADAPTATIONS}
         avg = {ad: sum(m for m, _ in v) / len(v) for ad, v in means.items()}
-        best = min(avg, key=avg.get)
+        order = sorted(avg, key=avg.get)
+        spread = {ad: sum(sd for _, sd in v) / len(v) for ad, v in means.items()}
+        margin = avg[order[1]] - avg[order[0]]
+        noise = spread[order[0]] + spread[order[1]]
         out.append(f"- Adaptations (mean held-out loss over both layouts at " +
                    ", ".join(f"1/{d}" for d in common) + "): " +
                    ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ADAPTATIONS) +
-                   f"; best: **{best}**.")
+                   f"; lowest: **{order[0]}**, {margin:.3f} below {order[1]} "
+                   f"({'more' if margin > noise else 'less'} than their mean seed stds summed, "
+                   f"{noise:.3f}).")
     out.append("- Slow-link bytes are the same for heterogeneous and compress-all at a ratio: "
                "the compress-all layout's other two pipelines sit on the fast island, so "
                "compressing them saves only fast-link bytes; the comparison is the loss at equal "
