@@ -186,6 +186,28 @@ absl::Status ProjectWeight(const SubspaceBasis& basis, const TensorView& weight,
   return absl::OkStatus();
 }
 
+absl::Status ProjectPseudoGradient(const SubspaceBasis& basis, const TensorView& outer,
+                                   const TensorView& local, ModelDimSide side,
+                                   SubspaceArithmetic arithmetic) {
+  LBCC_RETURN_IF_ERROR(RequireSingle(basis, "pseudo-gradient projection"));
+  LBCC_RETURN_IF_ERROR(CheckMatrix(outer, "outer"));
+  LBCC_RETURN_IF_ERROR(CheckMatrix(local, "local"));
+  if (outer.dim(0) != local.dim(0) || outer.dim(1) != local.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("outer is ", outer.DebugString(), ", local is ",
+                                                   local.DebugString(), ": shapes differ"));
+  }
+  const int64_t n = local.num_elements();
+  const float* s = outer.data_as<float>();
+  float* w = local.data_as<float>();
+  std::vector<float> delta(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) delta[i] = s[i] - w[i];
+  LBCC_ASSIGN_OR_RETURN(const TensorView delta_view,
+                        TensorView::Host(delta.data(), {local.dim(0), local.dim(1)}));
+  LBCC_RETURN_IF_ERROR(ProjectWeight(basis, delta_view, side, arithmetic));
+  for (int64_t i = 0; i < n; ++i) w[i] = s[i] - delta[i];
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const SubspaceBasis>> ShiftEmbedding(const SubspaceBasis& basis,
                                                                     const TensorView& embedding,
                                                                     SubspaceArithmetic arithmetic) {

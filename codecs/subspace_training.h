@@ -5,6 +5,9 @@
 //   ShiftEmbedding         T <- T + (E - E U U^T), E <- E U U^T: moves the out-of-subspace part of
 //                          a dense embedding into the fixed table (h0 = T[y] + E[y] is unchanged up
 //                          to rounding) and returns the basis with the new table and version + 1.
+//   ProjectPseudoGradient  W <- S - U U^T (S - W): projects a replica's pseudo-gradient S - W
+//                          (S the outer copy) onto span(U) before it is compressed, so top-k
+//                          spends its budget only on what the outer step keeps.
 //   MeasureSubspaceEnergy  how much of a batch's h - T[y] lies outside the subspace.
 //   FitSubspaceBasis       a basis (or a mixture of subspaces) fitted to samples of h - T[y]:
 //                          principal subspace for M = 1, K-subspaces over token blocks for M > 1.
@@ -51,6 +54,15 @@ absl::Status ProjectWeight(const SubspaceBasis& basis, const TensorView& weight,
 absl::StatusOr<std::shared_ptr<const SubspaceBasis>> ShiftEmbedding(const SubspaceBasis& basis,
                                                                     const TensorView& embedding,
                                                                     SubspaceArithmetic arithmetic);
+
+// In place: local <- outer - P(outer - local), P = U U^T on the `side` dimension, i.e. the
+// pseudo-gradient outer - local projected onto span(U) (docs/subspace_adaptations.md). `outer`
+// and `local` are host f32 matrices of one shape; when `outer` already lies in span(U) this
+// equals ProjectWeight(local). InvalidArgument for bad or mismatched views; FailedPrecondition
+// for a mixture basis. kPortable gives identical bits on every x86-64 machine.
+absl::Status ProjectPseudoGradient(const SubspaceBasis& basis, const TensorView& outer,
+                                   const TensorView& local, ModelDimSide side,
+                                   SubspaceArithmetic arithmetic);
 
 // Out-of-subspace energy of activations `h` (host f32 [tokens, d]) with ids `ids` (as
 // SubspaceCodec::EncodeForward; a mixture basis chooses components per `mixture_block` tokens).

@@ -1,7 +1,9 @@
 #include "codecs/subspace_training.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "base/status_matchers.h"
@@ -177,6 +179,103 @@ TEST(ShiftEmbeddingTest, PortableShiftIsReproducible) {
   EXPECT_EQ(e1, e2);
   // Pinned: the portable shift's bits are the same on every machine and build.
   EXPECT_EQ(a->id().ToString(), "1d926e95a597b22b/v5");
+}
+
+TEST(ShiftEmbeddingTest, EveryRankComputesTheSameNextBasisOverSeveralShifts) {
+  // Four "ranks" (threads) hold bit-identical embeddings and apply the same synced updates; each
+  // shifts on its own (no basis traffic). Every shift bumps the version by one and every rank
+  // ends with the same basis id, table and embedding bits.
+  const int64_t d = 48, k = 6, v = 30, shifts = 3, ranks = 4;
+  auto basis = MakeBasis(d, k, 1, v, true);
+  std::vector<float> start(v * d);
+  for (int64_t i = 0; i < v * d; ++i) {
+    start[i] = static_cast<float>(subspace_internal::Gaussian(11, 0, static_cast<uint64_t>(i)));
+  }
+  std::vector<std::vector<float>> embeddings(ranks, start);
+  std::vector<std::shared_ptr<const SubspaceBasis>> result(ranks);
+  std::vector<absl::Status> status(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      std::shared_ptr<const SubspaceBasis> b = basis;
+      for (int64_t s = 0; s < shifts; ++s) {
+        std::vector<float>& e = embeddings[r];
+        for (int64_t i = 0; i < v * d; ++i) {  // the "outer step": the same update everywhere
+          e[i] += 0.1f * static_cast<float>(subspace_internal::Gaussian(
+                             12, static_cast<uint64_t>(s), static_cast<uint64_t>(i)));
+        }
+        auto view = TensorView::Host(e.data(), {v, d});
+        if (!view.ok()) {
+          status[r] = view.status();
+          return;
+        }
+        auto next = ShiftEmbedding(*b, *view, SubspaceArithmetic::kPortable);
+        if (!next.ok()) {
+          status[r] = next.status();
+          return;
+        }
+        b = *next;
+      }
+      result[r] = b;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    ASSERT_THAT(status[r], IsOk());
+    EXPECT_EQ(result[r]->id().version, basis->id().version + shifts);
+    EXPECT_EQ(result[r]->id(), result[0]->id());
+    EXPECT_EQ(embeddings[r], embeddings[0]);
+    EXPECT_TRUE(std::equal(result[r]->table().begin(), result[r]->table().end(),
+                           result[0]->table().begin()));
+  }
+  // Every row of E is left in span(U): projecting again changes nothing (up to rounding).
+  std::vector<float> again = embeddings[0];
+  ASSERT_THAT(ProjectWeight(*basis, View(again, v, d), ModelDimSide::kColumns,
+                            SubspaceArithmetic::kPortable),
+              IsOk());
+  for (int64_t i = 0; i < v * d; ++i) ASSERT_NEAR(again[i], embeddings[0][i], 1e-5);
+}
+
+TEST(ProjectPseudoGradientTest, KeepsTheInSubspacePartOfTheDelta) {
+  const int64_t d = 24, k = 5, n = 70;
+  auto basis = MakeBasis(d, k, 1, 0, false);
+  for (auto arithmetic : {SubspaceArithmetic::kBlas, SubspaceArithmetic::kPortable}) {
+    std::vector<float> outer = Gaussian(n * d, 21);  // [n x d], not in span(U)
+    std::vector<float> local = Gaussian(n * d, 22);
+    std::vector<float> delta(n * d);
+    for (int64_t i = 0; i < n * d; ++i) delta[i] = outer[i] - local[i];
+    const std::vector<double> kept = ProjectRowsReference(*basis, delta, n);
+    ASSERT_THAT(ProjectPseudoGradient(*basis, View(outer, n, d), View(local, n, d),
+                                      ModelDimSide::kColumns, arithmetic),
+                IsOk());
+    for (int64_t i = 0; i < n * d; ++i) {
+      ASSERT_NEAR(outer[i] - local[i], kept[i], 1e-5) << i;
+    }
+    // Rows orientation: the transposed problem gives the transposed answer.
+    std::vector<float> outer_t = Transpose(Gaussian(n * d, 21), n, d);
+    std::vector<float> local_t = Transpose(Gaussian(n * d, 22), n, d);
+    ASSERT_THAT(ProjectPseudoGradient(*basis, View(outer_t, d, n), View(local_t, d, n),
+                                      ModelDimSide::kRows, arithmetic),
+                IsOk());
+    const std::vector<float> back = Transpose(local_t, d, n);
+    for (int64_t i = 0; i < n * d; ++i) ASSERT_NEAR(back[i], local[i], 1e-5) << i;
+  }
+}
+
+TEST(ProjectPseudoGradientTest, Rejections) {
+  auto basis = MakeBasis(16, 4, 1, 0, false);
+  std::vector<float> outer(16 * 5, 2.0f), local(16 * 5, 1.0f), small(16 * 4, 1.0f);
+  EXPECT_THAT(ProjectPseudoGradient(*basis, View(outer, 5, 16), View(small, 4, 16),
+                                    ModelDimSide::kColumns, SubspaceArithmetic::kPortable),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shapes differ")));
+  EXPECT_THAT(ProjectPseudoGradient(*basis, View(outer, 16, 5), View(local, 16, 5),
+                                    ModelDimSide::kColumns, SubspaceArithmetic::kPortable),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("columns must be d")));
+  auto mixture = MakeBasis(16, 4, 2, 0, false);
+  EXPECT_THAT(ProjectPseudoGradient(*mixture, View(outer, 16, 5), View(local, 16, 5),
+                                    ModelDimSide::kRows, SubspaceArithmetic::kPortable),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("single basis")));
+  for (float x : local) ASSERT_EQ(x, 1.0f);
 }
 
 TEST(ShiftEmbeddingTest, Rejections) {

@@ -340,6 +340,26 @@ void BindSubspace(py::module_& m) {
       "W <- U U^T W in place on the model-dim side (rows: W is [d, n]; columns: W is [n, d]).");
 
   m.def(
+      "project_pseudo_gradient",
+      [](const PyBasis& basis, py::handle outer, py::handle local, const std::string& side,
+         const std::string& arithmetic) {
+        TensorView o = ToF32View(outer, "outer");
+        TensorView w = ToF32View(local, "local", Access::kWrite);
+        const codecs::ModelDimSide s = ParseSide(side);
+        const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
+        absl::Status status;
+        {
+          py::gil_scoped_release release;
+          status = codecs::ProjectPseudoGradient(*basis.basis, o, w, s, a);
+        }
+        ThrowIfError(status);
+      },
+      py::arg("basis"), py::arg("outer"), py::arg("local"), py::arg("side"),
+      py::arg("arithmetic") = "portable",
+      "local <- outer - U U^T (outer - local) in place: the pseudo-gradient projected onto "
+      "span(U) on the model-dim side.");
+
+  m.def(
       "shift_embedding",
       [](const PyBasis& basis, py::handle embedding, const std::string& arithmetic) {
         TensorView e = ToF32View(embedding, "embedding", Access::kWrite);

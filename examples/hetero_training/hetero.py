@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Heterogeneous low-bandwidth pre-training at toy scale: runs, CSVs, plots, summary table.
 
-    hetero.py --preset demo|full|smoke [--runs a,b] [--out DIR] [--no-testbed] [--readme PATH]
+    hetero.py --preset demo|full|smoke|grid [--runs a,b] [--out DIR] [--no-testbed] [--readme PATH]
+
+Run names: ddp | diloco | sparseloco | {hetero,allpipe}_k<D>[_<adaptation>] (boundary k/d = 1/D,
+adaptation project | shift | pgproj, default shift), each optionally suffixed _s<seed>.
 
 Layout "hetero": ranks 0 and 1 are full replicas on a fast island; ranks 2 and 3 are the two
 stages of a pipeline replica, each behind a 100 Mbit/s down-link (tools/testbed network
@@ -13,7 +16,9 @@ topology and paced by LBCC_SLOW_PACE_MBITS). Layout "allpipe": three pipeline re
 import argparse
 import csv
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,20 +41,59 @@ LAYOUTS = {
 }
 SLOW_HOSTS = {"hetero": "2,3", "allpipe": "4,5"}
 
-# name: (layout, method, boundary k (0: uncompressed fp32), what it shows)
-RUNS = {
-    "ddp": ("hetero", "ddp", 0, "dense DDP: fp32 gradient all-reduce every step"),
-    "diloco": ("hetero", "diloco", 0, "DiLoCo: dense fp32 outer sync every H steps"),
-    "sparseloco": ("hetero", "sparseloco", 0, "SparseLoCo, boundary uncompressed"),
-    "hetero_k16": ("hetero", "sparseloco", 8, "SparseLoCo + pipeline boundary k/d=1/16"),
-    "hetero_k32": ("hetero", "sparseloco", 4, "SparseLoCo + pipeline boundary k/d=1/32"),
-    "allpipe_k16": ("allpipe", "sparseloco", 8, "3 pipelines, all boundaries k/d=1/16"),
-    "allpipe_k32": ("allpipe", "sparseloco", 4, "3 pipelines, all boundaries k/d=1/32"),
-}
+ADAPTATIONS = ("project", "shift", "pgproj")
+ADAPT_WHAT = {"project": "E re-projected (T fixed)", "shift": "embedding shift",
+              "pgproj": "embedding shift + pseudo-gradients onto span(U)"}
+BEST_ADAPTATION = "shift"  # the paper's; the grid's at every ratio, the demo's
+RATIOS = (8, 16, 32, 64)
+SEEDS = (0, 1, 2)
+D_MODEL = 128
+
+
+def spec(name):
+    """(layout, method, boundary k (0: uncompressed), adaptation, seed, configuration, what)."""
+    m = re.fullmatch(r"(ddp|diloco|sparseloco|(hetero|allpipe)_k(\d+)(?:_(project|shift|pgproj))?)"
+                     r"(?:_s(\d+))?", name)
+    if not m:
+        raise ValueError(f"unknown run {name!r} (see hetero.py's doc)")
+    seed = int(m.group(5) or 0)
+    if m.group(2) is None:
+        method = m.group(1)
+        what = {"ddp": "dense DDP: fp32 gradient all-reduce every step",
+                "diloco": "DiLoCo: dense fp32 outer sync every H steps",
+                "sparseloco": "SparseLoCo, boundary uncompressed"}[method]
+        return "hetero", method, 0, None, seed, method, what
+    layout, den = m.group(2), int(m.group(3))
+    if den < 2 or D_MODEL % den:
+        raise ValueError(f"run {name!r}: k/d = 1/{den} needs a divisor of d = {D_MODEL}")
+    adapt = m.group(4) or BEST_ADAPTATION
+    who = "pipeline boundary" if layout == "hetero" else "3 pipelines, all boundaries"
+    return (layout, "sparseloco", D_MODEL // den, adapt, seed, f"{layout}_k{den}_{adapt}",
+            f"SparseLoCo + {who} k/d=1/{den}, {ADAPT_WHAT[adapt]}")
+
+
+ADAPT_RATIOS = (16, 64)  # the other adaptations, at two ratios (the machine's budget)
+# Order: the paper's comparison first, seed-major (uncompressed and shift at every ratio), then
+# the other adaptations ratio by ratio, so a grid cut short (--collect) has whole
+# configurations; runs of one layout are consecutive (one set of rank processes per group).
+GRID = []
+for _s in SEEDS:
+    GRID += [f"sparseloco_s{_s}"] + [f"hetero_k{den}_{BEST_ADAPTATION}_s{_s}" for den in RATIOS]
+    GRID += [f"allpipe_k{den}_{BEST_ADAPTATION}_s{_s}" for den in RATIOS]
+for _den in ADAPT_RATIOS:
+    for _lay in ("hetero", "allpipe"):
+        GRID += [f"{_lay}_k{_den}_{ad}_s{_s}" for _s in SEEDS for ad in ADAPTATIONS
+                 if ad != BEST_ADAPTATION]
+MODEL = dict(d=128, layers=4, seq=64)  # every preset's model unless it says otherwise
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
-    "demo": dict(steps=60, inner_steps=15, runs=["ddp", "sparseloco", "hetero_k16"]),
-    "full": dict(steps=300, inner_steps=15, runs=list(RUNS)),
+    "demo": dict(steps=60, inner_steps=15,
+                 runs=["sparseloco", "hetero_k16_project", f"hetero_k16_{BEST_ADAPTATION}"]),
+    "full": dict(steps=300, inner_steps=15,
+                 runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
+                       "allpipe_k32"]),
+    # Sized to this machine's budget (2 shared cores; see README.md "Grid").
+    "grid": dict(steps=120, inner_steps=10, d=64, layers=2, seq=32, runs=GRID),
 }
 
 
@@ -119,18 +163,14 @@ def tee(stream, log):
         log.flush()
 
 
-def run_one(name, cfg, net, args, pkg, out):
-    layout, method, k, _ = RUNS[name]
+def run_group(names, cfg, net, args, pkg, out):
+    """Runs `names` (one layout) one after the other in one set of rank processes (worker.py
+    --runs-file: torch and LBCC load once per group); returns {name: summary or None (failed)}."""
+    layout = spec(names[0])[0]
     net.up(layout)
-    rundir = os.path.join(out, name)
-    shutil.rmtree(rundir, ignore_errors=True)
-    os.makedirs(rundir)
     topo = dict(LAYOUTS[layout])
-    topo_path = os.path.join(rundir, "topology.json")
-    with open(topo_path, "w") as f:
-        json.dump(topo, f)
     n = topo["nranks"]
-    port = 20000 + (os.getpid() * 7 + len(name) * 131) % 20000
+    port = 20000 + (os.getpid() * 7 + len(names[0]) * 131) % 20000
     base_env = {
         "PYTHONPATH": pkg, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "PYTHONDONTWRITEBYTECODE": "1", "UCX_MEM_EVENTS": "no", "UCX_TLS": "tcp",
@@ -142,25 +182,47 @@ def run_one(name, cfg, net, args, pkg, out):
     else:
         base_env["UCX_NET_DEVICES"] = "lo"
         base_env["LBCC_SLOW_PACE_MBITS"] = str(int(args.rate.rstrip("mbit")))
-    argv = [sys.executable, os.path.join(HERE, "worker.py"), "--method", method, "--k", str(k),
-            "--steps", str(cfg["steps"]), "--inner-steps", str(cfg["inner_steps"]),
-            "--topology", topo_path, "--outdir", rundir]
     if args.account:
         # Payload accounting assumes the direct exchange: each payload to every shard member.
-        argv.append("--account")
         base_env["LBCC_ALGO"] = "allgatherv=direct"
+    batch = []
+    for i, name in enumerate(names):
+        _, method, k, adapt, seed, _, _ = spec(name)
+        rundir = os.path.join(out, name)
+        shutil.rmtree(rundir, ignore_errors=True)
+        os.makedirs(rundir)
+        topo_path = os.path.join(rundir, "topology.json")
+        with open(topo_path, "w") as f:
+            json.dump(topo, f)
+        argv = ["--method", method, "--k", str(k), "--steps", str(cfg["steps"]),
+                "--inner-steps", str(cfg["inner_steps"]), "--topology", topo_path,
+                "--outdir", rundir, "--seed", str(seed), "--d", str(D_MODEL),
+                "--layers", str(cfg["layers"]), "--seq", str(cfg["seq"]),
+                "--bootstrap-port", str(port + 1 + i)]
+        if adapt:
+            argv += ["--adapt", adapt]
+        if args.account:
+            argv.append("--account")
+        batch.append(argv)
+    logdir = os.path.join(out, f"{names[0]}.ranks")
+    shutil.rmtree(logdir, ignore_errors=True)
+    os.makedirs(logdir)
+    batch_path = os.path.join(logdir, "batch.json")
+    with open(batch_path, "w") as f:
+        json.dump(batch, f)
+    argv = [sys.executable, os.path.join(HERE, "worker.py"), "--runs-file", batch_path]
     procs = []
     t0 = time.time()
     for r in range(n):
         env = dict(base_env, RANK=str(r), LBCC_LISTEN_ADDR=net.addr(r))
-        log = open(os.path.join(rundir, f"rank{r}.log"), "w")
+        log = open(os.path.join(logdir, f"rank{r}.log"), "w")
         p = subprocess.Popen(net.command(r, env, argv), stderr=subprocess.STDOUT,
                              stdout=subprocess.PIPE if r == 0 else log, text=r == 0)
         if r == 0:  # Progress lines: live on the terminal and in the log.
             threading.Thread(target=tee, args=(p.stdout, log), daemon=True).start()
         procs.append(p)
     failed = False
-    deadline = t0 + args.timeout + 60
+    deadline = t0 + (args.timeout + 60) * len(names)
     for r, p in enumerate(procs):
         try:
             rc = p.wait(timeout=max(1.0, deadline - time.time()))
@@ -169,14 +231,18 @@ def run_one(name, cfg, net, args, pkg, out):
             rc = "timeout"
         if rc != 0:
             failed = True
-            print(f"  {name}: rank {r} exit {rc}; see {rundir}/rank{r}.log", flush=True)
+            print(f"  {names[0]}..: rank {r} exit {rc}; see {logdir}/rank{r}.log", flush=True)
     if failed:
         for r in range(n):
-            with open(os.path.join(rundir, f"rank{r}.log")) as f:
+            with open(os.path.join(logdir, f"rank{r}.log")) as f:
                 tail = f.read()[-1500:]
-            print(f"---- {name} rank {r} log tail\n{tail}", file=sys.stderr)
-        return None
-    return summarize(name, rundir, n, time.time() - t0)
+            print(f"---- {names[0]}.. rank {r} log tail\n{tail}", file=sys.stderr)
+    results = {}
+    for name in names:
+        rundir = os.path.join(out, name)
+        done = all(os.path.exists(os.path.join(rundir, f"rank{r}.json")) for r in range(n))
+        results[name] = summarize(name, rundir, n, None) if done else None
+    return results
 
 
 def summarize(name, rundir, n, wall):
@@ -200,10 +266,12 @@ def summarize(name, rundir, n, wall):
         "fast_bytes": rows[-1][2], "slow_bytes": rows[-1][3],
         "dp_slow_bytes": sum(lg["final_counters"]["dp_slow_sent"] for lg in logs),
         "stage_bytes": sum(lg["final_counters"]["stage_sent"] for lg in logs),
-        "train_seconds": max(lg["train_seconds"] for lg in logs), "wall_seconds": wall,
+        "train_seconds": max(lg["train_seconds"] for lg in logs),
+        "wall_seconds": wall if wall is not None else max(lg["run_seconds"] for lg in logs),
         "identical": all(ok for lg in logs for _, ok in lg["identical"]),
         "outer_checks": len(logs[0]["identical"]),
         "payload": {r: lg["payload"] for r, lg in enumerate(logs)},
+        "basis_versions": sorted({lg["basis"][1] for lg in logs}),
         "stage_link": {r: lg.get("stage_link") for r, lg in enumerate(logs) if lg.get("stage_link")},
         "slow_sent_by_rank": {r: lg["final_counters"]["slow_sent"] for r, lg in enumerate(logs)},
         "kinds": {r: (lg["kind"], lg["stage"]) for r, lg in enumerate(logs)},
@@ -211,6 +279,210 @@ def summarize(name, rundir, n, wall):
     with open(os.path.join(rundir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def mean_std(xs):
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def aggregate(results):
+    """Per configuration (the run name without its seed): seeds, held-out loss and slow-link
+    bytes as (mean, sample std)."""
+    groups = {}
+    for name, s in results.items():
+        layout, _, _, adapt, seed, config, what = spec(name)
+        groups.setdefault(config, {"what": what, "layout": layout, "adapt": adapt, "runs": []})
+        groups[config]["runs"].append(s)
+        groups[config].setdefault("by_seed", {})[seed] = s["eval_loss"]
+    for config, g in groups.items():
+        g["seeds"] = len(g["runs"])
+        g["loss"] = mean_std([r["eval_loss"] for r in g["runs"]])
+        g["slow"] = mean_std([r["slow_bytes"] for r in g["runs"]])
+        g["identical"] = all(r["identical"] for r in g["runs"])
+        m = re.search(r"_k(\d+)_", config + "_")
+        g["den"] = int(m.group(1)) if m else None
+    return groups
+
+
+def plot_grid(groups, out):
+    """Held-out loss vs slow-link bytes, mean +- std over seeds, one curve per configuration
+    (layout and adaptation, over k/d)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 6))
+    curves = {}
+    for config, g in groups.items():
+        key = "sparseloco (uncompressed)" if g["den"] is None else f"{g['layout']} {g['adapt']}"
+        curves.setdefault(key, []).append(g)
+    styles = {"hetero": "-o", "allpipe": "--s"}
+    for key, gs in sorted(curves.items()):
+        gs.sort(key=lambda g: g["slow"][0])
+        x = [g["slow"][0] / 1e6 for g in gs]
+        y = [g["loss"][0] for g in gs]
+        ax.errorbar(x, y, yerr=[g["loss"][1] for g in gs], xerr=[g["slow"][1] / 1e6 for g in gs],
+                    fmt=styles.get(gs[0]["layout"], "o") if gs[0]["den"] else "k*",
+                    markersize=10 if gs[0]["den"] is None else 5, capsize=3, label=key)
+        for g in gs:
+            if g["den"]:
+                ax.annotate(f"1/{g['den']}", (g["slow"][0] / 1e6, g["loss"][0]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("slow-link bytes (MB, all ranks, sent; mean over seeds)")
+    ax.set_ylabel("held-out loss (mean +- std over seeds)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(out, "loss_vs_bytes.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def grid_table(groups, cfg, net_desc):
+    def fmt(ms, scale=1.0, digits=3):
+        return f"{ms[0] / scale:.{digits}f} +- {ms[1] / scale:.{digits}f}"
+    order = sorted(groups, key=lambda c: (groups[c]["den"] or 0, groups[c]["adapt"] or "",
+                                          groups[c]["layout"]))
+    lines = [f"Grid: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {D_MODEL}, "
+             f"{cfg['layers']} layers, context {cfg['seq']}, "
+             f"{net_desc}; mean +- sample std over seeds.", "",
+             "| configuration | what | seeds | held-out loss | slow-link MB | replicas identical |",
+             "|---|---|---|---|---|---|"]
+    for c in order:
+        g = groups[c]
+        lines.append(f"| {c} | {g['what']} | {g['seeds']} | {fmt(g['loss'])} "
+                     f"| {fmt(g['slow'], 1e6, 2)} | {'yes' if g['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def verdicts(groups):
+    """The paper's two claims and the cost of compression, stated from the grid's numbers."""
+    out = []
+    base = groups.get("sparseloco")
+    for adapt in ADAPTATIONS:
+        rows, gaps = [], []
+        for den in RATIOS:
+            h, p = groups.get(f"hetero_k{den}_{adapt}"), groups.get(f"allpipe_k{den}_{adapt}")
+            if not (h and p):
+                continue
+            gap = p["loss"][0] - h["loss"][0]
+            spread = h["loss"][1] + p["loss"][1]
+            both = sorted(set(h["by_seed"]) & set(p["by_seed"]))
+            paired = mean_std([p["by_seed"][x] - h["by_seed"][x] for x in both]) if both else (0, 0)
+            wins = sum(p["by_seed"][x] > h["by_seed"][x] for x in both)
+            gaps.append((den, gap, spread, min(h["seeds"], p["seeds"]), paired, wins, len(both)))
+            rows.append(f"1/{den}: {h['loss'][0]:.3f} vs {p['loss'][0]:.3f}, gap {gap:+.3f} "
+                        f"(spread {spread:.3f}; per-seed gap {paired[0]:+.3f} +- {paired[1]:.3f}, "
+                        f"heterogeneous better in {wins} of {len(both)} seeds)")
+        if not gaps:
+            continue
+        ratios = ", ".join(f"1/{d}" for d, *_ in gaps)
+        beats = [g > sp for _, g, sp, *_ in gaps]
+        paired_beats = [pm > ps for *_, (pm, ps), _, _ in gaps]
+        few = " (one seed: no spread to compare with)" if min(x[3] for x in gaps) < 2 else ""
+        if few:
+            claim1 = f"cannot tell{few}"
+        elif all(beats):
+            claim1 = (f"YES at every ratio run ({ratios}): heterogeneous is better by more than "
+                      f"the spread")
+        elif any(beats):
+            claim1 = ("PARTLY: heterogeneous is better by more than the spread only at " +
+                      ", ".join(f"1/{x[0]}" for x, b in zip(gaps, beats) if b) +
+                      f" of {ratios}")
+        else:
+            claim1 = f"NO: at none of {ratios} is heterogeneous better by more than the spread"
+        if not few:
+            n_pb = sum(paired_beats)
+            claim1 += (f"; paired by seed (same data, init and basis), the mean gap exceeds the "
+                       f"per-seed gaps' std at {n_pb} of {len(gaps)} ratios" +
+                       (" (" + ", ".join(f"1/{x[0]}" for x, b in zip(gaps, paired_beats) if b) +
+                        ")" if 0 < n_pb < len(gaps) else ""))
+        g = [x[1] for x in gaps]
+        if len(g) < 2:
+            claim2 = "cannot tell from one ratio"
+        elif all(b >= a for a, b in zip(g, g[1:])):
+            rise = g[-1] - g[0]
+            noise = gaps[0][4][1] + gaps[-1][4][1]  # the per-seed gaps' stds at both ends
+            if rise > noise:
+                claim2 = (f"YES, the gap grows monotonically as k/d shrinks ({g[0]:+.3f} -> "
+                          f"{g[-1]:+.3f}), by more than the per-seed gaps' spread")
+            else:
+                claim2 = (f"NOT ESTABLISHED: the mean gap grows monotonically ({g[0]:+.3f} -> "
+                          f"{g[-1]:+.3f}) but by {rise:.3f}, less than the per-seed gaps' spread "
+                          f"({noise:.3f})")
+        elif g[-1] - g[0] > gaps[0][2] + gaps[-1][2]:
+            claim2 = ("the gap is larger at the smallest k/d than at the largest by more than the "
+                      "spread, but not monotonically")
+        else:
+            claim2 = ("NO: the gap does not grow as k/d shrinks by more than the spread "
+                      f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
+        out.append(f"- **{adapt}** ({ADAPT_WHAT[adapt]}), heterogeneous vs compress-all held-out "
+                   f"loss (gap = compress-all - heterogeneous; spread = the sum of their seed "
+                   f"stds): {'; '.join(rows)}.\n  Claim 1 (heterogeneous beats compress-all): "
+                   f"{claim1}.\n  Claim 2 (the gap grows as k/d shrinks): {claim2}.")
+        if base:
+            costs = []
+            for den in (8, 32):
+                for lay in ("hetero", "allpipe"):
+                    c = groups.get(f"{lay}_k{den}_{adapt}")
+                    if c:
+                        within = (abs(c["loss"][0] - base["loss"][0]) <=
+                                  c["loss"][1] + base["loss"][1])
+                        costs.append(f"{lay} 1/{den} {c['loss'][0]:.3f} "
+                                     f"({100 * (c['loss'][0] / base['loss'][0] - 1):+.1f} %, "
+                                     f"{'within' if within else 'beyond'} the spread)")
+            if costs:
+                out.append(f"  Cost vs uncompressed SparseLoCo ({base['loss'][0]:.3f} +- "
+                           f"{base['loss'][1]:.3f}, {base['slow'][0] / 1e6:.2f} MB slow-link): " +
+                           ", ".join(costs) + ".")
+    # Why: the size of the effects against the seeds' spread.
+    wins = pairs = 0
+    for c, g in groups.items():
+        if g["layout"] == "hetero" and g["den"]:
+            other = groups.get(c.replace("hetero_", "allpipe_", 1))
+            if other:
+                both = set(g["by_seed"]) & set(other["by_seed"])
+                wins += sum(other["by_seed"][x] > g["by_seed"][x] for x in both)
+                pairs += len(both)
+    stds = [g["loss"][1] for g in groups.values() if g["seeds"] > 1]
+    het = [groups[f"hetero_k{d}_{BEST_ADAPTATION}"]["loss"][0] for d in RATIOS
+           if f"hetero_k{d}_{BEST_ADAPTATION}" in groups]
+    if stds and het and pairs and base:
+        worst = 100 * (max(het) / base["loss"][0] - 1)
+        out.append(f"- Why, at this scale: the seeds' spread (held-out loss std {min(stds):.3f} to "
+                   f"{max(stds):.3f} per configuration) is as large as the effects measured; "
+                   f"compressing the one slow replica costs at most {worst:+.1f} % against "
+                   f"uncompressed SparseLoCo at any ratio ({BEST_ADAPTATION}), so there is "
+                   f"little loss for compressing one replica instead of three to save, and a "
+                   f"short run of a small model does not separate it from run-to-run noise. Paired by seed, heterogeneous ended lower than "
+                   f"compress-all in {wins} of {pairs} (seed, ratio, adaptation) pairs: a "
+                   f"consistent direction, a small size.")
+    # Adaptations compared where all of them ran.
+    common = [den for den in RATIOS
+              if all(f"{lay}_k{den}_{ad}" in groups for ad in ADAPTATIONS
+                     for lay in ("hetero", "allpipe"))]
+    if common:
+        means = {ad: [groups[f"{lay}_k{den}_{ad}"]["loss"] for den in common
+                      for lay in ("hetero", "allpipe")] for ad in ADAPTATIONS}
+        avg = {ad: sum(m for m, _ in v) / len(v) for ad, v in means.items()}
+        order = sorted(avg, key=avg.get)
+        spread = {ad: sum(sd for _, sd in v) / len(v) for ad, v in means.items()}
+        margin = avg[order[1]] - avg[order[0]]
+        noise = spread[order[0]] + spread[order[1]]
+        out.append(f"- Adaptations (mean held-out loss over both layouts at " +
+                   ", ".join(f"1/{d}" for d in common) + "): " +
+                   ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ADAPTATIONS) +
+                   f"; lowest: **{order[0]}**, {margin:.3f} below {order[1]} "
+                   f"({'more' if margin > noise else 'less'} than their mean seed stds summed, "
+                   f"{noise:.3f}).")
+    out.append("- Slow-link bytes are the same for heterogeneous and compress-all at a ratio: "
+               "the compress-all layout's other two pipelines sit on the fast island, so "
+               "compressing them saves only fast-link bytes; the comparison is the loss at equal "
+               "slow-link bytes.")
+    return "\n".join(out)
 
 
 def plot(results, out):
@@ -237,7 +509,8 @@ def plot(results, out):
     path = os.path.join(out, "loss.png")
     fig.savefig(path, dpi=90)
     # One plot per run as well.
-    for name in results:
+    plt.close(fig)
+    for name in (results if len(results) <= 12 else []):
         with open(os.path.join(out, name, "metrics.csv")) as f:
             rows = list(csv.DictReader(f))
         fig, (b1, b2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -252,7 +525,8 @@ def plot(results, out):
 
 
 def table(results, cfg, missing, net_desc):
-    lines = [f"Preset: {cfg['steps']} steps, H = {cfg['inner_steps']}, {net_desc}.", "",
+    lines = [f"Preset: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {cfg['d']}, "
+             f"{cfg['layers']} layers, context {cfg['seq']}, {net_desc}.", "",
              "| run | what | final train loss | held-out loss | slow-link MB | of which data-parallel MB "
              "| fast-link MB | data-parallel slow vs ddp | train s | replicas identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -263,13 +537,13 @@ def table(results, cfg, missing, net_desc):
         if name == "ddp":
             ratio = "1x"
         lines.append(
-            f"| {name} | {RUNS[name][3]} | {s['train_loss']:.3f} | {s['eval_loss']:.3f} "
+            f"| {name} | {spec(name)[6]} | {s['train_loss']:.3f} | {s['eval_loss']:.3f} "
             f"| {s['slow_bytes'] / 1e6:.2f} | {s['dp_slow_bytes'] / 1e6:.2f} "
             f"| {s['fast_bytes'] / 1e6:.2f} | {ratio} "
             f"| {s['train_seconds']:.0f} | {'yes' if s['identical'] else 'NO'} "
             f"({s['outer_checks']} checks) |")
     for name, why in missing.items():
-        lines.append(f"| {name} | {RUNS[name][3]} | not run: {why} | | | | | | | |")
+        lines.append(f"| {name} | {spec(name)[6]} | not run: {why} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -287,7 +561,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=list(PRESETS), default="demo")
-    ap.add_argument("--runs", help="comma-separated subset of " + ",".join(RUNS))
+    ap.add_argument("--runs", help="comma-separated run names (see the doc above)")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "lbcc_hetero"))
     ap.add_argument("--no-testbed", action="store_true")
@@ -295,14 +569,30 @@ def main():
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--account", action="store_true")
     ap.add_argument("--readme", help="README whose results section gets the table")
+    ap.add_argument("--seeds", type=int, help="grid: the first N seeds only")
+    ap.add_argument("--results", help="grid: also copy results.md, grid_summary.json and the "
+                                      "plot into this folder (e.g. examples/hetero_training/results)")
+    ap.add_argument("--collect", action="store_true",
+                    help="run nothing: summarize the finished runs found in --out (a grid cut "
+                         "short) and write the outputs as a finished run would")
+    ap.add_argument("--d", type=int, help="model dimension (default: the preset's)")
+    ap.add_argument("--layers", type=int, help="transformer blocks, split evenly over 2 stages")
+    ap.add_argument("--seq", type=int, help="context length")
     args = ap.parse_args()
-    cfg = dict(PRESETS[args.preset])
+    global D_MODEL
+    cfg = dict(MODEL, **PRESETS[args.preset])
+    for key in ("d", "layers", "seq"):
+        if getattr(args, key):
+            cfg[key] = getattr(args, key)
+    D_MODEL = cfg["d"]
     if args.runs:
         cfg["runs"] = args.runs.split(",")
     if args.steps:
         cfg["steps"] = args.steps
+    if args.seeds:
+        cfg["runs"] = [n for n in cfg["runs"] if spec(n)[4] < args.seeds]
     os.makedirs(args.out, exist_ok=True)
-    pkg = package_path(args.out)
+    pkg = None if args.collect else package_path(args.out)
     use_tb = False
     if not args.no_testbed:
         use_tb, why = testbed_usable()
@@ -312,28 +602,60 @@ def main():
     net = Net(use_tb, args.rate)
     net_desc = (f"tools/testbed namespaces, slow down-links shaped to {args.rate}" if use_tb else
                 f"127.0.0.1 (no testbed): slow links marked in the topology, paced to {args.rate}")
+    for name in cfg["runs"]:
+        spec(name)  # fails early on a bad name
     print(f"== hetero_training: {len(cfg['runs'])} runs, {cfg['steps']} steps each, "
           f"H = {cfg['inner_steps']}; {net_desc}; results in {args.out}", flush=True)
     results, missing = {}, {}
-    try:
-        for i, name in enumerate(cfg["runs"]):
-            print(f"== [{i + 1}/{len(cfg['runs'])}] {name}: {RUNS[name][3]}", flush=True)
-            s = run_one(name, cfg, net, args, pkg, args.out)
-            if s is None:
-                missing[name] = "failed (see logs)"
+    groups = []  # consecutive runs of one layout share their rank processes
+    for name in cfg["runs"]:
+        if groups and spec(groups[-1][0])[0] == spec(name)[0]:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    done = 0
+    if args.collect:
+        groups = []
+        for name in cfg["runs"]:
+            rundir = os.path.join(args.out, name)
+            n = LAYOUTS[spec(name)[0]]["nranks"]
+            if all(os.path.exists(os.path.join(rundir, f"rank{r}.json")) for r in range(n)):
+                results[name] = summarize(name, rundir, n, None)
             else:
+                missing[name] = "not finished when the grid was stopped"
+    try:
+        for names in groups:
+            print(f"== [{done + 1}-{done + len(names)}/{len(cfg['runs'])}] " +
+                  ", ".join(names), flush=True)
+            for name, s in run_group(names, cfg, net, args, pkg, args.out).items():
+                if s is None:
+                    missing[name] = "failed (see logs)"
+                    continue
                 results[name] = s
                 print(f"   {name}: loss {s['first_loss']:.3f} -> {s['train_loss']:.3f}, "
                       f"held-out {s['eval_loss']:.3f}, slow {s['slow_bytes'] / 1e6:.2f} MB, "
                       f"{s['train_seconds']:.0f} s", flush=True)
+            done += len(names)
     finally:
         net.down()
-    for name in RUNS:
-        if name not in results and name not in missing:
-            missing[name] = f"not in preset {args.preset}"
-    text = table(results, cfg, missing, net_desc)
-    if results:
-        text += f"\n\nPlot: `{os.path.relpath(plot(results, args.out), args.out)}` in the output directory."
+    if args.preset == "grid":
+        groups = aggregate(results)
+        text = grid_table(groups, cfg, net_desc)
+        if missing:
+            by_config = {}
+            for n in missing:
+                by_config.setdefault(spec(n)[5], []).append(str(spec(n)[4]))
+            text += (f"\n\n{len(missing)} runs did not finish (seeds missing per configuration): " +
+                     "; ".join(f"{c} {','.join(v)}" for c, v in by_config.items()) + ".")
+        if groups:
+            text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out))}` (held-out loss "
+                     f"vs slow-link bytes, mean +- std over seeds, one curve per configuration).")
+            text += "\n\n" + verdicts(groups)
+    else:
+        text = table(results, cfg, missing, net_desc)
+        if results:
+            text += (f"\n\nPlot: `{os.path.relpath(plot(results, args.out), args.out)}` in the "
+                     f"output directory.")
     if "ddp" in results and "sparseloco" in results and results["sparseloco"]["slow_bytes"]:
         d, sp = results["ddp"], results["sparseloco"]
         text += (f"\n\nSparseLoCo vs dense DDP slow-link bytes: "
@@ -341,9 +663,15 @@ def main():
                  f"uncompressed pipeline boundary), "
                  f"{d['dp_slow_bytes'] / max(sp['dp_slow_bytes'], 1):.0f}x less for data-parallel "
                  f"synchronisation alone (stage-link bytes measured and subtracted).")
+    for ad in ADAPTATIONS:
+        h, p = results.get(f"hetero_k16_{ad}"), results.get("hetero_k16_project")
+        if ad != "project" and h and p:
+            text += (f"\n\nAdaptation at k/d = 1/16: {ad} ({ADAPT_WHAT[ad]}) held-out loss "
+                     f"{h['eval_loss']:.3f} vs project ({ADAPT_WHAT['project']}) "
+                     f"{p['eval_loss']:.3f}; one seed, see README.md's grid for the spread.")
     for kk in ("k16", "k32"):
         h, p = results.get(f"hetero_{kk}"), results.get(f"allpipe_{kk}")
-        if h and p:
+        if h and p and args.preset != "grid":
             verdict = "no worse" if h["eval_loss"] <= p["eval_loss"] + 1e-3 else "WORSE"
             text += (f"\nHeterogeneous vs all-compressed at {kk}: held-out loss {h['eval_loss']:.3f} "
                      f"vs {p['eval_loss']:.3f} ({verdict}).")
@@ -351,6 +679,24 @@ def main():
         f.write(text + "\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"config": cfg, "results": results, "missing": missing}, f, indent=1)
+    if args.preset == "grid":
+        slim = {"config": {k: v for k, v in cfg.items() if k != "runs"}, "net": net_desc,
+                "configurations": {c: {k: g[k] for k in ("what", "seeds", "loss", "slow",
+                                                        "identical")}
+                                   for c, g in aggregate(results).items()},
+                "runs": {n: {k: r[k] for k in ("eval_loss", "train_loss", "slow_bytes",
+                                               "dp_slow_bytes", "stage_bytes", "identical",
+                                               "basis_versions", "train_seconds",
+                                               "wall_seconds")}
+                         for n, r in results.items()},
+                "missing": missing}
+        with open(os.path.join(args.out, "grid_summary.json"), "w") as f:
+            json.dump(slim, f, indent=1)
+        if args.results:
+            os.makedirs(args.results, exist_ok=True)
+            for name in ("results.md", "grid_summary.json", "loss_vs_bytes.png"):
+                if os.path.exists(os.path.join(args.out, name)):
+                    shutil.copy(os.path.join(args.out, name), args.results)
     print("\n" + text)
     if args.readme:
         write_readme(args.readme, text)

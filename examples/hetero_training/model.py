@@ -57,8 +57,8 @@ class Data:
         self.train, self.held = ids[:split], ids[split:]
         self.seq, self.batch = seq, batch
 
-    def stream(self, replica):
-        g = torch.Generator().manual_seed(1000 + replica)
+    def stream(self, replica, seed=0):
+        g = torch.Generator().manual_seed(1000 + 7919 * seed + replica)
         while True:
             yield self._window(self.train, g)
 
@@ -127,16 +127,26 @@ class Stage1(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-@torch.no_grad()
-def project_stage0(stage0, basis):
-    """Every residual write of stage 0 onto span(U) (portable arithmetic: identical bits on
-    replicas holding identical weights). T stays fixed, so the basis never changes."""
-    project_(stage0.tok, basis, "columns")
-    project_(stage0.pos, basis, "columns")
+def residual_writes(stage0):
+    """Stage 0's tensors that write into the residual stream besides the token embedding, as
+    (tensor, model-dim side): the positional embedding, every attention output and MLP down
+    projection (weight and bias)."""
+    writes = [(stage0.pos, "columns")]
     for blk in stage0.blocks:
         for lin in (blk.proj, blk.down):
-            project_(lin.weight, basis, "rows")
-            project_(lin.bias, basis, "rows")
+            writes += [(lin.weight, "rows"), (lin.bias, "rows")]
+    return writes
+
+
+@torch.no_grad()
+def project_stage0(stage0, basis, embedding=True):
+    """Every residual write of stage 0 onto span(U) (portable arithmetic: identical bits on
+    replicas holding identical weights); the token embedding too unless embedding=False (the
+    embedding shift handles it instead)."""
+    if embedding:
+        project_(stage0.tok, basis, "columns")
+    for tensor, side in residual_writes(stage0):
+        project_(tensor, basis, side)
 
 
 def make_basis(d, k, vocab, seed=7):

@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import os
+import struct
 import sys
 import time
 
@@ -13,9 +14,21 @@ import torch
 
 import lbcc
 from lbcc.torch import PipelineBoundary, SparseLoCo
+from lbcc.torch.subspace import (apply_embedding_update_, embedding_update,
+                                 project_pseudo_gradient_, shift_embedding_)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Data, Stage0, Stage1, make_basis, project_stage0  # noqa: E402
+from model import (Data, Stage0, Stage1, make_basis, project_stage0,  # noqa: E402
+                   residual_writes)
+
+# Subspace adaptations after each outer step of a compressed run (docs/subspace_adaptations.md):
+#   project: every stage-0 residual write and the token embedding E re-projected onto span(U)
+#            (T fixed: the out-of-subspace part of the synced update is dropped);
+#   shift:   residual writes re-projected; the embedding shifted T <- T + (E - E U U^T),
+#            E <- E U U^T (the function is unchanged; basis version + 1 on every rank);
+#   pgproj:  shift, and every replica's stage-0 residual-write pseudo-gradients projected onto
+#            span(U) before top-k.
+ADAPTATIONS = ("project", "shift", "pgproj")
 
 
 def flat(tensors):
@@ -66,11 +79,13 @@ class DiLoCo:
             g["outer"].copy_(flat(g["params"]))
 
 
-def main():
+def parser():
+    """The one argument parser of a run (hetero.py builds the argument lists)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", choices=["ddp", "diloco", "sparseloco"], required=True)
     ap.add_argument("--k", type=int, default=0, help="boundary rank of compressed pipelines; 0: none")
-    ap.add_argument("--compress", choices=["pipeline", "none"], default="none")
+    ap.add_argument("--adapt", choices=ADAPTATIONS, default="shift",
+                    help="subspace adaptation of compressed runs")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--inner-steps", type=int, default=10)
     ap.add_argument("--top-k", type=float, default=64)
@@ -85,7 +100,29 @@ def main():
     ap.add_argument("--outdir", required=True)
     ap.add_argument("--account", action="store_true", help="payload accounting (smoke test)")
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("LBCC_TIMEOUT_S", 300)))
-    a = ap.parse_args()
+    ap.add_argument("--bootstrap-port", type=int,
+                    help="run on LBCC_BOOTSTRAP_ADDR's host at this port (batch runs)")
+    return ap
+
+
+def main():
+    batch = argparse.ArgumentParser(add_help=False)
+    batch.add_argument("--runs-file", help="a JSON file: a list of argument lists, one run each, "
+                                           "run in this process one after the other")
+    b, rest = batch.parse_known_args()
+    if b.runs_file:  # torch and LBCC load once for all of them
+        with open(b.runs_file) as f:
+            runs = json.load(f)
+        for argv in runs:
+            run(parser().parse_args(argv))
+    else:
+        run(parser().parse_args(rest))
+
+
+def run(a):
+    if a.bootstrap_port:
+        host = os.environ["LBCC_BOOTSTRAP_ADDR"].rsplit(":", 1)[0]
+        os.environ["LBCC_BOOTSTRAP_ADDR"] = f"{host}:{a.bootstrap_port}"
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
 
@@ -97,11 +134,12 @@ def main():
     kind, stage = role["kind"], role["stage"]
     shards = lbcc.shard_communicators(comm)
     data = Data(a.seq, a.batch)
+    shifting = a.adapt in ("shift", "pgproj")
     vocab = len(data.vocab)
     half = a.layers // 2
     compressed_run = a.k and a.k < a.d
     k = a.k if compressed_run else a.d
-    basis = make_basis(a.d, k, vocab)
+    basis = make_basis(a.d, k, vocab, seed=7 + a.seed)
     table = torch.from_numpy(basis.table).clone() if basis.has_table else torch.zeros(vocab, a.d)
     # Does this rank's replica compress its boundary (and so project every inner step)?
     i_compress = kind == "pipeline" and compressed_run
@@ -123,6 +161,11 @@ def main():
         peer = topo.replicas[replica]["ranks"][1 - stage]
         boundary = PipelineBoundary(comm, peer, basis, coefficient_dtype="f32",
                                     timeout=a.timeout)
+    # Each pipeline's two stages (stage 0 first): the stage-1 rank holds no embedding, so stage 0
+    # sends it the synced embedding rows that changed, and it shifts its own copy to the same
+    # next basis. Collective: every rank calls split.
+    pair = comm.split(replica if kind == "pipeline" else -1, stage if kind == "pipeline" else 0)
+    shadow = None  # stage 0 (pipeline): E as of the last shift; stage 1: its copy of E
     if a.method == "sparseloco":
         opt = SparseLoCo(inner, groups, inner_steps=a.inner_steps, top_k=a.top_k, beta=0.95,
                          outer_lr=1.0, value_bits=2, timeout=a.timeout)
@@ -153,19 +196,68 @@ def main():
     def identical():
         """True when every rank of each shard holds the same bits of that shard's parameters."""
         ok = True
+        mine = struct.pack("<QI", basis.hash, basis.version)
+        ok &= len(set(comm.all_gather_bytes(mine, timeout=a.timeout))) == 1
         for ps, c in groups:
             digest = hashlib.sha256(flat(ps).numpy().tobytes()).digest()
             ok &= len(set(c.all_gather_bytes(digest, timeout=a.timeout))) == 1
         return ok
+
+    if compressed_run and shifting and kind == "pipeline":
+        if stage == 0:
+            shadow = s0.tok.detach().clone()
+        else:
+            # The initial E from the same seed and projection as every stage-0 holder's (rank 0's,
+            # which SparseLoCo broadcast): no traffic. A mismatch would show as differing basis
+            # ids in the identity check after the first shift (and the boundary refuses them).
+            ref = Stage0(vocab, a.d, a.heads, half, a.seq, table, a.seed)
+            project_stage0(ref, basis)
+            shadow = ref.tok.detach().clone()
+            del ref
+
+    def adapt_after_outer():
+        """The adaptation after an outer step; returns the embedding-update bytes sent."""
+        nonlocal basis, shadow
+        sent = 0
+        with torch.no_grad():
+            if s0 is not None:
+                project_stage0(s0, basis, embedding=not shifting)
+            if shifting:
+                if kind == "pipeline" and stage == 0:
+                    blob = embedding_update(shadow, s0.tok.data)
+                    pair.all_gather_bytes(blob, timeout=a.timeout)
+                    sent = len(blob)
+                elif kind == "pipeline":
+                    apply_embedding_update_(shadow, pair.all_gather_bytes(b"", timeout=a.timeout)[0])
+                if s0 is not None:
+                    basis = shift_embedding_(basis, s0.tok, s0.table)
+                    if shadow is not None:
+                        shadow.copy_(s0.tok.data)
+                else:
+                    basis = shift_embedding_(basis, shadow)
+                if boundary is not None:
+                    boundary.update_basis(basis)
+            # Every replica takes the adapted weights as its outer parameters.
+            if a.method == "sparseloco":
+                for p, o in zip(params, opt.outer_parameters()):
+                    o.copy_(p)
+            else:
+                opt.reset_outer()
+        return sent
+
+    outer_of = {}
+    if a.method == "sparseloco":
+        outer_of = {id(p): o for p, o in zip(params, opt.outer_parameters())}
 
     excluding(comm.barrier)
     base = counters()
     # The pipeline stage link's own bytes, so data-parallel slow-link bytes can be told apart.
     stage_peer = topo.replicas[replica]["ranks"][1 - stage] if kind == "pipeline" else None
     stage_base = comm.link_counters(stage_peer)["bytes_sent"] if stage_peer is not None else 0
-    stream = data.stream(replica)
+    stream = data.stream(replica, a.seed)
     tokens = a.batch * a.seq
     log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica, "steps": [],
+           "adapt": a.adapt if compressed_run else None, "seed": a.seed,
            "identical": [], "payload": {"boundary_sent": 0, "sparse_sent": 0}}
     slow_peers = {}
     for c in [comm]:
@@ -208,19 +300,25 @@ def main():
         else:
             if outer_now and a.account and a.method == "sparseloco":
                 log["payload"]["sparse_sent"] += sparse_payload(opt, groups, slow_peers, topo)
-            opt.step()
+            if (outer_now and compressed_run and a.adapt == "pgproj" and s0 is not None and
+                    a.method == "sparseloco"):
+                # The inner step, then the residual writes' pseudo-gradients onto span(U), then
+                # the outer step (SparseLoCo.step() would run both steps at once).
+                inner.step()
+                opt.inner_step_count += 1
+                for tensor, side in residual_writes(s0):
+                    project_pseudo_gradient_(tensor, outer_of[id(tensor)], basis, side)
+                opt.outer_step()
+            else:
+                opt.step()
             if i_compress and stage == 0 and not outer_now:
                 project_stage0(s0, basis)
-            if outer_now and compressed_run and s0 is not None:
-                # Every replica re-projects the synced weights identically (portable arithmetic)
-                # and takes them as its outer parameters.
-                project_stage0(s0, basis)
-                if a.method == "sparseloco":
-                    with torch.no_grad():
-                        for p, o in zip(params, opt.outer_parameters()):
-                            o.copy_(p)
-                else:
-                    opt.reset_outer()
+            if outer_now and compressed_run:
+                # Every replica adapts the synced weights identically (portable arithmetic).
+                update = adapt_after_outer()
+                log["payload"]["boundary_sent"] += update
+                log["payload"]["embedding_update_sent"] = (
+                    log["payload"].get("embedding_update_sent", 0) + update)
         if outer_now:
             log["identical"].append([step, bool(excluding(identical))])
         c = counters()
@@ -231,6 +329,7 @@ def main():
                   f"rank-0 slow-link MB {(c['slow_sent'] - base['slow_sent']) / 1e6:.2f} "
                   f"({time.time() - t_train:.0f} s)", flush=True)
     log["train_seconds"] = time.time() - t_train
+    log["basis"] = [basis.hash, basis.version]
     total = counters()
     log["final_counters"] = {key: total[key] - base[key] for key in total}
     stage_sent = (comm.link_counters(stage_peer)["bytes_sent"] - stage_base
@@ -261,9 +360,12 @@ def main():
             return sum(losses) / len(losses) if losses else None
         log["eval_loss"] = excluding(evaluate)
     log["setup_seconds"] = t_train - t_start
+    log["run_seconds"] = time.time() - t_start
     with open(os.path.join(a.outdir, f"rank{rank}.json"), "w") as f:
         json.dump(log, f)
     excluding(comm.barrier)
+    for c in list(shards.values()) + ([pair] if pair is not None else []):
+        c.close()
     comm.close()
 
 

@@ -9,6 +9,11 @@ a token's residual h satisfies h - T[y] in span(U):
     SubspaceConstraint.apply() after every optimizer or SparseLoCo outer step, which also shifts
     the dense embedding: T <- T + (E - E U U^T), E <- E U U^T (h0 unchanged) and so moves to the
     next basis version (new T).
+Adaptations after a SparseLoCo outer step (docs/subspace_adaptations.md): shift_embedding_
+(the embedding shift for a raw [V, d] embedding and its table buffer), project_ (re-projection of
+the residual writes), project_pseudo_gradient_ (a replica's pseudo-gradient onto span(U) before
+top-k); embedding_update / apply_embedding_update_ give a rank that holds no embedding (a later
+pipeline stage) the synced rows, so it computes the same next basis itself.
 U and T are buffers: no optimizer or data-parallel sync touches them. The basis must hold the
 same bits on every rank: make it from a seed or a file, shift with arithmetic="portable" on
 replicas that hold bit-identical weights (SparseLoCo guarantees that), and use sync_basis() /
@@ -16,6 +21,8 @@ check_basis() across stages.
 """
 
 import struct
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +100,76 @@ def project_(tensor, basis, side="rows", arithmetic="portable"):
         work = t.detach().to("cpu", torch.float32).contiguous().view(view_shape)
         lbcc.project_weight(basis, work, side, arithmetic)
         t.copy_(work.view(t.shape))
+    return tensor
+
+
+def _f32_cpu(t, what):
+    t = t.data if isinstance(t, nn.Parameter) else t
+    if not (t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"):
+        raise ValueError(f"{what} must be a contiguous float32 CPU tensor, got {t.dtype} "
+                         f"{'contiguous' if t.is_contiguous() else 'strided'} on {t.device}")
+    return t
+
+
+@torch.no_grad()
+def shift_embedding_(basis, weight, table=None, arithmetic="portable"):
+    """The embedding shift T <- T + (E - E U U^T), E <- E U U^T in place on a dense [V, d]
+    embedding `weight` (and, when given, the [V, d] `table` buffer the model adds, which takes
+    the new T). Returns the next basis: same U, the new T, version + 1, a new content hash.
+    T[y] + E[y] is unchanged up to one float rounding per element. Ranks holding bit-identical E
+    and basis get bit-identical results with arithmetic="portable" (no basis traffic)."""
+    e = _f32_cpu(weight, "shift_embedding_: the embedding")
+    nxt = lbcc.shift_embedding(basis, e, arithmetic)
+    if table is not None:
+        table.copy_(torch.from_numpy(nxt.table))
+    return nxt
+
+
+@torch.no_grad()
+def project_pseudo_gradient_(param, outer, basis, side="rows", arithmetic="portable"):
+    """In place: param <- outer - U U^T (outer - param), i.e. the pseudo-gradient outer - param
+    projected onto span(U) on the model-dim side ("rows": [d, n]; "columns": [n, d]; a 1-D [d]
+    tensor as a column). Call it on a replica's residual writes just before the SparseLoCo outer
+    step, so top-k spends its budget on what the re-projection after the step keeps."""
+    p = _f32_cpu(param, "project_pseudo_gradient_: param")
+    o = _f32_cpu(outer, "project_pseudo_gradient_: outer")
+    if p.shape != o.shape:
+        raise ValueError(f"project_pseudo_gradient_: param {tuple(p.shape)} and outer "
+                         f"{tuple(o.shape)} differ")
+    if p.dim() == 1:
+        p, o, side = p.view(-1, 1), o.view(-1, 1), "rows"
+    lbcc._lbcc.project_pseudo_gradient(basis, o, p, side, arithmetic)
+    return param
+
+
+def embedding_update(before, after):
+    """The elements of `after` whose bits differ from `before` (two float32 tensors of one
+    shape) as bytes: count (u32), positions (u32 each), values (f32 each). A SparseLoCo outer
+    step changes only the aggregate's selected positions, so this is small."""
+    b = _f32_cpu(before, "embedding_update: before").numpy().reshape(-1).view(np.uint32)
+    a = _f32_cpu(after, "embedding_update: after").numpy().reshape(-1)
+    if b.shape != a.shape:
+        raise ValueError("embedding_update: shapes differ")
+    idx = np.nonzero(b != a.view(np.uint32))[0].astype("<u4")
+    return struct.pack("<I", len(idx)) + idx.tobytes() + a[idx].astype("<f4").tobytes()
+
+
+@torch.no_grad()
+def apply_embedding_update_(tensor, data):
+    """Applies embedding_update() bytes to `tensor` in place: afterwards it holds the same bits
+    as the sender's `after`, provided it held `before`."""
+    t = _f32_cpu(tensor, "apply_embedding_update_: tensor").view(-1)
+    if len(data) < 4:
+        raise ValueError("apply_embedding_update_: truncated update")
+    (n,) = struct.unpack_from("<I", data)
+    if len(data) != 4 + 8 * n:
+        raise ValueError(f"apply_embedding_update_: {len(data)} bytes for {n} elements")
+    idx = np.frombuffer(data, dtype="<u4", count=n, offset=4).astype(np.int64)
+    vals = np.frombuffer(data, dtype="<f4", count=n, offset=4 + 4 * n)
+    if n and idx.max() >= t.numel():
+        raise ValueError(f"apply_embedding_update_: position {int(idx.max())} outside "
+                         f"{t.numel()} elements")
+    t[torch.from_numpy(idx)] = torch.from_numpy(vals.copy())
     return tensor
 
 
