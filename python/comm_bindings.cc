@@ -707,6 +707,14 @@ void BindComm(py::module_& m) {
           "Aborts the connections: running and queued operations fail on every rank.")
       .def("close", &PyComm::Close,
            "Destroys the communicator (queued operations fail with Cancelled). Idempotent.")
+      .def(
+          "_take_part_rejected",
+          [](PyComm& c, const std::string& op, const std::string& message) {
+            (void)c.get().PostRejected(op, absl::InvalidArgumentError(message));
+          },
+          py::arg("op"), py::arg("message"),
+          "For wrappers that reject a collective's arguments in Python: posts an error "
+          "contribution in its place, so every rank fails that operation and stays in step.")
       .def("split", &Split, py::arg("color"), py::arg("key") = 0,
            "Ranks passing the same color form a new communicator ordered by (key, rank); a "
            "negative color returns None. Collective and blocking.")
