@@ -8,7 +8,8 @@
 // all-reduces, or sparse all-reduces of one 64 x 64 tensor with top-k 64 and error feedback.
 // Every `--every` calls rank 0 prints "calls rss_kib live_tags" (VmRSS from /proc/self/status,
 // and the transport's per-tag entries on rank 0's links); the last line is "# growth_kib N"
-// (RSS at the end minus RSS after the first sample, the warm-up). bench/rss_long_run.sh runs
+// (RSS at the end minus RSS after the first sample, the warm-up); live_tags counts the send
+// side of rank 0's links (Fabric::Counters). bench/rss_long_run.sh runs
 // both and writes bench/results/rss.md.
 #include <cstdio>
 #include <fstream>

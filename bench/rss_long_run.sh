@@ -32,7 +32,7 @@ run sparse_allreduce "$SPARSE_CALLS" $((SPARSE_CALLS / 20))
   echo "machine: $(uname -n), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')),"
   echo "shared with other jobs (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))."
   echo "4 ranks as threads of one process over the loopback transport; rank 0 samples the"
-  echo "process's VmRSS and the transport's live per-tag entries on its links every 1/20 of the run."
+  echo "process's VmRSS and the transport's live per-tag entries on the send side of its links every 1/20 of the run."
   echo "Growth = RSS at the end minus RSS at the first sample (the warm-up). Target: within 1 MB (1024 KiB)."
   for op in allreduce sparse_allreduce; do
     f="$RAW/rss_$op.txt"

@@ -268,5 +268,59 @@ TEST(SignatureTest, ASilentRankIsNamedInTheDeadline) {
   EXPECT_THAT(results[2], IsOk());
 }
 
+// Issue 19 item 2: every collective (dense ones, rejected calls and mismatches included) releases
+// its per-tag transport state when it completes: the live tag entries do not grow with rounds.
+TEST(SignatureTest, NoCollectiveLeavesTagStateBehind) {
+  auto live_tags = [](Communicator& comm) {
+    uint64_t tags = 0;
+    for (int peer = 0; peer < comm.nranks(); ++peer) {
+      if (peer == comm.rank()) continue;  // both directions: send and receive side
+      tags += comm.fabric()->out(comm.global_ranks()[peer])->counters().live_tags;
+      tags += comm.fabric()->in(comm.global_ranks()[peer])->counters().live_tags;
+    }
+    return tags;
+  };
+  auto results = RunRanks(3, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> x(6, 1.0f), gathered(18), scattered(2);
+    std::vector<int32_t> ints(6, rank);
+    std::string mine = "payload";
+    std::vector<std::string> all;
+    auto v = *TensorView::Host(x.data(), {6});
+    uint64_t after_warm_up = 0;
+    for (int round = 0; round < 60; ++round) {
+      LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kMean)->Wait());
+      LBCC_RETURN_IF_ERROR(
+          comm.AllGather(v, *TensorView::Host(gathered.data(), {18}))->Wait());
+      LBCC_RETURN_IF_ERROR(comm.Broadcast(v, round % 3)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+      LBCC_RETURN_IF_ERROR(comm.AllGatherV(&mine, &all)->Wait());
+      LBCC_RETURN_IF_ERROR(
+          comm.DenseAllReduce(ints.data(), ints.data(), 6, DenseType::kI32, DenseOp::kMax)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.DenseReduce(ints.data(), ints.data(), 6, DenseType::kI32,
+                                            DenseOp::kSum, 1)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.DenseReduceScatter(x.data(), scattered.data(), 2,
+                                                   DenseType::kF32, DenseOp::kSum)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.DenseAllGather(x.data(), gathered.data(), 24)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.DenseGather(x.data(), gathered.data(), 24, 2)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.DenseScatter(gathered.data(), x.data(), 8, 0)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.DenseBroadcast(x.data(), 24, 1)->Wait());
+      // A rejected call and a mismatch.
+      if (comm.Broadcast(v, 7)->Wait().ok()) return absl::InternalError("root 7 accepted");
+      auto shorter = *TensorView::Host(x.data(), {rank == 1 ? 5 : 6});
+      if (comm.AllReduce(shorter, shorter, ReduceOp::kSum)->Wait().ok()) {
+        return absl::InternalError("a count mismatch succeeded");
+      }
+      if (round == 9) after_warm_up = live_tags(comm);
+    }
+    const uint64_t at_end = live_tags(comm);
+    if (at_end > after_warm_up) {
+      return absl::InternalError(absl::StrCat("rank ", rank, ": live tag entries grew from ",
+                                              after_warm_up, " to ", at_end));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
 }  // namespace
 }  // namespace lbcc::comm
