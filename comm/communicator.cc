@@ -175,8 +175,10 @@ void Communicator::WorkerLoop() {
           absl::Now() + (pending.timeout > absl::ZeroDuration() ? pending.timeout
                                                                  : fabric_->options().timeout);
       // Every rank's header first: nothing of the operation is sent or used unless all agree.
-      status = CheckSignatures(group_, pending.tag, pending.sequence, pending.signature,
-                               pending.rejection, deadline);
+      if (!pending.unchecked) {
+        status = CheckSignatures(group_, pending.tag, pending.sequence, pending.signature,
+                                 pending.rejection, deadline);
+      }
       if (status.ok()) status = pending.op(group_, pending.tag, deadline);
       status = Annotate(status, absl::StrCat(name, " (op ", pending.sequence, ") on rank ",
                                              group_.me));
@@ -210,6 +212,15 @@ RequestPtr Communicator::Post(Signature signature, Op op, absl::Duration timeout
   pending.signature = std::move(signature);
   pending.op = std::move(op);
   pending.timeout = timeout;
+  return Enqueue(std::move(pending));
+}
+
+RequestPtr Communicator::PostUnchecked(absl::string_view name, Op op, absl::Duration timeout) {
+  Pending pending;
+  pending.signature = NewSignature(name);
+  pending.op = std::move(op);
+  pending.timeout = timeout;
+  pending.unchecked = true;
   return Enqueue(std::move(pending));
 }
 

@@ -196,6 +196,11 @@ class Communicator {
   // `signature` (start one with NewSignature), or just the name and the communicator's settings.
   RequestPtr Post(absl::string_view name, Op op, absl::Duration timeout = absl::ZeroDuration());
   RequestPtr Post(Signature signature, Op op, absl::Duration timeout = absl::ZeroDuration());
+  // Runs `op` in order like Post but without the operation-header exchange: for work of this
+  // rank alone on the worker thread (tests that drive the collectives.h tasks directly). Not
+  // for collectives: nothing checks that the peers run the same.
+  RequestPtr PostUnchecked(absl::string_view name, Op op,
+                           absl::Duration timeout = absl::ZeroDuration());
   // A signature for operation `op` holding the communicator's settings that must match.
   Signature NewSignature(absl::string_view op) const;
   // For a call whose arguments were rejected (`why`, not OK): posts an error contribution in
@@ -224,6 +229,7 @@ class Communicator {
     transport::Tag tag;
     RequestPtr request;
     absl::Status rejection;  // An error contribution (PostRejected) when not OK.
+    bool unchecked = false;  // PostUnchecked: no header exchange.
   };
   RequestPtr Enqueue(Pending pending);
 
