@@ -203,9 +203,9 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
   std::map<int, Joined> joined;
   while (nranks == 0 || static_cast<int>(joined.size()) < nranks) {
     if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
-    sockaddr_in from{};
-    socklen_t from_length = sizeof(from);
-    Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from), &from_length));
+    SockAddr from;
+    from.len = sizeof(from.storage);
+    Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from.storage), &from.len));
     if (conn.get() < 0) continue;
     // With a job secret, only members get further (transport/secure.h; refusals are logged).
     if (!transport::AuthenticateJobMember(conn.get(), transport::HandshakeRole::kServer,

@@ -86,6 +86,20 @@ lbccResult_t NullArgument(const char* function, const char* name) {
 #define LBCC_C_CHECK_PTR(function, ptr) \
   if ((ptr) == nullptr) return NullArgument(function, #ptr)
 
+// A collective's argument error on a valid communicator: the call still takes part (an error
+// contribution in its place, Communicator::PostRejected), so every rank fails this operation
+// and the ranks stay in step; the error is reported from the call itself.
+lbccResult_t Reject(const char* function, const absl::Status& status, lbccComm* comm) {
+  comm->comm->PostRejected(function, status);
+  return Fail(status, comm);
+}
+
+// A NULL buffer of a collective: rejected as above.
+#define LBCC_C_CHECK_BUF(function, ptr, comm)                                                   \
+  if ((ptr) == nullptr)                                                                         \
+  return Reject(function,                                                                       \
+                absl::InvalidArgumentError(absl::StrCat(function, ": ", #ptr, " is NULL")), comm)
+
 absl::StatusOr<lbcc::DType> ToDType(lbccDataType_t type) {
   const uint8_t value = static_cast<uint8_t>(type);
   if (static_cast<int>(type) < 0 || static_cast<int>(type) > 255 || !lbcc::IsValidDType(value)) {
@@ -371,9 +385,9 @@ lbccResult_t DenseAllReduceC(const void* sendbuff, void* recvbuff, size_t count,
                              lbccDataType_t datatype, lbccRedOp_t op, lbccComm* comm,
                              lbccRequest_t* request) {
   absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
-  if (!type.ok()) return Fail(type.status(), comm);
+  if (!type.ok()) return Reject("lbccAllReduce", type.status(), comm);
   absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
-  if (!dense_op.ok()) return Fail(dense_op.status(), comm);
+  if (!dense_op.ok()) return Reject("lbccAllReduce", dense_op.status(), comm);
   return Finish(comm->comm->DenseAllReduce(sendbuff, recvbuff, count, *type, *dense_op), comm,
                 request);
 }
@@ -385,11 +399,11 @@ lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count,
                         lbccRequest_t* request) {
   LBCC_C_CHECK_PTR("lbccReduce", comm);
   LBCC_C_CHECK_PTR("lbccReduce", request);
-  if (count > 0) LBCC_C_CHECK_PTR("lbccReduce", sendbuff);
+  if (count > 0) LBCC_C_CHECK_BUF("lbccReduce", sendbuff, comm);
   absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
-  if (!type.ok()) return Fail(type.status(), comm);
+  if (!type.ok()) return Reject("lbccReduce", type.status(), comm);
   absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
-  if (!dense_op.ok()) return Fail(dense_op.status(), comm);
+  if (!dense_op.ok()) return Reject("lbccReduce", dense_op.status(), comm);
   return Finish(comm->comm->DenseReduce(sendbuff, recvbuff, count, *type, *dense_op, root), comm,
                 request);
 }
@@ -400,13 +414,13 @@ lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   LBCC_C_CHECK_PTR("lbccReduceScatter", comm);
   LBCC_C_CHECK_PTR("lbccReduceScatter", request);
   if (recvcount > 0) {
-    LBCC_C_CHECK_PTR("lbccReduceScatter", sendbuff);
-    LBCC_C_CHECK_PTR("lbccReduceScatter", recvbuff);
+    LBCC_C_CHECK_BUF("lbccReduceScatter", sendbuff, comm);
+    LBCC_C_CHECK_BUF("lbccReduceScatter", recvbuff, comm);
   }
   absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
-  if (!type.ok()) return Fail(type.status(), comm);
+  if (!type.ok()) return Reject("lbccReduceScatter", type.status(), comm);
   absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
-  if (!dense_op.ok()) return Fail(dense_op.status(), comm);
+  if (!dense_op.ok()) return Reject("lbccReduceScatter", dense_op.status(), comm);
   return Finish(
       comm->comm->DenseReduceScatter(sendbuff, recvbuff, recvcount, *type, *dense_op), comm,
       request);
@@ -417,11 +431,11 @@ lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
   LBCC_C_CHECK_PTR("lbccAllToAll", comm);
   LBCC_C_CHECK_PTR("lbccAllToAll", request);
   if (count > 0) {
-    LBCC_C_CHECK_PTR("lbccAllToAll", sendbuff);
-    LBCC_C_CHECK_PTR("lbccAllToAll", recvbuff);
+    LBCC_C_CHECK_BUF("lbccAllToAll", sendbuff, comm);
+    LBCC_C_CHECK_BUF("lbccAllToAll", recvbuff, comm);
   }
   absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
-  if (!type.ok()) return Fail(type.status(), comm);
+  if (!type.ok()) return Reject("lbccAllToAll", type.status(), comm);
   const size_t block = count * lbcc::comm::DenseTypeSize(*type);
   lbcc::comm::AllToAllLayout layout;
   for (int i = 0; i < comm->comm->nranks(); ++i) {
@@ -439,20 +453,20 @@ lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   LBCC_C_CHECK_PTR("lbccAllReduce", comm);
   LBCC_C_CHECK_PTR("lbccAllReduce", request);
   if (count > 0) {
-    LBCC_C_CHECK_PTR("lbccAllReduce", sendbuff);
-    LBCC_C_CHECK_PTR("lbccAllReduce", recvbuff);
+    LBCC_C_CHECK_BUF("lbccAllReduce", sendbuff, comm);
+    LBCC_C_CHECK_BUF("lbccAllReduce", recvbuff, comm);
   }
   absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
-  if (!dtype.ok()) return Fail(dtype.status(), comm);
+  if (!dtype.ok()) return Reject("lbccAllReduce", dtype.status(), comm);
   if (op == lbccProd || op == lbccMin || op == lbccMax) {
     return DenseAllReduceC(sendbuff, recvbuff, count, datatype, op, comm, request);
   }
   const int64_t n = static_cast<int64_t>(count);
   absl::StatusOr<lbcc::TensorView> in =
       lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});
-  if (!in.ok()) return Fail(in.status(), comm);
+  if (!in.ok()) return Reject("lbccAllReduce", in.status(), comm);
   absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Create(recvbuff, *dtype, {n});
-  if (!out.ok()) return Fail(out.status(), comm);
+  if (!out.ok()) return Reject("lbccAllReduce", out.status(), comm);
   return Finish(comm->comm->AllReduce(*in, *out,
                                       op == lbccSum ? lbcc::comm::ReduceOp::kSum
                                                     : lbcc::comm::ReduceOp::kMean),
@@ -464,18 +478,18 @@ lbccResult_t lbccAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   LBCC_C_CHECK_PTR("lbccAllGather", comm);
   LBCC_C_CHECK_PTR("lbccAllGather", request);
   if (sendcount > 0) {
-    LBCC_C_CHECK_PTR("lbccAllGather", sendbuff);
-    LBCC_C_CHECK_PTR("lbccAllGather", recvbuff);
+    LBCC_C_CHECK_BUF("lbccAllGather", sendbuff, comm);
+    LBCC_C_CHECK_BUF("lbccAllGather", recvbuff, comm);
   }
   absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
-  if (!dtype.ok()) return Fail(dtype.status(), comm);
+  if (!dtype.ok()) return Reject("lbccAllGather", dtype.status(), comm);
   const int64_t n = static_cast<int64_t>(sendcount);
   absl::StatusOr<lbcc::TensorView> in =
       lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});
-  if (!in.ok()) return Fail(in.status(), comm);
+  if (!in.ok()) return Reject("lbccAllGather", in.status(), comm);
   absl::StatusOr<lbcc::TensorView> out =
       lbcc::TensorView::Create(recvbuff, *dtype, {n * comm->comm->nranks()});
-  if (!out.ok()) return Fail(out.status(), comm);
+  if (!out.ok()) return Reject("lbccAllGather", out.status(), comm);
   return Finish(comm->comm->AllGather(*in, *out), comm, request);
 }
 
@@ -483,12 +497,12 @@ lbccResult_t lbccBroadcast(void* buff, size_t count, lbccDataType_t datatype, in
                            lbccComm_t comm, lbccRequest_t* request) {
   LBCC_C_CHECK_PTR("lbccBroadcast", comm);
   LBCC_C_CHECK_PTR("lbccBroadcast", request);
-  if (count > 0) LBCC_C_CHECK_PTR("lbccBroadcast", buff);
+  if (count > 0) LBCC_C_CHECK_BUF("lbccBroadcast", buff, comm);
   absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
-  if (!dtype.ok()) return Fail(dtype.status(), comm);
+  if (!dtype.ok()) return Reject("lbccBroadcast", dtype.status(), comm);
   absl::StatusOr<lbcc::TensorView> view =
       lbcc::TensorView::Create(buff, *dtype, {static_cast<int64_t>(count)});
-  if (!view.ok()) return Fail(view.status(), comm);
+  if (!view.ok()) return Reject("lbccBroadcast", view.status(), comm);
   return Finish(comm->comm->Broadcast(*view, root), comm, request);
 }
 
@@ -518,19 +532,19 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
   const char* kName = "lbccSparseAllReduce";
   LBCC_C_CHECK_PTR(kName, comm);
   LBCC_C_CHECK_PTR(kName, request);
-  if (ntensors < 0) return Fail(absl::InvalidArgumentError("ntensors < 0"), comm);
+  if (ntensors < 0) return Reject(kName, absl::InvalidArgumentError("ntensors < 0"), comm);
   if (ntensors > 0) {
-    LBCC_C_CHECK_PTR(kName, deltas);
-    LBCC_C_CHECK_PTR(kName, outs);
-    LBCC_C_CHECK_PTR(kName, ranks);
-    LBCC_C_CHECK_PTR(kName, dims);
-    LBCC_C_CHECK_PTR(kName, states);
+    LBCC_C_CHECK_BUF(kName, deltas, comm);
+    LBCC_C_CHECK_BUF(kName, outs, comm);
+    LBCC_C_CHECK_BUF(kName, ranks, comm);
+    LBCC_C_CHECK_BUF(kName, dims, comm);
+    LBCC_C_CHECK_BUF(kName, states, comm);
   }
   absl::StatusOr<lbcc::codecs::TopKEfOptions> options = TopKOptions(config);
-  if (!options.ok()) return Fail(options.status(), comm);
+  if (!options.ok()) return Reject(kName, options.status(), comm);
   absl::StatusOr<std::unique_ptr<lbcc::codecs::TopKEfCodec>> codec =
       lbcc::codecs::TopKEfCodec::Create(*options);
-  if (!codec.ok()) return Fail(codec.status(), comm);
+  if (!codec.ok()) return Reject(kName, codec.status(), comm);
   lbcc::codecs::DecodeOptions decode;
   decode.clip_to_median_norm = (aggregation & lbccAggClipToMedianNorm) != 0;
   switch (static_cast<int>(aggregation) & ~static_cast<int>(lbccAggClipToMedianNorm)) {
@@ -544,7 +558,7 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
       decode.aggregation = lbcc::codecs::Aggregation::kSum;
       break;
     default:
-      return Fail(absl::InvalidArgumentError(
+      return Reject(kName, absl::InvalidArgumentError(
                       absl::StrCat("unknown lbccAggregation_t ", static_cast<int>(aggregation))),
                   comm);
   }
@@ -552,20 +566,20 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
   for (int i = 0; i < ntensors; ++i) {
     if (deltas[i] == nullptr || outs[i] == nullptr || states[i] == nullptr ||
         (ranks[i] > 0 && dims[i] == nullptr)) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(kName, ": tensor ", i,
+      return Reject(kName, absl::InvalidArgumentError(absl::StrCat(kName, ": tensor ", i,
                                                           " has a NULL pointer")),
                   comm);
     }
     if (ranks[i] < 0 || ranks[i] > lbcc::kMaxRank) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": bad rank ", ranks[i])),
+      return Reject(kName, absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": bad rank ", ranks[i])),
                   comm);
     }
     lbcc::Shape shape(dims[i], dims[i] + ranks[i]);
     absl::StatusOr<lbcc::TensorView> delta =
         lbcc::TensorView::Host(const_cast<float*>(deltas[i]), shape);
-    if (!delta.ok()) return Fail(delta.status(), comm);
+    if (!delta.ok()) return Reject(kName, delta.status(), comm);
     absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Host(outs[i], shape);
-    if (!out.ok()) return Fail(out.status(), comm);
+    if (!out.ok()) return Reject(kName, out.status(), comm);
     tensors.push_back({*delta, *out, &states[i]->state});
   }
   std::shared_ptr<lbcc::codecs::TopKEfCodec> shared(std::move(*codec));

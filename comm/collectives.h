@@ -42,6 +42,9 @@ struct Group {
 // per-tag state of a completed collective ([MakeTag(c, s, 0), MakeTag(c, s, kFirstP2pStep)))
 // can be released without touching theirs.
 inline constexpr uint32_t kFirstP2pStep = 0xff00;
+// Every collective's operation header (comm/signature.h) uses the two steps below
+// kFirstP2pStep; an operation's own messages use steps below kSignatureStep.
+inline constexpr uint32_t kSignatureStep = kFirstP2pStep - 2;
 inline transport::Tag MakeTag(uint32_t comm_id, uint64_t sequence, uint32_t step) {
   return (static_cast<uint64_t>(comm_id & 0xffff) << 48) | ((sequence & 0xffffffffu) << 16) |
          (step & 0xffff);

@@ -61,8 +61,9 @@ TEST_P(AllGatherTaskTest, PostTestWait) {
       MutexLock lock(&mu);
       mu.Await([&] { return rank0_tested; });
     }
-    return comm.Post("test", [&, rank](const Group& group, transport::Tag tag,
-                                       absl::Time deadline) -> absl::Status {
+    // Rank 0's task must start before the peers post: no operation-header exchange first.
+    return comm.PostUnchecked("test", [&, rank](const Group& group, transport::Tag tag,
+                                                absl::Time deadline) -> absl::Status {
           const size_t size = 100000 + rank;
           std::unique_ptr<AllGatherTask> task =
               AllGatherTask::Post(group, tag, PayloadOf(rank, 0, size), GetParam(),
@@ -124,8 +125,9 @@ TEST(AllGatherTaskFailureTest, AbortFailsAPendingTaskWithCancelled) {
       mu.Await([&] { return done; });
       return absl::OkStatus();
     }
-    (void)comm.Post("test", [&](const Group& group, transport::Tag tag,
-                                absl::Time deadline) -> absl::Status {
+    // Only this rank posts: without the operation-header exchange (it would wait for peers).
+    (void)comm.PostUnchecked("test", [&](const Group& group, transport::Tag tag,
+                                         absl::Time deadline) -> absl::Status {
           std::unique_ptr<AllGatherTask> task =
               AllGatherTask::Post(group, tag, "mine", Algorithm::kDirect,
                                   transport::Priority::kNormal, deadline, kMaxBytes);
@@ -157,8 +159,9 @@ TEST(AllGatherTaskFailureTest, DeadlineFailsAndAbortsTheFabric) {
       mu.Await([&] { return done; });
       return absl::OkStatus();
     }
-    (void)comm.Post("test", [&](const Group& group, transport::Tag tag,
-                                absl::Time) -> absl::Status {
+    // Only this rank posts: without the operation-header exchange (it would wait for peers).
+    (void)comm.PostUnchecked("test", [&](const Group& group, transport::Tag tag,
+                                         absl::Time) -> absl::Status {
           std::unique_ptr<AllGatherTask> task = AllGatherTask::Post(
               group, tag, "mine", Algorithm::kRing, transport::Priority::kNormal,
               absl::Now() + absl::Milliseconds(50), kMaxBytes);

@@ -19,6 +19,29 @@ namespace {
 // Bounds what one peer may make us allocate for one payload.
 constexpr size_t kMaxPayloadBytes = size_t{1} << 40;
 
+// The fields of every signature: what must be the same on every rank whatever the operation.
+Signature::Fields SettingsFields(const CommConfig& config, const Topology& topology, int nranks,
+                                 uint32_t comm_id) {
+  Signature::Fields fields;
+  fields.emplace_back("nranks", absl::StrCat(nranks));
+  fields.emplace_back("communicator", absl::StrCat(comm_id));
+  // Islands, replicas and link classes: LBCC_TOPO_FILE, LBCC_SLOW_RANKS and the host names.
+  const std::string topology_json = topology.ToJson();
+  fields.emplace_back("topology (LBCC_TOPO_FILE, LBCC_SLOW_RANKS, host names)",
+                      absl::StrCat(absl::Hex(Signature::HashFields({{"", topology_json}}),
+                                             absl::kZeroPad16)));
+  std::string algorithms;
+  for (Collective c : kAllCollectives) {
+    if (config.algorithm(c) == Algorithm::kAuto) continue;
+    absl::StrAppend(&algorithms, algorithms.empty() ? "" : ",", CollectiveName(c), "=",
+                    AlgorithmName(config.algorithm(c)));
+  }
+  fields.emplace_back("LBCC_ALGO", algorithms.empty() ? "auto" : algorithms);
+  fields.emplace_back("LBCC_SPARSE_GROUP_ELEMENTS",
+                      absl::StrCat(config.sparse_group_elements.value_or(0)));
+  return fields;
+}
+
 absl::Status CheckHostTensor(const TensorView& t, absl::string_view what) {
   if (!t.is_host()) {
     return absl::UnimplementedError(absl::StrCat(what, ": only host tensors are supported"));
@@ -80,7 +103,15 @@ Communicator::Communicator(std::shared_ptr<Fabric> fabric, std::vector<int> rank
   group_.me = static_cast<int>(std::find(group_.ranks.begin(), group_.ranks.end(),
                                          fabric_->rank()) -
                                group_.ranks.begin());
+  auto settings = std::make_shared<Signature::Fields>(
+      SettingsFields(config_, fabric_->topology(), group_.size(), comm_id_));
+  settings_hash_ = Signature::HashFields(*settings);
+  settings_ = std::move(settings);
   worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+Signature Communicator::NewSignature(absl::string_view op) const {
+  return Signature(op, settings_, settings_hash_);
 }
 
 Communicator::~Communicator() {
@@ -104,22 +135,29 @@ void Communicator::WorkerLoop() {
       queue_.pop_front();
       cancelled = stopping_;
     }
+    const std::string& name = pending.signature.op();
     if (cancelled) {
       pending.request->Complete(absl::CancelledError(
-          absl::StrCat(pending.name, ": communicator destroyed before it ran")));
+          absl::StrCat(name, ": communicator destroyed before it ran")));
       continue;
     }
     absl::Status status = fabric_->aborted();
     if (!status.ok()) {
       status = absl::FailedPreconditionError(
-          absl::StrCat(pending.name, ": the communicator failed earlier (", status.ToString(),
+          absl::StrCat(name, ": the communicator failed earlier (", status.ToString(),
                        "); recreate it"));
     } else {
       const absl::Time deadline =
           absl::Now() + (pending.timeout > absl::ZeroDuration() ? pending.timeout
                                                                  : fabric_->options().timeout);
-      status = Annotate(pending.op(group_, pending.tag, deadline),
-                        absl::StrCat(pending.name, " on rank ", group_.me));
+      // Every rank's header first: nothing of the operation is sent or used unless all agree.
+      if (!pending.unchecked) {
+        status = CheckSignatures(group_, pending.tag, pending.sequence, pending.signature,
+                                 pending.rejection, deadline);
+      }
+      if (status.ok()) status = pending.op(group_, pending.tag, deadline);
+      status = Annotate(status, absl::StrCat(name, " (op ", pending.sequence, ") on rank ",
+                                             group_.me));
       LBCC_LOG_IF(WARN, !status.ok()) << status;
     }
     ReleaseTags(pending.tag);
@@ -142,14 +180,46 @@ void Communicator::ReleaseTags(transport::Tag tag) {
 }
 
 RequestPtr Communicator::Post(absl::string_view name, Op op, absl::Duration timeout) {
+  return Post(NewSignature(name), std::move(op), timeout);
+}
+
+RequestPtr Communicator::Post(Signature signature, Op op, absl::Duration timeout) {
+  Pending pending;
+  pending.signature = std::move(signature);
+  pending.op = std::move(op);
+  pending.timeout = timeout;
+  return Enqueue(std::move(pending));
+}
+
+RequestPtr Communicator::PostUnchecked(absl::string_view name, Op op, absl::Duration timeout) {
+  Pending pending;
+  pending.signature = NewSignature(name);
+  pending.op = std::move(op);
+  pending.timeout = timeout;
+  pending.unchecked = true;
+  return Enqueue(std::move(pending));
+}
+
+RequestPtr Communicator::PostRejected(absl::string_view name, absl::Status why) {
+  if (why.ok()) why = absl::InternalError(absl::StrCat(name, ": rejected without a reason"));
+  Pending pending;
+  pending.signature = NewSignature(name);
+  pending.rejection = why;
+  (void)Enqueue(std::move(pending));  // Its outcome is `why`, known now.
+  return CompletedRequest(std::move(why));
+}
+
+RequestPtr Communicator::Enqueue(Pending pending) {
   auto request = std::make_shared<Request>();
   MutexLock lock(&mu_);
   if (stopping_) {
     request->Complete(absl::CancelledError("communicator is being destroyed"));
     return request;
   }
-  queue_.push_back(Pending{std::string(name), std::move(op), timeout,
-                           MakeTag(comm_id_, sequence_++, 0), request});
+  pending.sequence = sequence_++;
+  pending.tag = MakeTag(comm_id_, pending.sequence, 0);
+  pending.request = request;
+  queue_.push_back(std::move(pending));
   cv_.SignalAll();
   return request;
 }
@@ -198,10 +268,14 @@ absl::StatusOr<Algorithm> Communicator::ChooseAlgorithm(Collective collective, c
 RequestPtr Communicator::AllGatherV(const std::string* mine, std::vector<std::string>* out,
                                     OpOptions options) {
   if (mine == nullptr || out == nullptr) {
-    return CompletedRequest(absl::InvalidArgumentError("AllGatherV: null argument"));
+    return PostRejected("AllGatherV", absl::InvalidArgumentError("AllGatherV: null argument"));
   }
+  // Payload sizes may differ per rank, so the algorithm is chosen by size on the worker (for
+  // auto, the table's row must not depend on the size there: ranks would disagree otherwise).
+  Signature signature = NewSignature("AllGatherV");
+  signature.Add("algorithm", AlgorithmName(options.algorithm));
   return Post(
-      "AllGatherV",
+      std::move(signature),
       [this, mine, out, options](const Group& group, transport::Tag tag, absl::Time deadline) {
         LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kAllGatherV, group,
                                                                 mine->size(), options.algorithm));
@@ -223,11 +297,18 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
     check = absl::InvalidArgumentError(
         absl::StrCat("AllReduce: dtype ", DTypeName(in.dtype()), " is not f32, f16 or bf16"));
   }
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("AllReduce", [this, in, out, op, options](const Group& group, transport::Tag tag,
-                                               absl::Time deadline) {
-    LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kAllReduce, group,
-                                                            in.num_bytes(), options.algorithm));
+  if (!check.ok()) return PostRejected("AllReduce", check);
+  absl::StatusOr<Algorithm> chosen =
+      ChooseAlgorithm(Collective::kAllReduce, group_, in.num_bytes(), options.algorithm);
+  if (!chosen.ok()) return PostRejected("AllReduce", chosen.status());
+  Signature signature = NewSignature("AllReduce");
+  signature.Add("dtype", DTypeName(in.dtype()))
+      .Add("count", in.num_elements())
+      .Add("reduce op", op == ReduceOp::kSum ? "sum" : "mean")
+      .Add("algorithm", AlgorithmName(*chosen));
+  return Post(std::move(signature), [in, out, op, options, chosen = *chosen](
+                                        const Group& group, transport::Tag tag,
+                                        absl::Time deadline) {
     switch (chosen) {
       case Algorithm::kRing:
         return AllReduceRing(group, tag, in.data(), out.data(), in.num_elements(), in.dtype(), op,
@@ -248,13 +329,19 @@ RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out,
     check = absl::InvalidArgumentError(absl::StrCat("AllGather: out ", out.DebugString(),
                                                     " must hold nranks x in ", in.DebugString()));
   }
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("AllGather", [this, in, out, options](const Group& group, transport::Tag tag,
-                                                    absl::Time deadline) {
+  if (!check.ok()) return PostRejected("AllGather", check);
+  absl::StatusOr<Algorithm> chosen =
+      ChooseAlgorithm(Collective::kAllGather, group_, in.num_bytes(), options.algorithm);
+  if (!chosen.ok()) return PostRejected("AllGather", chosen.status());
+  Signature signature = NewSignature("AllGather");
+  signature.Add("dtype", DTypeName(in.dtype()))
+      .Add("count", in.num_elements())
+      .Add("algorithm", AlgorithmName(*chosen));
+  return Post(std::move(signature), [in, out, options, chosen = *chosen](
+                                        const Group& group, transport::Tag tag,
+                                        absl::Time deadline) {
     const std::string mine(static_cast<const char*>(in.data()), in.num_bytes());
     std::vector<std::string> all;
-    LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kAllGather, group,
-                                                            mine.size(), options.algorithm));
     LBCC_RETURN_IF_ERROR(comm::AllGatherV(group, tag, mine, &all, chosen, options.priority,
                                           deadline, in.num_bytes()));
     for (int i = 0; i < group.size(); ++i) {
@@ -274,14 +361,19 @@ RequestPtr Communicator::Broadcast(const TensorView& buffer, int root, OpOptions
   if (check.ok() && (root < 0 || root >= nranks())) {
     check = absl::InvalidArgumentError(absl::StrCat("Broadcast: root ", root, " out of range"));
   }
-  if (!check.ok()) return CompletedRequest(check);
+  if (!check.ok()) return PostRejected("Broadcast", check);
+  absl::StatusOr<Algorithm> chosen =
+      ChooseAlgorithm(Collective::kBroadcast, group_, buffer.num_bytes(), options.algorithm);
+  if (!chosen.ok()) return PostRejected("Broadcast", chosen.status());
+  Signature signature = NewSignature("Broadcast");
+  signature.Add("dtype", DTypeName(buffer.dtype()))
+      .Add("count", buffer.num_elements())
+      .Add("root", root)
+      .Add("algorithm", AlgorithmName(*chosen));
   return Post(
-      "Broadcast",
-      [this, buffer, root, options](const Group& group, transport::Tag tag,
-                                    absl::Time deadline) -> absl::Status {
-        LBCC_ASSIGN_OR_RETURN(Algorithm chosen, ChooseAlgorithm(Collective::kBroadcast, group,
-                                                                buffer.num_bytes(),
-                                                                options.algorithm));
+      std::move(signature),
+      [buffer, root, options, chosen = *chosen](const Group& group, transport::Tag tag,
+                                                absl::Time deadline) -> absl::Status {
         switch (chosen) {
           case Algorithm::kDirect:
             return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root,
@@ -295,16 +387,17 @@ RequestPtr Communicator::Broadcast(const TensorView& buffer, int root, OpOptions
 }
 
 RequestPtr Communicator::Barrier(OpOptions options) {
+  absl::StatusOr<Algorithm> chosen =
+      ChooseAlgorithm(Collective::kBarrier, group_, 0, options.algorithm);
+  if (!chosen.ok()) return PostRejected("Barrier", chosen.status());
+  Signature signature = NewSignature("Barrier");
+  signature.Add("algorithm", AlgorithmName(*chosen));
   return Post(
-      "Barrier",
-      [this, options](const Group& group, transport::Tag tag,
-                      absl::Time deadline) -> absl::Status {
-        // An all-gather of nothing, ahead of other traffic.
-        LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
-                              ChooseAlgorithm(Collective::kBarrier, group, 0, options.algorithm));
-        std::vector<std::string> all;
-        return comm::AllGatherV(group, tag, std::string(), &all, chosen,
-                                transport::Priority::kHigh, deadline, 0);
+      std::move(signature),
+      [](const Group&, transport::Tag, absl::Time) -> absl::Status {
+        // Nothing left to do: the operation headers (CheckSignatures) went from every rank to
+        // every rank, so every rank has reached this barrier.
+        return absl::OkStatus();
       },
       options.timeout);
 }

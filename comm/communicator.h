@@ -8,6 +8,13 @@
 //   RequestPtr r = comm->AllReduce(grad, grad, ReduceOp::kMean);
 //   LBCC_RETURN_IF_ERROR(r->Wait());
 //
+// Every collective is checked before its data is used (comm/signature.h): its sequence number
+// and a hash of its signature (operation, dtype, counts, reduction, root, codec, algorithm,
+// settings that must match, topology) against every peer's. Ranks that disagree fail that
+// operation on every rank with FailedPrecondition naming two ranks and the field; a call whose
+// arguments are rejected (InvalidArgument) still takes part with an error contribution, so
+// every rank fails that operation too and the ranks stay in step. Neither aborts anything.
+//
 // Failure semantics (like NCCL's): an operation that fails (peer lost, timeout, corrupt data)
 // aborts the communicator's connections, so every rank's pending operation fails within the
 // timeout instead of hanging; later operations fail with FailedPrecondition naming the first
@@ -43,6 +50,7 @@
 #include "comm/config.h"
 #include "comm/fabric.h"
 #include "comm/request.h"
+#include "comm/signature.h"
 #include "comm/thread_pool.h"
 #include "codecs/codec.h"
 
@@ -184,8 +192,22 @@ class Communicator {
   // the same way.
   using Op = std::function<absl::Status(const Group& group, transport::Tag tag,
                                         absl::Time deadline)>;
-  // `timeout` zero: the communicator's.
+  // `timeout` zero: the communicator's. The signature checked across ranks before `op` runs is
+  // `signature` (start one with NewSignature), or just the name and the communicator's settings.
   RequestPtr Post(absl::string_view name, Op op, absl::Duration timeout = absl::ZeroDuration());
+  RequestPtr Post(Signature signature, Op op, absl::Duration timeout = absl::ZeroDuration());
+  // Runs `op` in order like Post but without the operation-header exchange: for work of this
+  // rank alone on the worker thread (tests that drive the collectives.h tasks directly). Not
+  // for collectives: nothing checks that the peers run the same.
+  RequestPtr PostUnchecked(absl::string_view name, Op op,
+                           absl::Duration timeout = absl::ZeroDuration());
+  // A signature for operation `op` holding the communicator's settings that must match.
+  Signature NewSignature(absl::string_view op) const;
+  // For a call whose arguments were rejected (`why`, not OK): posts an error contribution in
+  // the operation's place, so every rank fails its operation at this position with
+  // InvalidArgument naming this rank, and returns a request already complete with `why`
+  // (RejectedAtPost). Every argument check of the collectives here goes through it.
+  RequestPtr PostRejected(absl::string_view name, absl::Status why);
 
   // Aborts the connections: running and queued operations fail, on every rank. Idempotent.
   void Abort();
@@ -200,18 +222,25 @@ class Communicator {
   void ReleaseTags(transport::Tag tag);
 
   struct Pending {
-    std::string name;
+    Signature signature;
     Op op;
     absl::Duration timeout;
+    uint64_t sequence = 0;
     transport::Tag tag;
     RequestPtr request;
+    absl::Status rejection;  // An error contribution (PostRejected) when not OK.
+    bool unchecked = false;  // PostUnchecked: no header exchange.
   };
+  RequestPtr Enqueue(Pending pending);
 
   std::shared_ptr<Fabric> fabric_;
   const CommConfig config_;  // Resolved in Init; Split() children get a copy.
   Group group_;
   uint32_t comm_id_;
   uint64_t splits_ = 0;  // Splits made so far (only touched by the posting thread).
+  // Fields of every operation's signature (nranks, topology hash, LBCC_ALGO, group size).
+  std::shared_ptr<const Signature::Fields> settings_;
+  uint64_t settings_hash_ = 0;
   // SparseAllReduce's reusable memory; only the worker thread touches it, so steady-state
   // exchanges do not allocate (and do not page-fault fresh buffers) per call.
   std::vector<uint8_t> encode_buffer_;

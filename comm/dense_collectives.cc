@@ -426,6 +426,24 @@ namespace {
 
 constexpr uint32_t kVerifiedStepBase = 0x100;
 
+// The signature checked on every rank before the operation runs (comm/signature.h).
+Signature DenseSignature(const Communicator& comm, absl::string_view name, size_t count,
+                         DenseType type, DenseOp op, int root) {
+  Signature signature = comm.NewSignature(name);
+  signature.Add("dtype", DenseTypeName(type))
+      .Add("count", static_cast<int64_t>(count))
+      .Add("reduce op", DenseOpName(op))
+      .Add("root", root);
+  return signature;
+}
+
+Signature BytesSignature(const Communicator& comm, absl::string_view name, size_t bytes,
+                         int root) {
+  Signature signature = comm.NewSignature(name);
+  signature.Add("bytes", static_cast<int64_t>(bytes)).Add("root", root);
+  return signature;
+}
+
 std::string Fingerprint(absl::string_view name, size_t count, DenseType type, DenseOp op,
                         int root) {
   return absl::StrCat(name, "(count=", count, ", dtype=", DenseTypeName(type),
@@ -459,8 +477,8 @@ RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count,
                                         DenseOp op, DenseOptions options) {
   absl::Status check = CheckDenseOp(type, op);
   if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("DenseAllReduce",
+  if (!check.ok()) return PostRejected("DenseAllReduce", check);
+  return Post(DenseSignature(*this, "DenseAllReduce", count, type, op, -1),
               Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseAllReduceRing(g, tag, in, out, count, type, op,
@@ -474,8 +492,8 @@ RequestPtr Communicator::DenseReduce(const void* in, void* out, size_t count, De
   absl::Status check = CheckDenseOp(type, op);
   if (check.ok()) check = CheckRoot(root, nranks(), "DenseReduce");
   if (check.ok()) check = CheckPointers("DenseReduce", in, rank() == root ? out : in, count);
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("DenseReduce",
+  if (!check.ok()) return PostRejected("DenseReduce", check);
+  return Post(DenseSignature(*this, "DenseReduce", count, type, op, root),
               Verified(options.verify, Fingerprint("reduce", count, type, op, root),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseReduceRing(g, tag, in, out, count, type, op, root,
@@ -488,8 +506,8 @@ RequestPtr Communicator::DenseReduceScatter(const void* in, void* out, size_t co
                                             DenseType type, DenseOp op, DenseOptions options) {
   absl::Status check = CheckDenseOp(type, op);
   if (check.ok()) check = CheckPointers("DenseReduceScatter", in, out, count);
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("DenseReduceScatter",
+  if (!check.ok()) return PostRejected("DenseReduceScatter", check);
+  return Post(DenseSignature(*this, "DenseReduceScatter", count, type, op, -1),
               Verified(options.verify, Fingerprint("reduce_scatter", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseReduceScatterRing(g, tag, in, out, count, type, op,
@@ -502,7 +520,7 @@ RequestPtr Communicator::DenseAllToAll(const void* in, void* out, AllToAllLayout
                                        DenseOptions options) {
   auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
   // Ranks may send different sizes to different peers, so the fingerprint holds only the name.
-  return Post("DenseAllToAll",
+  return Post(NewSignature("DenseAllToAll"),
               Verified(options.verify, "alltoall",
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseAllToAllDirect(g, tag, in, out, *shared, options.priority,
@@ -514,7 +532,7 @@ RequestPtr Communicator::DenseAllToAll(const void* in, void* out, AllToAllLayout
 RequestPtr Communicator::DenseAllGather(const void* in, void* out, size_t bytes,
                                         DenseOptions options) {
   absl::Status check = CheckPointers("DenseAllGather", in, out, bytes);
-  if (!check.ok()) return CompletedRequest(check);
+  if (!check.ok()) return PostRejected("DenseAllGather", check);
   const int n = nranks();
   AllToAllLayout layout;
   for (int i = 0; i < n; ++i) {
@@ -524,7 +542,7 @@ RequestPtr Communicator::DenseAllGather(const void* in, void* out, size_t bytes,
     layout.recv_bytes.push_back(bytes);
   }
   auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
-  return Post("DenseAllGather",
+  return Post(BytesSignature(*this, "DenseAllGather", bytes, -1),
               Verified(options.verify, absl::StrCat("allgather(bytes=", bytes, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseAllToAllDirect(g, tag, in, out, *shared, options.priority,
@@ -537,8 +555,8 @@ RequestPtr Communicator::DenseGather(const void* in, void* out, size_t bytes, in
                                      DenseOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseGather");
   if (check.ok()) check = CheckPointers("DenseGather", in, rank() == root ? out : in, bytes);
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("DenseGather",
+  if (!check.ok()) return PostRejected("DenseGather", check);
+  return Post(BytesSignature(*this, "DenseGather", bytes, root),
               Verified(options.verify, absl::StrCat("gather(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseGatherDirect(g, tag, in, out, bytes, root, options.priority,
@@ -551,8 +569,8 @@ RequestPtr Communicator::DenseScatter(const void* in, void* out, size_t bytes, i
                                       DenseOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseScatter");
   if (check.ok()) check = CheckPointers("DenseScatter", rank() == root ? in : out, out, bytes);
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("DenseScatter",
+  if (!check.ok()) return PostRejected("DenseScatter", check);
+  return Post(BytesSignature(*this, "DenseScatter", bytes, root),
               Verified(options.verify, absl::StrCat("scatter(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return DenseScatterDirect(g, tag, in, out, bytes, root,
@@ -565,8 +583,8 @@ RequestPtr Communicator::DenseBroadcast(void* buffer, size_t bytes, int root,
                                         DenseOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseBroadcast");
   if (check.ok()) check = CheckPointers("DenseBroadcast", buffer, buffer, bytes);
-  if (!check.ok()) return CompletedRequest(check);
-  return Post("DenseBroadcast",
+  if (!check.ok()) return PostRejected("DenseBroadcast", check);
+  return Post(BytesSignature(*this, "DenseBroadcast", bytes, root),
               Verified(options.verify,
                        absl::StrCat("broadcast(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {

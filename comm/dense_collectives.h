@@ -13,9 +13,11 @@
 // Errors: InvalidArgument (an op that does not apply to the type, e.g. bitwise on floats or avg
 // on integers; bad root/peer; buffer sizes that disagree), DataLoss (a peer sent a message of
 // another size: ranks disagree on shape or type), plus the Fabric's Unavailable /
-// DeadlineExceeded / Cancelled. With DenseOptions::verify every rank first exchanges a
-// fingerprint (operation, type, op, counts, root) and a mismatch fails every rank with
-// InvalidArgument naming the rank, without aborting the communicator.
+// DeadlineExceeded / Cancelled. Every operation's signature (operation, type, op, counts,
+// root) is checked on every rank first (comm/signature.h): a mismatch fails every rank with
+// FailedPrecondition naming two ranks and the field, without aborting the communicator.
+// DenseOptions::verify adds the older textual fingerprint exchange (InvalidArgument naming the
+// rank) for what the signature does not cover.
 //
 // Thread-safety: stateless functions; one call at a time per Group (as collectives.h).
 #ifndef LBCC_COMM_DENSE_COLLECTIVES_H_
@@ -56,7 +58,7 @@ void DenseFinish(void* data, size_t count, DenseType type, DenseOp op, int n);
 struct DenseOptions {
   absl::Duration timeout = absl::ZeroDuration();  // Zero: the communicator's.
   transport::Priority priority = transport::Priority::kNormal;
-  // Exchange a fingerprint first (costs one small all-gather); see the header comment.
+  // Also exchange the textual fingerprint first (one more small all-gather); see the header.
   bool verify = false;
 };
 

@@ -243,7 +243,9 @@ TEST(DenseCollectivesTest, VerifyNamesTheDisagreeingRankAndKeepsTheCommunicator)
     absl::Status status = comm.DenseAllReduce(data.data(), data.data(), data.size(),
                                               DenseType::kF32, DenseOp::kSum, verify)
                               ->Wait();
-    EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2")));
+    // The signature check (comm/signature.h) runs first, always, and names the field.
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 HasSubstr("rank 0 and rank 2 disagree on op 0's count: 4 vs 5")));
     // Still usable: nothing was aborted.
     std::vector<float> ok(4, 1.0f);
     LBCC_RETURN_IF_ERROR(
@@ -255,13 +257,17 @@ TEST(DenseCollectivesTest, VerifyNamesTheDisagreeingRankAndKeepsTheCommunicator)
 }
 
 TEST(DenseCollectivesTest, UnverifiedSizeMismatchFailsEveryRank) {
+  // Without verify too: every rank fails, naming the two ranks and the field.
   auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
     std::vector<float> data(rank == 0 ? 8 : 12, 1.0f);
     return comm.DenseAllReduce(data.data(), data.data(), data.size(), DenseType::kF32,
                                DenseOp::kSum)
         ->Wait();
   });
-  for (const absl::Status& status : results) EXPECT_FALSE(status.ok()) << status;
+  for (const absl::Status& status : results) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                 HasSubstr("rank 0 and rank 1 disagree on op 0's count: 8 vs 12")));
+  }
 }
 
 }  // namespace

@@ -154,7 +154,7 @@ absl::Status SparseAllReduceSchedule::Plan() {
   // An all-gather uses at most max(n, 3) tag steps; groups take disjoint step ranges.
   steps_ = static_cast<uint32_t>(std::max(group_.size(), 3));
   const int max_groups =
-      static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, kFirstP2pStep / steps_));
+      static_cast<int>(std::min<uint32_t>(kMaxPipelineGroups, kSignatureStep / steps_));
   plan_ = PlanGroups(tensors_, max_groups, min_elements_);
   const int num_groups = static_cast<int>(plan_.size());
   const GroupShape shape = ShapeOf(topology_, group_.ranks);
@@ -182,7 +182,7 @@ absl::Status SparseAllReduceSchedule::Plan() {
     const uint32_t rounds = direct_ ? 1 : static_cast<uint32_t>(pieces_[g] + 1);
     first_step_[g + 1] = first_step_[g] + rounds * steps_;
   }
-  if (first_step_[num_groups] > kFirstP2pStep) {
+  if (first_step_[num_groups] > kSignatureStep) {
     std::fill(pieces_.begin(), pieces_.end(), 0);
     for (int g = 0; g < num_groups; ++g) first_step_[g + 1] = first_step_[g] + steps_;
   }
@@ -489,10 +489,16 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
                                          const codecs::Codec* codec, codecs::DecodeOptions decode,
                                          OpOptions options) {
   if (codec == nullptr) {
-    return CompletedRequest(absl::InvalidArgumentError("SparseAllReduce: null codec"));
+    return PostRejected("SparseAllReduce", absl::InvalidArgumentError("SparseAllReduce: null codec"));
   }
+  Signature signature = NewSignature("SparseAllReduce");
+  std::vector<const Shape*> shapes;
+  for (const SparseTensor& t : tensors) shapes.push_back(&t.delta.shape());
+  AddSparseAllReduceFields(signature, *codec, decode,
+                           internal::ResolveSparseGroupElements(options, config_),
+                           options.algorithm, shapes);
   return Post(
-      "SparseAllReduce",
+      std::move(signature),
       [this, tensors = std::move(tensors), codec, decode, options](
           const Group& group, transport::Tag tag, absl::Time deadline) -> absl::Status {
         const int64_t min_elements = internal::ResolveSparseGroupElements(options, config_);

@@ -269,7 +269,10 @@ class WrappingCodec : public codecs::Codec {
   WrappingCodec(const codecs::Codec* inner, std::string what)
       : inner_(inner), what_(std::move(what)) {}
   codecs::CodecId id() const override { return inner_->id(); }
-  std::string Describe() const override { return what_ + " " + inner_->Describe(); }
+  // The inner codec's: every rank's signature (comm/signature.h) names the same codec, as a
+  // real peer that misbehaves would.
+  std::string Describe() const override { return inner_->Describe(); }
+  const std::string& what() const { return what_; }
   absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t> shape) const override {
     return inner_->MaxEncodedBytes(shape);
   }
@@ -397,6 +400,28 @@ class CountingCodec final : public WrappingCodec {
 // encoding thread, ring and hierarchical run each group's all-gather on a thread of its own).
 class SparseAllReduceGiveUpTest : public ::testing::TestWithParam<Algorithm> {};
 
+// Rank 1's codec: its first Encode waits until the others encoded every group (the operation
+// starts on every rank at once, after the signature check, so the wait is inside it).
+class GatedCodec final : public WrappingCodec {
+ public:
+  GatedCodec(const codecs::Codec* inner, Mutex* mu, CondVar* cv, const int* done, int until)
+      : WrappingCodec(inner, "gated"), mu_(mu), cv_(cv), done_(done), until_(until) {}
+  absl::StatusOr<size_t> Encode(const TensorView& input, codecs::CodecState* state,
+                                absl::Span<uint8_t> out) const override {
+    {
+      MutexLock lock(mu_);
+      while (*done_ < until_) cv_->Wait(mu_);
+    }
+    return inner_->Encode(input, state, out);
+  }
+
+ private:
+  Mutex* mu_;
+  CondVar* cv_;
+  const int* done_;
+  const int until_;
+};
+
 TEST_P(SparseAllReduceGiveUpTest, AGiveUpAfterOthersStartedEveryGroupStrandsNoSend) {
   codecs::TopKEfOptions topk;
   topk.top_k = 1024;  // 1/4 of the values as fp32 with 12-bit indices: ~90 KB per tensor
@@ -415,6 +440,7 @@ TEST_P(SparseAllReduceGiveUpTest, AGiveUpAfterOthersStartedEveryGroupStrandsNoSe
   CondVar cv;
   int encoded = 0;  // by ranks 0 and 2
   CountingCodec counting(inner.get(), &mu, &cv, &encoded);
+  GatedCodec gated(inner.get(), &mu, &cv, &encoded, 2 * kTensors);
   auto statuses = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
     std::vector<std::vector<float>> deltas, outs(kTensors);
     std::vector<codecs::TopKEfState> states(kTensors);
@@ -427,13 +453,9 @@ TEST_P(SparseAllReduceGiveUpTest, AGiveUpAfterOthersStartedEveryGroupStrandsNoSe
       tensors.push_back({*TensorView::Host(deltas[t].data(), shape),
                          *TensorView::Host(outs[t].data(), shape), &states[t]});
     }
-    if (rank == 1) {
-      deltas[0][3] = std::nanf("");
-      MutexLock lock(&mu);
-      while (encoded < 2 * kTensors) cv.Wait(&mu);
-    }
+    if (rank == 1) deltas[0][3] = std::nanf("");
     const absl::Time start = absl::Now();
-    const codecs::Codec* codec = inner.get();
+    const codecs::Codec* codec = &gated;
     if (rank != 1) codec = &counting;
     absl::Status failed = comm.SparseAllReduce(tensors, codec, {}, op)->Wait();
     if (failed.code() != absl::StatusCode::kInvalidArgument ||

@@ -279,6 +279,39 @@ class PyComm {
   std::shared_ptr<Communicator> comm_;
 };
 
+// Called in a catch block: the arguments of collective `name` were rejected before anything was
+// posted. The call still takes part: an error contribution goes in its place
+// (Communicator::PostRejected), so every rank fails this operation with an error naming this
+// rank and the ranks stay in step (issue 19: a TypeError here used to leave this rank one
+// operation behind, and its next all_reduce paired with the peers' previous one).
+void TakePartAfterError(PyComm& self, const char* name) {
+  std::string what = "argument error";
+  try {
+    throw;
+  } catch (const StatusError& e) {
+    what = std::string(e.status().message());
+  } catch (const py::error_already_set& e) {
+    what = e.what();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  if (self.closed()) return;
+  (void)self.get().PostRejected(name, absl::InvalidArgumentError(absl::StrCat(name, ": ", what)));
+}
+
+// Runs `parse` (the argument checks of collective `name`) and returns what it returns; when it
+// throws, the call takes part with an error contribution, then the exception propagates.
+template <typename Parse>
+auto ParseOrTakePart(PyComm& self, const char* name, Parse&& parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (...) {
+    TakePartAfterError(self, name);
+    throw;
+  }
+}
+
 py::object Split(PyComm& self, int color, int key) {
   Communicator& c = self.get();
   absl::StatusOr<std::unique_ptr<Communicator>> child;
@@ -295,19 +328,21 @@ py::object AllReduce(PyComm& self, py::object tensor, py::object out, const std:
                      bool async_op, std::optional<double> timeout, const std::string& algorithm,
                      const std::string& priority) {
   if (out.is_none()) out = tensor;
-  const auto floats = {DType::kF32, DType::kF16, DType::kBF16};
-  TensorView in = ToView(tensor, "tensor", floats);
-  TensorView outv = ToView(out, "out", floats, Access::kWrite);
-  comm::ReduceOp reduce;
-  if (op == "sum") {
-    reduce = comm::ReduceOp::kSum;
-  } else if (op == "mean") {
-    reduce = comm::ReduceOp::kMean;
-  } else {
-    throw StatusError(
-        absl::InvalidArgumentError(absl::StrCat("unknown op '", op, "' (sum, mean)")));
-  }
-  comm::OpOptions options = MakeOptions(timeout, algorithm, priority);
+  auto [in, outv, reduce, options] = ParseOrTakePart(self, "AllReduce", [&] {
+    const auto floats = {DType::kF32, DType::kF16, DType::kBF16};
+    TensorView in = ToView(tensor, "tensor", floats);
+    TensorView outv = ToView(out, "out", floats, Access::kWrite);
+    comm::ReduceOp reduce;
+    if (op == "sum") {
+      reduce = comm::ReduceOp::kSum;
+    } else if (op == "mean") {
+      reduce = comm::ReduceOp::kMean;
+    } else {
+      throw StatusError(
+          absl::InvalidArgumentError(absl::StrCat("unknown op '", op, "' (sum, mean)")));
+    }
+    return std::make_tuple(in, outv, reduce, MakeOptions(timeout, algorithm, priority));
+  });
   auto core = self.NewCore();
   core->keep = {tensor, out};
   core->request = core->comm->AllReduce(in, outv, reduce, options);
@@ -317,11 +352,13 @@ py::object AllReduce(PyComm& self, py::object tensor, py::object out, const std:
 py::object AllGather(PyComm& self, py::object tensor, py::object out, bool async_op,
                      std::optional<double> timeout, const std::string& algorithm,
                      const std::string& priority) {
-  TensorView in = ToView(
-      tensor, "tensor",
-      {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64});
-  TensorView outv = ToView(out, "out", {in.dtype()}, Access::kWrite);
-  comm::OpOptions options = MakeOptions(timeout, algorithm, priority);
+  auto [in, outv, options] = ParseOrTakePart(self, "AllGather", [&] {
+    TensorView in = ToView(
+        tensor, "tensor",
+        {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64});
+    TensorView outv = ToView(out, "out", {in.dtype()}, Access::kWrite);
+    return std::make_tuple(in, outv, MakeOptions(timeout, algorithm, priority));
+  });
   auto core = self.NewCore();
   core->keep = {tensor, out};
   core->request = core->comm->AllGather(in, outv, options);
@@ -330,11 +367,13 @@ py::object AllGather(PyComm& self, py::object tensor, py::object out, bool async
 
 py::object Broadcast(PyComm& self, py::object tensor, int root, bool async_op,
                      std::optional<double> timeout, const std::string& priority) {
-  TensorView view = ToView(
-      tensor, "tensor",
-      {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64},
-      Access::kWrite);
-  comm::OpOptions options = MakeOptions(timeout, "auto", priority);
+  auto [view, options] = ParseOrTakePart(self, "Broadcast", [&] {
+    TensorView view = ToView(
+        tensor, "tensor",
+        {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32, DType::kI64},
+        Access::kWrite);
+    return std::make_pair(view, MakeOptions(timeout, "auto", priority));
+  });
   auto core = self.NewCore();
   core->keep = {tensor};
   core->request = core->comm->Broadcast(view, root, options);
@@ -342,8 +381,10 @@ py::object Broadcast(PyComm& self, py::object tensor, int root, bool async_op,
 }
 
 py::object Barrier(PyComm& self, bool async_op, std::optional<double> timeout) {
+  comm::OpOptions options =
+      ParseOrTakePart(self, "Barrier", [&] { return MakeOptions(timeout, "auto", ""); });
   auto core = self.NewCore();
-  core->request = core->comm->Barrier(MakeOptions(timeout, "auto", ""));
+  core->request = core->comm->Barrier(options);
   return Finish(std::move(core), async_op);
 }
 
@@ -356,7 +397,8 @@ py::object AllGatherBytes(PyComm& self, const py::bytes& data, bool async_op,
                           std::optional<double> timeout, const std::string& algorithm) {
   auto gathered = std::make_shared<GatheredBytes>();
   gathered->mine = std::string(data);
-  comm::OpOptions options = MakeOptions(timeout, algorithm, "");
+  comm::OpOptions options =
+      ParseOrTakePart(self, "AllGatherV", [&] { return MakeOptions(timeout, algorithm, ""); });
   auto core = self.NewCore();
   core->native = gathered;
   core->request = core->comm->AllGatherV(&gathered->mine, &gathered->all, options);
@@ -372,33 +414,36 @@ py::object SparseAllReduce(PyComm& self, py::list deltas, py::list outs,
                            const std::string& aggregation, bool accumulate, bool async_op,
                            std::optional<double> timeout, const std::string& algorithm,
                            const std::string& priority, bool clip_to_median_norm) {
-  if (codec == nullptr) throw py::type_error("codec: expected an lbcc.Codec");
-  if (deltas.size() != outs.size()) {
-    throw StatusError(absl::InvalidArgumentError(absl::StrCat(
-        "sparse_all_reduce: ", deltas.size(), " deltas but ", outs.size(), " outputs")));
-  }
-  std::vector<std::shared_ptr<codecs::CodecState>> state_ptrs(deltas.size());
-  if (!states.is_none()) {
-    py::list s = states.cast<py::list>();
-    if (s.size() != deltas.size()) {
-      throw StatusError(absl::InvalidArgumentError(
-          absl::StrCat("sparse_all_reduce: ", deltas.size(), " deltas but ", s.size(), " states")));
+  auto [state_ptrs, tensors, decode, options] = ParseOrTakePart(self, "SparseAllReduce", [&] {
+    if (codec == nullptr) throw py::type_error("codec: expected an lbcc.Codec");
+    if (deltas.size() != outs.size()) {
+      throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+          "sparse_all_reduce: ", deltas.size(), " deltas but ", outs.size(), " outputs")));
     }
-    for (size_t i = 0; i < s.size(); ++i) {
-      if (!s[i].is_none()) state_ptrs[i] = s[i].cast<std::shared_ptr<codecs::CodecState>>();
+    std::vector<std::shared_ptr<codecs::CodecState>> state_ptrs(deltas.size());
+    if (!states.is_none()) {
+      py::list s = states.cast<py::list>();
+      if (s.size() != deltas.size()) {
+        throw StatusError(absl::InvalidArgumentError(
+            absl::StrCat("sparse_all_reduce: ", deltas.size(), " deltas but ", s.size(), " states")));
+      }
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (!s[i].is_none()) state_ptrs[i] = s[i].cast<std::shared_ptr<codecs::CodecState>>();
+      }
     }
-  }
-  std::vector<Communicator::SparseTensor> tensors;
-  for (size_t i = 0; i < deltas.size(); ++i) {
-    const std::string d = absl::StrCat("deltas[", i, "]"), o = absl::StrCat("outs[", i, "]");
-    tensors.push_back({ToF32View(deltas[i], d.c_str()),
-                       ToF32View(outs[i], o.c_str(), Access::kWrite), state_ptrs[i].get()});
-  }
-  codecs::DecodeOptions decode;
-  decode.aggregation = ParseAggregationOrThrow(aggregation);
-  decode.accumulate = accumulate;
-  decode.clip_to_median_norm = clip_to_median_norm;
-  comm::OpOptions options = MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
+    std::vector<Communicator::SparseTensor> tensors;
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      const std::string d = absl::StrCat("deltas[", i, "]"), o = absl::StrCat("outs[", i, "]");
+      tensors.push_back({ToF32View(deltas[i], d.c_str()),
+                         ToF32View(outs[i], o.c_str(), Access::kWrite), state_ptrs[i].get()});
+    }
+    codecs::DecodeOptions decode;
+    decode.aggregation = ParseAggregationOrThrow(aggregation);
+    decode.accumulate = accumulate;
+    decode.clip_to_median_norm = clip_to_median_norm;
+    comm::OpOptions options = MakeOptions(timeout, algorithm, priority.empty() ? "bulk" : priority);
+    return std::make_tuple(std::move(state_ptrs), std::move(tensors), decode, options);
+  });
   auto core = self.NewCore();
   // Tuples and the state pointers themselves: the caller may change its lists meanwhile.
   core->keep = {py::tuple(deltas), py::tuple(outs), py::cast(codec)};
@@ -663,6 +708,14 @@ void BindComm(py::module_& m) {
           "Aborts the connections: running and queued operations fail on every rank.")
       .def("close", &PyComm::Close,
            "Destroys the communicator (queued operations fail with Cancelled). Idempotent.")
+      .def(
+          "_take_part_rejected",
+          [](PyComm& c, const std::string& op, const std::string& message) {
+            (void)c.get().PostRejected(op, absl::InvalidArgumentError(message));
+          },
+          py::arg("op"), py::arg("message"),
+          "For wrappers that reject a collective's arguments in Python: posts an error "
+          "contribution in its place, so every rank fails that operation and stays in step.")
       .def("split", &Split, py::arg("color"), py::arg("key") = 0,
            "Ranks passing the same color form a new communicator ordered by (key, rank); a "
            "negative color returns None. Collective and blocking.")

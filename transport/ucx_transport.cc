@@ -1042,8 +1042,24 @@ void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto it = engine->eps_.find(ep);
   if (it == engine->eps_.end()) return;
   std::shared_ptr<UcxLane> lane = it->second;
-  const absl::Status error = absl::UnavailableError(
-      absl::StrCat("connection to ", lane->peer(), " lost: ", ucs_status_string(status)));
+  // Say what happened to the peer, not only UCX's word for it ("Endpoint timeout" alone read as
+  // a local timeout to users): the comm layer adds which rank that peer is.
+  const char* what = "the connection failed";
+  switch (status) {
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      what = "the peer stopped answering (its process died or froze, or the network failed)";
+      break;
+    case UCS_ERR_CONNECTION_RESET:
+      what = "the peer closed or reset the connection (its process exited or aborted)";
+      break;
+    case UCS_ERR_UNREACHABLE:
+      what = "the peer became unreachable";
+      break;
+    default:
+      break;
+  }
+  const absl::Status error = absl::UnavailableError(absl::StrCat(
+      "peer ", lane->peer(), " is lost: ", what, " (UCX: ", ucs_status_string(status), ")"));
   if (std::shared_ptr<Conn> conn = lane->conn.lock()) conn->setup->Fail(error);
   // No more UCX calls on the failed endpoint; queued work on it completes with Cancelled. The
   // endpoint itself is closed after this callback returns.

@@ -172,7 +172,11 @@ def broadcast_bytes(comm, data, root=0, timeout=None):
     """`data` (bytes) of rank `root` on every rank of `comm`; other ranks pass None."""
     if comm.rank == root:
         if not isinstance(data, (bytes, bytearray)):
-            raise TypeError("broadcast_bytes: the root must pass bytes")
+            # The other ranks are posting the size broadcast: take part with an error, so they
+            # fail too instead of waiting, and every rank stays in step.
+            message = "broadcast_bytes: the root must pass bytes"
+            comm._take_part_rejected("Broadcast", message)
+            raise TypeError(message)
         size = _np.array([len(data)], dtype=_np.int64)
     else:
         size = _np.zeros(1, dtype=_np.int64)

@@ -449,3 +449,50 @@ def test_arguments_pybind_cannot_convert_raise_lbcc_argument_type_error():
         return True
 
     assert run_ranks(1, body) == [True]
+
+
+def test_an_argument_error_still_takes_part_so_no_rank_falls_behind():
+    # Issue 19 item 1: rank 0's float64 tensor raises TypeError before anything is posted. It
+    # used to leave rank 0 one operation behind: its next all_reduce paired with rank 1's
+    # previous one and both got 12.0 instead of 21.0, with no error. Now the call takes part
+    # with an error contribution: rank 1's all_reduce fails naming rank 0, the next is right.
+    def body(rank, comm):
+        first = None
+        try:
+            if rank == 0:
+                comm.all_reduce(torch.tensor([10.0], dtype=torch.float64))
+            else:
+                comm.all_reduce(torch.tensor([2.0]))
+        except (TypeError, lbcc.Error) as e:
+            first = e
+        t = torch.tensor([10.0 if rank == 0 else 11.0])
+        comm.all_reduce(t)
+        return first, t.item()
+
+    (e0, t0), (e1, t1) = run_ranks(2, body)
+    assert isinstance(e0, TypeError) and "float64" in str(e0)
+    assert isinstance(e1, lbcc.InvalidArgumentError) and "rank 0 rejected" in e1.message
+    assert t0 == t1 == 21.0
+
+
+def test_ranks_that_disagree_on_an_operation_fail_naming_the_field():
+    codec = lbcc.TopKEfCodec(top_k=4)
+
+    def body(rank, comm):
+        delta, out = torch.ones(64), torch.zeros(64)
+        aggregation = "sum" if rank == 1 else "sparseloco"
+        with pytest.raises(lbcc.FailedPreconditionError) as e:
+            comm.sparse_all_reduce([delta], [out], codec, [codec.new_state()],
+                                   aggregation=aggregation)
+        root_data = b"abc" if rank == 0 else None
+        if rank == 0:
+            with pytest.raises(TypeError):
+                lbcc.broadcast_bytes(comm, "not bytes", root=0)
+        else:
+            with pytest.raises(lbcc.InvalidArgumentError, match="rank 0 rejected"):
+                lbcc.broadcast_bytes(comm, None, root=0)
+        return e.value.message, lbcc.broadcast_bytes(comm, root_data, root=0)
+
+    for message, data in run_ranks(3, body):
+        assert "rank 0 and rank 1 disagree on op 0's aggregation: sparseloco vs sum" in message
+        assert data == b"abc"

@@ -1,0 +1,347 @@
+#include "comm/signature.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
+
+namespace lbcc::comm {
+namespace {
+
+using transport::Tag;
+
+constexpr uint32_t kMagic = 0x4753424c;  // "LBSG" little-endian
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderBytes = 24;
+// Bounds a peer's error text or full signature.
+constexpr size_t kMaxHeaderMessage = 64 * 1024;
+
+enum class Kind : uint8_t { kHash = 0, kRejected = 1, kFull = 2 };
+
+struct Header {
+  Kind kind = Kind::kHash;
+  uint64_t sequence = 0;
+  uint64_t hash = 0;
+  std::string text;  // kRejected: the error; kFull: Signature::Serialize()
+};
+
+std::string EncodeHeader(Kind kind, uint64_t sequence, uint64_t hash, absl::string_view text) {
+  std::string out(kHeaderBytes, '\0');
+  const uint8_t version = kVersion, k = static_cast<uint8_t>(kind);
+  std::memcpy(out.data(), &kMagic, 4);
+  std::memcpy(out.data() + 4, &version, 1);
+  std::memcpy(out.data() + 5, &k, 1);
+  std::memcpy(out.data() + 8, &sequence, 8);
+  std::memcpy(out.data() + 16, &hash, 8);
+  out.append(text.data(), std::min(text.size(), kMaxHeaderMessage - kHeaderBytes));
+  return out;
+}
+
+absl::StatusOr<Header> DecodeHeader(const std::string& bytes, int rank) {
+  uint32_t magic = 0;
+  uint8_t version = 0, kind = 0;
+  if (bytes.size() >= kHeaderBytes) {
+    std::memcpy(&magic, bytes.data(), 4);
+    std::memcpy(&version, bytes.data() + 4, 1);
+    std::memcpy(&kind, bytes.data() + 5, 1);
+  }
+  if (bytes.size() < kHeaderBytes || magic != kMagic || version != kVersion || kind > 2) {
+    return absl::DataLossError(absl::StrCat("rank ", rank, " sent a malformed operation header (",
+                                            bytes.size(), " bytes, version ", version, ")"));
+  }
+  Header h;
+  h.kind = static_cast<Kind>(kind);
+  std::memcpy(&h.sequence, bytes.data() + 8, 8);
+  std::memcpy(&h.hash, bytes.data() + 16, 8);
+  h.text = bytes.substr(kHeaderBytes);
+  return h;
+}
+
+uint64_t Fnv(uint64_t h, absl::string_view s) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// One round: `message` to every peer of the group, every peer's message into (*in)[i], at `tag`.
+// A peer that does not answer by `deadline` is named in the DeadlineExceeded (the Fabric is then
+// aborted, so every rank fails fast); a transport failure aborts the Fabric too.
+absl::Status Exchange(const Group& group, Tag tag, const std::string& message,
+                      std::vector<std::string>* in, absl::Time deadline, absl::string_view what) {
+  struct State {
+    Mutex mu;
+    CondVar cv;
+    int pending ABSL_GUARDED_BY(mu) = 0;
+    std::vector<bool> received ABSL_GUARDED_BY(mu);
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  const int n = group.size();
+  in->assign(n, std::string());
+  {
+    MutexLock lock(&state->mu);
+    state->pending = 2 * (n - 1);
+    state->received.assign(n, false);
+    state->received[group.me] = true;
+  }
+  auto done = [state](absl::Status status) {
+    MutexLock lock(&state->mu);
+    if (!status.ok() && state->first_error.ok()) state->first_error = std::move(status);
+    --state->pending;
+    state->cv.SignalAll();
+  };
+  const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(message.data()),
+                                        message.size());
+  for (int i = 0; i < n; ++i) {
+    if (i == group.me) continue;
+    const int peer = group.ranks[i];  // ranks are named by their number in the communicator
+    std::string* into = &(*in)[i];
+    group.fabric->in(peer)->Recv(
+        tag,
+        [into](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+          if (size > kMaxHeaderMessage) {
+            return absl::DataLossError(absl::StrCat("operation header of ", size, " bytes"));
+          }
+          into->resize(size);
+          return absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(into->data()), size);
+        },
+        [state, done, i](absl::StatusOr<size_t> size) {
+          if (size.ok()) {
+            MutexLock lock(&state->mu);
+            state->received[i] = true;
+          }
+          done(Annotate(size.status(), absl::StrCat("receive from rank ", i)));
+        });
+    group.fabric->out(peer)->Send(tag, bytes, {transport::Priority::kHigh},
+                                  [done, i](absl::Status status) {
+                                    done(Annotate(status, absl::StrCat("send to rank ", i)));
+                                  });
+  }
+  absl::Status status;
+  {
+    MutexLock lock(&state->mu);
+    while (state->pending > 0 && state->first_error.ok()) {
+      if (state->cv.WaitWithDeadline(&state->mu, deadline) && state->pending > 0 &&
+          state->first_error.ok()) {
+        std::vector<int> silent;
+        for (int i = 0; i < n; ++i) {
+          if (!state->received[i]) silent.push_back(i);
+        }
+        status = absl::DeadlineExceededError(absl::StrCat(
+            what, ": no answer from rank", silent.size() == 1 ? " " : "s ",
+            absl::StrJoin(silent, ", "), " before the timeout (did it post this operation?)"));
+        break;
+      }
+    }
+    if (status.ok()) status = state->first_error;
+  }
+  if (!status.ok()) {
+    // Fail fast everywhere; closing the endpoints completes what is pending here.
+    group.fabric->Abort(status);
+    MutexLock lock(&state->mu);
+    while (state->pending > 0) state->cv.Wait(&state->mu);
+  }
+  return status;
+}
+
+}  // namespace
+
+Signature::Signature(absl::string_view op, std::shared_ptr<const Fields> settings,
+                     uint64_t settings_hash)
+    : settings_(std::move(settings)), settings_hash_(settings_hash) {
+  op_fields_.reserve(8);
+  op_fields_.emplace_back("op", std::string(op));
+}
+
+Signature& Signature::Add(absl::string_view name, absl::string_view value) {
+  op_fields_.emplace_back(std::string(name), std::string(value));
+  return *this;
+}
+
+Signature& Signature::Add(absl::string_view name, int64_t value) {
+  return Add(name, absl::StrCat(value));
+}
+
+uint64_t Signature::HashFields(const Fields& fields, uint64_t seed) {
+  uint64_t h = seed;
+  for (const Field& f : fields) {
+    h = Fnv(h, f.first);
+    h = Fnv(h, absl::string_view("\0", 1));
+    h = Fnv(h, f.second);
+    h = Fnv(h, absl::string_view("\1", 1));
+  }
+  return h;
+}
+
+uint64_t Signature::Hash() const { return HashFields(op_fields_, settings_hash_); }
+
+Signature::Fields Signature::AllFields() const {
+  Fields all;
+  if (settings_ != nullptr) all = *settings_;
+  all.insert(all.end(), op_fields_.begin(), op_fields_.end());
+  return all;
+}
+
+std::string Signature::Serialize() const {
+  std::string out;
+  for (const Field& f : AllFields()) {
+    for (const std::string* s : {&f.first, &f.second}) {
+      const uint32_t size = static_cast<uint32_t>(s->size());
+      out.append(reinterpret_cast<const char*>(&size), 4);
+      out += *s;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Signature::Fields> Signature::Parse(absl::string_view bytes) {
+  Fields fields;
+  size_t offset = 0;
+  auto take = [&](std::string* into) {
+    uint32_t size = 0;
+    if (bytes.size() - offset < 4) return false;
+    std::memcpy(&size, bytes.data() + offset, 4);
+    offset += 4;
+    if (bytes.size() - offset < size) return false;
+    into->assign(bytes.data() + offset, size);
+    offset += size;
+    return true;
+  };
+  while (offset < bytes.size()) {
+    Field f;
+    if (!take(&f.first) || !take(&f.second)) {
+      return absl::DataLossError("malformed operation signature");
+    }
+    fields.push_back(std::move(f));
+  }
+  return fields;
+}
+
+void AddSparseAllReduceFields(Signature& signature, const codecs::Codec& codec,
+                              const codecs::DecodeOptions& decode, int64_t group_elements,
+                              Algorithm requested, const std::vector<const Shape*>& shapes) {
+  std::string all;
+  for (const Shape* shape : shapes) {
+    absl::StrAppend(&all, all.empty() ? "[" : ", [", absl::StrJoin(*shape, "x"), "]");
+  }
+  signature.Add("codec", absl::StrCat(codec.name(), " ", codec.Describe()))
+      .Add("aggregation", codecs::AggregationName(decode.aggregation))
+      .Add("accumulate", decode.accumulate ? "true" : "false")
+      .Add("sparse_group_elements", group_elements)
+      .Add("algorithm", AlgorithmName(requested))
+      .Add("tensors", static_cast<int64_t>(shapes.size()))
+      .Add("shapes", all);
+}
+
+std::string DescribeMismatch(int rank_a, const Signature::Fields& a, int rank_b,
+                             const Signature::Fields& b, uint64_t sequence) {
+  auto find = [](const Signature::Fields& fields, const std::string& name) -> std::string {
+    for (const auto& f : fields) {
+      if (f.first == name) return f.second;
+    }
+    return "(none)";
+  };
+  auto op_of = [&](const Signature::Fields& fields) { return find(fields, "op"); };
+  const std::string prefix =
+      absl::StrCat("rank ", rank_a, " and rank ", rank_b, " disagree on op ", sequence, "'s ");
+  // The operation itself first: its other fields mean nothing if it differs.
+  if (op_of(a) != op_of(b)) {
+    return absl::StrCat(prefix, "operation: ", op_of(a), " vs ", op_of(b));
+  }
+  std::vector<std::string> names;
+  for (const auto& f : a) names.push_back(f.first);
+  for (const auto& f : b) {
+    if (find(a, f.first) == "(none)") names.push_back(f.first);
+  }
+  for (const std::string& name : names) {
+    const std::string va = find(a, name), vb = find(b, name);
+    if (va != vb) return absl::StrCat(prefix, name, ": ", va, " vs ", vb);
+  }
+  return absl::StrCat(prefix, "sequence number");
+}
+
+absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
+                             const Signature& mine, const absl::Status& rejection,
+                             absl::Time deadline) {
+  const int n = group.size();
+  if (n == 1) return rejection;
+  const uint64_t hash = mine.Hash();
+  const std::string what = absl::StrCat(mine.op(), " (op ", sequence, ")");
+  std::vector<std::string> in;
+  LBCC_RETURN_IF_ERROR(Exchange(
+      group, tag + kSignatureStep,
+      rejection.ok() ? EncodeHeader(Kind::kHash, sequence, hash, "")
+                     : EncodeHeader(Kind::kRejected, sequence, 0, rejection.ToString()),
+      &in, deadline, what));
+  std::vector<Header> headers(n);
+  headers[group.me] = Header{rejection.ok() ? Kind::kHash : Kind::kRejected, sequence, hash,
+                             std::string(rejection.message())};
+  for (int i = 0; i < n; ++i) {
+    if (i == group.me) continue;
+    absl::StatusOr<Header> h = DecodeHeader(in[i], i);
+    if (!h.ok() || h->kind == Kind::kFull) {
+      // A foreign or corrupt peer: its other messages cannot be trusted either.
+      const absl::Status status =
+          h.ok() ? absl::DataLossError(absl::StrCat("rank ", i,
+                                                    " sent a full signature out of turn"))
+                 : h.status();
+      group.fabric->Abort(status);
+      return Annotate(status, what);
+    }
+    headers[i] = *std::move(h);
+  }
+  if (!rejection.ok()) {
+    return absl::Status(rejection.code(),
+                        absl::StrCat(rejection.message(), " (", what,
+                                     " fails on every rank; the communicator stays usable)"));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (headers[i].kind == Kind::kRejected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": rank ", i, " rejected its arguments: ",
+                       headers[i].text));
+    }
+  }
+  bool same = true;
+  for (int i = 0; i < n && same; ++i) {
+    same = headers[i].sequence == sequence && headers[i].hash == hash;
+  }
+  if (same) return absl::OkStatus();
+  // Every rank saw the same headers, so every rank is here: name the field.
+  LBCC_RETURN_IF_ERROR(Exchange(group, tag + kSignatureStep + 1,
+                                EncodeHeader(Kind::kFull, sequence, hash, mine.Serialize()), &in,
+                                deadline, what));
+  std::vector<Signature::Fields> fields(n);
+  std::vector<uint64_t> sequences(n, sequence);
+  fields[group.me] = mine.AllFields();
+  for (int i = 0; i < n; ++i) {
+    if (i == group.me) continue;
+    absl::StatusOr<Header> h = DecodeHeader(in[i], i);
+    absl::StatusOr<Signature::Fields> parsed =
+        h.ok() ? Signature::Parse(h->text) : absl::StatusOr<Signature::Fields>(h.status());
+    if (!parsed.ok()) {
+      group.fabric->Abort(parsed.status());
+      return Annotate(parsed.status(), what);
+    }
+    fields[i] = *std::move(parsed);
+    sequences[i] = h->sequence;
+  }
+  for (int i = 1; i < n; ++i) {
+    if (headers[i].hash != headers[0].hash || sequences[i] != sequences[0]) {
+      if (sequences[i] != sequences[0]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank 0 and rank ", i, " disagree on op ", sequence,
+            "'s sequence number: ", sequences[0], " vs ", sequences[i]));
+      }
+      return absl::FailedPreconditionError(
+          DescribeMismatch(0, fields[0], i, fields[i], sequence));
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(what, ": signatures differ"));
+}
+
+}  // namespace lbcc::comm
