@@ -3,7 +3,8 @@
 # what they are allowed to need: glibc, the C++ runtime, UCX, Debian's Abseil (shared: Debian's
 # libabsl_*.a are not position-independent, so they cannot go into a shared object) and a
 # feature's library (xxhash for payload checksums, OpenBLAS for the subspace codec that the
-# C API's activation calls and the Python package use). And each shared object exports only its API: lbcc* (liblbcc.so), the ncclNetPlugin
+# C API's activation calls and the Python package use, OpenSSL's libcrypto for the job secret's
+# authentication and encryption of links). And each shared object exports only its API: lbcc* (liblbcc.so), the ncclNetPlugin
 # tables (the plugin), PyInit__lbcc (the extension).
 set -euo pipefail
 source "$(dirname "$0")/flags.sh"
@@ -23,9 +24,9 @@ check() {  # OBJECT EXTRA_ALLOWED EXPORTED
     [[ -z $bad ]] || fail "$(basename "$object") exports $(echo $bad | head -c 300)"
   fi
 }
-check "$1" 'libxxhash\.so\.0|libopenblas\.so\.0' 'lbcc[A-Za-z0-9_]*'
-check "$2" '' 'ncclNetPlugin_v[0-9]+'
-check "$3" 'libxxhash\.so\.0|libopenblas\.so\.0' 'PyInit__lbcc'
-check "$4" 'libxxhash\.so\.0|libopenblas\.so\.0' ''
-check "$5" 'libxxhash\.so\.0|libopenblas\.so\.0' ''
+check "$1" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' 'lbcc[A-Za-z0-9_]*'
+check "$2" 'libcrypto\.so\.3' 'ncclNetPlugin_v[0-9]+'
+check "$3" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' 'PyInit__lbcc'
+check "$4" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' ''
+check "$5" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' ''
 echo "ldd_test: dependency lists within bounds"
