@@ -261,6 +261,33 @@ void DenseFinish(void* data, size_t count, DenseType type, DenseOp op, int n) {
   }
 }
 
+absl::Status DenseAllReduceDirect(const Group& group, Tag tag, const void* in, void* out,
+                                  size_t count, DenseType type, DenseOp op, Priority priority,
+                                  absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckDenseOp(type, op));
+  const size_t bytes = count * DenseTypeSize(type);
+  const int n = group.size();
+  if (n == 1) {
+    if (in != out) std::memmove(out, in, bytes);
+    return absl::OkStatus();
+  }
+  std::vector<uint8_t> rows(static_cast<size_t>(n) * bytes);
+  AllToAllLayout layout;
+  for (int i = 0; i < n; ++i) {
+    layout.send_offsets.push_back(0);
+    layout.send_bytes.push_back(bytes);
+    layout.recv_offsets.push_back(static_cast<size_t>(i) * bytes);
+    layout.recv_bytes.push_back(bytes);
+  }
+  LBCC_RETURN_IF_ERROR(DenseAllToAllDirect(group, tag, in, rows.data(), layout, priority, deadline));
+  std::memcpy(out, rows.data(), bytes);
+  for (int i = 1; i < n; ++i) {
+    DenseCombine(out, rows.data() + static_cast<size_t>(i) * bytes, count, type, op);
+  }
+  DenseFinish(out, count, type, op, n);
+  return absl::OkStatus();
+}
+
 absl::Status DenseAllReduceRing(const Group& group, Tag tag, const void* in, void* out,
                                 size_t count, DenseType type, DenseOp op, Priority priority,
                                 absl::Time deadline) {
@@ -478,9 +505,14 @@ RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count,
   absl::Status check = CheckDenseOp(type, op);
   if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
   if (!check.ok()) return PostRejected("DenseAllReduce", check);
+  const bool direct = count * DenseTypeSize(type) <= kDenseDirectAllReduceBytes;
   return Post(DenseSignature(*this, "DenseAllReduce", count, type, op, -1),
               Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
+                         if (direct) {
+                           return DenseAllReduceDirect(g, tag, in, out, count, type, op,
+                                                       options.priority, deadline);
+                         }
                          return DenseAllReduceRing(g, tag, in, out, count, type, op,
                                                    options.priority, deadline);
                        }),

@@ -68,6 +68,13 @@ struct DenseOptions {
 absl::Status DenseAllReduceRing(const Group& group, transport::Tag tag, const void* in,
                                 void* out, size_t count, DenseType type, DenseOp op,
                                 transport::Priority priority, absl::Time deadline);
+// The same result for small buffers in one round: every rank's `in` to every rank, folded in
+// rank order (identical bits on every rank) instead of the ring's 2 (n - 1) latency-bound
+// rounds. Communicator::DenseAllReduce uses it up to kDenseDirectAllReduceBytes.
+inline constexpr size_t kDenseDirectAllReduceBytes = size_t{64} << 10;
+absl::Status DenseAllReduceDirect(const Group& group, transport::Tag tag, const void* in,
+                                  void* out, size_t count, DenseType type, DenseOp op,
+                                  transport::Priority priority, absl::Time deadline);
 // in: group.size() blocks of `count`; out (count): this rank's block, reduced over the group.
 absl::Status DenseReduceScatterRing(const Group& group, transport::Tag tag, const void* in,
                                     void* out, size_t count, DenseType type, DenseOp op,

@@ -4,7 +4,7 @@
 # libabsl_*.a are not position-independent, so they cannot go into a shared object) and a
 # feature's library (xxhash for payload checksums, OpenBLAS for the subspace codec that the
 # C API's activation calls and the Python package use, OpenSSL's libcrypto for the job secret's
-# authentication and encryption of links). And each shared object exports only its API: lbcc* (liblbcc.so), the ncclNetPlugin
+# authentication and encryption of links, zstd for the elastic shared-state transfer). And each shared object exports only its API: lbcc* (liblbcc.so), the ncclNetPlugin
 # tables (the plugin), PyInit__lbcc (the extension).
 set -euo pipefail
 source "$(dirname "$0")/flags.sh"
@@ -24,9 +24,9 @@ check() {  # OBJECT EXTRA_ALLOWED EXPORTED
     [[ -z $bad ]] || fail "$(basename "$object") exports $(echo $bad | head -c 300)"
   fi
 }
-check "$1" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' 'lbcc[A-Za-z0-9_]*'
+check "$1" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3|libzstd\.so\.1' 'lbcc[A-Za-z0-9_]*'
 check "$2" 'libcrypto\.so\.3' 'ncclNetPlugin_v[0-9]+'
-check "$3" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' 'PyInit__lbcc'
-check "$4" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' ''
-check "$5" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3' ''
+check "$3" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3|libzstd\.so\.1' 'PyInit__lbcc'
+check "$4" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3|libzstd\.so\.1' ''
+check "$5" 'libxxhash\.so\.0|libopenblas\.so\.0|libcrypto\.so\.3|libzstd\.so\.1' ''
 echo "ldd_test: dependency lists within bounds"

@@ -120,47 +120,6 @@ void Unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
 
 size_t Bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
-// All-reduces up to this many bytes go as one all-gather and a local fold.
-constexpr size_t kDirectAllReduceBytes = 64 << 10;
-
-// target = rows[0] op rows[1] op ... op rows[n-1] (AVG: the sum / n), folded in rank order, as
-// DenseCombine does element by element (bool: sum and max are OR, product and min AND). Every
-// rank holds the same rows, so every rank gets the same bits.
-void FoldRows(const at::Tensor& rows, DenseOp op, int n, at::Tensor& target) {
-  at::NoGradGuard no_grad;
-  const bool boolean = rows.scalar_type() == at::kBool;
-  at::Tensor acc = rows[0].clone();
-  for (int i = 1; i < n; ++i) {
-    const at::Tensor x = rows[i];
-    switch (op) {
-      case DenseOp::kSum:
-      case DenseOp::kAvg:
-        boolean ? acc.logical_or_(x) : acc.add_(x);
-        break;
-      case DenseOp::kProduct:
-        boolean ? acc.logical_and_(x) : acc.mul_(x);
-        break;
-      case DenseOp::kMin:
-        acc = at::minimum(acc, x);
-        break;
-      case DenseOp::kMax:
-        acc = at::maximum(acc, x);
-        break;
-      case DenseOp::kBand:
-        acc.bitwise_and_(x);
-        break;
-      case DenseOp::kBor:
-        acc.bitwise_or_(x);
-        break;
-      case DenseOp::kBxor:
-        acc.bitwise_xor_(x);
-        break;
-    }
-  }
-  if (op == DenseOp::kAvg) acc.div_(n);
-  target.copy_(acc.view(target.sizes()));
-}
-
 }  // namespace
 
 std::exception_ptr ToException(const absl::Status& status) {
@@ -336,25 +295,7 @@ Work ProcessGroupLBCC::broadcast(std::vector<at::Tensor>& tensors,
 Work ProcessGroupLBCC::allreduce(std::vector<at::Tensor>& tensors,
                                  const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = Single(tensors, "allreduce");
-  // Small tensors: one round (every rank's copy to every rank, folded here in rank order)
-  // instead of the ring's 2 (n - 1) latency-bound rounds. Verified collectives keep the ring so
-  // the fingerprint names the all-reduce (dtype, op) rather than an all-gather of bytes.
-  if (!verify_ && getSize() > 1 && Bytes(t) <= kDirectAllReduceBytes) {
-    const DenseType type = TypeOf(t);
-    const DenseOp op = OpOf(opts.reduceOp);
-    absl::Status check = comm::CheckDenseOp(type, op);
-    if (!check.ok()) Throw(absl::Status(check.code(), absl::StrCat("DenseAllReduce: ",
-                                                                   check.message())));
-    at::Tensor src = Contiguous(t);
-    at::Tensor rows = at::empty({getSize(), src.numel()}, src.options());
-    auto request = comm_->DenseAllGather(src.data_ptr(), rows.data_ptr(), Bytes(src),
-                                         Options(opts.timeout));
-    at::Tensor target = t;
-    const int n = getSize();
-    return Track(MakeWork(OpType::ALLREDUCE, request, tensors, {src, rows},
-                          [rows, target, op, n]() mutable { FoldRows(rows, op, n, target); }),
-                 false);
-  }
+  // Small tensors go in one round (comm's DenseAllReduceDirect), larger ones by the ring.
   at::Tensor buf = Contiguous(t);
   auto request = comm_->DenseAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
                                        OpOf(opts.reduceOp), Options(opts.timeout));
