@@ -284,7 +284,7 @@ class ElasticMaster::Impl {
     reports_[conn.id] = Report{m.phase, m.step, m.ok, m.broken, m.code, m.text};
     if (reports_.size() < members_.size()) return;
     // Every member reported: decide.
-    const Report& first = reports_.begin()->second;
+    const Report first = reports_.begin()->second;  // a copy: reports_ is cleared below
     bool all_ok = true, broken = false;
     std::string why;
     for (size_t r = 0; r < members_.size(); ++r) {
