@@ -261,6 +261,20 @@ void DenseFinish(void* data, size_t count, DenseType type, DenseOp op, int n) {
   }
 }
 
+namespace {
+// An all-gather as an all-to-all: this rank's `bytes` to every rank, rank i's into row i.
+AllToAllLayout AllGatherLayout(int n, size_t bytes) {
+  AllToAllLayout layout;
+  for (int i = 0; i < n; ++i) {
+    layout.send_offsets.push_back(0);
+    layout.send_bytes.push_back(bytes);
+    layout.recv_offsets.push_back(static_cast<size_t>(i) * bytes);
+    layout.recv_bytes.push_back(bytes);
+  }
+  return layout;
+}
+}  // namespace
+
 absl::Status DenseAllReduceDirect(const Group& group, Tag tag, const void* in, void* out,
                                   size_t count, DenseType type, DenseOp op, Priority priority,
                                   absl::Time deadline) {
@@ -272,14 +286,8 @@ absl::Status DenseAllReduceDirect(const Group& group, Tag tag, const void* in, v
     return absl::OkStatus();
   }
   std::vector<uint8_t> rows(static_cast<size_t>(n) * bytes);
-  AllToAllLayout layout;
-  for (int i = 0; i < n; ++i) {
-    layout.send_offsets.push_back(0);
-    layout.send_bytes.push_back(bytes);
-    layout.recv_offsets.push_back(static_cast<size_t>(i) * bytes);
-    layout.recv_bytes.push_back(bytes);
-  }
-  LBCC_RETURN_IF_ERROR(DenseAllToAllDirect(group, tag, in, rows.data(), layout, priority, deadline));
+  LBCC_RETURN_IF_ERROR(DenseAllToAllDirect(group, tag, in, rows.data(), AllGatherLayout(n, bytes),
+                                           priority, deadline));
   std::memcpy(out, rows.data(), bytes);
   for (int i = 1; i < n; ++i) {
     DenseCombine(out, rows.data() + static_cast<size_t>(i) * bytes, count, type, op);
@@ -565,15 +573,7 @@ RequestPtr Communicator::DenseAllGather(const void* in, void* out, size_t bytes,
                                         DenseOptions options) {
   absl::Status check = CheckPointers("DenseAllGather", in, out, bytes);
   if (!check.ok()) return PostRejected("DenseAllGather", check);
-  const int n = nranks();
-  AllToAllLayout layout;
-  for (int i = 0; i < n; ++i) {
-    layout.send_offsets.push_back(0);
-    layout.send_bytes.push_back(bytes);
-    layout.recv_offsets.push_back(i * bytes);
-    layout.recv_bytes.push_back(bytes);
-  }
-  auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
+  auto shared = std::make_shared<AllToAllLayout>(AllGatherLayout(nranks(), bytes));
   return Post(BytesSignature(*this, "DenseAllGather", bytes, -1),
               Verified(options.verify, absl::StrCat("allgather(bytes=", bytes, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
