@@ -362,8 +362,10 @@ absl::Status Engine::Init() {
       LBCC_RETURN_IF_ERROR(modify("NET_DEVICES", options_.ucx_net_devices));
     }
     // The address family UCX's tcp transport takes from the device (IPv4 first by default).
+    // UCT settings are named without their component's prefix here ("AF_PRIO", not
+    // "TCP_AF_PRIO", which UCX accepts and then ignores with an "invalid configuration" warning).
     if (!options_.ucx_tcp_af_prio.empty()) {
-      LBCC_RETURN_IF_ERROR(modify("TCP_AF_PRIO", options_.ucx_tcp_af_prio));
+      LBCC_RETURN_IF_ERROR(modify("AF_PRIO", options_.ucx_tcp_af_prio));
     }
     // One rendezvous rail: a fast and a slow device never carry parts of one message.
     LBCC_RETURN_IF_ERROR(modify("MAX_RNDV_RAILS", "1"));
