@@ -73,8 +73,9 @@ run() {  # LABEL LAYOUT(spread|one|jumbo) TLS
 # ucx_perftest tag_bw over tcp, client on node0: to node1 (two namespaces) or to itself (one).
 ucx_port=14100
 perftest() {  # LABEL SERVER_NODE
-  local size out
+  local size out iters
   for size in 262144 1048576 4194304; do
+    iters=$((52428800 / size))  # 50 MiB per run: 200, 50 and 12 messages.
     ucx_port=$((ucx_port + 1))
     mn_exec "$2" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 timeout 120 ucx_perftest -p "$ucx_port" \
       >/dev/null 2>&1 &
@@ -82,12 +83,12 @@ perftest() {  # LABEL SERVER_NODE
     out=""
     for _ in 1 2 3 4 5 6 7 8 9 10; do  # Until the server listens.
       out=$(mn_exec 0 env UCX_TLS=tcp UCX_NET_DEVICES=eth0 timeout 120 ucx_perftest \
-        "10.77.0.$(($2 + 1))" -p "$ucx_port" -t tag_bw -s "$size" -n 200 -w 20 2>&1 |
+        "10.77.0.$(($2 + 1))" -p "$ucx_port" -t tag_bw -s "$size" -n "$iters" -w 5 2>&1 |
         awk '/^Final:/ {print $6}') && [[ -n "$out" ]] && break
       sleep 0.3  # Retry back-off while the server starts.
     done
     wait "$server" || true
-    echo "$1 $size ${out:-0}" >>"$MN_TMP/perftest"
+    echo "$1 $size ${out:-failed}" >>"$MN_TMP/perftest"
   done
 }
 
@@ -124,31 +125,34 @@ for r in runs:
 print("lbcc_perf %s, 4 ranks through mpirun: 4 nodes (1 rank per namespace, veth MTU 1500) vs"
       " 1 node (4 ranks in one namespace) vs 4 nodes at MTU 65520; one fast island in all"
       " (LBCC_TOPO_FILE); time per operation, median of %d alternating runs; spread = max/min"
-      " of the 1-node runs" %
+      " of one layout's runs (the noise here)" %
       (json.load(open(os.path.join(d, runs[0] + ".json")))[0].get("op", "allreduce"),
        len(by[("UCX default", "1node")])))
 for setting in ("UCX default", "UCX_TLS=tcp"):
     four, one, jumbo = (by[(setting, k)] for k in ("4nodes", "1node", "4nodesmtu64k"))
     if not four:
         continue
-    print("\n%s\n%10s %12s %12s %12s %9s %9s %8s" % (setting, "bytes", "4 nodes (us)",
-          "1 node (us)", "4n mtu64k", "4n/1n", "mtu64k/1n", "spread"))
+    print("\n%s\n%10s %12s %12s %12s %9s %9s %10s %10s" % (setting, "bytes", "4 nodes (us)",
+          "1 node (us)", "4n mtu64k", "4n/1n", "mtu64k/1n", "spread 1n", "spread 4n"))
     for size in sorted(four[0]):
         med = lambda runs: statistics.median(run[size]["seconds"] for run in runs) * 1e6
         t4, t1, tj = med(four), med(one), med(jumbo)
-        ones = [run[size]["seconds"] for run in one]
-        print("%10d %12.1f %12.1f %12.1f %9.2f %9.2f %8.2f" %
-              (size, t4, t1, tj, t4 / t1, tj / t1, max(ones) / min(ones)))
+        spread = lambda runs: (max(run[size]["seconds"] for run in runs) /
+                               min(run[size]["seconds"] for run in runs))
+        print("%10d %12.1f %12.1f %12.1f %9.2f %9.2f %10.2f %10.2f" %
+              (size, t4, t1, tj, t4 / t1, tj / t1, spread(one), spread(four)))
 rates = collections.defaultdict(list)
 for line in open(os.path.join(d, "perftest")):
     label, size, mbps = line.split()
-    rates[(label, int(size))].append(float(mbps))
-print("\nucx_perftest tag_bw over tcp, no LBCC (MB/s, median of %d alternating runs)" %
-      len(rates[("one", 262144)]))
-print("%10s %16s %16s %10s" % ("bytes", "two namespaces", "one namespace", "one/two"))
+    rates[(label, int(size))].append(None if mbps == "failed" else float(mbps))
+print("\nucx_perftest tag_bw over tcp, no LBCC (MB/s, median of the alternating runs that"
+      " finished; ok = runs that did)")
+print("%10s %16s %16s %10s %8s" % ("bytes", "two namespaces", "one namespace", "one/two", "ok"))
 for size in (262144, 1048576, 4194304):
-    two, one = (statistics.median(rates[(k, size)]) for k in ("two", "one"))
-    print("%10d %16.1f %16.1f %10.2f" % (size, two, one, one / two if two else float("nan")))
+    ok = {k: [r for r in rates[(k, size)] if r] for k in ("two", "one")}
+    two, one = (statistics.median(ok[k]) if ok[k] else float("nan") for k in ("two", "one"))
+    print("%10d %16.1f %16.1f %10.2f %4d/%-3d" % (size, two, one, one / two, len(ok["two"]),
+                                                 len(ok["one"])))
 PY
 )
 torch_summary=$(grep -E "^rank [0-9]+ on|replicas|NET/Socket" "$MN_TMP/torchrun.out")
