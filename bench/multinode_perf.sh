@@ -13,6 +13,8 @@
 #     addresses are local: lo, 64 KiB segments, no bridge); across nodes through veth + bridge
 #     at a 1500-byte MTU. "4nodes_mtu64k" runs the same 4 nodes on a second testbed whose links
 #     have loopback's MTU (testbed --mtu 65520), so the only difference left is veth + bridge.
+#   - UCX_TLS=tcp UCX_RNDV_THRESH=inf (4 nodes and 1 node): every message by UCX's eager
+#     protocol, no rendezvous round trip (the "4n mtu64k" column repeats the 1-node figure).
 #   - ucx_perftest (tag_bw, tcp, no LBCC) between two namespaces vs inside one, alternating in the
 #     same run: the platform's own ratio, to read LBCC's against.
 # Every figure is the median of the --pairs alternating runs; "spread" is max/min of one layout's
@@ -50,8 +52,11 @@ trap '"$TESTBED" down --name "$MN_NAME"; "$TESTBED" down --name "$MN_JUMBO"' EXI
 topo="$MN_TMP/one_island.json"
 echo '{"nranks": 4, "islands": [[0, 1, 2, 3]]}' >"$topo"
 
-run() {  # LABEL LAYOUT(spread|one|jumbo) TLS
+run() {  # LABEL LAYOUT(spread|one|jumbo) TLS [ENV=VALUE...]
   local label=$1 layout=$2 tls=$3 json="$MN_TMP/$1.json" hostfile="$MN_TMP/hostfile.$2"
+  shift 3
+  local extra=() e
+  for e in "$@"; do extra+=(-x "$e"); done
   if [[ $layout == one ]]; then echo "node0 slots=4" >"$hostfile"; else mn_hostfile "$hostfile" 1; fi
   local saved=$MN_NAME
   [[ $layout == jumbo ]] && MN_NAME=$MN_JUMBO
@@ -63,7 +68,7 @@ run() {  # LABEL LAYOUT(spread|one|jumbo) TLS
     mpirun --allow-run-as-root --hostfile "$hostfile" -np 4 --map-by node \
     --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include eth0 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca pml ob1 \
-    -x UCX_MEM_EVENTS=no -x LBCC_TOPO_FILE="$topo" "${tls_env[@]}" \
+    -x UCX_MEM_EVENTS=no -x LBCC_TOPO_FILE="$topo" "${tls_env[@]}" "${extra[@]}" \
     "$perf" --op "$FLAG_op" -b 4K -e "$FLAG_max" -f 4 -n "$FLAG_iters" -w 2 --json "$json" \
     >"$MN_TMP/$label.out" 2>"$MN_TMP/$label.err" || { cat "$MN_TMP/$label.err" >&2; exit 1; }
   MN_NAME=$saved
@@ -98,6 +103,8 @@ for ((p = 0; p < FLAG_pairs; p++)); do
     run "1node${tls:+_$tls}_$p" one "$tls"
     run "4nodesmtu64k${tls:+_$tls}_$p" jumbo "$tls"
   done
+  run "4nodes_tcp_eager_$p" spread tcp UCX_RNDV_THRESH=inf
+  run "1node_tcp_eager_$p" one tcp UCX_RNDV_THRESH=inf
   perftest two 1
   perftest one 0
 done
@@ -120,7 +127,8 @@ by = collections.defaultdict(list)  # (setting, layout) -> list of {bytes: row}
 for r in runs:
     rows = json.load(open(os.path.join(d, r + ".json")))
     layout, *rest = r.split("_")
-    setting = "UCX_TLS=tcp" if "tcp" in rest else "UCX default"
+    setting = ("UCX_TLS=tcp UCX_RNDV_THRESH=inf" if "eager" in rest else
+               "UCX_TLS=tcp" if "tcp" in rest else "UCX default")
     by[(setting, layout)].append({row["bytes"]: row for row in rows})
 print("lbcc_perf %s, 4 ranks through mpirun: 4 nodes (1 rank per namespace, veth MTU 1500) vs"
       " 1 node (4 ranks in one namespace) vs 4 nodes at MTU 65520; one fast island in all"
@@ -128,8 +136,9 @@ print("lbcc_perf %s, 4 ranks through mpirun: 4 nodes (1 rank per namespace, veth
       " of one layout's runs (the noise here)" %
       (json.load(open(os.path.join(d, runs[0] + ".json")))[0].get("op", "allreduce"),
        len(by[("UCX default", "1node")])))
-for setting in ("UCX default", "UCX_TLS=tcp"):
+for setting in ("UCX default", "UCX_TLS=tcp", "UCX_TLS=tcp UCX_RNDV_THRESH=inf"):
     four, one, jumbo = (by[(setting, k)] for k in ("4nodes", "1node", "4nodesmtu64k"))
+    jumbo = jumbo or one  # The eager setting runs no MTU 65520 layout.
     if not four:
         continue
     print("\n%s\n%10s %12s %12s %12s %9s %9s %10s %10s" % (setting, "bytes", "4 nodes (us)",
