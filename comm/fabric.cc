@@ -36,12 +36,13 @@ constexpr uint32_t kControlHello = 0x80000000u;
 
 absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend,
                                                                     const UniqueId& id, int rank,
-                                                                    const std::string& device) {
+                                                                    const std::string& device,
+                                                                    bool ipv6) {
   LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
   // With a job secret, every link's handshake binds the job (the id's session) and the rank.
   options.security.job_id = std::string(id.internal + 8, 8);
   options.security.identity = static_cast<uint64_t>(rank);
-  transport::PinUcxDevice(device, &options);
+  transport::PinUcxDevice(device, ipv6, &options);
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
   if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
@@ -75,6 +76,7 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   fabric->nranks_ = nranks;
   fabric->options_ = options;
   std::string listen, device;
+  bool ipv6 = false;
   if (options.backend == "loopback") {
     std::random_device random;
     listen = absl::StrCat("lbcc-", random(), random(), "-r", rank);
@@ -82,8 +84,10 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
     LBCC_ASSIGN_OR_RETURN(const transport::NetChoice net, ChooseListenAddress(id, options.listen_host));
     listen = transport::JoinHostPort(net.address, 0);
     if (!net.loopback) device = net.interface;
+    ipv6 = net.ipv6;
   }
-  LBCC_ASSIGN_OR_RETURN(fabric->transport_, MakeTransport(options.backend, id, rank, device));
+  LBCC_ASSIGN_OR_RETURN(fabric->transport_,
+                        MakeTransport(options.backend, id, rank, device, ipv6));
   LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
                         _.Prepend("comm: listen"));
   const std::string hostname = Hostname();

@@ -46,8 +46,10 @@ class VoteAgreement;
 
 struct FabricOptions {
   std::string backend = "ucx";          // "ucx" or "loopback" (LBCC_TRANSPORT).
-  // Address or interface to listen on (LBCC_LISTEN_ADDR); empty: chosen (transport/netif.h).
-  std::string listen_host = "127.0.0.1";
+  // Address or interface to listen on (LBCC_LISTEN_ADDR). Empty (the default, as in the C API
+  // and Python): chosen as transport/netif.h's SelectListenAddress does (LBCC_SOCKET_IFNAME, the
+  // interface toward the bootstrap root; loopback when the root is on loopback).
+  std::string listen_host;
   absl::Duration timeout = absl::Seconds(300);  // Set-up and per-operation (LBCC_TIMEOUT_S).
   std::optional<Topology> topology;     // Unset: LBCC_TOPO_FILE, else same host = island.
 };

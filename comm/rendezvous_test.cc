@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "base/scoped_env.h"
 #include "base/status_matchers.h"
+#include "comm/fabric.h"
 #include "comm/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -145,6 +146,49 @@ TEST(RendezvousTest, FixedRootRanksMeetThroughAHostName) {
   }
   for (auto& t : threads) t.join();
   for (auto& r : results) EXPECT_THAT(r, IsOkAndHolds(ElementsAre("0", "1", "2")));
+}
+
+// FabricOptions{} (C++) listens where the C API's and Python's defaults do: chosen by
+// transport/netif.h (LBCC_SOCKET_IFNAME, the interface toward the root), not a fixed 127.0.0.1
+// that would ignore the filter and advertise loopback to remote peers.
+TEST(FabricDefaultsTest, DefaultOptionsChooseTheInterfaceLikeTheCApi) {
+  EXPECT_EQ(FabricOptions{}.listen_host, "") << "empty: chosen";
+  absl::StatusOr<UniqueId> id = CreateUniqueId("127.0.0.1", absl::Seconds(20));
+  ASSERT_THAT(id.status(), IsOk());
+  {
+    // The filter applies to the default options as to the C API's (CommConfig unset): a filter
+    // matching no interface is the same clear error from both, before any waiting.
+    ScopedEnv filter("LBCC_SOCKET_IFNAME", "=no-such-if0");
+    EXPECT_THAT(Fabric::Create(*id, 2, 1, FabricOptions{}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("LBCC_SOCKET_IFNAME='=no-such-if0' matches no interface")));
+    CommConfig c_api_default;
+    c_api_default.timeout = absl::Seconds(20);
+    EXPECT_THAT(Communicator::Init(*id, 2, 1, c_api_default).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("LBCC_SOCKET_IFNAME='=no-such-if0' matches no interface")));
+  }
+  // Unfiltered, a root on loopback: both ranks connect over UCX with the default options and
+  // advertise loopback (every rank is on this host).
+  std::vector<absl::StatusOr<std::string>> peers(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      FabricOptions options;
+      options.timeout = absl::Seconds(30);
+      absl::StatusOr<std::shared_ptr<Fabric>> fabric = Fabric::Create(*id, 2, r, options);
+      if (!fabric.ok()) {
+        peers[r] = fabric.status();
+        return;
+      }
+      peers[r] = (*fabric)->out(1 - r)->peer_address();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_THAT(peers[r].status(), IsOk()) << "rank " << r;
+    EXPECT_THAT(*peers[r], ::testing::StartsWith("127.0.0.1:")) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -97,6 +97,7 @@ inline std::vector<absl::Status> RunRanks(
     int nranks, const RankOptions& options,
     const std::function<absl::Status(int rank, Communicator& comm)>& body) {
   FabricOptions fabric;
+  fabric.listen_host = "127.0.0.1";
   fabric.backend = options.backend;
   fabric.timeout = options.timeout;
   fabric.topology = options.topology;

@@ -218,6 +218,55 @@ bool IsLoopbackAddress(absl::string_view numeric_address) {
   return false;
 }
 
+absl::StatusOr<SocketAddress> NumericSocketAddress(absl::string_view host, int port) {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("port ", port, " is out of range"));
+  }
+  SocketAddress a;
+  const std::string text(host);
+  auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+  if (inet_pton(AF_INET, text.c_str(), &in->sin_addr) == 1) {
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(port));
+    a.length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, text.c_str(), &in6->sin6_addr) == 1) {
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(port));
+    a.length = sizeof(sockaddr_in6);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", host, "' is not a numeric IPv4 or IPv6 address"));
+  }
+  a.host = Numeric(a.get());  // Canonical form ("fd77:0::1" reads back as "fd77::1").
+  a.port = port;
+  return a;
+}
+
+absl::StatusOr<SocketAddress> ParseSocketAddress(absl::string_view text, absl::string_view what) {
+  LBCC_ASSIGN_OR_RETURN(const HostAndPort hp, ParseHostPort(text, what));
+  LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> resolved,
+                        ResolveHost(hp.host, absl::StrCat(what, " '", text, "'")));
+  return NumericSocketAddress(resolved.front(), hp.port);
+}
+
+absl::StatusOr<SocketAddress> SocketAddressOf(const sockaddr_storage& storage) {
+  SocketAddress a;
+  a.storage = storage;
+  if (storage.ss_family == AF_INET) {
+    a.length = sizeof(sockaddr_in);
+    a.port = ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  } else if (storage.ss_family == AF_INET6) {
+    a.length = sizeof(sockaddr_in6);
+    a.port = ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address family ", storage.ss_family, " is neither IPv4 nor IPv6"));
+  }
+  a.host = Numeric(a.get());
+  return a;
+}
+
 namespace {
 
 // LBCC_LISTEN_ADDR: an interface name, else an address (or a name resolving to one).
@@ -255,9 +304,17 @@ absl::StatusOr<std::optional<NetChoice>> RoutedChoice(
   if (!source.ok()) return std::nullopt;
   for (const NetInterface& i : interfaces) {
     if (i.address != *source) continue;
-    // A root on loopback: every rank is on this host.
+    // A root on loopback: every rank is on this host. Its IPv4 address even for a root on ::1:
+    // UCX's tcp transport uses no IPv6 address on lo.
     if (i.loopback && IsLoopbackAddress(root.front())) {
-      return ChoiceOf(i, absl::StrCat("the bootstrap root ", root_host, " is local"));
+      const NetInterface* chosen = &i;
+      for (const NetInterface& j : interfaces) {
+        if (j.loopback && j.name == i.name && !j.ipv6) {
+          chosen = &j;
+          break;
+        }
+      }
+      return ChoiceOf(*chosen, absl::StrCat("the bootstrap root ", root_host, " is local"));
     }
     if (filter.Matches(i.name)) return ChoiceOf(i, absl::StrCat("routes to ", root_host));
     if (i.loopback) {

@@ -18,6 +18,8 @@
 #ifndef LBCC_TRANSPORT_NETIF_H_
 #define LBCC_TRANSPORT_NETIF_H_
 
+#include <sys/socket.h>
+
 #include <string>
 #include <vector>
 
@@ -89,6 +91,28 @@ absl::StatusOr<std::vector<std::string>> ResolveHost(absl::string_view host,
                                                      absl::string_view what);
 
 bool IsLoopbackAddress(absl::string_view numeric_address);
+
+// A resolved socket address, IPv4 or IPv6, for the socket and UCX calls that take a sockaddr.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;  // sizeof(sockaddr_in) or sizeof(sockaddr_in6).
+  std::string host;      // Numeric, without brackets.
+  int port = 0;
+
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+  bool ipv6() const { return storage.ss_family == AF_INET6; }
+  // "10.77.0.2:4000" or "[fd77::2]:4000" (JoinHostPort): what ParseSocketAddress reads back.
+  std::string ToString() const { return JoinHostPort(host, port); }
+};
+
+// "host:port" (ParseHostPort's syntax: IPv6 in brackets) with the host resolved (ResolveHost:
+// the first address, IPv4 before IPv6). InvalidArgument naming `what` and the text.
+absl::StatusOr<SocketAddress> ParseSocketAddress(absl::string_view text, absl::string_view what);
+// A numeric host (IPv4 or IPv6 literal) and a port; InvalidArgument when `host` is not numeric.
+absl::StatusOr<SocketAddress> NumericSocketAddress(absl::string_view host, int port);
+// What the kernel or UCX reports (getsockname, a listener's or a connection's address).
+// InvalidArgument for a family other than IPv4 and IPv6.
+absl::StatusOr<SocketAddress> SocketAddressOf(const sockaddr_storage& storage);
 
 }  // namespace lbcc::transport
 

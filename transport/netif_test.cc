@@ -1,9 +1,15 @@
 #include "transport/netif.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -57,6 +63,18 @@ TEST(InterfaceFilterTest, BadSpecsNameTheValue) {
 TEST(SelectListenAddressTest, RootOnLoopbackMeansLoopback) {
   EXPECT_THAT(SelectListenAddress("", "", "127.0.0.1", Machine()),
               IsOkAndHolds(::testing::Field(&NetChoice::interface, "lo")));
+}
+
+TEST(SelectListenAddressTest, RootOnIpv6LoopbackMeansLoopbackOverIpv4) {
+  // UCX's tcp transport uses no IPv6 address on lo: the ranks of a root on ::1 listen on lo's
+  // IPv4 address. (The kernel's route toward ::1 decides, so this needs IPv6 loopback here.)
+  std::vector<NetInterface> machine = Machine();
+  machine.push_back({"lo", "::1", true, true});
+  absl::StatusOr<NetChoice> c = SelectListenAddress("", "", "::1", machine);
+  if (!c.ok() || c->interface != "lo") GTEST_SKIP() << "no route to ::1 here";
+  EXPECT_EQ(c->address, "127.0.0.1");
+  EXPECT_FALSE(c->ipv6);
+  EXPECT_TRUE(c->loopback);
 }
 
 TEST(SelectListenAddressTest, TheRootItselfTakesTheFirstAllowedInterface) {
@@ -139,13 +157,89 @@ TEST(PinUcxDeviceTest, PinsTheChosenDeviceUnlessTheUserSetOne) {
   const char* user = std::getenv("UCX_NET_DEVICES");
   if (user != nullptr) GTEST_SKIP() << "UCX_NET_DEVICES is set here: " << user;
   TransportOptions options;
-  PinUcxDevice("eth0", &options);
+  PinUcxDevice("eth0", /*ipv6=*/false, &options);
   EXPECT_EQ(options.ucx_net_devices, "eth0");
-  PinUcxDevice("eth1", &options);  // Set already: kept.
+  EXPECT_EQ(options.ucx_tcp_af_prio, "") << "IPv4: UCX's own order (IPv4 first)";
+  PinUcxDevice("eth1", /*ipv6=*/false, &options);  // Set already: kept.
   EXPECT_EQ(options.ucx_net_devices, "eth0");
   TransportOptions none;
-  PinUcxDevice("", &none);  // Loopback or an address of no interface: UCX's own choice.
+  PinUcxDevice("", /*ipv6=*/false, &none);  // Loopback or an address of no interface.
   EXPECT_EQ(none.ucx_net_devices, "");
+}
+
+TEST(PinUcxDeviceTest, AnIpv6ChoicePinsUcxTcpToIpv6) {
+  const char* user = std::getenv("UCX_TCP_AF_PRIO");
+  if (user != nullptr) GTEST_SKIP() << "UCX_TCP_AF_PRIO is set here: " << user;
+  TransportOptions options;
+  PinUcxDevice("eth0", /*ipv6=*/true, &options);
+  EXPECT_EQ(options.ucx_tcp_af_prio, "inet6");
+  TransportOptions loopback;
+  PinUcxDevice("", /*ipv6=*/true, &loopback);  // ::1: UCX's tcp carries it over 127.0.0.1.
+  EXPECT_EQ(loopback.ucx_net_devices, "");
+  EXPECT_EQ(loopback.ucx_tcp_af_prio, "");
+  TransportOptions set;
+  set.ucx_tcp_af_prio = "inet,inet6";
+  PinUcxDevice("eth0", /*ipv6=*/true, &set);
+  EXPECT_EQ(set.ucx_tcp_af_prio, "inet,inet6") << "set already: kept";
+}
+
+TEST(SocketAddressTest, ParsesIpv4Ipv6AndNames) {
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress v4, ParseSocketAddress("10.77.0.2:4000", "x"));
+  EXPECT_FALSE(v4.ipv6());
+  EXPECT_EQ(v4.get()->sa_family, AF_INET);
+  EXPECT_EQ(v4.length, sizeof(sockaddr_in));
+  EXPECT_EQ(v4.host, "10.77.0.2");
+  EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in*>(v4.get())->sin_port), 4000);
+  EXPECT_EQ(v4.ToString(), "10.77.0.2:4000");
+
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress v6, ParseSocketAddress("[fd77:0::2]:4001", "x"));
+  EXPECT_TRUE(v6.ipv6());
+  EXPECT_EQ(v6.get()->sa_family, AF_INET6);
+  EXPECT_EQ(v6.length, sizeof(sockaddr_in6));
+  EXPECT_EQ(v6.host, "fd77::2") << "canonical form";
+  EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in6*>(v6.get())->sin6_port), 4001);
+  EXPECT_EQ(v6.ToString(), "[fd77::2]:4001");
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress again, ParseSocketAddress(v6.ToString(), "x"));
+  EXPECT_EQ(again.ToString(), v6.ToString()) << "ToString reads back";
+
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress name, ParseSocketAddress("localhost:80", "x"));
+  EXPECT_TRUE(IsLoopbackAddress(name.host)) << name.host;
+  EXPECT_EQ(name.port, 80);
+}
+
+TEST(SocketAddressTest, BadInputNamesTheValue) {
+  EXPECT_THAT(ParseSocketAddress("fd77::2:4000", "UCX address"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("UCX address 'fd77::2:4000' is not host:port")));
+  EXPECT_THAT(ParseSocketAddress("no-such-host.invalid:1", "UCX address"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
+  EXPECT_THAT(ParseSocketAddress("[::1]:70000", "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(NumericSocketAddress("node0", 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'node0'")));
+  sockaddr_storage unix_socket{};
+  unix_socket.ss_family = AF_UNIX;
+  EXPECT_THAT(SocketAddressOf(unix_socket), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(SocketAddressTest, FromWhatTheKernelReports) {
+  // A socket bound to ::1 port 0: getsockname's sockaddr_in6 reads as "[::1]:<port>".
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress any, NumericSocketAddress("::1", 0));
+  if (bind(fd, any.get(), any.length) != 0) {
+    close(fd);
+    GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length), 0);
+  close(fd);
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress a, SocketAddressOf(bound));
+  EXPECT_TRUE(a.ipv6());
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_GT(a.port, 0);
+  EXPECT_EQ(a.ToString(), absl::StrCat("[::1]:", a.port));
 }
 
 }  // namespace

@@ -79,12 +79,14 @@ std::optional<LinkClass> TransportOptions::ConfiguredClass(absl::string_view hos
   return link_class;
 }
 
-void PinUcxDevice(const std::string& device, TransportOptions* options) {
-  if (device.empty() || !options->ucx_net_devices.empty() ||
-      std::getenv("UCX_NET_DEVICES") != nullptr) {
-    return;
+void PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options) {
+  if (device.empty()) return;
+  if (ipv6 && options->ucx_tcp_af_prio.empty() && std::getenv("UCX_TCP_AF_PRIO") == nullptr) {
+    options->ucx_tcp_af_prio = "inet6";
   }
-  options->ucx_net_devices = device;
+  if (options->ucx_net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+    options->ucx_net_devices = device;
+  }
 }
 
 }  // namespace lbcc::transport

@@ -79,6 +79,9 @@ struct TransportOptions {
   // so that a fast and a slow device are never striped in one UCX endpoint.
   std::string ucx_tls;
   std::string ucx_net_devices;
+  // UCX only. The address families UCX's tcp transport tries on its device, in order
+  // (UCX_TCP_AF_PRIO: "inet6", "inet,inet6"). Empty: UCX's own (IPv4 first).
+  std::string ucx_tcp_af_prio;
 
   // The job secret and encryption mode (LBCC_JOB_SECRET / LBCC_JOB_SECRET_FILE, LBCC_ENCRYPT;
   // transport/secure.h). No secret: links are not authenticated.
@@ -94,7 +97,12 @@ struct TransportOptions {
 
 // Sets options->ucx_net_devices to `device` (the interface the rank listens on,
 // transport/netif.h) unless it is set already, the user set UCX_NET_DEVICES, or `device` is empty.
-void PinUcxDevice(const std::string& device, TransportOptions* options);
+// `ipv6`: the rank listens on an IPv6 address of `device`; UCX's tcp transport then takes the
+// device's IPv6 address too (ucx_tcp_af_prio "inet6"), unless that is set already or the user set
+// UCX_TCP_AF_PRIO: a device with both families would otherwise carry the data over IPv4, which
+// the peers may not reach. No device (loopback, ::1): neither is pinned (UCX's tcp transport
+// uses no IPv6 address on lo; its IPv4 one carries the data there).
+void PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options);
 
 }  // namespace lbcc::transport
 

@@ -1,8 +1,5 @@
 #include "transport/ucx_transport.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -33,6 +30,7 @@
 #include "transport/executor.h"
 #include "transport/link.h"
 #include "transport/link_setup.h"
+#include "transport/netif.h"
 
 namespace lbcc::transport {
 namespace {
@@ -49,54 +47,9 @@ absl::Status FromUcs(ucs_status_t status, absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(status)));
 }
 
-struct ParsedAddress {
-  std::string host;  // Numeric.
-  int port = 0;
-  sockaddr_in addr{};
-};
-
-absl::StatusOr<ParsedAddress> ParseAddress(absl::string_view address) {
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("UCX address '", address, "' is not host:port"));
-  }
-  ParsedAddress parsed;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &parsed.port) || parsed.port < 0 ||
-      parsed.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad port in UCX address '", address, "'"));
-  }
-  const std::string host(address.substr(0, colon));
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* info = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &info) != 0 || info == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve host '", host, "' of UCX address '", address, "'"));
-  }
-  std::memcpy(&parsed.addr, info->ai_addr, sizeof(sockaddr_in));
-  freeaddrinfo(info);
-  parsed.addr.sin_port = htons(static_cast<uint16_t>(parsed.port));
-  char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &parsed.addr.sin_addr, text, sizeof(text));
-  parsed.host = text;
-  return parsed;
-}
-
-std::string SockaddrToString(const sockaddr_storage& storage, int* port) {
-  char text[INET6_ADDRSTRLEN] = {};
-  *port = 0;
-  if (storage.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&storage);
-    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
-    *port = ntohs(in->sin_port);
-  } else if (storage.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
-    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
-    *port = ntohs(in6->sin6_port);
-  }
-  return text;
+// Listen and connect addresses: "host:port" or "[v6]:port", the host a name or a literal.
+absl::StatusOr<SocketAddress> ParseAddress(absl::string_view address) {
+  return ParseSocketAddress(address, "UCX address");
 }
 
 class Engine;
@@ -207,7 +160,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // Client set-up helpers (user thread).
   std::shared_ptr<UcxLane> OpenLane(const std::shared_ptr<Conn>& conn, int index,
-                                    const sockaddr_in& addr);
+                                    const SocketAddress& addr);
 
   const TransportOptions options_;
   const std::shared_ptr<Executor> executor_;
@@ -407,6 +360,12 @@ absl::Status Engine::Init() {
     if (!options_.ucx_tls.empty()) LBCC_RETURN_IF_ERROR(modify("TLS", options_.ucx_tls));
     if (!options_.ucx_net_devices.empty()) {
       LBCC_RETURN_IF_ERROR(modify("NET_DEVICES", options_.ucx_net_devices));
+    }
+    // The address family UCX's tcp transport takes from the device (IPv4 first by default).
+    // UCT settings are named without their component's prefix here ("AF_PRIO", not
+    // "TCP_AF_PRIO", which UCX accepts and then ignores with an "invalid configuration" warning).
+    if (!options_.ucx_tcp_af_prio.empty()) {
+      LBCC_RETURN_IF_ERROR(modify("AF_PRIO", options_.ucx_tcp_af_prio));
     }
     // One rendezvous rail: a fast and a slow device never carry parts of one message.
     LBCC_RETURN_IF_ERROR(modify("MAX_RNDV_RAILS", "1"));
@@ -977,9 +936,12 @@ std::shared_ptr<Conn> Engine::ServerConnLocked(const std::shared_ptr<UcxLane>& l
     conn = std::make_shared<Conn>();
     conn->id = h.conn_id;
     conn->peer = lane->peer();
-    // The rules see the connecting host; its port is ephemeral, so unknown (0).
-    conn->setup = std::make_unique<LinkSetup>(LinkSetup::Role::kServer, options_, conn->peer,
-                                              HostPort{SplitHostPort(conn->peer).host, 0});
+    // The rules see the connecting host (IPv6 without brackets); its port is ephemeral, so
+    // unknown (0).
+    absl::StatusOr<HostAndPort> peer = ParseHostPort(conn->peer, "UCX peer");
+    conn->setup = std::make_unique<LinkSetup>(
+        LinkSetup::Role::kServer, options_, conn->peer,
+        HostPort{peer.ok() ? peer->host : conn->peer, 0});
     conn->link = std::make_shared<Link>(executor_, conn->peer);
     conn->link->SetKick([weak = weak_from_this()] {
       if (std::shared_ptr<Engine> engine = weak.lock()) engine->Kick();
@@ -1006,9 +968,8 @@ void Engine::OnConnRequest(ucp_conn_request_h request, void* arg) {
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   std::string peer = "unknown";
   if (ucp_conn_request_query(request, &attr) == UCS_OK) {
-    int port = 0;
-    peer = SockaddrToString(attr.client_address, &port);
-    peer = absl::StrCat(peer, ":", port);
+    absl::StatusOr<SocketAddress> client = SocketAddressOf(attr.client_address);
+    if (client.ok()) peer = client->ToString();
   }
   bool shutting_down;
   {
@@ -1075,7 +1036,7 @@ void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 // Set-up (user threads).
 
 absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
-  LBCC_ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
+  LBCC_ASSIGN_OR_RETURN(const SocketAddress parsed, ParseAddress(address));
   {
     MutexLock lock(&ctl_mu_);
     if (shutting_down_) return absl::CancelledError("transport shut down");
@@ -1085,8 +1046,8 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
     if (worker_ == nullptr) return absl::CancelledError("transport shut down");
     ucp_listener_params_t params{};
     params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&parsed.addr);
-    params.sockaddr.addrlen = sizeof(parsed.addr);
+    params.sockaddr.addr = parsed.get();
+    params.sockaddr.addrlen = parsed.length;
     params.conn_handler.cb = &Engine::OnConnRequest;
     params.conn_handler.arg = this;
     ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
@@ -1099,18 +1060,17 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
     status = ucp_listener_query(listener_, &attr);
     if (status != UCS_OK) return FromUcs(status, "ucp_listener_query");
-    int port = 0;
-    SockaddrToString(attr.sockaddr, &port);
-    return port;
+    LBCC_ASSIGN_OR_RETURN(const SocketAddress bound, SocketAddressOf(attr.sockaddr));
+    return bound.port;
   });
   if (!port.ok()) return port.status();
   MutexLock lock(&ctl_mu_);
   listening_ = true;
-  return absl::StrCat(parsed.host, ":", *port);
+  return JoinHostPort(parsed.host, *port);
 }
 
 std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int index,
-                                          const sockaddr_in& addr) {
+                                          const SocketAddress& addr) {
   auto lane = std::make_shared<UcxLane>(weak_from_this(), executor_, conn->peer);
   {
     MutexLock lock(&ctl_mu_);
@@ -1129,8 +1089,8 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof(addr);
+    params.sockaddr.addr = addr.get();
+    params.sockaddr.addrlen = addr.length;
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &Engine::OnEpError;
     params.err_handler.arg = this;
@@ -1174,14 +1134,14 @@ class UcxSetupWire final : public SetupWire {
 absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view address,
                                                           absl::Duration timeout,
                                                           ConnectOptions options) {
-  LBCC_ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
+  LBCC_ASSIGN_OR_RETURN(const SocketAddress parsed, ParseAddress(address));
   if (parsed.port == 0) {
     return absl::InvalidArgumentError(absl::StrCat("UCX address '", address, "' has port 0"));
   }
   const absl::Time deadline = absl::Now() + timeout;
   auto conn = std::make_shared<Conn>();
   conn->client = true;
-  conn->peer = absl::StrCat(parsed.host, ":", parsed.port);
+  conn->peer = parsed.ToString();
   conn->setup = std::make_unique<LinkSetup>(LinkSetup::Role::kClient, options_, conn->peer,
                                             HostPort{parsed.host, parsed.port});
   LinkSetup& setup = *conn->setup;
@@ -1225,7 +1185,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
   std::shared_ptr<UcxLane> lane0;
   absl::Duration backoff = absl::Milliseconds(5);
   while (true) {
-    lane0 = OpenLane(conn, 0, parsed.addr);
+    lane0 = OpenLane(conn, 0, parsed);
     absl::Status welcomed = setup.AwaitWelcomes(1, deadline);
     if (welcomed.ok()) break;
     if (welcomed.code() != absl::StatusCode::kUnavailable) return fail(welcomed);
@@ -1251,7 +1211,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Engine::Connect(absl::string_view addr
 
   // Stripes: more connections for a slow link.
   std::vector<std::shared_ptr<UcxLane>> lanes = {lane0};
-  for (int i = 1; i < params->stripes; ++i) lanes.push_back(OpenLane(conn, i, parsed.addr));
+  for (int i = 1; i < params->stripes; ++i) lanes.push_back(OpenLane(conn, i, parsed));
   absl::Status welcomed = setup.AwaitWelcomes(params->stripes, deadline);
   if (!welcomed.ok()) return fail(welcomed);
   for (auto& lane : lanes) conn->link->AddLane(lane);
