@@ -132,6 +132,7 @@ struct VoteAgreement::Round {
   int sends_pending = 0;
   int first_abort = -1;      // a peer that voted or answered abort
   int first_committed = -1;  // a peer that answered committed
+  uint64_t op = 0;
 };
 
 struct VoteAgreement::State {
@@ -340,18 +341,113 @@ absl::Status AbortedBy(const VoteAgreement::Round& round, int peer) {
                                              reason.ToString()));
 }
 
+
+absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
+                      absl::Status local, absl::Time deadline, const std::vector<int>& peers,
+                      RoundPtr* votes_out);
+
+// The first rank an error message names ("receive from rank 3: ...", "rank 1 could not
+// complete the step: ..."), or -1.
+int FirstRankNamed(absl::string_view message) {
+  for (size_t at = message.find("rank "); at != absl::string_view::npos;
+       at = message.find("rank ", at + 5)) {
+    int rank = -1;
+    for (size_t i = at + 5; i < message.size() && message[i] >= '0' && message[i] <= '9'; ++i) {
+      rank = (rank < 0 ? 0 : rank * 10) + (message[i] - '0');
+      if (rank > (1 << 20)) break;
+    }
+    if (rank >= 0) return rank;
+  }
+  return -1;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) absl::StrAppend(&out, i == 0 ? "" : ", ", ranks[i]);
+  return out;
+}
+
+// A rank that aborts because its own peer died closes its data connections without saying why,
+// so its neighbours' errors blame it although it lives. A rank that took part in the vote is
+// alive: when `why` blames a peer that voted, name the peers that did not vote instead and
+// quote the voter's reason. Waits for the blamed peer's vote and then for the rest, until
+// `until` at most; `why` unchanged when the blamed peer's vote failed too, nobody is silent, or
+// time ran out.
+absl::Status NameTheLost(const StatePtr& state, const VoteAgreement::Round& votes,
+                         const std::vector<int>& peers, absl::Status why, absl::Time until) {
+  if (why.ok() || !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why))) return why;
+  const int blamed = FirstRankNamed(why.message());
+  if (std::find(peers.begin(), peers.end(), blamed) == peers.end()) return why;
+  MutexLock lock(&state->mu);
+  auto settled = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return votes.received[peer].has_value() || !votes.failure[peer].ok();
+  };
+  if (!state->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return settled(blamed) || state->stopped;
+      }, until) ||
+      !votes.received[blamed].has_value()) {
+    return why;  // the blamed peer did not vote either: it may well be the lost one
+  }
+  state->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return votes.receives_pending == 0 || state->stopped;
+  }, until);
+  std::vector<int> lost, silent;
+  for (int peer : peers) {
+    if (!votes.failure[peer].ok()) {
+      lost.push_back(peer);
+    } else if (!votes.received[peer].has_value()) {
+      silent.push_back(peer);
+    }
+  }
+  const ControlMessage& vote = *votes.received[blamed];
+  const std::string voter =
+      absl::StrCat("rank ", blamed, " is alive (it voted ",
+                   IsAbortKind(vote.kind) ? absl::StrCat("abort: ", vote.reason.ToString())
+                                          : std::string("commit"),
+                   ")");
+  std::string text;
+  if (!lost.empty()) {
+    text = absl::StrCat(RankList(lost), " did not vote (", votes.failure[lost[0]].message(),
+                        "): lost; ");
+  } else if (!silent.empty()) {
+    text = absl::StrCat(RankList(silent), " did not vote before the deadline; ");
+  } else {
+    return why;
+  }
+  absl::Status named(why.code(), absl::StrCat(text, "every survivor aborts the step; ", voter,
+                                              "; this rank saw: ", why.message()));
+  auto it = state->board.find(votes.op);
+  if (it != state->board.end() && it->second.phase == Entry::kAborted) {
+    it->second.reason = named;  // what a peer that asks later hears
+  }
+  return named;
+}
+
 }  // namespace
 
 absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::Status local,
                                    absl::Time deadline) {
   if (group.size() <= 1) return local;
-  const StatePtr& state = state_;
   std::vector<int> peers;
   for (int r = 0; r < group.size(); ++r) {
     if (r != group.me) peers.push_back(group.ranks[r]);
   }
+  RoundPtr votes;
+  absl::Status result = DecideOn(state_, group, op_seq, std::move(local), deadline, peers, &votes);
+  if (result.ok() || votes == nullptr) return result;
+  return NameTheLost(state_, *votes, peers, std::move(result),
+                     std::max(deadline, absl::Now()) + state_->grace);
+}
+
+namespace {
+
+absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
+                      absl::Status local, absl::Time deadline, const std::vector<int>& peers,
+                      RoundPtr* votes_out) {
   // Round 1: the vote.
-  auto votes = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  auto votes = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
+  votes->op = op_seq;
+  *votes_out = votes;
   absl::Status result = local;
   bool vote_commit = false;
   {
@@ -430,7 +526,7 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
   }
 
   // Round 2: ask every peer.
-  auto queries = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  auto queries = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
   queries->mine = EncodeControl(ControlKind::kQuery, op_seq, absl::OkStatus());
   PostRound(state, queries, kQueryTag, op_seq + kReplyStep, op_seq, peers, peers);
   MutexLock lock(&state->mu);
@@ -466,6 +562,8 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
   }
   return state->DecideLocked(op_seq, why);
 }
+
+}  // namespace
 
 absl::Status VoteAgreement::Linger(absl::Time deadline) {
   const StatePtr& state = state_;
