@@ -344,7 +344,7 @@ absl::Status AbortedBy(const VoteAgreement::Round& round, int peer) {
 
 absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
                       absl::Status local, absl::Time deadline, const std::vector<int>& peers,
-                      RoundPtr* votes_out);
+                      RoundPtr* votes_out, RoundPtr* queries_out);
 
 // The first rank an error message names ("receive from rank 3: ...", "rank 1 could not
 // complete the step: ..."), or -1.
@@ -361,61 +361,116 @@ int FirstRankNamed(absl::string_view message) {
   return -1;
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) absl::StrAppend(&out, i == 0 ? "" : ", ", ranks[i]);
-  return out;
-}
-
 // A rank that aborts because its own peer died closes its data connections without saying why,
 // so its neighbours' errors blame it although it lives. A rank that took part in the vote is
-// alive: when `why` blames a peer that voted, name the peers that did not vote instead and
-// quote the voter's reason. Waits for the blamed peer's vote and then for the rest, until
-// `until` at most; `why` unchanged when the blamed peer's vote failed too, nobody is silent, or
-// time ran out.
+// alive: when `why` blames a peer that voted abort, follow the blame through the voters'
+// reasons (each names whom that voter lost) to its origin, a rank that did not vote, or voted
+// commit and then lost its links; without a blamed peer, a peer whose vote or answer failed.
+// Name that rank first and quote the chain. Waits for the blamed peer's vote and then for the
+// rest, until `until` at most; `why` unchanged when it already names the origin, or the origin
+// cannot be told.
 absl::Status NameTheLost(const StatePtr& state, const VoteAgreement::Round& votes,
-                         const std::vector<int>& peers, absl::Status why, absl::Time until) {
-  if (why.ok() || !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why))) return why;
-  const int blamed = FirstRankNamed(why.message());
-  if (std::find(peers.begin(), peers.end(), blamed) == peers.end()) return why;
+                         const VoteAgreement::Round* queries, const std::vector<int>& peers,
+                         absl::Status why, absl::Time until) {
+  if (why.ok() || !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why) ||
+                    absl::IsCancelled(why))) {
+    return why;
+  }
+  auto is_peer = [&](int rank) {
+    return std::find(peers.begin(), peers.end(), rank) != peers.end();
+  };
+  // The peer `why` blames, or -1 (it names nobody, or this rank).
+  const int blamed = is_peer(FirstRankNamed(why.message())) ? FirstRankNamed(why.message()) : -1;
   MutexLock lock(&state->mu);
   auto settled = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
     return votes.received[peer].has_value() || !votes.failure[peer].ok();
   };
-  if (!state->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return settled(blamed) || state->stopped;
-      }, until) ||
-      !votes.received[blamed].has_value()) {
-    return why;  // the blamed peer did not vote either: it may well be the lost one
+  // Why `peer` aborted, as its abort vote or its answer to this rank's query said; null if it
+  // said neither.
+  auto abort_reason = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu)
+      -> const absl::Status* {
+    for (const VoteAgreement::Round* round : {&votes, queries}) {
+      if (round != nullptr && round->received[peer].has_value() &&
+          IsAbortKind(round->received[peer]->kind)) {
+        return &round->received[peer]->reason;
+      }
+    }
+    return nullptr;
+  };
+  // A peer that sent anything (a vote, an answer) is alive.
+  auto alive = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return votes.received[peer].has_value() ||
+           (queries != nullptr && queries->received[peer].has_value());
+  };
+  if (blamed >= 0 && (!state->mu.AwaitWithDeadline(
+                          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                            return settled(blamed) || state->stopped;
+                          },
+                          until) ||
+                      !alive(blamed))) {
+    return why;  // the blamed peer said nothing: it is the origin as far as this rank can tell
   }
   state->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-    return votes.receives_pending == 0 || state->stopped;
+    return (votes.receives_pending == 0 && (queries == nullptr || queries->receives_pending == 0)) ||
+           state->stopped;
   }, until);
-  std::vector<int> lost, silent;
-  for (int peer : peers) {
-    if (!votes.failure[peer].ok()) {
-      lost.push_back(peer);
-    } else if (!votes.received[peer].has_value()) {
-      silent.push_back(peer);
+  // Follow the blame: an aborted peer's reason names whom it lost.
+  std::vector<int> chain;
+  if (blamed >= 0) chain.push_back(blamed);
+  int origin = -1;
+  while (!chain.empty()) {
+    const int at = chain.back();
+    const absl::Status* reason = abort_reason(at);
+    if (!alive(at) || reason == nullptr) {
+      // Silent (lost), or alive without a reason: a rank whose links failed after its commit
+      // vote is the origin only at the end of someone's blame.
+      if (!alive(at) || chain.size() > 1) origin = at;
+      break;
     }
+    const int next = FirstRankNamed(reason->message());
+    if (!is_peer(next) || std::find(chain.begin(), chain.end(), next) != chain.end()) break;
+    chain.push_back(next);
   }
-  const ControlMessage& vote = *votes.received[blamed];
-  const std::string voter =
-      absl::StrCat("rank ", blamed, " is alive (it voted ",
-                   IsAbortKind(vote.kind) ? absl::StrCat("abort: ", vote.reason.ToString())
-                                          : std::string("commit"),
-                   ")");
-  std::string text;
-  if (!lost.empty()) {
-    text = absl::StrCat(RankList(lost), " did not vote (", votes.failure[lost[0]].message(),
-                        "): lost; ");
-  } else if (!silent.empty()) {
-    text = absl::StrCat(RankList(silent), " did not vote before the deadline; ");
+  const absl::Status* lost_because = nullptr;  // why nothing came from the origin, if it is lost
+  auto failure = [&](int peer) -> const absl::Status* {
+    for (const VoteAgreement::Round* round : {&votes, queries}) {
+      if (round != nullptr && !round->failure[peer].ok()) return &round->failure[peer];
+    }
+    return nullptr;
+  };
+  if (origin < 0) {
+    // The blame names nobody further: a peer whose vote or answer failed, if any.
+    for (int peer : peers) {
+      if (failure(peer) != nullptr) {
+        origin = peer;
+        break;
+      }
+    }
+    if (origin < 0) return why;
+    if (!chain.empty()) chain.push_back(origin);
+  }
+  if (origin == blamed) return why;
+  lost_because = failure(origin);
+  std::string text = absl::StrCat("rank ", origin);
+  if (lost_because != nullptr) {
+    absl::StrAppend(&text, " is lost (nothing from it: ", lost_because->message(), ")");
+  } else if (!alive(origin)) {
+    absl::StrAppend(&text, " did not vote in time");
   } else {
-    return why;
+    absl::StrAppend(&text, " voted commit, then its connections failed");
   }
-  absl::Status named(why.code(), absl::StrCat(text, "every survivor aborts the step; ", voter,
-                                              "; this rank saw: ", why.message()));
+  absl::StrAppend(&text, "; every survivor aborts the step.",
+                  chain.size() > 1 ? " Blame as the voters gave it: " : "");
+  for (size_t k = 0; k + 1 < chain.size(); ++k) {
+    absl::StrAppend(&text, k == 0 ? "" : ", ", "rank ", chain[k], " (alive) ",
+                    abort_reason(chain[k]) != nullptr ? "lost" : "did not blame", " rank ",
+                    chain[k + 1]);
+  }
+  const absl::Status* blamed_reason = blamed >= 0 ? abort_reason(blamed) : nullptr;
+  if (blamed_reason != nullptr) {
+    absl::StrAppend(&text, "; rank ", blamed, "'s reason: ", blamed_reason->ToString());
+  }
+  absl::Status named(why.code(), absl::StrCat(text, "; this rank saw: ", why.message()));
   auto it = state->board.find(votes.op);
   if (it != state->board.end() && it->second.phase == Entry::kAborted) {
     it->second.reason = named;  // what a peer that asks later hears
@@ -432,18 +487,21 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
   for (int r = 0; r < group.size(); ++r) {
     if (r != group.me) peers.push_back(group.ranks[r]);
   }
-  RoundPtr votes;
-  absl::Status result = DecideOn(state_, group, op_seq, std::move(local), deadline, peers, &votes);
+  RoundPtr votes, queries;
+  absl::Status result =
+      DecideOn(state_, group, op_seq, std::move(local), deadline, peers, &votes, &queries);
   if (result.ok() || votes == nullptr) return result;
-  return NameTheLost(state_, *votes, peers, std::move(result),
-                     std::max(deadline, absl::Now()) + state_->grace);
+  // At most one grace period more, and only on a failure: the live peers' votes come at once,
+  // only a frozen or cut-off peer's never do.
+  return NameTheLost(state_, *votes, queries.get(), peers, std::move(result),
+                     absl::Now() + state_->grace);
 }
 
 namespace {
 
 absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
                       absl::Status local, absl::Time deadline, const std::vector<int>& peers,
-                      RoundPtr* votes_out) {
+                      RoundPtr* votes_out, RoundPtr* queries_out) {
   // Round 1: the vote.
   auto votes = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
   votes->op = op_seq;
@@ -528,6 +586,8 @@ absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq
   // Round 2: ask every peer.
   auto queries = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
   queries->mine = EncodeControl(ControlKind::kQuery, op_seq, absl::OkStatus());
+  queries->op = op_seq;
+  *queries_out = queries;
   PostRound(state, queries, kQueryTag, op_seq + kReplyStep, op_seq, peers, peers);
   MutexLock lock(&state->mu);
   state->mu.AwaitWithDeadline(
