@@ -437,7 +437,9 @@ absl::Status SparseAllReduceSchedule::Conclude() {
   if (failure.ok() && groups_exchanged_ != static_cast<int>(plan_.size())) {
     failure = absl::InternalError("SparseAllReduce: exchange ended early without an error");
   }
+#ifndef LBCC_MEASURE_WITHOUT_AGREEMENT  // bench/agreement_overhead.sh's baseline only
   if (agreement_ != nullptr) failure = agreement_->Decide(group_, tag_, failure, deadline_);
+#endif
   if (!failure.ok()) {
     AbortStates();
     return failure;
