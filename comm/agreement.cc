@@ -347,12 +347,16 @@ absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq
                       RoundPtr* votes_out, RoundPtr* queries_out);
 
 // The first rank an error message names ("receive from rank 3: ...", "rank 1 could not
-// complete the step: ..."), or -1.
+// complete the step: ...", "no answer from ranks 0, 2"), or -1.
 int FirstRankNamed(absl::string_view message) {
-  for (size_t at = message.find("rank "); at != absl::string_view::npos;
-       at = message.find("rank ", at + 5)) {
+  for (size_t at = message.find("rank"); at != absl::string_view::npos;
+       at = message.find("rank", at + 4)) {
+    size_t digits = at + 4;
+    if (digits < message.size() && message[digits] == 's') ++digits;
+    if (digits >= message.size() || message[digits] != ' ') continue;
+    ++digits;
     int rank = -1;
-    for (size_t i = at + 5; i < message.size() && message[i] >= '0' && message[i] <= '9'; ++i) {
+    for (size_t i = digits; i < message.size() && message[i] >= '0' && message[i] <= '9'; ++i) {
       rank = (rank < 0 ? 0 : rank * 10) + (message[i] - '0');
       if (rank > (1 << 20)) break;
     }

@@ -587,12 +587,15 @@ int FirstRankBlamed(const absl::Status& status, int reporter) {
   absl::string_view body = status.message();
   const size_t at = body.find(prefix);
   if (at != absl::string_view::npos) body.remove_prefix(at + prefix.size());
-  for (size_t i = body.find("rank "); i != absl::string_view::npos;
-       i = body.find("rank ", i + 1)) {
+  for (size_t i = body.find("rank"); i != absl::string_view::npos;
+       i = body.find("rank", i + 1)) {
+    size_t j = i + 4;
+    if (j < body.size() && body[j] == 's') ++j;  // "ranks 0, 2"
+    if (j >= body.size() || body[j] != ' ') continue;
+    const size_t digits = ++j;
     int rank = 0;
-    size_t j = i + 5;
     while (j < body.size() && body[j] >= '0' && body[j] <= '9') rank = rank * 10 + body[j++] - '0';
-    if (j > i + 5) return rank;
+    if (j > digits) return rank;
   }
   return -1;
 }

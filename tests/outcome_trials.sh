@@ -162,7 +162,7 @@ run_trial() {
   for r in 0 1 2 3; do
     [[ $r == "$victim" ]] && continue
     named=$(awk '$1 == "STEP" && $3 == "ABORT" {line = $0} END {print line}' "$dir/r$r.out" |
-            sed -E 's/^[^:]* on rank [0-9]+: //' | grep -oE 'rank [0-9]+' | head -1 | cut -d' ' -f2)
+            sed -E 's/^[^:]* on rank [0-9]+: //' | grep -oE 'ranks? [0-9]+' | head -1 | cut -d' ' -f2)
     [[ -z "$(awk '$1 == "STEP" && $3 == "ABORT"' "$dir/r$r.out")" ]] && continue
     errors[$kind]=$((${errors[$kind]:-0} + 1))
     if [[ "$named" != "$victim" ]]; then
