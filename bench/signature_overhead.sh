@@ -43,7 +43,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "NA" || b == "NA" || b == 0) 
   echo "Written by \`bench/signature_overhead.sh $ROUNDS\` on $(date -u '+%Y-%m-%d %H:%M UTC'),"
   echo "machine: $(uname -n), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')),"
   echo "shared with other jobs (the load average of each run is listed). Tree: commit"
-  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- comm bench || echo ' plus uncommitted changes')."
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- comm bench ':!bench/results' || echo ' plus uncommitted changes')."
   echo "Binaries: \`with_header\` is \`bazel build //bench:lbcc_perf\`; \`without_header\` the same with"
   echo "\`$SWITCH\` (no header sent or checked, same algorithms)."
   echo "Command (each binary, alternating): \`lbcc_perf --local 4 -b SIZE -e SIZE -n ITERS -w WARM -c 0\`"

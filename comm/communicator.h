@@ -196,10 +196,11 @@ class Communicator {
   // `signature` (start one with NewSignature), or just the name and the communicator's settings.
   RequestPtr Post(absl::string_view name, Op op, absl::Duration timeout = absl::ZeroDuration());
   RequestPtr Post(Signature signature, Op op, absl::Duration timeout = absl::ZeroDuration());
-  // Like Post, for an operation that carries its operation header in its own first round
-  // (ExchangeWithHeader, comm/signature.h: the small direct all-reduces) instead of a separate
-  // header round: `op` gets its sequence number and signature and must check every peer's
-  // header before it uses any data.
+  // Like Post, for an operation that runs the operation-header check itself: in its own first
+  // round (ExchangeWithHeader, comm/signature.h: the small direct all-reduces) or by calling
+  // CheckSignatures (SparseAllReduce, so that a peer lost in the header round goes through the
+  // outcome agreement). `op` gets its sequence number and signature and must check every
+  // peer's header before it uses any data.
   using HeaderOp =
       std::function<absl::Status(const Group& group, transport::Tag tag, uint64_t sequence,
                                  const Signature& signature, absl::Time deadline)>;
