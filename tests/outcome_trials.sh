@@ -50,7 +50,7 @@ write_results() {
     echo
     echo "$(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n), $(nproc) cores (shared); command: \`$command_line\`"
     echo
-    grep '^SUMMARY\|^SKIP\|^BLAMES_LIVE' "$1" | sed 's/^/    /'
+    grep '^SUMMARY\|^SKIP\|^BLAMES_LIVE\|^LOAD' "$1" | sed 's/^/    /'
   } >>"$results"
 }
 if [[ -n "$from_log" ]]; then
@@ -214,6 +214,7 @@ for kind in kill stop cut; do
 done
 [[ -n "$blamed_trials" ]] && echo "BLAMES_LIVE trial:rank$blamed_trials" | tee -a "$summary"
 [[ -n "${skipped:-}" ]] && echo "$skipped" >>"$summary"
+echo "LOAD average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$summary"
 write_results "$summary"
 # Disagreements kept for a look (their ranks' outputs) when --keep is not given.
 if [[ -z "$keep" ]] && compgen -G "$work/trial*" >/dev/null; then
