@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The outcome agreement's cost on the no-failure path (docs/agreement.md): SparseAllReduce time
-# from lbcc_perf --local 4 of this tree against a baseline tree's lbcc_perf (built without the
-# agreement), alternating the two binaries round by round so that both see the same machine
-# load; writes bench/results/agreement.md (median and best time per size, and their ratios).
+# from lbcc_perf --local 4 of this tree against a baseline lbcc_perf without the agreement,
+# alternating the two binaries round by round so that both see the same machine load; writes
+# bench/results/agreement.md (median and best time per size, their ratios, the load average).
+# Without --baseline, the baseline is this tree built with -DLBCC_MEASURE_WITHOUT_AGREEMENT for
+# comm/sparse_allreduce.cc alone (a measurement-only switch: SparseAllReduce concludes without
+# the agreement, everything else the same), and --this is this tree's normal build.
 #
-#   bench/agreement_overhead.sh --baseline /path/to/main/lbcc_perf [--this bazel-bin/bench/lbcc_perf]
+#   bench/agreement_overhead.sh [--baseline /path/to/lbcc_perf] [--this bazel-bin/bench/lbcc_perf]
 #       [--rounds 5] [--iters 30] [--sizes "64K 1M 4M"] [--out bench/results/agreement.md]
 set -euo pipefail
 
@@ -22,10 +25,23 @@ while (($#)); do
     *) echo "agreement_overhead: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[[ -x "$baseline" && -x "$this" ]] || {
-  echo "agreement_overhead: --baseline and --this must be lbcc_perf binaries" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+if [[ -z "$baseline" ]]; then
+  switch="--per_file_copt=comm/sparse_allreduce.cc@-DLBCC_MEASURE_WITHOUT_AGREEMENT"
+  (cd "$here/.." && bazel build --jobs=2 $switch //bench:lbcc_perf >/dev/null 2>&1 &&
+     cp -L bazel-bin/bench/lbcc_perf "$work/without_agreement" &&
+     bazel build --jobs=2 //bench:lbcc_perf >/dev/null 2>&1 &&
+     cp -L bazel-bin/bench/lbcc_perf "$work/with_agreement")
+  baseline="$work/without_agreement (this tree, $switch)"
+  baseline_bin="$work/without_agreement"
+  this="$work/with_agreement"
+  this_label="this tree, bazel build //bench:lbcc_perf"
+else
+  baseline_bin=$baseline
+fi
+[[ -x "$baseline_bin" && -x "$this" ]] || {
+  echo "agreement_overhead: --baseline and --this must be lbcc_perf binaries" >&2; exit 2; }
 
 # One lbcc_perf run per size: prints "size time_us" (out-of-place time, mean over ranks).
 measure() {
@@ -37,22 +53,25 @@ measure() {
 }
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((r = 0; r < rounds; r++)); do
-  measure "$baseline" >>"$work/baseline"
+  measure "$baseline_bin" >>"$work/baseline"
   measure "$this" >>"$work/this"
 done
 
+end_load=$(cut -d' ' -f1-3 /proc/loadavg)
 best() { sort -g | head -1; }
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 {
   echo "# Outcome agreement: SparseAllReduce cost without failures"
   echo
   echo "Written by bench/agreement_overhead.sh on $(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n)"
-  echo "($(nproc) cores, shared with other jobs, load average $load at the start: medians and"
-  echo "bests of $rounds alternating rounds)."
+  echo "($(nproc) cores, shared with other jobs, load average $load at the start and $end_load at"
+  echo "the end: medians and bests of $rounds alternating rounds). Tree: commit $(git -C "$here/.." rev-parse --short HEAD)."
   echo
-  echo "Command: \`bench/agreement_overhead.sh --baseline $baseline --this $this --rounds $rounds --iters $iters" \
+  echo "Command: \`bench/agreement_overhead.sh --rounds $rounds --iters $iters" \
        "--sizes \"$sizes\"\`; each round runs \`lbcc_perf --local 4 --op sparse_allreduce -b S -e S" \
-       "-n $iters -w 5\` (4 processes over UCX on 127.0.0.1, TopK-EF) per size S, baseline first."
+       "-n $iters -w 5\` (4 processes over UCX on 127.0.0.1, TopK-EF) per size S, baseline first." \
+       "Baseline: $baseline; with agreement: ${this_label:-$this}."
+
   echo
   echo "| size (B) | baseline median (us) | with agreement median (us) | median ratio | baseline best (us) | with agreement best (us) | best ratio |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"

@@ -1,45 +1,66 @@
 #!/bin/bash
-# The cost of the operation-header round (comm/signature.h, issue 19 item 1) on an 8-byte
-# all_reduce: this tree's lbcc_perf alternating with a baseline build (a tree without the
-# header round), 4 ranks as processes over UCX on 127.0.0.1. Writes
-# bench/results/signature_overhead.md (date, machine, commands, every run, medians, ratio).
-#   bench/signature_overhead.sh BASELINE_LBCC_PERF [rounds]
+# The cost of the operation header (comm/signature.h, issue 19 item 1) on all_reduce: this
+# tree's lbcc_perf against the same tree built with -DLBCC_MEASURE_WITHOUT_HEADER for
+# comm/signature.cc alone (the measurement-only switch: no header is sent, nothing is checked;
+# the same algorithms otherwise), alternating in one run, 4 ranks as processes over UCX on
+# 127.0.0.1, at 8 B (direct all-reduce, the header in its one round), 64 KiB (direct, the
+# largest such) and 1 MiB (ring, after a separate header round). Writes
+# bench/results/signature_overhead.md (date, machine, commands, every run with its load
+# average, medians and ratios).
+#   bench/signature_overhead.sh [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BASE=${1:?usage: bench/signature_overhead.sh BASELINE_LBCC_PERF [rounds]}
-ROUNDS=${2:-5}
-bazel build --jobs=2 //bench:lbcc_perf >/dev/null
-NEW=$(mktemp -d)/lbcc_perf
-cp -L bazel-bin/bench/lbcc_perf "$NEW"
-ARGS="--local 4 -b 8 -e 8 -n 2000 -w 200 -c 0"
+ROUNDS=${1:-5}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+SWITCH="--per_file_copt=comm/signature.cc@-DLBCC_MEASURE_WITHOUT_HEADER"
+bazel build --jobs=2 $SWITCH //bench:lbcc_perf >/dev/null 2>&1
+cp -L bazel-bin/bench/lbcc_perf "$TMP/without_header"
+bazel build --jobs=2 //bench:lbcc_perf >/dev/null 2>&1
+cp -L bazel-bin/bench/lbcc_perf "$TMP/with_header"
 OUT=bench/results/signature_overhead.md
-ROWS=$(mktemp)
-for i in $(seq "$ROUNDS"); do
-  for which in baseline new; do
-    bin=$BASE; [ $which = new ] && bin=$NEW
-    line=$(timeout 600 "$bin" $ARGS 2>/dev/null | grep -E '^ +8 ' || true)
-    oop=$(echo "$line" | awk '{print $6}'); inp=$(echo "$line" | awk '{print $10}')
-    echo "$i $which ${oop:-NA} ${inp:-NA} $(cut -d' ' -f1 /proc/loadavg)" >> "$ROWS"
+ROWS=$TMP/rows
+: >"$ROWS"
+# size, iterations, warm-up iterations
+SIZES="8:2000:200 65536:400:40 1048576:60:6"
+for spec in $SIZES; do
+  IFS=: read -r size iters warm <<<"$spec"
+  for i in $(seq "$ROUNDS"); do
+    for which in without_header with_header; do
+      line=$(timeout 600 "$TMP/$which" --local 4 -b "$size" -e "$size" -n "$iters" -w "$warm" -c 0 \
+               2>/dev/null | awk -v s="$size" '$1 == s' || true)
+      oop=$(echo "$line" | awk '{print $6}'); inp=$(echo "$line" | awk '{print $10}')
+      echo "$size $i $which ${oop:-NA} ${inp:-NA} $(cut -d' ' -f1 /proc/loadavg)" >>"$ROWS"
+    done
   done
 done
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "NA"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-med() { awk -v w="$1" -v c="$2" '$2 == w && $c != "NA" {print $c}' "$ROWS" | median; }
-b_oop=$(med baseline 3); n_oop=$(med new 3); b_inp=$(med baseline 4); n_inp=$(med new 4)
+med() { awk -v s="$1" -v w="$2" -v c="$3" '$1 == s && $3 == w && $c != "NA" {print $c}' "$ROWS" | median; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "NA" || b == "NA" || b == 0) print "NA"; else printf "%.3f", a / b}'; }
 {
-  echo "# Operation-header round: cost on an 8-byte all_reduce (issue 19 item 1)"
+  echo "# Operation header: cost on all_reduce (issue 19 item 1)"
   echo
-  echo "Written by \`bench/signature_overhead.sh $BASE $ROUNDS\` on $(date -u '+%Y-%m-%d %H:%M UTC'),"
+  echo "Written by \`bench/signature_overhead.sh $ROUNDS\` on $(date -u '+%Y-%m-%d %H:%M UTC'),"
   echo "machine: $(uname -n), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')),"
-  echo "shared with other jobs (the load average of each run is listed: figures this noisy are"
-  echo "only indicative). This tree: commit $(git rev-parse --short HEAD); baseline: \`$BASE\`."
-  echo "Command (each binary, alternating): \`lbcc_perf $ARGS\` (UCX on 127.0.0.1, 4 processes)."
+  echo "shared with other jobs (the load average of each run is listed). Tree: commit"
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- comm bench ':!bench/results' || echo ' plus uncommitted changes')."
+  echo "Binaries: \`with_header\` is \`bazel build //bench:lbcc_perf\`; \`without_header\` the same with"
+  echo "\`$SWITCH\` (no header sent or checked, same algorithms)."
+  echo "Command (each binary, alternating): \`lbcc_perf --local 4 -b SIZE -e SIZE -n ITERS -w WARM -c 0\`"
+  echo "(UCX on 127.0.0.1, 4 processes); SIZE:ITERS:WARM in \`$SIZES\`. Up to 64 KiB the"
+  echo "all-reduce is direct with the header in its one round; 1 MiB is a ring after a header round."
   echo
-  echo "| round | binary | out-of-place time (us) | in-place time (us) | load average |"
-  echo "|---:|---|---:|---:|---:|"
-  awk '{printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5}' "$ROWS"
+  echo "| size (B) | round | binary | out-of-place time (us) | in-place time (us) | load average |"
+  echo "|---:|---:|---|---:|---:|---:|"
+  awk '{printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6}' "$ROWS"
   echo
-  echo "Medians: baseline $b_oop / $b_inp us, with the header round $n_oop / $n_inp us"
-  echo "(out-of-place / in-place); ratio $(awk -v a="$n_oop" -v b="$b_oop" 'BEGIN {printf "%.2f", a / b}') / $(awk -v a="$n_inp" -v b="$b_inp" 'BEGIN {printf "%.2f", a / b}')."
-} > "$OUT"
-rm -f "$ROWS"
+  echo "| size (B) | median without header (us, out-of-place / in-place) | median with header | ratio with / without |"
+  echo "|---:|---:|---:|---:|"
+  for spec in $SIZES; do
+    size=${spec%%:*}
+    b_oop=$(med "$size" without_header 4); n_oop=$(med "$size" with_header 4)
+    b_inp=$(med "$size" without_header 5); n_inp=$(med "$size" with_header 5)
+    echo "| $size | $b_oop / $b_inp | $n_oop / $n_inp | $(ratio "$n_oop" "$b_oop") / $(ratio "$n_inp" "$b_inp") |"
+  done
+} >"$OUT"
 echo "wrote $OUT"

@@ -132,6 +132,7 @@ struct VoteAgreement::Round {
   int sends_pending = 0;
   int first_abort = -1;      // a peer that voted or answered abort
   int first_committed = -1;  // a peer that answered committed
+  uint64_t op = 0;
 };
 
 struct VoteAgreement::State {
@@ -340,18 +341,175 @@ absl::Status AbortedBy(const VoteAgreement::Round& round, int peer) {
                                              reason.ToString()));
 }
 
+
+absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
+                      absl::Status local, absl::Time deadline, const std::vector<int>& peers,
+                      RoundPtr* votes_out, RoundPtr* queries_out);
+
+// The first rank an error message names ("receive from rank 3: ...", "rank 1 could not
+// complete the step: ...", "no answer from ranks 0, 2"), or -1.
+int FirstRankNamed(absl::string_view message) {
+  for (size_t at = message.find("rank"); at != absl::string_view::npos;
+       at = message.find("rank", at + 4)) {
+    size_t digits = at + 4;
+    if (digits < message.size() && message[digits] == 's') ++digits;
+    if (digits >= message.size() || message[digits] != ' ') continue;
+    ++digits;
+    int rank = -1;
+    for (size_t i = digits; i < message.size() && message[i] >= '0' && message[i] <= '9'; ++i) {
+      rank = (rank < 0 ? 0 : rank * 10) + (message[i] - '0');
+      if (rank > (1 << 20)) break;
+    }
+    if (rank >= 0) return rank;
+  }
+  return -1;
+}
+
+// A rank that aborts because its own peer died closes its data connections without saying why,
+// so its neighbours' errors blame it although it lives. A rank that took part in the vote is
+// alive: when `why` blames a peer that voted abort, follow the blame through the voters'
+// reasons (each names whom that voter lost) to its origin, a rank that did not vote, or voted
+// commit and then lost its links; without a blamed peer, a peer whose vote or answer failed.
+// Name that rank first and quote the chain. Waits for the blamed peer's vote and then for the
+// rest, until `until` at most; `why` unchanged when it already names the origin, or the origin
+// cannot be told.
+absl::Status NameTheLost(const StatePtr& state, const VoteAgreement::Round& votes,
+                         const VoteAgreement::Round* queries, const std::vector<int>& peers,
+                         absl::Status why, absl::Time until) {
+  if (why.ok() || !(absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why) ||
+                    absl::IsCancelled(why))) {
+    return why;
+  }
+  auto is_peer = [&](int rank) {
+    return std::find(peers.begin(), peers.end(), rank) != peers.end();
+  };
+  // The peer `why` blames, or -1 (it names nobody, or this rank).
+  const int blamed = is_peer(FirstRankNamed(why.message())) ? FirstRankNamed(why.message()) : -1;
+  MutexLock lock(&state->mu);
+  auto settled = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return votes.received[peer].has_value() || !votes.failure[peer].ok();
+  };
+  // Why `peer` aborted, as its abort vote or its answer to this rank's query said; null if it
+  // said neither.
+  auto abort_reason = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu)
+      -> const absl::Status* {
+    for (const VoteAgreement::Round* round : {&votes, queries}) {
+      if (round != nullptr && round->received[peer].has_value() &&
+          IsAbortKind(round->received[peer]->kind)) {
+        return &round->received[peer]->reason;
+      }
+    }
+    return nullptr;
+  };
+  // A peer that sent anything (a vote, an answer) is alive.
+  auto alive = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return votes.received[peer].has_value() ||
+           (queries != nullptr && queries->received[peer].has_value());
+  };
+  if (blamed >= 0 && (!state->mu.AwaitWithDeadline(
+                          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                            return settled(blamed) || state->stopped;
+                          },
+                          until) ||
+                      !alive(blamed))) {
+    return why;  // the blamed peer said nothing: it is the origin as far as this rank can tell
+  }
+  state->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return (votes.receives_pending == 0 && (queries == nullptr || queries->receives_pending == 0)) ||
+           state->stopped;
+  }, until);
+  // Follow the blame: an aborted peer's reason names whom it lost.
+  std::vector<int> chain;
+  if (blamed >= 0) chain.push_back(blamed);
+  int origin = -1;
+  while (!chain.empty()) {
+    const int at = chain.back();
+    const absl::Status* reason = abort_reason(at);
+    if (!alive(at) || reason == nullptr) {
+      // Silent (lost), or alive without a reason: a rank whose links failed after its commit
+      // vote is the origin only at the end of someone's blame.
+      if (!alive(at) || chain.size() > 1) origin = at;
+      break;
+    }
+    const int next = FirstRankNamed(reason->message());
+    if (!is_peer(next) || std::find(chain.begin(), chain.end(), next) != chain.end()) break;
+    chain.push_back(next);
+  }
+  const absl::Status* lost_because = nullptr;  // why nothing came from the origin, if it is lost
+  auto failure = [&](int peer) -> const absl::Status* {
+    for (const VoteAgreement::Round* round : {&votes, queries}) {
+      if (round != nullptr && !round->failure[peer].ok()) return &round->failure[peer];
+    }
+    return nullptr;
+  };
+  if (origin < 0) {
+    // The blame names nobody further: a peer whose vote or answer failed, if any.
+    for (int peer : peers) {
+      if (failure(peer) != nullptr) {
+        origin = peer;
+        break;
+      }
+    }
+    if (origin < 0) return why;
+    if (!chain.empty()) chain.push_back(origin);
+  }
+  if (origin == blamed) return why;
+  lost_because = failure(origin);
+  std::string text = absl::StrCat("rank ", origin);
+  if (lost_because != nullptr) {
+    absl::StrAppend(&text, " is lost (nothing from it: ", lost_because->message(), ")");
+  } else if (!alive(origin)) {
+    absl::StrAppend(&text, " did not vote in time");
+  } else {
+    absl::StrAppend(&text, " voted commit, then its connections failed");
+  }
+  absl::StrAppend(&text, "; every survivor aborts the step.",
+                  chain.size() > 1 ? " Blame as the voters gave it: " : "");
+  for (size_t k = 0; k + 1 < chain.size(); ++k) {
+    absl::StrAppend(&text, k == 0 ? "" : ", ", "rank ", chain[k], " (alive) ",
+                    abort_reason(chain[k]) != nullptr ? "lost" : "did not blame", " rank ",
+                    chain[k + 1]);
+  }
+  const absl::Status* blamed_reason = blamed >= 0 ? abort_reason(blamed) : nullptr;
+  if (blamed_reason != nullptr) {
+    absl::StrAppend(&text, "; rank ", blamed, "'s reason: ", blamed_reason->ToString());
+  }
+  absl::Status named(why.code(), absl::StrCat(text, "; this rank saw: ", why.message()));
+  auto it = state->board.find(votes.op);
+  if (it != state->board.end() && it->second.phase == Entry::kAborted) {
+    it->second.reason = named;  // what a peer that asks later hears
+  }
+  return named;
+}
+
 }  // namespace
 
 absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::Status local,
                                    absl::Time deadline) {
   if (group.size() <= 1) return local;
-  const StatePtr& state = state_;
   std::vector<int> peers;
   for (int r = 0; r < group.size(); ++r) {
     if (r != group.me) peers.push_back(group.ranks[r]);
   }
+  RoundPtr votes, queries;
+  absl::Status result =
+      DecideOn(state_, group, op_seq, std::move(local), deadline, peers, &votes, &queries);
+  if (result.ok() || votes == nullptr) return result;
+  // At most one grace period more, and only on a failure: the live peers' votes come at once,
+  // only a frozen or cut-off peer's never do.
+  return NameTheLost(state_, *votes, queries.get(), peers, std::move(result),
+                     absl::Now() + state_->grace);
+}
+
+namespace {
+
+absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
+                      absl::Status local, absl::Time deadline, const std::vector<int>& peers,
+                      RoundPtr* votes_out, RoundPtr* queries_out) {
   // Round 1: the vote.
-  auto votes = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  auto votes = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
+  votes->op = op_seq;
+  *votes_out = votes;
   absl::Status result = local;
   bool vote_commit = false;
   {
@@ -430,8 +588,10 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
   }
 
   // Round 2: ask every peer.
-  auto queries = std::make_shared<Round>(static_cast<int>(state->out.size()));
+  auto queries = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
   queries->mine = EncodeControl(ControlKind::kQuery, op_seq, absl::OkStatus());
+  queries->op = op_seq;
+  *queries_out = queries;
   PostRound(state, queries, kQueryTag, op_seq + kReplyStep, op_seq, peers, peers);
   MutexLock lock(&state->mu);
   state->mu.AwaitWithDeadline(
@@ -466,6 +626,8 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
   }
   return state->DecideLocked(op_seq, why);
 }
+
+}  // namespace
 
 absl::Status VoteAgreement::Linger(absl::Time deadline) {
   const StatePtr& state = state_;

@@ -17,7 +17,9 @@ constexpr size_t kMax = ~size_t{0};
 // - Payload exchange otherwise: small messages direct (one step of latency, and on slow links
 //   every rank receives each payload once either way); large ones on fast links by ring.
 // - Dense all-gather: the payload exchange's rows (it is one, of equal sizes).
-// - Dense all-reduce: ring (bandwidth-optimal: 2(N-1)/N of the data per rank).
+// - Dense all-reduce: up to 64 KiB per rank direct (one latency-bound round that also carries
+//   the operation header, instead of the ring's 2(N-1) rounds after a header round); larger
+//   by ring (bandwidth-optimal: 2(N-1)/N of the data per rank).
 // - Broadcast: direct from the root (groups are small; the root's up-link carries N-1 copies).
 // - Barrier: direct (an all-gather of nothing: one step, whatever the links).
 constexpr SelectionRule kTable[] = {
@@ -29,7 +31,8 @@ constexpr SelectionRule kTable[] = {
     {Collective::kAllGather, Links::kSomeSlow, false, 0, kMax, Algorithm::kDirect},
     {Collective::kAllGather, Links::kAllFast, false, 0, 1 << 20, Algorithm::kDirect},
     {Collective::kAllGather, Links::kAllFast, false, 1 << 20, kMax, Algorithm::kRing},
-    {Collective::kAllReduce, Links::kAny, false, 0, kMax, Algorithm::kRing},
+    {Collective::kAllReduce, Links::kAny, false, 0, (64 << 10) + 1, Algorithm::kDirect},
+    {Collective::kAllReduce, Links::kAny, false, (64 << 10) + 1, kMax, Algorithm::kRing},
     {Collective::kBroadcast, Links::kAny, false, 0, kMax, Algorithm::kDirect},
     {Collective::kBarrier, Links::kAny, false, 0, kMax, Algorithm::kDirect},
 };
@@ -93,7 +96,7 @@ bool HasAlgorithm(Collective collective, Algorithm algorithm) {
     case Collective::kBarrier:
       return true;
     case Collective::kAllReduce:
-      return algorithm == Algorithm::kRing;
+      return algorithm == Algorithm::kRing || algorithm == Algorithm::kDirect;
     case Collective::kBroadcast:
       return algorithm == Algorithm::kDirect;
   }

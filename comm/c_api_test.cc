@@ -90,8 +90,8 @@ TEST(CApiConfigTest, BadFieldsAreNamed) {
       {[](lbccConfig_t* c) { c->version = LBCC_VERSION_CODE + 1; }, "lbccConfig_t.version"},
       {[](lbccConfig_t* c) { c->timeoutSeconds = 0; }, "lbccConfig_t.timeoutSeconds=0"},
       {[](lbccConfig_t* c) { c->timeoutSeconds = -2; }, "lbccConfig_t.timeoutSeconds=-2"},
-      {[](lbccConfig_t* c) { c->algorithms = "allreduce=direct"; },
-       "allreduce has no direct algorithm"},
+      {[](lbccConfig_t* c) { c->algorithms = "allreduce=hierarchical"; },
+       "allreduce has no hierarchical algorithm"},
       {[](lbccConfig_t* c) { c->algorithms = "allreduce"; }, "lbccConfig_t.algorithms='allreduce'"},
       {[](lbccConfig_t* c) { c->sparseGroupElements = 0; }, "sparse_group_elements=0"},
       {[](lbccConfig_t* c) { c->strictEnv = 2; }, "lbccConfig_t.strictEnv=2"},
@@ -107,7 +107,7 @@ TEST(CApiConfigTest, BadFieldsAreNamed) {
 }
 
 TEST(CApiConfigTest, ExplicitFieldsWinOverTheEnvironment) {
-  lbcc::testing::ScopedEnv algo("LBCC_ALGO", "allreduce=direct");
+  lbcc::testing::ScopedEnv algo("LBCC_ALGO", "allreduce=hierarchical");
   lbcc::testing::ScopedEnv group("LBCC_SPARSE_GROUP_ELEMENTS", "0");
   lbccUniqueId id;
   ASSERT_EQ(lbccGetUniqueId(&id), lbccSuccess);
@@ -117,7 +117,7 @@ TEST(CApiConfigTest, ExplicitFieldsWinOverTheEnvironment) {
   EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_SPARSE_GROUP_ELEMENTS='0'"));
   config.sparseGroupElements = 4096;
   EXPECT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &config), lbccInvalidArgument);
-  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_ALGO='allreduce=direct'"));
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("LBCC_ALGO='allreduce=hierarchical'"));
   config.algorithms = "allreduce=ring";
   ASSERT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &config), lbccSuccess);
   float x[2] = {1, 2};

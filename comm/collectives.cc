@@ -156,8 +156,7 @@ class AllGatherTask::State : public std::enable_shared_from_this<AllGatherTask::
       };
       while (!ready()) {
         if (cv_.WaitWithDeadline(&mu_, deadline_) && !ready()) {
-          error_ = absl::DeadlineExceededError(
-              "a peer did not answer before the communicator's timeout");
+          error_ = NoAnswerError(receives_, sends_);
           timed_out = true;
           break;
         }
@@ -194,17 +193,17 @@ class AllGatherTask::State : public std::enable_shared_from_this<AllGatherTask::
   void Send(Join* join, int index, Tag tag, const std::string* data)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
     const int peer = group_.ranks[index];
-    Count(join);
+    Count(join, peer, /*receive=*/false);
     group_.fabric->out(peer)->Send(
         tag, Bytes(*data), {priority_}, [self = shared_from_this(), join, peer](absl::Status s) {
           if (!s.ok()) s = Annotate(s, absl::StrCat("send to rank ", peer));
-          self->OpDone(join, std::move(s));
+          self->OpDone(join, std::move(s), peer, false);
         });
   }
   void RecvAny(Join* join, int index, Tag tag, std::string* into, size_t max_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
     const int peer = group_.ranks[index];
-    Count(join);
+    Count(join, peer, /*receive=*/true);
     group_.fabric->in(peer)->Recv(
         tag,
         [into, max_bytes](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
@@ -218,7 +217,7 @@ class AllGatherTask::State : public std::enable_shared_from_this<AllGatherTask::
         [self = shared_from_this(), join, peer](absl::StatusOr<size_t> n) {
           absl::Status s = n.status();
           if (!s.ok()) s = Annotate(s, absl::StrCat("receive from rank ", peer));
-          self->OpDone(join, std::move(s));
+          self->OpDone(join, std::move(s), peer, true);
         });
   }
   // Everything of `join` is posted: its continuation may run (at once, if all completed).
@@ -253,16 +252,20 @@ class AllGatherTask::State : public std::enable_shared_from_this<AllGatherTask::
     MutexLock lock(&mu_);
     return error_;
   }
-  void Count(Join* join) {
+  void Count(Join* join, int peer, bool receive) {
     MutexLock lock(&mu_);
     ++ops_;
     if (join != nullptr) ++join->pending;
+    std::vector<int>& by_rank = receive ? receives_ : sends_;
+    if (static_cast<size_t>(peer) >= by_rank.size()) by_rank.resize(peer + 1, 0);
+    ++by_rank[peer];
   }
-  void OpDone(Join* join, absl::Status status) {
+  void OpDone(Join* join, absl::Status status, int peer, bool receive) {
     bool fire = false;
     bool abort = false;
     {
       MutexLock lock(&mu_);
+      --(receive ? receives_ : sends_)[peer];
       if (!status.ok() && error_.ok()) {
         error_ = status;
         abort = true;
@@ -287,6 +290,8 @@ class AllGatherTask::State : public std::enable_shared_from_this<AllGatherTask::
   mutable Mutex mu_;
   CondVar cv_;
   int ops_ ABSL_GUARDED_BY(mu_) = 0;         // posted, not completed (or continuing)
+  // Per peer (its rank in the Fabric): receives and sends not completed yet, for the timeout.
+  std::vector<int> receives_ ABSL_GUARDED_BY(mu_), sends_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // the first failed operation, or the deadline
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status result_ ABSL_GUARDED_BY(mu_);  // Finish()'s verdict

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
@@ -23,6 +24,7 @@ using ::lbcc::comm::testing::RunRanks;
 using ::lbcc::testing::IsOk;
 using ::lbcc::testing::StatusIs;
 using ::testing::Each;
+using ::testing::HasSubstr;
 
 constexpr int kRanks = 4;
 constexpr size_t kMaxBytes = size_t{1} << 30;
@@ -175,8 +177,52 @@ TEST(AllGatherTaskFailureTest, DeadlineFailsAndAbortsTheFabric) {
     return absl::OkStatus();
   });
   EXPECT_THAT(results[0], IsOk());
-  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                               HasSubstr("no answer from rank 1 before the")));
   EXPECT_THAT(fabric, StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+// A rank that passed the operation header but sends no data: the data phase's DeadlineExceeded
+// names the rank each waiting rank was still receiving from (Batch: a broadcast from rank 2;
+// AllGatherTask: a direct all-gather), after the operation's name and sequence number.
+TEST(DataPhaseDeadlineTest, NamesTheRankItWaitedFor) {
+  for (const bool gather : {false, true}) {
+    Mutex mu;
+    int finished = 0;
+    auto results = RunRanks(3, {}, [&](int rank, Communicator& comm) -> absl::Status {
+      const absl::Status status =
+          comm.Post("data", [&, rank](const Group& group, transport::Tag tag,
+                                      absl::Time deadline) -> absl::Status {
+                if (rank == 2) {  // Header done, no data: waits until the others gave up.
+                  MutexLock lock(&mu);
+                  mu.Await([&] { return finished == 2; });
+                  return absl::OkStatus();
+                }
+                absl::Status data;
+                if (gather) {
+                  std::vector<std::string> all;
+                  data = AllGatherV(group, tag, "x", &all, Algorithm::kDirect,
+                                    transport::Priority::kNormal, deadline, kMaxBytes);
+                } else {
+                  float x = 0;
+                  data = Broadcast(group, tag, &x, sizeof(x), 2, transport::Priority::kNormal,
+                                   deadline);
+                }
+                MutexLock lock(&mu);
+                ++finished;
+                return data;
+              }, absl::Milliseconds(300))->Wait();
+      if (rank == 2) return status;
+      const std::string want = absl::StrCat("data (op 0) on rank ", rank,
+                                            ": no answer from rank 2 before the");
+      if (!absl::IsDeadlineExceeded(status) || !absl::StrContains(status.message(), want)) {
+        return absl::InternalError(absl::StrCat(gather ? "gather" : "broadcast", ": wanted '",
+                                                want, "', got ", status.ToString()));
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_THAT(results, Each(IsOk())) << (gather ? "gather" : "broadcast");
+  }
 }
 
 // One rank: the result is its own payload at once, whatever the algorithm (kAuto included).

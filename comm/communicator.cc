@@ -151,11 +151,16 @@ void Communicator::WorkerLoop() {
           absl::Now() + (pending.timeout > absl::ZeroDuration() ? pending.timeout
                                                                  : fabric_->options().timeout);
       // Every rank's header first: nothing of the operation is sent or used unless all agree.
-      if (!pending.unchecked) {
-        status = CheckSignatures(group_, pending.tag, pending.sequence, pending.signature,
-                                 pending.rejection, deadline);
+      if (pending.header_op) {
+        status = pending.header_op(group_, pending.tag, pending.sequence, pending.signature,
+                                   deadline);
+      } else {
+        if (!pending.unchecked) {
+          status = CheckSignatures(group_, pending.tag, pending.sequence, pending.signature,
+                                   pending.rejection, deadline);
+        }
+        if (status.ok()) status = pending.op(group_, pending.tag, deadline);
       }
-      if (status.ok()) status = pending.op(group_, pending.tag, deadline);
       status = Annotate(status, absl::StrCat(name, " (op ", pending.sequence, ") on rank ",
                                              group_.me));
       LBCC_LOG_IF(WARN, !status.ok()) << status;
@@ -187,6 +192,15 @@ RequestPtr Communicator::Post(Signature signature, Op op, absl::Duration timeout
   Pending pending;
   pending.signature = std::move(signature);
   pending.op = std::move(op);
+  pending.timeout = timeout;
+  return Enqueue(std::move(pending));
+}
+
+RequestPtr Communicator::PostWithHeader(Signature signature, HeaderOp op,
+                                        absl::Duration timeout) {
+  Pending pending;
+  pending.signature = std::move(signature);
+  pending.header_op = std::move(op);
   pending.timeout = timeout;
   return Enqueue(std::move(pending));
 }
@@ -306,6 +320,28 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
       .Add("count", in.num_elements())
       .Add("reduce op", op == ReduceOp::kSum ? "sum" : "mean")
       .Add("algorithm", AlgorithmName(*chosen));
+  if (*chosen == Algorithm::kDirect && in.num_bytes() > kMaxHeaderData) {
+    return PostRejected("AllReduce", absl::InvalidArgumentError(absl::StrCat(
+                                         "AllReduce: the direct algorithm takes at most ",
+                                         kMaxHeaderData, " bytes per rank, not ", in.num_bytes(),
+                                         " (use ring or auto)")));
+  }
+  if (*chosen == Algorithm::kDirect) {
+    // One round, the operation header in it (ExchangeWithHeader).
+    const DenseType type = in.dtype() == DType::kF32   ? DenseType::kF32
+                           : in.dtype() == DType::kF16 ? DenseType::kF16
+                                                       : DenseType::kBF16;
+    return PostWithHeader(
+        std::move(signature),
+        [in, out, op, type](const Group& group, transport::Tag tag, uint64_t sequence,
+                            const Signature& signature, absl::Time deadline) {
+          return DenseAllReduceDirectWithHeader(
+              group, tag, sequence, signature, in.data(), out.data(),
+              static_cast<size_t>(in.num_elements()), type,
+              op == ReduceOp::kSum ? DenseOp::kSum : DenseOp::kAvg, deadline);
+        },
+        options.timeout);
+  }
   return Post(std::move(signature), [in, out, op, options, chosen = *chosen](
                                         const Group& group, transport::Tag tag,
                                         absl::Time deadline) {

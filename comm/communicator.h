@@ -196,6 +196,16 @@ class Communicator {
   // `signature` (start one with NewSignature), or just the name and the communicator's settings.
   RequestPtr Post(absl::string_view name, Op op, absl::Duration timeout = absl::ZeroDuration());
   RequestPtr Post(Signature signature, Op op, absl::Duration timeout = absl::ZeroDuration());
+  // Like Post, for an operation that runs the operation-header check itself: in its own first
+  // round (ExchangeWithHeader, comm/signature.h: the small direct all-reduces) or by calling
+  // CheckSignatures (SparseAllReduce, so that a peer lost in the header round goes through the
+  // outcome agreement). `op` gets its sequence number and signature and must check every
+  // peer's header before it uses any data.
+  using HeaderOp =
+      std::function<absl::Status(const Group& group, transport::Tag tag, uint64_t sequence,
+                                 const Signature& signature, absl::Time deadline)>;
+  RequestPtr PostWithHeader(Signature signature, HeaderOp op,
+                            absl::Duration timeout = absl::ZeroDuration());
   // Runs `op` in order like Post but without the operation-header exchange: for work of this
   // rank alone on the worker thread (tests that drive the collectives.h tasks directly). Not
   // for collectives: nothing checks that the peers run the same.
@@ -224,9 +234,10 @@ class Communicator {
   struct Pending {
     Signature signature;
     Op op;
+    HeaderOp header_op;  // PostWithHeader: runs instead of the header round and `op`.
     absl::Duration timeout;
     uint64_t sequence = 0;
-    transport::Tag tag;
+    transport::Tag tag = 0;
     RequestPtr request;
     absl::Status rejection;  // An error contribution (PostRejected) when not OK.
     bool unchecked = false;  // PostUnchecked: no header exchange.

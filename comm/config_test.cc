@@ -212,7 +212,7 @@ TEST_F(ConfigTest, Algorithms) {
   EXPECT_EQ(choice(config, Collective::kBroadcast), Algorithm::kAuto);
 
   for (const auto& [bad, why] : std::vector<std::pair<const char*, const char*>>{
-           {"allreduce=direct", "allreduce has no direct algorithm"},
+           {"allreduce=hierarchical", "allreduce has no hierarchical algorithm"},
            {"allgatherv", "expected collective=algorithm"},
            {"sparse=ring", "unknown collective 'sparse'"},
            {"allgatherv=fast", "unknown algorithm 'fast'"},
@@ -230,7 +230,7 @@ TEST_F(ConfigTest, Algorithms) {
               StatusIs(kInvalid, HasSubstr("CommConfig.algorithms: broadcast has no ring")));
 
   // Two ranks: LBCC_ALGO changed between Init and the operation changes nothing (read per
-  // operation, allreduce=direct would fail it).
+  // operation: allreduce=ring would replace the table's direct).
   Mutex mu;
   CondVar cv;
   bool changed = false;
@@ -239,7 +239,7 @@ TEST_F(ConfigTest, Algorithms) {
     {
       MutexLock lock(&mu);
       if (rank == 0) {
-        algo_.Set("allreduce=direct");  // The other rank waits below: nobody reads meanwhile.
+        algo_.Set("allreduce=ring");  // The other rank waits below: nobody reads meanwhile.
         changed = true;
         cv.SignalAll();
       }
@@ -253,7 +253,7 @@ TEST_F(ConfigTest, Algorithms) {
                           comm.ChooseAlgorithm(Collective::kAllReduce,
                                                Group{comm.fabric(), comm.global_ranks(), rank}, 8,
                                                Algorithm::kAuto));
-    if (chosen != Algorithm::kRing) return absl::InternalError("not the table's ring");
+    if (chosen != Algorithm::kDirect) return absl::InternalError("not the table's direct");
     return absl::OkStatus();
   });
   EXPECT_THAT(results, Each(IsOk()));
@@ -405,7 +405,7 @@ TEST_F(ConfigTest, EveryCollectiveAsksTheTableWithTheConfigsChoice) {
                           Case{Collective::kAllGather, Algorithm::kAuto, Algorithm::kDirect},
                           Case{Collective::kAllGather, Algorithm::kHierarchical,
                                Algorithm::kHierarchical},
-                          Case{Collective::kAllReduce, Algorithm::kAuto, Algorithm::kRing},
+                          Case{Collective::kAllReduce, Algorithm::kAuto, Algorithm::kDirect},
                           Case{Collective::kBroadcast, Algorithm::kAuto, Algorithm::kDirect}}) {
       LBCC_ASSIGN_OR_RETURN(Algorithm chosen,
                             comm.ChooseAlgorithm(c.collective, group, 1000, c.requested));

@@ -296,6 +296,26 @@ absl::Status DenseAllReduceDirect(const Group& group, Tag tag, const void* in, v
   return absl::OkStatus();
 }
 
+static_assert(kDenseDirectAllReduceBytes <= kMaxHeaderData,
+              "the direct all-reduce carries its data with the operation header");
+
+absl::Status DenseAllReduceDirectWithHeader(const Group& group, Tag tag, uint64_t sequence,
+                                            const Signature& signature, const void* in,
+                                            void* out, size_t count, DenseType type, DenseOp op,
+                                            absl::Time deadline) {
+  LBCC_RETURN_IF_ERROR(CheckDenseOp(type, op));
+  const size_t bytes = count * DenseTypeSize(type);
+  std::vector<std::string> storage;
+  std::vector<absl::Span<const uint8_t>> rows;
+  LBCC_RETURN_IF_ERROR(ExchangeWithHeader(group, tag, sequence, signature, ConstSpan(in, bytes),
+                                          &storage, &rows, deadline));
+  // Every row is a copy (this rank's own too), so `in` may alias `out`.
+  if (bytes > 0) std::memcpy(out, rows[0].data(), bytes);
+  for (size_t i = 1; i < rows.size(); ++i) DenseCombine(out, rows[i].data(), count, type, op);
+  DenseFinish(out, count, type, op, group.size());
+  return absl::OkStatus();
+}
+
 absl::Status DenseAllReduceRing(const Group& group, Tag tag, const void* in, void* out,
                                 size_t count, DenseType type, DenseOp op, Priority priority,
                                 absl::Time deadline) {
@@ -514,6 +534,17 @@ RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count,
   if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
   if (!check.ok()) return PostRejected("DenseAllReduce", check);
   const bool direct = count * DenseTypeSize(type) <= kDenseDirectAllReduceBytes;
+  if (direct && !options.verify) {
+    // One round, the operation header in it.
+    return PostWithHeader(DenseSignature(*this, "DenseAllReduce", count, type, op, -1),
+                          [=](const Group& g, Tag tag, uint64_t sequence,
+                              const Signature& signature, absl::Time deadline) {
+                            return DenseAllReduceDirectWithHeader(g, tag, sequence, signature, in,
+                                                                  out, count, type, op,
+                                                                  deadline);
+                          },
+                          options.timeout);
+  }
   return Post(DenseSignature(*this, "DenseAllReduce", count, type, op, -1),
               Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {

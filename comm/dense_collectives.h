@@ -36,6 +36,8 @@
 
 namespace lbcc::comm {
 
+class Signature;  // comm/signature.h
+
 // Element types of the dense collectives (not wire ids: nothing here is stored or encoded).
 enum class DenseType : uint8_t { kF32, kF16, kBF16, kF64, kI8, kU8, kI16, kI32, kI64, kBool };
 // Reductions, in torch.distributed.ReduceOp's terms.
@@ -75,6 +77,14 @@ inline constexpr size_t kDenseDirectAllReduceBytes = size_t{64} << 10;
 absl::Status DenseAllReduceDirect(const Group& group, transport::Tag tag, const void* in,
                                   void* out, size_t count, DenseType type, DenseOp op,
                                   transport::Priority priority, absl::Time deadline);
+// DenseAllReduceDirect with the operation header in its one round (ExchangeWithHeader,
+// comm/signature.h), for an operation posted with Communicator::PostWithHeader: every peer's
+// header is checked before any data is used, and the round at kSignatureStep is the whole
+// operation. count * DenseTypeSize(type) must be at most kMaxHeaderData.
+absl::Status DenseAllReduceDirectWithHeader(const Group& group, transport::Tag tag,
+                                            uint64_t sequence, const Signature& signature,
+                                            const void* in, void* out, size_t count,
+                                            DenseType type, DenseOp op, absl::Time deadline);
 // in: group.size() blocks of `count`; out (count): this rank's block, reduced over the group.
 absl::Status DenseReduceScatterRing(const Group& group, transport::Tag tag, const void* in,
                                     void* out, size_t count, DenseType type, DenseOp op,

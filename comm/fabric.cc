@@ -331,11 +331,41 @@ transport::LinkCounters Fabric::Counters(int peer) const {
   return counters;
 }
 
+absl::Status NoAnswerError(const std::vector<int>& receives_pending_by_rank,
+                           const std::vector<int>& sends_pending_by_rank) {
+  auto list = [](const std::vector<int>& pending) {
+    std::vector<int> ranks;
+    for (size_t r = 0; r < pending.size(); ++r) {
+      if (pending[r] > 0) ranks.push_back(static_cast<int>(r));
+    }
+    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size(); ++i) absl::StrAppend(&out, i ? ", " : "", ranks[i]);
+    return ranks.empty() ? std::string() : out;
+  };
+  const std::string receiving = list(receives_pending_by_rank);
+  if (!receiving.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no answer from ", receiving, " before the communicator's timeout (still receiving)"));
+  }
+  const std::string sending = list(sends_pending_by_rank);
+  return absl::DeadlineExceededError(absl::StrCat(
+      sending.empty() ? "a peer" : sending,
+      " did not take what this rank sent before the communicator's timeout"));
+}
+
 struct Batch::State {
   Mutex mu;
   CondVar cv;
   int pending ABSL_GUARDED_BY(mu) = 0;
   absl::Status first_error ABSL_GUARDED_BY(mu);
+  // Per peer: receives and sends not completed yet (for the DeadlineExceeded).
+  std::vector<int> receives ABSL_GUARDED_BY(mu), sends ABSL_GUARDED_BY(mu);
+  void Count(int peer, bool receive) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<int>& v = receive ? receives : sends;
+    if (static_cast<size_t>(peer) >= v.size()) v.resize(peer + 1, 0);
+    ++v[peer];
+    ++pending;
+  }
 };
 
 Batch::Batch(Fabric* fabric, absl::Time deadline)
@@ -346,9 +376,10 @@ Batch::~Batch() {
   while (state_->pending > 0) state_->cv.Wait(&state_->mu);
 }
 
-void Batch::Done(const absl::Status& status) {
+void Batch::Done(const absl::Status& status, int peer, bool receive) {
   MutexLock lock(&state_->mu);
   if (!status.ok() && state_->first_error.ok()) state_->first_error = status;
+  --(receive ? state_->receives : state_->sends)[peer];
   --state_->pending;
   state_->cv.SignalAll();
 }
@@ -357,17 +388,17 @@ void Batch::Send(int peer, transport::Tag tag, absl::Span<const uint8_t> data,
                  transport::Priority priority) {
   {
     MutexLock lock(&state_->mu);
-    ++state_->pending;
+    state_->Count(peer, /*receive=*/false);
   }
   fabric_->out(peer)->Send(tag, data, {priority}, [this, peer](absl::Status status) {
-    Done(Annotate(status, absl::StrCat("send to rank ", peer)));
+    Done(Annotate(status, absl::StrCat("send to rank ", peer)), peer, false);
   });
 }
 
 void Batch::Recv(int peer, transport::Tag tag, absl::Span<uint8_t> buffer) {
   {
     MutexLock lock(&state_->mu);
-    ++state_->pending;
+    state_->Count(peer, /*receive=*/true);
   }
   const size_t expected = buffer.size();
   fabric_->in(peer)->Recv(tag, buffer, [this, peer, expected](absl::StatusOr<size_t> n) {
@@ -376,14 +407,14 @@ void Batch::Recv(int peer, transport::Tag tag, absl::Span<uint8_t> buffer) {
       status = absl::DataLossError(
           absl::StrCat("expected ", expected, " bytes, the message has ", *n));
     }
-    Done(Annotate(status, absl::StrCat("receive from rank ", peer)));
+    Done(Annotate(status, absl::StrCat("receive from rank ", peer)), peer, true);
   });
 }
 
 void Batch::RecvAny(int peer, transport::Tag tag, std::string* out, size_t max_bytes) {
   {
     MutexLock lock(&state_->mu);
-    ++state_->pending;
+    state_->Count(peer, /*receive=*/true);
   }
   fabric_->in(peer)->Recv(
       tag,
@@ -396,7 +427,7 @@ void Batch::RecvAny(int peer, transport::Tag tag, std::string* out, size_t max_b
         return absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(out->data()), size);
       },
       [this, peer](absl::StatusOr<size_t> n) {
-        Done(Annotate(n.status(), absl::StrCat("receive from rank ", peer)));
+        Done(Annotate(n.status(), absl::StrCat("receive from rank ", peer)), peer, true);
       });
 }
 
@@ -407,8 +438,7 @@ absl::Status Batch::Wait() {
     while (state_->pending > 0 && state_->first_error.ok()) {
       if (state_->cv.WaitWithDeadline(&state_->mu, deadline_) && state_->pending > 0 &&
           state_->first_error.ok()) {
-        status = absl::DeadlineExceededError(
-            "a peer did not answer before the communicator's timeout");
+        status = NoAnswerError(state_->receives, state_->sends);
         break;
       }
     }

@@ -113,6 +113,12 @@ class Fabric {
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 };
 
+// The DeadlineExceeded of a data round that timed out: names the ranks this rank was still
+// receiving from ("no answer from rank 2 before the timeout"), else those whose sends had not
+// completed. Ranks as the caller names them (a count per rank; zero: not waited for).
+absl::Status NoAnswerError(const std::vector<int>& receives_pending_by_rank,
+                           const std::vector<int>& sends_pending_by_rank);
+
 // Sends and receives posted together and awaited together.
 class Batch {
  public:
@@ -132,7 +138,7 @@ class Batch {
 
  private:
   struct State;
-  void Done(const absl::Status& status);
+  void Done(const absl::Status& status, int peer, bool receive);
 
   Fabric* fabric_;
   absl::Time deadline_;

@@ -14,27 +14,33 @@ using transport::Tag;
 
 constexpr uint32_t kMagic = 0x4753424c;  // "LBSG" little-endian
 constexpr uint8_t kVersion = 1;
-constexpr size_t kHeaderBytes = 24;
-// Bounds a peer's error text or full signature.
-constexpr size_t kMaxHeaderMessage = 64 * 1024;
+constexpr size_t kHeaderBytes = kOperationHeaderBytes;
+// Bounds a peer's first message (a header with data) and its error text or full signature.
+constexpr size_t kMaxHeaderMessage = kHeaderBytes + kMaxHeaderData;
 
-enum class Kind : uint8_t { kHash = 0, kRejected = 1, kFull = 2 };
+enum class Kind : uint8_t { kHash = 0, kRejected = 1, kFull = 2, kHashWithData = 3 };
 
 struct Header {
   Kind kind = Kind::kHash;
   uint64_t sequence = 0;
   uint64_t hash = 0;
-  std::string text;  // kRejected: the error; kFull: Signature::Serialize()
+  std::string text;  // kRejected: the error; kFull: Signature::Serialize(); kHashWithData: empty
+  size_t data_bytes = 0;  // kHashWithData: the bytes after the header
 };
+
+void PutHeader(char* out, Kind kind, uint64_t sequence, uint64_t hash) {
+  const uint8_t version = kVersion, k = static_cast<uint8_t>(kind);
+  std::memset(out, 0, kHeaderBytes);
+  std::memcpy(out, &kMagic, 4);
+  std::memcpy(out + 4, &version, 1);
+  std::memcpy(out + 5, &k, 1);
+  std::memcpy(out + 8, &sequence, 8);
+  std::memcpy(out + 16, &hash, 8);
+}
 
 std::string EncodeHeader(Kind kind, uint64_t sequence, uint64_t hash, absl::string_view text) {
   std::string out(kHeaderBytes, '\0');
-  const uint8_t version = kVersion, k = static_cast<uint8_t>(kind);
-  std::memcpy(out.data(), &kMagic, 4);
-  std::memcpy(out.data() + 4, &version, 1);
-  std::memcpy(out.data() + 5, &k, 1);
-  std::memcpy(out.data() + 8, &sequence, 8);
-  std::memcpy(out.data() + 16, &hash, 8);
+  PutHeader(out.data(), kind, sequence, hash);
   out.append(text.data(), std::min(text.size(), kMaxHeaderMessage - kHeaderBytes));
   return out;
 }
@@ -47,7 +53,7 @@ absl::StatusOr<Header> DecodeHeader(const std::string& bytes, int rank) {
     std::memcpy(&version, bytes.data() + 4, 1);
     std::memcpy(&kind, bytes.data() + 5, 1);
   }
-  if (bytes.size() < kHeaderBytes || magic != kMagic || version != kVersion || kind > 2) {
+  if (bytes.size() < kHeaderBytes || magic != kMagic || version != kVersion || kind > 3) {
     return absl::DataLossError(absl::StrCat("rank ", rank, " sent a malformed operation header (",
                                             bytes.size(), " bytes, version ", version, ")"));
   }
@@ -55,7 +61,11 @@ absl::StatusOr<Header> DecodeHeader(const std::string& bytes, int rank) {
   h.kind = static_cast<Kind>(kind);
   std::memcpy(&h.sequence, bytes.data() + 8, 8);
   std::memcpy(&h.hash, bytes.data() + 16, 8);
-  h.text = bytes.substr(kHeaderBytes);
+  if (h.kind == Kind::kHashWithData) {
+    h.data_bytes = bytes.size() - kHeaderBytes;  // the data stays where it is
+  } else {
+    h.text = bytes.substr(kHeaderBytes);
+  }
   return h;
 }
 
@@ -264,22 +274,21 @@ std::string DescribeMismatch(int rank_a, const Signature::Fields& a, int rank_b,
   return absl::StrCat(prefix, "sequence number");
 }
 
-absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
-                             const Signature& mine, const absl::Status& rejection,
-                             absl::Time deadline) {
+namespace {
+
+// The verdict on every rank's first message of the operation (in[i]; in[me] unused, this rank's
+// own header is `my_kind` with mine.Hash(), or an error contribution when `rejection` is not
+// OK). It is a function of all ranks' headers, which every rank holds, so every rank reaches the
+// same one. `data_bytes`: with kHashWithData, the size every matching peer's data must have.
+absl::Status Verdict(const Group& group, Tag tag, uint64_t sequence, const Signature& mine,
+                     const absl::Status& rejection, Kind my_kind, size_t data_bytes,
+                     const std::vector<std::string>& in, absl::Time deadline,
+                     const std::string& what) {
   const int n = group.size();
-  if (n == 1) return rejection;
   const uint64_t hash = mine.Hash();
-  const std::string what = absl::StrCat(mine.op(), " (op ", sequence, ")");
-  std::vector<std::string> in;
-  LBCC_RETURN_IF_ERROR(Exchange(
-      group, tag + kSignatureStep,
-      rejection.ok() ? EncodeHeader(Kind::kHash, sequence, hash, "")
-                     : EncodeHeader(Kind::kRejected, sequence, 0, rejection.ToString()),
-      &in, deadline, what));
   std::vector<Header> headers(n);
-  headers[group.me] = Header{rejection.ok() ? Kind::kHash : Kind::kRejected, sequence, hash,
-                             std::string(rejection.message())};
+  headers[group.me] = Header{rejection.ok() ? my_kind : Kind::kRejected, sequence, hash,
+                             std::string(rejection.message()), data_bytes};
   for (int i = 0; i < n; ++i) {
     if (i == group.me) continue;
     absl::StatusOr<Header> h = DecodeHeader(in[i], i);
@@ -306,21 +315,35 @@ absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
                        headers[i].text));
     }
   }
+  // A bare header and a header with data never match: the ranks run different operations.
   bool same = true;
   for (int i = 0; i < n && same; ++i) {
-    same = headers[i].sequence == sequence && headers[i].hash == hash;
+    same = headers[i].sequence == sequence && headers[i].hash == hash &&
+           headers[i].kind == my_kind;
   }
-  if (same) return absl::OkStatus();
+  if (same) {
+    for (int i = 0; i < n; ++i) {
+      if (my_kind == Kind::kHashWithData && headers[i].data_bytes != data_bytes) {
+        const absl::Status status = absl::DataLossError(
+            absl::StrCat("rank ", i, " sent ", headers[i].data_bytes, " bytes of data under a "
+                         "matching header, this rank expects ", data_bytes));
+        group.fabric->Abort(status);
+        return Annotate(status, what);
+      }
+    }
+    return absl::OkStatus();
+  }
   // Every rank saw the same headers, so every rank is here: name the field.
+  std::vector<std::string> full;
   LBCC_RETURN_IF_ERROR(Exchange(group, tag + kSignatureStep + 1,
-                                EncodeHeader(Kind::kFull, sequence, hash, mine.Serialize()), &in,
-                                deadline, what));
+                                EncodeHeader(Kind::kFull, sequence, hash, mine.Serialize()),
+                                &full, deadline, what));
   std::vector<Signature::Fields> fields(n);
   std::vector<uint64_t> sequences(n, sequence);
   fields[group.me] = mine.AllFields();
   for (int i = 0; i < n; ++i) {
     if (i == group.me) continue;
-    absl::StatusOr<Header> h = DecodeHeader(in[i], i);
+    absl::StatusOr<Header> h = DecodeHeader(full[i], i);
     absl::StatusOr<Signature::Fields> parsed =
         h.ok() ? Signature::Parse(h->text) : absl::StatusOr<Signature::Fields>(h.status());
     if (!parsed.ok()) {
@@ -342,6 +365,75 @@ absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
     }
   }
   return absl::FailedPreconditionError(absl::StrCat(what, ": signatures differ"));
+}
+
+}  // namespace
+
+absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
+                             const Signature& mine, const absl::Status& rejection,
+                             absl::Time deadline) {
+  const int n = group.size();
+  if (n == 1) return rejection;
+#ifdef LBCC_MEASURE_WITHOUT_HEADER
+  (void)tag;
+  (void)sequence;
+  (void)mine;
+  (void)deadline;
+  return rejection;
+#else
+  const std::string what = absl::StrCat(mine.op(), " (op ", sequence, ")");
+  std::vector<std::string> in;
+  LBCC_RETURN_IF_ERROR(Exchange(
+      group, tag + kSignatureStep,
+      rejection.ok() ? EncodeHeader(Kind::kHash, sequence, mine.Hash(), "")
+                     : EncodeHeader(Kind::kRejected, sequence, 0, rejection.ToString()),
+      &in, deadline, what));
+  return Verdict(group, tag, sequence, mine, rejection, Kind::kHash, 0, in, deadline, what);
+#endif
+}
+
+absl::Status ExchangeWithHeader(const Group& group, Tag tag, uint64_t sequence,
+                                const Signature& mine, absl::Span<const uint8_t> data,
+                                std::vector<std::string>* storage,
+                                std::vector<absl::Span<const uint8_t>>* rows,
+                                absl::Time deadline) {
+  const int n = group.size();
+  const std::string what = absl::StrCat(mine.op(), " (op ", sequence, ")");
+  if (data.size() > kMaxHeaderData) {
+    return absl::InternalError(absl::StrCat(what, ": ", data.size(),
+                                            " bytes are too many to carry with the header"));
+  }
+#ifdef LBCC_MEASURE_WITHOUT_HEADER
+  constexpr size_t offset = 0;
+  std::string message(reinterpret_cast<const char*>(data.data()), data.size());
+#else
+  constexpr size_t offset = kHeaderBytes;
+  std::string message(kHeaderBytes + data.size(), '\0');
+  PutHeader(message.data(), Kind::kHashWithData, sequence, mine.Hash());
+  if (!data.empty()) std::memcpy(message.data() + kHeaderBytes, data.data(), data.size());
+#endif
+  if (n > 1) {
+    LBCC_RETURN_IF_ERROR(Exchange(group, tag + kSignatureStep, message, storage, deadline, what));
+#ifdef LBCC_MEASURE_WITHOUT_HEADER
+    for (int i = 0; i < n; ++i) {
+      if (i != group.me && (*storage)[i].size() != data.size()) {
+        return absl::DataLossError(absl::StrCat(what, ": rank ", i, " sent another size"));
+      }
+    }
+#else
+    LBCC_RETURN_IF_ERROR(Verdict(group, tag, sequence, mine, absl::OkStatus(),
+                                 Kind::kHashWithData, data.size(), *storage, deadline, what));
+#endif
+  } else {
+    storage->assign(1, std::string());
+  }
+  (*storage)[group.me] = std::move(message);
+  rows->resize(n);
+  for (int i = 0; i < n; ++i) {
+    (*rows)[i] = absl::Span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>((*storage)[i].data()) + offset, data.size());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lbcc::comm

@@ -19,10 +19,23 @@
 //     from it, and the first field they differ on ("rank 0 and rank 2 disagree on op 5's dtype:
 //     float32 vs float64"). The communicator stays usable.
 // Wire format of the header (little-endian): u32 magic 'LBSG', u8 version 1, u8 kind (0: a
-// signature hash, 1: an error contribution, 2: a full signature), u16 zero, u64 sequence, u64
-// hash; an error contribution appends its message, a full signature its Serialize() bytes.
+// signature hash, 1: an error contribution, 2: a full signature, 3: a signature hash followed
+// by the operation's data), u16 zero, u64 sequence, u64 hash; an error contribution appends its
+// message, a full signature its Serialize() bytes, kind 3 the data.
 // The headers use the operation's tag steps kSignatureStep and kSignatureStep + 1
 // (comm/collectives.h), below kFirstP2pStep, so Communicator::ReleaseTags covers them.
+//
+// Small direct collectives (all-reduce up to 64 KiB) carry the header in their one data round
+// instead (ExchangeWithHeader): every rank sends every peer [header | data] at kSignatureStep,
+// and checks every peer's header before it uses any data. A peer that runs another operation at
+// this position sends its own first message at the same tag (a bare header, or [header | data]),
+// so both sides meet, see that the headers differ and go on to the full-signature exchange, the
+// same verdicts as above on every rank.
+//
+// Measurement only: built with -DLBCC_MEASURE_WITHOUT_HEADER (bench/signature_overhead.sh passes
+// it for signature.cc alone, through --per_file_copt, into a separate baseline binary), no
+// header is sent at all: CheckSignatures returns at once and ExchangeWithHeader sends the bare
+// data. Nothing is checked then; never ship such a build.
 //
 // Thread-safety: Signature is a value; CheckSignatures runs on the communicator's worker thread.
 #ifndef LBCC_COMM_SIGNATURE_H_
@@ -38,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "base/tensor_view.h"
 #include "codecs/codec.h"
 #include "comm/algorithms.h"
@@ -99,6 +113,21 @@ void AddSparseAllReduceFields(Signature& signature, const codecs::Codec& codec,
 absl::Status CheckSignatures(const Group& group, transport::Tag tag, uint64_t sequence,
                              const Signature& mine, const absl::Status& rejection,
                              absl::Time deadline);
+
+// The operation header's size, and the most data ExchangeWithHeader carries after it.
+inline constexpr size_t kOperationHeaderBytes = 24;
+inline constexpr size_t kMaxHeaderData = size_t{64} << 10;
+
+// One direct round with the header in the data (see the top): `data` (at most kMaxHeaderData
+// bytes) with this rank's header to every peer of `group`, every peer's into (*rows)[i] (group
+// order; this rank's own data too), all of the same size, viewing (*storage). Every peer's
+// header is checked before this returns OK, with the verdicts and errors of CheckSignatures
+// (this rank takes no rejection: a rejected call goes through CheckSignatures); a peer whose
+// header matches but whose data has another size is DataLoss (the Fabric is aborted).
+absl::Status ExchangeWithHeader(const Group& group, transport::Tag tag, uint64_t sequence,
+                                const Signature& mine, absl::Span<const uint8_t> data,
+                                std::vector<std::string>* storage,
+                                std::vector<absl::Span<const uint8_t>>* rows, absl::Time deadline);
 
 }  // namespace lbcc::comm
 

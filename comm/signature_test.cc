@@ -125,6 +125,20 @@ std::vector<MismatchCase> MismatchCases() {
          return comm.AllReduce(a, a, rank == 2 ? ReduceOp::kMean : ReduceOp::kSum);
        },
        "op 0's reduce op: sum vs mean"},
+      {"count_direct_vs_ring",  // 64 KiB is direct with the header inside, 64 KiB + 4 a ring
+       [](int rank, Communicator& comm) {
+         static float big[16385];
+         auto a = *TensorView::Host(big, {rank == 2 ? 16385 : 16384});
+         return comm.AllReduce(a, a, ReduceOp::kSum);
+       },
+       "op 0's count: 16384 vs 16385"},
+      {"dense_direct_vs_ring",
+       [](int rank, Communicator& comm) {
+         static int32_t big[16385];
+         return comm.DenseAllReduce(big, big, rank == 2 ? 16385 : 16384, DenseType::kI32,
+                                    DenseOp::kMax);
+       },
+       "op 0's count: 16384 vs 16385"},
       {"operation",
        [](int rank, Communicator& comm) {
          auto a = *TensorView::Host(f32, {4});
@@ -188,6 +202,45 @@ TEST_P(MismatchTest, FailsEveryRankNamingTheFieldAndStaysUsable) {
 
 INSTANTIATE_TEST_SUITE_P(Fields, MismatchTest, ::testing::ValuesIn(MismatchCases()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The small all-reduces carry the header in their one round: each rank sends each peer exactly
+// one message of header and data per operation, and the result is right.
+TEST(SignatureTest, ASmallAllReduceIsOneMessagePerPeerWithTheHeaderInside) {
+  auto results = RunRanks(3, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    auto sent = [&comm] {
+      uint64_t messages = 0, bytes = 0;
+      for (int peer = 0; peer < comm.nranks(); ++peer) {
+        if (peer == comm.rank()) continue;
+        const auto counters = comm.fabric()->out(comm.global_ranks()[peer])->counters();
+        messages += counters.messages_sent;
+        bytes += counters.bytes_sent;
+      }
+      return std::make_pair(messages, bytes);
+    };
+    LBCC_RETURN_IF_ERROR(SumIsRight(rank, comm));  // warm-up
+    for (int round = 0; round < 3; ++round) {
+      const auto before = sent();
+      float x[2] = {rank + 1.0f, 1.0f};
+      auto v = *TensorView::Host(x, {2});
+      LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kSum)->Wait());
+      int64_t y = rank;
+      LBCC_RETURN_IF_ERROR(
+          comm.DenseAllReduce(&y, &y, 1, DenseType::kI64, DenseOp::kMax)->Wait());
+      const auto after = sent();
+      if (x[0] != 6.0f || x[1] != 3.0f || y != 2) {
+        return absl::InternalError(absl::StrCat("rank ", rank, ": wrong result"));
+      }
+      // Two operations, two peers: four messages of 24 + 8 bytes.
+      if (after.first - before.first != 4 || after.second - before.second != 4 * 32) {
+        return absl::InternalError(absl::StrCat("rank ", rank, ": ", after.first - before.first,
+                                                " messages of ", after.second - before.second,
+                                                " bytes"));
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
 
 // Settings resolved at Init that must match (LBCC_ALGO, the topology): one rank configured
 // differently fails the first operation on every rank, naming the setting.

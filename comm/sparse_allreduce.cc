@@ -437,7 +437,9 @@ absl::Status SparseAllReduceSchedule::Conclude() {
   if (failure.ok() && groups_exchanged_ != static_cast<int>(plan_.size())) {
     failure = absl::InternalError("SparseAllReduce: exchange ended early without an error");
   }
+#ifndef LBCC_MEASURE_WITHOUT_AGREEMENT  // bench/agreement_overhead.sh's baseline only
   if (agreement_ != nullptr) failure = agreement_->Decide(group_, tag_, failure, deadline_);
+#endif
   if (!failure.ok()) {
     AbortStates();
     return failure;
@@ -497,10 +499,23 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
   AddSparseAllReduceFields(signature, *codec, decode,
                            internal::ResolveSparseGroupElements(options, config_),
                            options.algorithm, shapes);
-  return Post(
+  // The header round runs inside the operation, so that a peer lost during it goes through the
+  // outcome agreement too: every survivor aborts alike, and the error names the lost rank
+  // instead of the survivor whose closed links this rank noticed first (agreement.h).
+  return PostWithHeader(
       std::move(signature),
       [this, tensors = std::move(tensors), codec, decode, options](
-          const Group& group, transport::Tag tag, absl::Time deadline) -> absl::Status {
+          const Group& group, transport::Tag tag, uint64_t sequence, const Signature& signature,
+          absl::Time deadline) -> absl::Status {
+        const absl::Status checked =
+            CheckSignatures(group, tag, sequence, signature, absl::OkStatus(), deadline);
+        if (!checked.ok()) {
+          OutcomeAgreement* agreement = group.fabric->agreement();
+          const bool peer_lost = absl::IsUnavailable(checked) ||
+                                 absl::IsDeadlineExceeded(checked) || absl::IsCancelled(checked);
+          if (!peer_lost || agreement == nullptr) return checked;
+          return agreement->Decide(group, tag, checked, deadline);
+        }
         const int64_t min_elements = internal::ResolveSparseGroupElements(options, config_);
         internal::SparseAllReduceSchedule::Resources resources;
         resources.group = &group;

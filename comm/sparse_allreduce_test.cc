@@ -581,6 +581,25 @@ struct DeathCase {
 
 class SparseAllReduceOutcomeTest : public ::testing::TestWithParam<DeathCase> {};
 
+// The first rank an operation's error names after "... on rank <reporter>: ", or -1.
+int FirstRankBlamed(const absl::Status& status, int reporter) {
+  const std::string prefix = absl::StrCat(" on rank ", reporter, ": ");
+  absl::string_view body = status.message();
+  const size_t at = body.find(prefix);
+  if (at != absl::string_view::npos) body.remove_prefix(at + prefix.size());
+  for (size_t i = body.find("rank"); i != absl::string_view::npos;
+       i = body.find("rank", i + 1)) {
+    size_t j = i + 4;
+    if (j < body.size() && body[j] == 's') ++j;  // "ranks 0, 2"
+    if (j >= body.size() || body[j] != ' ') continue;
+    const size_t digits = ++j;
+    int rank = 0;
+    while (j < body.size() && body[j] >= '0' && body[j] <= '9') rank = rank * 10 + body[j++] - '0';
+    if (j > digits) return rank;
+  }
+  return -1;
+}
+
 TEST_P(SparseAllReduceOutcomeTest, EverySurvivorCommitsOrEverySurvivorAborts) {
   constexpr int kVictim = 2;
   const DeathCase c = GetParam();
@@ -664,6 +683,8 @@ TEST_P(SparseAllReduceOutcomeTest, EverySurvivorCommitsOrEverySurvivorAborts) {
       EXPECT_THAT(o.status, StatusIs(AnyOf(absl::StatusCode::kUnavailable,
                                            absl::StatusCode::kCancelled,
                                            absl::StatusCode::kDeadlineExceeded)));
+      // The error blames the dead rank, not a survivor that aborted because of it.
+      EXPECT_EQ(FirstRankBlamed(o.status, r), kVictim);
     }
   }
   if (std::string(c.expect) == "abort") EXPECT_FALSE(commit);

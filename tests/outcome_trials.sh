@@ -12,6 +12,9 @@
 # Prints one line per trial and a summary, and exits 1 when the ranks that stayed connected
 # disagreed, a rank left a half-done step, or a rank hung:
 #   SUMMARY kind=kill trials=300 disagreements=0 connected_disagreements=0 broken=0 hangs=0
+#       survivor_errors=900 blames_a_live_rank=0
+# "blames_a_live_rank" counts survivors' errors whose first named rank (after "on rank R: ") is
+# not the victim; BLAMES_LIVE lists them (trial:rank) when there are any.
 # "disagreements" counts every rank that lived on (a stopped rank once resumed, a cut-off rank);
 # "connected_disagreements" only those that were neither killed, stopped nor cut off.
 # --results appends the summary, with date, host and command, to a Markdown file.
@@ -47,7 +50,7 @@ write_results() {
     echo
     echo "$(date -u '+%Y-%m-%d %H:%M UTC'), host $(uname -n), $(nproc) cores (shared); command: \`$command_line\`"
     echo
-    grep '^SUMMARY\|^SKIP' "$1" | sed 's/^/    /'
+    grep '^SUMMARY\|^SKIP\|^BLAMES_LIVE\|^LOAD' "$1" | sed 's/^/    /'
   } >>"$results"
 }
 if [[ -n "$from_log" ]]; then
@@ -123,7 +126,8 @@ start_ranks() {
   sleep "0.$((RANDOM % 10))$((RANDOM % 10))"
 }
 
-declare -A total disagree broken hangs minority
+declare -A total disagree broken hangs minority errors blames_live
+blamed_trials=""
 run_trial() {
   local kind=$1 victim=$((RANDOM % 4)) others="" all="" stuck
   local mode=local
@@ -151,6 +155,22 @@ run_trial() {
     if [[ $r != "$victim" ]]; then rest="$rest $c"; fi
     if [[ $kind != kill || $r != "$victim" ]]; then lines="$lines $c"; fi
   done
+  # Survivors' errors that blame a live rank instead of the victim: the first rank an ABORT's
+  # message names after "... on rank R: " (a killed rank is the only dead one; for stop and cut
+  # the victim is the one that was lost).
+  local named blamed_here=""
+  for r in 0 1 2 3; do
+    [[ $r == "$victim" ]] && continue
+    named=$(awk '$1 == "STEP" && $3 == "ABORT" {line = $0} END {print line}' "$dir/r$r.out" |
+            sed -E 's/^[^:]* on rank [0-9]+: //' | grep -oE 'ranks? [0-9]+' | head -1 | cut -d' ' -f2)
+    [[ -z "$(awk '$1 == "STEP" && $3 == "ABORT"' "$dir/r$r.out")" ]] && continue
+    errors[$kind]=$((${errors[$kind]:-0} + 1))
+    if [[ "$named" != "$victim" ]]; then
+      blames_live[$kind]=$((${blames_live[$kind]:-0} + 1))
+      blamed_trials="$blamed_trials $trial:r$r"
+      blamed_here=1
+    fi
+  done
   local verdict=agree
   [[ $(echo $lines | tr ' ' '\n' | sort -u | wc -l) -gt 1 ]] && verdict=DISAGREE
   # The connected survivors alone (for stop and cut the victim may be the odd one out).
@@ -162,7 +182,7 @@ run_trial() {
   [[ -n "$stuck" ]] && hangs[$kind]=$((${hangs[$kind]:-0} + 1))
   echo "TRIAL $trial kind=$kind victim=$victim last_commits=[$lines ] connected=[$rest ]" \
        "$verdict${stuck:+ hung}"
-  [[ -n "$keep" || $verdict == DISAGREE ]] || rm -rf "$dir"
+  [[ -n "$keep" || $verdict == DISAGREE || -n "$blamed_here" ]] || rm -rf "$dir"
 }
 
 trial=0
@@ -189,9 +209,12 @@ for kind in kill stop cut; do
   (( ${minority[$kind]:-0} + ${broken[$kind]:-0} + ${hangs[$kind]:-0} > 0 )) && failed=1
   echo "SUMMARY kind=$kind trials=${total[$kind]} disagreements=${disagree[$kind]:-0}" \
        "connected_disagreements=${minority[$kind]:-0} broken=${broken[$kind]:-0}" \
-       "hangs=${hangs[$kind]:-0}" | tee -a "$summary"
+       "hangs=${hangs[$kind]:-0} survivor_errors=${errors[$kind]:-0}" \
+       "blames_a_live_rank=${blames_live[$kind]:-0}" | tee -a "$summary"
 done
+[[ -n "$blamed_trials" ]] && echo "BLAMES_LIVE trial:rank$blamed_trials" | tee -a "$summary"
 [[ -n "${skipped:-}" ]] && echo "$skipped" >>"$summary"
+echo "LOAD average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$summary"
 write_results "$summary"
 # Disagreements kept for a look (their ranks' outputs) when --keep is not given.
 if [[ -z "$keep" ]] && compgen -G "$work/trial*" >/dev/null; then
