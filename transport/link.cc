@@ -453,6 +453,9 @@ void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& c
                    sealed = std::move(sealed)](absl::Status status) {
                     self->OnChunkSent(seq, index, length, credit, priority, std::move(status));
                   });
+  // Like a Send on a plain link: the thread that handed the chunk progresses the backend if
+  // no other thread does (rather than waiting for the progress thread to wake up).
+  Kick();
 }
 
 void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,

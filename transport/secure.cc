@@ -246,6 +246,16 @@ absl::StatusOr<JobSecret> JobSecret::FromFile(const std::string& path) {
   return secret;
 }
 
+absl::StatusOr<JobSecret> JobSecret::FromBytes(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != kJobSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job secret: expected ", kJobSecretBytes,
+                                                   " bytes, got ", bytes.size()));
+  }
+  JobSecret secret;
+  std::memcpy(secret.bytes_.data(), bytes.data(), kJobSecretBytes);
+  return secret;
+}
+
 JobSecret JobSecret::Random() {
   JobSecret secret;
   LBCC_CHECK(RAND_bytes(secret.bytes_.data(), kJobSecretBytes) == 1) << "RAND_bytes failed";

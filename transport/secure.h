@@ -71,6 +71,9 @@ class JobSecret {
   static absl::StatusOr<JobSecret> FromHex(absl::string_view hex);
   // A file holding 32 raw bytes or 64 hex digits.
   static absl::StatusOr<JobSecret> FromFile(const std::string& path);
+  // 32 bytes as they are (a unique id that carries the secret). InvalidArgument for another
+  // length.
+  static absl::StatusOr<JobSecret> FromBytes(absl::Span<const uint8_t> bytes);
   // 32 bytes from OpenSSL's RAND_bytes.
   static JobSecret Random();
 
