@@ -1,5 +1,7 @@
 #include "transport/link.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -79,16 +81,34 @@ class ScratchPool {
 
 // The crypto pool: a few threads per process that seal and open chunks of every Link, so that
 // neither a Link's mutex nor a backend's progress thread waits for the cipher. Tasks go round
-// robin; each thread runs its own in order.
+// robin; each thread runs its own in order. A forked child (which has none of the parent's
+// threads) makes its own pool on first use.
+struct CryptoPool {
+  std::vector<std::unique_ptr<Executor>> threads;
+  std::atomic<uint64_t> next{0};
+};
+std::atomic<CryptoPool*> g_crypto_pool{nullptr};  // Never destroyed: tasks may run at exit.
+
 Executor& CryptoThread() {
-  static std::vector<std::unique_ptr<Executor>>* const pool = [] {
-    const int n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
-    auto* threads = new std::vector<std::unique_ptr<Executor>>;  // Never destroyed.
-    for (int i = 0; i < n; ++i) threads->push_back(std::make_unique<Executor>("lbcc-crypto"));
-    return threads;
-  }();
-  static std::atomic<uint64_t> next{0};
-  return *(*pool)[next.fetch_add(1, std::memory_order_relaxed) % pool->size()];
+  CryptoPool* pool = g_crypto_pool.load(std::memory_order_acquire);
+  if (pool == nullptr) {
+    static Mutex* const mu = new Mutex;
+    MutexLock lock(mu);
+    pool = g_crypto_pool.load(std::memory_order_acquire);
+    if (pool == nullptr) {
+      static const bool registered = [] {
+        return pthread_atfork(nullptr, nullptr, [] {
+                 g_crypto_pool.store(nullptr, std::memory_order_release);
+               }) == 0;
+      }();
+      (void)registered;
+      pool = new CryptoPool;
+      const int n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+      for (int i = 0; i < n; ++i) pool->threads.push_back(std::make_unique<Executor>("lbcc-crypto"));
+      g_crypto_pool.store(pool, std::memory_order_release);
+    }
+  }
+  return *pool->threads[pool->next.fetch_add(1, std::memory_order_relaxed) % pool->threads.size()];
 }
 
 // A chunk the sender seals on its own thread rather than handing it to the pool (the pool's

@@ -606,7 +606,7 @@ struct LinkPair {
   ~LinkPair() {
     a->Close();
     b->Close();
-    for (auto& receive : pending) receive->Wait();  // Closing ended them.
+    for (auto& receive : pending) (void)receive->Wait();  // Closing ended them.
   }
   // `message` reaches `a` on connection 0: the status a receive pending on `a` then ends with
   // (OK: the link is still up, the receive still pending).
