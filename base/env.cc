@@ -87,6 +87,11 @@ constexpr Spec kSpecs[] = {
      "NCCL net plugin built with CUDA: pinned host memory for staging NCCL_PTR_CUDA messages, "
      "at most (a comm holding none may exceed it by one request).",
      {}, 1 << 20, int64_t{1} << 40},
+    {"LBCC_SECRET_IN_ID", Type::kBool, "0",
+     "Where a unique id is created (lbccGetUniqueId, CreateUniqueId) and no LBCC_JOB_SECRET is "
+     "set: put a fresh random job secret in the id, so every rank launched from it "
+     "authenticates (and seals) its links with no secret of its own; whoever has the id is a "
+     "member."},
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},

@@ -3,13 +3,14 @@
 # written to bench/results/secure.md (date, machine, command):
 #   1. UCX tcp point-to-point on loopback, 4 MiB messages: throughput of plain, integrity-only
 #      (LBCC_ENCRYPT=none) and encrypted (LBCC_ENCRYPT=all) links, the three alternating in one
-#      process for --rounds rounds (bench/secure_perf; the bytes cross real sockets);
+#      process for --rounds rounds (bench/secure_perf; the bytes cross real sockets), beside
+#      this CPU's AES-256-GCM limit timed in the same rounds (one thread, the links' EVP code);
 #   2. the connect time added per link (median Connect + Accept of fresh links, same runs);
 #   3. SparseAllReduce, 4 ranks, every down-link shaped to --rate in tools/testbed (root):
 #      plain against a job secret with the default LBCC_ENCRYPT=slow (slow links encrypted),
-#      alternating for --pairs rounds; the secure runs log at INFO, which shows every link
-#      authenticated, and every log is searched for the secret. Skipped with the reason without
-#      root / network namespaces.
+#      alternating for --pairs rounds, both at the same log level (WARN); then one untimed
+#      secure run at TRACE, whose log shows every link authenticated, and every log is searched
+#      for the secret. Skipped with the reason without root / network namespaces.
 #
 #   bench/secure_bench.sh [--pairs 5] [--rounds 15] [--rate 100mbit] [--bytes 16M] [--iters 5]
 set -euo pipefail
@@ -26,6 +27,7 @@ flags_parse "$@"
 pairs=$FLAG_pairs rounds=$FLAG_rounds rate=$FLAG_rate bytes=$FLAG_bytes iters=$FLAG_iters out=$FLAG_out
 results=$FLAG_results
 command="bench/secure_bench.sh $*"
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
 bazel build -c opt --jobs=2 //bench:secure_perf //bench:lbcc_perf >/dev/null 2>&1 ||
   bazel build -c opt --jobs=2 //bench:secure_perf //bench:lbcc_perf
@@ -77,8 +79,9 @@ else
   }
   for ((p = 0; p < pairs; ++p)); do
     run "sparse_plain_$p" WARN
-    run "sparse_secure_$p" INFO --job_secret_file "$out/secret"
+    run "sparse_secure_$p" WARN --job_secret_file "$out/secret"
   done
+  run "sparse_secure_trace" TRACE --job_secret_file "$out/secret"
   $T down --name "$name" >/dev/null
   if grep -qi "$(cat "$out/secret")" "$out"/*.log; then
     echo "secure_bench: the secret appears in a log" >&2
@@ -88,11 +91,13 @@ fi
 
 aes=$(grep -qw aes /proc/cpuinfo && echo yes || echo no)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-python3 - "$out" "$pairs" "$results" "$command" "$aes" "$cpu" "$rate" "$bytes" "$testbed_note" <<'PY'
+python3 - "$out" "$pairs" "$results" "$command" "$aes" "$cpu" "$rate" "$bytes" "$testbed_note" \
+  "$load_start" "$iters" <<'PY'
 import datetime, glob, json, os, platform, statistics, sys
-out, pairs, results, command, aes, cpu, rate, size, note = sys.argv[1:]
+out, pairs, results, command, aes, cpu, rate, size, note, load_start, iters = sys.argv[1:]
 pairs = int(pairs)
 p2p = {r["mode"]: r for r in map(json.loads, open(f"{out}/p2p.jsonl"))}
+cipher = p2p.pop("cipher")
 med = lambda xs: statistics.median(xs)
 bw = {m: r["bytes_per_second_median"] for m, r in p2p.items()}
 best = {m: r["bytes_per_second_max"] for m, r in p2p.items()}
@@ -102,7 +107,9 @@ lines = [
     "# Security cost (issue 24)", "",
     f"Written by `{command}` on {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC.",
     f"Machine: {platform.node()}, {os.cpu_count()} cores ({cpu}), AES-NI: {aes}; "
-    "shared with other builds, so single runs vary.", "",
+    "shared with other builds, so single runs vary.",
+    f"Load average (1, 5, 15 min) at the start: {load_start}; at the end: "
+    f"{open('/proc/loadavg').read().split()[:3]}.", "",
     f"## UCX tcp on lo, 4 MiB point-to-point ({rounds} alternating rounds of 16 messages, 8 in "
     "flight; connect: median of 20 fresh links each)", "",
     "| link | median (MB/s) | ratio | best (MB/s) | ratio | connect per link (us) | added (us) |",
@@ -111,6 +118,21 @@ for m, label in [("plain", "plain"), ("integrity", "authenticated (LBCC_ENCRYPT=
                  ("encrypted", "authenticated + encrypted (LBCC_ENCRYPT=all)")]:
     lines.append(f"| {label} | {bw[m]/1e6:.0f} | {bw[m]/bw['plain']:.2f} | {best[m]/1e6:.0f} | "
                  f"{best[m]/best['plain']:.2f} | {conn[m]:.0f} | {conn[m]-conn['plain']:+.0f} |")
+lines += ["", "This CPU's AES-256-GCM limit in the same rounds (one thread, SecureChannel's EVP code, "
+          "1 MiB chunks; median of the rounds):", "",
+          "| primitive | seal (MB/s) | open (MB/s) |", "|---|---|---|",
+          f"| AES-256-GCM (LBCC_ENCRYPT=all) | {cipher['gcm_seal_bytes_per_second_median']/1e6:.0f} | "
+          f"{cipher['gcm_open_bytes_per_second_median']/1e6:.0f} |",
+          f"| GMAC, payload as associated data (LBCC_ENCRYPT=none) | "
+          f"{cipher['gmac_seal_bytes_per_second_median']/1e6:.0f} | "
+          f"{cipher['gmac_open_bytes_per_second_median']/1e6:.0f} |", "",
+          f"Encrypted p2p median against one thread's seal rate: "
+          f"{bw['encrypted']/cipher['gcm_seal_bytes_per_second_median']:.2f} "
+          f"(the link seals and opens every byte once each, on the crypto pool's threads).", "",
+          "Connect time added per link: the connect medians above (Connect + Accept of a fresh "
+          "link, alternating) carry the AUTH message's extra one-way trip and the handshake's "
+          "cryptography, whose own cost for both ends (nonces, four HMAC-SHA-256 proofs, two "
+          f"HKDF derivations; median of 200) is {cipher['handshake_crypto_us_median']:.0f} us."]
 lines.append("")
 lines.append(f"## SparseAllReduce, 4 ranks, every down-link {rate}, tensor {size}")
 lines.append("")
@@ -121,17 +143,28 @@ else:
     for p in range(pairs):
         a = json.load(open(f"{out}/sparse_plain_{p}.json"))[0]
         b = json.load(open(f"{out}/sparse_secure_{p}.json"))[0]
-        rows.append((a["seconds"], b["seconds"]))
-    lines += ["| round | plain (s) | secret, slow links encrypted (s) | ratio |", "|---|---|---|---|"]
-    for i, (a, b) in enumerate(rows):
-        lines.append(f"| {i} | {a:.3f} | {b:.3f} | {b/a:.3f} |")
-    ma, mb = med([a for a, _ in rows]), med([b for _, b in rows])
-    lines.append(f"| median | {ma:.3f} | {mb:.3f} | {mb/ma:.3f} |")
+        rows.append((a["seconds"], b["seconds"], a["in_place"]["seconds"],
+                     b["in_place"]["seconds"]))
+    lines += ["Each run times the operation twice (out of place, then in place; lbcc_perf's "
+              f"mean over {iters} iterations each).", "",
+              "| round | plain (s) | secret, slow links encrypted (s) | ratio | plain in place (s) "
+              "| secret in place (s) | ratio |", "|---|---|---|---|---|---|---|"]
+    for i, (a, b, ai, bi) in enumerate(rows):
+        lines.append(f"| {i} | {a:.3f} | {b:.3f} | {b/a:.3f} | {ai:.3f} | {bi:.3f} | {bi/ai:.3f} |")
+    ma, mb = med([r[0] for r in rows]), med([r[1] for r in rows])
+    mai, mbi = med([r[2] for r in rows]), med([r[3] for r in rows])
+    lines.append(f"| median | {ma:.3f} | {mb:.3f} | {mb/ma:.3f} | {mai:.3f} | {mbi:.3f} | "
+                 f"{mbi/mai:.3f} |")
+    pa = [x for r in rows for x in (r[0], r[2])]
+    pb = [x for r in rows for x in (r[1], r[3])]
+    lines += ["", f"All {len(pa)} timings of each variant pooled: median plain {med(pa):.3f} s, "
+              f"secret {med(pb):.3f} s, ratio {med(pb)/med(pa):.3f}; fastest plain "
+              f"{min(pa):.3f} s, secret {min(pb):.3f} s, ratio {min(pb)/min(pa):.3f}."]
     authenticated = sum(open(f).read().count(" authenticated, ")
-                        for f in glob.glob(f"{out}/sparse_secure_0.rank*.log"))
-    lines += ["", f"Round 0's secure run logged {authenticated} link ends as authenticated. "
-              "The secret was searched for in every rank's log "
-              "(INFO in the secure runs): absent."]
+                        for f in glob.glob(f"{out}/sparse_secure_trace.rank*.log"))
+    lines += ["", "Both variants logged at WARN. An untimed secure run at LBCC_DEBUG=TRACE "
+              f"logged {authenticated} link ends as authenticated. The secret was searched for "
+              "in every rank's log of every run: absent."]
 text = "\n".join(lines) + "\n"
 open(results, "w").write(text)
 print(text)

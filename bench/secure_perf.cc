@@ -8,6 +8,9 @@
 // secret, LBCC_ENCRYPT=all: AES-256-GCM). Per variant: the median time of `connects` fresh links
 // (Connect + Accept; no probe: links are fast by configuration), and the median and best
 // throughput of `rounds` runs of `count` messages of `bytes`, `window` in flight, one way.
+// Each round also times this CPU's AES-256-GCM limit through the same EVP code the links use
+// (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each): the ceiling
+// the encrypted link's work runs against, measured under the same load ({"mode": "cipher"}).
 // bench/secure_bench.sh writes them to bench/results/secure.md.
 #include <algorithm>
 #include <cstdio>
@@ -32,6 +35,7 @@ ABSL_FLAG(int, count, 16, "messages per timed round");
 ABSL_FLAG(int, window, 8, "messages in flight");
 ABSL_FLAG(int, connects, 20, "links set up per variant for the connect time");
 ABSL_FLAG(int, rounds, 15, "timed rounds per variant (the variants alternate)");
+ABSL_FLAG(int, cipher_ms, 100, "milliseconds per round of the one-thread AES-256-GCM loop");
 
 namespace lbcc {
 namespace {
@@ -112,6 +116,87 @@ absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int windo
   return static_cast<double>(bytes) * messages / absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+// One thread sealing (then opening) 1 MiB chunks for `duration` each: bytes per second.
+struct CipherRate {
+  double seal = 0, open = 0;
+};
+absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
+  transport::HandshakeTranscript t;
+  t.client_nonce = transport::NewNonce();
+  t.server_nonce = transport::NewNonce();
+  const transport::JobSecret secret = transport::JobSecret::Random();
+  LBCC_ASSIGN_OR_RETURN(auto sender, transport::SecureChannel::Create(
+                                         secret, t, transport::HandshakeRole::kClient, encrypt,
+                                         "cipher"));
+  LBCC_ASSIGN_OR_RETURN(auto receiver, transport::SecureChannel::Create(
+                                           secret, t, transport::HandshakeRole::kServer, encrypt,
+                                           "cipher"));
+  constexpr size_t kChunk = 1 << 20;
+  constexpr int kBatch = 8;
+  const uint8_t aad[48] = {};
+  std::vector<uint8_t> plain(kChunk, 3), opened(kChunk);
+  std::vector<std::vector<uint8_t>> sealed(
+      kBatch, std::vector<uint8_t>(kChunk + transport::SecureChannel::kOverhead));
+  CipherRate rate;
+  absl::Duration seal_time, open_time;
+  int64_t n = 0;
+  // Batches of kBatch chunks: sealed by one channel, opened by a fresh peer (each counter opens
+  // once); only the Seal and Open calls are timed.
+  while (seal_time < duration || open_time < duration) {
+    LBCC_ASSIGN_OR_RETURN(receiver, transport::SecureChannel::Create(
+                                        secret, t, transport::HandshakeRole::kServer, encrypt,
+                                        "cipher"));
+    LBCC_ASSIGN_OR_RETURN(sender, transport::SecureChannel::Create(
+                                      secret, t, transport::HandshakeRole::kClient, encrypt,
+                                      "cipher"));
+    absl::Time start = absl::Now();
+    for (auto& chunk : sealed) {
+      LBCC_RETURN_IF_ERROR(sender->Seal(aad, plain.data(), kChunk, chunk.data()));
+    }
+    seal_time += absl::Now() - start;
+    start = absl::Now();
+    for (const auto& chunk : sealed) {
+      LBCC_RETURN_IF_ERROR(receiver->Open(aad, encrypt, chunk.data(), chunk.size(), opened.data()));
+    }
+    open_time += absl::Now() - start;
+    n += kBatch;
+  }
+  rate.seal = static_cast<double>(n) * kChunk / absl::ToDoubleSeconds(seal_time);
+  rate.open = static_cast<double>(n) * kChunk / absl::ToDoubleSeconds(open_time);
+  return rate;
+}
+
+// The handshake's own cryptography for one link, both ends (what a connect adds beyond the AUTH
+// message's round trip): two nonces, the server's and the client's proof, each checked by the
+// other end, and both ends' HKDF key derivations. Median of `n` in microseconds.
+absl::StatusOr<double> HandshakeCryptoUs(int n) {
+  const transport::JobSecret secret = transport::JobSecret::Random();
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    const absl::Time start = absl::Now();
+    transport::HandshakeTranscript t;
+    t.job_id = "job";
+    t.client_nonce = transport::NewNonce();
+    t.server_nonce = transport::NewNonce();
+    for (int side = 0; side < 2; ++side) {  // Each end computes both proofs (one to send, one to check).
+      const transport::Mac server = transport::HandshakeMac(secret, t, transport::HandshakeRole::kServer);
+      const transport::Mac client = transport::HandshakeMac(secret, t, transport::HandshakeRole::kClient);
+      if (!transport::MacEqual(server, server) || !transport::MacEqual(client, client)) {
+        return absl::InternalError("MAC");
+      }
+    }
+    LBCC_RETURN_IF_ERROR(transport::SecureChannel::Create(
+                             secret, t, transport::HandshakeRole::kClient, true, "a")
+                             .status());
+    LBCC_RETURN_IF_ERROR(transport::SecureChannel::Create(
+                             secret, t, transport::HandshakeRole::kServer, true, "b")
+                             .status());
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -142,13 +227,29 @@ int Run() {
       return Fail(warm.status());
     }
   }
+  std::vector<double> seal[2], open[2];  // [encrypt]
+  const absl::Duration cipher_time = absl::Milliseconds(absl::GetFlag(FLAGS_cipher_ms));
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (Variant& v : variants) {
       absl::StatusOr<double> rate = Stream(v, *bytes, absl::GetFlag(FLAGS_count), window);
       if (!rate.ok()) return Fail(rate.status());
       v.bytes_per_second.push_back(*rate);
     }
+    for (const bool encrypt : {false, true}) {
+      absl::StatusOr<CipherRate> rate = Cipher(encrypt, cipher_time);
+      if (!rate.ok()) return Fail(rate.status());
+      seal[encrypt].push_back(rate->seal);
+      open[encrypt].push_back(rate->open);
+    }
   }
+  absl::StatusOr<double> handshake_us = HandshakeCryptoUs(200);
+  if (!handshake_us.ok()) return Fail(handshake_us.status());
+  std::printf(
+      "{\"mode\": \"cipher\", \"handshake_crypto_us_median\": %.1f, \"chunk\": %d, \"rounds\": %zu, "
+      "\"gcm_seal_bytes_per_second_median\": %.6g, \"gcm_open_bytes_per_second_median\": %.6g, "
+      "\"gmac_seal_bytes_per_second_median\": %.6g, \"gmac_open_bytes_per_second_median\": %.6g}\n",
+      *handshake_us, 1 << 20, seal[1].size(), Median(seal[1]), Median(open[1]), Median(seal[0]),
+      Median(open[0]));
   for (Variant& v : variants) {
     const transport::LinkCounters counters = v.a->counters();
     std::printf(

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -21,9 +22,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/env.h"
 #include "base/logging.h"
-#include "transport/secure.h"
 #include "base/status_macros.h"
+#include "transport/secure.h"
 #include "transport/netif.h"
 
 namespace lbcc::comm {
@@ -31,6 +33,42 @@ namespace {
 
 constexpr char kIdMagic[4] = {'L', 'B', 'I', 'D'};
 constexpr uint32_t kIdVersion = 1;
+// An id that carries the job secret (LBCC_SECRET_IN_ID): the address is shorter, the secret at
+// kIdSecretAt.
+constexpr uint32_t kIdVersionSecret = 2;
+constexpr int kIdSecretAt = kUniqueIdBytes - static_cast<int>(transport::kJobSecretBytes);
+constexpr int kIdAddressAt = 16;
+
+uint32_t IdVersion(const UniqueId& id) {
+  uint32_t version = 0;
+  std::memcpy(&version, id.internal + 4, 4);
+  return version;
+}
+
+// Room for the NUL-terminated address.
+size_t AddressRoom(bool with_secret) {
+  return static_cast<size_t>((with_secret ? kIdSecretAt : kUniqueIdBytes) - kIdAddressAt);
+}
+
+// The secret the bootstrap's sockets authenticate with: the environment's (LBCC_JOB_SECRET /
+// LBCC_JOB_SECRET_FILE) when set, else the one the id carries, else none.
+absl::StatusOr<std::optional<transport::JobSecret>> BootstrapSecret(
+    const std::optional<transport::JobSecret>& from_id) {
+  LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> from_env,
+                        transport::JobSecretFromEnv());
+  if (from_env.has_value()) return from_env;
+  return from_id;
+}
+
+absl::Status Authenticate(int fd, transport::HandshakeRole role,
+                          const std::optional<transport::JobSecret>& from_id,
+                          absl::string_view job_id, uint64_t identity, absl::Time deadline,
+                          absl::string_view peer) {
+  LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> secret, BootstrapSecret(from_id));
+  if (!secret.has_value()) return absl::OkStatus();
+  return transport::AuthenticateSocket(fd, role, *secret, job_id, identity, deadline, peer)
+      .status();
+}
 constexpr uint32_t kHelloMagic = 0x4c424248;  // "HBBL"
 constexpr uint32_t kMaxBlobBytes = 1 << 20;
 
@@ -199,7 +237,8 @@ struct Joined {
 
 // The root: accepts `nranks` hellos until `deadline`, then answers everyone. With nranks 0,
 // the first valid hello sets it.
-void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
+void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
+             std::optional<transport::JobSecret> id_secret) {
   std::map<int, Joined> joined;
   while (nranks == 0 || static_cast<int>(joined.size()) < nranks) {
     if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
@@ -208,10 +247,9 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline) {
     Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from.storage), &from.len));
     if (conn.get() < 0) continue;
     // With a job secret, only members get further (transport/secure.h; refusals are logged).
-    if (!transport::AuthenticateJobMember(conn.get(), transport::HandshakeRole::kServer,
-                                          absl::StrCat("bootstrap ", session), ~uint64_t{0},
-                                          std::min(deadline, absl::Now() + absl::Seconds(10)),
-                                          FormatAddress(from))
+    if (!Authenticate(conn.get(), transport::HandshakeRole::kServer, id_secret,
+                      absl::StrCat("bootstrap ", session), ~uint64_t{0},
+                      std::min(deadline, absl::Now() + absl::Seconds(10)), FormatAddress(from))
              .ok()) {
       continue;
     }
@@ -290,12 +328,17 @@ absl::StatusOr<Fd> Listen(const SockAddr& addr, SockAddr* bound, int* bind_errno
   return fd;
 }
 
-UniqueId MakeId(const std::string& address, uint64_t session) {
+UniqueId MakeId(const std::string& address, uint64_t session,
+               const std::optional<transport::JobSecret>& secret = std::nullopt) {
   UniqueId id{};
   std::memcpy(id.internal, kIdMagic, 4);
-  std::memcpy(id.internal + 4, &kIdVersion, 4);
+  const uint32_t version = secret.has_value() ? kIdVersionSecret : kIdVersion;
+  std::memcpy(id.internal + 4, &version, 4);
   std::memcpy(id.internal + 8, &session, 8);
-  std::strncpy(id.internal + 16, address.c_str(), kUniqueIdBytes - 17);
+  std::strncpy(id.internal + kIdAddressAt, address.c_str(), AddressRoom(secret.has_value()) - 1);
+  if (secret.has_value()) {
+    std::memcpy(id.internal + kIdSecretAt, secret->bytes().data(), transport::kJobSecretBytes);
+  }
   return id;
 }
 
@@ -310,7 +353,8 @@ absl::Status CheckArgs(int nranks, absl::Duration timeout) {
 // `wildcard_fallback`: a fixed address of another host (a name that resolves to a virtual
 // address, a NAT) is served on every interface of the same family instead.
 absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
-                         absl::Duration timeout, bool wildcard_fallback, std::string* address) {
+                         absl::Duration timeout, bool wildcard_fallback, std::string* address,
+                         std::optional<transport::JobSecret> id_secret = std::nullopt) {
   SockAddr bound;
   int bind_errno = 0;
   absl::StatusOr<Fd> listener = Listen(addr, &bound, &bind_errno);
@@ -323,7 +367,9 @@ absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
   if (!listener.ok()) return listener.status();
   *address = FormatAddress(bound);
   LBCC_LOG(INFO) << "bootstrap: root at " << *address;
-  std::thread(RunRoot, *std::move(listener), nranks, session, absl::Now() + timeout).detach();
+  std::thread(RunRoot, *std::move(listener), nranks, session, absl::Now() + timeout,
+              std::move(id_secret))
+      .detach();
   return absl::OkStatus();
 }
 
@@ -335,10 +381,28 @@ absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Dur
                         transport::SelectListenAddress(listen_host, /*root_host=*/""));
   std::random_device random;
   const uint64_t session = (static_cast<uint64_t>(random()) << 32) ^ random() ^ 1;
+  // LBCC_SECRET_IN_ID: the id carries a fresh job secret, unless the environment has one
+  // (which then wins everywhere, and is never put in an id).
+  std::optional<transport::JobSecret> id_secret;
+  LBCC_ASSIGN_OR_RETURN(const bool secret_in_id, env::GetBool("LBCC_SECRET_IN_ID"));
+  if (secret_in_id) {
+    LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> from_env,
+                          transport::JobSecretFromEnv());
+    if (from_env.has_value()) {
+      LBCC_LOG(INFO) << "bootstrap: LBCC_JOB_SECRET is set, so the unique id carries no secret";
+    } else {
+      id_secret = transport::JobSecret::Random();
+    }
+  }
   std::string address;
   LBCC_RETURN_IF_ERROR(StartRootAt(FromNumeric(net.address, 0), /*nranks=*/0, session, timeout,
-                                   /*wildcard_fallback=*/false, &address));
-  return MakeId(address, session);
+                                   /*wildcard_fallback=*/false, &address, id_secret));
+  if (address.size() >= AddressRoom(id_secret.has_value())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bootstrap: root address '", address, "' is longer than ",
+        AddressRoom(id_secret.has_value()) - 1, " characters", id_secret ? " (with LBCC_SECRET_IN_ID)" : ""));
+  }
+  return MakeId(address, session, id_secret);
 }
 
 absl::Status StartRoot(absl::string_view address, int nranks, uint64_t session,
@@ -383,7 +447,19 @@ absl::Status CheckAdvertisedAddresses(const std::vector<std::string>& hostnames,
 }
 
 std::string UniqueIdAddress(const UniqueId& id) {
-  return std::string(id.internal + 16, strnlen(id.internal + 16, kUniqueIdBytes - 16));
+  const size_t room = AddressRoom(IdVersion(id) == kIdVersionSecret);
+  return std::string(id.internal + kIdAddressAt, strnlen(id.internal + kIdAddressAt, room));
+}
+
+std::optional<transport::JobSecret> UniqueIdSecret(const UniqueId& id) {
+  if (std::memcmp(id.internal, kIdMagic, 4) != 0 || IdVersion(id) != kIdVersionSecret) {
+    return std::nullopt;
+  }
+  absl::StatusOr<transport::JobSecret> secret = transport::JobSecret::FromBytes(
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(id.internal + kIdSecretAt),
+                          transport::kJobSecretBytes));
+  if (!secret.ok()) return std::nullopt;
+  return *secret;
 }
 
 absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
@@ -394,9 +470,9 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", nranks, ")"));
   }
   if (blob.size() > kMaxBlobBytes) return absl::InvalidArgumentError("bootstrap blob too large");
-  uint32_t version = 0;
-  std::memcpy(&version, id.internal + 4, 4);
-  if (std::memcmp(id.internal, kIdMagic, 4) != 0 || version != kIdVersion) {
+  const uint32_t version = IdVersion(id);
+  if (std::memcmp(id.internal, kIdMagic, 4) != 0 ||
+      (version != kIdVersion && version != kIdVersionSecret)) {
     return absl::InvalidArgumentError("not an LBCC unique id (or from another LBCC version)");
   }
   uint64_t session = 0;
@@ -421,9 +497,9 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
     absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
-  LBCC_RETURN_IF_ERROR(transport::AuthenticateJobMember(
-      fd.get(), transport::HandshakeRole::kClient, absl::StrCat("bootstrap ", session),
-      static_cast<uint64_t>(rank), deadline, UniqueIdAddress(id)));
+  LBCC_RETURN_IF_ERROR(Authenticate(fd.get(), transport::HandshakeRole::kClient,
+                                    UniqueIdSecret(id), absl::StrCat("bootstrap ", session),
+                                    static_cast<uint64_t>(rank), deadline, UniqueIdAddress(id)));
   std::string hello;
   Append<uint32_t>(&hello, kHelloMagic);
   Append<uint64_t>(&hello, session);

@@ -23,6 +23,7 @@
 #define LBCC_COMM_BOOTSTRAP_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,13 +31,16 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/netif.h"
+#include "transport/secure.h"
 
 namespace lbcc::comm {
 
 inline constexpr int kUniqueIdBytes = 128;
 
 // Opaque to callers; bytes are: "LBID", u32 version, u64 session, NUL-terminated "host:port"
-// (at most 111 characters).
+// (version 1: at most 111 characters), and in version 2 (LBCC_SECRET_IN_ID) the 32-byte job
+// secret in the last 32 bytes (the address then at most 79 characters). An id that carries the
+// secret is a credential: whoever has it is a member of the job.
 struct UniqueId {
   char internal[kUniqueIdBytes];
 };
@@ -44,7 +48,8 @@ struct UniqueId {
 // Starts a root listening on `listen_host` (an address, an interface name, or "" for the
 // interface transport/netif.h's SelectListenAddress picks; port chosen by the kernel) until
 // `timeout` passes, and returns the id that names it. Like ncclGetUniqueId, the root learns
-// nranks from the first rank that joins; every later rank must agree.
+// nranks from the first rank that joins; every later rank must agree. With LBCC_SECRET_IN_ID=1
+// and no LBCC_JOB_SECRET, the id carries a fresh random job secret (UniqueIdSecret).
 absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout);
 
 // Starts a root on the fixed "host:port" `address` (torchrun/Slurm style) for `nranks` ranks.
@@ -57,6 +62,11 @@ absl::StatusOr<UniqueId> UniqueIdFromAddress(absl::string_view address, uint64_t
 
 // The "host:port" an id names (for logs).
 std::string UniqueIdAddress(const UniqueId& id);
+
+// The job secret an id carries (LBCC_SECRET_IN_ID), if any. Every rank joining from the id
+// authenticates its bootstrap connection and its links with it, unless LBCC_JOB_SECRET /
+// LBCC_JOB_SECRET_FILE is set: the environment's secret always wins.
+std::optional<transport::JobSecret> UniqueIdSecret(const UniqueId& id);
 
 // Where this rank listens for its peers: `listen_host` (LBCC_LISTEN_ADDR: an address or an
 // interface name) if not empty, else the interface that routes to the id's root, chosen with

@@ -40,6 +40,8 @@ absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::s
                                                                     bool ipv6) {
   LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
   // With a job secret, every link's handshake binds the job (the id's session) and the rank.
+  // The environment's secret wins over one the id carries (LBCC_SECRET_IN_ID).
+  if (!options.security.secret.has_value()) options.security.secret = UniqueIdSecret(id);
   options.security.job_id = std::string(id.internal + 8, 8);
   options.security.identity = static_cast<uint64_t>(rank);
   transport::PinUcxDevice(device, ipv6, &options);

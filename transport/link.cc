@@ -1,8 +1,14 @@
 #include "transport/link.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
@@ -16,32 +22,144 @@ constexpr uint64_t kMaxEarlyBytes = uint64_t{1} << 30;
 
 // Scratch for sealed bytes, not zero-filled (it is written in full before it is read).
 struct Scratch {
-  explicit Scratch(size_t n) : bytes(new uint8_t[n]), size(n) {}
   std::unique_ptr<uint8_t[]> bytes;
-  size_t size;
+  size_t capacity = 0;
 };
+
+// Scratch buffers kept for reuse: a fresh megabyte per chunk (allocated, faulted in, given back
+// to the system) costs about as much as sealing it. Capacities are size classes (a power of two
+// plus room for a sealed chunk's overhead), so that the last chunks of messages of every length
+// share them; at most kMaxCachedBytes are kept.
+class ScratchPool {
+ public:
+  static ScratchPool& Get() {
+    static ScratchPool* const pool = new ScratchPool;  // Never destroyed: used by pool threads.
+    return *pool;
+  }
+
+  std::shared_ptr<Scratch> Take(size_t size) {
+    const size_t capacity = Capacity(size);
+    auto scratch = std::make_unique<Scratch>();
+    scratch->capacity = capacity;
+    if (capacity <= kMaxClassBytes) {
+      MutexLock lock(&mu_);
+      auto it = free_.find(capacity);
+      if (it != free_.end() && !it->second.empty()) {
+        scratch->bytes = std::move(it->second.back());
+        it->second.pop_back();
+        cached_bytes_ -= capacity;
+      }
+    }
+    if (scratch->bytes == nullptr) scratch->bytes.reset(new uint8_t[capacity]);
+    return std::shared_ptr<Scratch>(scratch.release(), [](Scratch* s) { Get().Give(s); });
+  }
+
+ private:
+  static constexpr size_t kSlack = 64;  // >= SecureChannel::kOverhead.
+  static constexpr size_t kMaxClassBytes = (size_t{8} << 20) + kSlack;
+  static constexpr size_t kMaxCachedBytes = size_t{64} << 20;
+
+  static size_t Capacity(size_t size) {
+    size_t base = 4096;
+    while (base + kSlack < size) base <<= 1;
+    return base + kSlack;
+  }
+
+  void Give(Scratch* scratch) {
+    std::unique_ptr<Scratch> owned(scratch);
+    if (scratch->capacity > kMaxClassBytes) return;
+    MutexLock lock(&mu_);
+    if (cached_bytes_ + scratch->capacity > kMaxCachedBytes) return;
+    cached_bytes_ += scratch->capacity;
+    free_[scratch->capacity].push_back(std::move(scratch->bytes));
+  }
+
+  Mutex mu_;
+  absl::flat_hash_map<size_t, std::vector<std::unique_ptr<uint8_t[]>>> free_ ABSL_GUARDED_BY(mu_);
+  size_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The crypto pool: a few threads per process that seal and open chunks of every Link, so that
+// neither a Link's mutex nor a backend's progress thread waits for the cipher. Tasks go round
+// robin; each thread runs its own in order. A forked child (which has none of the parent's
+// threads) makes its own pool on first use.
+struct CryptoPool {
+  std::vector<std::unique_ptr<Executor>> threads;
+  std::atomic<uint64_t> next{0};
+};
+std::atomic<CryptoPool*> g_crypto_pool{nullptr};  // Never destroyed: tasks may run at exit.
+
+Executor& CryptoThread() {
+  CryptoPool* pool = g_crypto_pool.load(std::memory_order_acquire);
+  if (pool == nullptr) {
+    static Mutex* const mu = new Mutex;
+    MutexLock lock(mu);
+    pool = g_crypto_pool.load(std::memory_order_acquire);
+    if (pool == nullptr) {
+      static const bool registered = [] {
+        return pthread_atfork(nullptr, nullptr, [] {
+                 g_crypto_pool.store(nullptr, std::memory_order_release);
+               }) == 0;
+      }();
+      (void)registered;
+      pool = new CryptoPool;
+      const int n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+      for (int i = 0; i < n; ++i) pool->threads.push_back(std::make_unique<Executor>("lbcc-crypto"));
+      g_crypto_pool.store(pool, std::memory_order_release);
+    }
+  }
+  return *pool->threads[pool->next.fetch_add(1, std::memory_order_relaxed) % pool->threads.size()];
+}
+
+// A chunk the sender seals on its own thread rather than handing it to the pool (the pool's
+// thread hop costs more than the cipher for chunks up to this size).
+constexpr uint32_t kInlineSealBytes = 64 << 10;
 
 absl::Span<const uint8_t> HeaderBytes(const ChunkHeader& header) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&header), sizeof(header));
 }
 
+// The header of a sealed chunk as the sender's Link made it (plain length and flags).
+ChunkHeader PlainHeader(const ChunkHeader& wire) {
+  ChunkHeader h = wire;
+  h.length = static_cast<uint32_t>(wire.length - SecureChannel::kOverhead);
+  h.flags = static_cast<uint8_t>(wire.flags & ~(kChunkSealed | kChunkEncrypted));
+  return h;
+}
+
+// What a control message's tag covers: the header with the tag's own fields (conn_id: the
+// counter, which the IV binds; x, y: the tag) zeroed.
+std::array<uint8_t, sizeof(ControlHeader)> ControlAad(const ControlHeader& header) {
+  ControlHeader h = header;
+  h.conn_id = 0;
+  h.x = 0;
+  h.y = 0;
+  std::array<uint8_t, sizeof(ControlHeader)> bytes;
+  std::memcpy(bytes.data(), &h, sizeof(h));
+  return bytes;
+}
+
 // A sealed chunk's bytes still at the sender: fetched into a scratch buffer, opened into the
-// receive buffer.
+// receive buffer on the crypto pool (the fetch completes on the backend's progress thread).
 class SealedPayload final : public DeferredPayload {
  public:
   SealedPayload(std::unique_ptr<DeferredPayload> inner, std::shared_ptr<SecureChannel> channel,
                 const ChunkHeader& wire)
       : inner_(std::move(inner)), channel_(std::move(channel)), wire_(wire) {}
   void Fetch(uint8_t* dst, DoneCallback done) override {
-    auto sealed = std::make_shared<Scratch>(wire_.length);
+    std::shared_ptr<Scratch> sealed = ScratchPool::Get().Take(wire_.length);
     uint8_t* into = sealed->bytes.get();
     inner_->Fetch(into, [sealed, dst, channel = channel_, wire = wire_,
                          done = std::move(done)](absl::Status status) mutable {
-      if (status.ok()) {
-        status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
-                               sealed->bytes.get(), sealed->size, dst);
+      if (!status.ok()) {
+        done(std::move(status));
+        return;
       }
-      done(std::move(status));
+      CryptoThread().Post([sealed = std::move(sealed), dst, channel = std::move(channel), wire,
+                           done = std::move(done)]() mutable {
+        done(channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                           sealed->bytes.get(), wire.length, dst));
+      });
     });
   }
 
@@ -212,10 +330,13 @@ void Link::PostRecvDone(RecvCallback done, absl::StatusOr<size_t> result) {
 // Send side.
 
 void Link::Send(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done) {
+  bool flush;
   {
     MutexLock lock(&mu_);
     SendLocked(tag, data, options, std::move(done));
+    flush = !outbox_.empty();
   }
+  if (flush) FlushOutbox(/*from_sender=*/true);
   Kick();
 }
 
@@ -249,8 +370,10 @@ void Link::SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions optio
   SendBusyLocked(+1);
 
   if (link_class_ == LinkClass::kFast) {
-    // Fast links bypass the scheduler: every chunk goes to lane 0 now.
-    const uint64_t chunk = static_cast<uint64_t>(fast_chunk_bytes_);
+    // Fast links bypass the scheduler: every chunk goes to lane 0 now (sealed ones in pieces
+    // that the crypto pool seals while earlier ones are on the wire).
+    const uint64_t chunk = static_cast<uint64_t>(
+        channel_ != nullptr ? std::min(fast_chunk_bytes_, kSealedChunkBytes) : fast_chunk_bytes_);
     do {
       const uint32_t length =
           static_cast<uint32_t>(std::min<uint64_t>(chunk, msg->size - msg->next_offset));
@@ -285,25 +408,74 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
     lane_inflight_[lane] += length;
     inflight_by_priority_[static_cast<int>(msg->priority)] += length;
   }
-  std::shared_ptr<Scratch> sealed;
-  const uint8_t* bytes = msg->data + offset;
-  size_t wire_length = length;
   if (channel_ != nullptr) {
+    // Reserved here, sealed and handed without the mutex (FlushOutbox).
     header.flags |= kChunkSealed | (channel_->encrypt() ? kChunkEncrypted : 0);
-    wire_length = length + SecureChannel::kOverhead;
-    header.length = static_cast<uint32_t>(wire_length);
-    sealed = std::make_shared<Scratch>(wire_length);
-    const absl::Status status =
-        channel_->Seal(HeaderBytes(header), bytes, length, sealed->bytes.get());
-    LBCC_CHECK(status.ok()) << status;  // OpenSSL failing on valid keys is not input's fault.
-    bytes = sealed->bytes.get();
+    header.length = static_cast<uint32_t>(length + SecureChannel::kOverhead);
+    Handoff handoff;
+    handoff.header = header;
+    handoff.lane = lane;
+    handoff.seq = msg->seq;
+    handoff.length = length;
+    handoff.data = msg->data + offset;
+    handoff.credit = credit;
+    handoff.priority = msg->priority;
+    outbox_.push_back(handoff);
+    return;
   }
-  lanes_[lane]->SendChunk(header, bytes, wire_length,
+  lanes_[lane]->SendChunk(header, msg->data + offset, length,
                           [self = shared_from_this(), seq = msg->seq, lane, length, credit,
-                           priority = msg->priority, sealed](absl::Status status) {
+                           priority = msg->priority](absl::Status status) {
                             self->OnChunkSent(seq, lane, length, credit, priority,
                                               std::move(status));
                           });
+}
+
+void Link::FlushOutbox(bool from_sender) {
+  std::vector<Handoff> work;
+  std::shared_ptr<SecureChannel> channel;
+  {
+    MutexLock lock(&mu_);
+    work.swap(outbox_);
+    channel = channel_;
+  }
+  for (const Handoff& handoff : work) {
+    if (from_sender && handoff.length <= kInlineSealBytes) {
+      SealAndHand(handoff, channel);
+    } else {
+      CryptoThread().Post([self = shared_from_this(), handoff, channel] {
+        self->SealAndHand(handoff, channel);
+      });
+    }
+  }
+}
+
+void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& channel) {
+  std::shared_ptr<Lane> lane;
+  absl::Status failure;
+  {
+    MutexLock lock(&mu_);
+    lane = lanes_[h.lane];
+    if (failed_) failure = failure_;
+  }
+  if (!failure.ok()) {  // Not sealed for nothing: the reserved chunk completes as not sent.
+    OnChunkSent(h.seq, h.lane, h.length, h.credit, h.priority, std::move(failure));
+    return;
+  }
+  std::shared_ptr<Scratch> sealed = ScratchPool::Get().Take(h.header.length);
+  const absl::Status status =
+      channel->Seal(HeaderBytes(h.header), h.data, h.length, sealed->bytes.get());
+  LBCC_CHECK(status.ok()) << status;  // OpenSSL failing on valid keys is not input's fault.
+  const uint8_t* bytes = sealed->bytes.get();
+  lane->SendChunk(h.header, bytes, h.header.length,
+                  [self = shared_from_this(), seq = h.seq, index = h.lane, length = h.length,
+                   credit = h.credit, priority = h.priority,
+                   sealed = std::move(sealed)](absl::Status status) {
+                    self->OnChunkSent(seq, index, length, credit, priority, std::move(status));
+                  });
+  // Like a Send on a plain link: the thread that handed the chunk progresses the backend if
+  // no other thread does (rather than waiting for the progress thread to wake up).
+  Kick();
 }
 
 void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
@@ -389,11 +561,14 @@ void Link::PumpLocked() {
 }
 
 void Link::OnPacingTimer() {
+  bool flush;
   {
     MutexLock lock(&mu_);
     pacing_timer_armed_ = false;
     PumpLocked();
+    flush = !outbox_.empty();
   }
+  if (flush) FlushOutbox(/*from_sender=*/false);
   Kick();
 }
 
@@ -404,10 +579,76 @@ void Link::ReturnWindowLocked(int lane, uint64_t bytes, int priority) {
 }
 
 void Link::OnCredit(int lane, uint64_t bytes, uint8_t priority) {
-  MutexLock lock(&mu_);
-  if (lane < 0 || lane >= static_cast<int>(lanes_.size()) || priority >= kNumPriorities) return;
-  ReturnWindowLocked(lane, bytes, priority);
-  PumpLocked();
+  bool flush;
+  {
+    MutexLock lock(&mu_);
+    if (lane < 0 || lane >= static_cast<int>(lanes_.size()) || priority >= kNumPriorities) return;
+    ReturnWindowLocked(lane, bytes, priority);
+    PumpLocked();
+    flush = !outbox_.empty();
+  }
+  // From the backend's thread (a credit arrived): the pool seals.
+  if (flush) FlushOutbox(/*from_sender=*/false);
+}
+
+void Link::SealControl(int lane, ControlHeader* header) {
+  std::shared_ptr<SecureChannel> channel;
+  {
+    MutexLock lock(&mu_);
+    channel = channel_;
+  }
+  if (channel == nullptr) return;
+  header->lane = static_cast<uint32_t>(std::max(lane, 0));
+  header->version = kWireVersion;
+  header->reserved |= kControlSealed;
+  uint64_t counter = 0;
+  Mac tag;
+  const absl::Status status = channel->TagMessage(ControlAad(*header), &counter, &tag);
+  LBCC_CHECK(status.ok()) << status;  // OpenSSL failing on valid keys is not input's fault.
+  header->conn_id = counter;
+  std::memcpy(&header->x, tag.data(), 8);
+  std::memcpy(&header->y, tag.data() + 8, 8);
+}
+
+void Link::OnControl(int lane, const ControlHeader& h) {
+  std::shared_ptr<SecureChannel> channel;
+  {
+    MutexLock lock(&mu_);
+    // Nothing of a running link arrives before Configure() (the peer credits only chunks this
+    // end sent, and heartbeats start after READY): one that does is dropped.
+    if (failed_ || !configured_) return;
+    channel = channel_;
+  }
+  const bool credit = static_cast<Ctl>(h.type) == Ctl::kCredit;
+  if (!credit && static_cast<Ctl>(h.type) != Ctl::kHeartbeat) return;
+  if (channel != nullptr) {
+    const absl::string_view what = credit ? "credit" : "heartbeat";
+    absl::Status status;
+    if ((h.reserved & kControlSealed) == 0) {
+      CountIntegrityFailure();
+      status = absl::DataLossError(absl::StrCat("untagged ", what, " from ", peer_address_,
+                                                " on an authenticated link"));
+    } else if (h.lane != static_cast<uint32_t>(lane)) {
+      CountIntegrityFailure();
+      status = absl::DataLossError(absl::StrCat(what, " from ", peer_address_, " tagged for ",
+                                                "connection ", h.lane, " arrived on ", lane));
+    } else {
+      Mac tag;
+      std::memcpy(tag.data(), &h.x, 8);
+      std::memcpy(tag.data() + 8, &h.y, 8);
+      status = channel->VerifyMessage(ControlAad(h), h.conn_id, tag, what);
+    }
+    if (!status.ok()) {
+      {
+        MutexLock lock(&mu_);
+        ++counters_.integrity_failures;
+        FailLocked(std::move(status));
+      }
+      Kick();
+      return;
+    }
+  }
+  if (credit) OnCredit(lane, h.a, static_cast<uint8_t>(h.b));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,8 +685,34 @@ void Link::RecvLocked(Tag tag, PostedRecv recv) {
 
 void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
                    std::unique_ptr<DeferredPayload> deferred) {
+  std::shared_ptr<SecureChannel> channel;
+  {
+    MutexLock lock(&mu_);
+    if (failed_) return;  // `deferred` is discarded.
+    if (configured_ && channel_ != nullptr && deferred == nullptr && data != nullptr &&
+        (wire.flags & kChunkSealed) != 0 && wire.length >= SecureChannel::kOverhead) {
+      channel = channel_;  // A sealed chunk with its bytes: opened below, without the mutex.
+    } else {
+      OnChunkPlainOrDeferredLocked(lane, wire, data, std::move(deferred));
+      return;
+    }
+  }
+  const ChunkHeader h = PlainHeader(wire);
+  std::shared_ptr<Scratch> opened = ScratchPool::Get().Take(h.length);
+  absl::Status status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                                      data, wire.length, opened->bytes.get());
   MutexLock lock(&mu_);
-  if (failed_) return;  // `deferred` is discarded.
+  if (failed_) return;
+  if (!status.ok()) {
+    ++counters_.integrity_failures;
+    FailLocked(std::move(status));
+    return;
+  }
+  AcceptChunkLocked(lane, h, opened->bytes.get(), nullptr);
+}
+
+void Link::OnChunkPlainOrDeferredLocked(int lane, const ChunkHeader& wire, const uint8_t* data,
+                                        std::unique_ptr<DeferredPayload> deferred) {
   if (!configured_) {
     // Whether it is sealed is known at Configure(): keep it unread until then. A legitimate peer
     // sends at most a few stripes' chunks before its READY is processed; a connection that sends
@@ -472,32 +739,37 @@ void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
 
 void Link::OnChunkLocked(int lane, const ChunkHeader& wire, const uint8_t* data,
                          std::unique_ptr<DeferredPayload> deferred) {
-  ChunkHeader h = wire;
-  std::unique_ptr<uint8_t[]> opened;
-  if (channel_ != nullptr) {
-    if ((wire.flags & kChunkSealed) == 0 || wire.length < SecureChannel::kOverhead) {
-      CountIntegrityFailure();
-      ++counters_.integrity_failures;
-      FailLocked(absl::DataLossError(absl::StrCat(
-          "unsealed chunk from ", peer_address_, " on an authenticated link")));
-      return;
-    }
-    h.length = static_cast<uint32_t>(wire.length - SecureChannel::kOverhead);
-    h.flags = static_cast<uint8_t>(wire.flags & ~(kChunkSealed | kChunkEncrypted));
-    if (deferred != nullptr) {
-      deferred = std::make_unique<SealedPayload>(std::move(deferred), channel_, wire);
-    } else {
-      opened.reset(new uint8_t[std::max<uint32_t>(h.length, 1)]);
-      absl::Status status = channel_->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
-                                           data, wire.length, opened.get());
-      if (!status.ok()) {
-        ++counters_.integrity_failures;
-        FailLocked(std::move(status));
-        return;
-      }
-      data = opened.get();
-    }
+  if (channel_ == nullptr) {
+    AcceptChunkLocked(lane, wire, data, std::move(deferred));
+    return;
   }
+  if ((wire.flags & kChunkSealed) == 0 || wire.length < SecureChannel::kOverhead) {
+    CountIntegrityFailure();
+    ++counters_.integrity_failures;
+    FailLocked(absl::DataLossError(
+        absl::StrCat("unsealed chunk from ", peer_address_, " on an authenticated link")));
+    return;
+  }
+  const ChunkHeader h = PlainHeader(wire);
+  if (deferred != nullptr) {
+    AcceptChunkLocked(lane, h, nullptr,
+                      std::make_unique<SealedPayload>(std::move(deferred), channel_, wire));
+    return;
+  }
+  // Chunks that waited for Configure(): opened here.
+  std::shared_ptr<Scratch> opened = ScratchPool::Get().Take(h.length);
+  absl::Status status = channel_->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                                       data, wire.length, opened->bytes.get());
+  if (!status.ok()) {
+    ++counters_.integrity_failures;
+    FailLocked(std::move(status));
+    return;
+  }
+  AcceptChunkLocked(lane, h, opened->bytes.get(), nullptr);
+}
+
+void Link::AcceptChunkLocked(int lane, const ChunkHeader& h, const uint8_t* data,
+                             std::unique_ptr<DeferredPayload> deferred) {
   if (h.version != kWireVersion || h.offset > h.total_size ||
       h.length > h.total_size - h.offset || (h.length == 0 && h.total_size != 0) ||
       lane < 0 || lane >= static_cast<int>(lanes_.size())) {

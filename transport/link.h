@@ -14,7 +14,13 @@
 // with DataLoss naming the peer. On the wire such a chunk carries kChunkSealed (and
 // kChunkEncrypted when encrypted) and `length` counts the counter and tag as well; the header
 // as sent is the AEAD's associated data. Chunks that arrive before Configure() wait, unread,
-// until it says whether the link is sealed.
+// until it says whether the link is sealed. The cipher never runs under the Link's mutex: the
+// scheduler only reserves a chunk, and the seal runs on the crypto pool (a few threads per
+// process) or, for a small chunk, on the sending thread; a fast link's message is sealed in
+// chunks of at most kSealedChunkBytes, so the pool seals one while another is on the wire.
+// Rendezvous chunks are opened on the pool too, never on the backend's progress thread.
+// A backend's own control messages of a running link (credits, heartbeats) are tagged too
+// (SealControl / OnControl): GMAC under the same per-direction counters.
 //
 // Thread-safety: all public methods are thread-safe. Lock order: a backend's own lock (the UCX
 // worker) may be held when calling On*(); the Link's mutex is never held while calling user code
@@ -48,6 +54,11 @@ namespace lbcc::transport {
 // ChunkHeader::flags beside kChunkNeedsCredit (lane.h).
 inline constexpr uint8_t kChunkSealed = 2;
 inline constexpr uint8_t kChunkEncrypted = 4;
+// ControlHeader::reserved of a credit or heartbeat on an authenticated link: conn_id carries
+// the counter, x and y (their bits) the 16-byte tag.
+inline constexpr uint32_t kControlSealed = 1u << 8;
+// Largest chunk of a fast authenticated link (smaller chunks pipeline sealing with the wire).
+inline constexpr int64_t kSealedChunkBytes = 1 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
@@ -82,6 +93,13 @@ class Link : public std::enable_shared_from_this<Link> {
   void OnChunk(int lane, const ChunkHeader& header, const uint8_t* data,
                std::unique_ptr<DeferredPayload> deferred);
   void OnCredit(int lane, uint64_t bytes, uint8_t priority);
+  // Control messages of the running link over a wire (UCX). SealControl: the backend is about
+  // to send `header` (a credit or heartbeat) on connection `lane`; on an authenticated link it
+  // stamps `lane`, the version and the tag (a plain link leaves it as it is). OnControl: one
+  // arrived on connection `lane`: on an authenticated link it must verify (else the link fails
+  // with DataLoss naming the peer); a credit then returns window as OnCredit.
+  void SealControl(int lane, ControlHeader* header);
+  void OnControl(int lane, const ControlHeader& header);
   // Fails all pending and future work with `status` (Unavailable for a lost peer).
   void Fail(absl::Status status);
   bool failed() const;
@@ -135,14 +153,40 @@ class Link : public std::enable_shared_from_this<Link> {
     std::map<uint64_t, InMsg*> unmatched;  // By tag_seq.
   };
 
+  // A chunk of an authenticated link, reserved by the scheduler, to be sealed and handed to its
+  // lane without the mutex (FlushOutbox).
+  struct Handoff {
+    ChunkHeader header{};  // As sent: sealed flags, wire length.
+    int lane = 0;
+    uint64_t seq = 0;
+    uint32_t length = 0;  // Plaintext bytes at `data`.
+    const uint8_t* data = nullptr;
+    bool credit = false;
+    Priority priority = Priority::kNormal;
+  };
   struct EarlyChunk {  // Arrived before Configure().
     int lane = 0;
     ChunkHeader header{};
     std::vector<uint8_t> bytes;
     std::unique_ptr<DeferredPayload> deferred;
   };
+  // Before Configure(): kept (early_); after: OnChunkLocked.
+  void OnChunkPlainOrDeferredLocked(int lane, const ChunkHeader& header, const uint8_t* data,
+                                    std::unique_ptr<DeferredPayload> deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk as it arrived: checked and, when sealed, opened (deferred ones when fetched).
   void OnChunkLocked(int lane, const ChunkHeader& header, const uint8_t* data,
                      std::unique_ptr<DeferredPayload> deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk whose header and bytes are plain (opened, or from a plain link).
+  void AcceptChunkLocked(int lane, const ChunkHeader& h, const uint8_t* data,
+                         std::unique_ptr<DeferredPayload> deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seals and hands the chunks the scheduler reserved (outbox_); called without the mutex by
+  // every path that may have reserved some. `from_sender`: on the thread of a Send, which seals
+  // small chunks itself; everything else goes to the crypto pool.
+  void FlushOutbox(bool from_sender) ABSL_LOCKS_EXCLUDED(mu_);
+  void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -185,6 +229,7 @@ class Link : public std::enable_shared_from_this<Link> {
   std::vector<uint64_t> lane_inflight_ ABSL_GUARDED_BY(mu_);
   bool configured_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<SecureChannel> channel_ ABSL_GUARDED_BY(mu_);
+  std::vector<Handoff> outbox_ ABSL_GUARDED_BY(mu_);
   std::vector<EarlyChunk> early_ ABSL_GUARDED_BY(mu_);
   uint64_t early_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   LinkClass link_class_ ABSL_GUARDED_BY(mu_) = LinkClass::kFast;

@@ -86,14 +86,6 @@ absl::Status Hkdf(const JobSecret& secret, absl::Span<const uint8_t> salt, absl:
   return absl::OkStatus();
 }
 
-// AES-256-GCM over `aad` and, encrypting, `in` -> `out`; authenticating only, `in` is more AAD
-// and `out` gets a copy. Returns false when OpenSSL fails (or, opening, the tag is wrong).
-struct GcmCtx {
-  GcmCtx() : ctx(EVP_CIPHER_CTX_new()) {}
-  ~GcmCtx() { EVP_CIPHER_CTX_free(ctx); }
-  EVP_CIPHER_CTX* ctx;
-};
-
 // AES-256-GCM, fetched from the provider once: OpenSSL 3 looks a cipher up on every use
 // otherwise, which costs more than sealing a small chunk.
 const EVP_CIPHER* Aes256Gcm() {
@@ -104,43 +96,38 @@ const EVP_CIPHER* Aes256Gcm() {
   return cipher;
 }
 
-// One cipher context per thread, re-keyed for each chunk (allocating one per chunk costs more
-// than a small chunk's cipher work).
-EVP_CIPHER_CTX* ThreadContext() {
-  thread_local GcmCtx c;
-  return c.ctx;
-}
-
-bool Gcm(bool seal, const std::array<uint8_t, 32>& key, const uint8_t iv[12],
-         absl::Span<const uint8_t> aad, bool encrypt, const uint8_t* in, size_t length,
-         uint8_t* out, uint8_t tag[16]) {
-  struct {
-    EVP_CIPHER_CTX* ctx;
-  } c{ThreadContext()};
-  if (c.ctx == nullptr) return false;
+// AES-256-GCM with `ctx` (keyed for this direction; only the IV is set here) over `aad` and,
+// encrypting, `in` -> `out`; authenticating only, `in` is more AAD and `out` gets a copy (none
+// when `out` is null or `in`). Returns false when OpenSSL fails (or, opening, the tag is wrong).
+bool Gcm(EVP_CIPHER_CTX* ctx, bool seal, const uint8_t iv[12], absl::Span<const uint8_t> aad,
+         bool encrypt, const uint8_t* in, size_t length, uint8_t* out, uint8_t tag[16]) {
+  if (ctx == nullptr) return false;
   int n = 0;
   auto init = seal ? EVP_EncryptInit_ex : EVP_DecryptInit_ex;
   auto update = seal ? EVP_EncryptUpdate : EVP_DecryptUpdate;
-  if (init(c.ctx, Aes256Gcm(), nullptr, key.data(), iv) <= 0) return false;
-  if (!seal && EVP_CIPHER_CTX_ctrl(c.ctx, EVP_CTRL_GCM_SET_TAG, 16, tag) <= 0) return false;
-  if (update(c.ctx, nullptr, &n, aad.data(), static_cast<int>(aad.size())) <= 0) return false;
+  if (init(ctx, nullptr, nullptr, nullptr, iv) <= 0) return false;
+  if (!seal && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, 16, tag) <= 0) return false;
+  if (!aad.empty() &&
+      update(ctx, nullptr, &n, aad.data(), static_cast<int>(aad.size())) <= 0) {
+    return false;
+  }
   // OpenSSL takes int lengths: go in pieces of at most 1 GiB.
   constexpr size_t kPiece = size_t{1} << 30;
   for (size_t done = 0; done < length; done += kPiece) {
     const int piece = static_cast<int>(std::min(kPiece, length - done));
     if (encrypt) {
-      if (update(c.ctx, out + done, &n, in + done, piece) <= 0) return false;
+      if (update(ctx, out + done, &n, in + done, piece) <= 0) return false;
     } else {
-      if (update(c.ctx, nullptr, &n, in + done, piece) <= 0) return false;
+      if (update(ctx, nullptr, &n, in + done, piece) <= 0) return false;
     }
   }
-  if (!encrypt && length > 0 && out != in) std::memcpy(out, in, length);
+  if (!encrypt && length > 0 && out != nullptr && out != in) std::memcpy(out, in, length);
   uint8_t scratch[16];
   if (seal) {
-    if (EVP_EncryptFinal_ex(c.ctx, scratch, &n) <= 0) return false;
-    return EVP_CIPHER_CTX_ctrl(c.ctx, EVP_CTRL_GCM_GET_TAG, 16, tag) > 0;
+    if (EVP_EncryptFinal_ex(ctx, scratch, &n) <= 0) return false;
+    return EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, 16, tag) > 0;
   }
-  return EVP_DecryptFinal_ex(c.ctx, scratch, &n) > 0;
+  return EVP_DecryptFinal_ex(ctx, scratch, &n) > 0;
 }
 
 absl::Status Errno(absl::string_view what) {
@@ -256,6 +243,16 @@ absl::StatusOr<JobSecret> JobSecret::FromFile(const std::string& path) {
         "job secret file ", path, ": expected 32 raw bytes or 64 hex digits, got ", text.size(),
         " bytes"));
   }
+  return secret;
+}
+
+absl::StatusOr<JobSecret> JobSecret::FromBytes(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != kJobSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job secret: expected ", kJobSecretBytes,
+                                                   " bytes, got ", bytes.size()));
+  }
+  JobSecret secret;
+  std::memcpy(secret.bytes_.data(), bytes.data(), kJobSecretBytes);
   return secret;
 }
 
@@ -386,6 +383,50 @@ absl::StatusOr<std::shared_ptr<SecureChannel>> SecureChannel::Create(
   return channel;
 }
 
+SecureChannel::~SecureChannel() {
+  MutexLock lock(&contexts_mu_);
+  for (auto* contexts : {&send_contexts_, &recv_contexts_}) {
+    for (EVP_CIPHER_CTX* ctx : *contexts) EVP_CIPHER_CTX_free(ctx);
+    contexts->clear();
+  }
+  OPENSSL_cleanse(send_key_.data(), send_key_.size());
+  OPENSSL_cleanse(recv_key_.data(), recv_key_.size());
+}
+
+EVP_CIPHER_CTX* SecureChannel::TakeContext(bool send) {
+  {
+    MutexLock lock(&contexts_mu_);
+    std::vector<EVP_CIPHER_CTX*>& free = send ? send_contexts_ : recv_contexts_;
+    if (!free.empty()) {
+      EVP_CIPHER_CTX* ctx = free.back();
+      free.pop_back();
+      return ctx;
+    }
+  }
+  // One more thread works on this direction at once: key a new context (kept from now on).
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  if (ctx == nullptr) return nullptr;
+  auto init = send ? EVP_EncryptInit_ex : EVP_DecryptInit_ex;
+  if (init(ctx, Aes256Gcm(), nullptr, (send ? send_key_ : recv_key_).data(), nullptr) <= 0) {
+    EVP_CIPHER_CTX_free(ctx);
+    return nullptr;
+  }
+  return ctx;
+}
+
+void SecureChannel::GiveContext(bool send, EVP_CIPHER_CTX* ctx) {
+  if (ctx == nullptr) return;
+  MutexLock lock(&contexts_mu_);
+  (send ? send_contexts_ : recv_contexts_).push_back(ctx);
+}
+
+absl::Status SecureChannel::Refuse(absl::string_view what, absl::string_view why) const {
+  CountIntegrityFailure();
+  return absl::DataLossError(absl::StrCat(what, " from ", peer_, " failed authentication (", why,
+                                          "): tampered with on the way or not from the job "
+                                          "member the link was set up with"));
+}
+
 absl::Status SecureChannel::Seal(absl::Span<const uint8_t> aad, const uint8_t* data,
                                  size_t length, uint8_t* out) {
   uint64_t counter;
@@ -397,10 +438,11 @@ absl::Status SecureChannel::Seal(absl::Span<const uint8_t> aad, const uint8_t* d
   std::memcpy(iv, send_salt_.data(), 4);
   std::memcpy(iv + 4, &counter, 8);
   std::memcpy(out, &counter, 8);
-  if (!Gcm(/*seal=*/true, send_key_, iv, aad, encrypt_, data, length, out + 8,
-           out + 8 + length)) {
-    return absl::InternalError("AES-256-GCM seal failed");
-  }
+  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/true);
+  const bool ok = Gcm(ctx, /*seal=*/true, iv, aad, encrypt_, data, length, out + 8,
+                      out + 8 + length);
+  GiveContext(/*send=*/true, ctx);
+  if (!ok) return absl::InternalError("AES-256-GCM seal failed");
   return absl::OkStatus();
 }
 
@@ -413,14 +455,8 @@ bool SecureChannel::Fresh(uint64_t counter) {
 
 absl::Status SecureChannel::Open(absl::Span<const uint8_t> aad, bool encrypted,
                                  const uint8_t* in, size_t in_length, uint8_t* out) {
-  auto refuse = [this](absl::string_view why) {
-    CountIntegrityFailure();
-    return absl::DataLossError(absl::StrCat("chunk from ", peer_, " failed authentication (",
-                                            why, "): tampered with on the way or not from "
-                                            "the job member the link was set up with"));
-  };
-  if (in_length < kOverhead) return refuse("too short");
-  if (encrypted != encrypt_) return refuse("encryption mode differs");
+  if (in_length < kOverhead) return Refuse("chunk", "too short");
+  if (encrypted != encrypt_) return Refuse("chunk", "encryption mode differs");
   const size_t length = in_length - kOverhead;
   uint64_t counter;
   std::memcpy(&counter, in, 8);
@@ -429,10 +465,44 @@ absl::Status SecureChannel::Open(absl::Span<const uint8_t> aad, bool encrypted,
   std::memcpy(iv + 4, &counter, 8);
   uint8_t tag[16];
   std::memcpy(tag, in + 8 + length, 16);
-  if (!Gcm(/*seal=*/false, recv_key_, iv, aad, encrypt_, in + 8, length, out, tag)) {
-    return refuse("bad tag");
+  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/false);
+  const bool ok = Gcm(ctx, /*seal=*/false, iv, aad, encrypt_, in + 8, length, out, tag);
+  GiveContext(/*send=*/false, ctx);
+  if (!ok) return Refuse("chunk", "bad tag");
+  if (!Fresh(counter)) return Refuse("chunk", absl::StrCat("counter ", counter, " replayed"));
+  return absl::OkStatus();
+}
+
+absl::Status SecureChannel::TagMessage(absl::Span<const uint8_t> aad, uint64_t* counter,
+                                       Mac* tag) {
+  {
+    MutexLock lock(&mu_);
+    *counter = next_send_++;
   }
-  if (!Fresh(counter)) return refuse(absl::StrCat("counter ", counter, " replayed"));
+  uint8_t iv[12];
+  std::memcpy(iv, send_salt_.data(), 4);
+  std::memcpy(iv + 4, counter, 8);
+  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/true);
+  const bool ok = Gcm(ctx, /*seal=*/true, iv, aad, /*encrypt=*/false, nullptr, 0, nullptr,
+                      tag->data());
+  GiveContext(/*send=*/true, ctx);
+  if (!ok) return absl::InternalError("AES-256-GCM (GMAC) tag failed");
+  return absl::OkStatus();
+}
+
+absl::Status SecureChannel::VerifyMessage(absl::Span<const uint8_t> aad, uint64_t counter,
+                                          const Mac& tag, absl::string_view what) {
+  uint8_t iv[12];
+  std::memcpy(iv, recv_salt_.data(), 4);
+  std::memcpy(iv + 4, &counter, 8);
+  uint8_t expected[16];
+  std::memcpy(expected, tag.data(), 16);
+  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/false);
+  const bool ok = Gcm(ctx, /*seal=*/false, iv, aad, /*encrypt=*/false, nullptr, 0, nullptr,
+                      expected);
+  GiveContext(/*send=*/false, ctx);
+  if (!ok) return Refuse(what, "bad tag");
+  if (!Fresh(counter)) return Refuse(what, absl::StrCat("counter ", counter, " replayed"));
   return absl::OkStatus();
 }
 

@@ -15,7 +15,10 @@
 //     reflected. A replayed message meets a new nonce and fails.
 //   - SecureChannel: one link's keys, one per direction (HKDF from the secret and the
 //     transcript), sealing each chunk with AES-256-GCM (encrypted, or authenticated only) under
-//     a 64-bit per-direction counter (never reused), rejecting replayed counters.
+//     a 64-bit per-direction counter (never reused), rejecting replayed counters, and tagging
+//     payload-less messages (a link's credits and heartbeats) under the same counters. Each
+//     direction keeps its cipher contexts keyed once and reuses them (only the IV changes per
+//     chunk), so seals and opens run on many threads at once without re-keying.
 //   - AuthenticateSocket: the same handshake over a connected stream socket, for connections
 //     that are not transport links (the bootstrap root, the membership service).
 //   - SecurityCounters: process-wide counts of handshakes passed and refused and of chunks that
@@ -40,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -49,6 +53,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/mutex.h"
+
+struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX.
 
 namespace lbcc::transport {
 
@@ -65,6 +71,9 @@ class JobSecret {
   static absl::StatusOr<JobSecret> FromHex(absl::string_view hex);
   // A file holding 32 raw bytes or 64 hex digits.
   static absl::StatusOr<JobSecret> FromFile(const std::string& path);
+  // 32 bytes as they are (a unique id that carries the secret). InvalidArgument for another
+  // length.
+  static absl::StatusOr<JobSecret> FromBytes(absl::Span<const uint8_t> bytes);
   // 32 bytes from OpenSSL's RAND_bytes.
   static JobSecret Random();
 
@@ -143,6 +152,9 @@ class SecureChannel {
   static absl::StatusOr<std::shared_ptr<SecureChannel>> Create(
       const JobSecret& secret, const HandshakeTranscript& transcript, HandshakeRole role,
       bool encrypt, std::string peer);
+  ~SecureChannel();
+  SecureChannel(const SecureChannel&) = delete;
+  SecureChannel& operator=(const SecureChannel&) = delete;
 
   bool encrypt() const { return encrypt_; }
   // Seals `length` bytes: out gets counter || ciphertext (or the plaintext when not encrypting)
@@ -155,10 +167,23 @@ class SecureChannel {
   absl::Status Open(absl::Span<const uint8_t> aad, bool encrypted, const uint8_t* in,
                     size_t in_length, uint8_t* out);
 
+  // A message without payload (a credit, a heartbeat): a GMAC tag over `aad` under the next
+  // send counter, which the message carries beside the tag.
+  absl::Status TagMessage(absl::Span<const uint8_t> aad, uint64_t* counter, Mac* tag);
+  // Checks what TagMessage produced. DataLoss naming the peer and `what` when the tag or the
+  // counter (replayed) does not verify.
+  absl::Status VerifyMessage(absl::Span<const uint8_t> aad, uint64_t counter, const Mac& tag,
+                             absl::string_view what);
+
  private:
   SecureChannel(bool encrypt, std::string peer) : encrypt_(encrypt), peer_(std::move(peer)) {}
   // Records `counter` as seen; false when it was seen before (a replay).
   bool Fresh(uint64_t counter);
+  // A cipher context keyed for one direction, reused: taken for one seal or open, then given
+  // back. Null when OpenSSL cannot make one.
+  evp_cipher_ctx_st* TakeContext(bool send);
+  void GiveContext(bool send, evp_cipher_ctx_st* ctx);
+  absl::Status Refuse(absl::string_view what, absl::string_view why) const;
 
   const bool encrypt_;
   const std::string peer_;
@@ -166,6 +191,10 @@ class SecureChannel {
   std::array<uint8_t, 32> recv_key_{};
   std::array<uint8_t, 4> send_salt_{};  // The nonce's first 4 bytes (per direction).
   std::array<uint8_t, 4> recv_salt_{};
+
+  Mutex contexts_mu_;
+  std::vector<evp_cipher_ctx_st*> send_contexts_ ABSL_GUARDED_BY(contexts_mu_);
+  std::vector<evp_cipher_ctx_st*> recv_contexts_ ABSL_GUARDED_BY(contexts_mu_);
 
   Mutex mu_;
   uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 0;

@@ -225,6 +225,7 @@ class UcxLane final : public Lane, public std::enable_shared_from_this<UcxLane> 
       header.type = static_cast<uint32_t>(Ctl::kCredit);
       header.a = bytes;
       header.b = priority;
+      if (std::shared_ptr<Link> link = self->link.lock()) link->SealControl(self->index, &header);
       engine->SendControl(self, header, nullptr, nullptr);
     });
   }
@@ -662,7 +663,11 @@ void Engine::WatchPeersLocked() {
     const PeerWatch::Verdict verdict =
         conn->watch.Check(now, options_.peer_timeout, we_stalled,
                           [&conn] { return conn->link->HasPendingWork(); }, conn->peer);
-    if (verdict.send_heartbeat) SendControl(lane0, HeartbeatMessage().header, nullptr, nullptr);
+    if (verdict.send_heartbeat) {
+      ControlHeader heartbeat = HeartbeatMessage().header;
+      conn->link->SealControl(0, &heartbeat);
+      SendControl(lane0, heartbeat, nullptr, nullptr);
+    }
     if (!verdict.failure.ok()) conn->link->Fail(verdict.failure);
   }
 }
@@ -859,14 +864,10 @@ ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_le
 
 void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& h) {
   switch (static_cast<Ctl>(h.type)) {
-    case Ctl::kCredit: {
-      if (std::shared_ptr<Link> link = lane->link.lock()) {
-        link->OnCredit(lane->index, h.a, static_cast<uint8_t>(h.b));
-      }
+    case Ctl::kCredit:
+    case Ctl::kHeartbeat:  // HeardFrom() already noted it; the Link checks its tag.
+      if (std::shared_ptr<Link> link = lane->link.lock()) link->OnControl(lane->index, h);
       return;
-    }
-    case Ctl::kHeartbeat:
-      return;  // HeardFrom() already noted it.
     default:
       break;
   }
