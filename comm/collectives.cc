@@ -521,9 +521,19 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
   const int left = group.ranks[(group.me + n - 1) % n];
   size_t largest = 0;  // elements
   for (int c = 0; c < n; ++c) largest = std::max(largest, (offsets[c + 1] - offsets[c]) / element);
-  // Every rank derives the same segments from the same offsets.
-  const size_t segments = std::max<size_t>(
-      1, std::min(largest, (largest * element + kRingSegmentBytes - 1) / kRingSegmentBytes));
+  // Segments pay where a chunk takes long on the wire: over slow links. Over fast ones a step
+  // takes about as long as the thread hand-offs a segment costs, so a chunk goes whole. Every
+  // rank derives the same segments from the same offsets and topology.
+  bool slow_ring = false;
+  for (int i = 0; i < n; ++i) {
+    slow_ring = slow_ring || group.fabric->topology().link(group.ranks[i],
+                                                           group.ranks[(i + 1) % n]) ==
+                                 LinkClass::kSlow;
+  }
+  const size_t segments =
+      !slow_ring ? 1
+                 : std::max<size_t>(1, std::min(largest, (largest * element + kRingSegmentBytes -
+                                                          1) / kRingSegmentBytes));
   auto seg_begin = [&](int c, size_t j) {  // byte offset of segment j of chunk c in `data`
     const size_t elements = (offsets[c + 1] - offsets[c]) / element;
     return offsets[c] + elements * j / segments * element;

@@ -105,10 +105,11 @@ absl::Status AllGatherV(const Group& group, transport::Tag tag, const std::strin
 // send_chunk(s + 1) must be recv_chunk(s). In the first `combine_steps` steps a received chunk
 // is combined into its place (combine(dst, src, elements)), later it replaces it; `finish`
 // (may be null) runs on each segment of recv_chunk(combine_steps - 1) once combined (an
-// average's division). Every chunk travels as the same number of segments of at most about
-// kRingSegmentBytes, and segment j of step s + 1 leaves as soon as segment j of step s is in,
-// so a link streams through the whole ring, phase change included, instead of idling at every
-// step while its sender finishes the step before. Step s uses tag step_tag(s).
+// average's division). Segment j of step s + 1 leaves as soon as segment j of step s is in, so
+// a link streams through the whole ring, phase change included, instead of idling at every
+// step while its sender finishes the step before. When a link of the ring is slow (topology)
+// every chunk travels as the same number of segments of at most about kRingSegmentBytes; over
+// fast links a chunk is one segment. Step s uses tag step_tag(s).
 inline constexpr size_t kRingSegmentBytes = size_t{1} << 20;
 using RingCombine = std::function<void(uint8_t* dst, const uint8_t* src, size_t elements)>;
 struct RingSchedule {

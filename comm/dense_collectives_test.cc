@@ -203,11 +203,16 @@ TEST(DenseCollectivesTest, LayoutsMoveEveryByte) {
   EXPECT_THAT(results, Each(IsOk()));
 }
 
-// Buffers whose ring chunks are larger than kRingSegmentBytes and of unequal sizes travel as
-// several pipelined segments per step (the reduce-scatter and all-gather in one pass); every
-// element still gets every rank's contribution exactly once.
-TEST(DenseCollectivesTest, PipelinedRingSegmentsCoverEveryElement) {
-  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+// Over slow links, buffers whose ring chunks are larger than kRingSegmentBytes and of unequal
+// sizes travel as several pipelined segments per step (the reduce-scatter and all-gather in one
+// pass); every element still gets every rank's contribution exactly once. Over fast links (the
+// second round) each chunk goes whole.
+class PipelinedRingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PipelinedRingTest, SegmentsCoverEveryElement) {
+  RankOptions options;
+  if (GetParam()) options.topology = *Topology::FromJson(R"({"nranks": 4})");  // all slow
+  auto results = RunRanks(kRanks, options, [](int rank, Communicator& comm) {
     const size_t count = 3 * kRingSegmentBytes / sizeof(float) + 5;  // 3 segments per chunk
     for (DenseOp op : {DenseOp::kSum, DenseOp::kAvg}) {
       std::vector<uint8_t> data = Filled(rank, count, DenseType::kF32);
@@ -239,6 +244,9 @@ TEST(DenseCollectivesTest, PipelinedRingSegmentsCoverEveryElement) {
   });
   EXPECT_THAT(results, Each(IsOk()));
 }
+
+INSTANTIATE_TEST_SUITE_P(SlowAndFastLinks, PipelinedRingTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "slow" : "fast"; });
 
 TEST(DenseCollectivesTest, PointToPointRing) {
   auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
