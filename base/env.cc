@@ -116,8 +116,8 @@ constexpr Spec kSpecs[] = {
     {"LBCC_SLOW_STRIPES", Type::kInt, "1",
      "Transport: connections each slow link stripes its chunks over.", {}, 1, 16},
     {"LBCC_SLOW_WINDOW_BYTES", Type::kBytes, "0",
-     "Transport: unacknowledged bytes a slow link keeps in flight; 0: max(stripes x chunk, "
-     "2 x probed rate x RTT).",
+     "Transport: unacknowledged bytes a slow link keeps in flight; 0: max(max(stripes, 4) x "
+     "chunk, 2 x probed rate x RTT).",
      {}, 0, 1 << 30},
     {"LBCC_SOCKET_IFNAME", Type::kString, "",
      "Interfaces to listen on, NCCL_SOCKET_IFNAME's syntax: prefixes (eth,ib), =exact names, "

@@ -16,8 +16,15 @@
 #      SparseAllReduce runs of 1. (one tensor, --tensors tensors) again with BIN, alternating
 #      with this tree's binary --pairs times, side by side (a before/after in one run).
 #
+#   5. with --dense (instead of 1.-4.): only the dense fp32 ring all-reduce, at each rate of
+#      --dense_rates: LBCC over slow links (every rank its own island, the slow-link scheduler),
+#      LBCC over fast links (one island), Gloo's ring, each against the ring's wire limit
+#      (2 (n-1)/n x bytes per down-link), --pairs alternating rounds (with --baseline, its binary
+#      too), medians; written to --results (default bench/results/dense_ring.md).
+#
 #   bench/comm_testbed_perf.sh [--rate 100mbit] [--bytes 16M] [--iters 3] [--tensors 16] [--out DIR]
 #                              [--baseline BIN --pairs 3] [--results bench/results/comm_testbed.md]
+#   bench/comm_testbed_perf.sh --dense [--dense_rates 100mbit,400mbit] [--pairs 3] [--baseline BIN]
 #
 # Needs root (network namespaces); builds //bench:lbcc_perf. Prints a summary table, writes it
 # with the date, machine and command to --results, and leaves the per-run JSON in --out
@@ -33,11 +40,16 @@ flags_value out /tmp/lbcc_comm_perf "folder for the per-run JSON and logs"
 flags_value baseline "" "a second lbcc_perf binary to compare this tree's with (before/after)"
 flags_value pairs 3 "alternating runs of this tree's and the --baseline binary"
 flags_value results bench/results/comm_testbed.md "where the summary is written (empty: nowhere)"
+flags_bool dense "only the dense ring at each --dense_rates rate (see 5. above)"
+flags_value dense_rates 100mbit,400mbit "rates of the --dense runs"
 command_line="bench/comm_testbed_perf.sh $*"
 flags_parse "$@"
 ((${#FLAGS_ARGS[@]} == 0)) || { echo "comm_testbed_perf: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
 rate=$FLAG_rate bytes=$FLAG_bytes iters=$FLAG_iters tensors=$FLAG_tensors out=$FLAG_out
 baseline=$FLAG_baseline pairs=$FLAG_pairs results=$FLAG_results
+if ((FLAG_dense)) && [[ $results == bench/results/comm_testbed.md ]]; then
+  results=bench/results/dense_ring.md
+fi
 if [[ -n $baseline && ! -x $baseline ]]; then
   echo "comm_testbed_perf: --baseline $baseline is not an executable" >&2; exit 2
 fi
@@ -56,7 +68,11 @@ $T down --stale >/dev/null 2>&1 || true
 run() {
   local label=$1 topo=$2
   shift 2
-  echo "$topo" > "$out/$label.topology.json"
+  local topo_args=()
+  if [[ -n $topo ]]; then
+    echo "$topo" > "$out/$label.topology.json"
+    topo_args=(--topology "$out/$label.topology.json")
+  fi
   local port=$((29000 + RANDOM % 1000))
   local pids=()
   for rank in 0 1 2 3; do
@@ -65,7 +81,7 @@ run() {
       LBCC_BOOTSTRAP_ADDR="$($T addr --name "$name" 0):$port" LBCC_TIMEOUT_S=120 \
       RANK=$rank WORLD_SIZE=4 \
       "${PERF:-$perf}" --min_bytes "$bytes" --max_bytes "$bytes" --iters "$iters" --warmup 1 --quiet \
-      --topology "$out/$label.topology.json" --json "$out/$label.json" "$@" \
+      "${topo_args[@]}" --json "$out/$label.json" "$@" \
       > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
   done
@@ -100,6 +116,68 @@ gloo_run() {
   fi
   echo "  $label done"
 }
+
+if ((FLAG_dense)); then
+  loads=()
+  IFS=, read -r -a dense_rates <<< "$FLAG_dense_rates"
+  for r in "${dense_rates[@]}"; do
+    echo "== dense ring: 4 ranks, every down-link $r"
+    $T up --name "$name" --hosts 4 --rate "$r" --slow 0,1,2,3 --owner-pid $$ >/dev/null
+    for ((p = 0; p < pairs; ++p)); do
+      loads+=("$(cut -d' ' -f1 /proc/loadavg)")
+      run "dense_${r}_${p}_slow" '{"nranks": 4}' --op allreduce -c 0
+      run "dense_${r}_${p}_fast" '' --op allreduce -c 0
+      gloo_run "dense_${r}_${p}_gloo"
+      if [[ -n $baseline ]]; then
+        PERF=$baseline run "dense_${r}_${p}_slow_before" '{"nranks": 4}' --op allreduce -c 0
+        PERF=$baseline run "dense_${r}_${p}_fast_before" '' --op allreduce -c 0
+      fi
+    done
+    $T down --name "$name" >/dev/null
+  done
+  summary=$(python3 - "$out" "$FLAG_dense_rates" "$pairs" "${baseline:+yes}" "${loads[*]}" <<'PY'
+import json, re, statistics, sys
+out, rates, pairs, with_baseline, loads = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4] == "yes", sys.argv[5]
+def seconds(label):
+    d = json.load(open(f"{out}/{label}.json"))
+    return d["seconds"] if isinstance(d, dict) else d[0]["seconds"]
+print(f"dense fp32 ring all-reduce, 4 ranks, one per emulated host, every down-link shaped; medians of "
+      f"{pairs} alternating rounds (load average at each round's start: {loads})")
+print(f"{'rate':>8} {'bytes':>9} {'wire limit':>10} {'run':>22} {'time (s)':>9} {'/ wire':>7} {'/ gloo':>7}  per round")
+for rate in rates:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
+    link = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
+    first = json.load(open(f"{out}/dense_{rate}_0_slow.json"))
+    nbytes = (first if isinstance(first, dict) else first[0])["bytes"]
+    wire = 2 * 3 / 4 * nbytes / link
+    kinds = [("slow", "lbcc, slow links"), ("fast", "lbcc, fast island"), ("gloo", "gloo ring")]
+    if with_baseline:
+        kinds += [("slow_before", "baseline, slow links"), ("fast_before", "baseline, fast island")]
+    med = {k: statistics.median(seconds(f"dense_{rate}_{p}_{k}") for p in range(pairs)) for k, _ in kinds}
+    for k, what in kinds:
+        rounds = " ".join(f"{seconds(f'dense_{rate}_{p}_{k}'):.3f}" for p in range(pairs))
+        print(f"{rate:>8} {nbytes:>9} {wire:9.3f}s {what:>22} {med[k]:9.3f} {med[k] / wire:6.2f}x "
+              f"{med[k] / med['gloo']:6.2f}x  {rounds}")
+PY
+)
+  echo "$summary"
+  if [[ -n $results ]]; then
+    {
+      echo "# Dense ring all-reduce on emulated slow links (bench/comm_testbed_perf.sh --dense)"
+      echo
+      echo "Written by the script; do not edit. Date: $(date -u '+%Y-%m-%d %H:%M UTC')."
+      echo "Machine: $(uname -n), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1), shared with other jobs."
+      echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- comm transport || echo ' + uncommitted changes')${baseline:+; baseline binary: $baseline}."
+      echo "Command: \`$command_line\`"
+      echo
+      echo '```'
+      echo "$summary"
+      echo '```'
+    } > "$results"
+    echo "comm_testbed_perf: wrote $results"
+  fi
+  exit 0
+fi
 
 echo "== flat: 4 ranks, every down-link $rate"
 $T up --name "$name" --hosts 4 --rate "$rate" --slow 0,1,2,3 --owner-pid $$ >/dev/null

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/time/clock.h"
 #include "base/check.h"
+#include "base/logging.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
 
@@ -512,44 +514,125 @@ absl::Status AllGatherV(const Group& group, Tag tag, const std::string& mine,
   return status;
 }
 
+absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t> offsets,
+                      size_t element, const RingSchedule& schedule, Priority priority,
+                      absl::Time deadline) {
+  const int n = group.size();
+  const int steps = schedule.steps;
+  const int staged = schedule.combine_steps;  // steps whose receives are staged and combined
+  if (n == 1 || steps <= 0) return absl::OkStatus();
+  LBCC_CHECK(static_cast<int>(offsets.size()) == n + 1) << "RingPass: offsets";
+  const int right = group.ranks[(group.me + 1) % n];
+  const int left = group.ranks[(group.me + n - 1) % n];
+  size_t largest = 0;  // elements
+  for (int c = 0; c < n; ++c) largest = std::max(largest, (offsets[c + 1] - offsets[c]) / element);
+  // Segments pay where a chunk takes long on the wire: over slow links. Over fast ones a step
+  // takes about as long as the thread hand-offs a segment costs, so a chunk goes whole. Every
+  // rank derives the same segments from the same offsets and topology.
+  bool slow_ring = false;
+  for (int i = 0; i < n; ++i) {
+    slow_ring = slow_ring || group.fabric->topology().link(group.ranks[i],
+                                                           group.ranks[(i + 1) % n]) ==
+                                 LinkClass::kSlow;
+  }
+  const size_t segments =
+      !slow_ring ? 1
+                 : std::max<size_t>(1, std::min(largest, (largest * element + kRingSegmentBytes -
+                                                          1) / kRingSegmentBytes));
+  auto seg_begin = [&](int c, size_t j) {  // byte offset of segment j of chunk c in `data`
+    const size_t elements = (offsets[c + 1] - offsets[c]) / element;
+    return offsets[c] + elements * j / segments * element;
+  };
+  // Combined receives land in one of two staging buffers (by step parity) first; a step's
+  // receives are posted a step ahead, the next buffer's once the step before it was combined.
+  std::vector<uint8_t> incoming[2];
+  if (staged > 0) {
+    for (auto& buffer : incoming) buffer.resize(largest * element);
+  }
+  auto target = [&](int step, size_t j) -> uint8_t* {
+    const int c = schedule.recv_chunk(step);
+    if (step >= staged) return data + seg_begin(c, j);
+    return incoming[step % 2].data() + (seg_begin(c, j) - offsets[c]);
+  };
+  // Declared after the buffers they point into, so they are destroyed (drained) first.
+  std::vector<std::unique_ptr<Batch>> sends;
+  std::vector<std::unique_ptr<Batch>> recvs(static_cast<size_t>(steps) * segments);
+  auto post_recvs = [&](int step) {
+    const int c = schedule.recv_chunk(step);
+    for (size_t j = 0; j < segments; ++j) {
+      auto batch = std::make_unique<Batch>(group.fabric, deadline);
+      batch->Recv(left, schedule.step_tag(step),
+                  absl::MakeSpan(target(step, j), seg_begin(c, j + 1) - seg_begin(c, j)));
+      recvs[step * segments + j] = std::move(batch);
+    }
+  };
+  auto post_send = [&](int step, size_t j) {
+    const int c = schedule.send_chunk(step);
+    auto batch = std::make_unique<Batch>(group.fabric, deadline);
+    batch->Send(right, schedule.step_tag(step),
+                absl::MakeConstSpan(data + seg_begin(c, j), seg_begin(c, j + 1) - seg_begin(c, j)),
+                priority);
+    sends.push_back(std::move(batch));
+  };
+  // Receives straight into `data` (the all-gather's) are posted once no combine but the last
+  // step's can still touch their chunks (the last combined chunk is never received again).
+  auto post_direct_recvs = [&] {
+    for (int step = staged; step < steps; ++step) post_recvs(step);
+  };
+  for (int step = 0; step < std::min(staged, 2); ++step) post_recvs(step);
+  if (staged <= 1) post_direct_recvs();
+  for (size_t j = 0; j < segments; ++j) post_send(0, j);
+  const absl::Time start = absl::Now();
+  for (int step = 0; step < steps; ++step) {
+    const int c = schedule.recv_chunk(step);
+    for (size_t j = 0; j < segments; ++j) {
+      LBCC_RETURN_IF_ERROR(recvs[step * segments + j]->Wait());
+      if (step < staged) {
+        const size_t elements = (seg_begin(c, j + 1) - seg_begin(c, j)) / element;
+        schedule.combine(data + seg_begin(c, j), target(step, j), elements);
+        if (step == staged - 1 && schedule.finish) schedule.finish(data + seg_begin(c, j), elements);
+      }
+      if (step + 1 < steps) post_send(step + 1, j);
+    }
+    if (step + 2 < staged) post_recvs(step + 2);
+    if (step + 2 == staged) post_direct_recvs();
+    LBCC_LOG(TRACE) << "ring (tag " << schedule.step_tag(0) << "): step " << step << " of "
+                    << steps << ", " << segments << " segments of chunk " << c << ", in after "
+                    << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
+  }
+  for (auto& batch : sends) LBCC_RETURN_IF_ERROR(batch->Wait());
+  LBCC_LOG(TRACE) << "ring (tag " << schedule.step_tag(0) << "): sends done after "
+                  << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
+  return absl::OkStatus();
+}
+
 absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* out, size_t count,
                            DType dtype, ReduceOp op, Priority priority, absl::Time deadline) {
   const size_t element = DTypeSize(dtype);
   if (in != out) std::memmove(out, in, count * element);
   const int n = group.size();
   if (n == 1) return absl::OkStatus();
-  uint8_t* data = static_cast<uint8_t*>(out);
-  // Chunk c covers [begin(c), begin(c + 1)).
-  auto begin = [&](int c) { return count * static_cast<size_t>(c) / n; };
-  auto chunk = [&](int c) {
-    return absl::Span<uint8_t>(data + begin(c) * element, (begin(c + 1) - begin(c)) * element);
+  // Chunk c covers elements [count * c / n, count * (c + 1) / n).
+  std::vector<size_t> offsets(n + 1);
+  for (int c = 0; c <= n; ++c) offsets[c] = count * static_cast<size_t>(c) / n * element;
+  const int me = group.me;
+  // Reduce-scatter (steps 0 .. n-2, tags tag + s): rank r ends owning the full sum of chunk
+  // (r + 1) % n; then the all-gather of the owned chunks (tags tag + n + s).
+  RingSchedule ring;
+  ring.steps = 2 * (n - 1);
+  ring.combine_steps = n - 1;
+  ring.send_chunk = [me, n](int s) { return ((me - s) % n + n) % n; };
+  ring.recv_chunk = [me, n](int s) { return ((me - s - 1) % n + n) % n; };
+  ring.step_tag = [tag, n](int s) { return s < n - 1 ? tag + s : tag + n + (s - (n - 1)); };
+  ring.combine = [dtype](uint8_t* dst, const uint8_t* src, size_t elements) {
+    Accumulate(dst, src, elements, dtype);
   };
-  const int right = group.ranks[(group.me + 1) % n];
-  const int left = group.ranks[(group.me + n - 1) % n];
-  std::vector<uint8_t> incoming((count / n + 1) * element);
-  // Reduce-scatter: after n-1 steps, rank r owns the full sum of chunk (r + 1) % n.
-  for (int step = 0; step < n - 1; ++step) {
-    const int send_c = (group.me - step + n) % n;
-    const int recv_c = (group.me - step - 1 + n) % n;
-    absl::Span<uint8_t> target = chunk(recv_c);
-    Batch batch(group.fabric, deadline);
-    batch.Send(right, tag + step, chunk(send_c), priority);
-    batch.Recv(left, tag + step, absl::MakeSpan(incoming.data(), target.size()));
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-    Accumulate(target.data(), incoming.data(), target.size() / element, dtype);
+  if (op == ReduceOp::kMean) {
+    ring.finish = [dtype, n](uint8_t* segment, size_t elements) {
+      Scale(segment, elements, dtype, 1.0f / n);
+    };
   }
-  const int owned = (group.me + 1) % n;
-  if (op == ReduceOp::kMean) Scale(chunk(owned).data(), chunk(owned).size() / element, dtype, 1.0f / n);
-  // All-gather the owned chunks.
-  for (int step = 0; step < n - 1; ++step) {
-    const int send_c = (group.me + 1 - step + n) % n;
-    const int recv_c = (group.me - step + n) % n;
-    Batch batch(group.fabric, deadline);
-    batch.Send(right, tag + n + step, chunk(send_c), priority);
-    batch.Recv(left, tag + n + step, chunk(recv_c));
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-  }
-  return absl::OkStatus();
+  return RingPass(group, static_cast<uint8_t*>(out), offsets, element, ring, priority, deadline);
 }
 
 absl::Status Broadcast(const Group& group, Tag tag, void* buffer, size_t bytes, int root,

@@ -16,6 +16,7 @@
 #define LBCC_COMM_COLLECTIVES_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +97,32 @@ class AllGatherTask {
 absl::Status AllGatherV(const Group& group, transport::Tag tag, const std::string& mine,
                         std::vector<std::string>* out, Algorithm algorithm,
                         transport::Priority priority, absl::Time deadline, size_t max_bytes);
+
+// A ring over `data`, pipelined: a reduce-scatter, an all-gather, or both in one pass (an
+// all-reduce). Chunk c is bytes [offsets[c], offsets[c + 1]) of `data` (group.size() + 1
+// offsets, multiples of `element`). In step s (0 <= s < steps) this rank sends chunk
+// send_chunk(s) to the right and receives chunk recv_chunk(s) from the left, and
+// send_chunk(s + 1) must be recv_chunk(s). In the first `combine_steps` steps a received chunk
+// is combined into its place (combine(dst, src, elements)), later it replaces it; `finish`
+// (may be null) runs on each segment of recv_chunk(combine_steps - 1) once combined (an
+// average's division). Segment j of step s + 1 leaves as soon as segment j of step s is in, so
+// a link streams through the whole ring, phase change included, instead of idling at every
+// step while its sender finishes the step before. When a link of the ring is slow (topology)
+// every chunk travels as the same number of segments of at most about kRingSegmentBytes; over
+// fast links a chunk is one segment. Step s uses tag step_tag(s).
+inline constexpr size_t kRingSegmentBytes = size_t{1} << 20;
+using RingCombine = std::function<void(uint8_t* dst, const uint8_t* src, size_t elements)>;
+struct RingSchedule {
+  int steps = 0;
+  int combine_steps = 0;
+  std::function<int(int)> send_chunk, recv_chunk;
+  std::function<transport::Tag(int)> step_tag;
+  RingCombine combine;
+  std::function<void(uint8_t* data, size_t elements)> finish;
+};
+absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t> offsets,
+                      size_t element, const RingSchedule& schedule,
+                      transport::Priority priority, absl::Time deadline);
 
 enum class ReduceOp : uint8_t { kSum, kMean };
 

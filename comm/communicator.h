@@ -70,6 +70,9 @@ struct OpOptions {
 // Reads LBCC_TRANSPORT, LBCC_LISTEN_ADDR and LBCC_TIMEOUT_S.
 absl::StatusOr<FabricOptions> FabricOptionsFromEnv();
 
+class AnySourceReceives;
+std::shared_ptr<AnySourceReceives> NewAnySourceReceives();
+
 class Communicator {
  public:
   // Joins the job named by `id` as `rank` of `nranks` (blocks until every rank joined or the
@@ -186,6 +189,12 @@ class Communicator {
   RequestPtr DenseBroadcast(void* buffer, size_t bytes, int root, DenseOptions options = {});
   RequestPtr DenseSend(const void* data, size_t bytes, int peer, uint32_t tag);
   RequestPtr DenseRecv(void* data, size_t bytes, int peer, uint32_t tag);
+  // A DenseSend's message with `tag` from whichever peer's arrives first (torch's
+  // recv_anysource); *source gets its rank (written before the request completes; must outlive
+  // it). It posts a receive on every peer that has none waiting for this tag yet; messages
+  // those take beyond this call stay queued, in each peer's order, for the next DenseRecvAny or
+  // DenseRecv of the tag (one extra copy each). DataLoss when the message's size is not `bytes`.
+  RequestPtr DenseRecvAny(void* data, size_t bytes, uint32_t tag, int* source);
 
   // Runs `op` on the worker thread, in order, with this operation's tag base and deadline. The
   // collectives above are built on it; comm/ adds SparseAllReduce and compressed point-to-point
@@ -245,6 +254,8 @@ class Communicator {
   RequestPtr Enqueue(Pending pending);
 
   std::shared_ptr<Fabric> fabric_;
+  // DenseRecvAny's receives and the messages they took (dense_collectives.cc).
+  std::shared_ptr<AnySourceReceives> any_source_ = NewAnySourceReceives();
   const CommConfig config_;  // Resolved in Init; Split() children get a copy.
   Group group_;
   uint32_t comm_id_;

@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
+#include <optional>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "base/mutex.h"
 #include "base/dtype.h"
 #include "base/status_macros.h"
 #include "comm/communicator.h"
@@ -105,6 +109,30 @@ absl::Span<const uint8_t> ConstSpan(const void* data, size_t bytes) {
   return absl::Span<const uint8_t>(static_cast<const uint8_t*>(data), bytes);
 }
 
+// The ring's schedule: the reduce-scatter (steps 0 .. n-2, tags tag + s, chunk c combined
+// starting at rank c + 1, so that rank r ends owning chunk r), then with `all_gather` the
+// all-gather of the owned chunks (tags tag + n + s) in the same pipelined pass, `op`'s last
+// step (avg's division) applied to each owned segment as it completes.
+RingSchedule DenseRing(const Group& g, Tag tag, DenseType type, DenseOp op, bool all_gather) {
+  const int n = g.size();
+  const int me = g.me;
+  RingSchedule ring;
+  ring.combine_steps = n - 1;
+  ring.steps = all_gather ? 2 * (n - 1) : n - 1;
+  ring.send_chunk = [me, n](int s) { return ((me - s - 1) % n + n) % n; };
+  ring.recv_chunk = [me, n](int s) { return ((me - s - 2) % n + n) % n; };
+  ring.step_tag = [tag, n](int s) { return s < n - 1 ? tag + s : tag + n + (s - (n - 1)); };
+  ring.combine = [type, op](uint8_t* dst, const uint8_t* src, size_t elements) {
+    DenseCombine(dst, src, elements, type, op);
+  };
+  if (all_gather) {
+    ring.finish = [type, op, n](uint8_t* segment, size_t elements) {
+      DenseFinish(segment, elements, type, op, n);
+    };
+  }
+  return ring;
+}
+
 // Ring reduce-scatter in place over `data` split at begin(c): after n-1 steps this rank's chunk
 // (group.me) holds the reduction over the group. Chunk c is combined starting at rank c + 1.
 template <typename Begin>
@@ -113,24 +141,10 @@ absl::Status RingReduceScatterInPlace(const Group& g, Tag tag, uint8_t* data, Be
                                       absl::Time deadline) {
   const int n = g.size();
   const size_t element = DenseTypeSize(type);
-  const int right = g.ranks[(g.me + 1) % n];
-  const int left = g.ranks[(g.me + n - 1) % n];
-  size_t largest = 0;
-  for (int c = 0; c < n; ++c) largest = std::max(largest, begin(c + 1) - begin(c));
-  std::vector<uint8_t> incoming(largest * element);
-  for (int step = 0; step < n - 1; ++step) {
-    const int send_c = ((g.me - step - 1) % n + n) % n;
-    const int recv_c = ((g.me - step - 2) % n + n) % n;
-    const size_t send_count = begin(send_c + 1) - begin(send_c);
-    const size_t recv_count = begin(recv_c + 1) - begin(recv_c);
-    Batch batch(g.fabric, deadline);
-    batch.Send(right, tag + step, ConstSpan(data + begin(send_c) * element, send_count * element),
-               priority);
-    batch.Recv(left, tag + step, Span(incoming.data(), recv_count * element));
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-    DenseCombine(data + begin(recv_c) * element, incoming.data(), recv_count, type, op);
-  }
-  return absl::OkStatus();
+  std::vector<size_t> offsets(n + 1);
+  for (int c = 0; c <= n; ++c) offsets[c] = begin(c) * element;
+  return RingPass(g, data, offsets, element, DenseRing(g, tag, type, op, /*all_gather=*/false),
+                  priority, deadline);
 }
 
 absl::Status CheckRoot(int root, int n, absl::string_view what) {
@@ -324,27 +338,10 @@ absl::Status DenseAllReduceRing(const Group& group, Tag tag, const void* in, voi
   if (in != out) std::memmove(out, in, count * element);
   const int n = group.size();
   if (n == 1) return absl::OkStatus();
-  uint8_t* data = static_cast<uint8_t*>(out);
-  auto begin = [&](int c) { return count * static_cast<size_t>(c) / n; };
-  LBCC_RETURN_IF_ERROR(
-      RingReduceScatterInPlace(group, tag, data, begin, type, op, priority, deadline));
-  DenseFinish(data + begin(group.me) * element, begin(group.me + 1) - begin(group.me), type, op,
-              n);
-  // All-gather: at step s this rank forwards chunk me - s.
-  const int right = group.ranks[(group.me + 1) % n];
-  const int left = group.ranks[(group.me + n - 1) % n];
-  for (int step = 0; step < n - 1; ++step) {
-    const int send_c = ((group.me - step) % n + n) % n;
-    const int recv_c = ((group.me - step - 1) % n + n) % n;
-    Batch batch(group.fabric, deadline);
-    batch.Send(right, tag + n + step,
-               ConstSpan(data + begin(send_c) * element, (begin(send_c + 1) - begin(send_c)) * element),
-               priority);
-    batch.Recv(left, tag + n + step,
-               Span(data + begin(recv_c) * element, (begin(recv_c + 1) - begin(recv_c)) * element));
-    LBCC_RETURN_IF_ERROR(batch.Wait());
-  }
-  return absl::OkStatus();
+  std::vector<size_t> offsets(n + 1);
+  for (int c = 0; c <= n; ++c) offsets[c] = count * static_cast<size_t>(c) / n * element;
+  return RingPass(group, static_cast<uint8_t*>(out), offsets, element,
+                  DenseRing(group, tag, type, op, /*all_gather=*/true), priority, deadline);
 }
 
 absl::Status DenseReduceScatterRing(const Group& group, Tag tag, const void* in, void* out,
@@ -472,6 +469,152 @@ absl::Status VerifyFingerprints(const Group& group, Tag tag, const std::string& 
     }
   }
   return absl::OkStatus();
+}
+
+// DenseRecvAny's matching. A transport receive names its peer and cannot be withdrawn, so an
+// any-source receive posts one receive ("slot", into a buffer of its own) on every peer that has
+// no unclaimed slot for the tag yet, and takes the first slot to complete. Slots it did not take
+// stay: each peer's slots are in that peer's message order, later DenseRecvAny calls take the
+// first unclaimed completed one (earliest completion first), and a DenseRecv from that peer
+// claims the peer's first unclaimed slot instead of posting its own receive (so messages are
+// never taken out of order). Completions run on the transport's callback thread; the Link never
+// calls back into this class with its own lock held except through the allocator, which touches
+// only its slot.
+class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives> {
+ public:
+  struct Receiver {
+    void* data = nullptr;
+    size_t bytes = 0;
+    int* source = nullptr;  // DenseRecvAny's; null for DenseRecv
+    RequestPtr request;
+  };
+
+  // DenseRecvAny: completes `receiver` from a completed slot, or queues it and posts the slots.
+  void Any(Fabric* fabric, const std::vector<int>& ranks, int me, Tag wire_tag, uint32_t tag,
+           Receiver receiver) {
+    MutexLock lock(&mu_);
+    TagState& state = tags_[tag];
+    state.waiting.push_back(std::move(receiver));
+    DrainLocked(state);
+    if (state.waiting.empty()) return;
+    for (int peer = 0; peer < static_cast<int>(ranks.size()); ++peer) {
+      if (peer == me) continue;
+      std::deque<std::shared_ptr<Slot>>& slots = state.by_peer[peer];
+      const bool unclaimed = std::any_of(slots.begin(), slots.end(), [](const auto& slot) {
+        return !slot->claimed.has_value();
+      });
+      if (unclaimed) continue;
+      auto slot = std::make_shared<Slot>();
+      slot->peer = peer;
+      slots.push_back(slot);
+      // Posted under mu_ so that slots are posted in each peer's deque order; the transport
+      // never completes a receive inside Recv (transport.h).
+      fabric->in(ranks[peer])->Recv(
+          wire_tag,
+          [slot](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+            slot->bytes.resize(size);
+            return absl::Span<uint8_t>(slot->bytes.data(), size);
+          },
+          [self = shared_from_this(), slot, tag](absl::StatusOr<size_t> n) {
+            self->Completed(slot, tag, n.status());
+          });
+    }
+  }
+
+  // DenseRecv: true when `peer` has a slot for `tag` not yet claimed; the first such slot then
+  // delivers to this receive (now, or when it completes).
+  bool TakeFromPeer(void* data, size_t bytes, int peer, uint32_t tag, RequestPtr request) {
+    MutexLock lock(&mu_);
+    auto t = tags_.find(tag);
+    if (t == tags_.end()) return false;
+    auto p = t->second.by_peer.find(peer);
+    if (p == t->second.by_peer.end()) return false;
+    for (const std::shared_ptr<Slot>& slot : p->second) {
+      if (slot->claimed.has_value()) continue;
+      slot->claimed = Receiver{data, bytes, nullptr, std::move(request)};
+      DrainLocked(t->second);
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  struct Slot {
+    int peer = 0;
+    std::vector<uint8_t> bytes;         // written by the allocator and the transport only
+    bool done = false;
+    absl::Status status;
+    uint64_t order = 0;                 // completion order, for any-source fairness
+    std::optional<Receiver> claimed;    // a DenseRecv that takes this slot
+  };
+  struct TagState {
+    std::map<int, std::deque<std::shared_ptr<Slot>>> by_peer;  // in each peer's message order
+    std::deque<Receiver> waiting;                               // DenseRecvAny, in call order
+  };
+
+  void Completed(const std::shared_ptr<Slot>& slot, uint32_t tag, absl::Status status) {
+    MutexLock lock(&mu_);
+    slot->done = true;
+    slot->status = std::move(status);
+    slot->order = ++completions_;
+    DrainLocked(tags_[tag]);
+  }
+
+  static void Deliver(Slot& slot, Receiver& receiver) {
+    absl::Status status = slot.status;
+    if (status.ok() && slot.bytes.size() != receiver.bytes) {
+      status = absl::DataLossError(absl::StrCat("DenseRecv: rank ", slot.peer, " sent ",
+                                                slot.bytes.size(), " bytes, the buffer holds ",
+                                                receiver.bytes));
+    } else if (status.ok()) {
+      if (receiver.bytes > 0) std::memcpy(receiver.data, slot.bytes.data(), receiver.bytes);
+      if (receiver.source != nullptr) *receiver.source = slot.peer;
+    } else {
+      status = Annotate(status, receiver.source != nullptr ? "DenseRecvAny" : "DenseRecv");
+    }
+    receiver.request->Complete(std::move(status));
+  }
+
+  void DrainLocked(TagState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Claimed slots deliver to their DenseRecv once complete.
+    for (auto& [peer, slots] : state.by_peer) {
+      for (auto it = slots.begin(); it != slots.end();) {
+        if ((*it)->done && (*it)->claimed.has_value()) {
+          Deliver(**it, *(*it)->claimed);
+          it = slots.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    // Waiting any-source receives take each peer's first unclaimed slot, earliest completion
+    // first (claimed slots always precede unclaimed ones in a peer's deque).
+    while (!state.waiting.empty()) {
+      std::deque<std::shared_ptr<Slot>>* best = nullptr;
+      std::deque<std::shared_ptr<Slot>>::iterator best_it;
+      for (auto& [peer, slots] : state.by_peer) {
+        auto it = std::find_if(slots.begin(), slots.end(),
+                               [](const auto& slot) { return !slot->claimed.has_value(); });
+        if (it == slots.end() || !(*it)->done) continue;
+        if (best == nullptr || (*it)->order < (*best_it)->order) {
+          best = &slots;
+          best_it = it;
+        }
+      }
+      if (best == nullptr) return;
+      Deliver(**best_it, state.waiting.front());
+      state.waiting.pop_front();
+      best->erase(best_it);
+    }
+  }
+
+  Mutex mu_;
+  std::map<uint32_t, TagState> tags_ ABSL_GUARDED_BY(mu_);
+  uint64_t completions_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::shared_ptr<AnySourceReceives> NewAnySourceReceives() {
+  return std::make_shared<AnySourceReceives>();
 }
 
 // Communicator methods (declared in communicator.h's dense block). Each checks what it can
@@ -690,6 +833,8 @@ RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t 
         absl::StrCat("DenseRecv: the communicator failed earlier: ", status.ToString())));
   }
   auto request = std::make_shared<Request>();
+  // A DenseRecvAny may have posted receives on this peer for this tag first: they come first.
+  if (any_source_->TakeFromPeer(data, bytes, peer, tag, request)) return request;
   fabric_->in(group_.ranks[peer])
       ->Recv(
           MakeTag(comm_id_, tag, kDenseP2pStep),
@@ -705,6 +850,26 @@ RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t 
             if (!status.ok()) status = Annotate(status, "DenseRecv");
             request->Complete(std::move(status));
           });
+  return request;
+}
+
+RequestPtr Communicator::DenseRecvAny(void* data, size_t bytes, uint32_t tag, int* source) {
+  if ((bytes > 0 && data == nullptr) || source == nullptr) {
+    return CompletedRequest(absl::InvalidArgumentError(
+        absl::StrCat("DenseRecvAny: null buffer or source (rank ", rank(), " of ", nranks(), ")")));
+  }
+  if (nranks() == 1) {
+    return CompletedRequest(absl::InvalidArgumentError(
+        "DenseRecvAny: a communicator of one rank has no peer to receive from"));
+  }
+  absl::Status status = fabric_->aborted();
+  if (!status.ok()) {
+    return CompletedRequest(absl::FailedPreconditionError(
+        absl::StrCat("DenseRecvAny: the communicator failed earlier: ", status.ToString())));
+  }
+  auto request = std::make_shared<Request>();
+  any_source_->Any(fabric_.get(), group_.ranks, group_.me, MakeTag(comm_id_, tag, kDenseP2pStep),
+                   tag, AnySourceReceives::Receiver{data, bytes, source, request});
   return request;
 }
 

@@ -203,6 +203,51 @@ TEST(DenseCollectivesTest, LayoutsMoveEveryByte) {
   EXPECT_THAT(results, Each(IsOk()));
 }
 
+// Over slow links, buffers whose ring chunks are larger than kRingSegmentBytes and of unequal
+// sizes travel as several pipelined segments per step (the reduce-scatter and all-gather in one
+// pass); every element still gets every rank's contribution exactly once. Over fast links (the
+// second round) each chunk goes whole.
+class PipelinedRingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PipelinedRingTest, SegmentsCoverEveryElement) {
+  RankOptions options;
+  if (GetParam()) options.topology = *Topology::FromJson(R"({"nranks": 4})");  // all slow
+  auto results = RunRanks(kRanks, options, [](int rank, Communicator& comm) {
+    const size_t count = 3 * kRingSegmentBytes / sizeof(float) + 5;  // 3 segments per chunk
+    for (DenseOp op : {DenseOp::kSum, DenseOp::kAvg}) {
+      std::vector<uint8_t> data = Filled(rank, count, DenseType::kF32);
+      LBCC_RETURN_IF_ERROR(
+          comm.DenseAllReduce(data.data(), data.data(), count, DenseType::kF32, op)->Wait());
+      LBCC_RETURN_IF_ERROR(Expect(data.data(), count, DenseType::kF32, op, 0, "allreduce"));
+    }
+    const size_t bytes = 2 * kRingSegmentBytes + 3;  // int8: elements are bytes
+    std::vector<uint8_t> data = Filled(rank, bytes, DenseType::kI8);
+    LBCC_RETURN_IF_ERROR(comm.DenseAllReduce(data.data(), data.data(), bytes, DenseType::kI8,
+                                             DenseOp::kBxor)
+                             ->Wait());
+    LBCC_RETURN_IF_ERROR(Expect(data.data(), bytes, DenseType::kI8, DenseOp::kBxor, 0, "bxor"));
+    const size_t block = kRingSegmentBytes / sizeof(float) + 7;  // 2 segments per block
+    std::vector<uint8_t> blocks = Filled(rank, block * kRanks, DenseType::kF32);
+    std::vector<uint8_t> out(block * sizeof(float));
+    LBCC_RETURN_IF_ERROR(comm.DenseReduceScatter(blocks.data(), out.data(), block,
+                                                 DenseType::kF32, DenseOp::kMax)
+                             ->Wait());
+    LBCC_RETURN_IF_ERROR(
+        Expect(out.data(), block, DenseType::kF32, DenseOp::kMax, rank * block, "reduce_scatter"));
+    // The f32/f16/bf16 all-reduce of Communicator::AllReduce runs the same pipelined ring.
+    std::vector<float> mean(count);
+    for (size_t i = 0; i < count; ++i) mean[i] = static_cast<float>(ValueOf(rank, i, DenseType::kF32));
+    LBCC_ASSIGN_OR_RETURN(TensorView view, TensorView::Host(mean.data(), {static_cast<int64_t>(count)}));
+    LBCC_RETURN_IF_ERROR(comm.AllReduce(view, view, ReduceOp::kSum)->Wait());
+    LBCC_RETURN_IF_ERROR(Expect(mean.data(), count, DenseType::kF32, DenseOp::kSum, 0, "AllReduce"));
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+INSTANTIATE_TEST_SUITE_P(SlowAndFastLinks, PipelinedRingTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "slow" : "fast"; });
+
 TEST(DenseCollectivesTest, PointToPointRing) {
   auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
     const int right = (rank + 1) % kRanks, left = (rank + kRanks - 1) % kRanks;
@@ -213,6 +258,64 @@ TEST(DenseCollectivesTest, PointToPointRing) {
     LBCC_RETURN_IF_ERROR(send->Wait());
     LBCC_RETURN_IF_ERROR(recv->Wait());
     if (got != std::vector<int64_t>(9, left)) return absl::InternalError("p2p: wrong data");
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
+// Ranks 1..3 each send two messages (rank, k) on one tag; rank 0 takes three with DenseRecvAny,
+// then the rest with DenseRecv from each peer: every message arrives once, each source is named
+// correctly, and each peer's messages arrive in its order (also those an any-source receive
+// took ahead of time for a later DenseRecv).
+TEST(DenseCollectivesTest, AnySourceReceiveNamesTheSourceAndKeepsEachPeersOrder) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    constexpr uint32_t kTag = 5;
+    if (rank != 0) {
+      int64_t messages[2][2] = {{rank, 0}, {rank, 1}};
+      RequestPtr first = comm.DenseSend(messages[0], sizeof(messages[0]), 0, kTag);
+      RequestPtr second = comm.DenseSend(messages[1], sizeof(messages[1]), 0, kTag);
+      LBCC_RETURN_IF_ERROR(first->Wait());
+      LBCC_RETURN_IF_ERROR(second->Wait());
+      // A message of another size fails the any-source receive with DataLoss.
+      int32_t odd = rank;
+      if (rank == 2) LBCC_RETURN_IF_ERROR(comm.DenseSend(&odd, sizeof(odd), 0, kTag + 1)->Wait());
+      return absl::OkStatus();
+    }
+    std::vector<int> next(kRanks, 0);  // next k expected from each peer
+    for (int i = 0; i < 3; ++i) {
+      int64_t got[2] = {-1, -1};
+      int source = -1;
+      LBCC_RETURN_IF_ERROR(comm.DenseRecvAny(got, sizeof(got), kTag, &source)->Wait());
+      if (source < 1 || source >= kRanks || got[0] != source || got[1] != next[source]) {
+        return absl::InternalError(absl::StrCat("any-source receive ", i, ": source ", source,
+                                                " got (", got[0], ", ", got[1], ")"));
+      }
+      ++next[source];
+    }
+    for (int peer = 1; peer < kRanks; ++peer) {
+      while (next[peer] < 2) {
+        int64_t got[2] = {-1, -1};
+        LBCC_RETURN_IF_ERROR(comm.DenseRecv(got, sizeof(got), peer, kTag)->Wait());
+        if (got[0] != peer || got[1] != next[peer]) {
+          return absl::InternalError(absl::StrCat("receive from ", peer, " got (", got[0], ", ",
+                                                  got[1], "), expected k ", next[peer]));
+        }
+        ++next[peer];
+      }
+    }
+    int64_t wide = 0;
+    int source = -1;
+    absl::Status mismatch = comm.DenseRecvAny(&wide, sizeof(wide), kTag + 1, &source)->Wait();
+    if (mismatch.code() != absl::StatusCode::kDataLoss) {
+      return absl::InternalError(absl::StrCat("size mismatch gave ", mismatch.ToString()));
+    }
+    int dummy = 0;
+    if (comm.DenseRecvAny(&wide, sizeof(wide), kTag, nullptr)->status().code() !=
+            absl::StatusCode::kInvalidArgument ||
+        comm.DenseRecvAny(nullptr, 8, kTag, &dummy)->status().code() !=
+            absl::StatusCode::kInvalidArgument) {
+      return absl::InternalError("bad arguments not refused");
+    }
     return absl::OkStatus();
   });
   EXPECT_THAT(results, Each(IsOk()));

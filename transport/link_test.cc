@@ -542,8 +542,10 @@ TEST(WindowBytesTest, ConfiguredOrMaxOfChunksAndTwiceTheBandwidthDelayProduct) {
   SchedulerOptions s;
   s.chunk_bytes = 1000;
   s.stripes = 2;
-  EXPECT_EQ(WindowBytes(s, 0, 0), 2000);
+  EXPECT_EQ(WindowBytes(s, 0, 0), kMinWindowChunks * 1000);
   EXPECT_EQ(WindowBytes(s, 1e6, 0.01), 20000);
+  s.stripes = kMinWindowChunks + 2;
+  EXPECT_EQ(WindowBytes(s, 0, 0), (kMinWindowChunks + 2) * 1000);
   s.window_bytes = 5;
   EXPECT_EQ(WindowBytes(s, 1e6, 0.01), 5);
 }

@@ -38,7 +38,8 @@ absl::StatusOr<LinkClass> ParseLinkClass(absl::string_view text) {
 int64_t WindowBytes(const SchedulerOptions& options, double rate_bytes_per_second,
                     double rtt_seconds) {
   if (options.window_bytes > 0) return options.window_bytes;
-  const int64_t floor = options.chunk_bytes * std::max(1, options.stripes);
+  const int64_t floor =
+      options.chunk_bytes * std::max(kMinWindowChunks, std::max(1, options.stripes));
   const double bdp = 2 * rate_bytes_per_second * rtt_seconds;
   return std::max<int64_t>(floor, static_cast<int64_t>(bdp));
 }

@@ -44,8 +44,14 @@ struct SchedulerOptions {
   int64_t window_bytes = 0;
 };
 
-// The window a slow link uses: the configured one, or max(stripes * chunk, 2 * rate * rtt) so that
-// a long link stays full while a short one keeps about one chunk per connection in flight.
+// The window a slow link uses: the configured one, or
+// max(max(stripes, kMinWindowChunks) * chunk, 2 * rate * rtt), so that a long link stays full and
+// a short one keeps a few chunks in flight. A chunk's credit returns through the sender's own
+// down-link, which in a ring or an all-to-all carries another peer's bulk data, so it waits
+// behind that queue (the probe's idle RTT does not see it); with one chunk per window the link
+// would idle for that wait after every chunk, with kMinWindowChunks the chunks behind the first
+// keep it busy meanwhile. A high-priority chunk waits behind at most the window's bytes.
+inline constexpr int kMinWindowChunks = 4;
 int64_t WindowBytes(const SchedulerOptions& options, double rate_bytes_per_second,
                     double rtt_seconds);
 

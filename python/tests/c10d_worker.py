@@ -247,7 +247,41 @@ def test_send_recv_all_to_all():
 
 @case
 def test_recv_anysource():
-    raise Skip("recv from any source: the transport has no wildcard receive (UNIMPLEMENTED)")
+    # After torch's distributed_test test_send_recv_any_source: every rank sends two messages
+    # (its rank, k) to every other rank and receives WORLD - 1 of them naming no source
+    # (dist.recv returns the sender, irecv's work its _source_rank()), then the rest from each
+    # peer by name: every message arrives once, each peer's in its order.
+    def message(rank, k):
+        return torch.full((3,), float(rank * 1000 + k))
+    sends = []
+    for peer in range(WORLD):
+        if peer != RANK:
+            sends += [dist.isend(message(RANK, k), dst=peer, tag=4) for k in range(2)]
+    next_k = [0] * WORLD
+    for i in range(WORLD - 1):
+        t = torch.zeros(3)
+        if i == 0:
+            work = dist.irecv(t, tag=4)
+            work.wait()
+            src = work._source_rank()
+        else:
+            src = dist.recv(t, tag=4)
+        assert src != RANK and torch.equal(t, message(src, next_k[src])), (src, t)
+        next_k[src] += 1
+    for peer in range(WORLD):
+        while peer != RANK and next_k[peer] < 2:
+            t = torch.zeros(3)
+            dist.recv(t, src=peer, tag=4)
+            assert torch.equal(t, message(peer, next_k[peer])), (peer, t)
+            next_k[peer] += 1
+    for w in sends:
+        w.wait()
+    # A message of another size than the buffer: that receive fails, the group stays usable.
+    if RANK == 1:
+        dist.send(torch.zeros(5), dst=0, tag=6)
+    if RANK == 0:
+        expect_error(lambda: dist.recv(torch.zeros(3), tag=6), "LBCC DATA_LOSS", "bytes")
+    dist.barrier()
 
 
 @case

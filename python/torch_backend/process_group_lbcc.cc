@@ -189,6 +189,15 @@ bool WorkLBCC::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkLBCC::getFuture() { return future_; }
 
+int WorkLBCC::sourceRank() const {
+  if (source_ == nullptr) return c10d::Work::sourceRank();
+  if (!request_->Test() || !request_->status().ok()) {
+    Throw(absl::FailedPreconditionError(
+        "recv_anysource: the source rank is known once the receive completed successfully"));
+  }
+  return *source_;
+}
+
 ProcessGroupLBCC::ProcessGroupLBCC(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                    int size, std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size), timeout_(timeout) {
@@ -576,10 +585,15 @@ Work ProcessGroupLBCC::recv(std::vector<at::Tensor>& tensors, int src, int tag) 
 }
 
 Work ProcessGroupLBCC::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  (void)tensors;
-  (void)tag;
-  Throw(absl::UnimplementedError(
-      "recv from any source: LBCC's transport has no wildcard receive; pass src="));
+  const at::Tensor& t = Single(tensors, "recv_anysource");
+  at::Tensor buf = Contiguous(t);
+  auto source = std::make_shared<int>(-1);
+  auto request =
+      comm_->DenseRecvAny(buf.data_ptr(), Bytes(buf), static_cast<uint32_t>(tag), source.get());
+  c10::intrusive_ptr<WorkLBCC> work =
+      MakeWork(OpType::RECVANYSOURCE, request, tensors, {buf}, CopyBack(t, buf));
+  work->SetSource(std::move(source));
+  return Track(work, true);
 }
 
 }  // namespace lbcc::torch_backend

@@ -48,6 +48,10 @@ class WorkLBCC : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  // recv_anysource's: the rank the message came from, once the Work completed (torch's
+  // `work._source_rank()`); other operations throw as c10d::Work does.
+  int sourceRank() const override;
+  void SetSource(std::shared_ptr<int> source) { source_ = std::move(source); }
 
   // Runs once the request is done (from the completion thread or from wait()): the finish step,
   // then completes the Work and the Future. Idempotent.
@@ -60,6 +64,7 @@ class WorkLBCC : public c10d::Work {
   std::vector<at::Tensor> keep_alive_;
   std::function<void()> finish_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<int> source_;  // recv_anysource: written by comm before the request completes
   std::once_flag once_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
