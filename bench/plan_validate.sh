@@ -201,12 +201,18 @@ def calibration(label):
 def probe(label, n):
     """The shaped links as bench/plan_probe.py and a 4-byte all-reduce measured them."""
     hosts = [json.load(open(f"{out}/{label}.rank{r}.json")) for r in range(n)]
-    rate = med(h["recv_bytes_per_second"] for h in hosts)
+    # Per down-link: rank r's is what it received from rank r - 1.
+    down = [h["recv_bytes_per_second"] for h in hosts]
+    # A host whose probe counted nothing (its sender never got the core in the measured span)
+    # measured no rate: the median of the others stands in.
+    good = [b for b in down if b > 0]
+    down = [b if b > 0 else med(good) for b in down]
     cycle = med(h["credit_cycle_s"] for h in hosts)
     window = hosts[0]["window_bytes"]
     rtt = 4 * LATENCY_MS * 1e-3
     small = json.load(open(f"{out}/{label}_msg.json"))[0]["seconds"]
-    return {"mbit": rate * 8 / 1e6, "credit_ms": max(0.0, cycle - window / rate - rtt) * 1e3,
+    return {"mbit": med(down) * 8 / 1e6, "down_mbit": [b * 8 / 1e6 for b in down],
+            "credit_ms": max(0.0, cycle - window / med(down) - rtt) * 1e3,
             "cycle_ms": cycle * 1e3, "message_ms": max(0.0, small - rtt / 2) * 1e3}
 
 def plan(doc, path):
@@ -220,9 +226,12 @@ def rates_of(rate, pr=None, window=None):
     if pr is None:
         r = {"efficiency": EFFICIENCY,
              "default": {"down_mbit": rate, "up_mbit": 10000, "latency_ms": LATENCY_MS}}
-    else:  # the probe's goodput is what the link delivers: efficiency 1
-        r = {"efficiency": 1, "credit_ms": pr["credit_ms"], "message_ms": pr["message_ms"],
-             "default": {"down_mbit": pr["mbit"], "up_mbit": 10000, "latency_ms": LATENCY_MS}}
+    else:  # the probe's goodput per down-link is what that link delivers: efficiency 1
+        # message_ms is not given: the calibrations' CPU times already hold each message's
+        # handling on these cores.
+        r = {"efficiency": 1, "credit_ms": pr["credit_ms"],
+             "ranks": [{"rank": i, "down_mbit": mbit, "up_mbit": 10000, "latency_ms": LATENCY_MS}
+                       for i, mbit in enumerate(pr["down_mbit"])]}
     if window:
         r["window_bytes"] = window
     return r
@@ -234,10 +243,15 @@ def predict(n, rate, op, cpu, tag, pr=None, window=None):
     kind = "probed" if pr else "nominal"
     return plan(doc, f"{out}/plan_{op}_n{n}_r{rate}_{tag}_{kind}.json")
 
-rows, cals, probes = [], [], []
+rows, cals, probes, not_run = [], [], [], []
 if "perf" in parts:
     for n in ranks_list:
         for rate in rates:
+            runs = ([f"sparse_n{n}_r{rate}_{rep}" for rep in range(reps)] +
+                    [f"dense_n{n}_r{rate}", f"densew_n{n}_r{rate}"])
+            if not all(os.path.exists(f"{out}/{r}.json") for r in runs):
+                not_run.append(f"{n} ranks at {rate} Mbit/s")  # a run stopped before it
+                continue
             nom, prb, meas = [], [], []
             for rep in range(reps):
                 cal = calibration(f"cal_sparse_n{n}_r{rate}_{rep}")
@@ -341,9 +355,10 @@ if "perf" in parts:
               "goodput over 1500-byte frames), no credit or message time beyond the round trip")
     md.append("- probed prediction: the rates a probe run measured on the shaped testbed right "
               "before the shaped runs (bench/plan_probe.py, every host at once: each down-link's "
-              "goodput with every link busy, efficiency 1; a 256 KiB window's stop-and-wait cycle, "
+              "goodput with every link busy, per rank, efficiency 1; a 256 KiB window's stop-and-wait cycle, "
               "its excess over the window's drain time and the round trip = credit_ms; "
-              "a 4-byte all-reduce less the one-way latency = message_ms)")
+              "a 4-byte all-reduce less the one-way latency = message_ms, listed but not given "
+              "to the plan: the CPU calibrations below already hold each message's handling)")
     md.append("- CPU: the ranks share this machine's cores, so the model includes the codec CPU "
               "time, measured by an unshaped calibration run right before each shaped run "
               "(LBCC_DEBUG=TRACE medians over ranks and calls of encode and decode; the rest of "
@@ -389,16 +404,19 @@ if "perf" in parts:
                   f"{'yes' if good else 'no'} |")
     md.append(f"\nTime within 15 %: probed {ok_t} of {len(rows)}, nominal {ok_nt} of {len(rows)}; "
               f"bytes within 1 %: {ok_b} of {len(rows)}.\n")
+    if not_run:
+        md.append(f"Not in this run (stopped before them): {', '.join(not_run)}.\n")
     md.append("\"dense, 4 MiB window\" is the same all-reduce with LBCC_SLOW_WINDOW_BYTES=4194304 "
               "(default: one 256 KiB chunk per slow link in flight), predicted with that window. "
               "The credit-window term (docs/planning.md, \"Credit window\") is what separates "
               "the two predictions.\n")
     md.append("### Probes (the shaped links before each shaped run)\n")
-    md.append("| ranks | Mbit/s (tbf) | repetition | delivered Mbit/s (median over down-links) | "
-              "256 KiB credit cycle (ms) | credit_ms | message_ms |")
-    md.append("|---|---|---|---|---|---|---|")
+    md.append("| ranks | Mbit/s (tbf) | repetition | delivered Mbit/s per down-link (rank 0, 1, ...) | "
+              "median | 256 KiB credit cycle (ms) | credit_ms | message_ms |")
+    md.append("|---|---|---|---|---|---|---|---|")
     for n, rate, rep, pr in probes:
-        md.append(f"| {n} | {rate} | {rep} | {pr['mbit']:.1f} | {pr['cycle_ms']:.1f} | "
+        per = ", ".join(f"{m:.1f}" for m in pr["down_mbit"])
+        md.append(f"| {n} | {rate} | {rep} | {per} | {pr['mbit']:.1f} | {pr['cycle_ms']:.1f} | "
                   f"{pr['credit_ms']:.2f} | {pr['message_ms']:.2f} |")
     md.append("\n### Calibration (CPU time given to the model)\n")
     md.append("| ranks | Mbit/s of the shaped run | repetition | encode (ms) | exchange+validation (ms) | decode (ms) | unshaped call (ms) |")
