@@ -25,7 +25,7 @@ done
 bazel build --jobs=2 //tools:lbcc >/dev/null 2>&1 || bazel build --jobs=2 //tools:lbcc
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-bazel-bin/tools/lbcc plan simulate --out="$out/rows.json" "${args[@]}" 2>"$out/progress.log"
+bazel-bin/tools/lbcc plan simulate --output="$out/rows.json" "${args[@]}" 2>"$out/progress.log"
 bazel-bin/tools/lbcc plan simulate --help > "$out/usage.txt"
 "${LBCC_PYTHON:-/usr/bin/python3}" plan/report_internet.py "$out/rows.json" "$cmdline" \
   bench/results/plan_internet.md bench/results/plan_internet.png

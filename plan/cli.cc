@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,18 +12,45 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "plan/plan.h"
+#include "tools/cli.h"
+
+ABSL_FLAG(std::string, input, "", "plan: the job JSON (also accepted as the first positional "
+          "argument)");
+ABSL_FLAG(bool, json, false, "plan: print the prediction and recommendation as JSON");
+ABSL_FLAG(double, target, 0.95,
+          "plan: target compute utilization in (0, 1); unset: the job's job.target_utilization");
+ABSL_FLAG(std::string, plot, "",
+          "plan: also plot utilization vs slow-link bandwidth (every slow rate scaled) for dense "
+          "boundaries, the recommendation and compress-all into this PNG (matplotlib; python "
+          "from LBCC_PYTHON, default /usr/bin/python3)");
 
 namespace lbcc::plan {
+
+absl::StatusOr<cli::Parsed> ParseFlags(int argc, char** argv,
+                                       const std::vector<std::string>& known) {
+  std::vector<char*> full = {const_cast<char*>("lbcc plan")};
+  full.insert(full.end(), argv, argv + argc);
+  LBCC_ASSIGN_OR_RETURN(cli::Parsed parsed,
+                        cli::Parse(static_cast<int>(full.size()), full.data()));
+  // The lbcc binary holds every subcommand's flags; this one takes only its own.
+  for (const std::string& name : parsed.given) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+  }
+  return parsed;
+}
+
 namespace {
 
 constexpr char kUsage[] =
     "usage:\n"
     "  lbcc plan --input=JOB.json [--json] [--target=0.95] [--plot=OUT.png]\n"
-    "  lbcc plan simulate [--out=DIR] [--seed=N] [--participants=16,32,...,1024]\n"
+    "  lbcc plan simulate [--output=FILE.json] [--seed=N] [--participants=16,32,...,1024] ...\n"
     "\n"
     "Predicts one outer step of a heterogeneous SparseLoCo job on the network JOB.json\n"
     "describes: per replica the inner step (compute, pipeline boundaries, 1F1B bubble), the\n"
@@ -35,20 +63,14 @@ constexpr char kUsage[] =
     "\n"
     "JOB.json: {\"topology\": {comm/topology.h schema} or \"topology_file\": PATH,\n"
     "           \"rates\": {\"default\"|\"ranks\"|\"sites\": up_mbit, down_mbit, latency_ms; \"fast\",\n"
-    "                     \"efficiency\", \"pace_mbit\"},\n"
+    "                     \"efficiency\", \"pace_mbit\", \"chunk_bytes\", \"window_bytes\",\n"
+    "                     \"stripes\" (default: the transport's LBCC_SLOW_*), \"credit_ms\",\n"
+    "                     \"message_ms\"},\n"
     "           \"model\": {params | stage_params, d, seq_len, tokens_per_step, vocab, ...},\n"
     "           \"compute\": {default_tflops, ranks: [{rank, tflops | step_s}]},\n"
     "           \"cpu\": {encode_ms, exchange_ms, decode_ms | encode_gelements_s, decode_gvalues_s},\n"
     "           \"job\": {H, top_k, values, indices, boundary: [{replica, k}], target_utilization}}\n"
-    "See docs/planning.md for every field and formula.\n"
-    "\n"
-    "options:\n"
-    "  --input=FILE    the job (also accepted as the first positional argument)\n"
-    "  --json          print the prediction and recommendation as JSON\n"
-    "  --target=F      target compute utilization (default: job.target_utilization, 0.95)\n"
-    "  --plot=PNG      also plot utilization vs slow-link bandwidth (every slow rate scaled)\n"
-    "                  for dense boundaries, the recommendation and compress-all (matplotlib;\n"
-    "                  python from LBCC_PYTHON, default /usr/bin/python3)\n";
+    "See docs/planning.md for every field and formula.\n";
 
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -125,39 +147,31 @@ absl::StatusOr<nlohmann::json> Sweep(const PlanInput& in, const Recommendation& 
 
 int PlanMain(int argc, char** argv) {
   if (argc >= 1 && std::strcmp(argv[0], "simulate") == 0) return SimulateMain(argc - 1, argv + 1);
-  std::string input_path, plot, target_text;
-  bool json = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&](const char* name, std::string* out) {
-      const std::string prefix = absl::StrCat("--", name);
-      if (arg == prefix && i + 1 < argc) {
-        *out = argv[++i];
-        return true;
-      }
-      if (arg.rfind(prefix + "=", 0) == 0) {
-        *out = arg.substr(prefix.size() + 1);
-        return true;
-      }
-      return false;
-    };
-    if (arg == "--help" || arg == "-h" || arg == "help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg == "--json") {
-      json = true;
-    } else if (value("input", &input_path) || value("plot", &plot) ||
-               value("target", &target_text)) {
-    } else if (arg.rfind("--", 0) != 0 && input_path.empty()) {
-      input_path = arg;
-    } else {
-      std::fprintf(stderr, "lbcc plan: unknown argument %s\n%s", arg.c_str(), kUsage);
-      return 2;
-    }
+  absl::StatusOr<cli::Parsed> parsed = ParseFlags(argc, argv, {"input", "json", "target", "plot"});
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "lbcc plan: %s (see lbcc plan --help)\n",
+                 std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help || (!parsed->positional.empty() && parsed->positional[0] == "help")) {
+    std::fputs(cli::Help(kUsage, "plan/cli.cc").c_str(), stdout);
+    return 0;
+  }
+  std::string input_path = absl::GetFlag(FLAGS_input);
+  const std::string plot = absl::GetFlag(FLAGS_plot);
+  const bool json = absl::GetFlag(FLAGS_json);
+  std::vector<std::string> rest = parsed->positional;
+  if (input_path.empty() && !rest.empty()) {
+    input_path = rest.front();
+    rest.erase(rest.begin());
+  }
+  if (!rest.empty()) {
+    std::fprintf(stderr, "lbcc plan: unexpected argument %s (see lbcc plan --help)\n",
+                 rest.front().c_str());
+    return 2;
   }
   if (input_path.empty()) {
-    std::fprintf(stderr, "lbcc plan: --input is required\n%s", kUsage);
+    std::fprintf(stderr, "lbcc plan: --input is required (see lbcc plan --help)\n");
     return 2;
   }
   absl::StatusOr<std::string> text = ReadAll(input_path);
@@ -170,11 +184,10 @@ int PlanMain(int argc, char** argv) {
     std::fprintf(stderr, "lbcc plan: %s: %s\n", input_path.c_str(), in.status().ToString().c_str());
     return 1;
   }
-  if (!target_text.empty()) {
-    double t = 0;
-    if (!absl::SimpleAtod(target_text, &t) || !(t > 0) || t >= 1) {
-      std::fprintf(stderr, "lbcc plan: --target=%s must be a number in (0, 1)\n",
-                   target_text.c_str());
+  if (parsed->Given("target")) {
+    const double t = absl::GetFlag(FLAGS_target);
+    if (!(t > 0) || t >= 1) {
+      std::fprintf(stderr, "lbcc plan: --target=%g must be a number in (0, 1)\n", t);
       return 2;
     }
     in->job.target_utilization = t;

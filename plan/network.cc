@@ -78,15 +78,46 @@ absl::StatusOr<int> Index(const Json& object, const char* key, int limit,
 
 }  // namespace
 
-absl::StatusOr<Network> ParseRates(const Json& rates, comm::Topology topology) {
+absl::StatusOr<Network> ParseRates(const Json& rates, comm::Topology topology,
+                                   const transport::SchedulerOptions& scheduler) {
   if (rates.is_null()) {
     return absl::InvalidArgumentError(
         "rates: the topology has no rates: add a \"rates\" object (per-rank up_mbit, down_mbit, "
         "latency_ms; see docs/planning.md)");
   }
   LBCC_RETURN_IF_ERROR(
-      CheckKeys(rates, {"efficiency", "pace_mbit", "fast", "default", "ranks", "sites"}, "rates"));
+      CheckKeys(rates,
+                {"efficiency", "pace_mbit", "fast", "default", "ranks", "sites", "chunk_bytes",
+                 "window_bytes", "stripes", "credit_ms", "message_ms"},
+                "rates"));
   Network net;
+  net.scheduler = scheduler;
+  auto bytes_field = [&](const char* key, bool zero_ok, int64_t* out) -> absl::Status {
+    if (!rates.contains(key)) return absl::OkStatus();
+    const Json& v = rates[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || (!zero_ok && v.get<int64_t>() == 0)) {
+      return Bad(key, zero_ok ? "must be an integer >= 0" : "must be an integer > 0");
+    }
+    *out = v.get<int64_t>();
+    return absl::OkStatus();
+  };
+  LBCC_RETURN_IF_ERROR(bytes_field("chunk_bytes", false, &net.scheduler.chunk_bytes));
+  LBCC_RETURN_IF_ERROR(bytes_field("window_bytes", true, &net.scheduler.window_bytes));
+  int64_t stripes = net.scheduler.stripes;
+  LBCC_RETURN_IF_ERROR(bytes_field("stripes", false, &stripes));
+  net.scheduler.stripes = static_cast<int>(std::min<int64_t>(stripes, 1 << 16));
+  if (net.scheduler.chunk_bytes <= 0) {
+    return Bad("chunk_bytes", absl::StrCat("is ", net.scheduler.chunk_bytes,
+                                           " (LBCC_SLOW_CHUNK_BYTES); must be > 0"));
+  }
+  for (const char* key : {"credit_ms", "message_ms"}) {
+    if (!rates.contains(key)) continue;
+    const Json& v = rates[key];
+    if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>())) {
+      return Bad(key, "must be a number >= 0");
+    }
+    (std::string(key) == "credit_ms" ? net.credit_s : net.message_s) = v.get<double>() * 1e-3;
+  }
   const int n = topology.nranks();
   net.topology = std::move(topology);
   if (rates.contains("efficiency")) {
@@ -173,6 +204,11 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
   std::vector<double> site_up(islands, 0), site_down(islands, 0);
   PhaseTime t;
   double paced = 0;
+  struct Windowed {
+    const Transfer* x;
+    double rtt;
+  };
+  std::vector<Windowed> windowed;
   for (const Transfer& x : transfers) {
     if (x.src == x.dst || x.bytes <= 0) continue;
     const bool slow = net.topology.link(x.src, x.dst) == comm::LinkClass::kSlow;
@@ -193,12 +229,13 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
         }
       }
       if (net.pace_bps > 0) paced = std::max(paced, x.bytes / net.pace_bps);
+      windowed.push_back({&x, 2 * latency});
     } else {
       local.fast_up[x.src] += x.bytes;
       local.fast_down[x.dst] += x.bytes;
       latency = 2 * net.fast.latency_s;
     }
-    t.latency_s = std::max(t.latency_s, latency);
+    t.latency_s = std::max(t.latency_s, latency + net.message_s);
   }
   const double e = net.efficiency;
   double worst = paced;
@@ -223,9 +260,39 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
     consider(site_up[i], net.site_link[i]->up_bps, absl::StrCat("island ", i, " site up"));
     consider(site_down[i], net.site_link[i]->down_bps, absl::StrCat("island ", i, " site down"));
   }
+  // Each slow transfer alone on its path, with its credit window.
+  const double drained = worst;
+  for (const Windowed& w : windowed) {
+    const Transfer& x = *w.x;
+    const int is = net.topology.island_of(x.src), id = net.topology.island_of(x.dst);
+    double r = std::min(net.rank_link[x.src].up_bps, net.rank_link[x.dst].down_bps);
+    if (is != id && net.site_link[is]) r = std::min(r, net.site_link[is]->up_bps);
+    if (is != id && net.site_link[id]) r = std::min(r, net.site_link[id]->down_bps);
+    const double s = WindowedTransferSeconds(net, x.bytes, r * e, w.rtt);
+    if (s > worst) {
+      worst = s;
+      t.bottleneck = absl::StrCat("credit window ", x.src, "->", x.dst);
+    }
+  }
+  t.window_s = worst - drained;
   t.seconds = worst + t.latency_s;
   if (bytes != nullptr) bytes->Add(local);
   return t;
+}
+
+double WindowOf(const Network& net, double bytes_per_second, double rtt_s) {
+  return static_cast<double>(transport::WindowBytes(net.scheduler, bytes_per_second, rtt_s));
+}
+
+double WindowedTransferSeconds(const Network& net, double bytes, double r, double rtt_s) {
+  if (bytes <= 0 || r <= 0) return 0;
+  const double window = std::max(1.0, WindowOf(net, r, rtt_s));
+  const double chunk = std::min(window, static_cast<double>(net.scheduler.chunk_bytes));
+  // The first chunk's credit is back after the chunk drains, a round trip and the credit's
+  // turnaround; if the window is not all sent by then the sender stalls that long per window.
+  const double stall = std::max(0.0, chunk / r + rtt_s + net.credit_s - window / r);
+  const double windows = std::ceil(bytes / window);
+  return bytes / r + std::max(0.0, windows - 1) * stall;
 }
 
 absl::Status CheckJsonKeys(const nlohmann::json& object,

@@ -9,9 +9,10 @@
 //
 // Time of a phase (transfers that run at once): the busiest resource drains last,
 //   t_phase = max over resources R of bytes(R) / (rate(R) * efficiency)
-//   and no transfer finishes before bytes / pace (the slow-link scheduler's token bucket),
-// plus the largest path latency. This is a lower bound, reached when the slow-link scheduler
-// keeps every bottleneck busy; docs/planning.md discusses when it is not.
+//   and no transfer finishes before bytes / pace (the slow-link scheduler's token bucket)
+//   nor before its own credit-window time (bytes at its path's rate + a stall per window when
+//   the window is smaller than what the path holds during a credit's turnaround),
+// plus the largest path latency and the per-message time.
 //
 // Thread-safety: immutable values and pure functions.
 #ifndef LBCC_PLAN_NETWORK_H_
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "comm/topology.h"
 #include "nlohmann/json.hpp"
+#include "transport/options.h"
 
 namespace lbcc::plan {
 
@@ -41,12 +43,33 @@ struct Network {
   AccessLink fast;                                   // per rank NIC for fast links
   double efficiency = 0.95;   // goodput / line rate (TCP/IP headers)
   double pace_bps = 0;        // LBCC_SLOW_PACE_MBITS per slow link (0: off)
+  // How the transport sends on a slow link: chunk size, stripes and the credit window
+  // (transport/options.h; window_bytes 0 = transport::WindowBytes' automatic size). Read from
+  // the LBCC_SLOW_* environment the transport reads, unless the rates override them.
+  transport::SchedulerOptions scheduler;
+  // A credit's turnaround beyond the path's round trip: the receiver's and the sender's
+  // progress, and the wait behind other data on the link the credit returns through.
+  double credit_s = 0;
+  // Per message: the time between its last byte arriving and the receiver acting on it (its
+  // progress thread), added to every phase's latency term.
+  double message_s = 0;
 };
 
-// Parses the "rates" object against `topology`. InvalidArgument naming the field: missing
-// rates, a rank without a rate and no default, a rate <= 0 or not a number, an unknown key, an
-// unknown rank or island.
-absl::StatusOr<Network> ParseRates(const nlohmann::json& rates, comm::Topology topology);
+// Parses the "rates" object against `topology`; `scheduler` is what the transport would use
+// (TransportOptions::FromEnv().scheduler), overridden by rates.chunk_bytes, .window_bytes and
+// .stripes. InvalidArgument naming the field: missing rates, a rank without a rate and no
+// default, a rate <= 0 or not a number, an unknown key, an unknown rank or island.
+absl::StatusOr<Network> ParseRates(const nlohmann::json& rates, comm::Topology topology,
+                                   const transport::SchedulerOptions& scheduler = {});
+
+// The credit window of a slow path with goodput `bytes_per_second` and round trip `rtt_s`:
+// transport::WindowBytes with the network's scheduler options.
+double WindowOf(const Network& net, double bytes_per_second, double rtt_s);
+
+// One transfer alone on a slow path of goodput `r` and round trip `rtt_s`: its bytes at the
+// path's rate plus, per credit window after the first, the stall while the sender waits for
+// the window's credits (docs/planning.md, "Credit window").
+double WindowedTransferSeconds(const Network& net, double bytes, double r, double rtt_s);
 
 struct Transfer {
   int src = 0;
@@ -65,7 +88,8 @@ struct LinkBytes {
 
 struct PhaseTime {
   double seconds = 0;     // bandwidth term + latency term
-  double latency_s = 0;   // the latency term alone
+  double latency_s = 0;   // the latency term alone (path latency + per-message time)
+  double window_s = 0;    // credit-window stalls included in the bandwidth term
   std::string bottleneck;  // e.g. "rank 2 down (slow)"
 };
 

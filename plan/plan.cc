@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "plan/bytes.h"
+#include "transport/options.h"
 
 namespace lbcc::plan {
 namespace {
@@ -574,11 +575,12 @@ absl::StatusOr<ReplicaPrediction> PredictReplica(const PlanInput& in, int m, int
   const int64_t micro = std::max<int64_t>(1, (model.tokens_per_step + model.microbatch_tokens - 1) /
                                                  model.microbatch_tokens);
   r.microbatches = static_cast<int>(micro);
-  double slot_compute = 0;
+  double slot_compute = 0, stage_sum = 0;
   int slowest_stage = 0;
   for (int s = 0; s < stages; ++s) {
     const double share = static_cast<double>(model.stage_params[s]) / model.params;
     const double c = stage_compute(replica.ranks[s], share) / micro;
+    stage_sum += c;
     if (c > slot_compute) {
       slot_compute = c;
       slowest_stage = s;
@@ -594,22 +596,31 @@ absl::StatusOr<ReplicaPrediction> PredictReplica(const PlanInput& in, int m, int
   r.boundary_forward_bytes = bytes.forward;
   r.boundary_backward_bytes = bytes.backward;
   int slowest_boundary = -1;
-  double fill_latency = 0;
+  double fill_latency = 0, fill_transfers = 0;
   for (int s = 0; s + 1 < stages; ++s) {
     const int a = replica.ranks[s], b = replica.ranks[s + 1];
+    // In the steady state a stage sends one microbatch forward while the next one's gradient
+    // comes back: both directions at once.
     const PhaseTime t = TimeOfPhase(in.net, {{a, b, bytes.forward}, {b, a, bytes.backward}});
-    fill_latency += 2 * t.latency_s;  // the first forward and the last backward cross it
+    // The first microbatch's forward and the last one's backward cross it alone.
+    const PhaseTime f = TimeOfPhase(in.net, {{a, b, bytes.forward}});
+    const PhaseTime w = TimeOfPhase(in.net, {{b, a, bytes.backward}});
+    fill_transfers += (f.seconds - f.latency_s) + (w.seconds - w.latency_s);
+    fill_latency += f.latency_s + w.latency_s;
     if (t.seconds - t.latency_s > r.boundary_s) {
       r.boundary_s = t.seconds - t.latency_s;
       slowest_boundary = s;
     }
   }
-  // 1F1B: M + S - 1 slots; a slot is the slowest stage's compute or the slowest boundary's
-  // transfer, whichever is longer (sends overlap the next microbatch's compute); the latency
-  // of each boundary is paid once on the way in and once on the way out.
+  // 1F1B (docs/planning.md, "Inner step"): one microbatch end to end (every stage's compute,
+  // every boundary forward and back, their latencies), then M - 1 more slots of the slowest
+  // stage's compute or the slowest boundary's transfer, whichever is longer (sends overlap the
+  // next microbatch's compute).
   const double slots = static_cast<double>(micro + stages - 1);
-  r.compute_s = slots * slot_compute;
-  r.inner_s = slots * std::max(slot_compute, r.boundary_s) + fill_latency;
+  const double more = static_cast<double>(micro - 1);
+  r.compute_s = more * slot_compute + stage_sum;
+  r.inner_s = more * std::max(slot_compute, r.boundary_s) + stage_sum + fill_transfers +
+              fill_latency;
   r.boundary_latency_s = fill_latency;
   r.bubble_fraction = (stages - 1) / slots;
   r.limit = r.boundary_s > slot_compute
@@ -640,8 +651,16 @@ absl::StatusOr<PlanInput> ParsePlanInput(absl::string_view text) {
   }
   LBCC_RETURN_IF_ERROR(topology.status());
   PlanInput in;
-  LBCC_ASSIGN_OR_RETURN(in.net,
-                        ParseRates(json.contains("rates") ? json["rates"] : Json(), *topology));
+  // The slow-link scheduler the transport would run with in this environment (LBCC_SLOW_*).
+  absl::StatusOr<transport::TransportOptions> transport_options =
+      transport::TransportOptions::FromEnv();
+  if (!transport_options.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment (the transport's LBCC_SLOW_* settings): ",
+        transport_options.status().message()));
+  }
+  LBCC_ASSIGN_OR_RETURN(in.net, ParseRates(json.contains("rates") ? json["rates"] : Json(),
+                                           *topology, transport_options->scheduler));
   const comm::Topology& topo = in.net.topology;
   if (json.contains("cpu")) LBCC_RETURN_IF_ERROR(ParseCpu(json["cpu"], &in.cpu));
   LBCC_RETURN_IF_ERROR(ParseJob(json.contains("job") ? json["job"] : Json::object(), topo,

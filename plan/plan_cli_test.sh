@@ -20,7 +20,26 @@ echo '{"topology": {"nranks": 2}, "rates": {"default": {"up_mbit": 0, "down_mbit
        "collective": {"bytes": 64}}' > zero.json
 if "$lbcc" plan zero.json 2> err.txt; then fail "rate 0 accepted"; fi
 grep -q "default.up_mbit" err.txt || fail "rate 0: $(cat err.txt)"
-if "$lbcc" plan --bogus x 2> /dev/null; then fail "unknown flag accepted"; fi
+# Flags: one style (tools/cli.h). Unknown flags, and other subcommands' flags, exit 2 naming it.
+set +e
+"$lbcc" plan --bogus x 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--bogus" err.txt || fail "unknown flag: exit $rc: $(cat err.txt)"
+"$lbcc" plan --codec=topk_ef "$job" 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--codec" err.txt || fail "codec's flag accepted: $(cat err.txt)"
+"$lbcc" plan --target=1.5 "$job" 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--target" err.txt || fail "--target=1.5: exit $rc"
+"$lbcc" plan --target=abc "$job" 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--target" err.txt || fail "--target=abc: exit $rc"
+"$lbcc" plan simulate --input=x 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--input" err.txt || fail "simulate --input: exit $rc"
+"$lbcc" plan simulate --min_mbit=0 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--min_mbit" err.txt || fail "simulate --min_mbit=0: exit $rc"
+"$lbcc" plan simulate --participants=1 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--participants" err.txt || fail "simulate --participants=1"
+set -e
+"$lbcc" plan --help | grep -q -- "--plot" || fail "--help lists no flags"
+"$lbcc" plan simulate --help | grep -q -- "--participants" || fail "simulate --help lists no flags"
+[[ -z "$(ls -A | grep -v 'json$\|txt$')" ]] || fail "bad flags wrote files: $(ls -A)"
 
 "$lbcc" plan "$job" > out.txt || fail "job: $(cat out.txt)"
 grep -q "critical path:" out.txt || fail "no critical path"
@@ -33,4 +52,7 @@ assert len(d['prediction']['replicas']) == 4" || fail "--json"
 echo '{"topology": {"nranks": 4}, "rates": {"default": {"up_mbit": 1000, "down_mbit": 100}},
        "collective": {"op": "sparse_allreduce", "bytes": 16777216, "tensors": 16}}' > coll.json
 "$lbcc" plan coll.json | grep -q "sparse_allreduce (direct)" || fail "collective"
+"$lbcc" plan simulate --participants=16 --output=rows.json 2> /dev/null || fail "simulate"
+/usr/bin/python3 -c "import json; rows=json.load(open('rows.json')); \
+assert {r['participants'] for r in rows} == {16}" || fail "simulate --output"
 echo PASS

@@ -3,10 +3,13 @@
 #include "plan/plan.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "plan/bytes.h"
+#include "transport/options.h"
 
 namespace lbcc::plan {
 namespace {
@@ -103,6 +106,83 @@ TEST(Collective, DenseRingAllReduce) {
   EXPECT_EQ(c->algorithm, comm::Algorithm::kRing);
   EXPECT_DOUBLE_EQ(c->rank0_recv_bytes, 2.0 * 3 / 4 * 16777216);
   EXPECT_NEAR(c->seconds, 2.0 * 3 / 4 * 16777216 / 12.5e6, 1e-9);
+}
+
+// The credit window: a window of one chunk stops and waits for each chunk's credit (a round
+// trip plus the credit's turnaround); a window that covers a round trip's bytes never waits.
+TEST(Collective, CreditWindowStallsADenseRing) {
+  auto doc = [](const std::string& extra) {
+    return R"({"topology": {"nranks": 4},
+               "rates": {"efficiency": 1, "chunk_bytes": 262144, )" + extra + R"(
+                         "default": {"down_mbit": 100, "up_mbit": 100000, "latency_ms": 1}},
+               "collective": {"op": "allreduce", "bytes": 16777216}})";
+  };
+  auto in = ParsePlanInput(doc(R"("window_bytes": 262144, "credit_ms": 3,)"));
+  ASSERT_THAT(in.status(), IsOk());
+  auto c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  // Per step 4 MiB in 16 windows: 15 stalls of rtt (2 x 2 ms) + 3 ms; latency 2 ms per step.
+  const double step = 4194304 / 12.5e6 + 15 * (0.004 + 0.003) + 0.002;
+  EXPECT_NEAR(c->seconds, 6 * step, 1e-9);
+  EXPECT_NE(c->bottleneck.find("credit window"), std::string::npos) << c->bottleneck;
+  // 1 MiB: the first chunk's credit is back (21 ms + 7 ms) before the window is sent (84 ms).
+  in = ParsePlanInput(doc(R"("window_bytes": 1048576, "credit_ms": 3,)"));
+  ASSERT_THAT(in.status(), IsOk());
+  c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_NEAR(c->seconds, 6 * (4194304 / 12.5e6 + 0.002), 1e-9);
+}
+
+// Without overrides the window is the transport's own: transport::WindowBytes over the
+// scheduler options the environment gives (LBCC_SLOW_CHUNK_BYTES, _STRIPES, _WINDOW_BYTES).
+TEST(Collective, WindowIsTheTransportsOwn) {
+  auto in = ParsePlanInput(FlatCollective("allreduce", 1, 100));
+  ASSERT_THAT(in.status(), IsOk());
+  auto options = transport::TransportOptions::FromEnv();
+  ASSERT_THAT(options.status(), IsOk());
+  EXPECT_EQ(in->net.scheduler.chunk_bytes, options->scheduler.chunk_bytes);
+  EXPECT_EQ(in->net.scheduler.window_bytes, options->scheduler.window_bytes);
+  EXPECT_EQ(in->net.scheduler.stripes, options->scheduler.stripes);
+  for (double rtt : {0.0, 0.001, 0.1}) {
+    EXPECT_EQ(WindowOf(in->net, 12.5e6, rtt),
+              static_cast<double>(transport::WindowBytes(options->scheduler, 12.5e6, rtt)));
+  }
+}
+
+TEST(PlanInput, BadSchedulerFieldsNameTheField) {
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"chunk_bytes", "0"},
+                                                        {"window_bytes", "-1"},
+                                                        {"stripes", "0"},
+                                                        {"credit_ms", "-2"},
+                                                        {"message_ms", "\"x\""},
+                                                        {"efficiency", "0"}}) {
+    const std::string doc = R"({"topology": {"nranks": 2}, "rates": {")" + field + "\": " +
+                            value + R"(, "default": {"up_mbit": 1, "down_mbit": 1}},
+                                   "collective": {"bytes": 1024}})";
+    EXPECT_THAT(ParsePlanInput(doc), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("rates: " + field)))
+        << doc;
+  }
+}
+
+TEST(PlanInput, NegativeRateAndMissingModelFieldsNameTheField) {
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 2},
+                                 "rates": {"default": {"up_mbit": -5, "down_mbit": 1}},
+                                 "collective": {"bytes": 1024}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("default.up_mbit")));
+  EXPECT_THAT(ParsePlanInput(R"({"topology": {"nranks": 2},
+                                 "rates": {"default": {"down_mbit": 1}},
+                                 "collective": {"bytes": 1024}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("default.up_mbit")));
+  std::string job = kPipelineJob;
+  job.replace(job.find(R"("d": 1024,)"), 10, "");
+  EXPECT_THAT(ParsePlanInput(job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.d")));
+  job = kPipelineJob;
+  job.replace(job.find(R"("default_tflops": 50)"), 20, R"("default_tflops": 0)");
+  EXPECT_THAT(ParsePlanInput(job),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("default_tflops")));
 }
 
 TEST(Collective, CpuTimeOverlapsTheWire) {

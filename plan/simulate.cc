@@ -14,24 +14,39 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "plan/cli.h"
 #include "plan/plan.h"
 
+ABSL_FLAG(std::string, output, "", "plan simulate: write the JSON rows here (default stdout)");
+ABSL_FLAG(int64_t, seed, 1, "plan simulate: seed of the link and compute draws");
+ABSL_FLAG(std::string, participants, "16,32,64,128,256,512,1024",
+          "plan simulate: comma-separated participant counts, each in [2, 4096]");
+ABSL_FLAG(double, min_mbit, 50, "plan simulate: slowest down-link drawn, Mbit/s");
+ABSL_FLAG(double, max_mbit, 1000, "plan simulate: fastest down-link drawn, Mbit/s");
+ABSL_FLAG(double, up_ratio_min, 0.2, "plan simulate: up-link = down-link x U(this, 1)");
+ABSL_FLAG(int, H, 30, "plan simulate: inner steps per outer step");
+ABSL_FLAG(int64_t, tokens_per_step, 1 << 19, "plan simulate: tokens per replica and inner step");
+ABSL_FLAG(double, encode_gelements_s, 0.87,
+          "plan simulate: TopK-EF encode rate, 1e9 elements per second");
+ABSL_FLAG(double, decode_gvalues_s, 0.39,
+          "plan simulate: decode rate, 1e9 selected values per second");
+
 namespace lbcc::plan {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: lbcc plan simulate [--out=FILE.json] [--seed=N] [--participants=16,32,...]\n"
+    "usage: lbcc plan simulate [--output=FILE.json] [--seed=N] [--participants=16,32,...]\n"
     "                          [--min_mbit=50] [--max_mbit=1000] [--up_ratio_min=0.2]\n"
     "                          [--H=30] [--tokens_per_step=524288]\n"
     "                          [--encode_gelements_s=0.87] [--decode_gvalues_s=0.39]\n"
     "Internet-scale runs of the planning model (full replicas, SparseAllReduce every H steps):\n"
     "link rates log-uniform in [min_mbit, max_mbit] down, up = down x U(up_ratio_min, 1),\n"
     "models of 1B, 8B, 70B, layouts flat and sites (8 per site), each algorithm forced and the\n"
-    "table's choice. Writes JSON rows to --out (default stdout). bench/plan_internet.sh turns\n"
+    "table's choice. Writes JSON rows to --output (default stdout). bench/plan_internet.sh turns\n"
     "them into bench/results/plan_internet.md and a plot.\n";
 
 struct ModelSize {
@@ -85,67 +100,66 @@ nlohmann::json Layout(int n, bool sites, const Options& o, std::mt19937_64& rng)
   return {{"topology", topology}, {"rates", rates}};
 }
 
-bool ParseOptions(int argc, char** argv, Options* o) {
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::fprintf(stderr, "lbcc plan simulate: bad argument %s (use --name=value)\n%s",
-                   arg.c_str(), kUsage);
-      return false;
-    }
-    const std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    bool ok = true;
-    int64_t i64 = 0;
-    if (name == "out") {
-      o->out = value;
-    } else if (name == "seed") {
-      ok = absl::SimpleAtoi(value, &i64) && i64 >= 0;
-      o->seed = static_cast<uint64_t>(i64);
-    } else if (name == "participants") {
-      o->participants.clear();
-      for (absl::string_view p : absl::StrSplit(value, ',')) {
-        int n = 0;
-        ok = ok && absl::SimpleAtoi(p, &n) && n >= 2 && n <= 4096;
-        o->participants.push_back(n);
+// The flags as Options; InvalidArgument naming the flag for a value out of range.
+absl::StatusOr<Options> ReadOptions(const cli::Parsed& parsed) {
+  Options o;
+  auto bad = [](absl::string_view flag, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
+  };
+  o.out = absl::GetFlag(FLAGS_output);
+  const int64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed < 0) return bad("seed", "must be >= 0");
+  o.seed = static_cast<uint64_t>(seed);
+  if (parsed.Given("participants")) {
+    o.participants.clear();
+    for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_participants), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(p, &n) || n < 2 || n > 4096) {
+        return bad("participants", absl::StrCat("'", p, "' is not a count in [2, 4096]"));
       }
-    } else if (name == "min_mbit") {
-      ok = absl::SimpleAtod(value, &o->min_mbit) && o->min_mbit > 0;
-    } else if (name == "max_mbit") {
-      ok = absl::SimpleAtod(value, &o->max_mbit) && o->max_mbit >= o->min_mbit;
-    } else if (name == "up_ratio_min") {
-      ok = absl::SimpleAtod(value, &o->up_ratio_min) && o->up_ratio_min > 0 &&
-           o->up_ratio_min <= 1;
-    } else if (name == "H") {
-      ok = absl::SimpleAtoi(value, &o->H) && o->H >= 1;
-    } else if (name == "tokens_per_step") {
-      ok = absl::SimpleAtoi(value, &o->tokens_per_step) && o->tokens_per_step > 0;
-    } else if (name == "encode_gelements_s") {
-      ok = absl::SimpleAtod(value, &o->encode_gelements_s) && o->encode_gelements_s > 0;
-    } else if (name == "decode_gvalues_s") {
-      ok = absl::SimpleAtod(value, &o->decode_gvalues_s) && o->decode_gvalues_s > 0;
-    } else {
-      std::fprintf(stderr, "lbcc plan simulate: unknown option --%s\n%s", name.c_str(), kUsage);
-      return false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "lbcc plan simulate: bad value for --%s: %s\n", name.c_str(),
-                   value.c_str());
-      return false;
+      o.participants.push_back(n);
     }
   }
-  return true;
+  o.min_mbit = absl::GetFlag(FLAGS_min_mbit);
+  o.max_mbit = absl::GetFlag(FLAGS_max_mbit);
+  o.up_ratio_min = absl::GetFlag(FLAGS_up_ratio_min);
+  o.H = absl::GetFlag(FLAGS_H);
+  o.tokens_per_step = absl::GetFlag(FLAGS_tokens_per_step);
+  o.encode_gelements_s = absl::GetFlag(FLAGS_encode_gelements_s);
+  o.decode_gvalues_s = absl::GetFlag(FLAGS_decode_gvalues_s);
+  if (!(o.min_mbit > 0)) return bad("min_mbit", "must be > 0");
+  if (!(o.max_mbit >= o.min_mbit)) return bad("max_mbit", "must be >= --min_mbit");
+  if (!(o.up_ratio_min > 0) || o.up_ratio_min > 1) return bad("up_ratio_min", "must be in (0, 1]");
+  if (o.H < 1) return bad("H", "must be >= 1");
+  if (o.tokens_per_step <= 0) return bad("tokens_per_step", "must be > 0");
+  if (!(o.encode_gelements_s > 0)) return bad("encode_gelements_s", "must be > 0");
+  if (!(o.decode_gvalues_s > 0)) return bad("decode_gvalues_s", "must be > 0");
+  return o;
 }
 
 }  // namespace
 
 int SimulateMain(int argc, char** argv) {
-  Options o;
-  if (!ParseOptions(argc, argv, &o)) return 2;
+  absl::StatusOr<cli::Parsed> parsed =
+      ParseFlags(argc, argv,
+                 {"output", "seed", "participants", "min_mbit", "max_mbit", "up_ratio_min", "H",
+                  "tokens_per_step", "encode_gelements_s", "decode_gvalues_s"});
+  if (parsed.ok() && parsed->help) {
+    std::fputs(cli::Help(kUsage, "plan/simulate.cc").c_str(), stdout);
+    return 0;
+  }
+  if (parsed.ok() && !parsed->positional.empty()) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument ", parsed->positional.front()));
+  }
+  absl::StatusOr<Options> options =
+      parsed.ok() ? ReadOptions(*parsed) : absl::StatusOr<Options>(parsed.status());
+  if (!options.ok()) {
+    std::fprintf(stderr, "lbcc plan simulate: %s (see lbcc plan simulate --help)\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  const Options& o = *options;
   const std::vector<ModelSize> models = {{"1B", 1e9, 2048}, {"8B", 8e9, 4096}, {"70B", 70e9, 8192}};
   nlohmann::json rows = nlohmann::json::array();
   for (bool sites : {false, true}) {

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Link probe for bench/plan_validate.sh: what the links deliver with every link busy at once.
+
+One process per emulated host (run inside its namespace by `tools/testbed exec`); every host
+sends to host (i + 1) mod N while every other host does the same, so each down-link carries one
+flow at a time, as a ring step does. Two phases, all hosts together:
+
+1. rate: bulk TCP for --seconds; the receiver counts the bytes that arrive in the middle of the
+   run (the first and last --edge seconds left out): recv_bytes_per_second;
+2. credit: stop and wait with --window bytes: send a window, wait for the receiver's 8-byte
+   credit (sent once it has read the whole window; it returns through the sender's own
+   down-link, behind the left neighbour's window), repeat for --seconds: credit_cycle_s, the
+   median time per window.
+
+Writes {"rank", "recv_bytes_per_second", "credit_cycle_s", ...} to --out. Traffic stays inside
+the testbed's namespaces.
+
+  plan_probe.py --rank I --addrs A0,A1,... --port P --start UNIX_TIME --seconds S --window W
+                --out FILE
+"""
+import argparse
+import json
+import socket
+import threading
+import time
+
+
+def read_exactly(conn, buf, n):
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = conn.recv_into(view[got:n])
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def credit_phase(a, addrs, result):
+    """Stop and wait over (rank -> rank + 1), credits back on the same connection."""
+    n = len(addrs)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((addrs[a.rank], a.port + 1))
+    server.listen(1)
+    start = a.start + a.seconds + 2.0  # every host has finished the rate phase by then
+
+    def serve():
+        conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray(a.window)
+        while read_exactly(conn, buf, a.window):
+            conn.sendall(b"credit!!")
+        conn.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    deadline = start + 30
+    while True:
+        try:
+            out = socket.create_connection((addrs[(a.rank + 1) % n], a.port + 1), timeout=5)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)  # the right neighbour's listener is not up yet (start-up only)
+    out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while time.time() < start:
+        time.sleep(0.001)
+    block = bytes(a.window)
+    credit = bytearray(8)
+    cycles = []
+    end = start + a.seconds
+    while time.time() < end:
+        t0 = time.time()
+        out.sendall(block)
+        if not read_exactly(out, credit, 8):
+            break
+        cycles.append(time.time() - t0)
+    out.shutdown(socket.SHUT_WR)
+    out.close()
+    t.join()
+    server.close()
+    cycles = sorted(cycles[2:]) or [0.0]  # the first windows grow TCP's congestion window
+    result["credit_cycle_s"] = cycles[len(cycles) // 2]
+    result["credit_windows"] = len(cycles)
+    result["window_bytes"] = a.window
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--addrs", required=True, help="comma-separated host addresses, rank order")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--start", type=float, required=True, help="when to start sending (time.time())")
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--edge", type=float, default=0.75)
+    ap.add_argument("--window", type=int, default=262144, help="credit phase: bytes per window")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    addrs = a.addrs.split(",")
+    n = len(addrs)
+    right = addrs[(a.rank + 1) % n]
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((addrs[a.rank], a.port))
+    server.listen(1)
+    result = {}
+
+    def receive():
+        conn, _ = server.accept()
+        arrivals = []  # (time, bytes)
+        buf = bytearray(1 << 20)
+        while True:
+            got = conn.recv_into(buf)
+            if got == 0:
+                break
+            arrivals.append((time.time(), got))
+        conn.close()
+        # The steady part: from --edge after the first byte to --edge before the last, and only
+        # while every sender was sending (after --start).
+        counted, first, last = 0, None, None
+        if arrivals:
+            lo = max(arrivals[0][0], a.start) + a.edge
+            hi = arrivals[-1][0] - a.edge
+            for when, got in arrivals:
+                if lo <= when <= hi:
+                    if first is None:
+                        first = when
+                    else:
+                        counted += got
+                    last = when
+        span = (last - first) if first is not None and last > first else 0
+        result["recv_bytes_per_second"] = counted / span if span > 0 else 0.0
+        result["counted_bytes"] = counted
+        result["span_s"] = span
+
+    t = threading.Thread(target=receive)
+    t.start()
+    deadline = a.start + 30
+    while True:
+        try:
+            out = socket.create_connection((right, a.port), timeout=5)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)  # the right neighbour's listener is not up yet (start-up only)
+    out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while time.time() < a.start:
+        time.sleep(0.001)
+    block = bytes(1 << 18)
+    end = a.start + a.seconds
+    while time.time() < end:
+        out.sendall(block)
+    out.close()
+    t.join()
+    server.close()
+    credit_phase(a, addrs, result)
+    result["rank"] = a.rank
+    with open(a.out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
