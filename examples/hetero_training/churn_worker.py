@@ -88,16 +88,17 @@ def main():
     t_start = time.time()
     log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica,
            "incarnation": a.incarnation, "pid": os.getpid(), "steps": [], "outer": [],
-           "events": [], "state_bytes_received": 0, "eval_loss": None}
+           "events": [], "joins": [], "eval_loss": None}
     out_path = os.path.join(a.outdir, f"rank{rank}.{a.incarnation}.json")
     with open(os.path.join(a.outdir, f"rank{rank}.{a.incarnation}.pid"), "w") as f:
         f.write(str(os.getpid()))  # hetero.py --churn kills this process by its pid
 
-    cur = {"step": 0}
+    cur = {"step": None}
 
     def event(step, what):
+        """A membership event at `step` (None: this process's last step, if it had one)."""
         step = cur["step"] if step is None else step
-        log["events"].append({"t": round(time.time() - t_start, 3), "step": step, "what": what})
+        log["events"].append({"time": time.time(), "step": step, "what": what})
         print(f"  [rank {rank}.{a.incarnation}] step {step}: {what}", flush=True)
 
     def save():
@@ -144,13 +145,13 @@ def main():
         return s0, s1, opts
 
     def join(opts):
-        groups = {}
+        groups, received = {}, 0
         for s in sorted(opts):
             groups[s] = elastic_glue.join(opts[s], master_address=f"{a.master_host}:{ports[s]}",
                                           job_id=jobs[s], name=f"rank{rank}.{a.incarnation}",
                                           op_timeout=a.timeout, join_timeout=a.timeout)
-            log["state_bytes_received"] += groups[s].stats["state_bytes_received"]
-        return groups
+            received += groups[s].stats["state_bytes_received"]
+        return groups, received
 
     def adapt(s0, opts):
         """The `project` adaptation after an outer step (every member; a newcomer after its
@@ -200,8 +201,11 @@ def main():
             event(None, f"pipeline pair {incarnation} up")
         groups = {}
         try:
-            groups = join(opts)
+            groups, received = join(opts)
             step0 = groups[min(groups)].step
+            log["joins"].append({"step": step0 * H, "state_bytes_received": received,
+                                 "state_bytes": sum(g.stats["state_bytes"]
+                                                    for g in groups.values())})
             if pair is not None:
                 # Both stages must have been admitted at the same outer step (the two shards'
                 # jobs admit at their own commits): else leave and rejoin.
@@ -214,7 +218,7 @@ def main():
             if not first_session or a.incarnation:
                 event(step0 * H, f"joined at outer step {step0} (shard epochs " +
                       ", ".join(f"{s}: {g.epoch} of {g.size}" for s, g in groups.items()) +
-                      f"), state received {log['state_bytes_received']} B")
+                      f"), shared state received {received} B")
             stream = data.stream(replica, a.seed + 101 * incarnation)
             for step in range(step0 * H + 1, a.steps + 1):
                 cur["step"] = step

@@ -44,7 +44,21 @@ SLOW_HOSTS = {"hetero": "2,3", "allpipe": "4,5"}
 ADAPTATIONS = ("project", "shift", "pgproj")
 ADAPT_WHAT = {"project": "E re-projected (T fixed)", "shift": "embedding shift",
               "pgproj": "embedding shift + pseudo-gradients onto span(U)"}
-BEST_ADAPTATION = "shift"  # the paper's; the grid's at every ratio, the demo's
+DEFAULT_ADAPTATION = "shift"  # the paper's; a run name without an adaptation gets it
+RESULTS = os.path.join(HERE, "results")
+
+
+def best_adaptation():
+    """The adaptation with the lowest mean held-out loss in the last grid (results/
+    grid_summary.json, written by the grid), else the default: the demo runs it."""
+    try:
+        with open(os.path.join(RESULTS, "grid_summary.json")) as f:
+            return json.load(f).get("best_adaptation") or DEFAULT_ADAPTATION
+    except (OSError, ValueError):
+        return DEFAULT_ADAPTATION
+
+
+BEST_ADAPTATION = best_adaptation()
 RATIOS = (8, 16, 32, 64)
 SEEDS = (0, 1, 2)
 D_MODEL = 128
@@ -66,7 +80,7 @@ def spec(name):
     layout, den = m.group(2), int(m.group(3))
     if den < 2 or D_MODEL % den:
         raise ValueError(f"run {name!r}: k/d = 1/{den} needs a divisor of d = {D_MODEL}")
-    adapt = m.group(4) or BEST_ADAPTATION
+    adapt = m.group(4) or DEFAULT_ADAPTATION
     who = "pipeline boundary" if layout == "hetero" else "3 pipelines, all boundaries"
     return (layout, "sparseloco", D_MODEL // den, adapt, seed, f"{layout}_k{den}_{adapt}",
             f"SparseLoCo + {who} k/d=1/{den}, {ADAPT_WHAT[adapt]}")
@@ -84,7 +98,9 @@ MODEL = dict(d=128, layers=4, seq=64)  # every preset's model unless it says oth
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
     "demo": dict(steps=60, inner_steps=15,
-                 runs=["sparseloco", "hetero_k16_project", f"hetero_k16_{BEST_ADAPTATION}"]),
+                 runs=["sparseloco", "hetero_k16_project"] +
+                      ([f"hetero_k16_{BEST_ADAPTATION}"] if BEST_ADAPTATION != "project" else
+                       [f"hetero_k16_{DEFAULT_ADAPTATION}"])),
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
@@ -343,7 +359,7 @@ def run_churn(name, cfg, net, args, pkg, out):
                 os.kill(int(f.read()), signal.SIGKILL)
             at = progress()
             killed.append(procs[v])
-            events.append({"step": at, "t": round(time.time() - t0, 2),
+            events.append({"step": at, "time": time.time(),
                            "what": f"rank {v} (pipeline stage {v - 2}) killed (SIGKILL)"})
             print(f"   churn: step {at}: rank {v} killed", flush=True)
             while progress() < at + ev["down_steps"]:
@@ -354,7 +370,7 @@ def run_churn(name, cfg, net, args, pkg, out):
             procs[v] = spare
             incarnation_of[v] = inc
             open(hold, "w").close()
-            events.append({"step": progress(), "t": round(time.time() - t0, 2),
+            events.append({"step": progress(), "time": time.time(),
                            "what": f"rank {v} restarted (incarnation {inc})"})
             print(f"   churn: step {progress()}: rank {v} restarted", flush=True)
         failed = []
@@ -415,13 +431,24 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
                                              f["hash"]))
     final_identical = bool(finals) and all(len({(c, h) for _, _, c, h in v}) == 1
                                            for v in finals.values())
-    events = list(driver_events)
+    events = [dict(e, what=f"driver: {e['what']}") for e in driver_events]
     for lg in logs:
         for e in lg["events"]:
-            events.append({"step": e["step"], "what": f"rank {lg['rank']}.{lg['incarnation']}: "
-                                                      f"{e['what']}"})
-    events.sort(key=lambda e: (e["step"] if e["step"] is not None else -1))
-    rejoined = [lg for lg in logs if lg["incarnation"] > 0 and lg.get("final")]
+            events.append({"step": e["step"], "time": e["time"],
+                           "what": f"rank {lg['rank']}.{lg['incarnation']}: {e['what']}"})
+    events.sort(key=lambda e: e["time"])
+    t_first = events[0]["time"] if events else 0
+    for e in events:
+        e["t"] = round(e.pop("time") - t_first, 2)
+    joins = [(lg, j) for lg in logs for j in lg["joins"] if j["step"] > 0]
+    members = {}
+    for (shard, _), v in hashes.items():
+        members[shard] = min(members.get(shard, 99), len(v))
+    compared = {}
+    for lg in logs:
+        for o in lg["outer"]:
+            compared.setdefault((o["shard"], o["committed"]), 0)
+            compared[(o["shard"], o["committed"])] += 1
     summary = {
         "run": f"churn_{name}", "plan": plan, "events": events, "failed": failed,
         "steps": rows[-1][0] if rows else 0, "first_loss": rows[0][1] if rows else None,
@@ -430,10 +457,11 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
         "outer_checks": len(hashes), "identical": identical, "final": finals,
         "final_identical": final_identical,
         "rejoined": [{"rank": lg["rank"], "incarnation": lg["incarnation"],
-                      "state_bytes_received": lg["state_bytes_received"],
-                      "joined_at": next((e["step"] for e in lg["events"]
-                                         if e["what"].startswith("joined")), None)}
-                     for lg in rejoined],
+                      "state_bytes_received": j["state_bytes_received"],
+                      "state_bytes": j["state_bytes"],
+                      "joined_at": j["step"], "finished": bool(lg.get("final"))}
+                     for lg, j in joins],
+        "min_members_compared": min(compared.values()) if compared else 0,
         "wall_seconds": wall,
     }
     with open(os.path.join(rundir, "summary.json"), "w") as f:
@@ -464,7 +492,7 @@ def plot_churn(summary, rows, rundir):
     a1.legend()
     for i in (0, 1):
         pts = [(r[0], r[3 + i]) for r in rows if r[3 + i] is not None]
-        a2.step([p[0] for p in pts], [p[1] for p in pts], where="post",
+        a2.step([p[0] for p in pts], [p[1] + 0.04 * (i - 0.5) for p in pts], where="post",
                 label=f"shard {i} members")
     a2.set_xlabel("step")
     a2.set_ylabel("members")
@@ -478,18 +506,22 @@ def churn_table(s, cfg, net_desc):
     lines = [f"Churn run `{s['run']}`: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = "
              f"{D_MODEL}, {cfg['layers']} layers, context {cfg['seq']}, {net_desc}; "
              f"lbcc.torch.SparseLoCo(elastic=True), one elastic group per shard.", "",
-             "| step | membership event |", "|---|---|"]
+             "| step | s | membership event (driver: kills, restarts; ranks: what they saw) |",
+             "|---|---|---|"]
     for e in s["events"]:
-        lines.append(f"| {e['step'] if e['step'] is not None else '-'} | {e['what']} |")
+        lines.append(f"| {e['step'] if e['step'] is not None else '-'} | {e['t']:.1f} "
+                     f"| {e['what']} |")
     lines += ["", f"Loss {s['first_loss']:.3f} -> {s['train_loss']:.3f} (training, head ranks "
                   f"present), held-out {s['eval_loss']:.3f}; every committed outer step "
                   f"bit-identical on every member of its epoch: "
                   f"{'yes' if s['identical'] else 'NO'} ({s['outer_checks']} (shard, step) "
-                  f"checks); final parameters identical on every member, the restarted stage "
+                  f"checks, each over at least {s['min_members_compared']} members); final parameters identical on every member, the restarted stage "
                   f"included: {'yes' if s['final_identical'] else 'NO'}; rejoined: " +
               (", ".join(f"rank {j['rank']} (incarnation {j['incarnation']}) at step "
-                         f"{j['joined_at']}, {j['state_bytes_received']} B of shared state "
-                         f"received" for j in s["rejoined"]) or "none") + "."]
+                         f"{j['joined_at']}" for j in s["rejoined"]) or "none") +
+              "; shared state received at the rejoin: " +
+              (", ".join(f"rank {j['rank']}.{j['incarnation']} {j['state_bytes_received']} B "
+                         f"(of {j['state_bytes']} B)" for j in s["rejoined"]) or "none") + "."]
     if s["failed"]:
         lines.append(f"FAILED: {'; '.join(s['failed'])}")
     lines.append("\nPlot: `churn.png` (loss vs step with the kills, restarts and rejoins; the "
@@ -531,6 +563,13 @@ def summarize(name, rundir, n, wall):
     with open(os.path.join(rundir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def sign_test(wins, n):
+    """Two-sided sign-test p-value of `wins` successes in `n` paired comparisons."""
+    k = max(wins, n - wins)
+    tail = sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def mean_std(xs):
@@ -611,8 +650,9 @@ def grid_table(groups, cfg, net_desc):
 
 
 def verdicts(groups):
-    """The paper's two claims and the cost of compression, stated from the grid's numbers."""
-    out = []
+    """The paper's two claims and the cost of compression, stated from the grid's numbers;
+    returns (text, the best adaptation's record: adaptation, margin, noise, ratios)."""
+    out, best = [], {}
     base = groups.get("sparseloco")
     for adapt in ADAPTATIONS:
         rows, gaps = [], []
@@ -692,6 +732,7 @@ def verdicts(groups):
                            ", ".join(costs) + ".")
     # Why: the size of the effects against the seeds' spread.
     wins = pairs = 0
+    gaps_all = []
     for c, g in groups.items():
         if g["layout"] == "hetero" and g["den"]:
             other = groups.get(c.replace("hetero_", "allpipe_", 1))
@@ -699,19 +740,23 @@ def verdicts(groups):
                 both = set(g["by_seed"]) & set(other["by_seed"])
                 wins += sum(other["by_seed"][x] > g["by_seed"][x] for x in both)
                 pairs += len(both)
+                gaps_all.append(abs(other["loss"][0] - g["loss"][0]))
     stds = [g["loss"][1] for g in groups.values() if g["seeds"] > 1]
-    het = [groups[f"hetero_k{d}_{BEST_ADAPTATION}"]["loss"][0] for d in RATIOS
-           if f"hetero_k{d}_{BEST_ADAPTATION}" in groups]
-    if stds and het and pairs and base:
-        worst = 100 * (max(het) / base["loss"][0] - 1)
+    costs = [abs(g["loss"][0] - base["loss"][0]) for g in groups.values()
+             if base and g["den"] and g["layout"] == "hetero"]
+    if stds and pairs and base and gaps_all:
+        med = sorted(stds)[len(stds) // 2]
+        p_sign = sign_test(wins, pairs)
+        size = ("smaller than" if max(gaps_all) < med else
+                "comparable to" if max(gaps_all) < 2 * med else "larger than")
         out.append(f"- Why, at this scale: the seeds' spread (held-out loss std {min(stds):.3f} to "
-                   f"{max(stds):.3f} per configuration) is as large as the effects measured; "
-                   f"compressing the one slow replica costs at most {worst:+.1f} % against "
-                   f"uncompressed SparseLoCo at any ratio ({BEST_ADAPTATION}), so there is "
-                   f"little loss for compressing one replica instead of three to save, and a "
-                   f"short run of a small model does not separate it from run-to-run noise. Paired by seed, heterogeneous ended lower than "
-                   f"compress-all in {wins} of {pairs} (seed, ratio, adaptation) pairs: a "
-                   f"consistent direction, a small size.")
+                   f"{max(stds):.3f} per configuration, median {med:.3f}) is to be set against "
+                   f"the effects: the largest heterogeneous vs compress-all gap is "
+                   f"{max(gaps_all):.3f} ({size} the median std), and compressing the one slow "
+                   f"replica moves the held-out loss by {min(costs):.3f} to {max(costs):.3f} "
+                   f"from uncompressed SparseLoCo. Paired by seed (same data, init and basis), "
+                   f"heterogeneous ended lower than compress-all in {wins} of {pairs} (seed, "
+                   f"ratio, adaptation) pairs (two-sided sign test p = {p_sign:.2g}).")
     # Adaptations compared where all of them ran.
     common = [den for den in RATIOS
               if all(f"{lay}_k{den}_{ad}" in groups for ad in ADAPTATIONS
@@ -724,6 +769,8 @@ def verdicts(groups):
         spread = {ad: sum(sd for _, sd in v) / len(v) for ad, v in means.items()}
         margin = avg[order[1]] - avg[order[0]]
         noise = spread[order[0]] + spread[order[1]]
+        best.update(adaptation=order[0], margin=margin, noise=noise,
+                    ratios=[f"1/{d}" for d in common])
         out.append(f"- Adaptations (mean held-out loss over both layouts at " +
                    ", ".join(f"1/{d}" for d in common) + "): " +
                    ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ADAPTATIONS) +
@@ -734,7 +781,7 @@ def verdicts(groups):
                "the compress-all layout's other two pipelines sit on the fast island, so "
                "compressing them saves only fast-link bytes; the comparison is the loss at equal "
                "slow-link bytes.")
-    return "\n".join(out)
+    return "\n".join(out), best
 
 
 def plot(results, out):
@@ -924,6 +971,7 @@ def main():
         net.down()
     if args.preset == "grid":
         groups = aggregate(results)
+        best = {}
         text = grid_table(groups, cfg, net_desc)
         if missing:
             by_config = {}
@@ -934,7 +982,19 @@ def main():
         if groups:
             text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out))}` (held-out loss "
                      f"vs slow-link bytes, mean +- std over seeds, one curve per configuration).")
-            text += "\n\n" + verdicts(groups)
+            verdict_text, best = verdicts(groups)
+            text += "\n\n" + verdict_text
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        load = os.getloadavg()
+        runs_at = [os.path.getmtime(os.path.join(args.out, n, "rank0.json")) for n in results]
+        span = (f"; the runs finished between {time.strftime('%H:%M', time.gmtime(min(runs_at)))} "
+                f"and {time.strftime('%H:%M', time.gmtime(max(runs_at)))} UTC" if runs_at else "")
+        how = ("summarized by `--collect` from the run folders" if args.collect else
+               "written by the grid run itself")
+        text = (f"Produced {stamp} on {os.uname().nodename} ({os.cpu_count()} CPUs), {how}: "
+                f"`{' '.join(['hetero.py'] + sys.argv[1:])}`; load average "
+                f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at the end{span}."
+                f"\n\n" + text)
     else:
         text = table(results, cfg, missing, net_desc)
         if results:
@@ -973,7 +1033,10 @@ def main():
                                                "basis_versions", "train_seconds",
                                                "wall_seconds")}
                          for n, r in results.items()},
-                "missing": missing}
+                "missing": missing,
+                "best_adaptation": best.get("adaptation") if groups else None,
+                "best_margin": best.get("margin") if groups else None,
+                "best_noise": best.get("noise") if groups else None}
         with open(os.path.join(args.out, "grid_summary.json"), "w") as f:
             json.dump(slim, f, indent=1)
         if args.results:
