@@ -45,8 +45,12 @@ def parser():
     ap.add_argument("--master-host", required=True, help="the membership services' host (rank 0)")
     ap.add_argument("--master-ports", required=True, help="P0,P1: one service per shard")
     ap.add_argument("--pair-port", type=int, required=True,
-                    help="bootstrap port of the pipeline pair's first incarnation (+N for the Nth)")
+                    help="bootstrap port of the pipeline pair's first incarnation (+N for the "
+                         "Nth)")
     ap.add_argument("--incarnation", type=int, default=0, help="restarts of this rank so far")
+    ap.add_argument("--pair-index", type=int, default=0,
+                    help="the pipeline pair's incarnation this process starts in (restarts of "
+                         "either stage so far)")
     ap.add_argument("--job", default="hetero-churn")
     ap.add_argument("--pair-timeout", type=float, default=20.0,
                     help="seconds a stage-link operation may take before the peer counts as lost")
@@ -185,7 +189,7 @@ def main():
                     raise
                 event(None, f"waiting for the other stage ({type(e).__name__}: {str(e)[:300]})")
 
-    incarnation = a.incarnation
+    incarnation = a.pair_index  # of the pipeline pair: +1 each time it re-forms
     first_session = True
     while True:
         s0, s1, opts = build()

@@ -303,12 +303,13 @@ def run_churn(name, cfg, net, args, pkg, out):
     procs, logs = {}, []
     incarnations = {r: 0 for r in range(4)}
 
-    def start(r, hold=None):
+    def start(r, hold=None, pair_index=0):
         log = open(os.path.join(rundir, f"rank{r}.{incarnations[r]}.log"), "w")
         e = dict(env, RANK=str(r), LBCC_LISTEN_ADDR=net.addr(r))
-        procs[r] = subprocess.Popen(net.command(r, e, argv + ["--incarnation",
-                                                              str(incarnations[r])] +
-                                                (["--hold", hold] if hold else [])),
+        procs[r] = subprocess.Popen(net.command(r, e, argv + [
+                                        "--incarnation", str(incarnations[r]),
+                                        "--pair-index", str(pair_index)] +
+                                        (["--hold", hold] if hold else [])),
                                     stdout=log, stderr=subprocess.STDOUT)
         logs.append(log)
 
@@ -338,12 +339,12 @@ def run_churn(name, cfg, net, args, pkg, out):
         # Each kill's replacement starts now as a standby (interpreter, torch, corpus and model
         # loaded) held until its restart step, as a spare machine would be: its start-up on this
         # loaded machine is not counted as down time.
-        for ev in plan:
+        for i, ev in enumerate(plan):
             v = ev["victim"]
             incarnations[v] += 1
             hold = os.path.join(rundir, f"go.{v}.{incarnations[v]}")
             current = procs[v]
-            start(v, hold)
+            start(v, hold, pair_index=i + 1)  # the pair re-forms once per kill
             standby.append((procs[v], hold, incarnations[v]))
             procs[v] = current
         incarnation_of = {r: 0 for r in range(4)}
