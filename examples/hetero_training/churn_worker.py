@@ -104,6 +104,7 @@ def main():
         step = cur["step"] if step is None else step
         log["events"].append({"time": time.time(), "step": step, "what": what})
         print(f"  [rank {rank}.{a.incarnation}] step {step}: {what}", flush=True)
+        save()  # a killed process keeps what it saw
 
     def save():
         with open(out_path + ".tmp", "w") as f:
@@ -220,8 +221,9 @@ def main():
             if step0 > 0 and 0 in opts:
                 adapt(s0, opts)  # the members projected after sending the state
             if not first_session or a.incarnation:
-                event(step0 * H, f"joined at outer step {step0} (shard epochs " +
-                      ", ".join(f"{s}: {g.epoch} of {g.size}" for s, g in groups.items()) +
+                event(step0 * H, f"joined at outer step {step0} (" +
+                      ", ".join(f"shard {s}: epoch {g.epoch}, {g.size} members"
+                                for s, g in groups.items()) +
                       f"), shared state received {received} B")
             stream = data.stream(replica, a.seed + 101 * incarnation)
             for step in range(step0 * H + 1, a.steps + 1):
