@@ -154,7 +154,8 @@ def main():
         for s in sorted(opts):
             groups[s] = elastic_glue.join(opts[s], master_address=f"{a.master_host}:{ports[s]}",
                                           job_id=jobs[s], name=f"rank{rank}.{a.incarnation}",
-                                          op_timeout=a.timeout, join_timeout=a.timeout)
+                                          op_timeout=a.timeout,
+                                          join_timeout=3 * a.timeout)  # a loaded start-up
             received += groups[s].stats["state_bytes_received"]
         return groups, received
 
@@ -211,13 +212,26 @@ def main():
             log["joins"].append({"step": step0 * H, "state_bytes_received": received,
                                  "state_bytes": sum(g.stats["state_bytes"]
                                                     for g in groups.values())})
-            if pair is not None:
-                # Both stages must have been admitted at the same outer step (the two shards'
-                # jobs admit at their own commits): else leave and rejoin.
+            for attempt in range(6 if pair is not None else 0):
+                # Both stages must be admitted at the same outer step; the two shards' jobs
+                # admit at their own commits, and the members commit shard 0 then shard 1, so a
+                # stage may land one step apart. The one admitted earlier leaves and joins again
+                # (the members' exchange it was expected in is retried without it, and it is
+                # admitted at that step's commit); the other waits here.
                 steps = [struct.unpack("<Q", b)[0] for b in
                          pair.all_gather_bytes(struct.pack("<Q", step0), timeout=a.pair_timeout)]
-                if len(set(steps)) != 1:
+                if len(set(steps)) == 1:
+                    break
+                if attempt == 5:
                     raise Lost(f"stages admitted at different outer steps {steps}")
+                if step0 < max(steps):
+                    event(step0 * H, f"admitted at outer step {step0}, the other stage at "
+                                     f"{max(steps)}: leaving and joining again")
+                    for g in groups.values():
+                        g.leave()
+                    groups, received = join(opts)
+                    step0 = groups[min(groups)].step
+                    log["joins"][-1].update(step=step0 * H, state_bytes_received=received)
             if step0 > 0 and 0 in opts:
                 adapt(s0, opts)  # the members projected after sending the state
             if not first_session or a.incarnation:

@@ -509,6 +509,8 @@ def churn_table(s, cfg, net_desc):
              f"lbcc.torch.SparseLoCo(elastic=True), one elastic group per shard.", "",
              "| step | s | membership event (driver: kills, restarts; ranks: what they saw) |",
              "|---|---|---|"]
+    if s["first_loss"] is None or s["eval_loss"] is None:
+        return "\n".join(lines + ["", f"FAILED: no complete run ({'; '.join(s['failed'])})"])
     for e in s["events"]:
         lines.append(f"| {e['step'] if e['step'] is not None else '-'} | {e['t']:.1f} "
                      f"| {e['what']} |")
