@@ -44,7 +44,21 @@ SLOW_HOSTS = {"hetero": "2,3", "allpipe": "4,5"}
 ADAPTATIONS = ("project", "shift", "pgproj")
 ADAPT_WHAT = {"project": "E re-projected (T fixed)", "shift": "embedding shift",
               "pgproj": "embedding shift + pseudo-gradients onto span(U)"}
-BEST_ADAPTATION = "shift"  # the paper's; the grid's at every ratio, the demo's
+DEFAULT_ADAPTATION = "shift"  # the paper's; a run name without an adaptation gets it
+RESULTS = os.path.join(HERE, "results")
+
+
+def best_adaptation():
+    """The adaptation with the lowest mean held-out loss in the last grid (results/
+    grid_summary.json, written by the grid), else the default: the demo runs it."""
+    try:
+        with open(os.path.join(RESULTS, "grid_summary.json")) as f:
+            return json.load(f).get("best_adaptation") or DEFAULT_ADAPTATION
+    except (OSError, ValueError):
+        return DEFAULT_ADAPTATION
+
+
+BEST_ADAPTATION = best_adaptation()
 RATIOS = (8, 16, 32, 64)
 SEEDS = (0, 1, 2)
 D_MODEL = 128
@@ -66,34 +80,32 @@ def spec(name):
     layout, den = m.group(2), int(m.group(3))
     if den < 2 or D_MODEL % den:
         raise ValueError(f"run {name!r}: k/d = 1/{den} needs a divisor of d = {D_MODEL}")
-    adapt = m.group(4) or BEST_ADAPTATION
+    adapt = m.group(4) or DEFAULT_ADAPTATION
     who = "pipeline boundary" if layout == "hetero" else "3 pipelines, all boundaries"
     return (layout, "sparseloco", D_MODEL // den, adapt, seed, f"{layout}_k{den}_{adapt}",
             f"SparseLoCo + {who} k/d=1/{den}, {ADAPT_WHAT[adapt]}")
 
 
-ADAPT_RATIOS = (16, 64)  # the other adaptations, at two ratios (the machine's budget)
-# Order: the paper's comparison first, seed-major (uncompressed and shift at every ratio), then
-# the other adaptations ratio by ratio, so a grid cut short (--collect) has whole
-# configurations; runs of one layout are consecutive (one set of rank processes per group).
+# Order: seed-major (a grid cut short has every configuration at the first seeds); within a
+# seed, uncompressed SparseLoCo and every (adaptation, ratio) of one layout, then the other
+# layout, so runs of one layout are consecutive (one set of rank processes per group).
 GRID = []
 for _s in SEEDS:
-    GRID += [f"sparseloco_s{_s}"] + [f"hetero_k{den}_{BEST_ADAPTATION}_s{_s}" for den in RATIOS]
-    GRID += [f"allpipe_k{den}_{BEST_ADAPTATION}_s{_s}" for den in RATIOS]
-for _den in ADAPT_RATIOS:
+    GRID += [f"sparseloco_s{_s}"]
     for _lay in ("hetero", "allpipe"):
-        GRID += [f"{_lay}_k{_den}_{ad}_s{_s}" for _s in SEEDS for ad in ADAPTATIONS
-                 if ad != BEST_ADAPTATION]
+        GRID += [f"{_lay}_k{den}_{ad}_s{_s}" for ad in ADAPTATIONS for den in RATIOS]
 MODEL = dict(d=128, layers=4, seq=64)  # every preset's model unless it says otherwise
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
     "demo": dict(steps=60, inner_steps=15,
-                 runs=["sparseloco", "hetero_k16_project", f"hetero_k16_{BEST_ADAPTATION}"]),
+                 runs=["sparseloco", "hetero_k16_project"] +
+                      ([f"hetero_k16_{BEST_ADAPTATION}"] if BEST_ADAPTATION != "project" else
+                       [f"hetero_k16_{DEFAULT_ADAPTATION}"])),
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
     # Sized to this machine's budget (2 shared cores; see README.md "Grid").
-    "grid": dict(steps=120, inner_steps=10, d=64, layers=2, seq=32, runs=GRID),
+    "grid": dict(steps=160, inner_steps=10, d=64, layers=2, seq=32, runs=GRID),
 }
 
 
@@ -245,6 +257,281 @@ def run_group(names, cfg, net, args, pkg, out):
     return results
 
 
+def run_churn(name, cfg, net, args, pkg, out):
+    """--churn: one run of the "hetero" layout over elastic groups (churn_worker.py) in which a
+    stage of the pipeline replica (a weak participant) is killed (SIGKILL) at random steps and
+    restarted a few steps later; it rejoins through lbcc.torch.elastic. Returns the summary."""
+    import random
+    import signal
+    layout, method, k, adapt, seed, _, _ = spec(name)
+    if layout != "hetero" or method != "sparseloco" or (k and adapt != "project"):
+        sys.exit(f"--churn: {name}: churn runs take sparseloco or hetero_k<D>_project (a fixed "
+                 f"basis, so a restarted stage rebuilds it from the seed)")
+    H, steps = cfg["inner_steps"], cfg["steps"]
+    rng = random.Random(args.churn_seed)
+    # Kill steps at least 3 outer steps apart, all in the first half of the run (the rest
+    # leaves the killed stage time to come back: detection, restart, admission at an outer step).
+    slots = list(range(H + 1, max(H + 2, steps // 2 - H), 3 * H))
+    if len(slots) < args.churn_events:
+        sys.exit(f"--churn: {steps} steps leave room for {len(slots)} churn events at H = {H}")
+    plan = []
+    for lo in sorted(rng.sample(slots, args.churn_events)):
+        plan.append({"victim": rng.choice([2, 3]), "kill_at": rng.randint(lo, lo + H),
+                     "down_steps": rng.randint(2, max(2, H // 2))})
+    net.up(layout)
+    topo = dict(LAYOUTS[layout])
+    rundir = os.path.join(out, f"churn_{name}")
+    shutil.rmtree(rundir, ignore_errors=True)
+    os.makedirs(rundir)
+    topo_path = os.path.join(rundir, "topology.json")
+    with open(topo_path, "w") as f:
+        json.dump(topo, f)
+    port = 20000 + (os.getpid() * 11 + 977) % 20000
+    env = {
+        "PYTHONPATH": pkg, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1", "UCX_MEM_EVENTS": "no", "UCX_TLS": "tcp",
+        "LBCC_TIMEOUT_S": str(args.timeout), "HETERO_PAIR_HOST": net.addr(2),
+        "UCX_NET_DEVICES": "eth0" if net.testbed else "lo",
+    }
+    argv = [sys.executable, os.path.join(HERE, "churn_worker.py"), "--method", method,
+            "--k", str(k), "--adapt", adapt or "project", "--steps", str(steps),
+            "--inner-steps", str(H), "--topology", topo_path, "--outdir", rundir,
+            "--seed", str(seed), "--d", str(D_MODEL), "--layers", str(cfg["layers"]),
+            "--seq", str(cfg["seq"]), "--master-host", net.addr(0),
+            "--master-ports", f"{port},{port + 1}", "--pair-port", str(port + 2),
+            "--timeout", str(args.timeout)]
+    procs, logs = {}, []
+    incarnations = {r: 0 for r in range(4)}
+
+    def start(r, hold=None, pair_index=0):
+        log = open(os.path.join(rundir, f"rank{r}.{incarnations[r]}.log"), "w")
+        e = dict(env, RANK=str(r), LBCC_LISTEN_ADDR=net.addr(r))
+        procs[r] = subprocess.Popen(net.command(r, e, argv + [
+                                        "--incarnation", str(incarnations[r]),
+                                        "--pair-index", str(pair_index)] +
+                                        (["--hold", hold] if hold else [])),
+                                    stdout=log, stderr=subprocess.STDOUT)
+        logs.append(log)
+
+    def wait_for(path, what, deadline):
+        while not os.path.exists(path):
+            if time.time() > deadline or any(p.poll() not in (None, 0) for p in procs.values()):
+                raise RuntimeError(f"--churn: {what} did not happen")
+            time.sleep(0.05)
+
+    def progress():
+        try:
+            with open(os.path.join(rundir, "progress")) as f:
+                return int(f.read() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    events, standby = [], []
+    t0 = time.time()
+    deadline = t0 + args.timeout * (2 + len(plan))
+    killed = []  # killed processes: their exit status is expected
+    try:
+        start(0)  # hosts the membership services
+        wait_for(os.path.join(rundir, "masters.ready"), "rank 0's membership services",
+                 t0 + args.timeout)
+        for r in (1, 2, 3):
+            start(r)
+        # Each kill's replacement starts now as a standby (interpreter, torch, corpus and model
+        # loaded) held until its restart step, as a spare machine would be: its start-up on this
+        # loaded machine is not counted as down time.
+        for i, ev in enumerate(plan):
+            v = ev["victim"]
+            incarnations[v] += 1
+            hold = os.path.join(rundir, f"go.{v}.{incarnations[v]}")
+            current = procs[v]
+            start(v, hold, pair_index=i + 1)  # the pair re-forms once per kill
+            standby.append((procs[v], hold, incarnations[v]))
+            procs[v] = current
+        incarnation_of = {r: 0 for r in range(4)}
+        for ev, (spare, hold, inc) in zip(plan, standby):
+            v = ev["victim"]
+            while progress() < ev["kill_at"]:
+                if time.time() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError("--churn: rank 0 ended or stalled before the kill")
+                time.sleep(0.05)
+            pid_path = os.path.join(rundir, f"rank{v}.{incarnation_of[v]}.pid")
+            wait_for(pid_path, f"rank {v}'s start", deadline)
+            with open(pid_path) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+            at = progress()
+            killed.append(procs[v])
+            events.append({"step": at, "time": time.time(),
+                           "what": f"rank {v} (pipeline stage {v - 2}) killed (SIGKILL)"})
+            print(f"   churn: step {at}: rank {v} killed", flush=True)
+            while progress() < at + ev["down_steps"]:
+                if time.time() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError("--churn: rank 0 ended or stalled while rank "
+                                       f"{v} was down")
+                time.sleep(0.05)
+            procs[v] = spare
+            incarnation_of[v] = inc
+            open(hold, "w").close()
+            events.append({"step": progress(), "time": time.time(),
+                           "what": f"rank {v} restarted (incarnation {inc})"})
+            print(f"   churn: step {progress()}: rank {v} restarted", flush=True)
+        failed = []
+        for r, p in procs.items():
+            try:
+                rc = p.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = "timeout"
+            if rc != 0:
+                failed.append(f"rank {r}: exit {rc}")
+        for p in killed:
+            p.wait(timeout=60)
+    except RuntimeError as e:
+        failed = [str(e)]
+        for p in list(procs.values()) + [sp for sp, _, _ in standby]:
+            if p.poll() is None:
+                p.kill()
+    finally:
+        for log in logs:
+            log.close()
+    s = summarize_churn(name, rundir, plan, events, failed, time.time() - t0)
+    return s
+
+
+def summarize_churn(name, rundir, plan, driver_events, failed, wall):
+    """Per step: mean training loss over the replicas' head ranks present and the shards'
+    member counts; per committed outer step and shard: the members' parameter hashes; the
+    membership events (the driver's kills and restarts, the workers' losses and joins)."""
+    logs = []
+    for fn in sorted(os.listdir(rundir)):
+        m = re.fullmatch(r"rank(\d+)\.(\d+)\.json", fn)
+        if m:
+            with open(os.path.join(rundir, fn)) as f:
+                logs.append(json.load(f))
+    by_step = {}
+    for lg in logs:
+        for row in lg["steps"]:
+            if row[1] is not None:
+                by_step.setdefault(row[0], []).append(row[1])
+    rank0 = next((lg for lg in logs if lg["rank"] == 0), None)
+    sizes = {row[0]: row[2:4] for row in rank0["steps"]} if rank0 else {}
+    rows = [[st, sum(v) / len(v), len(v)] + sizes.get(st, [None, None])
+            for st, v in sorted(by_step.items())]
+    with open(os.path.join(rundir, "metrics.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "loss", "head_ranks", "shard0_members", "shard1_members"])
+        w.writerows(rows)
+    hashes, checks = {}, 0
+    for lg in logs:
+        for o in lg["outer"]:
+            hashes.setdefault((o["shard"], o["committed"]), set()).add(o["hash"])
+    identical = all(len(v) == 1 for v in hashes.values())
+    finals = {}
+    for lg in logs:
+        for s, f in (lg.get("final") or {}).items():
+            finals.setdefault(s, []).append((lg["rank"], lg["incarnation"], f["committed"],
+                                             f["hash"]))
+    final_identical = bool(finals) and all(len({(c, h) for _, _, c, h in v}) == 1
+                                           for v in finals.values())
+    events = [dict(e, what=f"driver: {e['what']}") for e in driver_events]
+    for lg in logs:
+        for e in lg["events"]:
+            events.append({"step": e["step"], "time": e["time"],
+                           "what": f"rank {lg['rank']}.{lg['incarnation']}: {e['what']}"})
+    events.sort(key=lambda e: e["time"])
+    t_first = events[0]["time"] if events else 0
+    for e in events:
+        e["t"] = round(e.pop("time") - t_first, 2)
+    joins = [(lg, j) for lg in logs for j in lg["joins"] if j["step"] > 0]
+    members = {}
+    for (shard, _), v in hashes.items():
+        members[shard] = min(members.get(shard, 99), len(v))
+    compared = {}
+    for lg in logs:
+        for o in lg["outer"]:
+            compared.setdefault((o["shard"], o["committed"]), 0)
+            compared[(o["shard"], o["committed"])] += 1
+    summary = {
+        "run": f"churn_{name}", "plan": plan, "events": events, "failed": failed,
+        "steps": rows[-1][0] if rows else 0, "first_loss": rows[0][1] if rows else None,
+        "train_loss": rows[-1][1] if rows else None,
+        "eval_loss": rank0["eval_loss"] if rank0 else None,
+        "outer_checks": len(hashes), "identical": identical, "final": finals,
+        "final_identical": final_identical,
+        "rejoined": [{"rank": lg["rank"], "incarnation": lg["incarnation"],
+                      "state_bytes_received": j["state_bytes_received"],
+                      "state_bytes": j["state_bytes"],
+                      "joined_at": j["step"], "finished": bool(lg.get("final"))}
+                     for lg, j in joins],
+        "min_members_compared": min(compared.values()) if compared else 0,
+        "wall_seconds": wall,
+    }
+    with open(os.path.join(rundir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if rows:
+        plot_churn(summary, rows, rundir)
+    return summary
+
+
+def plot_churn(summary, rows, rundir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
+                                 gridspec_kw={"height_ratios": [3, 1]})
+    a1.plot([r[0] for r in rows], [r[1] for r in rows], label="training loss (head ranks present)")
+    for e in summary["events"]:
+        if e["step"] is None:
+            continue
+        what = e["what"]
+        color = ("red" if "killed" in what else "orange" if "restarted" in what else
+                 "green" if "joined" in what else None)
+        if color:
+            for ax in (a1, a2):
+                ax.axvline(e["step"], color=color, alpha=0.6, lw=1)
+    a1.set_ylabel("loss")
+    a1.set_title(f"{summary['run']}: red kill, orange restart, green rejoin")
+    a1.legend()
+    for i in (0, 1):
+        pts = [(r[0], r[3 + i]) for r in rows if r[3 + i] is not None]
+        a2.step([p[0] for p in pts], [p[1] + 0.04 * (i - 0.5) for p in pts], where="post",
+                label=f"shard {i} members")
+    a2.set_xlabel("step")
+    a2.set_ylabel("members")
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(rundir, "churn.png"), dpi=90)
+    plt.close(fig)
+
+
+def churn_table(s, cfg, net_desc):
+    lines = [f"Churn run `{s['run']}`: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = "
+             f"{D_MODEL}, {cfg['layers']} layers, context {cfg['seq']}, {net_desc}; "
+             f"lbcc.torch.SparseLoCo(elastic=True), one elastic group per shard.", "",
+             "| step | s | membership event (driver: kills, restarts; ranks: what they saw) |",
+             "|---|---|---|"]
+    if s["first_loss"] is None or s["eval_loss"] is None:
+        return "\n".join(lines + ["", f"FAILED: no complete run ({'; '.join(s['failed'])})"])
+    for e in s["events"]:
+        lines.append(f"| {e['step'] if e['step'] is not None else '-'} | {e['t']:.1f} "
+                     f"| {e['what']} |")
+    lines += ["", f"Loss {s['first_loss']:.3f} -> {s['train_loss']:.3f} (training, head ranks "
+                  f"present), held-out {s['eval_loss']:.3f}; every committed outer step "
+                  f"bit-identical on every member of its epoch: "
+                  f"{'yes' if s['identical'] else 'NO'} ({s['outer_checks']} (shard, step) "
+                  f"checks, each over at least {s['min_members_compared']} members); final parameters identical on every member, the restarted stage "
+                  f"included: {'yes' if s['final_identical'] else 'NO'}; rejoined: " +
+              (", ".join(f"rank {j['rank']} (incarnation {j['incarnation']}) at step "
+                         f"{j['joined_at']}" for j in s["rejoined"]) or "none") +
+              "; shared state received at the rejoin: " +
+              (", ".join(f"rank {j['rank']}.{j['incarnation']} {j['state_bytes_received']} B "
+                         f"(of {j['state_bytes']} B)" for j in s["rejoined"]) or "none") + "."]
+    if s["failed"]:
+        lines.append(f"FAILED: {'; '.join(s['failed'])}")
+    lines.append("\nPlot: `churn.png` (loss vs step with the kills, restarts and rejoins; the "
+                 "shards' member counts).")
+    return "\n".join(lines)
+
+
 def summarize(name, rundir, n, wall):
     logs = [json.load(open(os.path.join(rundir, f"rank{r}.json"))) for r in range(n)]
     steps = len(logs[0]["steps"])
@@ -279,6 +566,13 @@ def summarize(name, rundir, n, wall):
     with open(os.path.join(rundir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def sign_test(wins, n):
+    """Two-sided sign-test p-value of `wins` successes in `n` paired comparisons."""
+    k = max(wins, n - wins)
+    tail = sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def mean_std(xs):
@@ -359,8 +653,9 @@ def grid_table(groups, cfg, net_desc):
 
 
 def verdicts(groups):
-    """The paper's two claims and the cost of compression, stated from the grid's numbers."""
-    out = []
+    """The paper's two claims and the cost of compression, stated from the grid's numbers;
+    returns (text, the best adaptation's record: adaptation, margin, noise, ratios)."""
+    out, best = [], {}
     base = groups.get("sparseloco")
     for adapt in ADAPTATIONS:
         rows, gaps = [], []
@@ -440,6 +735,7 @@ def verdicts(groups):
                            ", ".join(costs) + ".")
     # Why: the size of the effects against the seeds' spread.
     wins = pairs = 0
+    gaps_all = []
     for c, g in groups.items():
         if g["layout"] == "hetero" and g["den"]:
             other = groups.get(c.replace("hetero_", "allpipe_", 1))
@@ -447,19 +743,23 @@ def verdicts(groups):
                 both = set(g["by_seed"]) & set(other["by_seed"])
                 wins += sum(other["by_seed"][x] > g["by_seed"][x] for x in both)
                 pairs += len(both)
+                gaps_all.append(abs(other["loss"][0] - g["loss"][0]))
     stds = [g["loss"][1] for g in groups.values() if g["seeds"] > 1]
-    het = [groups[f"hetero_k{d}_{BEST_ADAPTATION}"]["loss"][0] for d in RATIOS
-           if f"hetero_k{d}_{BEST_ADAPTATION}" in groups]
-    if stds and het and pairs and base:
-        worst = 100 * (max(het) / base["loss"][0] - 1)
+    costs = [abs(g["loss"][0] - base["loss"][0]) for g in groups.values()
+             if base and g["den"] and g["layout"] == "hetero"]
+    if stds and pairs and base and gaps_all:
+        med = sorted(stds)[len(stds) // 2]
+        p_sign = sign_test(wins, pairs)
+        size = ("smaller than" if max(gaps_all) < med else
+                "comparable to" if max(gaps_all) < 2 * med else "larger than")
         out.append(f"- Why, at this scale: the seeds' spread (held-out loss std {min(stds):.3f} to "
-                   f"{max(stds):.3f} per configuration) is as large as the effects measured; "
-                   f"compressing the one slow replica costs at most {worst:+.1f} % against "
-                   f"uncompressed SparseLoCo at any ratio ({BEST_ADAPTATION}), so there is "
-                   f"little loss for compressing one replica instead of three to save, and a "
-                   f"short run of a small model does not separate it from run-to-run noise. Paired by seed, heterogeneous ended lower than "
-                   f"compress-all in {wins} of {pairs} (seed, ratio, adaptation) pairs: a "
-                   f"consistent direction, a small size.")
+                   f"{max(stds):.3f} per configuration, median {med:.3f}) is to be set against "
+                   f"the effects: the largest heterogeneous vs compress-all gap is "
+                   f"{max(gaps_all):.3f} ({size} the median std), and compressing the one slow "
+                   f"replica moves the held-out loss by {min(costs):.3f} to {max(costs):.3f} "
+                   f"from uncompressed SparseLoCo. Paired by seed (same data, init and basis), "
+                   f"heterogeneous ended lower than compress-all in {wins} of {pairs} (seed, "
+                   f"ratio, adaptation) pairs (two-sided sign test p = {p_sign:.2g}).")
     # Adaptations compared where all of them ran.
     common = [den for den in RATIOS
               if all(f"{lay}_k{den}_{ad}" in groups for ad in ADAPTATIONS
@@ -472,6 +772,8 @@ def verdicts(groups):
         spread = {ad: sum(sd for _, sd in v) / len(v) for ad, v in means.items()}
         margin = avg[order[1]] - avg[order[0]]
         noise = spread[order[0]] + spread[order[1]]
+        best.update(adaptation=order[0], margin=margin, noise=noise,
+                    ratios=[f"1/{d}" for d in common])
         out.append(f"- Adaptations (mean held-out loss over both layouts at " +
                    ", ".join(f"1/{d}" for d in common) + "): " +
                    ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ADAPTATIONS) +
@@ -482,7 +784,7 @@ def verdicts(groups):
                "the compress-all layout's other two pipelines sit on the fast island, so "
                "compressing them saves only fast-link bytes; the comparison is the loss at equal "
                "slow-link bytes.")
-    return "\n".join(out)
+    return "\n".join(out), best
 
 
 def plot(results, out):
@@ -547,8 +849,8 @@ def table(results, cfg, missing, net_desc):
     return "\n".join(lines)
 
 
-def write_readme(path, text):
-    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+def write_readme(path, text, section="results"):
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
     with open(path) as f:
         doc = f.read()
     if begin in doc and end in doc:
@@ -563,6 +865,7 @@ def main():
     ap.add_argument("--preset", choices=list(PRESETS), default="demo")
     ap.add_argument("--runs", help="comma-separated run names (see the doc above)")
     ap.add_argument("--steps", type=int)
+    ap.add_argument("--inner-steps", type=int, help="H, inner steps per outer step")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "lbcc_hetero"))
     ap.add_argument("--no-testbed", action="store_true")
     ap.add_argument("--rate", default="100mbit")
@@ -578,6 +881,13 @@ def main():
     ap.add_argument("--d", type=int, help="model dimension (default: the preset's)")
     ap.add_argument("--layers", type=int, help="transformer blocks, split evenly over 2 stages")
     ap.add_argument("--seq", type=int, help="context length")
+    ap.add_argument("--churn", action="store_true",
+                    help="one run (the first of --runs, default sparseloco) over elastic groups "
+                         "in which a pipeline stage is killed at random steps and restarted a "
+                         "few steps later; it rejoins (churn.md, churn.png)")
+    ap.add_argument("--churn-events", type=int, default=1, help="--churn: kills in the run")
+    ap.add_argument("--churn-seed", type=int, default=0,
+                    help="--churn: seed of the kill steps, victims and down times")
     args = ap.parse_args()
     global D_MODEL
     cfg = dict(MODEL, **PRESETS[args.preset])
@@ -589,6 +899,8 @@ def main():
         cfg["runs"] = args.runs.split(",")
     if args.steps:
         cfg["steps"] = args.steps
+    if args.inner_steps:
+        cfg["inner_steps"] = args.inner_steps
     if args.seeds:
         cfg["runs"] = [n for n in cfg["runs"] if spec(n)[4] < args.seeds]
     os.makedirs(args.out, exist_ok=True)
@@ -604,6 +916,28 @@ def main():
                 f"127.0.0.1 (no testbed): slow links marked in the topology, paced to {args.rate}")
     for name in cfg["runs"]:
         spec(name)  # fails early on a bad name
+    if args.churn:
+        name = args.runs.split(",")[0] if args.runs else "sparseloco"
+        print(f"== hetero_training --churn: {name}, {cfg['steps']} steps, H = "
+              f"{cfg['inner_steps']}, {args.churn_events} kill(s); {net_desc}; results in "
+              f"{args.out}", flush=True)
+        try:
+            s = run_churn(name, cfg, net, args, pkg, args.out)
+        finally:
+            net.down()
+        text = churn_table(s, cfg, net_desc)
+        with open(os.path.join(args.out, "churn.md"), "w") as f:
+            f.write(text + "\n")
+        shutil.copy(os.path.join(args.out, s["run"], "churn.png"), args.out)
+        if args.results:
+            os.makedirs(args.results, exist_ok=True)
+            for fn in ("churn.md", "churn.png"):
+                shutil.copy(os.path.join(args.out, fn), args.results)
+        print("\n" + text)
+        if args.readme:
+            write_readme(args.readme, text, "churn")
+        ok = (not s["failed"] and s["identical"] and s["final_identical"] and s["rejoined"])
+        return 0 if ok else 1
     print(f"== hetero_training: {len(cfg['runs'])} runs, {cfg['steps']} steps each, "
           f"H = {cfg['inner_steps']}; {net_desc}; results in {args.out}", flush=True)
     results, missing = {}, {}
@@ -640,6 +974,7 @@ def main():
         net.down()
     if args.preset == "grid":
         groups = aggregate(results)
+        best = {}
         text = grid_table(groups, cfg, net_desc)
         if missing:
             by_config = {}
@@ -650,7 +985,19 @@ def main():
         if groups:
             text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out))}` (held-out loss "
                      f"vs slow-link bytes, mean +- std over seeds, one curve per configuration).")
-            text += "\n\n" + verdicts(groups)
+            verdict_text, best = verdicts(groups)
+            text += "\n\n" + verdict_text
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        load = os.getloadavg()
+        runs_at = [os.path.getmtime(os.path.join(args.out, n, "rank0.json")) for n in results]
+        span = (f"; the runs finished between {time.strftime('%H:%M', time.gmtime(min(runs_at)))} "
+                f"and {time.strftime('%H:%M', time.gmtime(max(runs_at)))} UTC" if runs_at else "")
+        how = ("summarized by `--collect` from the run folders" if args.collect else
+               "written by the grid run itself")
+        text = (f"Produced {stamp} on {os.uname().nodename} ({os.cpu_count()} CPUs), {how}: "
+                f"`{' '.join(['hetero.py'] + sys.argv[1:])}`; load average "
+                f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at the end{span}."
+                f"\n\n" + text)
     else:
         text = table(results, cfg, missing, net_desc)
         if results:
@@ -689,7 +1036,10 @@ def main():
                                                "basis_versions", "train_seconds",
                                                "wall_seconds")}
                          for n, r in results.items()},
-                "missing": missing}
+                "missing": missing,
+                "best_adaptation": best.get("adaptation") if groups else None,
+                "best_margin": best.get("margin") if groups else None,
+                "best_noise": best.get("noise") if groups else None}
         with open(os.path.join(args.out, "grid_summary.json"), "w") as f:
             json.dump(slim, f, indent=1)
         if args.results:

@@ -62,7 +62,7 @@ class Data:
         while True:
             yield self._window(self.train, g)
 
-    def held_out(self, batches=4):
+    def held_out(self, batches=32):
         g = torch.Generator().manual_seed(99)
         return [self._window(self.held, g) for _ in range(batches)]
 
