@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -38,26 +39,28 @@ bool IsRetryable(const absl::Status& status) { return absl::IsAborted(status); }
 
 namespace {
 
-// Holds a codec state's update back: SparseAllReduce's Commit() only marks it, and the group
-// commits or aborts the inner state once the master decided.
+// Holds a codec state's update back: SparseAllReduce's Commit() and Abort() only mark it, and
+// the group commits or aborts the inner state itself (at once when the exchange succeeded
+// here; after the master's decision when it failed: the step may still be forwarded).
 class DeferredState final : public codecs::CodecState {
  public:
   explicit DeferredState(codecs::CodecState* inner) : inner_(inner) {}
   codecs::CodecId codec() const override { return inner_->codec(); }
-  bool has_pending() const override { return inner_->has_pending() && !marked_; }
+  bool has_pending() const override { return inner_->has_pending() && !marked_ && !dropped_; }
   absl::Status Commit() override {
     if (!has_pending()) return absl::FailedPreconditionError("elastic: no pending update");
     marked_ = true;
     return absl::OkStatus();
   }
   absl::Status Abort() override {
-    marked_ = false;
-    return inner_->Abort();
+    if (!has_pending()) return absl::FailedPreconditionError("elastic: no pending update");
+    dropped_ = true;
+    return absl::OkStatus();
   }
   codecs::CodecState* inner() const { return inner_; }
   // The master's decision: apply or drop whatever the inner state holds.
   absl::Status Finish(bool commit) {
-    marked_ = false;
+    marked_ = dropped_ = false;
     if (!inner_->has_pending()) return absl::OkStatus();
     return commit ? inner_->Commit() : inner_->Abort();
   }
@@ -65,6 +68,7 @@ class DeferredState final : public codecs::CodecState {
  private:
   codecs::CodecState* const inner_;
   bool marked_ = false;
+  bool dropped_ = false;
 };
 
 codecs::CodecState* Unwrap(codecs::CodecState* state) {
@@ -111,6 +115,7 @@ class DeferringCodec final : public codecs::Codec {
 };
 
 constexpr uint32_t kStateTag = 0x5e1a;       // shared-state transfer (DenseSend/DenseRecv)
+constexpr uint32_t kForwardTag = 0x5e1b;     // a step's result to members whose exchange failed
 constexpr uint32_t kStateMagic = 0x5453424c;  // "LBST"
 
 // One member's view of the shared state, exchanged before a transfer.
@@ -213,7 +218,14 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     if (sock_ != nullptr) {
       Message leave;
       leave.type = MsgType::kLeave;
-      (void)sock_->Send(leave, absl::Now() + absl::Seconds(1));
+      if (sock_->Send(leave, absl::Now() + absl::Seconds(1)).ok() && reader_.joinable()) {
+        // The master closes the connection once it took the leave; reading to its end first
+        // leaves nothing unread, so closing sends no reset that could drop the last report.
+        MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reader_done_ || !fatal_.ok(); },
+            absl::Seconds(1));
+      }
       sock_->Shutdown();
     }
     std::shared_ptr<Communicator> comm;
@@ -262,7 +274,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     DeferringCodec deferring(*codec);
     OpOptions op = Communicator::BulkOptions();
     op.timeout = options_.op_timeout;
-    auto body = [&] { return a.comm->SparseAllReduce(wrapped, &deferring, decode, op)->Wait(); };
+    const absl::Time started = absl::Now();
+    const absl::Status local =
+        a.comm->SparseAllReduce(wrapped, &deferring, decode, op)->Wait();
     auto finish = [&](bool commit) {
       absl::Status first;
       for (auto& s : states) {
@@ -271,7 +285,68 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       }
       return first;
     };
-    return RunPhase(a, Phase::kStep, body, finish);
+    Report(a, Phase::kStep, a.step, local);
+    LBCC_LOG(TRACE) << "ElasticGroup " << options_.name << ": epoch " << a.info.epoch << " step "
+                    << a.step << " exchange " << absl::ToDoubleMilliseconds(absl::Now() - started)
+                    << " ms: " << (local.ok() ? "committed" : local.ToString());
+    if (local.ok()) {
+      // Committed at once; the master's decision is awaited before the next phase (Acquire),
+      // and this member keeps the result in case a member whose exchange failed needs it.
+      Held held{a.info.epoch, a.step, std::string()};
+      for (const auto& t : tensors) {
+        held.out.append(static_cast<const char*>(t.out.data()), t.out.num_bytes());
+      }
+      const absl::Status committed = finish(true);
+      MutexLock lock(&mu_);
+      held_ = std::move(held);
+      held_forwarding_ = false;
+      step_ = std::max(step_, a.step + 1);
+      stats_.committed_epoch = a.info.epoch;
+      return committed;
+    }
+    // Failed here: the master decides once every member of the epoch is accounted for (a
+    // member that committed may forward the result: then this call succeeds after all).
+    const auto key = std::make_tuple(a.info.epoch, static_cast<int>(Phase::kStep), a.step);
+    Message decision;
+    absl::Status fatal;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return left_ || !fatal_.ok() || decisions_.count(key) > 0;
+      });
+      if (left_) {
+        fatal = absl::FailedPreconditionError("ElasticGroup: this member left the group");
+      } else if (!fatal_.ok()) {
+        fatal = fatal_;
+      } else {
+        decision = decisions_[key];
+      }
+    }
+    if (fatal.ok() && decision.forward) {
+      ForwardTarget target{a.info.epoch, a.step, &wrapped, false};
+      absl::StatusOr<Acquired> forwarded = Acquire(&target);
+      if (target.done) {
+        LBCC_RETURN_IF_ERROR(finish(true));
+        MutexLock lock(&mu_);
+        stats_.committed_epoch = a.info.epoch;
+        return absl::OkStatus();
+      }
+      fatal = forwarded.ok() ? absl::AbortedError("ElasticGroup: step not forwarded")
+                             : forwarded.status();
+      if (IsRetryable(fatal)) fatal = absl::OkStatus();  // rolled back: as an abort below
+    }
+    (void)finish(false);
+    std::string changed;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.aborted_calls;
+      if (info_.epoch > a.info.epoch) changed = absl::StrCat("membership changed: ", info_.reason);
+    }
+    if (!fatal.ok()) return fatal;
+    if (IsCallerError(local)) return local;
+    if (!changed.empty()) return absl::AbortedError(changed);
+    return absl::AbortedError(absl::StrCat("elastic phase aborted in epoch ", a.info.epoch, ": ",
+                                           decision.text));
   }
 
   uint64_t epoch() {
@@ -309,6 +384,22 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     std::vector<uint32_t> needs_state;
     std::vector<std::string> names;
     std::string reason;
+    bool forward = false;  // forward_source sends step forward_step's result to forward_to
+    uint64_t forward_step = 0;
+    int forward_source = 0;
+    std::vector<uint32_t> forward_to;
+  };
+  // A member whose exchange of `step` failed, waiting to receive its result.
+  struct ForwardTarget {
+    uint64_t epoch = 0, step = 0;
+    const std::vector<Communicator::SparseTensor>* tensors = nullptr;
+    bool done = false;
+  };
+  // A step this member committed before the master decided it: its result, kept until every
+  // member has the step (the master may ask this member to forward it).
+  struct Held {
+    uint64_t epoch = 0, step = 0;
+    std::string out;
   };
   struct Acquired {
     std::shared_ptr<Communicator> comm;
@@ -341,7 +432,11 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       std::shared_ptr<Communicator> old;
       {
         MutexLock lock(&mu_);
-        if (left_) return;
+        if (left_) {
+          if (m.ok()) continue;  // read to the end (Leave)
+          reader_done_ = true;
+          return;
+        }
         if (!m.ok()) {
           FailLocked(MasterLost(absl::StrCat("is lost: ", m.status().message())));
           return;
@@ -362,8 +457,12 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             info.needs_state = m->needs_state;
             info.names = m->names;
             info.reason = m->text;
+            info.forward = m->forward;
+            info.forward_step = m->forward_step;
+            info.forward_source = static_cast<int>(m->forward_source);
+            info.forward_to = m->forward_to;
             info_ = std::move(info);
-            step_ = m->step;
+            step_ = std::max(step_, m->step);
             ++stats_.epochs_seen;
             if (comm_) old = comm_;  // its running operation must fail now
             std::thread([self = shared_from_this(), info = info_] { self->BuildEpoch(info); })
@@ -376,8 +475,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             if (m->ok && m->phase == Phase::kSync && m->epoch == info_.epoch) {
               info_.needs_state.clear();
             }
-            if (m->ok && m->phase == Phase::kStep) step_ = std::max(step_, m->step + 1);
-            if (m->broken) expect_after_ = std::max(expect_after_, m->epoch);
+            if (m->ok && m->phase != Phase::kSync) step_ = std::max(step_, m->step + 1);
+            if (m->broken) expect_after_ = std::max(expect_after_, m->next_epoch - 1);
             break;
           case MsgType::kRefuse:
             FailLocked(absl::Status(static_cast<absl::StatusCode>(m->code), m->text));
@@ -455,25 +554,180 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     }
   }
 
-  // Waits for the newest epoch's communicator.
-  absl::StatusOr<Acquired> Acquire() {
-    MutexLock lock(&mu_);
+  // Waits for the master's decision of the step this member committed last, then for the
+  // newest epoch's communicator, and first runs the epoch's forward phase if it has one.
+  // `target`: the call of a step that failed here and is to receive its result.
+  absl::StatusOr<Acquired> Acquire(ForwardTarget* target = nullptr) {
     const absl::Duration limit = setup_timeout_ + options_.op_timeout;
-    const absl::Time deadline = absl::Now() + limit;
-    const bool ready = mu_.AwaitWithDeadline(
-        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return left_ || !fatal_.ok() ||
-                 (info_.epoch > expect_after_ && comm_epoch_ == info_.epoch && comm_ != nullptr);
-        },
-        deadline);
-    if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
-    if (!fatal_.ok()) return fatal_;
-    if (!ready) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "ElasticGroup: no usable epoch within ", absl::FormatDuration(limit),
-          " (epoch ", info_.epoch, ": ", setup_status_.ToString(), ")"));
+    while (true) {
+      Acquired a;
+      bool enter = false, forward = false;
+      {
+        MutexLock lock(&mu_);
+        const absl::Time deadline = absl::Now() + limit;
+        if (held_.has_value() && !held_forwarding_) {
+          const auto key = std::make_tuple(held_->epoch, static_cast<int>(Phase::kStep), held_->step);
+          const bool got = mu_.AwaitWithDeadline(
+              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                return left_ || !fatal_.ok() || decisions_.count(key) > 0;
+              },
+              deadline);
+          if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
+          if (!fatal_.ok()) return fatal_;
+          if (!got) {
+            return absl::DeadlineExceededError(absl::StrCat(
+                "ElasticGroup: no decision on step ", held_->step, " within ",
+                absl::FormatDuration(limit)));
+          }
+          const Message& d = decisions_[key];
+          if (d.ok) {
+            held_.reset();
+            decisions_.erase(decisions_.begin(), decisions_.upper_bound(key));
+          } else if (d.forward) {
+            held_forwarding_ = true;  // kept until the forward phase ran
+          } else {
+            FailLocked(absl::DataLossError(absl::StrCat(
+                "ElasticGroup: the job rolled back step ", held_->step,
+                ", which this member had committed: ", d.text)));
+            return fatal_;
+          }
+        }
+        if (target != nullptr) {
+          auto it = decisions_.find(
+              std::make_tuple(target->epoch, static_cast<int>(Phase::kStep), target->step));
+          if (it != decisions_.end() && !it->second.forward) {
+            return absl::AbortedError(absl::StrCat("membership changed: step ", target->step,
+                                                   " is rolled back: ", it->second.text));
+          }
+        }
+        const bool ready = mu_.AwaitWithDeadline(
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return left_ || !fatal_.ok() ||
+                     (info_.epoch > expect_after_ && comm_epoch_ == info_.epoch && comm_ != nullptr);
+            },
+            deadline);
+        if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
+        if (!fatal_.ok()) return fatal_;
+        if (!ready) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "ElasticGroup: no usable epoch within ", absl::FormatDuration(limit),
+              " (epoch ", info_.epoch, ": ", setup_status_.ToString(), ")"));
+        }
+        if (info_.epoch != entered_epoch_) {
+          entered_epoch_ = info_.epoch;
+          enter = true;
+        }
+        if (held_forwarding_ && !info_.forward) {
+          held_.reset();  // every member that needed it is gone
+          held_forwarding_ = false;
+        }
+        forward = info_.forward &&
+                  decisions_.count(std::make_tuple(info_.epoch, static_cast<int>(Phase::kForward),
+                                                   info_.forward_step)) == 0;
+        a = Acquired{comm_, info_, step_};
+      }
+      if (enter) {
+        // Tells the master this member takes part in no older exchange.
+        Message m;
+        m.type = MsgType::kEnter;
+        m.epoch = a.info.epoch;
+        (void)sock_->Send(m, absl::Now() + absl::Seconds(5));
+      }
+      if (!forward) {
+        if (target != nullptr) return absl::AbortedError("ElasticGroup: the step was not forwarded");
+        return a;
+      }
+      Acquired f = a;
+      f.step = a.info.forward_step;
+      const absl::Status s = RunPhase(f, Phase::kForward, [&] { return ForwardStep(f, target); },
+                                      nullptr);
+      if (s.ok()) {
+        MutexLock lock(&mu_);
+        if (held_.has_value() && held_->step == f.step) {
+          held_.reset();
+          held_forwarding_ = false;
+        }
+        if (target != nullptr && target->step == f.step) {
+          target->done = true;
+          return a;
+        }
+        continue;
+      }
+      if (!IsRetryable(s)) return s;
+      // The master forwards again in a new epoch, or rolls the step back.
     }
-    return Acquired{comm_, info_, step_};
+  }
+
+  // The forward phase: the source sends the result of the step to every member whose
+  // exchange of it failed (XXH3-checked); the others take part with nothing to do.
+  absl::Status ForwardStep(const Acquired& a, ForwardTarget* target) {
+    Communicator& comm = *a.comm;
+    const std::vector<uint32_t>& to = a.info.forward_to;
+    const int rank = a.info.rank;
+    if (rank == a.info.forward_source) {
+      std::string out;
+      {
+        MutexLock lock(&mu_);
+        if (!held_.has_value() || held_->step != a.info.forward_step) {
+          return absl::InternalError(absl::StrCat("ElasticGroup: asked to forward step ",
+                                                  a.info.forward_step, ", which it does not hold"));
+        }
+        out = held_->out;
+      }
+      StateHeader header;
+      header.raw_bytes = header.wire_bytes = out.size();
+      header.hash = XXH3_64bits(out.data(), out.size());
+      for (uint32_t r : to) {
+        RequestPtr h = comm.DenseSend(&header, sizeof(header), static_cast<int>(r), kForwardTag);
+        RequestPtr b = comm.DenseSend(out.data(), out.size(), static_cast<int>(r), kForwardTag);
+        LBCC_RETURN_IF_ERROR(WaitOrAbort(comm, h));
+        LBCC_RETURN_IF_ERROR(WaitOrAbort(comm, b));
+      }
+      return absl::OkStatus();
+    }
+    if (std::find(to.begin(), to.end(), static_cast<uint32_t>(rank)) == to.end()) {
+      return absl::OkStatus();
+    }
+    if (target == nullptr || target->step != a.info.forward_step) {
+      return absl::InternalError(absl::StrCat("ElasticGroup: step ", a.info.forward_step,
+                                              " is forwarded to this member, which is not in it"));
+    }
+    uint64_t bytes = 0;
+    for (const auto& t : *target->tensors) bytes += t.out.num_bytes();
+    StateHeader header;
+    LBCC_RETURN_IF_ERROR(WaitOrAbort(
+        comm, comm.DenseRecv(&header, sizeof(header), a.info.forward_source, kForwardTag)));
+    if (header.magic != kStateMagic || header.raw_bytes != bytes || header.wire_bytes != bytes) {
+      return absl::DataLossError(absl::StrCat("ElasticGroup: bad forwarded result of step ",
+                                              a.info.forward_step, " from rank ",
+                                              a.info.forward_source));
+    }
+    std::string body(bytes, '\0');
+    LBCC_RETURN_IF_ERROR(WaitOrAbort(
+        comm, comm.DenseRecv(body.data(), body.size(), a.info.forward_source, kForwardTag)));
+    if (XXH3_64bits(body.data(), body.size()) != header.hash) {
+      return absl::DataLossError(absl::StrCat("ElasticGroup: the forwarded result of step ",
+                                              a.info.forward_step, " does not match its hash"));
+    }
+    size_t at = 0;
+    for (const auto& t : *target->tensors) {
+      std::memcpy(t.out.data(), body.data() + at, t.out.num_bytes());
+      at += t.out.num_bytes();
+    }
+    return absl::OkStatus();
+  }
+
+  void Report(const Acquired& a, Phase phase, uint64_t step, const absl::Status& local) {
+    Message report;
+    report.type = MsgType::kReport;
+    report.epoch = a.info.epoch;
+    report.step = step;
+    report.phase = phase;
+    report.ok = local.ok();
+    report.broken = !a.comm->status().ok();
+    report.code = static_cast<uint32_t>(local.code());
+    report.text = std::string(local.message());
+    (void)sock_->Send(report, absl::Now() + absl::Seconds(5));  // a lost master shows later
   }
 
   // Runs one phase in the acquired epoch and applies the master's decision.
@@ -482,16 +736,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     const absl::Time started = absl::Now();
     const absl::Status local = body();
     const absl::Time ran = absl::Now();
-    Message report;
-    report.type = MsgType::kReport;
-    report.epoch = a.info.epoch;
-    report.step = a.step;
-    report.phase = phase;
-    report.ok = local.ok();
-    report.broken = !a.comm->status().ok();
-    report.code = static_cast<uint32_t>(local.code());
-    report.text = std::string(local.message());
-    (void)sock_->Send(report, absl::Now() + absl::Seconds(5));  // a lost master shows below
+    Report(a, phase, a.step, local);
     Message decision;
     bool decided = false;
     std::string changed;
@@ -514,7 +759,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
         changed = absl::StrCat("membership changed: ", info_.reason);
       }
       LBCC_LOG(TRACE) << "ElasticGroup " << options_.name << ": epoch " << a.info.epoch
-                      << " step " << a.step << (phase == Phase::kSync ? " sync " : " exchange ")
+                      << " step " << a.step << (phase == Phase::kSync ? " sync " : " forward ")
                       << absl::ToDoubleMilliseconds(ran - started) << " ms, decision after "
                       << absl::ToDoubleMilliseconds(absl::Now() - ran) << " ms";
       if (!(decided && decision.ok)) ++stats_.aborted_calls;
@@ -693,11 +938,15 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
 
   Mutex mu_;
   bool left_ ABSL_GUARDED_BY(mu_) = false;
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // after Leave(): the master closed
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   EpochInfo info_ ABSL_GUARDED_BY(mu_);   // the newest epoch announced
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps of the job
   uint64_t expect_after_ ABSL_GUARDED_BY(mu_) = 0;  // a decision announced a newer epoch
+  uint64_t entered_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch told to the master
+  std::optional<Held> held_ ABSL_GUARDED_BY(mu_);
+  bool held_forwarding_ ABSL_GUARDED_BY(mu_) = false;  // held_ is to be forwarded
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   uint64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status setup_status_ ABSL_GUARDED_BY(mu_);

@@ -49,7 +49,7 @@ static void Delta(int seed, uint64_t step, float* out) {
 
 /* The member program: steps until kSteps are committed; the victim parks after kVictimStep
  * steps (it is killed there). Lines on stdout: ENTER, RETRY, COMMIT <step> <epoch> <out hash>
- * <params hash>, RETRIES <n>, ERROR. */
+ * <params hash> <epoch now>, RETRIES <n>, ERROR. */
 static int Member(int seed, const char* address) {
   setenv("UCX_MEM_EVENTS", "no", 1);
   static float params[kElements], delta[kElements], out[kElements];
@@ -110,9 +110,9 @@ static int Member(int seed, const char* address) {
     if (rc != lbccSuccess) break;
     for (int i = 0; i < kElements; ++i) params[i] += out[i];
     lbccElasticQuery(group, &epoch, NULL, NULL, NULL);
-    printf("COMMIT %llu %llu %016llx %016llx\n", (unsigned long long)step,
-           (unsigned long long)epoch, (unsigned long long)Fnv(out, sizeof(out)),
-           (unsigned long long)Fnv(params, sizeof(params)));
+    printf("COMMIT %llu %016llx %016llx %llu\n", (unsigned long long)step,
+           (unsigned long long)Fnv(out, sizeof(out)),
+           (unsigned long long)Fnv(params, sizeof(params)), (unsigned long long)epoch);
     fflush(stdout);
   }
   if (rc != lbccSuccess) {
@@ -142,8 +142,9 @@ static int ReadUntil(int fd, char* buf, size_t cap, size_t* len, const char* pre
   }
 }
 
-/* The value after "COMMIT <step> " for `step` (epoch and hashes), or NULL. */
-static const char* CommitOf(const char* output, int step, char* line, size_t cap) {
+/* The hashes after "COMMIT <step> " for `step` ("<out> <params>"; *epoch: the epoch after
+ * it), or NULL. */
+static const char* CommitOf(const char* output, int step, char* line, size_t cap, int* epoch) {
   char prefix[32];
   snprintf(prefix, sizeof(prefix), "COMMIT %d ", step);
   for (const char* at = output; (at = strstr(at, prefix)) != NULL; ++at) {
@@ -153,6 +154,10 @@ static const char* CommitOf(const char* output, int step, char* line, size_t cap
     if (n >= cap) n = cap - 1;
     memcpy(line, at, n);
     line[n] = '\0';
+    char* last = strrchr(line, ' ');
+    if (last == NULL || last < line + strlen(prefix)) return NULL;
+    *last = '\0';
+    if (epoch != NULL) *epoch = atoi(last + 1);
     return line + strlen(prefix);
   }
   return NULL;
@@ -269,20 +274,21 @@ int main(void) {
   EXPECT(retries >= 1, "no survivor saw lbccMembershipChanged:\n%s\n%s", output[0], output[1]);
   char a[256], b[256];
   for (int step = 0; step < kSteps; ++step) {
-    const char* first = CommitOf(output[0], step, a, sizeof(a));
-    const char* second = CommitOf(output[1], step, b, sizeof(b));
+    int epoch_after = 0;
+    const char* first = CommitOf(output[0], step, a, sizeof(a), &epoch_after);
+    const char* second = CommitOf(output[1], step, b, sizeof(b), NULL);
     EXPECT(first != NULL && second != NULL, "step %d missing", step);
     if (first == NULL || second == NULL) continue;
     EXPECT(strcmp(first, second) == 0, "step %d differs: %s / %s", step, first, second);
     char c[256];
-    const char* victim = CommitOf(output[kVictim], step, c, sizeof(c));
+    const char* victim = CommitOf(output[kVictim], step, c, sizeof(c), NULL);
     if (step < kVictimStep) {
       EXPECT(victim != NULL && strcmp(victim, first) == 0, "step %d on the victim: %s / %s", step,
              victim ? victim : "(none)", first);
     } else {
       EXPECT(victim == NULL, "the victim committed step %d", step);
       /* Committed over the survivors' epoch, a newer one than the first. */
-      EXPECT(atoi(first) > 1, "step %d in epoch %s", step, first);
+      EXPECT(epoch_after > 1, "step %d, then epoch %d", step, epoch_after);
     }
   }
   uint64_t epoch = 0, steps = 0;
