@@ -239,6 +239,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     }
     MutexLock lock(&mu_);
     comm_.reset();
+    // The connections close on a thread of their own: the others keep theirs (their next
+    // epoch is derived from them), so closing lingers for their goodbyes until the last
+    // operation's agreement window ends, and Leave() does not wait for that.
+    if (comm) std::thread([comm = std::move(comm)]() mutable { comm.reset(); }).detach();
     return absl::OkStatus();
   }
 
@@ -275,8 +279,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     OpOptions op = Communicator::BulkOptions();
     op.timeout = options_.op_timeout;
     const absl::Time started = absl::Now();
+    LBCC_RETURN_IF_ERROR(BeginPhase(a));
     const absl::Status local =
         a.comm->SparseAllReduce(wrapped, &deferring, decode, op)->Wait();
+    EndPhase();
     auto finish = [&](bool commit) {
       absl::Status first;
       for (auto& s : states) {
@@ -353,6 +359,13 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     MutexLock lock(&mu_);
     return info_.epoch;
   }
+  bool AwaitEpoch(uint64_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return info_.epoch >= n || !fatal_.ok(); },
+        timeout) &&
+           info_.epoch >= n;
+  }
   int rank() {
     MutexLock lock(&mu_);
     return info_.rank;
@@ -384,6 +397,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     std::vector<uint32_t> needs_state;
     std::vector<std::string> names;
     std::string reason;
+    uint64_t parent_epoch = 0;  // derived from this epoch's communicator (0: built anew)
+    std::vector<int> parent_ranks;
     bool forward = false;  // forward_source sends step forward_step's result to forward_to
     uint64_t forward_step = 0;
     int forward_source = 0;
@@ -457,6 +472,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             info.needs_state = m->needs_state;
             info.names = m->names;
             info.reason = m->text;
+            info.parent_epoch = m->parent_epoch;
+            info.parent_ranks.assign(m->parent_ranks.begin(), m->parent_ranks.end());
             info.forward = m->forward;
             info.forward_step = m->forward_step;
             info.forward_source = static_cast<int>(m->forward_source);
@@ -464,9 +481,18 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             info_ = std::move(info);
             step_ = std::max(step_, m->step);
             ++stats_.epochs_seen;
-            if (comm_) old = comm_;  // its running operation must fail now
-            std::thread([self = shared_from_this(), info = info_] { self->BuildEpoch(info); })
-                .detach();
+            // Derived from the epoch this member holds, when no phase runs on it; else it is
+            // aborted (a running operation must fail now) and the set-up reports that.
+            std::shared_ptr<Communicator> parent;
+            if (info_.parent_epoch != 0 && comm_ && comm_epoch_ == info_.parent_epoch &&
+                !in_phase_ && comm_->status().ok()) {
+              parent = comm_;
+            } else if (comm_) {
+              old = comm_;
+            }
+            std::thread([self = shared_from_this(), info = info_, parent = std::move(parent)] {
+              self->BuildEpoch(info, parent);
+            }).detach();
             break;
           }
           case MsgType::kDecision:
@@ -528,9 +554,15 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // Builds `info`'s communicator, on a thread of its own per epoch: an epoch superseded while
   // its members meet (one left before joining its bootstrap) holds its thread until the set-up
   // timeout, and must not hold up the newer epoch. The thread keeps the Impl alive.
-  void BuildEpoch(const EpochInfo& info) {
+  void BuildEpoch(const EpochInfo& info, const std::shared_ptr<Communicator>& parent) {
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
-        Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config);
+        info.parent_epoch == 0
+            ? Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config)
+        : parent != nullptr
+            ? parent->Subgroup(info.parent_ranks, static_cast<uint32_t>(2 + info.epoch % 65534))
+            : absl::StatusOr<std::unique_ptr<Communicator>>(absl::FailedPreconditionError(
+                  absl::StrCat("epoch ", info.parent_epoch, "'s communicator is not usable here "
+                               "to derive epoch ", info.epoch, " from")));
     std::shared_ptr<Communicator> built;
     if (comm.ok()) built = std::move(*comm);
     std::shared_ptr<Communicator> old;
@@ -717,6 +749,21 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     return absl::OkStatus();
   }
 
+  // Marks the acquired epoch's communicator busy (a newer epoch must abort it, not derive from
+  // it); Aborted when the epoch changed since Acquire (nothing ran: retry).
+  absl::Status BeginPhase(const Acquired& a) {
+    MutexLock lock(&mu_);
+    if (info_.epoch != a.info.epoch) {
+      return absl::AbortedError(absl::StrCat("membership changed: ", info_.reason));
+    }
+    in_phase_ = true;
+    return absl::OkStatus();
+  }
+  void EndPhase() {
+    MutexLock lock(&mu_);
+    in_phase_ = false;
+  }
+
   void Report(const Acquired& a, Phase phase, uint64_t step, const absl::Status& local) {
     Message report;
     report.type = MsgType::kReport;
@@ -734,7 +781,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   template <typename Body, typename Finish>
   absl::Status RunPhase(const Acquired& a, Phase phase, Body body, Finish finish) {
     const absl::Time started = absl::Now();
+    LBCC_RETURN_IF_ERROR(BeginPhase(a));
     const absl::Status local = body();
+    EndPhase();
     const absl::Time ran = absl::Now();
     Report(a, phase, a.step, local);
     Message decision;
@@ -832,15 +881,19 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       if (records[j].hash == ref.hash && records[j].bytes == ref.bytes) continue;  // up to date
       if (records[j].bytes != ref.bytes) continue;  // j fails by itself (InvalidArgument)
       // The source: a holder on a fast link to j if there is one, then the lowest rank.
+      // (The topology is the connections', by global rank: a derived epoch's ranks differ.)
+      auto link = [&](int a, int b) {
+        return comm.topology().link(comm.global_ranks()[a], comm.global_ranks()[b]);
+      };
       int source = -1;
       for (size_t r = 0; r < records.size(); ++r) {
         if (!records[r].synced) continue;
-        if (source < 0 || (comm.topology().link(static_cast<int>(r), j) == LinkClass::kFast &&
-                           comm.topology().link(source, j) != LinkClass::kFast)) {
+        if (source < 0 || (link(static_cast<int>(r), j) == LinkClass::kFast &&
+                           link(source, j) != LinkClass::kFast)) {
           source = static_cast<int>(r);
         }
       }
-      const bool slow = comm.topology().link(source, j) == LinkClass::kSlow;
+      const bool slow = link(source, j) == LinkClass::kSlow;
       if (a.info.rank == source) {
         LBCC_ASSIGN_OR_RETURN(uint64_t n, SendState(comm, static_cast<int>(j), slow, ref.hash));
         sent += n;
@@ -939,6 +992,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   Mutex mu_;
   bool left_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // after Leave(): the master closed
+  bool in_phase_ ABSL_GUARDED_BY(mu_) = false;  // an operation runs on comm_ (BeginPhase)
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   EpochInfo info_ ABSL_GUARDED_BY(mu_);   // the newest epoch announced
@@ -974,6 +1028,9 @@ absl::Status ElasticGroup::SparseAllReduce(const std::vector<Communicator::Spars
 }
 absl::Status ElasticGroup::Leave() { return impl_->Leave(); }
 uint64_t ElasticGroup::epoch() const { return impl_->epoch(); }
+bool ElasticGroup::AwaitEpoch(uint64_t n, absl::Duration timeout) const {
+  return impl_->AwaitEpoch(n, timeout);
+}
 int ElasticGroup::rank() const { return impl_->rank(); }
 int ElasticGroup::size() const { return impl_->size(); }
 uint64_t ElasticGroup::step() const { return impl_->step(); }

@@ -239,6 +239,7 @@ class ElasticMaster::Impl {
         return OnEnter(conn, m.epoch);
       case MsgType::kSetupFailed:
         if (m.epoch == epoch_ && IsMember(conn.id)) {
+          fresh_next_ = true;  // a derived epoch could not be derived there
           NewEpoch(members_, absl::StrCat("the communicator could not be built at ",
                                           Describe(conn), ": ", m.text));
         }
@@ -506,7 +507,27 @@ class ElasticMaster::Impl {
     // No member holds the state (the group forms, or every holder left): rank 0's is the
     // reference from now on.
     if (!any_synced) conns_[members_[0]]->synced = true;
-    absl::StatusOr<UniqueId> uid = CreateUniqueId(options_.bootstrap_host, options_.setup_timeout);
+    uint64_t parent_epoch = 0;
+    std::vector<uint32_t> parent_ranks;
+    // Departures only: members derive the new communicator from the previous epoch's, with
+    // no new connections (a member that cannot says so, and a fresh epoch follows).
+    auto parent = epoch_members_.find(previous);
+    if (!fresh_next_ && parent != epoch_members_.end()) {
+      std::vector<uint32_t> ranks;
+      for (uint64_t id : members_) {
+        auto at = std::find(parent->second.begin(), parent->second.end(), id);
+        if (at == parent->second.end()) break;
+        ranks.push_back(static_cast<uint32_t>(at - parent->second.begin()));
+      }
+      if (ranks.size() == members_.size() && std::is_sorted(ranks.begin(), ranks.end())) {
+        parent_epoch = previous;
+        parent_ranks = std::move(ranks);
+      }
+    }
+    // A derived epoch needs no bootstrap root (nobody would connect to it).
+    absl::StatusOr<UniqueId> uid =
+        parent_epoch != 0 ? UniqueId{}
+                          : CreateUniqueId(options_.bootstrap_host, options_.setup_timeout);
     if (!uid.ok()) {
       // Cannot form the epoch: tell the members why instead of leaving them waiting.
       std::vector<uint64_t> all = members_;
@@ -562,6 +583,9 @@ class ElasticMaster::Impl {
         forward_.reset();
       }
     }
+    e.parent_epoch = parent_epoch;
+    e.parent_ranks = std::move(parent_ranks);
+    fresh_next_ = false;
     e.text = absl::StrCat(reason, " (epoch ", previous, " -> ", epoch_, ")");
     for (size_t r = 0; r < members_.size(); ++r) {
       e.rank = static_cast<uint32_t>(r);
@@ -598,6 +622,7 @@ class ElasticMaster::Impl {
     std::vector<uint64_t> sources, receivers;
   };
   std::optional<Forward> forward_ ABSL_GUARDED_BY(mu_);
+  bool fresh_next_ ABSL_GUARDED_BY(mu_) = false;  // the next epoch is not derived
   std::vector<uint64_t> failed_sends_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -122,6 +122,9 @@ std::string Encode(const Message& m) {
       w.Put<uint32_t>(m.forward_source);
       w.Put<uint32_t>(static_cast<uint32_t>(m.forward_to.size()));
       for (uint32_t r : m.forward_to) w.Put<uint32_t>(r);
+      w.Put<uint64_t>(m.parent_epoch);
+      w.Put<uint32_t>(static_cast<uint32_t>(m.parent_ranks.size()));
+      for (uint32_t r : m.parent_ranks) w.Put<uint32_t>(r);
       break;
     case MsgType::kReport:
     case MsgType::kDecision:
@@ -187,11 +190,22 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
               r.Get(&count) && count <= kMaxFrame / 4) {
             m.forward_to.resize(count);
             for (uint32_t& v : m.forward_to) r.Get(&v);
+            if (r.Get(&m.parent_epoch) && r.Get(&count) && count <= kMaxFrame / 4) {
+              m.parent_ranks.resize(count);
+              for (uint32_t& v : m.parent_ranks) r.Get(&v);
+            }
           }
         }
       }
       if (r.ok() && (m.rank >= m.nranks || m.names.size() != m.nranks)) {
         return absl::DataLossError("elastic: epoch message with a bad rank or member list");
+      }
+      if (r.ok() && m.parent_epoch != 0) {
+        bool bad = m.parent_ranks.size() != m.nranks;
+        for (size_t i = 1; !bad && i < m.parent_ranks.size(); ++i) {
+          bad = m.parent_ranks[i] <= m.parent_ranks[i - 1];
+        }
+        if (bad) return absl::DataLossError("elastic: epoch message with a bad parent rank list");
       }
       if (r.ok() && m.forward) {
         bool bad = m.forward_source >= m.nranks;

@@ -58,6 +58,10 @@ struct Message {
   std::vector<std::string> names;     // per rank
   // kEpoch: the step whose result forward_source sends to forward_to first (forward set).
   // kDecision: the exchange failed on some members only: they get the result in a new epoch.
+  // kEpoch: members only left since parent_epoch: rank r of this epoch was parent_ranks[r]
+  // there, and members derive its communicator from that epoch's (Communicator::Subgroup).
+  uint64_t parent_epoch = 0;
+  std::vector<uint32_t> parent_ranks;
   bool forward = false;
   uint64_t forward_step = 0;
   uint32_t forward_source = 0;
