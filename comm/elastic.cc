@@ -545,9 +545,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       mu_.Unlock();
       Message hb;
       hb.type = MsgType::kHeartbeat;
-      const absl::Status sent = sock_->Send(hb, absl::Now() + period);
+      // A failed send means the connection is gone: the reader takes what the master sent
+      // before it closed (an eviction) and then the end; the silence check covers the rest.
+      (void)sock_->Send(hb, absl::Now() + period);
       mu_.Lock();
-      if (!sent.ok() && !left_) FailLocked(MasterLost(absl::StrCat("is lost: ", sent.message())));
     }
   }
 

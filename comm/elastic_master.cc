@@ -117,6 +117,8 @@ class ElasticMaster::Impl {
     bool joined = false;
     bool synced = false;
     bool dead = false;
+    // The newest (epoch, step) it reported or entered: it takes part in no older exchange.
+    std::pair<uint64_t, uint64_t> last{0, 0};
   };
   struct Report {
     Phase phase;
@@ -288,6 +290,7 @@ class ElasticMaster::Impl {
   }
 
   void OnReport(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    conn.last = std::max(conn.last, std::make_pair(m.epoch, m.phase == Phase::kStep ? m.step : 0));
     if (m.phase == Phase::kStep) return OnStepReport(conn, m);
     if (m.epoch != epoch_ || !IsMember(conn.id)) return;  // a phase of an older epoch
     reports_[conn.id] = Report{m.phase, m.step, m.ok, m.broken, m.code, m.text};
@@ -385,6 +388,7 @@ class ElasticMaster::Impl {
 
   // kEnter: the member works in `epoch` now; it did not take part in older open exchanges.
   void OnEnter(Conn& conn, uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    conn.last = std::max(conn.last, std::make_pair(epoch, uint64_t{0}));
     for (auto& [k, open] : open_) {
       if (k.first < epoch && !open.reports.count(conn.id) &&
           std::find(open.members.begin(), open.members.end(), conn.id) != open.members.end()) {
@@ -400,6 +404,13 @@ class ElasticMaster::Impl {
     for (auto it = open_.begin(); it != open_.end();) {
       const auto [epoch, step] = it->first;
       Open& open = it->second;
+      // A member already past this exchange (an exchange opened after it moved on).
+      for (uint64_t id : open.members) {
+        if (!open.reports.count(id) && Live(id) && conns_[id]->last > it->first) {
+          open.reports[id] = Report{Phase::kStep, step, false, false, 0,
+                                    "it did not take part (it works in a later epoch or step)"};
+        }
+      }
       bool complete = true;
       for (uint64_t id : open.members) complete &= open.reports.count(id) > 0 || !Live(id);
       if (!complete) {
