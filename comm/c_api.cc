@@ -15,6 +15,7 @@
 #include "codecs/topk_ef.h"
 #include "comm/activations.h"
 #include "comm/communicator.h"
+#include "comm/elastic.h"
 #include "comm/lbcc.h"
 
 struct lbccComm {
@@ -212,6 +213,64 @@ absl::StatusOr<lbcc::codecs::TopKEfOptions> TopKOptions(const lbccTopKConfig_t* 
   return options;
 }
 
+// lbccSparseAllReduce's and lbccElasticSparseAllReduce's arguments, checked.
+struct SparseCall {
+  std::vector<Communicator::SparseTensor> tensors;
+  std::shared_ptr<lbcc::codecs::TopKEfCodec> codec;
+  lbcc::codecs::DecodeOptions decode;
+};
+
+absl::StatusOr<SparseCall> ParseSparseCall(const char* name, int ntensors,
+                                           const float* const* deltas, float* const* outs,
+                                           const int* ranks, const int64_t* const* dims,
+                                           lbccTopKState_t* states,
+                                           const lbccTopKConfig_t* config,
+                                           lbccAggregation_t aggregation) {
+  if (ntensors < 0) return absl::InvalidArgumentError("ntensors < 0");
+  if (ntensors > 0) {
+    for (const auto& [ptr, what] : {std::pair<const void*, const char*>{deltas, "deltas"},
+                                    {outs, "outs"},
+                                    {ranks, "ranks"},
+                                    {dims, "dims"},
+                                    {states, "states"}}) {
+      if (ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " is NULL"));
+    }
+  }
+  LBCC_ASSIGN_OR_RETURN(lbcc::codecs::TopKEfOptions options, TopKOptions(config));
+  SparseCall call;
+  LBCC_ASSIGN_OR_RETURN(call.codec, lbcc::codecs::TopKEfCodec::Create(options));
+  call.decode.clip_to_median_norm = (aggregation & lbccAggClipToMedianNorm) != 0;
+  switch (static_cast<int>(aggregation) & ~static_cast<int>(lbccAggClipToMedianNorm)) {
+    case lbccAggSparseLoCo:
+      call.decode.aggregation = lbcc::codecs::Aggregation::kSparseLoCoMean;
+      break;
+    case lbccAggMean:
+      call.decode.aggregation = lbcc::codecs::Aggregation::kMean;
+      break;
+    case lbccAggSum:
+      call.decode.aggregation = lbcc::codecs::Aggregation::kSum;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown lbccAggregation_t ", static_cast<int>(aggregation)));
+  }
+  for (int i = 0; i < ntensors; ++i) {
+    if (deltas[i] == nullptr || outs[i] == nullptr || states[i] == nullptr ||
+        (ranks[i] > 0 && dims[i] == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": tensor ", i, " has a NULL pointer"));
+    }
+    if (ranks[i] < 0 || ranks[i] > lbcc::kMaxRank) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": bad rank ", ranks[i]));
+    }
+    lbcc::Shape shape(dims[i], dims[i] + ranks[i]);
+    LBCC_ASSIGN_OR_RETURN(lbcc::TensorView delta,
+                          lbcc::TensorView::Host(const_cast<float*>(deltas[i]), shape));
+    LBCC_ASSIGN_OR_RETURN(lbcc::TensorView out, lbcc::TensorView::Host(outs[i], shape));
+    call.tensors.push_back({delta, out, &states[i]->state});
+  }
+  return call;
+}
+
 }  // namespace
 
 extern "C" {
@@ -246,6 +305,8 @@ const char* lbccGetErrorString(lbccResult_t result) {
       return "not supported for this input";
     case lbccCancelled:
       return "cancelled (aborted or destroyed)";
+    case lbccMembershipChanged:
+      return "membership changed (retry the call over the new epoch)";
     default:
       return "unknown result code";
   }
@@ -532,59 +593,12 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
   const char* kName = "lbccSparseAllReduce";
   LBCC_C_CHECK_PTR(kName, comm);
   LBCC_C_CHECK_PTR(kName, request);
-  if (ntensors < 0) return Reject(kName, absl::InvalidArgumentError("ntensors < 0"), comm);
-  if (ntensors > 0) {
-    LBCC_C_CHECK_BUF(kName, deltas, comm);
-    LBCC_C_CHECK_BUF(kName, outs, comm);
-    LBCC_C_CHECK_BUF(kName, ranks, comm);
-    LBCC_C_CHECK_BUF(kName, dims, comm);
-    LBCC_C_CHECK_BUF(kName, states, comm);
-  }
-  absl::StatusOr<lbcc::codecs::TopKEfOptions> options = TopKOptions(config);
-  if (!options.ok()) return Reject(kName, options.status(), comm);
-  absl::StatusOr<std::unique_ptr<lbcc::codecs::TopKEfCodec>> codec =
-      lbcc::codecs::TopKEfCodec::Create(*options);
-  if (!codec.ok()) return Reject(kName, codec.status(), comm);
-  lbcc::codecs::DecodeOptions decode;
-  decode.clip_to_median_norm = (aggregation & lbccAggClipToMedianNorm) != 0;
-  switch (static_cast<int>(aggregation) & ~static_cast<int>(lbccAggClipToMedianNorm)) {
-    case lbccAggSparseLoCo:
-      decode.aggregation = lbcc::codecs::Aggregation::kSparseLoCoMean;
-      break;
-    case lbccAggMean:
-      decode.aggregation = lbcc::codecs::Aggregation::kMean;
-      break;
-    case lbccAggSum:
-      decode.aggregation = lbcc::codecs::Aggregation::kSum;
-      break;
-    default:
-      return Reject(kName, absl::InvalidArgumentError(
-                      absl::StrCat("unknown lbccAggregation_t ", static_cast<int>(aggregation))),
-                  comm);
-  }
-  std::vector<Communicator::SparseTensor> tensors;
-  for (int i = 0; i < ntensors; ++i) {
-    if (deltas[i] == nullptr || outs[i] == nullptr || states[i] == nullptr ||
-        (ranks[i] > 0 && dims[i] == nullptr)) {
-      return Reject(kName, absl::InvalidArgumentError(absl::StrCat(kName, ": tensor ", i,
-                                                          " has a NULL pointer")),
-                  comm);
-    }
-    if (ranks[i] < 0 || ranks[i] > lbcc::kMaxRank) {
-      return Reject(kName, absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": bad rank ", ranks[i])),
-                  comm);
-    }
-    lbcc::Shape shape(dims[i], dims[i] + ranks[i]);
-    absl::StatusOr<lbcc::TensorView> delta =
-        lbcc::TensorView::Host(const_cast<float*>(deltas[i]), shape);
-    if (!delta.ok()) return Reject(kName, delta.status(), comm);
-    absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Host(outs[i], shape);
-    if (!out.ok()) return Reject(kName, out.status(), comm);
-    tensors.push_back({*delta, *out, &states[i]->state});
-  }
-  std::shared_ptr<lbcc::codecs::TopKEfCodec> shared(std::move(*codec));
-  return Finish(comm->comm->SparseAllReduce(std::move(tensors), shared.get(), decode), comm,
-                request, shared);
+  absl::StatusOr<SparseCall> call =
+      ParseSparseCall(kName, ntensors, deltas, outs, ranks, dims, states, config, aggregation);
+  if (!call.ok()) return Reject(kName, call.status(), comm);
+  return Finish(comm->comm->SparseAllReduce(std::move(call->tensors), call->codec.get(),
+                                            call->decode),
+                comm, request, call->codec);
 }
 
 lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dims,
@@ -859,3 +873,188 @@ lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBas
 }
 
 }  // extern "C"
+
+// ---- Elastic membership (comm/elastic.h) ----
+struct lbccElastic {
+  std::unique_ptr<lbcc::comm::ElasticGroup> group;
+};
+
+struct lbccElasticMaster {
+  std::unique_ptr<lbcc::comm::ElasticMaster> master;
+  std::string address;
+};
+
+namespace {
+
+// Fail, with the one retryable status (membership changed) as lbccMembershipChanged.
+lbccResult_t FailElastic(const absl::Status& status) {
+  const lbccResult_t result = Fail(status);
+  return lbcc::comm::IsRetryable(status) ? lbccMembershipChanged : result;
+}
+
+absl::StatusOr<absl::Duration> SecondsField(double value, const char* field,
+                                            absl::Duration unset) {
+  if (value == LBCC_CONFIG_UNDEF_DOUBLE) return unset;
+  if (!(value > 0) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("lbccElasticConfig_t.", field, "=", value,
+                                                   " is invalid: expected a finite number > 0 "
+                                                   "(LBCC_CONFIG_UNDEF_DOUBLE: the default)"));
+  }
+  return absl::Seconds(value);
+}
+
+absl::StatusOr<lbcc::comm::ElasticOptions> ElasticOptionsFrom(const lbccElasticConfig_t* config) {
+  if (config->size != sizeof(lbccElasticConfig_t) || config->magic != LBCC_CONFIG_MAGIC) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lbccElasticConfig_t.size=", config->size, " or its magic is wrong (this library's size is ",
+        sizeof(lbccElasticConfig_t), "): initialise it with LBCC_ELASTIC_CONFIG_INITIALIZER"));
+  }
+  if (config->version > LBCC_VERSION_CODE) {
+    return absl::InvalidArgumentError(absl::StrCat("lbccElasticConfig_t.version=", config->version,
+                                                   " is newer than this library (",
+                                                   LBCC_VERSION_CODE, ")"));
+  }
+  if (config->jobId == nullptr) {
+    return absl::InvalidArgumentError("lbccElasticConfig_t.jobId is NULL");
+  }
+  lbcc::comm::ElasticOptions options;
+  if (config->masterAddr != nullptr) options.master_address = config->masterAddr;
+  options.job_id = config->jobId;
+  if (config->name != nullptr) options.name = config->name;
+  LBCC_ASSIGN_OR_RETURN(options.op_timeout,
+                        SecondsField(config->opTimeoutSeconds, "opTimeoutSeconds",
+                                     options.op_timeout));
+  LBCC_ASSIGN_OR_RETURN(options.join_timeout,
+                        SecondsField(config->joinTimeoutSeconds, "joinTimeoutSeconds",
+                                     options.join_timeout));
+  LBCC_ASSIGN_OR_RETURN(options.peer_timeout,
+                        SecondsField(config->peerTimeoutSeconds, "peerTimeoutSeconds",
+                                     options.peer_timeout));
+  if (config->stateStep < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("lbccElasticConfig_t.stateStep=",
+                                                   config->stateStep, " is invalid: >= -1"));
+  }
+  options.state_step = config->stateStep;
+  if (config->comm != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(options.comm_config, ConfigFrom(config->comm));
+  }
+  return options;
+}
+
+}  // namespace
+
+extern "C" {
+
+lbccResult_t lbccElasticJoin(lbccElastic_t* group, const lbccElasticConfig_t* config, int nstate,
+                             void* const* state, const size_t* state_bytes) {
+  const char* kName = "lbccElasticJoin";
+  LBCC_C_CHECK_PTR(kName, group);
+  LBCC_C_CHECK_PTR(kName, config);
+  if (nstate < 0) return Fail(absl::InvalidArgumentError("lbccElasticJoin: nstate < 0"));
+  if (nstate > 0) {
+    LBCC_C_CHECK_PTR(kName, state);
+    LBCC_C_CHECK_PTR(kName, state_bytes);
+  }
+  absl::StatusOr<lbcc::comm::ElasticOptions> options = ElasticOptionsFrom(config);
+  if (!options.ok()) return Fail(lbcc::Annotate(options.status(), kName));
+  std::vector<lbcc::TensorView> views;
+  for (int i = 0; i < nstate; ++i) {
+    if (state[i] == nullptr && state_bytes[i] > 0) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("lbccElasticJoin: state buffer ", i, " is NULL")));
+    }
+    absl::StatusOr<lbcc::TensorView> view = lbcc::TensorView::Create(
+        state[i], lbcc::DType::kU8, {static_cast<int64_t>(state_bytes[i])});
+    if (!view.ok()) return Fail(lbcc::Annotate(view.status(), kName));
+    views.push_back(*view);
+  }
+  absl::StatusOr<std::unique_ptr<lbcc::comm::ElasticGroup>> joined =
+      lbcc::comm::ElasticGroup::Join(*std::move(options), std::move(views));
+  if (!joined.ok()) return FailElastic(joined.status());
+  *group = new lbccElastic{std::move(*joined)};
+  return lbccSuccess;
+}
+
+lbccResult_t lbccElasticBoundary(lbccElastic_t group) {
+  LBCC_C_CHECK_PTR("lbccElasticBoundary", group);
+  return FailElastic(group->group->Boundary());
+}
+
+lbccResult_t lbccElasticSparseAllReduce(int ntensors, const float* const* deltas,
+                                        float* const* outs, const int* ranks,
+                                        const int64_t* const* dims, lbccTopKState_t* states,
+                                        const lbccTopKConfig_t* config,
+                                        lbccAggregation_t aggregation, lbccElastic_t group) {
+  const char* kName = "lbccElasticSparseAllReduce";
+  LBCC_C_CHECK_PTR(kName, group);
+  absl::StatusOr<SparseCall> call =
+      ParseSparseCall(kName, ntensors, deltas, outs, ranks, dims, states, config, aggregation);
+  if (!call.ok()) return Fail(lbcc::Annotate(call.status(), kName));
+  return FailElastic(
+      group->group->SparseAllReduce(call->tensors, call->codec.get(), call->decode));
+}
+
+lbccResult_t lbccElasticLeave(lbccElastic_t group) {
+  LBCC_C_CHECK_PTR("lbccElasticLeave", group);
+  return FailElastic(group->group->Leave());
+}
+
+lbccResult_t lbccElasticQuery(const lbccElastic_t group, uint64_t* epoch, int* rank, int* size,
+                              uint64_t* step) {
+  LBCC_C_CHECK_PTR("lbccElasticQuery", group);
+  if (epoch != nullptr) *epoch = group->group->epoch();
+  if (rank != nullptr) *rank = group->group->rank();
+  if (size != nullptr) *size = group->group->size();
+  if (step != nullptr) *step = group->group->step();
+  return lbccSuccess;
+}
+
+lbccResult_t lbccElasticDestroy(lbccElastic_t group) {
+  LBCC_C_CHECK_PTR("lbccElasticDestroy", group);
+  delete group;
+  return lbccSuccess;
+}
+
+lbccResult_t lbccElasticMasterCreate(lbccElasticMaster_t* master, const char* listen_addr,
+                                     const char* job_id, int min_members,
+                                     double peer_timeout_seconds) {
+  LBCC_C_CHECK_PTR("lbccElasticMasterCreate", master);
+  LBCC_C_CHECK_PTR("lbccElasticMasterCreate", job_id);
+  lbcc::comm::ElasticMasterOptions options;
+  if (listen_addr != nullptr) options.listen_address = listen_addr;
+  options.job_id = job_id;
+  options.min_members = min_members;
+  if (!std::isfinite(peer_timeout_seconds)) {
+    return Fail(absl::InvalidArgumentError("lbccElasticMasterCreate: peerTimeoutSeconds is not finite"));
+  }
+  if (peer_timeout_seconds > 0) options.peer_timeout = absl::Seconds(peer_timeout_seconds);
+  absl::StatusOr<std::unique_ptr<lbcc::comm::ElasticMaster>> started =
+      lbcc::comm::ElasticMaster::Start(std::move(options));
+  if (!started.ok()) return Fail(lbcc::Annotate(started.status(), "lbccElasticMasterCreate"));
+  *master = new lbccElasticMaster{std::move(*started), ""};
+  (*master)->address = (*master)->master->address();
+  return lbccSuccess;
+}
+
+const char* lbccElasticMasterAddress(const lbccElasticMaster_t master) {
+  return master == nullptr ? "" : master->address.c_str();
+}
+
+lbccResult_t lbccElasticMasterQuery(const lbccElasticMaster_t master, uint64_t* epoch,
+                                    int* members, uint64_t* committed_steps) {
+  LBCC_C_CHECK_PTR("lbccElasticMasterQuery", master);
+  if (epoch != nullptr) *epoch = master->master->epoch();
+  if (members != nullptr) *members = master->master->members();
+  if (committed_steps != nullptr) *committed_steps = master->master->committed_steps();
+  return lbccSuccess;
+}
+
+lbccResult_t lbccElasticMasterDestroy(lbccElasticMaster_t master) {
+  LBCC_C_CHECK_PTR("lbccElasticMasterDestroy", master);
+  master->master->Stop();
+  delete master;
+  return lbccSuccess;
+}
+
+}  // extern "C"
+// ---- end of Elastic membership ----

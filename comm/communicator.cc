@@ -272,6 +272,25 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   return std::unique_ptr<Communicator>(new Communicator(fabric_, std::move(ranks), id, config_));
 }
 
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Subgroup(const std::vector<int>& ranks,
+                                                                    uint32_t id) const {
+  if (id < 2 || id > 0xffff) {
+    return absl::InvalidArgumentError(absl::StrCat("Subgroup: id ", id, " is not in 2..65535"));
+  }
+  std::vector<int> global;
+  bool me = false;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= nranks() || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return absl::InvalidArgumentError("Subgroup: ranks must be ascending ranks of the communicator");
+    }
+    global.push_back(group_.ranks[ranks[i]]);
+    me |= ranks[i] == rank();
+  }
+  if (!me) return absl::InvalidArgumentError("Subgroup: this rank is not in it");
+  LBCC_RETURN_IF_ERROR(status());
+  return std::unique_ptr<Communicator>(new Communicator(fabric_, std::move(global), id, config_));
+}
+
 absl::StatusOr<Algorithm> Communicator::ChooseAlgorithm(Collective collective, const Group& group,
                                                         size_t bytes_per_rank,
                                                         Algorithm requested) const {

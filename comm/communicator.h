@@ -110,6 +110,12 @@ class Communicator {
   // Like ncclCommSplit: ranks passing the same color form a new communicator, ordered by (key,
   // rank); a negative color returns nullptr. Collective and blocking.
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key);
+  // A communicator over `ranks` (ascending ranks of this one, this rank among them) on this
+  // one's connections, made without communicating, unlike Split: every member calls it with
+  // the same `ranks` and `id` (2..65535, unused by the job's other communicators). The elastic
+  // group's epochs after a departure (comm/elastic.h).
+  absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks,
+                                                         uint32_t id) const;
 
   // Every rank's `mine` into (*out)[i] in rank order. `mine` and `out` must outlive the request.
   RequestPtr AllGatherV(const std::string* mine, std::vector<std::string>* out,

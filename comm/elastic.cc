@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -38,26 +39,28 @@ bool IsRetryable(const absl::Status& status) { return absl::IsAborted(status); }
 
 namespace {
 
-// Holds a codec state's update back: SparseAllReduce's Commit() only marks it, and the group
-// commits or aborts the inner state once the master decided.
+// Holds a codec state's update back: SparseAllReduce's Commit() and Abort() only mark it, and
+// the group commits or aborts the inner state itself (at once when the exchange succeeded
+// here; after the master's decision when it failed: the step may still be forwarded).
 class DeferredState final : public codecs::CodecState {
  public:
   explicit DeferredState(codecs::CodecState* inner) : inner_(inner) {}
   codecs::CodecId codec() const override { return inner_->codec(); }
-  bool has_pending() const override { return inner_->has_pending() && !marked_; }
+  bool has_pending() const override { return inner_->has_pending() && !marked_ && !dropped_; }
   absl::Status Commit() override {
     if (!has_pending()) return absl::FailedPreconditionError("elastic: no pending update");
     marked_ = true;
     return absl::OkStatus();
   }
   absl::Status Abort() override {
-    marked_ = false;
-    return inner_->Abort();
+    if (!has_pending()) return absl::FailedPreconditionError("elastic: no pending update");
+    dropped_ = true;
+    return absl::OkStatus();
   }
   codecs::CodecState* inner() const { return inner_; }
   // The master's decision: apply or drop whatever the inner state holds.
   absl::Status Finish(bool commit) {
-    marked_ = false;
+    marked_ = dropped_ = false;
     if (!inner_->has_pending()) return absl::OkStatus();
     return commit ? inner_->Commit() : inner_->Abort();
   }
@@ -65,6 +68,7 @@ class DeferredState final : public codecs::CodecState {
  private:
   codecs::CodecState* const inner_;
   bool marked_ = false;
+  bool dropped_ = false;
 };
 
 codecs::CodecState* Unwrap(codecs::CodecState* state) {
@@ -111,6 +115,7 @@ class DeferringCodec final : public codecs::Codec {
 };
 
 constexpr uint32_t kStateTag = 0x5e1a;       // shared-state transfer (DenseSend/DenseRecv)
+constexpr uint32_t kForwardTag = 0x5e1b;     // a step's result to members whose exchange failed
 constexpr uint32_t kStateMagic = 0x5453424c;  // "LBST"
 
 // One member's view of the shared state, exchanged before a transfer.
@@ -213,7 +218,14 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     if (sock_ != nullptr) {
       Message leave;
       leave.type = MsgType::kLeave;
-      (void)sock_->Send(leave, absl::Now() + absl::Seconds(1));
+      if (sock_->Send(leave, absl::Now() + absl::Seconds(1)).ok() && reader_.joinable()) {
+        // The master closes the connection once it took the leave; reading to its end first
+        // leaves nothing unread, so closing sends no reset that could drop the last report.
+        MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reader_done_ || !fatal_.ok(); },
+            absl::Seconds(1));
+      }
       sock_->Shutdown();
     }
     std::shared_ptr<Communicator> comm;
@@ -227,6 +239,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     }
     MutexLock lock(&mu_);
     comm_.reset();
+    // The connections close on a thread of their own: the others keep theirs (their next
+    // epoch is derived from them), so closing lingers for their goodbyes until the last
+    // operation's agreement window ends, and Leave() does not wait for that.
+    if (comm) std::thread([comm = std::move(comm)]() mutable { comm.reset(); }).detach();
     return absl::OkStatus();
   }
 
@@ -262,7 +278,11 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     DeferringCodec deferring(*codec);
     OpOptions op = Communicator::BulkOptions();
     op.timeout = options_.op_timeout;
-    auto body = [&] { return a.comm->SparseAllReduce(wrapped, &deferring, decode, op)->Wait(); };
+    const absl::Time started = absl::Now();
+    LBCC_RETURN_IF_ERROR(BeginPhase(a));
+    const absl::Status local =
+        a.comm->SparseAllReduce(wrapped, &deferring, decode, op)->Wait();
+    EndPhase();
     auto finish = [&](bool commit) {
       absl::Status first;
       for (auto& s : states) {
@@ -271,12 +291,80 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       }
       return first;
     };
-    return RunPhase(a, Phase::kStep, body, finish);
+    Report(a, Phase::kStep, a.step, local);
+    LBCC_LOG(TRACE) << "ElasticGroup " << options_.name << ": epoch " << a.info.epoch << " step "
+                    << a.step << " exchange " << absl::ToDoubleMilliseconds(absl::Now() - started)
+                    << " ms: " << (local.ok() ? "committed" : local.ToString());
+    if (local.ok()) {
+      // Committed at once; the master's decision is awaited before the next phase (Acquire),
+      // and this member keeps the result in case a member whose exchange failed needs it.
+      Held held{a.info.epoch, a.step, std::string()};
+      for (const auto& t : tensors) {
+        held.out.append(static_cast<const char*>(t.out.data()), t.out.num_bytes());
+      }
+      const absl::Status committed = finish(true);
+      MutexLock lock(&mu_);
+      held_ = std::move(held);
+      held_forwarding_ = false;
+      step_ = std::max(step_, a.step + 1);
+      stats_.committed_epoch = a.info.epoch;
+      return committed;
+    }
+    // Failed here: the master decides once every member of the epoch is accounted for (a
+    // member that committed may forward the result: then this call succeeds after all).
+    const auto key = std::make_tuple(a.info.epoch, static_cast<int>(Phase::kStep), a.step);
+    Message decision;
+    absl::Status fatal;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return left_ || !fatal_.ok() || decisions_.count(key) > 0;
+      });
+      if (left_) {
+        fatal = absl::FailedPreconditionError("ElasticGroup: this member left the group");
+      } else if (!fatal_.ok()) {
+        fatal = fatal_;
+      } else {
+        decision = decisions_[key];
+      }
+    }
+    if (fatal.ok() && decision.forward) {
+      ForwardTarget target{a.info.epoch, a.step, &wrapped, false};
+      absl::StatusOr<Acquired> forwarded = Acquire(&target);
+      if (target.done) {
+        LBCC_RETURN_IF_ERROR(finish(true));
+        MutexLock lock(&mu_);
+        stats_.committed_epoch = a.info.epoch;
+        return absl::OkStatus();
+      }
+      fatal = forwarded.ok() ? absl::AbortedError("ElasticGroup: step not forwarded")
+                             : forwarded.status();
+      if (IsRetryable(fatal)) fatal = absl::OkStatus();  // rolled back: as an abort below
+    }
+    (void)finish(false);
+    std::string changed;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.aborted_calls;
+      if (info_.epoch > a.info.epoch) changed = absl::StrCat("membership changed: ", info_.reason);
+    }
+    if (!fatal.ok()) return fatal;
+    if (IsCallerError(local)) return local;
+    if (!changed.empty()) return absl::AbortedError(changed);
+    return absl::AbortedError(absl::StrCat("elastic phase aborted in epoch ", a.info.epoch, ": ",
+                                           decision.text));
   }
 
   uint64_t epoch() {
     MutexLock lock(&mu_);
     return info_.epoch;
+  }
+  bool AwaitEpoch(uint64_t n, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return info_.epoch >= n || !fatal_.ok(); },
+        timeout) &&
+           info_.epoch >= n;
   }
   int rank() {
     MutexLock lock(&mu_);
@@ -309,6 +397,24 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     std::vector<uint32_t> needs_state;
     std::vector<std::string> names;
     std::string reason;
+    uint64_t parent_epoch = 0;  // derived from this epoch's communicator (0: built anew)
+    std::vector<int> parent_ranks;
+    bool forward = false;  // forward_source sends step forward_step's result to forward_to
+    uint64_t forward_step = 0;
+    int forward_source = 0;
+    std::vector<uint32_t> forward_to;
+  };
+  // A member whose exchange of `step` failed, waiting to receive its result.
+  struct ForwardTarget {
+    uint64_t epoch = 0, step = 0;
+    const std::vector<Communicator::SparseTensor>* tensors = nullptr;
+    bool done = false;
+  };
+  // A step this member committed before the master decided it: its result, kept until every
+  // member has the step (the master may ask this member to forward it).
+  struct Held {
+    uint64_t epoch = 0, step = 0;
+    std::string out;
   };
   struct Acquired {
     std::shared_ptr<Communicator> comm;
@@ -341,7 +447,11 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       std::shared_ptr<Communicator> old;
       {
         MutexLock lock(&mu_);
-        if (left_) return;
+        if (left_) {
+          if (m.ok()) continue;  // read to the end (Leave)
+          reader_done_ = true;
+          return;
+        }
         if (!m.ok()) {
           FailLocked(MasterLost(absl::StrCat("is lost: ", m.status().message())));
           return;
@@ -362,12 +472,27 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             info.needs_state = m->needs_state;
             info.names = m->names;
             info.reason = m->text;
+            info.parent_epoch = m->parent_epoch;
+            info.parent_ranks.assign(m->parent_ranks.begin(), m->parent_ranks.end());
+            info.forward = m->forward;
+            info.forward_step = m->forward_step;
+            info.forward_source = static_cast<int>(m->forward_source);
+            info.forward_to = m->forward_to;
             info_ = std::move(info);
-            step_ = m->step;
+            step_ = std::max(step_, m->step);
             ++stats_.epochs_seen;
-            if (comm_) old = comm_;  // its running operation must fail now
-            std::thread([self = shared_from_this(), info = info_] { self->BuildEpoch(info); })
-                .detach();
+            // Derived from the epoch this member holds, when no phase runs on it; else it is
+            // aborted (a running operation must fail now) and the set-up reports that.
+            std::shared_ptr<Communicator> parent;
+            if (info_.parent_epoch != 0 && comm_ && comm_epoch_ == info_.parent_epoch &&
+                !in_phase_ && comm_->status().ok()) {
+              parent = comm_;
+            } else if (comm_) {
+              old = comm_;
+            }
+            std::thread([self = shared_from_this(), info = info_, parent = std::move(parent)] {
+              self->BuildEpoch(info, parent);
+            }).detach();
             break;
           }
           case MsgType::kDecision:
@@ -376,8 +501,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             if (m->ok && m->phase == Phase::kSync && m->epoch == info_.epoch) {
               info_.needs_state.clear();
             }
-            if (m->ok && m->phase == Phase::kStep) step_ = std::max(step_, m->step + 1);
-            if (m->broken) expect_after_ = std::max(expect_after_, m->epoch);
+            if (m->ok && m->phase != Phase::kSync) step_ = std::max(step_, m->step + 1);
+            if (m->broken) expect_after_ = std::max(expect_after_, m->next_epoch - 1);
             break;
           case MsgType::kRefuse:
             FailLocked(absl::Status(static_cast<absl::StatusCode>(m->code), m->text));
@@ -420,18 +545,25 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       mu_.Unlock();
       Message hb;
       hb.type = MsgType::kHeartbeat;
-      const absl::Status sent = sock_->Send(hb, absl::Now() + period);
+      // A failed send means the connection is gone: the reader takes what the master sent
+      // before it closed (an eviction) and then the end; the silence check covers the rest.
+      (void)sock_->Send(hb, absl::Now() + period);
       mu_.Lock();
-      if (!sent.ok() && !left_) FailLocked(MasterLost(absl::StrCat("is lost: ", sent.message())));
     }
   }
 
   // Builds `info`'s communicator, on a thread of its own per epoch: an epoch superseded while
   // its members meet (one left before joining its bootstrap) holds its thread until the set-up
   // timeout, and must not hold up the newer epoch. The thread keeps the Impl alive.
-  void BuildEpoch(const EpochInfo& info) {
+  void BuildEpoch(const EpochInfo& info, const std::shared_ptr<Communicator>& parent) {
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
-        Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config);
+        info.parent_epoch == 0
+            ? Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config)
+        : parent != nullptr
+            ? parent->Subgroup(info.parent_ranks, static_cast<uint32_t>(2 + info.epoch % 65534))
+            : absl::StatusOr<std::unique_ptr<Communicator>>(absl::FailedPreconditionError(
+                  absl::StrCat("epoch ", info.parent_epoch, "'s communicator is not usable here "
+                               "to derive epoch ", info.epoch, " from")));
     std::shared_ptr<Communicator> built;
     if (comm.ok()) built = std::move(*comm);
     std::shared_ptr<Communicator> old;
@@ -455,43 +587,206 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     }
   }
 
-  // Waits for the newest epoch's communicator.
-  absl::StatusOr<Acquired> Acquire() {
-    MutexLock lock(&mu_);
+  // Waits for the master's decision of the step this member committed last, then for the
+  // newest epoch's communicator, and first runs the epoch's forward phase if it has one.
+  // `target`: the call of a step that failed here and is to receive its result.
+  absl::StatusOr<Acquired> Acquire(ForwardTarget* target = nullptr) {
     const absl::Duration limit = setup_timeout_ + options_.op_timeout;
-    const absl::Time deadline = absl::Now() + limit;
-    const bool ready = mu_.AwaitWithDeadline(
-        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return left_ || !fatal_.ok() ||
-                 (info_.epoch > expect_after_ && comm_epoch_ == info_.epoch && comm_ != nullptr);
-        },
-        deadline);
-    if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
-    if (!fatal_.ok()) return fatal_;
-    if (!ready) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "ElasticGroup: no usable epoch within ", absl::FormatDuration(limit),
-          " (epoch ", info_.epoch, ": ", setup_status_.ToString(), ")"));
+    while (true) {
+      Acquired a;
+      bool enter = false, forward = false;
+      {
+        MutexLock lock(&mu_);
+        const absl::Time deadline = absl::Now() + limit;
+        if (held_.has_value() && !held_forwarding_) {
+          const auto key = std::make_tuple(held_->epoch, static_cast<int>(Phase::kStep), held_->step);
+          const bool got = mu_.AwaitWithDeadline(
+              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                return left_ || !fatal_.ok() || decisions_.count(key) > 0;
+              },
+              deadline);
+          if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
+          if (!fatal_.ok()) return fatal_;
+          if (!got) {
+            return absl::DeadlineExceededError(absl::StrCat(
+                "ElasticGroup: no decision on step ", held_->step, " within ",
+                absl::FormatDuration(limit)));
+          }
+          const Message& d = decisions_[key];
+          if (d.ok) {
+            held_.reset();
+            decisions_.erase(decisions_.begin(), decisions_.upper_bound(key));
+          } else if (d.forward) {
+            held_forwarding_ = true;  // kept until the forward phase ran
+          } else {
+            FailLocked(absl::DataLossError(absl::StrCat(
+                "ElasticGroup: the job rolled back step ", held_->step,
+                ", which this member had committed: ", d.text)));
+            return fatal_;
+          }
+        }
+        if (target != nullptr) {
+          auto it = decisions_.find(
+              std::make_tuple(target->epoch, static_cast<int>(Phase::kStep), target->step));
+          if (it != decisions_.end() && !it->second.forward) {
+            return absl::AbortedError(absl::StrCat("membership changed: step ", target->step,
+                                                   " is rolled back: ", it->second.text));
+          }
+        }
+        const bool ready = mu_.AwaitWithDeadline(
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return left_ || !fatal_.ok() ||
+                     (info_.epoch > expect_after_ && comm_epoch_ == info_.epoch && comm_ != nullptr);
+            },
+            deadline);
+        if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
+        if (!fatal_.ok()) return fatal_;
+        if (!ready) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "ElasticGroup: no usable epoch within ", absl::FormatDuration(limit),
+              " (epoch ", info_.epoch, ": ", setup_status_.ToString(), ")"));
+        }
+        if (info_.epoch != entered_epoch_) {
+          entered_epoch_ = info_.epoch;
+          enter = true;
+        }
+        if (held_forwarding_ && !info_.forward) {
+          held_.reset();  // every member that needed it is gone
+          held_forwarding_ = false;
+        }
+        forward = info_.forward &&
+                  decisions_.count(std::make_tuple(info_.epoch, static_cast<int>(Phase::kForward),
+                                                   info_.forward_step)) == 0;
+        a = Acquired{comm_, info_, step_};
+      }
+      if (enter) {
+        // Tells the master this member takes part in no older exchange.
+        Message m;
+        m.type = MsgType::kEnter;
+        m.epoch = a.info.epoch;
+        (void)sock_->Send(m, absl::Now() + absl::Seconds(5));
+      }
+      if (!forward) {
+        if (target != nullptr) return absl::AbortedError("ElasticGroup: the step was not forwarded");
+        return a;
+      }
+      Acquired f = a;
+      f.step = a.info.forward_step;
+      const absl::Status s = RunPhase(f, Phase::kForward, [&] { return ForwardStep(f, target); },
+                                      nullptr);
+      if (s.ok()) {
+        MutexLock lock(&mu_);
+        if (held_.has_value() && held_->step == f.step) {
+          held_.reset();
+          held_forwarding_ = false;
+        }
+        if (target != nullptr && target->step == f.step) {
+          target->done = true;
+          return a;
+        }
+        continue;
+      }
+      if (!IsRetryable(s)) return s;
+      // The master forwards again in a new epoch, or rolls the step back.
     }
-    return Acquired{comm_, info_, step_};
+  }
+
+  // The forward phase: the source sends the result of the step to every member whose
+  // exchange of it failed (XXH3-checked); the others take part with nothing to do.
+  absl::Status ForwardStep(const Acquired& a, ForwardTarget* target) {
+    Communicator& comm = *a.comm;
+    const std::vector<uint32_t>& to = a.info.forward_to;
+    const int rank = a.info.rank;
+    if (rank == a.info.forward_source) {
+      std::string out;
+      {
+        MutexLock lock(&mu_);
+        if (!held_.has_value() || held_->step != a.info.forward_step) {
+          return absl::InternalError(absl::StrCat("ElasticGroup: asked to forward step ",
+                                                  a.info.forward_step, ", which it does not hold"));
+        }
+        out = held_->out;
+      }
+      StateHeader header;
+      header.raw_bytes = header.wire_bytes = out.size();
+      header.hash = XXH3_64bits(out.data(), out.size());
+      for (uint32_t r : to) {
+        RequestPtr h = comm.DenseSend(&header, sizeof(header), static_cast<int>(r), kForwardTag);
+        RequestPtr b = comm.DenseSend(out.data(), out.size(), static_cast<int>(r), kForwardTag);
+        LBCC_RETURN_IF_ERROR(WaitOrAbort(comm, h));
+        LBCC_RETURN_IF_ERROR(WaitOrAbort(comm, b));
+      }
+      return absl::OkStatus();
+    }
+    if (std::find(to.begin(), to.end(), static_cast<uint32_t>(rank)) == to.end()) {
+      return absl::OkStatus();
+    }
+    if (target == nullptr || target->step != a.info.forward_step) {
+      return absl::InternalError(absl::StrCat("ElasticGroup: step ", a.info.forward_step,
+                                              " is forwarded to this member, which is not in it"));
+    }
+    uint64_t bytes = 0;
+    for (const auto& t : *target->tensors) bytes += t.out.num_bytes();
+    StateHeader header;
+    LBCC_RETURN_IF_ERROR(WaitOrAbort(
+        comm, comm.DenseRecv(&header, sizeof(header), a.info.forward_source, kForwardTag)));
+    if (header.magic != kStateMagic || header.raw_bytes != bytes || header.wire_bytes != bytes) {
+      return absl::DataLossError(absl::StrCat("ElasticGroup: bad forwarded result of step ",
+                                              a.info.forward_step, " from rank ",
+                                              a.info.forward_source));
+    }
+    std::string body(bytes, '\0');
+    LBCC_RETURN_IF_ERROR(WaitOrAbort(
+        comm, comm.DenseRecv(body.data(), body.size(), a.info.forward_source, kForwardTag)));
+    if (XXH3_64bits(body.data(), body.size()) != header.hash) {
+      return absl::DataLossError(absl::StrCat("ElasticGroup: the forwarded result of step ",
+                                              a.info.forward_step, " does not match its hash"));
+    }
+    size_t at = 0;
+    for (const auto& t : *target->tensors) {
+      std::memcpy(t.out.data(), body.data() + at, t.out.num_bytes());
+      at += t.out.num_bytes();
+    }
+    return absl::OkStatus();
+  }
+
+  // Marks the acquired epoch's communicator busy (a newer epoch must abort it, not derive from
+  // it); Aborted when the epoch changed since Acquire (nothing ran: retry).
+  absl::Status BeginPhase(const Acquired& a) {
+    MutexLock lock(&mu_);
+    if (info_.epoch != a.info.epoch) {
+      return absl::AbortedError(absl::StrCat("membership changed: ", info_.reason));
+    }
+    in_phase_ = true;
+    return absl::OkStatus();
+  }
+  void EndPhase() {
+    MutexLock lock(&mu_);
+    in_phase_ = false;
+  }
+
+  void Report(const Acquired& a, Phase phase, uint64_t step, const absl::Status& local) {
+    Message report;
+    report.type = MsgType::kReport;
+    report.epoch = a.info.epoch;
+    report.step = step;
+    report.phase = phase;
+    report.ok = local.ok();
+    report.broken = !a.comm->status().ok();
+    report.code = static_cast<uint32_t>(local.code());
+    report.text = std::string(local.message());
+    (void)sock_->Send(report, absl::Now() + absl::Seconds(5));  // a lost master shows later
   }
 
   // Runs one phase in the acquired epoch and applies the master's decision.
   template <typename Body, typename Finish>
   absl::Status RunPhase(const Acquired& a, Phase phase, Body body, Finish finish) {
     const absl::Time started = absl::Now();
+    LBCC_RETURN_IF_ERROR(BeginPhase(a));
     const absl::Status local = body();
+    EndPhase();
     const absl::Time ran = absl::Now();
-    Message report;
-    report.type = MsgType::kReport;
-    report.epoch = a.info.epoch;
-    report.step = a.step;
-    report.phase = phase;
-    report.ok = local.ok();
-    report.broken = !a.comm->status().ok();
-    report.code = static_cast<uint32_t>(local.code());
-    report.text = std::string(local.message());
-    (void)sock_->Send(report, absl::Now() + absl::Seconds(5));  // a lost master shows below
+    Report(a, phase, a.step, local);
     Message decision;
     bool decided = false;
     std::string changed;
@@ -514,7 +809,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
         changed = absl::StrCat("membership changed: ", info_.reason);
       }
       LBCC_LOG(TRACE) << "ElasticGroup " << options_.name << ": epoch " << a.info.epoch
-                      << " step " << a.step << (phase == Phase::kSync ? " sync " : " exchange ")
+                      << " step " << a.step << (phase == Phase::kSync ? " sync " : " forward ")
                       << absl::ToDoubleMilliseconds(ran - started) << " ms, decision after "
                       << absl::ToDoubleMilliseconds(absl::Now() - ran) << " ms";
       if (!(decided && decision.ok)) ++stats_.aborted_calls;
@@ -587,15 +882,19 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       if (records[j].hash == ref.hash && records[j].bytes == ref.bytes) continue;  // up to date
       if (records[j].bytes != ref.bytes) continue;  // j fails by itself (InvalidArgument)
       // The source: a holder on a fast link to j if there is one, then the lowest rank.
+      // (The topology is the connections', by global rank: a derived epoch's ranks differ.)
+      auto link = [&](int a, int b) {
+        return comm.topology().link(comm.global_ranks()[a], comm.global_ranks()[b]);
+      };
       int source = -1;
       for (size_t r = 0; r < records.size(); ++r) {
         if (!records[r].synced) continue;
-        if (source < 0 || (comm.topology().link(static_cast<int>(r), j) == LinkClass::kFast &&
-                           comm.topology().link(source, j) != LinkClass::kFast)) {
+        if (source < 0 || (link(static_cast<int>(r), j) == LinkClass::kFast &&
+                           link(source, j) != LinkClass::kFast)) {
           source = static_cast<int>(r);
         }
       }
-      const bool slow = comm.topology().link(source, j) == LinkClass::kSlow;
+      const bool slow = link(source, j) == LinkClass::kSlow;
       if (a.info.rank == source) {
         LBCC_ASSIGN_OR_RETURN(uint64_t n, SendState(comm, static_cast<int>(j), slow, ref.hash));
         sent += n;
@@ -693,11 +992,16 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
 
   Mutex mu_;
   bool left_ ABSL_GUARDED_BY(mu_) = false;
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // after Leave(): the master closed
+  bool in_phase_ ABSL_GUARDED_BY(mu_) = false;  // an operation runs on comm_ (BeginPhase)
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   EpochInfo info_ ABSL_GUARDED_BY(mu_);   // the newest epoch announced
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps of the job
   uint64_t expect_after_ ABSL_GUARDED_BY(mu_) = 0;  // a decision announced a newer epoch
+  uint64_t entered_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch told to the master
+  std::optional<Held> held_ ABSL_GUARDED_BY(mu_);
+  bool held_forwarding_ ABSL_GUARDED_BY(mu_) = false;  // held_ is to be forwarded
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   uint64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status setup_status_ ABSL_GUARDED_BY(mu_);
@@ -725,6 +1029,9 @@ absl::Status ElasticGroup::SparseAllReduce(const std::vector<Communicator::Spars
 }
 absl::Status ElasticGroup::Leave() { return impl_->Leave(); }
 uint64_t ElasticGroup::epoch() const { return impl_->epoch(); }
+bool ElasticGroup::AwaitEpoch(uint64_t n, absl::Duration timeout) const {
+  return impl_->AwaitEpoch(n, timeout);
+}
 int ElasticGroup::rank() const { return impl_->rank(); }
 int ElasticGroup::size() const { return impl_->size(); }
 uint64_t ElasticGroup::step() const { return impl_->step(); }

@@ -150,6 +150,9 @@ class ElasticGroup {
   absl::Status Leave();
 
   uint64_t epoch() const;
+  // Waits until the epoch announced is at least `n` (a departure or arrival took effect);
+  // false at the timeout.
+  bool AwaitEpoch(uint64_t n, absl::Duration timeout) const;
   int rank() const;   // in the current epoch
   int size() const;   // members of the current epoch
   uint64_t step() const;  // committed outer steps of the job

@@ -71,24 +71,34 @@ int RunBench(ElasticGroup& group, const codecs::Codec& codec, codecs::TopKEfStat
   codecs::TopKEfState plain_state;
   std::vector<float> out(kElements);
   std::vector<double> plain, elastic;
+  // The pseudo-gradient is made before the clock starts, as for the plain step (a step that
+  // is retried or moved makes its own).
+  std::vector<float> next_delta;
+  uint64_t next_step = ~0ull;
+  auto prepare = [&] {
+    next_step = group.step();
+    next_delta = Delta(seed, next_step);
+  };
   auto elastic_step = [&] {
     absl::Status s;
     do {
       s = group.Boundary();
       if (s.ok()) {
-        std::vector<float> delta = Delta(seed, group.step());
-        s = group.SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+        if (group.step() != next_step) prepare();
+        s = group.SparseAllReduce({{*TensorView::Host(next_delta.data(), {kElements}),
                                     *TensorView::Host(out.data(), {kElements}), &state}},
                                   &codec);
       }
     } while (IsRetryable(s));
     return s;
   };
+  prepare();
   if (!elastic_step().ok()) return 1;  // the first boundary and step: every member is set up
   for (int i = 0; i < steps; ++i) {
     std::shared_ptr<Communicator> comm = group.communicator();
     if (comm == nullptr) return 1;
     std::vector<float> delta = Delta(seed, 100000 + i);
+    prepare();
     absl::Time t0 = absl::Now();
     absl::Status s = comm->SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
                                              *TensorView::Host(out.data(), {kElements}),
@@ -109,6 +119,10 @@ int RunBench(ElasticGroup& group, const codecs::Codec& codec, codecs::TopKEfStat
   if (seed == last_seed) {
     (void)group.Leave();
   } else {
+    // The leave announced (as during a trainer's inner steps), then the next step: over the
+    // epoch derived from this one, with no new connections.
+    if (!group.AwaitEpoch(group.stats().committed_epoch + 1, absl::Seconds(60))) return 1;
+    prepare();
     const absl::Time t0 = absl::Now();
     if (!elastic_step().ok()) return 1;
     after_leave = absl::ToDoubleMilliseconds(absl::Now() - t0);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,9 @@ absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given) {
   LBCC_ASSIGN_OR_RETURN(const int64_t ms, env::GetInt("LBCC_PEER_TIMEOUT_MS"));
   return absl::Milliseconds(ms);
 }
+
+// Member lists of this many past epochs are kept for late reports of their exchanges.
+constexpr uint64_t kKeptEpochs = 64;
 
 class ElasticMaster::Impl {
  public:
@@ -112,6 +117,8 @@ class ElasticMaster::Impl {
     bool joined = false;
     bool synced = false;
     bool dead = false;
+    // The newest (epoch, step) it reported or entered: it takes part in no older exchange.
+    std::pair<uint64_t, uint64_t> last{0, 0};
   };
   struct Report {
     Phase phase;
@@ -230,8 +237,11 @@ class ElasticMaster::Impl {
         return OnReport(conn, m);
       case MsgType::kLeave:
         return Drop(conn, "left", true);
+      case MsgType::kEnter:
+        return OnEnter(conn, m.epoch);
       case MsgType::kSetupFailed:
         if (m.epoch == epoch_ && IsMember(conn.id)) {
+          fresh_next_ = true;  // a derived epoch could not be derived there
           NewEpoch(members_, absl::StrCat("the communicator could not be built at ",
                                           Describe(conn), ": ", m.text));
         }
@@ -280,6 +290,8 @@ class ElasticMaster::Impl {
   }
 
   void OnReport(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    conn.last = std::max(conn.last, std::make_pair(m.epoch, m.phase == Phase::kStep ? m.step : 0));
+    if (m.phase == Phase::kStep) return OnStepReport(conn, m);
     if (m.epoch != epoch_ || !IsMember(conn.id)) return;  // a phase of an older epoch
     reports_[conn.id] = Report{m.phase, m.step, m.ok, m.broken, m.code, m.text};
     if (reports_.size() < members_.size()) return;
@@ -311,24 +323,161 @@ class ElasticMaster::Impl {
     d.step = first.step;
     d.phase = first.phase;
     d.ok = all_ok;
-    const bool admit = all_ok && first.phase == Phase::kStep && !joiners_.empty();
-    d.broken = admit || (!all_ok && broken);
+    const bool forwarded = all_ok && first.phase == Phase::kForward && forward_;
+    const bool admit = forwarded && !joiners_.empty();
+    // A failed forward is retried in a new epoch (another source); a failed sync when the
+    // communicator broke.
+    const bool again = !all_ok && (broken || first.phase == Phase::kForward);
+    d.broken = admit || again;
+    d.next_epoch = epoch_ + 1;
     d.text = why;
     for (uint64_t id : members_) Send(*conns_[id], d);
     if (all_ok) {
       for (uint64_t id : members_) conns_[id]->synced = true;
-      if (first.phase == Phase::kStep) step_ = first.step + 1;
-      if (admit) {
-        std::vector<uint64_t> ids = members_;
-        ids.insert(ids.end(), joiners_.begin(), joiners_.end());
-        std::string names;
-        for (uint64_t id : joiners_) absl::StrAppend(&names, names.empty() ? "" : ", ", conns_[id]->name);
-        joiners_.clear();
-        NewEpoch(ids, absl::StrCat(names, " joined at step ", step_));
+      if (forwarded) {
+        step_ = std::max(step_, forward_->step + 1);
+        forward_.reset();
       }
-    } else if (broken) {
-      NewEpoch(members_, absl::StrCat("the communicator failed: ", why));
+      if (admit) Admit();
+    } else if (again) {
+      NewEpoch(members_, first.phase == Phase::kForward
+                             ? absl::StrCat("forwarding step ", first.step, " failed: ", why)
+                             : absl::StrCat("the communicator failed: ", why));
     }
+  }
+
+  // Joiners become members (a step just committed).
+  void Admit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<uint64_t> ids = members_;
+    ids.insert(ids.end(), joiners_.begin(), joiners_.end());
+    std::string names;
+    for (uint64_t id : joiners_) absl::StrAppend(&names, names.empty() ? "" : ", ", conns_[id]->name);
+    joiners_.clear();
+    NewEpoch(ids, absl::StrCat(names, " joined at step ", step_));
+  }
+
+  bool Live(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = conns_.find(id);
+    return it != conns_.end() && !it->second->dead;
+  }
+
+  // A step's exchange (docs/elastic.md, "Deciding off the critical path"): members that
+  // succeeded committed at once, so the decision waits for every member of the step's epoch
+  // (reported, gone, or working in a later epoch or step without having taken part), even after
+  // the epoch moved on, and is commit, forward (some failed: they get the result from one that
+  // committed) or abort (nobody alive committed).
+  void OnStepReport(Conn& conn, const Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto members = epoch_members_.find(m.epoch);
+    if (members == epoch_members_.end()) return;
+    const std::vector<uint64_t>& ids = members->second;
+    if (std::find(ids.begin(), ids.end(), conn.id) == ids.end()) return;
+    const auto key = std::make_pair(m.epoch, m.step);
+    // Any other open exchange this member did not report: it did not take part.
+    for (auto& [k, open] : open_) {
+      if (k != key && k.first <= m.epoch && !open.reports.count(conn.id) &&
+          std::find(open.members.begin(), open.members.end(), conn.id) != open.members.end()) {
+        open.reports[conn.id] = Report{Phase::kStep, k.second, false, false, 0,
+                                       absl::StrCat("it is at step ", m.step, " of epoch ", m.epoch)};
+      }
+    }
+    Open& open = open_[key];
+    if (open.members.empty()) open.members = ids;
+    open.reports[conn.id] = Report{m.phase, m.step, m.ok, m.broken, m.code, m.text};
+    TryDecideSteps();
+  }
+
+  // kEnter: the member works in `epoch` now; it did not take part in older open exchanges.
+  void OnEnter(Conn& conn, uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    conn.last = std::max(conn.last, std::make_pair(epoch, uint64_t{0}));
+    for (auto& [k, open] : open_) {
+      if (k.first < epoch && !open.reports.count(conn.id) &&
+          std::find(open.members.begin(), open.members.end(), conn.id) != open.members.end()) {
+        open.reports[conn.id] =
+            Report{Phase::kStep, k.second, false, false, 0,
+                   absl::StrCat("it did not take part (it works in epoch ", epoch, ")")};
+      }
+    }
+    TryDecideSteps();
+  }
+
+  void TryDecideSteps() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = open_.begin(); it != open_.end();) {
+      const auto [epoch, step] = it->first;
+      Open& open = it->second;
+      // A member already past this exchange (an exchange opened after it moved on).
+      for (uint64_t id : open.members) {
+        if (!open.reports.count(id) && Live(id) && conns_[id]->last > it->first) {
+          open.reports[id] = Report{Phase::kStep, step, false, false, 0,
+                                    "it did not take part (it works in a later epoch or step)"};
+        }
+      }
+      bool complete = true;
+      for (uint64_t id : open.members) complete &= open.reports.count(id) > 0 || !Live(id);
+      if (!complete) {
+        ++it;
+        continue;
+      }
+      bool all_ok = true, broken = false;
+      std::vector<uint64_t> sources, receivers;
+      std::string why;
+      for (size_t r = 0; r < open.members.size(); ++r) {
+        const uint64_t id = open.members[r];
+        auto rep = open.reports.find(id);
+        if (rep == open.reports.end()) {
+          all_ok = false;
+          if (why.empty()) why = absl::StrCat("rank ", r, " left before it reported");
+          continue;
+        }
+        broken |= rep->second.broken;
+        if (rep->second.ok) {
+          if (Live(id)) sources.push_back(id);
+        } else {
+          all_ok = false;
+          if (Live(id) && rep->second.code != 0) receivers.push_back(id);
+          if (why.empty()) {
+            why = absl::StrCat("rank ", r, " (", Live(id) ? conns_[id]->name : "gone", "): ",
+                               rep->second.text);
+          }
+        }
+      }
+      const std::vector<uint64_t> told = open.members;
+      it = open_.erase(it);
+      Message d;
+      d.type = MsgType::kDecision;
+      d.epoch = epoch;
+      d.step = step;
+      d.phase = Phase::kStep;
+      // Every live member has the step when only members that are gone failed it.
+      d.ok = all_ok || (!sources.empty() && receivers.empty());
+      d.text = why;
+      const bool forward = !all_ok && !sources.empty() && !receivers.empty();
+      const bool admit = all_ok && epoch == epoch_ && !joiners_.empty() && !forward_;
+      d.forward = forward;
+      d.broken = admit || forward || (!all_ok && broken && epoch == epoch_);
+      d.next_epoch = epoch_ + 1;
+      for (uint64_t id : told) {
+        if (Live(id)) Send(*conns_[id], d);
+      }
+      if (all_ok || (!sources.empty() && receivers.empty())) {
+        // Every live member of the epoch has the step (a member that failed is gone).
+        for (uint64_t id : told) {
+          if (Live(id)) conns_[id]->synced = true;
+        }
+        step_ = std::max(step_, step + 1);
+        if (admit) Admit();
+      } else if (forward) {
+        forward_ = Forward{epoch, step, sources, receivers};
+        NewEpoch(members_, absl::StrCat("step ", step, " failed on some members only (", why,
+                                        "): they receive its result"));
+      } else if (d.broken) {
+        NewEpoch(members_, absl::StrCat("the communicator failed: ", why));
+      }
+      it = open_.begin();  // decisions may have changed the map
+    }
+    // Members of epochs no open exchange needs any more.
+    uint64_t keep = epoch_ > kKeptEpochs ? epoch_ - kKeptEpochs : 0;
+    for (const auto& [k, open] : open_) keep = std::min(keep, k.first);
+    epoch_members_.erase(epoch_members_.begin(), epoch_members_.lower_bound(keep));
   }
 
   // Removes `conn` from the job; a member's departure starts a new epoch of the others.
@@ -341,13 +490,17 @@ class ElasticMaster::Impl {
     const bool member = IsMember(conn.id);
     std::shared_ptr<Conn> keep = conns_[conn.id];  // `conn` stays valid until we return
     conns_.erase(conn.id);
-    if (!member) return;
+    if (!member) {
+      TryDecideSteps();  // an exchange that waited for its report
+      return;
+    }
     std::vector<uint64_t> rest;
     for (uint64_t id : members_) {
       if (id != conn.id) rest.push_back(id);
     }
     LBCC_LOG(INFO) << "lbcc-master: " << who << (clean ? " left" : " dropped: ") << (clean ? "" : what);
     NewEpoch(rest, absl::StrCat(who, " ", what));
+    TryDecideSteps();  // an exchange that waited for its report (over the new member list)
   }
 
   void NewEpoch(std::vector<uint64_t> ids, const std::string& reason)
@@ -356,6 +509,7 @@ class ElasticMaster::Impl {
     ++epoch_;
     reports_.clear();
     members_ = std::move(ids);
+    epoch_members_[epoch_] = members_;
     LBCC_LOG(INFO) << "lbcc-master: epoch " << previous << " -> " << epoch_ << " ("
                    << members_.size() << " members): " << reason;
     if (members_.empty()) return;
@@ -364,7 +518,27 @@ class ElasticMaster::Impl {
     // No member holds the state (the group forms, or every holder left): rank 0's is the
     // reference from now on.
     if (!any_synced) conns_[members_[0]]->synced = true;
-    absl::StatusOr<UniqueId> uid = CreateUniqueId(options_.bootstrap_host, options_.setup_timeout);
+    uint64_t parent_epoch = 0;
+    std::vector<uint32_t> parent_ranks;
+    // Departures only: members derive the new communicator from the previous epoch's, with
+    // no new connections (a member that cannot says so, and a fresh epoch follows).
+    auto parent = epoch_members_.find(previous);
+    if (!fresh_next_ && parent != epoch_members_.end()) {
+      std::vector<uint32_t> ranks;
+      for (uint64_t id : members_) {
+        auto at = std::find(parent->second.begin(), parent->second.end(), id);
+        if (at == parent->second.end()) break;
+        ranks.push_back(static_cast<uint32_t>(at - parent->second.begin()));
+      }
+      if (ranks.size() == members_.size() && std::is_sorted(ranks.begin(), ranks.end())) {
+        parent_epoch = previous;
+        parent_ranks = std::move(ranks);
+      }
+    }
+    // A derived epoch needs no bootstrap root (nobody would connect to it).
+    absl::StatusOr<UniqueId> uid =
+        parent_epoch != 0 ? UniqueId{}
+                          : CreateUniqueId(options_.bootstrap_host, options_.setup_timeout);
     if (!uid.ok()) {
       // Cannot form the epoch: tell the members why instead of leaving them waiting.
       std::vector<uint64_t> all = members_;
@@ -383,6 +557,46 @@ class ElasticMaster::Impl {
       e.names.push_back(c.name);
       if (!c.synced) e.needs_state.push_back(static_cast<uint32_t>(r));
     }
+    if (forward_) {
+      // The members whose exchange of forward_->step failed get its result first, from the
+      // lowest rank that committed it; with none left, the step is rolled back on them.
+      int source = -1;
+      std::vector<uint32_t> to;
+      for (size_t r = 0; r < members_.size(); ++r) {
+        const uint64_t id = members_[r];
+        const auto& f = *forward_;
+        if (source < 0 && std::find(f.sources.begin(), f.sources.end(), id) != f.sources.end()) {
+          source = static_cast<int>(r);
+        }
+        if (std::find(f.receivers.begin(), f.receivers.end(), id) != f.receivers.end()) {
+          to.push_back(static_cast<uint32_t>(r));
+        }
+      }
+      if (source >= 0 && !to.empty()) {
+        e.forward = true;
+        e.forward_step = forward_->step;
+        e.forward_source = static_cast<uint32_t>(source);
+        e.forward_to = to;
+      } else {
+        Message d;
+        d.type = MsgType::kDecision;
+        d.epoch = forward_->epoch;
+        d.step = forward_->step;
+        d.phase = Phase::kStep;
+        d.text = "every member that committed it left";
+        if (source < 0) {
+          for (uint64_t id : forward_->receivers) {
+            if (Live(id)) Send(*conns_[id], d);
+          }
+        } else {
+          step_ = std::max(step_, forward_->step + 1);  // every receiver is gone
+        }
+        forward_.reset();
+      }
+    }
+    e.parent_epoch = parent_epoch;
+    e.parent_ranks = std::move(parent_ranks);
+    fresh_next_ = false;
     e.text = absl::StrCat(reason, " (epoch ", previous, " -> ", epoch_, ")");
     for (size_t r = 0; r < members_.size(); ++r) {
       e.rank = static_cast<uint32_t>(r);
@@ -405,7 +619,21 @@ class ElasticMaster::Impl {
   std::vector<uint64_t> joiners_ ABSL_GUARDED_BY(mu_);  // waiting for a step boundary
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps
-  std::map<uint64_t, Report> reports_ ABSL_GUARDED_BY(mu_);  // the current phase's
+  std::map<uint64_t, Report> reports_ ABSL_GUARDED_BY(mu_);  // the current sync/forward phase's
+  // Step exchanges waiting for their decision, by (epoch, step).
+  struct Open {
+    std::vector<uint64_t> members;  // the epoch's, in rank order
+    std::map<uint64_t, Report> reports;
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Open> open_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<uint64_t>> epoch_members_ ABSL_GUARDED_BY(mu_);
+  // A step that failed on some members only: `receivers` get its result from one of `sources`.
+  struct Forward {
+    uint64_t epoch = 0, step = 0;
+    std::vector<uint64_t> sources, receivers;
+  };
+  std::optional<Forward> forward_ ABSL_GUARDED_BY(mu_);
+  bool fresh_next_ ABSL_GUARDED_BY(mu_) = false;  // the next epoch is not derived
   std::vector<uint64_t> failed_sends_ ABSL_GUARDED_BY(mu_);
 };
 

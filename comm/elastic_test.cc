@@ -173,7 +173,8 @@ TEST(ElasticTest, GroupFormsSyncsStateAndStepsBitIdentically) {
   }
   for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1], &m[2]})) ASSERT_THAT(s, IsOk());
   for (const absl::Status& s : RunSteps({&m[0], &m[1], &m[2]}, 4, *codec)) EXPECT_THAT(s, IsOk());
-  EXPECT_EQ(master->committed_steps(), 4u);
+  // Members commit at once; the master's decision follows (awaited before the next phase).
+  EXPECT_TRUE(master->AwaitCommittedSteps(4, absl::Seconds(30)));
   for (int i = 1; i < 3; ++i) {
     EXPECT_EQ(m[i].out_hash, m[0].out_hash);
     EXPECT_EQ(m[i].params, m[0].params);
@@ -240,6 +241,8 @@ TEST(ElasticTest, ANewcomerWaitsForTheStepInFlightThenGetsTheState) {
   for (int i = 0; i < 3; ++i) m[i].seed = i;
   for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1]})) ASSERT_THAT(s, IsOk());
   for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 2, *codec)) ASSERT_THAT(s, IsOk());
+  // Step 1 decided: the next boundary for a newcomer is after step 2.
+  ASSERT_TRUE(master->AwaitCommittedSteps(2, absl::Seconds(30)));
   // Member 0 enters step 2 and waits for member 1; the newcomer joins meanwhile.
   std::atomic<bool> joined{false};
   absl::Status first;
@@ -273,6 +276,7 @@ TEST(ElasticTest, WrongJobIdAndStaleStateAreRefused) {
   ASSERT_THAT(m.Join(*master, "m0"), IsOk());
   ASSERT_THAT(m.Step(*codec), IsOk());
   ASSERT_THAT(m.Step(*codec), IsOk());
+  ASSERT_TRUE(master->AwaitCommittedSteps(2, absl::Seconds(30)));
 
   std::vector<float> params(kElements);
   ElasticOptions o = MemberOptions(*master, "intruder");
@@ -297,6 +301,7 @@ TEST(ElasticTest, ANewcomerWithTheWrongStateSizeFailsTheSyncWithoutHurtingTheOth
   Member m;
   ASSERT_THAT(m.Join(*master, "m0"), IsOk());
   ASSERT_THAT(m.Step(*codec), IsOk());
+  ASSERT_TRUE(master->AwaitCommittedSteps(1, absl::Seconds(30)));  // the next boundary: step 1's end
   std::vector<float> small(16);
   ElasticOptions o = MemberOptions(*master, "small");
   std::unique_ptr<ElasticGroup> odd;
@@ -328,9 +333,12 @@ TEST(ElasticTest, TheMastersFailureFailsEveryMemberWithAStatusNamingIt) {
   for (int i = 0; i < 2; ++i) m[i].seed = i;
   for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1]})) ASSERT_THAT(s, IsOk());
   for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 1, *codec)) ASSERT_THAT(s, IsOk());
+  ASSERT_TRUE(master->AwaitCommittedSteps(1, absl::Seconds(30)));
   const std::string address = master->address();
   master->Stop();
-  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 1, *codec)) {
+  // A step whose exchange succeeded everywhere commits without the master; the call after it
+  // waits for the master's decision and fails.
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 2, *codec)) {
     EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(address)));
   }
   for (int i = 0; i < 2; ++i) ExpectErrorFeedbackExact(m[i], *codec);
@@ -348,7 +356,7 @@ TEST(ElasticTest, MembersFindTheMasterThroughLbccMasterAddr) {
   ASSERT_THAT(g.status(), IsOk());
   m.group = std::move(*g);
   EXPECT_THAT(m.Step(*codec), IsOk());
-  EXPECT_EQ(master->committed_steps(), 1u);
+  EXPECT_TRUE(master->AwaitCommittedSteps(1, absl::Seconds(30)));
 }
 
 TEST(ElasticTest, BadOptionsAreInvalidArgument) {

@@ -21,7 +21,7 @@ namespace lbcc::comm::elastic {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d45424c;  // "LBEM"
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
 constexpr uint32_t kMaxFrame = 1 << 20;
 
 class Writer {
@@ -117,6 +117,14 @@ std::string Encode(const Message& m) {
       for (uint32_t r : m.needs_state) w.Put<uint32_t>(r);
       w.Put<uint32_t>(static_cast<uint32_t>(m.names.size()));
       for (const std::string& n : m.names) w.PutString(n);
+      w.Put<uint8_t>(m.forward);
+      w.Put<uint64_t>(m.forward_step);
+      w.Put<uint32_t>(m.forward_source);
+      w.Put<uint32_t>(static_cast<uint32_t>(m.forward_to.size()));
+      for (uint32_t r : m.forward_to) w.Put<uint32_t>(r);
+      w.Put<uint64_t>(m.parent_epoch);
+      w.Put<uint32_t>(static_cast<uint32_t>(m.parent_ranks.size()));
+      for (uint32_t r : m.parent_ranks) w.Put<uint32_t>(r);
       break;
     case MsgType::kReport:
     case MsgType::kDecision:
@@ -125,9 +133,12 @@ std::string Encode(const Message& m) {
       w.Put<uint8_t>(static_cast<uint8_t>(m.phase));
       w.Put<uint8_t>(m.ok);
       w.Put<uint8_t>(m.broken);
+      w.Put<uint8_t>(m.forward);
+      w.Put<uint64_t>(m.next_epoch);
       w.Put<uint32_t>(m.code);
       break;
     case MsgType::kSetupFailed:
+    case MsgType::kEnter:
       w.Put<uint64_t>(m.epoch);
       break;
     case MsgType::kRefuse:
@@ -153,7 +164,7 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
     return absl::DataLossError(
         absl::StrCat("elastic: membership message version ", version, ", expected ", kVersion));
   }
-  if (type < 1 || type > static_cast<uint8_t>(MsgType::kEvicted)) {
+  if (type < 1 || type > static_cast<uint8_t>(MsgType::kEnter)) {
     return absl::DataLossError(absl::StrCat("elastic: unknown membership message type ", type));
   }
   Message m;
@@ -175,22 +186,46 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
         if (r.Get(&count) && count <= kMaxFrame / 4) {
           m.names.resize(count);
           for (std::string& n : m.names) r.GetString(&n);
+          if (r.GetBool(&m.forward) && r.Get(&m.forward_step) && r.Get(&m.forward_source) &&
+              r.Get(&count) && count <= kMaxFrame / 4) {
+            m.forward_to.resize(count);
+            for (uint32_t& v : m.forward_to) r.Get(&v);
+            if (r.Get(&m.parent_epoch) && r.Get(&count) && count <= kMaxFrame / 4) {
+              m.parent_ranks.resize(count);
+              for (uint32_t& v : m.parent_ranks) r.Get(&v);
+            }
+          }
         }
       }
       if (r.ok() && (m.rank >= m.nranks || m.names.size() != m.nranks)) {
         return absl::DataLossError("elastic: epoch message with a bad rank or member list");
       }
+      if (r.ok() && m.parent_epoch != 0) {
+        bool bad = m.parent_ranks.size() != m.nranks;
+        for (size_t i = 1; !bad && i < m.parent_ranks.size(); ++i) {
+          bad = m.parent_ranks[i] <= m.parent_ranks[i - 1];
+        }
+        if (bad) return absl::DataLossError("elastic: epoch message with a bad parent rank list");
+      }
+      if (r.ok() && m.forward) {
+        bool bad = m.forward_source >= m.nranks;
+        for (uint32_t v : m.forward_to) bad |= v >= m.nranks || v == m.forward_source;
+        if (bad) return absl::DataLossError("elastic: epoch message with a bad forward list");
+      }
       break;
     case MsgType::kReport:
     case MsgType::kDecision:
       r.Get(&m.epoch) && r.Get(&m.step) && r.Get(&phase) && r.GetBool(&m.ok) &&
-          r.GetBool(&m.broken) && r.Get(&m.code);
+          r.GetBool(&m.broken) && r.GetBool(&m.forward) &&
+          r.Get(&m.next_epoch) && r.Get(&m.code);
       m.phase = static_cast<Phase>(phase);
-      if (r.ok() && m.phase != Phase::kSync && m.phase != Phase::kStep) {
+      if (r.ok() && m.phase != Phase::kSync && m.phase != Phase::kStep &&
+          m.phase != Phase::kForward) {
         return absl::DataLossError(absl::StrCat("elastic: unknown phase ", phase));
       }
       break;
     case MsgType::kSetupFailed:
+    case MsgType::kEnter:
       r.Get(&m.epoch);
       break;
     case MsgType::kRefuse:

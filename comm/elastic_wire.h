@@ -34,9 +34,12 @@ enum class MsgType : uint8_t {
   kLeave = 8,        // member -> master
   kSetupFailed = 9,  // member -> master: the epoch's communicator could not be built
   kEvicted = 10,     // master -> member: dropped (silent too long)
+  kEnter = 11,       // member -> master: it adopted this epoch (did not take part in older ones)
 };
 
-enum class Phase : uint8_t { kSync = 1, kStep = 2 };
+// kForward: members whose exchange of a step failed receive its result from one that
+// committed it (docs/elastic.md, "Deciding off the critical path").
+enum class Phase : uint8_t { kSync = 1, kStep = 2, kForward = 3 };
 
 struct Message {
   MsgType type = MsgType::kHeartbeat;
@@ -53,10 +56,21 @@ struct Message {
   std::string unique_id;              // kUniqueIdBytes
   std::vector<uint32_t> needs_state;  // ranks without the shared state
   std::vector<std::string> names;     // per rank
+  // kEpoch: the step whose result forward_source sends to forward_to first (forward set).
+  // kDecision: the exchange failed on some members only: they get the result in a new epoch.
+  // kEpoch: members only left since parent_epoch: rank r of this epoch was parent_ranks[r]
+  // there, and members derive its communicator from that epoch's (Communicator::Subgroup).
+  uint64_t parent_epoch = 0;
+  std::vector<uint32_t> parent_ranks;
+  bool forward = false;
+  uint64_t forward_step = 0;
+  uint32_t forward_source = 0;
+  std::vector<uint32_t> forward_to;
   // kReport / kDecision
   Phase phase = Phase::kStep;
   bool ok = false;      // report: local success; decision: commit
   bool broken = false;  // report: the communicator failed; decision: a new epoch follows
+  uint64_t next_epoch = 0;  // decision with `broken`: the epoch that follows
   // kRefuse: absl::StatusCode; every type: a message (reason, error)
   uint32_t code = 0;
   std::string text;

@@ -49,7 +49,11 @@ typedef enum {
   lbccDataLoss = 9,         /* Corrupt or foreign payload. */
   lbccUnimplemented = 10,   /* Not supported for this input (e.g. device memory). */
   lbccCancelled = 11,       /* Aborted or destroyed while pending. */
-  lbccNumResults = 12
+  /* lbccElastic* only: the group's membership changed during the call (a member left, died
+   * or was cut off, or another member's part failed). Nothing was applied: retry the same call
+   * with the same inputs; it runs over the new epoch. Retryable; no other code is. */
+  lbccMembershipChanged = 12,
+  lbccNumResults = 13
 } lbccResult_t;
 
 typedef enum {
@@ -302,6 +306,84 @@ lbccResult_t lbccSendActivationGrads(const float* grads, int64_t tokens, lbccBas
 lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBasis_t* bases,
                                      int nbases, int peer, uint32_t tag, lbccComm_t comm,
                                      lbccRequest_t* request);
+
+/* ---- Elastic membership (comm/elastic.h, docs/elastic.md) ----
+ * Members join and leave a running SparseLoCo job without stopping it. A membership service
+ * (lbcc-master, or lbccElasticMasterCreate in one process) keeps the member list and an epoch;
+ * every collective runs over the members of one epoch. The loop of a member:
+ *
+ *   lbccElastic_t g;  lbccElasticJoin(&g, &config, nstate, state, stateBytes);
+ *   for (;;) {
+ *     do rc = lbccElasticBoundary(g); while (rc == lbccMembershipChanged);  // newcomers synced
+ *     ... inner steps, pseudo-gradient into delta ...
+ *     do rc = lbccElasticSparseAllReduce(..., g); while (rc == lbccMembershipChanged);
+ *     ... outer step on the shared state ...
+ *   }
+ *   lbccElasticLeave(g);  lbccElasticDestroy(g);
+ *
+ * lbccMembershipChanged is the one retryable code: the error-feedback states are as before the
+ * call, and the retry over the new epoch gives every member the same bits. Other codes:
+ * lbccSystemError (the membership service is lost), lbccInvalidUsage (evicted, refused as
+ * stale, or left: join again), lbccInvalidArgument (bad input; a wrong job id), lbccDataLoss
+ * (shared states differ), lbccTimeout (not admitted in time). Calls are blocking and come from
+ * one thread per group; the message is lbccGetLastError(NULL). */
+typedef struct lbccElastic* lbccElastic_t;
+typedef struct lbccElasticMaster* lbccElasticMaster_t;
+
+typedef struct {
+  size_t size;               /* sizeof(lbccElasticConfig_t). */
+  unsigned int magic;        /* LBCC_CONFIG_MAGIC. */
+  unsigned int version;      /* LBCC_VERSION_CODE. */
+  const char* masterAddr;    /* "host:port"; NULL: LBCC_MASTER_ADDR. */
+  const char* jobId;         /* Must be the master's; not NULL. */
+  const char* name;          /* For logs and messages; NULL: host:pid. */
+  double opTimeoutSeconds;   /* One exchange; LBCC_CONFIG_UNDEF_DOUBLE: 300. */
+  double joinTimeoutSeconds; /* Waiting to be admitted; LBCC_CONFIG_UNDEF_DOUBLE: 600. */
+  double peerTimeoutSeconds; /* Master silence; LBCC_CONFIG_UNDEF_DOUBLE: LBCC_PEER_TIMEOUT_MS. */
+  int64_t stateStep;         /* Shared state of this committed step, or -1: none. */
+  const lbccConfig_t* comm;  /* The per-epoch communicators' settings; NULL: defaults. */
+} lbccElasticConfig_t;
+
+#define LBCC_ELASTIC_CONFIG_INITIALIZER                                                       \
+  {sizeof(lbccElasticConfig_t), LBCC_CONFIG_MAGIC, LBCC_VERSION_CODE, NULL, NULL, NULL,        \
+   LBCC_CONFIG_UNDEF_DOUBLE, LBCC_CONFIG_UNDEF_DOUBLE, LBCC_CONFIG_UNDEF_DOUBLE, -1, NULL}
+
+/* Connects to the master, joins and waits until admitted (an outer-step boundary). The shared
+ * state: `nstate` host buffers (parameters, outer-optimizer state) of the same sizes on every
+ * member, valid until lbccElasticDestroy; a newcomer's are overwritten by its first
+ * lbccElasticBoundary. */
+lbccResult_t lbccElasticJoin(lbccElastic_t* group, const lbccElasticConfig_t* config, int nstate,
+                             void* const* state, const size_t* stateBytes);
+/* The start of an outer step: adopts the newest epoch; newcomers receive the shared state. */
+lbccResult_t lbccElasticBoundary(lbccElastic_t group);
+/* lbccSparseAllReduce over the epoch's members (arguments as there), blocking. The states are
+ * committed only when every member of the epoch succeeded; otherwise outs must be ignored. */
+lbccResult_t lbccElasticSparseAllReduce(int ntensors, const float* const* deltas,
+                                        float* const* outs, const int* ranks,
+                                        const int64_t* const* dims, lbccTopKState_t* states,
+                                        const lbccTopKConfig_t* config,
+                                        lbccAggregation_t aggregation, lbccElastic_t group);
+/* Leaves at once; the others go on without a timeout. Idempotent. */
+lbccResult_t lbccElasticLeave(lbccElastic_t group);
+/* The current epoch, this member's rank and the epoch's size, the job's committed steps. Any
+ * output pointer may be NULL. */
+lbccResult_t lbccElasticQuery(const lbccElastic_t group, uint64_t* epoch, int* rank, int* size,
+                              uint64_t* step);
+/* Leaves if still a member and frees the group. */
+lbccResult_t lbccElasticDestroy(lbccElastic_t group);
+
+/* The membership service in this process (what lbcc-master runs). `listenAddr` "host:port"
+ * (port 0: any; NULL: 127.0.0.1:0), `peerTimeoutSeconds` <= 0: LBCC_PEER_TIMEOUT_MS. */
+lbccResult_t lbccElasticMasterCreate(lbccElasticMaster_t* master, const char* listenAddr,
+                                     const char* jobId, int minMembers,
+                                     double peerTimeoutSeconds);
+/* "host:port" members connect to; valid until lbccElasticMasterDestroy. */
+const char* lbccElasticMasterAddress(const lbccElasticMaster_t master);
+lbccResult_t lbccElasticMasterQuery(const lbccElasticMaster_t master, uint64_t* epoch,
+                                    int* members, uint64_t* committedSteps);
+/* Stops the service (members fail with lbccSystemError naming it) and frees it. */
+lbccResult_t lbccElasticMasterDestroy(lbccElasticMaster_t master);
+/* ---- end of Elastic membership ---- */
 
 /* ---- Requests ---- */
 

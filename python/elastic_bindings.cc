@@ -50,6 +50,14 @@ void BindElastic(py::module_& m) {
       .def_property_readonly("epoch", &comm::ElasticMaster::epoch)
       .def_property_readonly("committed_steps", &comm::ElasticMaster::committed_steps)
       .def_property_readonly("members", &comm::ElasticMaster::members)
+      .def(
+          "await_committed_steps",
+          [](comm::ElasticMaster& m, uint64_t n, double timeout_s) {
+            return m.AwaitCommittedSteps(n, absl::Seconds(timeout_s));
+          },
+          py::arg("n"), py::arg("timeout_s") = 60.0, py::call_guard<py::gil_scoped_release>(),
+          "Waits until the job committed n outer steps (members commit first, the master's "
+          "decision follows); False at the timeout.")
       .def("stop", &comm::ElasticMaster::Stop, py::call_guard<py::gil_scoped_release>());
 
   py::class_<PyElasticGroup>(m, "_ElasticGroup", "One member of an elastic job (use lbcc.ElasticGroup).")

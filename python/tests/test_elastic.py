@@ -67,6 +67,9 @@ def test_group_steps_bit_identically_and_a_newcomer_gets_the_state():
     for (s0, o0), (s1, o1) in zip(first[0], first[1]):
         assert s0 == s1 and torch.equal(o0, o1)
     assert torch.equal(params[0], params[1])
+    # Members commit at once; the master's decision follows. Once step 2 is decided, the next
+    # boundary a newcomer can be admitted at is the end of step 3.
+    assert master.await_committed_steps(3)
 
     # A newcomer joins while the two run one more step; it is admitted at its commit.
     def newcomer():
