@@ -9,12 +9,15 @@
 # lbcc_VERSION_amd64.deb installs under /usr: lib/x86_64-linux-gnu/{liblbcc.so*,
 # libnccl-net-lbcc.so, pkgconfig/lbcc.pc, cmake/lbcc/}, include/lbcc.h, bin/{lbcc,lbcc_perf},
 # lib/python3/dist-packages/lbcc (the extension with its ABI tag). Depends: what
-# dpkg-shlibdeps finds the shared objects need (libc6, libstdc++6, libucx0, libabsl20220623,
-# ...), python3 of the extension's minor version and python3-numpy.
+# dpkg-shlibdeps finds the shared objects need (libc6, libstdc++6, libopenblas0, ...; Abseil is
+# inside each object), libucx0 (UCX is loaded at run time, by soname, into a namespace of its
+# own: transport/ucx_api.h), python3 of the extension's minor version and python3-numpy.
 # lbcc-VERSION-linux-x86_64.tar.gz unpacks to lbcc-VERSION/ with bin/, include/, lib/
 # (pkgconfig/, cmake/lbcc/, python3/site-packages/lbcc) and, in lib/, every shared library the
-# objects load except glibc, the C++ runtime and UCX (the machine's own: a cluster's UCX is the
-# one its network needs). Its RPATHs are relative ($ORIGIN), so it runs from any folder.
+# objects load except glibc, the C++ runtime and UCX (the machine's own, found by the dynamic
+# linker's search path: a cluster's UCX is the one its network needs; LBCC's copy of it stays in
+# its own namespace beside any other the process loads). Its RPATHs are relative ($ORIGIN), so
+# it runs from any folder.
 set -euo pipefail
 source "$(dirname "$0")/flags.sh"
 flags_value out /tmp/lbcc_package "output folder"
@@ -59,7 +62,7 @@ Architecture: amd64
 Maintainer: LBCC developers <lbcc@localhost>
 Section: libs
 Priority: optional
-Depends: $shlibs, python3 (>= $pyver), python3 (<< $next), python3-numpy
+Depends: $shlibs, libucx0 (>= 1.13), python3 (>= $pyver), python3 (<< $next), python3-numpy
 Recommends: python3-torch
 Description: Low-Bandwidth Collective Communication
  LBCC's C API (liblbcc.so, lbcc.h, pkg-config and CMake configs), its NCCL net
@@ -94,7 +97,8 @@ LBCC $version, relocatable: unpack anywhere.
   Python: PYTHONPATH=\$PWD/lib/python3/site-packages python$pyver -c "import lbcc"
   NCCL:   NCCL_NET_PLUGIN=\$PWD/lib/libnccl-net-lbcc.so
   Tools:  bin/lbcc, bin/lbcc_perf
-Needs glibc, libstdc++ (GCC 12 or newer), UCX 1.x (libucp.so.0) and, for Python, numpy.
+Needs glibc, libstdc++ (GCC 12 or newer), UCX 1.x (libucp.so.0 on the dynamic linker's path;
+LBCC loads it into a link-map namespace of its own) and, for Python, numpy.
 README
 tar -C "$work/tar" -czf "$out/lbcc-$version-linux-x86_64.tar.gz" "lbcc-$version"
 echo "$out/lbcc_${version}_amd64.deb"

@@ -2,7 +2,7 @@
 # The .deb in a fresh Debian 12 (bookworm) root: `apt-get install ./lbcc_0.1.0_amd64.deb`
 # resolves its Depends from the Debian archive, then the C example (built here against the
 # package's header and library) runs there, `import lbcc` works in its python3, and lbcc and
-# lbcc_perf run. Slow (minutes; the first run debootstraps, later runs unpack the root from
+# lbcc_perf run; no Abseil package is installed there (each object carries its own). Slow (minutes; the first run debootstraps, later runs unpack the root from
 # ~/.cache/lbcc/debian12-bookworm-minbase.tar.gz) and needs root and the Debian archive: not in
 # the default suite. Run it as
 #   bazel test //tools:package_test          (tagged manual)
@@ -83,9 +83,13 @@ run env UCX_MEM_EVENTS=no LBCC_TIMEOUT_S=60 lbcc_perf --local 2 -b 1K -e 16K -f 
 ' package_test "$root" >> "$log" 2>&1
 rc=$?
 set -e
+# What apt installed in the root, read from its dpkg database.
+say "== package_test: Abseil packages in the root: $(grep -c '^Package: libabsl' "$root/var/lib/dpkg/status" || true)"
+say "== package_test: UCX packages in the root: $(sed -n 's/^Package: \(libucx.*\|ucx.*\)/\1/p' "$root/var/lib/dpkg/status" | tr '\n' ' ')"
 cat "$log"
 grep -qx "liblbcc 100: ok" "$log" || { echo "FAIL: the C example did not run (exit $rc)"; exit 1; }
 grep -q "^import lbcc " "$log" || { echo "FAIL: import lbcc (exit $rc)"; exit 1; }
 grep -q "^# Out of bounds values : 0 OK" "$log" || { echo "FAIL: lbcc_perf (exit $rc)"; exit 1; }
+grep -qx "== package_test: Abseil packages in the root: 0" "$log" || { echo "FAIL: Abseil is installed in the root (exit $rc)"; exit 1; }
 ((rc == 0)) || { echo "FAIL: a chroot step exited $rc"; exit 1; }
 echo "package_test: the .deb installs and runs in a fresh Debian 12 root"

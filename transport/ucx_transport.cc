@@ -31,6 +31,7 @@
 #include "transport/link.h"
 #include "transport/link_setup.h"
 #include "transport/netif.h"
+#include "transport/ucx_api.h"  // Routes the ucp_*() calls below to LBCC's own UCX.
 
 namespace lbcc::transport {
 namespace {

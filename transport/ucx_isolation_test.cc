@@ -1,0 +1,114 @@
+// LBCC's UCX lives in its own link-map namespace (transport/ucx_api.h): with another library of
+// UCX's soname already loaded into the program and exporting UCX's symbols (a stub whose every
+// entry fails, standing in for HPC-X's UCX), the program's own lookups reach the stub, and the UCX
+// transport still connects and moves data over tcp on the loopback device, with the stub never
+// called.
+#include <dlfcn.h>
+#include <ucp/api/ucp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status_macros.h"
+#include "base/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/subprocess.h"
+#include "transport/test_util.h"
+#include "transport/ucx_api.h"
+#include "transport/ucx_transport.h"
+
+namespace lbcc::transport {
+namespace {
+
+using ::lbcc::testing::IsOk;
+using ::lbcc::testing::IsOkAndHolds;
+using ::lbcc::transport::testing::kWait;
+using ::lbcc::transport::testing::RecvResult;
+using ::lbcc::transport::testing::RunfilePath;
+using ::lbcc::transport::testing::SendResult;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+using ConfigRead = ucs_status_t (*)(const char*, const char*, ucp_config_t**);
+
+class UcxIsolationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Into the program's namespace, global, before LBCC's UCX is loaded: later lookups of the
+    // soname or of UCX's symbols in that namespace find the stub.
+    const std::string path = RunfilePath("transport/libucp_stub.so");
+    stub_ = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    ASSERT_NE(stub_, nullptr) << dlerror();
+    stub_calls_ = reinterpret_cast<int (*)()>(dlsym(stub_, "ucp_stub_calls"));
+    ASSERT_NE(stub_calls_, nullptr);
+  }
+
+  static void* stub_;
+  static int (*stub_calls_)();
+};
+
+void* UcxIsolationTest::stub_ = nullptr;
+int (*UcxIsolationTest::stub_calls_)() = nullptr;
+
+TEST_F(UcxIsolationTest, TheProgramsNamespaceSeesTheStub) {
+  // The clash a second UCX causes: by soname and by symbol, the program gets the stub.
+  void* by_soname = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(by_soname, nullptr);
+  EXPECT_EQ(by_soname, stub_);
+  dlclose(by_soname);
+  auto config_read = reinterpret_cast<ConfigRead>(dlsym(RTLD_DEFAULT, "ucp_config_read"));
+  ASSERT_NE(config_read, nullptr);
+  ucp_config_t* config = nullptr;
+  const int before = stub_calls_();
+  EXPECT_EQ(config_read(nullptr, nullptr, &config), UCS_ERR_UNSUPPORTED);
+  EXPECT_EQ(stub_calls_(), before + 1);
+}
+
+TEST_F(UcxIsolationTest, LbccsUcxIsItsOwnCopyInItsOwnNamespace) {
+  const ucx_api::LoadInfo& info = ucx_api::Info();
+  ASSERT_TRUE(info.loaded) << info.error;
+  EXPECT_TRUE(info.own_namespace);
+  EXPECT_THAT(info.library, HasSubstr("libucp.so"));
+  EXPECT_THAT(info.library, Not(HasSubstr("stub")));
+  // Its symbols are not the stub's.
+  EXPECT_NE(reinterpret_cast<void*>(ucx_api::Get().ucp_config_read),
+            dlsym(stub_, "ucp_config_read"));
+}
+
+TEST_F(UcxIsolationTest, TransportWorksBesideTheStub) {
+  const int before = stub_calls_();
+  TransportOptions options;
+  options.ucx_tls = "tcp";
+  options.ucx_net_devices = "lo";
+  options.peer_timeout = absl::Seconds(3);
+  options.link_class = LinkClass::kFast;  // No probe: the test is about the library, not speed.
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> server, NewUcxTransport(options));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Transport> client, NewUcxTransport(options));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen("127.0.0.1:0"));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  // Eager and rendezvous sizes, both ways.
+  for (size_t bytes : {size_t{64}, size_t{4} << 20}) {
+    const std::vector<uint8_t> up = testing::Pattern(bytes, 3);
+    const std::vector<uint8_t> down = testing::Pattern(bytes, 5);
+    std::vector<uint8_t> at_server(bytes), at_client(bytes);
+    RecvResult server_got, client_got;
+    SendResult up_sent, down_sent;
+    b->Recv(1, absl::MakeSpan(at_server), server_got.Callback());
+    a->Recv(2, absl::MakeSpan(at_client), client_got.Callback());
+    a->Send(1, up, {}, up_sent.Callback());
+    b->Send(2, down, {}, down_sent.Callback());
+    EXPECT_THAT(up_sent.Wait(), IsOk());
+    EXPECT_THAT(down_sent.Wait(), IsOk());
+    ASSERT_THAT(server_got.Wait(), IsOkAndHolds(bytes));
+    ASSERT_THAT(client_got.Wait(), IsOkAndHolds(bytes));
+    EXPECT_EQ(at_server, up);
+    EXPECT_EQ(at_client, down);
+  }
+  EXPECT_EQ(stub_calls_(), before) << "LBCC's transport called the stub UCX";
+}
+
+}  // namespace
+}  // namespace lbcc::transport
