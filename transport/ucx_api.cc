@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +26,11 @@ constexpr char kLibrary[] = "libucp.so.0";
 
 struct State {
   Api api;
+  Api after_exit;  // The stand-ins, from exit() on (see Load()).
+  std::atomic<bool> exiting{false};
+  // The namespace's own C library's per-thread set-up of its ctype tables: a thread the program
+  // created has them unset there (UCX's parsers would crash on them); null outside a namespace.
+  void (*ctype_init)() = nullptr;
   LoadInfo info;
   std::string unavailable;  // What the stand-in ucs_status_string() returns.
 };
@@ -55,6 +62,10 @@ void FillStandIns(Api& api) {
   LBCC_UCX_FUNCTIONS(LBCC_UCX_STAND_IN)
 #undef LBCC_UCX_STAND_IN
 }
+
+// After exit() began, arming succeeds, so a progress thread still running sleeps on its event
+// fd instead of spinning until its transport's destructor stops it.
+ucs_status_t ArmWhileExiting(ucp_worker_h) { return UCS_OK; }
 
 State* Load() {
   auto* state = new State;  // Lives as long as the process (UCX may call back at exit).
@@ -89,12 +100,32 @@ State* Load() {
     if (dlinfo(handle, RTLD_DI_LMID, &namespace_id) == 0) {
       info.own_namespace = namespace_id != LM_ID_BASE;
     }
+    if (info.own_namespace && info.error.empty()) {
+      void* libc = dlmopen(namespace_id, "libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+      void* ctype_init = libc != nullptr ? dlsym(libc, "__ctype_init") : nullptr;
+      if (ctype_init == nullptr) {
+        info.error = "the C library of UCX's namespace has no __ctype_init";
+      } else {
+        state->ctype_init = reinterpret_cast<void (*)()>(ctype_init);
+      }
+    }
     link_map* map = nullptr;
     if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) {
       info.library = map->l_name;
     }
   }
   info.loaded = info.error.empty();
+  if (info.loaded && info.own_namespace) {
+    // At exit the dynamic linker finalizes namespaces from the last to the first: UCX's libraries
+    // run their destructors before those of the objects that use them (liblbcc.so, the plugin),
+    // whose teardown would then call into a finalized UCX. exit() runs atexit handlers before
+    // any destructor, so from then on every call gets a stand-in: the process is ending, and
+    // UCX's own destructors release what it holds.
+    state->unavailable = "UCX is finalized (the process is exiting)";
+    FillStandIns(state->after_exit);
+    state->after_exit.ucp_worker_arm = &ArmWhileExiting;
+    std::atexit(+[] { Loaded().exiting.store(true, std::memory_order_release); });
+  }
   if (!info.loaded) {
     state->unavailable = absl::StrCat("UCX could not be loaded (", info.error, ")");
     state->api = Api{};
@@ -114,7 +145,15 @@ State& Loaded() {
 
 }  // namespace
 
-const Api& Get() { return Loaded().api; }
+const Api& Get() {
+  const State& state = Loaded();
+  thread_local bool thread_ready = false;
+  if (!thread_ready) {
+    if (state.ctype_init != nullptr) state.ctype_init();
+    thread_ready = true;
+  }
+  return state.exiting.load(std::memory_order_acquire) ? state.after_exit : state.api;
+}
 const LoadInfo& Info() { return Loaded().info; }
 
 }  // namespace lbcc::transport::ucx_api

@@ -7,6 +7,7 @@
 #include <ucp/api/ucp.h>
 
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,21 @@ TEST_F(UcxIsolationTest, TransportWorksBesideTheStub) {
     EXPECT_EQ(at_client, down);
   }
   EXPECT_EQ(stub_calls_(), before) << "LBCC's transport called the stub UCX";
+}
+
+TEST_F(UcxIsolationTest, TransportStartsOnAThreadTheProgramCreated) {
+  // Such a thread has the program's C library set up, not the one of UCX's namespace (whose
+  // configuration parser reads its ctype tables): ucx_api sets that one up per thread.
+  TransportOptions options;
+  options.ucx_tls = "tcp";
+  options.ucx_net_devices = "lo";
+  absl::Status status = absl::UnknownError("the thread did not run");
+  std::thread thread([&] {
+    absl::StatusOr<std::unique_ptr<Transport>> transport = NewUcxTransport(options);
+    status = transport.status();
+  });
+  thread.join();
+  EXPECT_THAT(status, IsOk());
 }
 
 }  // namespace
