@@ -10,11 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define LBCC_UCX_TSAN 1
+// Sanitizer builds load UCX into the program's namespace (see Load()).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define LBCC_UCX_IN_PROGRAM_NAMESPACE 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define LBCC_UCX_TSAN 1
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define LBCC_UCX_IN_PROGRAM_NAMESPACE 1
 #endif
 #endif
 
@@ -71,10 +72,11 @@ State* Load() {
   auto* state = new State;  // Lives as long as the process (UCX may call back at exit).
   LoadInfo& info = state->info;
   // RTLD_LOCAL in a fresh namespace: UCX and its dependencies (libucs, libuct, libucm, and the
-  // transports it dlopens from there) bind only to each other. ThreadSanitizer's runtime cannot
-  // run the second C library a fresh namespace loads (the process crashes), so a TSan build loads
-  // UCX into the program's namespace, RTLD_LOCAL (ucx_isolation_test is notsan).
-#if defined(LBCC_UCX_TSAN)
+  // transports it dlopens from there) bind only to each other. The sanitizers' runtimes cannot
+  // run the second C library a fresh namespace loads (ThreadSanitizer crashes; under
+  // AddressSanitizer the two heaps meet: "free(): invalid pointer"), so a TSan or ASan build
+  // loads UCX into the program's namespace, RTLD_LOCAL (ucx_isolation_test is notsan, noasan).
+#if defined(LBCC_UCX_IN_PROGRAM_NAMESPACE)
   void* handle = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   const char* how = "dlopen(";
 #else
