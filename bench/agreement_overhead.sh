@@ -12,19 +12,18 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-this="$here/../bazel-bin/bench/lbcc_perf" baseline="" rounds=5 sizes="64K 1M 4M" iters=30
-out="$here/results/agreement.md"
-while (($#)); do
-  case "$1" in
-    --baseline) baseline=$2; shift 2 ;;
-    --this) this=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --sizes) sizes=$2; shift 2 ;;
-    --iters) iters=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "agreement_overhead: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+FLAGS_SCRIPT="$here/agreement_overhead.sh"
+source "$here/../tools/flags.sh"
+flags_value baseline "" "baseline lbcc_perf (empty: this tree built without the agreement)"
+flags_value this "$here/../bazel-bin/bench/lbcc_perf" "this tree's lbcc_perf"
+flags_value rounds 5 "alternating rounds"
+flags_value sizes "64K 1M 4M" "tensor sizes"
+flags_value iters 30 "timed iterations per run"
+flags_value out "$here/results/agreement.md" "results file"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 0)) || { echo "agreement_overhead: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
+baseline=$FLAG_baseline this=$FLAG_this rounds=$FLAG_rounds sizes=$FLAG_sizes iters=$FLAG_iters
+out=$FLAG_out
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 if [[ -z "$baseline" ]]; then

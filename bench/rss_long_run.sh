@@ -6,8 +6,15 @@
 #   bench/rss_long_run.sh [allreduce_calls] [sparse_calls]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALLREDUCE_CALLS=${1:-1000000}
-SPARSE_CALLS=${2:-100000}
+source tools/flags.sh
+flags_positional "[allreduce_calls] [sparse_calls]" "calls of each op (defaults 1000000 and 100000; 0 keeps that op's earlier run)"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} <= 2)) || { echo "rss_long_run: unexpected argument ${FLAGS_ARGS[2]}" >&2; exit 2; }
+ALLREDUCE_CALLS=${FLAGS_ARGS[0]:-1000000}
+SPARSE_CALLS=${FLAGS_ARGS[1]:-100000}
+for n in "$ALLREDUCE_CALLS" "$SPARSE_CALLS"; do
+  [[ $n =~ ^[0-9]+$ ]] || { echo "rss_long_run: call counts must be integers, not '$n'" >&2; exit 2; }
+done
 bazel build --jobs=2 //bench:rss_long_run >/dev/null
 BIN=bazel-bin/bench/rss_long_run
 OUT=bench/results/rss.md

@@ -10,7 +10,12 @@
 #   bench/signature_overhead.sh [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-5}
+source tools/flags.sh
+flags_positional "[rounds]" "alternating rounds per size (default 5)"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} <= 1)) || { echo "signature_overhead: unexpected argument ${FLAGS_ARGS[1]}" >&2; exit 2; }
+ROUNDS=${FLAGS_ARGS[0]:-5}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "signature_overhead: rounds must be a positive integer, not '$ROUNDS'" >&2; exit 2; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 SWITCH="--per_file_copt=comm/signature.cc@-DLBCC_MEASURE_WITHOUT_HEADER"

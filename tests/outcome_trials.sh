@@ -24,22 +24,22 @@ set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 testbed="$here/../tools/testbed/testbed"
-bin="" kills=300 stops=20 cuts=15 seed=1 keep="" results="" label="" from_log=""
 command_line="tests/outcome_trials.sh $*"
-while (($#)); do
-  case "$1" in
-    --bin) bin=$2; shift 2 ;;
-    --kills) kills=$2; shift 2 ;;
-    --stops) stops=$2; shift 2 ;;
-    --cuts) cuts=$2; shift 2 ;;
-    --seed) seed=$2; shift 2 ;;
-    --keep) keep=$2; shift 2 ;;
-    --results) results=$2; shift 2 ;;
-    --label) label=$2; shift 2 ;;
-    --from-log) from_log=$2; shift 2 ;;
-    *) echo "outcome_trials: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+FLAGS_SCRIPT="$here/outcome_trials.sh"
+source "$here/../tools/flags.sh"
+flags_value bin "" "outcome_trial binary (empty: build //tests:outcome_trial)"
+flags_value kills 300 "trials with one rank killed (-9)"
+flags_value stops 20 "trials with one rank stopped (SIGSTOP)"
+flags_value cuts 15 "trials with one rank cut off (tools/testbed cut; root)"
+flags_value seed 1 "random seed"
+flags_value keep "" "folder to keep the trials' logs in"
+flags_value results "" "results file to append the summary to"
+flags_value label "" "label of this run in the results file"
+flags_value from_log "" "summarise an earlier run's log instead of running"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 0)) || { echo "outcome_trials: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
+bin=$FLAG_bin kills=$FLAG_kills stops=$FLAG_stops cuts=$FLAG_cuts seed=$FLAG_seed keep=$FLAG_keep
+results=$FLAG_results label=$FLAG_label from_log=$FLAG_from_log
 # Appends the SUMMARY lines of $1 to the results file.
 write_results() {
   [[ -n "$results" ]] || return 0
