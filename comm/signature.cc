@@ -281,11 +281,10 @@ namespace {
 // OK). It is a function of all ranks' headers, which every rank holds, so every rank reaches the
 // same one. `data_bytes`: with kHashWithData, the size every matching peer's data must have.
 absl::Status Verdict(const Group& group, Tag tag, uint64_t sequence, const Signature& mine,
-                     const absl::Status& rejection, Kind my_kind, size_t data_bytes,
-                     const std::vector<std::string>& in, absl::Time deadline,
+                     uint64_t hash, const absl::Status& rejection, Kind my_kind,
+                     size_t data_bytes, const std::vector<std::string>& in, absl::Time deadline,
                      const std::string& what) {
   const int n = group.size();
-  const uint64_t hash = mine.Hash();
   std::vector<Header> headers(n);
   headers[group.me] = Header{rejection.ok() ? my_kind : Kind::kRejected, sequence, hash,
                              std::string(rejection.message()), data_bytes};
@@ -382,13 +381,15 @@ absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
   return rejection;
 #else
   const std::string what = absl::StrCat(mine.op(), " (op ", sequence, ")");
+  const uint64_t hash = mine.Hash();
   std::vector<std::string> in;
   LBCC_RETURN_IF_ERROR(Exchange(
       group, tag + kSignatureStep,
-      rejection.ok() ? EncodeHeader(Kind::kHash, sequence, mine.Hash(), "")
+      rejection.ok() ? EncodeHeader(Kind::kHash, sequence, hash, "")
                      : EncodeHeader(Kind::kRejected, sequence, 0, rejection.ToString()),
       &in, deadline, what));
-  return Verdict(group, tag, sequence, mine, rejection, Kind::kHash, 0, in, deadline, what);
+  return Verdict(group, tag, sequence, mine, hash, rejection, Kind::kHash, 0, in, deadline,
+                 what);
 #endif
 }
 
@@ -408,8 +409,9 @@ absl::Status ExchangeWithHeader(const Group& group, Tag tag, uint64_t sequence,
   std::string message(reinterpret_cast<const char*>(data.data()), data.size());
 #else
   constexpr size_t offset = kHeaderBytes;
+  const uint64_t hash = mine.Hash();
   std::string message(kHeaderBytes + data.size(), '\0');
-  PutHeader(message.data(), Kind::kHashWithData, sequence, mine.Hash());
+  PutHeader(message.data(), Kind::kHashWithData, sequence, hash);
   if (!data.empty()) std::memcpy(message.data() + kHeaderBytes, data.data(), data.size());
 #endif
   if (n > 1) {
@@ -421,7 +423,7 @@ absl::Status ExchangeWithHeader(const Group& group, Tag tag, uint64_t sequence,
       }
     }
 #else
-    LBCC_RETURN_IF_ERROR(Verdict(group, tag, sequence, mine, absl::OkStatus(),
+    LBCC_RETURN_IF_ERROR(Verdict(group, tag, sequence, mine, hash, absl::OkStatus(),
                                  Kind::kHashWithData, data.size(), *storage, deadline, what));
 #endif
   } else {
