@@ -8,12 +8,16 @@
 //   # peer            class
 //   10.77.0.3         slow      # any port on that host
 //   10.77.0.4:5000    fast
+//   fd77::5           slow      # IPv6: bare, or [fd77::5] / [fd77::5]:5000 with a port
+//   node6             slow      # a host name: the name and every address it resolves to
 //   *                 slow      # everyone else
 //
-// The most specific rule wins (host:port, then host, then *). Peers are matched by the address
-// given to Connect() on the client and by the connecting host (port unknown) on the server; the
-// loopback backend matches names the same way (its server sees the client's listen name). The
-// parser and the class rule (either side slow: slow) are in transport/link_setup.h.
+// Names are resolved (getaddrinfo) when the file is read; one that does not resolve is an
+// InvalidArgument naming it and the line. The most specific rule wins (host:port, then host,
+// then *). Peers are matched by the address given to Connect() on the client (UCX: resolved to
+// a numeric address) and by the connecting host (port unknown) on the server; the loopback
+// backend matches names the same way (its server sees the client's listen name). The parser and
+// the class rule (either side slow: slow) are in transport/link_setup.h.
 //
 // Thread-safety: values.
 #ifndef LBCC_TRANSPORT_OPTIONS_H_
