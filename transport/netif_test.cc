@@ -230,6 +230,32 @@ TEST(PinUcxDeviceTest, AForcedAfPrioWithoutTheListenFamilyIsInvalidArgument) {
                        HasSubstr("UCX_TCP_AF_PRIO='inet6' leaves out inet,")));
 }
 
+TEST(CheckUcxAddressFamilyTest, TheFamilyUcxTakesOnTheDeviceMustBeTheListenAddresss) {
+  const std::vector<NetInterface> machine = {{"lo", "127.0.0.1", false, true},
+                                             {"eth0", "10.77.0.2", false, false},
+                                             {"eth1", "192.168.5.2", false, false},
+                                             {"eth0", "fd77::2", true, false},
+                                             {"ib0", "fd88::5", true, false},
+                                             {"lo", "::1", true, true}};
+  // UCX's default (inet first): right for IPv4, and for an IPv6-only device.
+  EXPECT_THAT(CheckUcxAddressFamily("", "10.77.0.2", machine), IsOk());
+  EXPECT_THAT(CheckUcxAddressFamily("", "fd88::5", machine), IsOk());
+  EXPECT_THAT(CheckUcxAddressFamily("inet6", "fd77::2", machine), IsOk());
+  EXPECT_THAT(CheckUcxAddressFamily("inet6,inet", "192.168.5.2", machine), IsOk())
+      << "eth1 has no IPv6 address: UCX takes inet there";
+  // Loopback and addresses of no interface: not judged.
+  EXPECT_THAT(CheckUcxAddressFamily("inet6", "127.0.0.1", machine), IsOk());
+  EXPECT_THAT(CheckUcxAddressFamily("", "::1", machine), IsOk());
+  EXPECT_THAT(CheckUcxAddressFamily("", "fd99::1", machine), IsOk());
+  // A dual-stack device with the other family first.
+  EXPECT_THAT(CheckUcxAddressFamily("", "fd77::2", machine),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("UCX_TCP_AF_PRIO='inet,inet6'"), HasSubstr("inet on eth0"),
+                             HasSubstr("Put inet6 first"))));
+  EXPECT_THAT(CheckUcxAddressFamily(" INET6 , inet", "10.77.0.2", machine),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Put inet first")));
+}
+
 TEST(SocketAddressTest, ParsesIpv4Ipv6AndNames) {
   LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress v4, ParseSocketAddress("10.77.0.2:4000", "x"));
   EXPECT_FALSE(v4.ipv6());

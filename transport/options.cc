@@ -133,4 +133,37 @@ absl::Status PinUcxAddressFamily(bool ipv6, bool device_known, TransportOptions*
   return absl::OkStatus();
 }
 
+absl::Status CheckUcxAddressFamily(absl::string_view af_prio, absl::string_view listen_host,
+                                   const std::vector<NetInterface>& interfaces) {
+  const NetInterface* listen = nullptr;
+  for (const NetInterface& i : interfaces) {
+    if (i.address == listen_host) listen = &i;
+  }
+  if (listen == nullptr || listen->loopback) return absl::OkStatus();
+  bool has_v4 = false, has_v6 = false;
+  for (const NetInterface& i : interfaces) {
+    if (i.name != listen->name) continue;
+    (i.ipv6 ? has_v6 : has_v4) = true;
+  }
+  const std::string order =
+      absl::StripAsciiWhitespace(af_prio).empty() ? "inet,inet6" : std::string(af_prio);
+  std::string taken;
+  for (absl::string_view entry : absl::StrSplit(order, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if ((absl::EqualsIgnoreCase(entry, "inet") && has_v4) ||
+        (absl::EqualsIgnoreCase(entry, "inet6") && has_v6)) {
+      taken = absl::AsciiStrToLower(entry);
+      break;
+    }
+  }
+  const std::string wanted = listen->ipv6 ? "inet6" : "inet";
+  if (taken.empty() || taken == wanted) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "UCX_TCP_AF_PRIO='", order, "' makes UCX's tcp transport use ", taken, " on ",
+      listen->name, ", but the transport listens on its ", listen->ipv6 ? "IPv6" : "IPv4",
+      " address ", listen_host, ": UCX would connect from the wrong family. Put ", wanted,
+      " first (TransportOptions::ucx_tcp_af_prio or UCX_TCP_AF_PRIO; transport::PinUcxDevice ",
+      "does it)"));
+}
+
 }  // namespace lbcc::transport

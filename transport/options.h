@@ -26,11 +26,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/link_setup.h"
+#include "transport/netif.h"
 #include "transport/transport.h"
 
 namespace lbcc::transport {
@@ -124,6 +126,14 @@ absl::Status PinUcxDevice(const std::string& device, bool ipv6, TransportOptions
 //   - set without that family ("inet" for an IPv6 address): InvalidArgument naming
 //     UCX_TCP_AF_PRIO, its value and the fix, rather than a crash or a timeout in UCX.
 absl::Status PinUcxAddressFamily(bool ipv6, bool device_known, TransportOptions* options);
+
+// The UCX backend's check at Listen, for transport users that pin nothing: the family UCX's tcp
+// transport takes on the interface that has `listen_host` (the first family of `af_prio`,
+// UCX_TCP_AF_PRIO's syntax, "" for UCX's default "inet,inet6", that the interface has an address
+// of) must be `listen_host`'s. InvalidArgument naming UCX_TCP_AF_PRIO and the fix otherwise.
+// Loopback, and an address no interface in `interfaces` has, pass (UCX's tcp uses no IPv6 on lo).
+absl::Status CheckUcxAddressFamily(absl::string_view af_prio, absl::string_view listen_host,
+                                   const std::vector<NetInterface>& interfaces);
 
 }  // namespace lbcc::transport
 
