@@ -57,7 +57,8 @@ constexpr Spec kSpecs[] = {
      "64K until a transfer takes 20 ms).",
      {}, 65536, 1 << 30},
     {"LBCC_LINK_RULES_FILE", Type::kString, "",
-     "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer."},
+     "Transport: file of '<host[:port]|*> <fast|slow>' lines giving the link class per peer "
+     "(hosts: IPv4, IPv6 bare or [in brackets], or names)."},
     {"LBCC_LISTEN_ADDR", Type::kString, "",
      "Address (IPv4 or IPv6) or interface name this rank listens on for other ranks; unset: "
      "chosen as LBCC_SOCKET_IFNAME describes."},
@@ -71,9 +72,9 @@ constexpr Spec kSpecs[] = {
      "this many milliseconds.",
      {}, 100, 3600000},
     {"LBCC_PLUGIN_DEVICES", Type::kString, "",
-     "NCCL net plugin: devices offered to NCCL, comma-separated interface names or IPv4 "
-     "addresses, each optionally =fast or =slow (e.g. eth0,eth1=slow); empty: every up IPv4 "
-     "interface except lo and docker*."},
+     "NCCL net plugin: devices offered to NCCL, comma-separated interface names, addresses "
+     "(IPv4 or IPv6) or host names, each optionally =fast or =slow (e.g. eth0,eth1=slow); "
+     "empty: every up interface except lo and docker*."},
     {"LBCC_PLUGIN_LATENCY_US", Type::kDouble, "0",
      "NCCL net plugin: device latency reported to NCCL's tuner, in microseconds; 0: half the "
      "shortest probed round trip, else 0.",

@@ -68,7 +68,8 @@ struct ElasticMasterOptions {
   std::string listen_address = "127.0.0.1:0";  // host:port; port 0: the kernel picks
   std::string job_id;                           // members must present it; not empty
   absl::Duration peer_timeout = absl::ZeroDuration();  // zero: LBCC_PEER_TIMEOUT_MS
-  // IPv4 address the per-epoch bootstrap roots listen on; empty: listen_address's host.
+  // Address the per-epoch bootstrap roots listen on (IPv4, IPv6 without brackets, or a name);
+  // empty: listen_address's host.
   std::string bootstrap_host;
   // How long an epoch's members have to build its communicator; zero: peer_timeout + 5 s.
   absl::Duration setup_timeout = absl::ZeroDuration();

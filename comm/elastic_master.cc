@@ -16,6 +16,7 @@
 #include "comm/bootstrap.h"
 #include "comm/elastic.h"
 #include "comm/elastic_wire.h"
+#include "transport/netif.h"
 
 namespace lbcc::comm {
 
@@ -52,7 +53,9 @@ class ElasticMaster::Impl {
     }
     LBCC_ASSIGN_OR_RETURN(listener_, Socket::Listen(options_.listen_address, &address_));
     if (options_.bootstrap_host.empty()) {
-      options_.bootstrap_host = address_.substr(0, address_.rfind(':'));
+      LBCC_ASSIGN_OR_RETURN(const transport::HostAndPort bound,
+                            transport::ParseHostPort(address_, "elastic master"));
+      options_.bootstrap_host = bound.host;  // Without the brackets of an IPv6 address.
     }
     acceptor_ = std::thread([this] { AcceptLoop(); });
     ticker_ = std::thread([this] { TickLoop(); });

@@ -24,6 +24,7 @@ namespace {
 
 using ::lbcc::testing::IsOk;
 using ::lbcc::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int64_t kElements = 8192;
@@ -357,6 +358,54 @@ TEST(ElasticTest, MembersFindTheMasterThroughLbccMasterAddr) {
   m.group = std::move(*g);
   EXPECT_THAT(m.Step(*codec), IsOk());
   EXPECT_TRUE(master->AwaitCommittedSteps(1, absl::Seconds(30)));
+}
+
+// The membership service's addresses as every LBCC address: IPv6 in brackets, host names.
+TEST(ElasticTest, TheMasterListensOnIpv6AndMembersFindItByName) {
+  auto codec = Codec();
+  ElasticMasterOptions mo;
+  mo.job_id = "job-1";
+  mo.peer_timeout = absl::Seconds(5);
+  mo.listen_address = "[::1]:0";
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> v6 = ElasticMaster::Start(mo);
+  if (v6.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << v6.status();
+  }
+  ASSERT_THAT(v6.status(), IsOk());
+  EXPECT_THAT((*v6)->address(), ::testing::StartsWith("[::1]:"));
+  Member a;
+  ASSERT_THAT(a.Join(**v6, "a"), IsOk());
+  EXPECT_THAT(a.Step(*codec), IsOk());
+  EXPECT_TRUE((*v6)->AwaitCommittedSteps(1, absl::Seconds(30)));
+
+  mo.listen_address = "localhost:0";  // Resolved: its first address, 127.0.0.1.
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ElasticMaster> named, ElasticMaster::Start(mo));
+  const std::string address = named->address();
+  ASSERT_THAT(address, ::testing::StartsWith("127.0.0.1:"));
+  Member b;
+  ElasticOptions o = MemberOptions(*named, "b");
+  o.master_address = "localhost" + address.substr(address.rfind(':'));
+  LBCC_ASSERT_OK_AND_ASSIGN(b.group,
+                            ElasticGroup::Join(o, {*TensorView::Host(b.params.data(), {kElements})}));
+  EXPECT_THAT(b.Step(*codec), IsOk());
+  EXPECT_TRUE(named->AwaitCommittedSteps(1, absl::Seconds(30)));
+}
+
+TEST(ElasticTest, AnUnresolvableMasterIsInvalidArgumentNamingIt) {
+  ElasticOptions o;
+  o.master_address = "no-such-host.invalid:4000";
+  o.job_id = "j";
+  o.join_timeout = absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(ElasticGroup::Join(o, {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("no-such-host.invalid"), HasSubstr("does not resolve"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(25)) << "not retried until the join timeout";
+  ElasticMasterOptions mo;
+  mo.job_id = "j";
+  mo.listen_address = "fd77::1:0";
+  EXPECT_THAT(ElasticMaster::Start(mo).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[addr]:port")));
 }
 
 TEST(ElasticTest, BadOptionsAreInvalidArgument) {

@@ -1,6 +1,5 @@
 #include "comm/elastic_wire.h"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -12,10 +11,10 @@
 #include <cstring>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "transport/netif.h"
 
 namespace lbcc::comm::elastic {
 namespace {
@@ -74,19 +73,15 @@ absl::Status Errno(absl::string_view what) {
   return absl::UnavailableError(absl::StrCat("elastic: ", what, ": ", std::strerror(errno)));
 }
 
-absl::StatusOr<sockaddr_in> ParseAddress(absl::string_view address) {
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  const std::string host(address.substr(0, colon == absl::string_view::npos ? 0 : colon));
-  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 0 || port > 65535 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("elastic: '", address, "' is not an IPv4 host:port"));
-  }
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
+// "host:port": an IPv4 address, an IPv6 one in brackets, or a host name (resolved).
+absl::StatusOr<transport::SocketAddress> ParseAddress(absl::string_view address) {
+  return transport::ParseSocketAddress(address, "elastic: address");
+}
+
+// "10.0.0.2:4000" or "[fd77::2]:4000"; "?" when the kernel reports neither family.
+std::string AddressText(const sockaddr_storage& storage) {
+  absl::StatusOr<transport::SocketAddress> a = transport::SocketAddressOf(storage);
+  return a.ok() ? a->ToString() : "?";
 }
 
 }  // namespace
@@ -245,12 +240,12 @@ Socket::~Socket() { close(fd_); }
 
 absl::StatusOr<std::unique_ptr<Socket>> Socket::Connect(absl::string_view address,
                                                         absl::Time deadline) {
-  LBCC_ASSIGN_OR_RETURN(const sockaddr_in addr, ParseAddress(address));
+  LBCC_ASSIGN_OR_RETURN(const transport::SocketAddress addr, ParseAddress(address));
   absl::Duration backoff = absl::Milliseconds(20);
   while (true) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Errno("socket");
-    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+    if (connect(fd, addr.get(), addr.length) == 0) {
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return std::make_unique<Socket>(fd);
@@ -268,21 +263,20 @@ absl::StatusOr<std::unique_ptr<Socket>> Socket::Connect(absl::string_view addres
 
 absl::StatusOr<std::unique_ptr<Socket>> Socket::Listen(absl::string_view address,
                                                        std::string* bound) {
-  LBCC_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  LBCC_ASSIGN_OR_RETURN(const transport::SocketAddress addr, ParseAddress(address));
+  const int fd = socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket");
   auto sock = std::make_unique<Socket>(fd);
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (bind(fd, addr.get(), addr.length) != 0) {
     return Errno(absl::StrCat("bind ", address));
   }
   if (listen(fd, 128) != 0) return Errno("listen");
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  char host[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
-  *bound = absl::StrCat(host, ":", ntohs(addr.sin_port));
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return Errno("getsockname");
+  *bound = AddressText(local);
   return sock;
 }
 
@@ -363,12 +357,10 @@ void Socket::Shutdown() {
 }
 
 std::string Socket::peer() const {
-  sockaddr_in addr{};
+  sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   if (getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
-  char host[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
-  return absl::StrCat(host, ":", ntohs(addr.sin_port));
+  return AddressText(addr);
 }
 
 }  // namespace lbcc::comm::elastic

@@ -87,10 +87,13 @@ class Socket {
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
 
-  // Connects to "host:port", retrying until `deadline` (the master may start later).
+  // Connects to "host:port" (an IPv4 address, an IPv6 one in brackets or a host name),
+  // retrying until `deadline` (the master may start later). InvalidArgument naming the address
+  // when it does not parse or resolve.
   static absl::StatusOr<std::unique_ptr<Socket>> Connect(absl::string_view address,
                                                          absl::Time deadline);
-  // Listens on "host:port" (port 0: any); *bound is the address it got.
+  // Listens on "host:port" (port 0: any; syntax as Connect); *bound is the address it got
+  // ("[fd77::1]:4000" for IPv6).
   static absl::StatusOr<std::unique_ptr<Socket>> Listen(absl::string_view address,
                                                         std::string* bound);
   // The next connection, or DeadlineExceeded at `deadline`, Cancelled after Shutdown().

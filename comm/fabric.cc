@@ -44,8 +44,8 @@ absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::s
   if (!options.security.secret.has_value()) options.security.secret = UniqueIdSecret(id);
   options.security.job_id = std::string(id.internal + 8, 8);
   options.security.identity = static_cast<uint64_t>(rank);
-  transport::PinUcxDevice(device, ipv6, &options);
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
+  LBCC_RETURN_IF_ERROR(transport::PinUcxDevice(device, ipv6, &options));
   if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
       absl::StrCat("unknown transport backend '", backend, "' (ucx or loopback)"));

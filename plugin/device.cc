@@ -1,9 +1,5 @@
 #include "plugin/device.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
 #include <climits>
 #include <cstdlib>
 #include <fstream>
@@ -14,31 +10,33 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "transport/netif.h"
 #include "transport/options.h"
 
 namespace lbcc::plugin {
 
 std::vector<Interface> ListInterfaces() {
   std::vector<Interface> result;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return result;
-  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
-    if (!(entry->ifa_flags & IFF_UP)) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    const auto* in = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) continue;
-    Interface interface;
-    interface.name = entry->ifa_name;
-    interface.ip = text;
-    interface.loopback = (entry->ifa_flags & IFF_LOOPBACK) != 0;
-    result.push_back(std::move(interface));
+  for (const transport::NetInterface& i : transport::ListNetInterfaces()) {
+    result.push_back({i.name, i.address, i.loopback, i.ipv6});
   }
-  freeifaddrs(list);
   return result;
 }
+
+namespace {
+
+// "[fd77::2]" -> "fd77::2"; anything else unchanged.
+absl::string_view Unbracket(absl::string_view target) {
+  if (target.size() > 2 && target.front() == '[' && target.back() == ']') {
+    return target.substr(1, target.size() - 2);
+  }
+  return target;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<DeviceConfig>> ParseDevices(absl::string_view spec,
                                                        const std::vector<Interface>& interfaces) {
@@ -48,8 +46,9 @@ absl::StatusOr<std::vector<DeviceConfig>> ParseDevices(absl::string_view spec,
     const absl::string_view entry = absl::StripAsciiWhitespace(raw);
     std::vector<absl::string_view> parts = absl::StrSplit(entry, '=');
     if (parts.size() > 2 || parts[0].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LBCC_PLUGIN_DEVICES entry '", entry, "': expected <interface|IPv4>[=fast|=slow]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LBCC_PLUGIN_DEVICES entry '", entry,
+                       "': expected <interface|address|host name>[=fast|=slow]"));
     }
     DeviceConfig device;
     if (parts.size() == 2) {
@@ -60,31 +59,41 @@ absl::StatusOr<std::vector<DeviceConfig>> ParseDevices(absl::string_view spec,
       }
       device.link_class = *link_class;
     }
-    const std::string target(absl::StripAsciiWhitespace(parts[0]));
-    in_addr parsed{};
-    if (inet_pton(AF_INET, target.c_str(), &parsed) == 1) {
-      device.ip = target;
-      device.name = target;
+    const std::string target(Unbracket(absl::StripAsciiWhitespace(parts[0])));
+    // An interface name first (the first of its addresses: IPv4 before IPv6).
+    for (const Interface& interface : interfaces) {
+      if (interface.name == target) {
+        device.ifname = interface.name;
+        device.ip = interface.ip;
+        device.name = interface.name;
+        device.ipv6 = interface.ipv6;
+        break;
+      }
+    }
+    if (device.ip.empty()) {
+      // An address, or a host name resolving to one (its first: IPv4 before IPv6).
+      absl::StatusOr<std::vector<std::string>> addresses = transport::ResolveHost(
+          target, absl::StrCat("LBCC_PLUGIN_DEVICES entry '", entry, "'"));
+      if (!addresses.ok()) {
+        std::vector<std::string> names;
+        for (const Interface& interface : interfaces) {
+          if (std::find(names.begin(), names.end(), interface.name) == names.end()) {
+            names.push_back(interface.name);
+          }
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            addresses.status().message(), "; nor is it an interface that is up here (",
+            names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+      }
+      device.ip = addresses->front();
+      device.ipv6 = device.ip.find(':') != std::string::npos;
+      device.name = device.ip;
       for (const Interface& interface : interfaces) {
-        if (interface.ip == target) {
+        if (interface.ip == device.ip) {
           device.ifname = interface.name;
           device.name = interface.name;
           break;
         }
-      }
-    } else {
-      for (const Interface& interface : interfaces) {
-        if (interface.name == target) {
-          device.ifname = interface.name;
-          device.ip = interface.ip;
-          device.name = interface.name;
-          break;
-        }
-      }
-      if (device.ip.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("LBCC_PLUGIN_DEVICES entry '", entry,
-                         "': no interface of that name is up with an IPv4 address"));
       }
     }
     if (!seen.insert(device.ip).second) {
@@ -99,24 +108,26 @@ absl::StatusOr<std::vector<DeviceConfig>> ParseDevices(absl::string_view spec,
 
 std::vector<DeviceConfig> DefaultDevices(const std::vector<Interface>& interfaces) {
   std::vector<DeviceConfig> devices;
-  std::set<std::string> seen;
+  std::set<std::string> seen;  // One device per interface: its first address (IPv4 first).
   std::vector<Interface> sorted = interfaces;
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const Interface& a, const Interface& b) { return a.name < b.name; });
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Interface& a, const Interface& b) {
+    return a.name != b.name ? a.name < b.name : !a.ipv6 && b.ipv6;
+  });
   for (const Interface& interface : sorted) {
     if (interface.loopback || absl::StartsWith(interface.name, "docker")) continue;
-    if (!seen.insert(interface.ip).second) continue;
-    devices.push_back({interface.name, interface.ip, interface.name, std::nullopt});
+    if (!seen.insert(interface.name).second) continue;
+    devices.push_back({interface.name, interface.ip, interface.name, std::nullopt,
+                       interface.ipv6});
   }
   if (devices.empty()) {
     for (const Interface& interface : sorted) {
-      if (interface.loopback) {
-        devices.push_back({interface.name, interface.ip, interface.name, std::nullopt});
+      if (interface.loopback && !interface.ipv6) {
+        devices.push_back({interface.name, interface.ip, interface.name, std::nullopt, false});
         break;
       }
     }
   }
-  if (devices.empty()) devices.push_back({"lo", "127.0.0.1", "", std::nullopt});
+  if (devices.empty()) devices.push_back({"lo", "127.0.0.1", "", std::nullopt, false});
   return devices;
 }
 

@@ -8,6 +8,7 @@ namespace lbcc::plugin {
 namespace {
 
 using ::lbcc::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using transport::LinkClass;
 
@@ -16,6 +17,8 @@ const std::vector<Interface> kInterfaces = {
     {"eth1", "10.1.0.2", false},
     {"docker0", "172.17.0.1", false},
     {"eth0", "10.0.0.2", false},
+    {"eth0", "fd77::2", false, /*ipv6=*/true},
+    {"ib0", "fd88::5", false, /*ipv6=*/true},
 };
 
 TEST(DeviceTest, ParsesNamesAddressesAndClasses) {
@@ -37,9 +40,37 @@ TEST(DeviceTest, ParsesNamesAddressesAndClasses) {
   EXPECT_EQ(devices[3].ifname, "");
 }
 
+TEST(DeviceTest, ParsesIpv6AddressesAndHostNames) {
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      std::vector<DeviceConfig> devices,
+      ParseDevices("fd77::2=slow, [fd88:0::5], fd99::9, localhost=fast", kInterfaces));
+  ASSERT_EQ(devices.size(), 4u);
+  EXPECT_EQ(devices[0].name, "eth0");  // eth0's IPv6 address.
+  EXPECT_EQ(devices[0].ip, "fd77::2");
+  EXPECT_TRUE(devices[0].ipv6);
+  EXPECT_EQ(devices[0].link_class, LinkClass::kSlow);
+  EXPECT_EQ(devices[1].name, "ib0");  // Brackets and the long form: canonical.
+  EXPECT_EQ(devices[1].ip, "fd88::5");
+  EXPECT_EQ(devices[2].name, "fd99::9");  // No interface has it: kept, named by the address.
+  EXPECT_EQ(devices[2].ifname, "");
+  EXPECT_TRUE(devices[2].ipv6);
+  EXPECT_FALSE(devices[2].link_class.has_value());
+  // localhost resolves (/etc/hosts) to 127.0.0.1, lo's address, IPv4 first.
+  EXPECT_EQ(devices[3].ip, "127.0.0.1");
+  EXPECT_EQ(devices[3].ifname, "lo");
+  EXPECT_EQ(devices[3].link_class, LinkClass::kFast);
+  EXPECT_THAT(ParseDevices("ib0,fd88::5", kInterfaces),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fd88::5 twice")));
+}
+
 TEST(DeviceTest, RejectsBadEntries) {
   EXPECT_THAT(ParseDevices("eth9", kInterfaces),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eth9")));
+  EXPECT_THAT(ParseDevices("eth0,no-such-host.invalid=slow", kInterfaces),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("'no-such-host.invalid=slow'"),
+                             HasSubstr("does not resolve"),
+                             HasSubstr("(lo, eth1, docker0, eth0, ib0)"))));
   EXPECT_THAT(ParseDevices("eth0=medium", kInterfaces),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eth0=medium")));
   EXPECT_THAT(ParseDevices("eth0=slow=fast", kInterfaces),
@@ -52,9 +83,13 @@ TEST(DeviceTest, RejectsBadEntries) {
 
 TEST(DeviceTest, DefaultsSkipLoopbackAndDockerUnlessNothingElse) {
   std::vector<DeviceConfig> devices = DefaultDevices(kInterfaces);
-  ASSERT_EQ(devices.size(), 2u);
+  ASSERT_EQ(devices.size(), 3u);  // One per interface.
   EXPECT_EQ(devices[0].name, "eth0");
+  EXPECT_EQ(devices[0].ip, "10.0.0.2") << "IPv4 first";
   EXPECT_EQ(devices[1].name, "eth1");
+  EXPECT_EQ(devices[2].name, "ib0");  // IPv6 only.
+  EXPECT_EQ(devices[2].ip, "fd88::5");
+  EXPECT_TRUE(devices[2].ipv6);
 
   devices = DefaultDevices({{"lo", "127.0.0.1", true}, {"docker0", "172.17.0.1", false}});
   ASSERT_EQ(devices.size(), 1u);

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/env.h"
@@ -22,6 +23,8 @@
 #include "plugin/gpu.h"
 #include "plugin/handle.h"
 #include "plugin/staging.h"
+#include "transport/netif.h"
+#include "transport/options.h"
 #include "transport/ucx_transport.h"
 
 namespace lbcc::plugin {
@@ -596,7 +599,12 @@ class Device {
   absl::StatusOr<transport::Transport*> GetTransportLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shut_down_) return absl::CancelledError("plugin shut down");
     if (transport_ == nullptr) {
-      LBCC_ASSIGN_OR_RETURN(transport_, options_->make_transport(options_->transport),
+      // UCX's tcp transport takes the listen address's family first (transport/options.h).
+      transport::TransportOptions options = options_->transport;
+      const absl::Status family = transport::PinUcxAddressFamily(
+          absl::StartsWith(spec_.listen_address, "["), !spec_.ifname.empty(), &options);
+      if (!family.ok()) return Annotate(family, absl::StrCat("device ", spec_.name));
+      LBCC_ASSIGN_OR_RETURN(transport_, options_->make_transport(options),
                             _.Prepend(absl::StrCat("device ", spec_.name, ": ")));
     }
     return transport_.get();
@@ -825,7 +833,7 @@ absl::StatusOr<NetOptions> NetOptions::FromEnv() {
   }
   for (DeviceConfig& device : devices) {
     options.devices.push_back(
-        {device.name, absl::StrCat(device.ip, ":0"), device.ifname, device.link_class});
+        {device.name, transport::JoinHostPort(device.ip, 0), device.ifname, device.link_class});
   }
   LBCC_ASSIGN_OR_RETURN(const double timeout_s, env::GetDouble("LBCC_TIMEOUT_S"));
   options.connect_timeout = absl::Seconds(timeout_s);

@@ -705,6 +705,39 @@ TEST(PluginTestbedTest, TrafficOverA100MbitLink) {
           {{"LBCC_PLUGIN_DEVICES=10.77.0.1"}, {"LBCC_PLUGIN_DEVICES=10.77.0.2"}});
 }
 
+// IPv6 devices on dual-stack hosts (testbed --ipv6: IPv4 and IPv6 on every eth0): the devices
+// named by IPv6 address, bare and in brackets. UCX's tcp transport must take the device's IPv6
+// address (PinUcxAddressFamily); with its default order (IPv4 first) UCX 1.13 aborted with a
+// corrupted heap on the first connection.
+TEST(PluginTestbedTest, Ipv6DevicesOnDualStackHosts) {
+  if (TestbedScript().empty()) {
+    GTEST_SKIP() << "no testbed script (run //plugin:plugin_testbed_test, or set "
+                    "PLUGIN_TESTBED_SCRIPT to tools/testbed/testbed)";
+  }
+  if (Testbed({"check"}) != "exit 0") {
+    GTEST_SKIP() << "testbed check failed here (needs root and iproute2; see its output above)";
+  }
+  Testbed({"down", "--stale"});
+  const std::string name = absl::StrCat("plg6", getpid());
+  ASSERT_EQ(Testbed({"up", "--name", name, "--hosts", "2", "--ipv6", "--owner-pid",
+                     absl::StrCat(getpid())}),
+            "exit 0");
+  struct Down {
+    std::string name;
+    ~Down() { EXPECT_EQ(Testbed({"down", "--name", name}), "exit 0"); }
+  } down{name};
+  auto wrap = [&](int rank, std::vector<std::string> argv) {
+    std::vector<std::string> wrapped = {TestbedScript(), "exec", "--name", name,
+                                        absl::StrCat(rank), "--"};
+    wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+    return wrapped;
+  };
+  std::vector<std::string> env = {"LBCC_DEBUG=INFO", "UCX_MEM_EVENTS=no", "UCX_TLS=tcp",
+                                  "LBCC_LINK_CLASS=fast"};
+  RunPair("pair", 11, {"--groups=60", "--max_random_kib=64", "--specials=0,1,4194304"}, env,
+          wrap, {{"LBCC_PLUGIN_DEVICES=fd77::1"}, {"LBCC_PLUGIN_DEVICES=[fd77::2]"}});
+}
+
 }  // namespace
 }  // namespace lbcc::plugin::testing
 

@@ -10,6 +10,8 @@
 #      choose eth0's IPv6 address and UCX's tcp transport is pinned to IPv6 (UCX_TCP_AF_PRIO),
 #      so the data crosses over IPv6: each node's kernel counters (/proc/net/snmp6 against
 #      /proc/net/netstat's IpExt) show the all-reduce's bytes on IPv6, next to nothing on IPv4.
+#   3. Dual stack with UCX_TCP_AF_PRIO forced: inet,inet6 works (LBCC puts inet6 first; UCX
+#      used to abort with a corrupted heap), inet alone is refused on every rank, naming it.
 # Prints each rank's interface choice and init time. Skips without root / network namespaces.
 #   multinode_ipv6_test.sh LBCC_PERF C_API_PROGRAM   (NODES: 2 by default)
 set -euo pipefail
@@ -99,4 +101,31 @@ for ((i = 0; i < nodes; i++)); do
   ((v6 > 8 * 1024 * 1024)) || { echo "node$i: the data did not cross over IPv6"; exit 1; }
   ((v4 * 100 < v6)) || { echo "node$i: more than 1% of the bytes crossed over IPv4"; exit 1; }
 done
+
+# A forced UCX_TCP_AF_PRIO on these dual-stack nodes. With inet first, UCX's tcp transport
+# connected its data from IPv4 toward the peers' IPv6 addresses and aborted ("malloc(): invalid
+# size", a corrupted heap); LBCC now puts the listen family first. A list without inet6 is a
+# clear InvalidArgument naming the variable on every rank, at once.
+echo "== dual stack, UCX_TCP_AF_PRIO=inet,inet6 forced"
+run_all forced fd77::1 env UCX_TCP_AF_PRIO=inet,inet6 "$capi"
+check_capi forced
+grep -q "UCX_TCP_AF_PRIO=inet,inet6 used as inet6,inet" "$MN_TMP/forced.0.err" ||
+  { echo "forced: the reordering was not logged"; cat "$MN_TMP/forced.0.err"; exit 1; }
+echo "== dual stack, UCX_TCP_AF_PRIO=inet forced: refused"
+pids=()
+start=$(date +%s%N)
+for ((i = 0; i < nodes; i++)); do
+  mn_exec "$i" env -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID RANK="$i" WORLD_SIZE="$nodes" \
+    LOCAL_RANK=0 MASTER_ADDR=fd77::1 MASTER_PORT=29651 LBCC_TIMEOUT_S=60 UCX_MEM_EVENTS=no \
+    UCX_TCP_AF_PRIO=inet "$capi" >"$MN_TMP/refused.$i.out" 2>"$MN_TMP/refused.$i.err" &
+  pids+=($!)
+done
+for ((i = 0; i < nodes; i++)); do
+  if wait "${pids[$i]}"; then echo "refused: rank $i succeeded"; exit 1; fi
+  grep -q "INVALID_ARGUMENT: UCX_TCP_AF_PRIO='inet' leaves out inet6" "$MN_TMP/refused.$i.err" ||
+    { echo "refused: rank $i did not name UCX_TCP_AF_PRIO"; cat "$MN_TMP/refused.$i.err"; exit 1; }
+done
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+echo "UCX_TCP_AF_PRIO=inet refused on every rank in $elapsed_ms ms: $(head -1 "$MN_TMP/refused.0.err")"
+((elapsed_ms < 30000)) || { echo "refused: took $elapsed_ms ms (LBCC_TIMEOUT_S is 60)"; exit 1; }
 echo "IPv6 across $nodes nodes: ok"

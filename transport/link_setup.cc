@@ -8,12 +8,14 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "transport/netif.h"
 #include "transport/options.h"
 
 namespace lbcc::transport {
@@ -67,6 +69,79 @@ EncryptMode FlagsMode(uint32_t flags) {
 // ---------------------------------------------------------------------------------------------
 // Rules.
 
+namespace {
+
+// A numeric host in canonical form ("fd77:0::3" -> "fd77::3"); anything else unchanged.
+std::string CanonicalHost(absl::string_view host) {
+  absl::StatusOr<SocketAddress> numeric = NumericSocketAddress(host, 0);
+  return numeric.ok() ? numeric->host : std::string(host);
+}
+
+std::string RuleKey(absl::string_view host, int port) {
+  return port > 0 ? JoinHostPort(host, port) : std::string(host);
+}
+
+// The keys a rule's peer stands for: "*"; or its host (an IPv4 or IPv6 literal in canonical
+// form, or a name together with every address it resolves to), with ":port" when it has one.
+// Peers: "10.0.0.3", "10.0.0.3:5000", "fd77::3", "[fd77::3]", "[fd77::3]:5000", "node3",
+// "node3:5000".
+absl::StatusOr<std::vector<std::string>> RuleKeys(absl::string_view peer,
+                                                  const std::string& where) {
+  if (peer == "*") return std::vector<std::string>{"*"};
+  absl::string_view host = peer;
+  int port = 0;
+  const auto bad_port = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": bad port in '", peer, "'"));
+  };
+  if (absl::ConsumePrefix(&host, "[")) {
+    const size_t close = host.find(']');
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": unclosed bracket in '", peer, "'"));
+    }
+    absl::string_view rest = host.substr(close + 1);
+    host = host.substr(0, close);
+    if (!NumericSocketAddress(host, 0).ok() || host.find(':') == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": '", peer, "' has no IPv6 address in its brackets"));
+    }
+    if (!rest.empty()) {
+      if (!absl::ConsumePrefix(&rest, ":") || !absl::SimpleAtoi(rest, &port) || port <= 0 ||
+          port > 65535) {
+        return bad_port();
+      }
+    }
+  } else if (NumericSocketAddress(host, 0).ok()) {
+    // An IPv4 literal, or a bare IPv6 one (its last group is never read as a port).
+  } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    if (!absl::SimpleAtoi(host.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+      return bad_port();
+    }
+    host = host.substr(0, colon);
+    if (host.find(':') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": '", peer, "' is not an address (IPv6 with a port as [addr]:port)"));
+    }
+  }
+  if (host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": no host in '", peer, "'"));
+  }
+  std::vector<std::string> keys;
+  if (NumericSocketAddress(host, 0).ok()) {
+    keys.push_back(RuleKey(CanonicalHost(host), port));
+    return keys;
+  }
+  // A host name: the name itself (the loopback backend's peers are names) and its addresses
+  // (UCX's peers are numeric).
+  LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> addresses,
+                        ResolveHost(host, absl::StrCat(where, " '", peer, "'")));
+  keys.push_back(RuleKey(host, port));
+  for (const std::string& address : addresses) keys.push_back(RuleKey(address, port));
+  return keys;
+}
+
+}  // namespace
+
 absl::StatusOr<LinkRules> LinkRules::Parse(absl::string_view text, absl::string_view source) {
   LinkRules rules;
   const std::string where =
@@ -88,16 +163,9 @@ absl::StatusOr<LinkRules> LinkRules::Parse(absl::string_view text, absl::string_
       return absl::InvalidArgumentError(
           absl::StrCat(where, " line ", line_number, ": ", link_class.status().message()));
     }
-    std::string key(words[0]);
-    const size_t colon = key.rfind(':');
-    if (colon != std::string::npos) {
-      int port = 0;
-      if (!absl::SimpleAtoi(key.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, " line ", line_number, ": bad port in '", key, "'"));
-      }
-    }
-    rules.rules_[key] = *link_class;
+    LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> keys,
+                          RuleKeys(words[0], absl::StrCat(where, " line ", line_number)));
+    for (const std::string& key : keys) rules.rules_[key] = *link_class;
   }
   return rules;
 }
@@ -121,11 +189,12 @@ absl::StatusOr<LinkRules> LinkRules::Load(const std::string& path) {
 }
 
 std::optional<LinkClass> LinkRules::Lookup(absl::string_view host, int port) const {
+  const std::string canonical = CanonicalHost(host);
   if (port > 0) {
-    auto it = rules_.find(absl::StrCat(host, ":", port));
+    auto it = rules_.find(RuleKey(canonical, port));
     if (it != rules_.end()) return it->second;
   }
-  auto it = rules_.find(std::string(host));
+  auto it = rules_.find(canonical);
   if (it != rules_.end()) return it->second;
   it = rules_.find("*");
   if (it != rules_.end()) return it->second;
@@ -134,6 +203,12 @@ std::optional<LinkClass> LinkRules::Lookup(absl::string_view host, int port) con
 
 HostPort SplitHostPort(absl::string_view address) {
   HostPort result;
+  absl::StatusOr<HostAndPort> bracketed = ParseHostPort(address, "peer");
+  if (absl::StartsWith(address, "[") && bracketed.ok()) {
+    result.host = bracketed->host;
+    result.port = bracketed->port;
+    return result;
+  }
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon != absl::string_view::npos && absl::SimpleAtoi(address.substr(colon + 1), &port) &&

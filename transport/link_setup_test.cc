@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/loopback.h"
+#include "transport/netif.h"
 #include "transport/options.h"
 #include "transport/test_util.h"
 #include "transport/ucx_transport.h"
@@ -60,7 +61,7 @@ TEST(LinkRulesTest, NoRuleNoClass) {
 }
 
 TEST(LinkRulesTest, BadLinesAreInvalidArgumentNamingTheSourceAndLine) {
-  EXPECT_THAT(LinkRules::Parse("a fast\nb medium\n", "r.txt"),
+  EXPECT_THAT(LinkRules::Parse("10.0.0.1 fast\nb medium\n", "r.txt"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("link rules file r.txt line 2"), HasSubstr("medium"))));
   EXPECT_THAT(LinkRules::Parse("a fast extra\n", "r.txt"),
@@ -73,6 +74,63 @@ TEST(LinkRulesTest, BadLinesAreInvalidArgumentNamingTheSourceAndLine) {
                        HasSubstr("r.txt line 1: bad port in 'a:99999'")));
   EXPECT_THAT(LinkRules::Parse("a:0 fast\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("link rules line 1")));
+}
+
+TEST(LinkRulesTest, Ipv6PeersBareOrInBrackets) {
+  LBCC_ASSERT_OK_AND_ASSIGN(LinkRules rules, LinkRules::Parse(R"(
+      fd77::3              slow   # bare: the whole host (its last group is no port)
+      [fd77:0::4]          slow   # brackets, written long
+      [fd77::4]:5000       fast
+      10.0.0.3:5000        fast
+  )"));
+  EXPECT_THAT(rules.Lookup("fd77::3", 0), Optional(LinkClass::kSlow));
+  EXPECT_THAT(rules.Lookup("fd77::3", 5000), Optional(LinkClass::kSlow));
+  EXPECT_THAT(rules.Lookup("fd77::4", 6000), Optional(LinkClass::kSlow));
+  EXPECT_THAT(rules.Lookup("fd77::4", 5000), Optional(LinkClass::kFast));
+  EXPECT_THAT(rules.Lookup("fd77:0:0::4", 5000), Optional(LinkClass::kFast)) << "canonical form";
+  EXPECT_EQ(rules.Lookup("fd77::5", 5000), std::nullopt);
+  EXPECT_THAT(rules.Lookup("10.0.0.3", 5000), Optional(LinkClass::kFast));
+  EXPECT_EQ(rules.Lookup("10.0.0.3", 5001), std::nullopt);
+}
+
+TEST(LinkRulesTest, HostNamesStandForTheirAddresses) {
+  // localhost resolves everywhere (/etc/hosts): to 127.0.0.1, and to ::1 where that is listed.
+  LBCC_ASSERT_OK_AND_ASSIGN(LinkRules rules, LinkRules::Parse("localhost:5000 slow\n"));
+  EXPECT_THAT(rules.Lookup("127.0.0.1", 5000), Optional(LinkClass::kSlow));
+  EXPECT_THAT(rules.Lookup("localhost", 5000), Optional(LinkClass::kSlow)) << "the name too";
+  EXPECT_EQ(rules.Lookup("127.0.0.1", 5001), std::nullopt);
+  absl::StatusOr<std::vector<std::string>> addresses = ResolveHost("localhost", "test");
+  ASSERT_THAT(addresses, IsOk());
+  for (const std::string& address : *addresses) {
+    EXPECT_THAT(rules.Lookup(address, 5000), Optional(LinkClass::kSlow)) << address;
+  }
+}
+
+TEST(LinkRulesTest, BadPeersAreInvalidArgumentNamingThem) {
+  EXPECT_THAT(LinkRules::Parse("10.0.0.1 fast\nno-such-host.invalid slow\n", "r.txt"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("r.txt line 2"), HasSubstr("'no-such-host.invalid'"),
+                             HasSubstr("does not resolve"))));
+  EXPECT_THAT(LinkRules::Parse("[fd77::1 slow\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unclosed bracket")));
+  EXPECT_THAT(LinkRules::Parse("[node1]:80 slow\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no IPv6 address")));
+  EXPECT_THAT(LinkRules::Parse("[fd77::1]:0 slow\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad port")));
+  EXPECT_THAT(LinkRules::Parse("fd77::zz:80 slow\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[addr]:port")));
+  EXPECT_THAT(LinkRules::Parse(":80 slow\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no host")));
+}
+
+TEST(SplitHostPortTest, BracketedIpv6) {
+  HostPort v6 = SplitHostPort("[fd77::2]:4000");
+  EXPECT_EQ(v6.host, "fd77::2");
+  EXPECT_EQ(v6.port, 4000);
+  HostPort v4 = SplitHostPort("10.0.0.2:4000");
+  EXPECT_EQ(v4.host, "10.0.0.2");
+  EXPECT_EQ(v4.port, 4000);
+  EXPECT_EQ(SplitHostPort("rank0").host, "rank0");
 }
 
 TEST(LinkRulesTest, LoadNamesTheFileAndLine) {

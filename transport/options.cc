@@ -2,12 +2,18 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/env.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 
 namespace lbcc::transport {
@@ -80,14 +86,84 @@ std::optional<LinkClass> TransportOptions::ConfiguredClass(absl::string_view hos
   return link_class;
 }
 
-void PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options) {
-  if (device.empty()) return;
-  if (ipv6 && options->ucx_tcp_af_prio.empty() && std::getenv("UCX_TCP_AF_PRIO") == nullptr) {
-    options->ucx_tcp_af_prio = "inet6";
-  }
-  if (options->ucx_net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+absl::Status PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options) {
+  if (!device.empty() && options->ucx_net_devices.empty() &&
+      std::getenv("UCX_NET_DEVICES") == nullptr) {
     options->ucx_net_devices = device;
   }
+  return PinUcxAddressFamily(ipv6, !device.empty(), options);
+}
+
+absl::Status PinUcxAddressFamily(bool ipv6, bool device_known, TransportOptions* options) {
+  const char* user = std::getenv("UCX_TCP_AF_PRIO");
+  const std::string set = !options->ucx_tcp_af_prio.empty() ? options->ucx_tcp_af_prio
+                          : user != nullptr                 ? std::string(user)
+                                                            : std::string();
+  const absl::string_view family = ipv6 ? "inet6" : "inet";
+  if (absl::StripAsciiWhitespace(set).empty()) {
+    if (ipv6 && device_known) options->ucx_tcp_af_prio = "inet6";
+    return absl::OkStatus();
+  }
+  std::vector<std::string> order;
+  bool listed = false, first = false;
+  for (absl::string_view entry : absl::StrSplit(set, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (absl::EqualsIgnoreCase(entry, family)) {
+      first = first || order.empty();
+      listed = true;
+    } else {
+      order.emplace_back(entry);
+    }
+  }
+  if (!listed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX_TCP_AF_PRIO='", set, "' leaves out ", family, ", the family of the address this rank ",
+        "listens on (", ipv6 ? "IPv6" : "IPv4", "): UCX's tcp transport could not reach its ",
+        "peers. Add ", family, " to UCX_TCP_AF_PRIO or unset it, or choose an ",
+        ipv6 ? "IPv4" : "IPv6", " address (LBCC_LISTEN_ADDR, LBCC_SOCKET_IFNAME, MASTER_ADDR)"));
+  }
+  order.insert(order.begin(), std::string(family));
+  const std::string reordered = absl::StrJoin(order, ",");
+  if (!first) {
+    LBCC_LOG(INFO) << "UCX_TCP_AF_PRIO=" << set << " used as " << reordered
+                   << ": the rank listens on " << (ipv6 ? "IPv6" : "IPv4")
+                   << ", and UCX's tcp transport connects from the family it takes first";
+  }
+  options->ucx_tcp_af_prio = reordered;
+  return absl::OkStatus();
+}
+
+absl::Status CheckUcxAddressFamily(absl::string_view af_prio, absl::string_view listen_host,
+                                   const std::vector<NetInterface>& interfaces) {
+  const NetInterface* listen = nullptr;
+  for (const NetInterface& i : interfaces) {
+    if (i.address == listen_host) listen = &i;
+  }
+  if (listen == nullptr || listen->loopback) return absl::OkStatus();
+  bool has_v4 = false, has_v6 = false;
+  for (const NetInterface& i : interfaces) {
+    if (i.name != listen->name) continue;
+    (i.ipv6 ? has_v6 : has_v4) = true;
+  }
+  const std::string order =
+      absl::StripAsciiWhitespace(af_prio).empty() ? "inet,inet6" : std::string(af_prio);
+  std::string taken;
+  for (absl::string_view entry : absl::StrSplit(order, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if ((absl::EqualsIgnoreCase(entry, "inet") && has_v4) ||
+        (absl::EqualsIgnoreCase(entry, "inet6") && has_v6)) {
+      taken = absl::AsciiStrToLower(entry);
+      break;
+    }
+  }
+  const std::string wanted = listen->ipv6 ? "inet6" : "inet";
+  if (taken.empty() || taken == wanted) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "UCX_TCP_AF_PRIO='", order, "' makes UCX's tcp transport use ", taken, " on ",
+      listen->name, ", but the transport listens on its ", listen->ipv6 ? "IPv6" : "IPv4",
+      " address ", listen_host, ": UCX would connect from the wrong family. Put ", wanted,
+      " first (TransportOptions::ucx_tcp_af_prio or UCX_TCP_AF_PRIO; transport::PinUcxDevice ",
+      "does it)"));
 }
 
 }  // namespace lbcc::transport

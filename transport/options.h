@@ -8,12 +8,16 @@
 //   # peer            class
 //   10.77.0.3         slow      # any port on that host
 //   10.77.0.4:5000    fast
+//   fd77::5           slow      # IPv6: bare, or [fd77::5] / [fd77::5]:5000 with a port
+//   node6             slow      # a host name: the name and every address it resolves to
 //   *                 slow      # everyone else
 //
-// The most specific rule wins (host:port, then host, then *). Peers are matched by the address
-// given to Connect() on the client and by the connecting host (port unknown) on the server; the
-// loopback backend matches names the same way (its server sees the client's listen name). The
-// parser and the class rule (either side slow: slow) are in transport/link_setup.h.
+// Names are resolved (getaddrinfo) when the file is read; one that does not resolve is an
+// InvalidArgument naming it and the line. The most specific rule wins (host:port, then host,
+// then *). Peers are matched by the address given to Connect() on the client (UCX: resolved to
+// a numeric address) and by the connecting host (port unknown) on the server; the loopback
+// backend matches names the same way (its server sees the client's listen name). The parser and
+// the class rule (either side slow: slow) are in transport/link_setup.h.
 //
 // Thread-safety: values.
 #ifndef LBCC_TRANSPORT_OPTIONS_H_
@@ -22,11 +26,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/link_setup.h"
+#include "transport/netif.h"
 #include "transport/transport.h"
 
 namespace lbcc::transport {
@@ -102,13 +108,32 @@ struct TransportOptions {
 };
 
 // Sets options->ucx_net_devices to `device` (the interface the rank listens on,
-// transport/netif.h) unless it is set already, the user set UCX_NET_DEVICES, or `device` is empty.
-// `ipv6`: the rank listens on an IPv6 address of `device`; UCX's tcp transport then takes the
-// device's IPv6 address too (ucx_tcp_af_prio "inet6"), unless that is set already or the user set
-// UCX_TCP_AF_PRIO: a device with both families would otherwise carry the data over IPv4, which
-// the peers may not reach. No device (loopback, ::1): neither is pinned (UCX's tcp transport
-// uses no IPv6 address on lo; its IPv4 one carries the data there).
-void PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options);
+// transport/netif.h) unless it is set already, the user set UCX_NET_DEVICES, or `device` is empty
+// (loopback, or an address of no interface), then the address family (PinUcxAddressFamily).
+// InvalidArgument as PinUcxAddressFamily.
+absl::Status PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options);
+
+// Makes the family of the listen address (`ipv6`) the first one UCX's tcp transport tries
+// (options->ucx_tcp_af_prio, passed to UCX over UCX_TCP_AF_PRIO). UCX's tcp transport connects
+// its data connections from the first family in that list its device has, toward the peer's
+// address as the connection set-up saw it: on a device with both families a set-up over the
+// other family then fails (an IPv4 set-up with inet6 first: a handshake timeout; an IPv6 set-up
+// with inet first: UCX 1.13 corrupts its heap and aborts). So:
+//   - neither set: "inet6" for an IPv6 address when `device_known` (UCX's default puts inet
+//     first, right for IPv4; loopback has no usable IPv6 in UCX's tcp, so nothing for it);
+//   - set (options->ucx_tcp_af_prio, else UCX_TCP_AF_PRIO) with that family first: kept;
+//   - set with that family later in the list: reordered, that family first (logged at INFO);
+//   - set without that family ("inet" for an IPv6 address): InvalidArgument naming
+//     UCX_TCP_AF_PRIO, its value and the fix, rather than a crash or a timeout in UCX.
+absl::Status PinUcxAddressFamily(bool ipv6, bool device_known, TransportOptions* options);
+
+// The UCX backend's check at Listen, for transport users that pin nothing: the family UCX's tcp
+// transport takes on the interface that has `listen_host` (the first family of `af_prio`,
+// UCX_TCP_AF_PRIO's syntax, "" for UCX's default "inet,inet6", that the interface has an address
+// of) must be `listen_host`'s. InvalidArgument naming UCX_TCP_AF_PRIO and the fix otherwise.
+// Loopback, and an address no interface in `interfaces` has, pass (UCX's tcp uses no IPv6 on lo).
+absl::Status CheckUcxAddressFamily(absl::string_view af_prio, absl::string_view listen_host,
+                                   const std::vector<NetInterface>& interfaces);
 
 }  // namespace lbcc::transport
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -31,6 +32,7 @@
 #include "transport/link.h"
 #include "transport/link_setup.h"
 #include "transport/netif.h"
+#include "transport/options.h"
 #include "transport/ucx_api.h"  // Routes the ucp_*() calls below to LBCC's own UCX.
 
 namespace lbcc::transport {
@@ -51,6 +53,23 @@ absl::Status FromUcs(ucs_status_t status, absl::string_view what) {
 // Listen and connect addresses: "host:port" or "[v6]:port", the host a name or a literal.
 absl::StatusOr<SocketAddress> ParseAddress(absl::string_view address) {
   return ParseSocketAddress(address, "UCX address");
+}
+
+// UCX's tcp transport connects from the family it takes first on the listen device; a set-up
+// over the other family fails, with an IPv6 one UCX 1.13 corrupts its heap (options.h,
+// CheckUcxAddressFamily). Applies only when UCX may use tcp.
+absl::Status CheckTcpFamily(const TransportOptions& options, const SocketAddress& listen) {
+  const char* env_tls = std::getenv("UCX_TLS");
+  const std::string tls = !options.ucx_tls.empty() ? options.ucx_tls : env_tls ? env_tls : "";
+  if (!tls.empty() && tls[0] != '^' && tls.find("tcp") == std::string::npos &&
+      tls.find("all") == std::string::npos) {
+    return absl::OkStatus();
+  }
+  const char* env_af_prio = std::getenv("UCX_TCP_AF_PRIO");
+  const std::string af_prio = !options.ucx_tcp_af_prio.empty() ? options.ucx_tcp_af_prio
+                              : env_af_prio != nullptr         ? env_af_prio
+                                                               : "";
+  return CheckUcxAddressFamily(af_prio, listen.host, ListNetInterfaces());
 }
 
 class Engine;
@@ -1039,6 +1058,7 @@ void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
   LBCC_ASSIGN_OR_RETURN(const SocketAddress parsed, ParseAddress(address));
+  LBCC_RETURN_IF_ERROR(CheckTcpFamily(options_, parsed));
   {
     MutexLock lock(&ctl_mu_);
     if (shutting_down_) return absl::CancelledError("transport shut down");
