@@ -43,7 +43,8 @@ def credit_phase(a, addrs, result):
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind((addrs[a.rank], a.port + 1))
     server.listen(1)
-    start = a.start + a.seconds + 2.0  # every host has finished the rate phase by then
+    # Every host has finished the rate phase by then (its last bytes drain a 1 MB tbf queue).
+    start = a.start + a.seconds + 1.0
 
     def serve():
         conn, _ = server.accept()
@@ -94,10 +95,13 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--start", type=float, required=True, help="when to start sending (time.time())")
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--edge", type=float, default=0.75)
+    ap.add_argument("--edge", type=float, help="seconds left out at each end of the rate phase "
+                    "(default: a fifth of --seconds, at most 0.75)")
     ap.add_argument("--window", type=int, default=262144, help="credit phase: bytes per window")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.edge is None:
+        a.edge = min(0.75, a.seconds / 5)
     addrs = a.addrs.split(",")
     n = len(addrs)
     right = addrs[(a.rank + 1) % n]
