@@ -9,34 +9,36 @@
 #   bench/plan_validate.sh [--quick] [--rates 25,100,400] [--ranks 4,8] [--parts perf,hetero]
 #                          [--bytes 16M] [--tensors 16] [--iters 10] [--dense_iters 2]
 #                          [--reps 3] [--window_rows 1] [--probe_s 3] [--hetero_rates 100,25]
-#                          [--hetero_steps 30] [--name plan] [--out DIR]
+#                          [--hetero_steps 40] [--burst auto] [--limit 1mb] [--name plan]
+#                          [--out DIR]
 #   bench/plan_validate.sh --report_only [--out DIR]     rewrite the report from DIR's runs
 #
-# --quick: --reps 1 --iters 5 --dense_iters 1 --window_rows 0 --probe_s 2 --hetero_steps 20
-# (the whole table, 8 ranks at 400 Mbit/s and the hetero part included, in about 7 minutes on
-# an idle 2-core machine; the default about 20). --rates / --ranks / --parts pick a subset.
-# Testbeds are named <name>u<pid> (unshaped) and <name>s<pid> (shaped): --name keeps parallel
-# runs apart.
+# --quick: --reps 1 --iters 10 --dense_iters 1 --window_rows 0 --probe_s 2 (the whole table,
+# 8 ranks at 400 Mbit/s and the hetero part included; the report records how long the runs
+# took). --rates / --ranks / --parts pick a subset. Testbeds are named <name>u<pid> (unshaped)
+# and <name>s<pid> (shaped): --name keeps parallel runs apart. --burst auto gives each tbf 5 ms
+# of its rate (at least 32 kB): with the testbed's 32 kB a 400 Mbit/s link waits for the
+# qdisc's timer on loaded cores and delivers a fraction of its rate.
 #
-# The codec work of N ranks shares this machine's cores, so the model is given each layout's
-# CPU time: a calibration run of the same lbcc_perf on unshaped links right before each shaped
-# run (LBCC_DEBUG=TRACE gives every rank's encode / exchange+validation / decode per call; the
-# medians over ranks and calls go into the plan's "cpu" section; the dense all-reduce's
-# unshaped time gives the host's cost per byte moved, "cpu.copy_gbytes_s", with the machine's
-# cores as "cpu.shared_cores"); SparseAllReduce pairs are repeated --reps times. The shaped
-# links are probed right before the shaped runs (bench/plan_probe.py: what each down-link
-# delivers with every link busy, and a window's credit cycle): the plan predicts from the
-# nominal rates and, as the "probed" prediction, from the measured ones. hetero_training runs
-# at 10 Gbit/s first (its compute per step) and then at each rate.
+# The N ranks share this machine's cores, so the model is given each layout's CPU
+# (docs/planning.md, "Shared cores"): an unshaped calibration run of the same lbcc_perf right
+# before each shaped run (LBCC_DEBUG=TRACE: every rank's encode / exchange+validation / decode
+# per call; medians over calls into the plan's "cpu" section), and the unshaped dense
+# all-reduce's ring pass for the host's cost per byte moved ("cpu.copy_gbytes_s", with the
+# machine's cores as "cpu.shared_cores"). The shaped links are probed right before the shaped
+# runs (bench/plan_probe.py: what each down-link delivers with every link busy, and a window's
+# credit cycle): the plan predicts from the nominal rates and, as the "probed" prediction,
+# from the measured one. hetero_training runs at 10 Gbit/s first (its compute per step) and
+# then at each rate.
 # Needs root (network namespaces); builds //bench:lbcc_perf, //tools:lbcc, //python:lbcc/_lbcc.so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=25,100,400 ranks_list=4,8 bytes=16M tensors=16 iters=10 dense_iters=2 reps=3 window_rows=1
-probe_s=3 out=/tmp/lbcc_plan_validate hetero_rates=100,25 hetero_steps=30 parts=perf,hetero
-tbname=plan
+probe_s=3 out=/tmp/lbcc_plan_validate hetero_rates=100,25 hetero_steps=40 parts=perf,hetero
+tbname=plan burst=auto limit=1mb
 cmdline="bench/plan_validate.sh $*"
 report_only=0
-quick() { reps=1 iters=5 dense_iters=1 window_rows=0 probe_s=2 hetero_steps=20; }
+quick() { reps=1 iters=10 dense_iters=1 window_rows=0 probe_s=2; }
 # --quick first, so that options after it still override it.
 for arg in "$@"; do [[ $arg != --quick ]] || quick; done
 while (($#)); do
@@ -56,8 +58,10 @@ while (($#)); do
     --hetero_steps) hetero_steps=$2; shift ;;
     --parts) parts=$2; shift ;;
     --name) tbname=$2; shift ;;
+    --burst) burst=$2; shift ;;
+    --limit) limit=$2; shift ;;
     --report_only) report_only=1 ;;
-    -h|--help) sed -n "2,31p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -141,18 +145,26 @@ for n in $all_ranks; do
   slow=$(seq -s, 0 $((n - 1)))
   $T up --name "$unshaped" --hosts "$n" --owner-pid $$ >/dev/null
   for r in $all_rates; do
-    $T up --name "$shaped" --hosts "$n" --rate "${r}mbit" --slow "$slow" --owner-pid $$ >/dev/null
+    # tbf's burst: what the link may send at once when the qdisc's timer fires late. The
+    # testbed's 32 kB drain in 0.65 ms at 400 Mbit/s, so on loaded cores the timer's delay,
+    # not the rate, limits the link; --burst auto gives every rate 5 ms of its bytes (at least
+    # 32 kB), which keeps the average at the rate.
+    b=$burst
+    [[ $b != auto ]] || b="$(( r * 5000 / 8 / 1024 > 32 ? r * 5000 / 8 / 1024 : 32 ))kb"
+    $T up --name "$shaped" --hosts "$n" --rate "${r}mbit" --slow "$slow" --burst "$b" \
+      --limit "$limit" --owner-pid $$ >/dev/null
     for ((rep = 0; rep < reps; rep++)); do
       echo "== $n ranks, ${r} Mbit/s, repetition $rep: calibration (unshaped), probe, shaped"
       LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_sparse_n${n}_r${r}_$rep" "$n" \
         --op sparse_allreduce --tensors "$tensors" --iters "$iters"
       if ((rep == 0)); then
-        run "$unshaped" "cal_dense_n${n}_r${r}" "$n" --op allreduce --iters 2
+        LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_dense_n${n}_r${r}" "$n" --op allreduce \
+          --iters 3
       fi
       uptime > "$out/load_n${n}_r${r}_$rep.txt"
       probe "probe_n${n}_r${r}_$rep" "$n"
-      run "$shaped" "sparse_n${n}_r${r}_$rep" "$n" --op sparse_allreduce --tensors "$tensors" \
-        --iters "$iters"
+      LBCC_DEBUG_LEVEL=TRACE run "$shaped" "sparse_n${n}_r${r}_$rep" "$n" \
+        --op sparse_allreduce --tensors "$tensors" --iters "$iters"
       if ((rep == 0)); then
         # No warm-up: the connections are made (and probed) at start-up, and the in-place
         # variant follows the out-of-place one.
@@ -186,7 +198,7 @@ fi
 uptime > "$out/load_end.txt"
 date -u '+%Y-%m-%d %H:%M UTC' > "$out/date.txt"
 echo "$(($(date +%s) - t_begin))" > "$out/wall_s.txt"
-declare -p rates ranks_list bytes tensors iters dense_iters reps window_rows cmdline \
+declare -p rates ranks_list bytes tensors iters dense_iters reps window_rows burst limit cmdline \
   hetero_rates hetero_steps parts > "$out/settings.sh"
 fi
 lbcc=$PWD/bazel-bin/tools/lbcc
@@ -194,10 +206,10 @@ lbcc=$PWD/bazel-bin/tools/lbcc
 # Predictions and the report.
 /usr/bin/python3 - "$out" "$lbcc" "$bytes" "$tensors" "$rates" "$ranks_list" "$cmdline" \
   "$iters" "$dense_iters" "$reps" "$parts" "$hetero_rates" "$hetero_steps" \
-  "${window_rows:-1}" <<'PY'
+  "${window_rows:-1}" "${burst:-32kb}" "${limit:-1mb}" <<'PY'
 import glob, json, os, platform, re, statistics, subprocess, sys
 (out, lbcc, size, tensors, rates, ranks_list, cmdline, iters, dense_iters, reps, parts,
- hetero_rates, hetero_steps, window_rows) = sys.argv[1:15]
+ hetero_rates, hetero_steps, window_rows, burst, limit) = sys.argv[1:17]
 reps, window_rows = int(reps), int(window_rows)
 mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 m = re.fullmatch(r"(\d+)([KMG]?)", size)
@@ -217,23 +229,39 @@ def seconds(label):
     row = json.load(open(f"{out}/{label}.json"))[0]
     return (row["seconds"] + row["in_place"]["seconds"]) / 2
 
-def calibration(label):
-    enc, dec = [], []
-    for log in glob.glob(f"{out}/{label}.rank*.log"):
-        rows = [tuple(map(float, t.groups())) for t in map(trace.search, open(log)) if t]
-        # Two variants (out of place, in place), each its warm-up, then its timed calls: only
-        # the timed ones count.
+def timed_calls(label, pattern, timed):
+    """Per rank, the TRACE lines of lbcc_perf's timed calls: two variants (out of place, in
+    place), each its warm-up, then `timed` calls."""
+    per_rank = []
+    for log in sorted(glob.glob(f"{out}/{label}.rank*.log")):
+        rows = [tuple(map(float, t.groups())) for t in map(pattern.search, open(log)) if t]
         half = len(rows) // 2
-        skip = max(0, half - int(iters))
-        rows = rows[skip:half] + rows[half + skip:]
-        enc += [r[0] for r in rows]; dec += [r[2] for r in rows]
-    # The medians split the unshaped call (lbcc_perf's mean over its timed iterations) into
-    # encode, decode and the rest (exchange + validation with no wire), so that the model's
-    # CPU path equals the unshaped call.
-    unshaped = seconds(label) * 1e3
-    e, d = med(enc), med(dec)
+        skip = max(0, half - timed)
+        per_rank.append(rows[skip:half] + rows[half + skip:])
+    calls = min(len(r) for r in per_rank)
+    if calls == 0:
+        sys.exit(f"plan_validate: no TRACE timings in {out}/{label}.rank*.log")
+    return [[r[i] for r in per_rank] for i in range(calls)]  # [call][rank] -> fields
+
+def calibration(label):
+    """The unshaped SparseAllReduce's CPU: per call the slowest rank's encode + exchange +
+    decode (TRACE), the median over calls (other work on the cores puts outliers into a
+    mean); encode and decode the medians over ranks and calls, exchange + validation the
+    rest, so that the model's CPU path equals the unshaped call."""
+    calls = timed_calls(label, trace, int(iters))
+    unshaped = med(max(sum(r) for r in ranks) for ranks in calls)
+    e = med(r[0] for ranks in calls for r in ranks)
+    d = med(r[2] for ranks in calls for r in ranks)
     return {"encode_ms": e, "exchange_ms": max(0.0, unshaped - e - d), "decode_ms": d,
-            "unshaped_ms": unshaped}
+            "unshaped_ms": unshaped, "mean_ms": seconds(label) * 1e3}
+
+ring_trace = re.compile(r"ring \(tag \d+\): sends done after ([\d.]+) ms")
+
+def dense_calibration(label):
+    """The unshaped dense all-reduce: per call the slowest rank's ring pass (TRACE), the median
+    over calls."""
+    calls = timed_calls(label, ring_trace, 3)
+    return med(max(r[0] for r in ranks) for ranks in calls) / 1e3
 
 def copy_rate(n, unshaped_s):
     """The host's per-core byte rate that makes the plan's host term equal the unshaped dense
@@ -269,10 +297,13 @@ def rates_of(rate, pr=None, window=None):
     if pr is None:
         r = {"efficiency": EFFICIENCY,
              "default": {"down_mbit": rate, "up_mbit": 10000, "latency_ms": LATENCY_MS}}
-    else:  # the probe's goodput per down-link is what that link delivers: efficiency 1
+    else:
+        # The probe's goodput is what a link delivers: efficiency 1. Every down-link has the
+        # same shaper, so the median over the links is the rate of each: a probe process that
+        # waited for a loaded core counts less than its link carried (one such link would set
+        # every phase's time).
         r = {"efficiency": 1, "credit_ms": pr["credit_ms"],
-             "ranks": [{"rank": i, "down_mbit": mbit, "up_mbit": 10000, "latency_ms": LATENCY_MS}
-                       for i, mbit in enumerate(pr["down_mbit"])]}
+             "default": {"down_mbit": pr["mbit"], "up_mbit": 10000, "latency_ms": LATENCY_MS}}
     if window:
         r["window_bytes"] = window
     return r
@@ -293,11 +324,11 @@ if "perf" in parts:
             if not all(os.path.exists(f"{out}/{r}.json") for r in runs):
                 not_run.append(f"{n} ranks at {rate} Mbit/s")  # a run stopped before it
                 continue
-            dense_cal = seconds(f"cal_dense_n{n}_r{rate}")
+            dense_cal = dense_calibration(f"cal_dense_n{n}_r{rate}")
             copy = copy_rate(n, dense_cal)
             cals.append((n, rate, "dense", {"unshaped_ms": dense_cal * 1e3, "copy": copy}))
             host = {"copy_gbytes_s": copy, "shared_cores": CORES}
-            nom, prb, meas = [], [], []
+            nom, prb, inr, meas = [], [], [], []
             for rep in range(reps):
                 cal = calibration(f"cal_sparse_n{n}_r{rate}_{rep}")
                 pr = probe(f"probe_n{n}_r{rate}_{rep}", n)
@@ -307,11 +338,16 @@ if "perf" in parts:
                 cpu.update(host)
                 nom.append(predict(n, rate, "sparse_allreduce", cpu, rep))
                 prb.append(predict(n, rate, "sparse_allreduce", cpu, rep, pr))
+                # Diagnostic: the codec's encode and decode as the shaped run itself timed
+                # them (same load), exchange + validation from the calibration.
+                own = calibration(f"sparse_n{n}_r{rate}_{rep}")
+                inrun = dict(cpu, encode_ms=own["encode_ms"], decode_ms=own["decode_ms"])
+                inr.append(predict(n, rate, "sparse_allreduce", inrun, f"{rep}_inrun", pr))
                 meas.append(seconds(f"sparse_n{n}_r{rate}_{rep}"))
                 bytes_row = json.load(open(f"{out}/sparse_n{n}_r{rate}_{rep}.json"))[0]
             pr0 = probes[-reps][3]
             rows.append((n, rate, "sparse", nom, prb, meas, [p[3] for p in probes[-reps:]],
-                         bytes_row))
+                         bytes_row, inr))
             variants = [("dense", "dense", None)]
             if window_rows:
                 variants.append(("dense, 4 MiB window", "densew", 4194304))
@@ -320,7 +356,7 @@ if "perf" in parts:
                              [predict(n, rate, "allreduce", host, run, None, window)],
                              [predict(n, rate, "allreduce", host, run, pr0, window)],
                              [seconds(f"{run}_n{n}_r{rate}")], [pr0],
-                             json.load(open(f"{out}/{run}_n{n}_r{rate}.json"))[0]))
+                             json.load(open(f"{out}/{run}_n{n}_r{rate}.json"))[0], None))
 
 # examples/hetero_training: the plan of the layout hetero.py runs, compute from its 10 Gbit/s run.
 hetero_rows = []
@@ -408,16 +444,17 @@ if "perf" in parts:
               f"AllReduce (pipelined in 1 MiB segments), {dense_iters} timed iteration(s); "
               "every time is the mean of lbcc_perf's out-of-place and in-place variants")
     md.append("- network: tools/testbed, one rank per emulated host, every down-link a tbf at "
-              "the rate (burst 32 kB, queue 1 MB), up-links unshaped; the plan is given the same "
+              f"the rate (burst {'5 ms of the rate, at least 32 kB' if burst == 'auto' else burst}, "
+              f"queue {limit}), up-links unshaped; the plan is given the same "
               "layout (`{\"nranks\": N}`, up_mbit 10000, latency 0.05 ms per host) and the "
               "transport's own slow-link scheduler (chunk 256 KiB, window "
               "transport::WindowBytes: 4 chunks here"
               + ("; the 4 MiB rows set it)" if window_rows else ")"))
     md.append(f"- nominal prediction: down_mbit = the tbf rate, efficiency {EFFICIENCY} (TCP/IP "
               "goodput over 1500-byte frames)")
-    md.append("- probed prediction: the rates a probe measured on the shaped testbed right "
+    md.append("- probed prediction: the rate a probe measured on the shaped testbed right "
               "before the shaped runs (bench/plan_probe.py, every host at once: each down-link's "
-              "goodput with every link busy, per rank, efficiency 1; a 256 KiB window's "
+              "goodput with every link busy; the median over the links, efficiency 1; a 256 KiB window's "
               "stop-and-wait cycle, its excess over the window's drain time and the round "
               "trip = credit_ms)")
     md.append(f"- CPU (docs/planning.md, \"Shared cores\"): the N ranks share this machine's "
@@ -436,13 +473,14 @@ if "perf" in parts:
               "the testbed gives there, the probed one is. Goal: the probed prediction within "
               "15 % on time, bytes within 1 %.\n")
     md.append("| ranks | Mbit/s | op | algorithm | nominal pred. | probed pred. | measured | "
-              "ratio nominal | ratio probed | probe Mbit/s | host ms | bytes pred. (rank 0) | "
-              "bytes meas. | bytes ratio | slow bytes all ranks, ratio | load | CPU-bound | "
-              "within goal |")
-    md.append("|" + "---|" * 18)
+              "ratio nominal | ratio probed | ratio probed, in-run codec CPU | probe Mbit/s | "
+              "host ms | bytes pred. (rank 0) | bytes meas. | bytes ratio | "
+              "slow bytes all ranks, ratio | load | CPU-bound | within goal |")
+    md.append("|" + "---|" * 19)
     ok_t = ok_b = ok_nt = 0
-    for n, rate, label, nom, prb, meas, prs, brow in rows:
+    for n, rate, label, nom, prb, meas, prs, brow, inr in rows:
         rn = [p["seconds"] / mm for p, mm in zip(nom, meas)]
+        ri = f"{med(p['seconds'] / mm for p, mm in zip(inr, meas)):.3f}" if inr else "-"
         rp = [p["seconds"] / mm for p, mm in zip(prb, meas)]
         tn, tp = med(rn), med(rp)
         br = prb[-1]["wire_recv_bytes"] / brow["wire_recv_bytes"]
@@ -460,13 +498,17 @@ if "perf" in parts:
                   f"{med(p['seconds'] for p in nom)*1e3:.1f} ms | "
                   f"{med(p['seconds'] for p in prb)*1e3:.1f} ms | "
                   f"{med(meas)*1e3:.1f} ms | {tn:.3f}{rng(rn)} | "
-                  f"{tp:.3f}{rng(rp)} | {mbit:.0f} | {prb[0]['host_s']*1e3:.0f} | "
+                  f"{tp:.3f}{rng(rp)} | {ri} | {mbit:.0f} | {prb[0]['host_s']*1e3:.0f} | "
                   f"{prb[-1]['wire_recv_bytes']:.0f} | {brow['wire_recv_bytes']:.0f} | "
                   f"{br:.4f} | {sr:.4f} | {lo} | {'yes' if bound else 'no'} | "
                   f"{'yes' if good else 'no'} |")
     md.append(f"\nTime within 15 %: probed {ok_t} of {len(rows)}, nominal {ok_nt} of {len(rows)}; "
               f"bytes within 1 %: {ok_b} of {len(rows)}. \"host ms\": the phases in which the "
-              "hosts' CPU, not a link, drains last (probed prediction).\n")
+              "hosts' CPU, not a link, drains last (probed prediction). \"in-run codec CPU\" "
+              "(a diagnostic, not the goal): the probed prediction with encode and decode as the "
+              "shaped run itself timed them (LBCC_DEBUG=TRACE, the same load), exchange + "
+              "validation from the calibration: what is left of a miss there is the model's, "
+              "not the calibration's.\n")
     if not_run:
         md.append(f"Not in this run (stopped before them): {', '.join(not_run)}.\n")
     if window_rows:
