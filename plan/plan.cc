@@ -967,6 +967,10 @@ std::string FormatPrediction(const Prediction& p) {
       "%.4g s (latency %.3g s), encode %.4g s, decode %.4g s, overlap %.4g s -> %.4g s (%s)\n",
       absl::StrJoin(algos, "/"), max_payload, max_down, p.sync.wire_s, p.sync.latency_s,
       p.sync.encode_s, p.sync.decode_s, p.sync.overlap_s, p.sync.seconds, p.sync.bottleneck);
+  if (p.cpu_floor_s > 0) {
+    absl::StrAppendFormat(&s, "shared cores: every rank's compute of an inner step takes %.4g s\n",
+                          p.cpu_floor_s);
+  }
   absl::StrAppendFormat(&s, "outer step (H = %d): %.4g s, job utilization %.1f %%\n", p.H,
                         p.outer_s, 100 * p.utilization);
   absl::StrAppendFormat(&s, "critical path: %s\n", p.critical_path);
