@@ -5,7 +5,8 @@ One process per emulated host (run inside its namespace by `tools/testbed exec`)
 sends to host (i + 1) mod N while every other host does the same, so each down-link carries one
 flow at a time, as a ring step does. Two phases, all hosts together:
 
-1. rate: bulk TCP for --seconds; the receiver counts the bytes that arrive in the middle of the
+1. rate: bulk TCP for --seconds, at most --inflight bytes unacknowledged (the transport's credit
+   window bounds a slow link the same way); the receiver counts the bytes that arrive in the middle of the
    run (the first and last --edge seconds left out): recv_bytes_per_second;
 2. credit: stop and wait with --window bytes: send a window, wait for the receiver's 8-byte
    credit (sent once it has read the whole window; it returns through the sender's own
@@ -43,7 +44,8 @@ def credit_phase(a, addrs, result):
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind((addrs[a.rank], a.port + 1))
     server.listen(1)
-    start = a.start + a.seconds + 2.0  # every host has finished the rate phase by then
+    # Every host has finished the rate phase by then (its last bytes drain a 1 MB tbf queue).
+    start = a.start + a.seconds + 1.0
 
     def serve():
         conn, _ = server.accept()
@@ -94,10 +96,15 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--start", type=float, required=True, help="when to start sending (time.time())")
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--edge", type=float, default=0.75)
+    ap.add_argument("--edge", type=float, help="seconds left out at each end of the rate phase "
+                    "(default: a fifth of --seconds, at most 0.75)")
     ap.add_argument("--window", type=int, default=262144, help="credit phase: bytes per window")
+    ap.add_argument("--inflight", type=int, default=1 << 20,
+                    help="rate phase: most bytes unacknowledged (the transport's window)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.edge is None:
+        a.edge = min(0.75, a.seconds / 5)
     addrs = a.addrs.split(",")
     n = len(addrs)
     right = addrs[(a.rank + 1) % n]
@@ -140,16 +147,24 @@ def main():
     deadline = a.start + 30
     while True:
         try:
-            out = socket.create_connection((right, a.port), timeout=5)
+            out = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # At most --inflight bytes unacknowledged, as the transport's credit window keeps
+            # a slow link (the kernel doubles the value): an unbounded flow overruns the tbf's
+            # queue in slow start and spends the probe recovering from the losses.
+            out.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, a.inflight // 2)
+            out.settimeout(5)
+            out.connect((right, a.port))
+            out.settimeout(None)
             break
         except OSError:
+            out.close()
             if time.time() > deadline:
                 raise
             time.sleep(0.05)  # the right neighbour's listener is not up yet (start-up only)
     out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     while time.time() < a.start:
         time.sleep(0.001)
-    block = bytes(1 << 18)
+    block = bytes(1 << 16)
     end = a.start + a.seconds
     while time.time() < end:
         out.sendall(block)

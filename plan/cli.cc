@@ -68,7 +68,8 @@ constexpr char kUsage[] =
     "                     \"message_ms\"},\n"
     "           \"model\": {params | stage_params, d, seq_len, tokens_per_step, vocab, ...},\n"
     "           \"compute\": {default_tflops, ranks: [{rank, tflops | step_s}]},\n"
-    "           \"cpu\": {encode_ms, exchange_ms, decode_ms | encode_gelements_s, decode_gvalues_s},\n"
+    "           \"cpu\": {encode_ms, exchange_ms, decode_ms | encode_gelements_s, decode_gvalues_s,\n"
+    "                   allreduce_ms, copy_gbytes_s, shared_cores},\n"
     "           \"job\": {H, top_k, values, indices, boundary: [{replica, k}], target_utilization}}\n"
     "See docs/planning.md for every field and formula.\n";
 

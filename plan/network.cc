@@ -275,9 +275,34 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
     }
   }
   t.window_s = worst - drained;
+  // The hosts' CPU for the bytes: each rank's on its own core, or all of them on the shared
+  // cores (docs/planning.md, "Shared cores").
+  if (net.copy_bps > 0) {
+    double most = 0, sum = 0;
+    for (int r = 0; r < n; ++r) {
+      const double b = local.slow_up[r] + local.slow_down[r] + local.fast_up[r] +
+                       local.fast_down[r];
+      most = std::max(most, b / net.copy_bps);
+      sum += b / net.copy_bps;
+    }
+    t.host_s = net.shared_cores > 0 ? std::max(most, sum / net.shared_cores) : most;
+    if (t.host_s > worst) {
+      worst = t.host_s;
+      t.window_s = 0;  // the window's stalls hide behind the hosts' CPU
+      t.bottleneck = net.shared_cores > 0
+                         ? absl::StrCat("host CPU (", n, " ranks on ", net.shared_cores,
+                                        " cores)")
+                         : "host CPU";
+    }
+  }
   t.seconds = worst + t.latency_s;
   if (bytes != nullptr) bytes->Add(local);
   return t;
+}
+
+double CpuSerialisation(const Network& net, int busy) {
+  if (net.shared_cores <= 0 || busy <= net.shared_cores) return 1.0;
+  return static_cast<double>(busy) / net.shared_cores;
 }
 
 double WindowOf(const Network& net, double bytes_per_second, double rtt_s) {

@@ -9,6 +9,8 @@
 //
 // Time of a phase (transfers that run at once): the busiest resource drains last,
 //   t_phase = max over resources R of bytes(R) / (rate(R) * efficiency)
+//   and no phase is shorter than the hosts' CPU for its bytes (every rank's bytes sent and
+//   received / copy rate; with shared cores their sum over the cores),
 //   and no transfer finishes before bytes / pace (the slow-link scheduler's token bucket)
 //   nor before its own credit-window time (bytes at its path's rate + a stall per window when
 //   the window is smaller than what the path holds during a credit's turnaround),
@@ -53,7 +55,17 @@ struct Network {
   // Per message: the time between its last byte arriving and the receiver acting on it (its
   // progress thread), added to every phase's latency term.
   double message_s = 0;
+  // The hosts' CPU (docs/planning.md, "Shared cores"): what one core spends per byte a rank
+  // sends or receives (kernel TCP, the transport's copies, a ring's combine), as bytes per
+  // second of one core (0: free), and the cores the ranks share (0: every rank has cores of
+  // its own; C > 0: all ranks of the plan run on C cores together, as on tools/testbed).
+  double copy_bps = 0;
+  int shared_cores = 0;
 };
+
+// How many times longer the same CPU work takes when `busy` ranks do it at once on the
+// network's shared cores: max(1, busy / shared_cores), 1 without shared cores.
+double CpuSerialisation(const Network& net, int busy);
 
 // Parses the "rates" object against `topology`; `scheduler` is what the transport would use
 // (TransportOptions::FromEnv().scheduler), overridden by rates.chunk_bytes, .window_bytes and
@@ -90,6 +102,7 @@ struct PhaseTime {
   double seconds = 0;     // bandwidth term + latency term
   double latency_s = 0;   // the latency term alone (path latency + per-message time)
   double window_s = 0;    // credit-window stalls included in the bandwidth term
+  double host_s = 0;      // the hosts' CPU for the phase's bytes (a floor of the bandwidth term)
   std::string bottleneck;  // e.g. "rank 2 down (slow)"
 };
 

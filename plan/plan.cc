@@ -222,11 +222,17 @@ absl::Status ParseCompute(const Json& c, int nranks, std::vector<RankCompute>* o
   return absl::OkStatus();
 }
 
-absl::Status ParseCpu(const Json& c, CpuModel* cpu) {
+absl::Status ParseCpu(const Json& c, CpuModel* cpu, Network* net) {
   LBCC_RETURN_IF_ERROR(CheckKeys(c,
                                  {"encode_ms", "exchange_ms", "decode_ms", "allreduce_ms",
-                                  "encode_gelements_s", "decode_gvalues_s"},
+                                  "encode_gelements_s", "decode_gvalues_s", "copy_gbytes_s",
+                                  "shared_cores"},
                                  "cpu"));
+  LBCC_ASSIGN_OR_RETURN(const double copy, Number(c, "copy_gbytes_s", "cpu", 0.0, true));
+  net->copy_bps = copy * 1e9;
+  LBCC_ASSIGN_OR_RETURN(const int64_t cores, Integer(c, "shared_cores", "cpu", int64_t{0}, true));
+  if (cores > (1 << 20)) return Bad("cpu.shared_cores", absl::StrCat("is ", cores, "; too many"));
+  net->shared_cores = static_cast<int>(cores);
   auto ms = [&](const char* key, double* out) -> absl::Status {
     if (!c.contains(key)) return absl::OkStatus();
     LBCC_ASSIGN_OR_RETURN(const double v, Number(c, key, "cpu", std::nullopt, true));
@@ -520,12 +526,17 @@ absl::StatusOr<SyncPrediction> PredictSync(const PlanInput& in, ByteCache& cache
                                     });
   const double enc_elements = any_full ? full_elements : elements;
   const CpuModel& cpu = in.cpu;
+  // Rates are one core's; every rank encodes (and decodes) at once, so on shared cores the
+  // work of all of them is serialised (docs/planning.md, "Shared cores"). Measured times were
+  // measured with the layout's own sharing and are taken as they are.
+  const double serial = CpuSerialisation(in.net, topo.nranks());
   sync.encode_s = cpu.encode_s >= 0 ? cpu.encode_s
-                  : cpu.encode_elements_per_s > 0 ? enc_elements / cpu.encode_elements_per_s
-                                                  : 0;
+                  : cpu.encode_elements_per_s > 0
+                      ? serial * enc_elements / cpu.encode_elements_per_s
+                      : 0;
   sync.decode_s = cpu.decode_s >= 0 ? cpu.decode_s
                   : cpu.decode_values_per_s > 0
-                      ? selected_all * (any_full ? topo.num_shards() : 1) /
+                      ? serial * selected_all * (any_full ? topo.num_shards() : 1) /
                             cpu.decode_values_per_s
                       : 0;
   sync.exchange_cpu_s = std::max(0.0, cpu.exchange_s);
@@ -566,7 +577,7 @@ absl::StatusOr<ReplicaPrediction> PredictReplica(const PlanInput& in, int m, int
     return tokens * model.flops_per_token * params_share / c.flops_per_s;
   };
   if (!r.pipeline) {
-    r.compute_s = r.inner_s = stage_compute(replica.ranks[0], 1.0);
+    r.compute_s = r.inner_s = r.busy_s = stage_compute(replica.ranks[0], 1.0);
     r.microbatches = 1;
     r.limit = "compute";
     return r;
@@ -619,6 +630,7 @@ absl::StatusOr<ReplicaPrediction> PredictReplica(const PlanInput& in, int m, int
   const double slots = static_cast<double>(micro + stages - 1);
   const double more = static_cast<double>(micro - 1);
   r.compute_s = more * slot_compute + stage_sum;
+  r.busy_s = static_cast<double>(micro) * stage_sum;
   r.inner_s = more * std::max(slot_compute, r.boundary_s) + stage_sum + fill_transfers +
               fill_latency;
   r.boundary_latency_s = fill_latency;
@@ -662,7 +674,7 @@ absl::StatusOr<PlanInput> ParsePlanInput(absl::string_view text) {
   LBCC_ASSIGN_OR_RETURN(in.net, ParseRates(json.contains("rates") ? json["rates"] : Json(),
                                            *topology, transport_options->scheduler));
   const comm::Topology& topo = in.net.topology;
-  if (json.contains("cpu")) LBCC_RETURN_IF_ERROR(ParseCpu(json["cpu"], &in.cpu));
+  if (json.contains("cpu")) LBCC_RETURN_IF_ERROR(ParseCpu(json["cpu"], &in.cpu, &in.net));
   LBCC_RETURN_IF_ERROR(ParseJob(json.contains("job") ? json["job"] : Json::object(), topo,
                                 &in.job));
   if (json.contains("collective")) {
@@ -701,6 +713,19 @@ absl::StatusOr<Prediction> Predict(const PlanInput& in) {
     }
     p.replicas.push_back(std::move(r));
   }
+  // Shared cores: every rank's compute of one inner step runs on the same C cores, so no
+  // replica's inner step ends before all of it is done (docs/planning.md, "Shared cores").
+  if (in.net.shared_cores > 0) {
+    double busy = 0;
+    for (const ReplicaPrediction& r : p.replicas) {
+      busy += r.busy_s;
+    }
+    p.cpu_floor_s = busy / in.net.shared_cores;
+    if (p.cpu_floor_s > slowest) {
+      slowest = p.cpu_floor_s;
+      slowest_replica = -1;
+    }
+  }
   const double H = in.job.H;
   p.outer_s = H * slowest + p.sync.seconds;
   double compute = 0, total = 0;
@@ -712,6 +737,12 @@ absl::StatusOr<Prediction> Predict(const PlanInput& in) {
     total += p.outer_s;
   }
   p.utilization = total > 0 ? compute / total : 0;
+  if (slowest_replica < 0) {
+    p.critical_path = absl::StrFormat(
+        "%d x every rank's compute on %d shared cores (%.4g s) + sync %.4g s (%s)", in.job.H,
+        in.net.shared_cores, slowest, p.sync.seconds, p.sync.bottleneck);
+    return p;
+  }
   const ReplicaPrediction& c = p.replicas[slowest_replica];
   p.critical_path = absl::StrFormat(
       "%d x inner step of replica %d (%s, %.4g s) + sync %.4g s (%s)", in.job.H,
@@ -805,6 +836,7 @@ absl::StatusOr<CollectivePrediction> PredictCollective(const PlanInput& in) {
     for (int i = 0; i < 2 * (n - 1); ++i) {
       const PhaseTime t = TimeOfPhase(in.net, step, &bytes);
       out.wire_s += t.seconds;
+      if (t.host_s >= t.seconds - t.latency_s) out.host_s += t.seconds - t.latency_s;
       out.bottleneck = t.bottleneck;
     }
     out.cpu_s = std::max(0.0, in.cpu.allreduce_s);
@@ -853,6 +885,7 @@ Json ToJson(const Prediction& p) {
                         {"ranks", r.ranks},
                         {"boundary_k", r.boundary_k},
                         {"compute_s", r.compute_s},
+                        {"busy_s", r.busy_s},
                         {"inner_s", r.inner_s},
                         {"microbatches", r.microbatches},
                         {"boundary_forward_bytes", r.boundary_forward_bytes},
@@ -886,6 +919,7 @@ Json ToJson(const Prediction& p) {
           {"replicas", replicas},
           {"sync", sync},
           {"outer_s", p.outer_s},
+          {"cpu_floor_s", p.cpu_floor_s},
           {"utilization", p.utilization},
           {"critical_path", p.critical_path}};
 }
@@ -902,6 +936,7 @@ Json ToJson(const CollectivePrediction& c) {
           {"seconds", c.seconds},
           {"wire_s", c.wire_s},
           {"cpu_s", c.cpu_s},
+          {"host_s", c.host_s},
           {"wire_recv_bytes", c.rank0_recv_bytes},
           {"slow_recv_bytes_all_ranks", c.slow_recv_bytes_all},
           {"bottleneck", c.bottleneck}};
@@ -932,6 +967,10 @@ std::string FormatPrediction(const Prediction& p) {
       "%.4g s (latency %.3g s), encode %.4g s, decode %.4g s, overlap %.4g s -> %.4g s (%s)\n",
       absl::StrJoin(algos, "/"), max_payload, max_down, p.sync.wire_s, p.sync.latency_s,
       p.sync.encode_s, p.sync.decode_s, p.sync.overlap_s, p.sync.seconds, p.sync.bottleneck);
+  if (p.cpu_floor_s > 0) {
+    absl::StrAppendFormat(&s, "shared cores: every rank's compute of an inner step takes %.4g s\n",
+                          p.cpu_floor_s);
+  }
   absl::StrAppendFormat(&s, "outer step (H = %d): %.4g s, job utilization %.1f %%\n", p.H,
                         p.outer_s, 100 * p.utilization);
   absl::StrAppendFormat(&s, "critical path: %s\n", p.critical_path);

@@ -62,7 +62,7 @@ struct CpuModel {
   double encode_s = -1;    // this rank's encode of every group
   double exchange_s = -1;  // after the encode, with no wire: waiting for the others, validation
   double decode_s = -1;    // the aggregate written
-  double allreduce_s = -1;  // dense all-reduce: reductions and copies (collective mode)
+  double allreduce_s = -1;  // dense all-reduce: CPU not overlapped with the wire (collective)
   double encode_elements_per_s = 0;  // else: t_encode = elements / this
   double decode_values_per_s = 0;    // and t_decode = selected values of every rank / this
 };
@@ -120,6 +120,7 @@ struct ReplicaPrediction {
   int64_t boundary_k = 0;
   int64_t model_dim = 0;      // d (for k/d)
   double compute_s = 0;       // t_compute: one inner step on infinitely fast links
+  double busy_s = 0;          // its ranks' compute of one inner step, summed (shared cores)
   double inner_s = 0;         // t_inner: one inner step
   double boundary_forward_bytes = 0;   // per microbatch and boundary
   double boundary_backward_bytes = 0;
@@ -137,7 +138,8 @@ struct Prediction {
   int H = 0;
   std::vector<ReplicaPrediction> replicas;
   SyncPrediction sync;
-  double outer_s = 0;     // H * max t_inner + t_sync
+  double outer_s = 0;     // H * max(max t_inner, cpu_floor_s) + t_sync
+  double cpu_floor_s = 0;  // shared cores: every rank's compute of an inner step / the cores
   double utilization = 0;  // job: sum of compute over sum of (compute + comm + wait)
   std::string critical_path;
 };
@@ -162,6 +164,7 @@ struct CollectivePrediction {
   double seconds = 0;
   double wire_s = 0;
   double cpu_s = 0;
+  double host_s = 0;                 // phases where the hosts' CPU, not a link, drains last
   double rank0_recv_bytes = 0;       // what lbcc_perf reports as wire_recv_bytes
   double slow_recv_bytes_all = 0;    // every rank's slow-link bytes received
   std::string bottleneck;

@@ -198,6 +198,110 @@ TEST(Collective, CpuTimeOverlapsTheWire) {
   EXPECT_LT(c->seconds, c->wire_s + 0.011);
 }
 
+// Shared cores: each phase takes at least the hosts' CPU for its bytes, every rank's bytes
+// sent + received over the copy rate, summed over the ranks and spread over the cores.
+TEST(Collective, SharedCoresBoundADenseRing) {
+  const auto with_cpu = [](const std::string& cpu) {
+    std::string doc = FlatCollective("allreduce", 1, 100);
+    doc.insert(doc.rfind('}'), R"(, "cpu": )" + cpu);
+    return doc;
+  };
+  auto free_cores = ParsePlanInput(FlatCollective("allreduce", 1, 100));
+  ASSERT_THAT(free_cores.status(), IsOk());
+  auto link = PredictCollective(*free_cores);
+  ASSERT_THAT(link.status(), IsOk());
+  // Per step each of 4 ranks sends and receives 4 MiB: 8 MiB at 1 GB/s = 8.39 ms on a core of
+  // its own, below the link's 335 ms: the link drains last.
+  auto in = ParsePlanInput(with_cpu(R"({"copy_gbytes_s": 1})"));
+  ASSERT_THAT(in.status(), IsOk());
+  auto c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_DOUBLE_EQ(c->seconds, link->seconds);
+  EXPECT_EQ(c->host_s, 0);
+  // On 1 shared core at 0.05 GB/s: 4 x 8 MiB per step / 0.05 GB/s = 671 ms > 335 ms.
+  in = ParsePlanInput(with_cpu(R"({"copy_gbytes_s": 0.05, "shared_cores": 1})"));
+  ASSERT_THAT(in.status(), IsOk());
+  c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  const double step = 4 * 2 * 4194304 / 0.05e9;
+  EXPECT_NEAR(c->seconds, 6 * step, 1e-9);
+  EXPECT_NEAR(c->host_s, 6 * step, 1e-9);
+  EXPECT_NE(c->bottleneck.find("4 ranks on 1 cores"), std::string::npos) << c->bottleneck;
+  // Two cores halve it; as many cores as ranks leave each rank its own.
+  in = ParsePlanInput(with_cpu(R"({"copy_gbytes_s": 0.05, "shared_cores": 2})"));
+  ASSERT_THAT(in.status(), IsOk());
+  c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_NEAR(c->seconds, 6 * step / 2, 1e-9);
+  // (at 0.02 GB/s a rank's own 8 MiB per step take 419 ms, more than the link's 335 ms).
+  in = ParsePlanInput(with_cpu(R"({"copy_gbytes_s": 0.02, "shared_cores": 8})"));
+  ASSERT_THAT(in.status(), IsOk());
+  c = PredictCollective(*in);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_NEAR(c->seconds, 6 * 2 * 4194304 / 0.02e9, 1e-9);
+}
+
+// Codec rates are one core's: on shared cores the ranks' encodes are serialised.
+TEST(Collective, SharedCoresSerialiseCodecRates) {
+  auto time = [](const std::string& cpu) {
+    std::string doc = FlatCollective("sparse_allreduce", 16, 100000);
+    doc.insert(doc.rfind('}'), R"(, "cpu": )" + cpu);
+    auto in = ParsePlanInput(doc);
+    EXPECT_THAT(in.status(), IsOk());
+    auto c = PredictCollective(*in);
+    EXPECT_THAT(c.status(), IsOk());
+    return c->cpu_s;
+  };
+  const double own = time(R"({"encode_gelements_s": 0.1})");
+  EXPECT_NEAR(own, 4194304 / 0.1e9, 1e-12);
+  EXPECT_NEAR(time(R"({"encode_gelements_s": 0.1, "shared_cores": 2})"), 2 * own, 1e-12);
+  EXPECT_NEAR(time(R"({"encode_gelements_s": 0.1, "shared_cores": 4})"), own, 1e-12);
+  // Measured times are taken as measured (the calibration ran with the same sharing).
+  EXPECT_NEAR(time(R"({"encode_ms": 7, "shared_cores": 1})"), 0.007, 1e-12);
+}
+
+// Shared cores: no replica's inner step ends before every rank's compute of it has had the
+// cores.
+TEST(Predict, SharedCoresFloorTheInnerStep) {
+  std::string job = kPipelineJob;
+  auto in = ParsePlanInput(job);
+  ASSERT_THAT(in.status(), IsOk());
+  auto own = Predict(*in);
+  ASSERT_THAT(own.status(), IsOk());
+  EXPECT_EQ(own->cpu_floor_s, 0);
+  job.insert(job.rfind('}'), R"(, "cpu": {"shared_cores": 2})");
+  in = ParsePlanInput(job);
+  ASSERT_THAT(in.status(), IsOk());
+  auto shared = Predict(*in);
+  ASSERT_THAT(shared.status(), IsOk());
+  // Two full replicas (c each) and two stages (c / 2 each) on 2 cores: 1.5 c per inner step.
+  const double c = shared->replicas[0].compute_s;
+  EXPECT_NEAR(shared->cpu_floor_s, 1.5 * c, 1e-9 * c);
+  double slowest = 0;
+  for (const ReplicaPrediction& r : shared->replicas) slowest = std::max(slowest, r.inner_s);
+  EXPECT_NEAR(shared->outer_s, 30 * std::max(slowest, 1.5 * c) + shared->sync.seconds,
+              1e-9 * shared->outer_s);
+  EXPECT_GE(shared->outer_s, own->outer_s);
+  if (1.5 * c > slowest) {
+    EXPECT_NE(shared->critical_path.find("shared cores"), std::string::npos)
+        << shared->critical_path;
+  }
+}
+
+TEST(PlanInput, BadCpuFieldsNameTheField) {
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"shared_cores", "-1"}, {"shared_cores", "1.5"}, {"copy_gbytes_s", "-3"},
+           {"copy_gbytes_s", "\"fast\""}}) {
+    const std::string doc = R"({"topology": {"nranks": 2},
+                                "rates": {"default": {"up_mbit": 1, "down_mbit": 1}},
+                                "cpu": {")" + field + "\": " + value + R"(},
+                                "collective": {"bytes": 1024}})";
+    EXPECT_THAT(ParsePlanInput(doc), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("cpu." + field)))
+        << doc;
+  }
+}
+
 TEST(Sync, TablePicksHierarchicalForIslandsAndItMovesFewerSiteBytes) {
   const std::string base = R"({
     "topology": {"nranks": 6, "islands": [[0, 1, 2, 3]]},
