@@ -713,6 +713,10 @@ def verdicts(groups):
                       f" of {ratios}")
         else:
             claim1 = f"NO: at none of {ratios} is heterogeneous better by more than the spread"
+        reverse = [f"1/{x[0]}" for x in gaps if -x[1] > x[2]]
+        if reverse and not few:
+            claim1 += (f"; the reverse holds (compress-all better by more than the spread) at " +
+                       ", ".join(reverse))
         if not few:
             n_pb = sum(paired_beats)
             claim1 += (f"; paired by seed (same data, init and basis), the mean gap exceeds the "
