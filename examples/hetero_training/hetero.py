@@ -739,6 +739,10 @@ def verdicts(groups):
         elif g[-1] - g[0] > gaps[0][2] + gaps[-1][2]:
             claim2 = ("the gap is larger at the smallest k/d than at the largest by more than the "
                       "spread, but not monotonically")
+        elif g[0] - g[-1] > gaps[0][2] + gaps[-1][2]:
+            claim2 = ("NO, the reverse: the gap falls as k/d shrinks (compress-all gains), from "
+                      f"1/{gaps[0][0]} to 1/{gaps[-1][0]} by more than the spread "
+                      f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
         else:
             claim2 = ("NO: the gap does not grow as k/d shrinks by more than the spread "
                       f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
