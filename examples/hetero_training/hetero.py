@@ -62,6 +62,7 @@ BEST_ADAPTATION = best_adaptation()
 RATIOS = (8, 16, 32, 64)
 SEEDS = (0, 1, 2)
 D_MODEL = 128
+GRID_LARGE_STEPS = 200
 
 
 def spec(name):
@@ -86,14 +87,27 @@ def spec(name):
             f"SparseLoCo + {who} k/d=1/{den}, {ADAPT_WHAT[adapt]}")
 
 
-# Order: seed-major (a grid cut short has every configuration at the first seeds); within a
-# seed, uncompressed SparseLoCo and every (adaptation, ratio) of one layout, then the other
-# layout, so runs of one layout are consecutive (one set of rank processes per group).
-GRID = []
-for _s in SEEDS:
-    GRID += [f"sparseloco_s{_s}"]
-    for _lay in ("hetero", "allpipe"):
-        GRID += [f"{_lay}_k{den}_{ad}_s{_s}" for ad in ADAPTATIONS for den in RATIOS]
+def grid_runs(adaptations, adaptation_major=False):
+    """The grid's run names: uncompressed SparseLoCo, then heterogeneous and compress-all at every
+    k/d of RATIOS under each adaptation, for every seed. Order: seed-major (a grid cut short has
+    every configuration at the first seeds); within a seed, uncompressed SparseLoCo and every
+    (adaptation, ratio) of one layout, then the other layout, so runs of one layout are
+    consecutive (one set of rank processes per group). adaptation_major: every seed of the
+    first adaptation (with uncompressed SparseLoCo) before the next adaptation's, so a grid cut
+    short has the first adaptations complete."""
+    runs = []
+    blocks = ([[ad] for ad in adaptations] if adaptation_major else [list(adaptations)])
+    for b, ads in enumerate(blocks):
+        for s in SEEDS:
+            runs += [f"sparseloco_s{s}"] if b == 0 else []
+            for lay in ("hetero", "allpipe"):
+                runs += [f"{lay}_k{den}_{ad}_s{s}" for ad in ads for den in RATIOS]
+    return runs
+
+
+GRID = grid_runs(ADAPTATIONS)
+# The larger grid's adaptations: the small grid's best, then the paper's (--adaptations for more).
+LARGE_ADAPTATIONS = list(dict.fromkeys([BEST_ADAPTATION, DEFAULT_ADAPTATION]))
 MODEL = dict(d=128, layers=4, seq=64)  # every preset's model unless it says otherwise
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
@@ -104,8 +118,17 @@ PRESETS = {
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
-    # Sized to this machine's budget (2 shared cores; see README.md "Grid").
-    "grid": dict(steps=160, inner_steps=10, d=64, layers=2, seq=32, runs=GRID),
+    # Sized to this machine's budget (2 shared cores; see README.md "Grid"). A grid preset's
+    # outputs carry its tag: results{tag}.md, grid{tag}_summary.json, loss_vs_bytes{tag}.png and
+    # the README section results{tag} (the small grid's have none).
+    "grid": dict(steps=160, inner_steps=10, d=64, layers=2, seq=32, runs=GRID, grid=True,
+                 tag="", adaptations=list(ADAPTATIONS)),
+    # The larger scale (README.md "Larger grid"): d = 128, 4 layers, adaptation-major: the
+    # small grid's best adaptation (results/grid_summary.json), then the paper's (shift);
+    # --adaptations to choose.
+    "grid_large": dict(steps=GRID_LARGE_STEPS, inner_steps=10, d=128, layers=4, seq=32,
+                       runs=grid_runs(LARGE_ADAPTATIONS, adaptation_major=True), grid=True,
+                       tag="_large", adaptations=LARGE_ADAPTATIONS, adaptation_major=True),
 }
 
 
@@ -600,7 +623,7 @@ def aggregate(results):
     return groups
 
 
-def plot_grid(groups, out):
+def plot_grid(groups, out, tag=""):
     """Held-out loss vs slow-link bytes, mean +- std over seeds, one curve per configuration
     (layout and adaptation, over k/d)."""
     import matplotlib
@@ -629,7 +652,7 @@ def plot_grid(groups, out):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = os.path.join(out, "loss_vs_bytes.png")
+    path = os.path.join(out, f"loss_vs_bytes{tag}.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -641,7 +664,8 @@ def grid_table(groups, cfg, net_desc):
     order = sorted(groups, key=lambda c: (groups[c]["den"] or 0, groups[c]["adapt"] or "",
                                           groups[c]["layout"]))
     lines = [f"Grid: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {D_MODEL}, "
-             f"{cfg['layers']} layers, context {cfg['seq']}, "
+             f"{cfg['layers']} layers, context {cfg['seq']}, adaptations "
+             f"{', '.join(cfg['adaptations'])}, "
              f"{net_desc}; mean +- sample std over seeds.", "",
              "| configuration | what | seeds | held-out loss | slow-link MB | replicas identical |",
              "|---|---|---|---|---|---|"]
@@ -689,6 +713,10 @@ def verdicts(groups):
                       f" of {ratios}")
         else:
             claim1 = f"NO: at none of {ratios} is heterogeneous better by more than the spread"
+        reverse = [f"1/{x[0]}" for x in gaps if -x[1] > x[2]]
+        if reverse and not few:
+            claim1 += (f"; the reverse holds (compress-all better by more than the spread) at " +
+                       ", ".join(reverse))
         if not few:
             n_pb = sum(paired_beats)
             claim1 += (f"; paired by seed (same data, init and basis), the mean gap exceeds the "
@@ -711,6 +739,10 @@ def verdicts(groups):
         elif g[-1] - g[0] > gaps[0][2] + gaps[-1][2]:
             claim2 = ("the gap is larger at the smallest k/d than at the largest by more than the "
                       "spread, but not monotonically")
+        elif g[0] - g[-1] > gaps[0][2] + gaps[-1][2]:
+            claim2 = ("NO, the reverse: the gap falls as k/d shrinks (compress-all gains), from "
+                      f"1/{gaps[0][0]} to 1/{gaps[-1][0]} by more than the spread "
+                      f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
         else:
             claim2 = ("NO: the gap does not grow as k/d shrinks by more than the spread "
                       f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
@@ -760,13 +792,14 @@ def verdicts(groups):
                    f"from uncompressed SparseLoCo. Paired by seed (same data, init and basis), "
                    f"heterogeneous ended lower than compress-all in {wins} of {pairs} (seed, "
                    f"ratio, adaptation) pairs (two-sided sign test p = {p_sign:.2g}).")
-    # Adaptations compared where all of them ran.
+    # The adaptations the grid ran, compared where all of them ran.
+    ran = [ad for ad in ADAPTATIONS if any(g["adapt"] == ad for g in groups.values())]
     common = [den for den in RATIOS
-              if all(f"{lay}_k{den}_{ad}" in groups for ad in ADAPTATIONS
+              if all(f"{lay}_k{den}_{ad}" in groups for ad in ran
                      for lay in ("hetero", "allpipe"))]
-    if common:
+    if common and len(ran) > 1:
         means = {ad: [groups[f"{lay}_k{den}_{ad}"]["loss"] for den in common
-                      for lay in ("hetero", "allpipe")] for ad in ADAPTATIONS}
+                      for lay in ("hetero", "allpipe")] for ad in ran}
         avg = {ad: sum(m for m, _ in v) / len(v) for ad, v in means.items()}
         order = sorted(avg, key=avg.get)
         spread = {ad: sum(sd for _, sd in v) / len(v) for ad, v in means.items()}
@@ -776,7 +809,7 @@ def verdicts(groups):
                     ratios=[f"1/{d}" for d in common])
         out.append(f"- Adaptations (mean held-out loss over both layouts at " +
                    ", ".join(f"1/{d}" for d in common) + "): " +
-                   ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ADAPTATIONS) +
+                   ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ran) +
                    f"; lowest: **{order[0]}**, {margin:.3f} below {order[1]} "
                    f"({'more' if margin > noise else 'less'} than their mean seed stds summed, "
                    f"{noise:.3f}).")
@@ -857,6 +890,8 @@ def write_readme(path, text, section="results"):
         doc = doc[:doc.index(begin) + len(begin)] + "\n" + text + "\n" + doc[doc.index(end):]
         with open(path, "w") as f:
             f.write(doc)
+    else:
+        print(f"hetero.py: {path} has no {begin} ... {end} section: not written", file=sys.stderr)
 
 
 def main():
@@ -874,7 +909,11 @@ def main():
     ap.add_argument("--readme", help="README whose results section gets the table")
     ap.add_argument("--seeds", type=int, help="grid: the first N seeds only")
     ap.add_argument("--results", help="grid: also copy results.md, grid_summary.json and the "
-                                      "plot into this folder (e.g. examples/hetero_training/results)")
+                                      "plot into this folder (e.g. examples/hetero_training/results)"
+                                      "; grid_large: results_large.md, grid_large_summary.json, "
+                                      "loss_vs_bytes_large.png")
+    ap.add_argument("--adaptations", help="grid presets: comma-separated adaptations to run ("
+                                          "project, shift, pgproj; default: the preset's)")
     ap.add_argument("--collect", action="store_true",
                     help="run nothing: summarize the finished runs found in --out (a grid cut "
                          "short) and write the outputs as a finished run would")
@@ -895,6 +934,14 @@ def main():
         if getattr(args, key):
             cfg[key] = getattr(args, key)
     D_MODEL = cfg["d"]
+    if args.adaptations:
+        adapts = args.adaptations.split(",")
+        bad = [ad for ad in adapts if ad not in ADAPTATIONS]
+        if not cfg.get("grid") or bad or not adapts:
+            sys.exit(f"hetero.py: --adaptations takes a grid preset and a list of "
+                     f"{', '.join(ADAPTATIONS)}" + (f" (not {', '.join(bad)})" if bad else ""))
+        cfg["adaptations"] = adapts
+        cfg["runs"] = grid_runs(adapts, cfg.get("adaptation_major", False))
     if args.runs:
         cfg["runs"] = args.runs.split(",")
     if args.steps:
@@ -972,7 +1019,8 @@ def main():
             done += len(names)
     finally:
         net.down()
-    if args.preset == "grid":
+    tag = cfg.get("tag", "")
+    if cfg.get("grid"):
         groups = aggregate(results)
         best = {}
         text = grid_table(groups, cfg, net_desc)
@@ -983,7 +1031,7 @@ def main():
             text += (f"\n\n{len(missing)} runs did not finish (seeds missing per configuration): " +
                      "; ".join(f"{c} {','.join(v)}" for c, v in by_config.items()) + ".")
         if groups:
-            text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out))}` (held-out loss "
+            text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out, tag))}` (held-out loss "
                      f"vs slow-link bytes, mean +- std over seeds, one curve per configuration).")
             verdict_text, best = verdicts(groups)
             text += "\n\n" + verdict_text
@@ -1018,15 +1066,15 @@ def main():
                      f"{p['eval_loss']:.3f}; one seed, see README.md's grid for the spread.")
     for kk in ("k16", "k32"):
         h, p = results.get(f"hetero_{kk}"), results.get(f"allpipe_{kk}")
-        if h and p and args.preset != "grid":
+        if h and p and not cfg.get("grid"):
             verdict = "no worse" if h["eval_loss"] <= p["eval_loss"] + 1e-3 else "WORSE"
             text += (f"\nHeterogeneous vs all-compressed at {kk}: held-out loss {h['eval_loss']:.3f} "
                      f"vs {p['eval_loss']:.3f} ({verdict}).")
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with open(os.path.join(args.out, f"results{tag}.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"config": cfg, "results": results, "missing": missing}, f, indent=1)
-    if args.preset == "grid":
+    if cfg.get("grid"):
         slim = {"config": {k: v for k, v in cfg.items() if k != "runs"}, "net": net_desc,
                 "configurations": {c: {k: g[k] for k in ("what", "seeds", "loss", "slow",
                                                         "identical")}
@@ -1040,16 +1088,17 @@ def main():
                 "best_adaptation": best.get("adaptation") if groups else None,
                 "best_margin": best.get("margin") if groups else None,
                 "best_noise": best.get("noise") if groups else None}
-        with open(os.path.join(args.out, "grid_summary.json"), "w") as f:
+        with open(os.path.join(args.out, f"grid{tag}_summary.json"), "w") as f:
             json.dump(slim, f, indent=1)
         if args.results:
             os.makedirs(args.results, exist_ok=True)
-            for name in ("results.md", "grid_summary.json", "loss_vs_bytes.png"):
+            for name in (f"results{tag}.md", f"grid{tag}_summary.json",
+                         f"loss_vs_bytes{tag}.png"):
                 if os.path.exists(os.path.join(args.out, name)):
                     shutil.copy(os.path.join(args.out, name), args.results)
     print("\n" + text)
     if args.readme:
-        write_readme(args.readme, text)
+        write_readme(args.readme, text, f"results{tag}")
     return 0 if results and not any(v.startswith("failed") for v in missing.values()) else 1
 
 
