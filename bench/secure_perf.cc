@@ -12,6 +12,8 @@
 // (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each): the ceiling
 // the encrypted link's work runs against, measured under the same load ({"mode": "cipher"}).
 // bench/secure_bench.sh writes them to bench/results/secure.md.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -20,7 +22,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/env.h"
 #include "base/mutex.h"
@@ -36,6 +40,7 @@ ABSL_FLAG(int, window, 8, "messages in flight");
 ABSL_FLAG(int, connects, 20, "links set up per variant for the connect time");
 ABSL_FLAG(int, rounds, 15, "timed rounds per variant (the variants alternate)");
 ABSL_FLAG(int, cipher_ms, 100, "milliseconds per round of the one-thread AES-256-GCM loop");
+ABSL_FLAG(std::string, modes, "plain,integrity,encrypted", "variants to run (for profiling one)");
 
 namespace lbcc {
 namespace {
@@ -70,7 +75,17 @@ struct Variant {
   std::string address;
   std::unique_ptr<Endpoint> a, b;
   std::vector<double> connect_us, bytes_per_second;
+  std::vector<double> cpu_ns_per_byte;  // This process's CPU time (all threads) per byte moved.
+  std::vector<uint8_t> data;
+  std::vector<std::vector<uint8_t>> sinks;
 };
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
 
 absl::Status Setup(Variant& v) {
   transport::TransportOptions options;
@@ -101,9 +116,15 @@ absl::Status Connect(Variant& v) {
 
 // `messages` of `bytes`, `window` in flight, a -> b; returns bytes per second.
 absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int window) {
-  std::vector<uint8_t> data(bytes, 7);
-  std::vector<std::vector<uint8_t>> sinks(window, std::vector<uint8_t>(bytes));
+  // Allocated (and faulted in) once per variant, so that rounds time the link, not the heap.
+  std::vector<uint8_t>& data = v.data;
+  std::vector<std::vector<uint8_t>>& sinks = v.sinks;
+  if (data.size() != static_cast<size_t>(bytes) || sinks.size() != static_cast<size_t>(window)) {
+    data.assign(bytes, 7);
+    sinks.assign(window, std::vector<uint8_t>(bytes));
+  }
   Counter sent, received;
+  const double cpu_start = ProcessCpuSeconds();
   const absl::Time start = absl::Now();
   for (int i = 0; i < messages; ++i) {
     if (i >= window) LBCC_RETURN_IF_ERROR(received.Wait(i - window + 1));
@@ -113,7 +134,10 @@ absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int windo
   }
   LBCC_RETURN_IF_ERROR(received.Wait(messages));
   LBCC_RETURN_IF_ERROR(sent.Wait(messages));
-  return static_cast<double>(bytes) * messages / absl::ToDoubleSeconds(absl::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  v.cpu_ns_per_byte.push_back((ProcessCpuSeconds() - cpu_start) * 1e9 /
+                              (static_cast<double>(bytes) * messages));
+  return static_cast<double>(bytes) * messages / seconds;
 }
 
 // One thread sealing (then opening) 1 MiB chunks for `duration` each: bytes per second.
@@ -211,7 +235,12 @@ int Run() {
   absl::StatusOr<int64_t> bytes = env::ParseBytes(absl::GetFlag(FLAGS_bytes));
   if (!bytes.ok()) return Fail(bytes.status());
   std::vector<Variant> variants;
-  for (const char* mode : {"plain", "integrity", "encrypted"}) variants.push_back({mode});
+  for (absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
+    if (mode != "plain" && mode != "integrity" && mode != "encrypted") {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--modes: unknown variant '", mode, "'")));
+    }
+    variants.push_back({std::string(mode)});
+  }
   for (Variant& v : variants) {
     if (absl::Status s = Setup(v); !s.ok()) return Fail(s);
   }
@@ -226,6 +255,7 @@ int Run() {
     if (absl::StatusOr<double> warm = Stream(v, *bytes, window, window); !warm.ok()) {
       return Fail(warm.status());
     }
+    v.cpu_ns_per_byte.clear();
   }
   std::vector<double> seal[2], open[2];  // [encrypt]
   const absl::Duration cipher_time = absl::Milliseconds(absl::GetFlag(FLAGS_cipher_ms));
@@ -255,12 +285,14 @@ int Run() {
     std::printf(
         "{\"mode\": \"%s\", \"bytes\": %lld, \"count\": %d, \"window\": %d, "
         "\"rounds\": %zu, \"bytes_per_second_median\": %.6g, \"bytes_per_second_max\": %.6g, "
-        "\"connect_us_median\": %.1f, \"connects\": %zu, \"authenticated\": %s, "
+        "\"connect_us_median\": %.1f, \"connects\": %zu, \"cpu_ns_per_byte_median\": %.4f, "
+        "\"authenticated\": %s, "
         "\"encrypted\": %s}\n",
         v.mode.c_str(), static_cast<long long>(*bytes), absl::GetFlag(FLAGS_count), window,
         v.bytes_per_second.size(), Median(v.bytes_per_second),
         *std::max_element(v.bytes_per_second.begin(), v.bytes_per_second.end()),
-        Median(v.connect_us), v.connect_us.size(), counters.authenticated ? "true" : "false",
+        Median(v.connect_us), v.connect_us.size(), Median(v.cpu_ns_per_byte),
+        counters.authenticated ? "true" : "false",
         counters.encrypted ? "true" : "false");
   }
   return 0;

@@ -62,6 +62,17 @@ inline constexpr int64_t kSealedChunkBytes = 1 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
+  // An eager sealed chunk on its way to a receive buffer (link.cc).
+  struct EagerOpen {
+    std::shared_ptr<SecureChannel> channel;
+    ChunkHeader wire{};
+    const uint8_t* sealed = nullptr;  // The backend's bytes, during OnChunk only.
+    std::vector<uint8_t> owned;       // A copy, when the chunk was staged.
+    bool fetched = false;             // Matched during OnChunk: open into `dst`, then `done`.
+    uint8_t* dst = nullptr;
+    DoneCallback done;
+  };
+
   Link(std::shared_ptr<Executor> executor, std::string peer_address);
   ~Link();
 
@@ -185,8 +196,9 @@ class Link : public std::enable_shared_from_this<Link> {
   // every path that may have reserved some. `from_sender`: on the thread of a Send, which seals
   // small chunks itself; everything else goes to the crypto pool.
   void FlushOutbox(bool from_sender) ABSL_LOCKS_EXCLUDED(mu_);
-  void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `kick`: progress the backend afterwards (the sending thread; never a crypto pool thread).
+  void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel,
+                   bool kick) ABSL_LOCKS_EXCLUDED(mu_);
   void SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
