@@ -277,7 +277,7 @@ int Run() {
   std::printf(
       "{\"mode\": \"cipher\", \"handshake_crypto_us_median\": %.1f, \"chunk\": %d, \"rounds\": %zu, "
       "\"gcm_seal_bytes_per_second_median\": %.6g, \"gcm_open_bytes_per_second_median\": %.6g, "
-      "\"gmac_seal_bytes_per_second_median\": %.6g, \"gmac_open_bytes_per_second_median\": %.6g}\n",
+      "\"mac_seal_bytes_per_second_median\": %.6g, \"mac_open_bytes_per_second_median\": %.6g}\n",
       *handshake_us, 1 << 20, seal[1].size(), Median(seal[1]), Median(open[1]), Median(seal[0]),
       Median(open[0]));
   for (Variant& v : variants) {
