@@ -9,10 +9,13 @@
 // (Connect + Accept; no probe: links are fast by configuration), and the median and best
 // throughput of `rounds` runs of `count` messages of `bytes`, `window` in flight, one way.
 // Each round also times this CPU's AES-256-GCM limit through the same EVP code the links use
-// (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each): the ceiling
-// the encrypted link's work runs against, measured under the same load ({"mode": "cipher"}).
+// (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each; rates and the
+// thread's CPU time per byte): the ceiling the encrypted link's work runs against, measured
+// under the same load ({"mode": "cipher"}). Each variant also reports the process's CPU time
+// (all threads) per byte it moved. --modes runs some of the variants (for profiling one).
 // bench/secure_bench.sh writes them to bench/results/secure.md.
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -143,7 +146,14 @@ absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int windo
 // One thread sealing (then opening) 1 MiB chunks for `duration` each: bytes per second.
 struct CipherRate {
   double seal = 0, open = 0;
+  double seal_cpu_ns = 0, open_cpu_ns = 0;  // This thread's CPU time per byte.
 };
+
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
 absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
   transport::HandshakeTranscript t;
   t.client_nonce = transport::NewNonce();
@@ -163,6 +173,7 @@ absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
       kBatch, std::vector<uint8_t>(kChunk + transport::SecureChannel::kOverhead));
   CipherRate rate;
   absl::Duration seal_time, open_time;
+  double seal_cpu = 0, open_cpu = 0;
   int64_t n = 0;
   // Batches of kBatch chunks: sealed by one channel, opened by a fresh peer (each counter opens
   // once); only the Seal and Open calls are timed.
@@ -174,19 +185,25 @@ absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
                                       secret, t, transport::HandshakeRole::kClient, encrypt,
                                       "cipher"));
     absl::Time start = absl::Now();
+    double cpu = ThreadCpuSeconds();
     for (auto& chunk : sealed) {
       LBCC_RETURN_IF_ERROR(sender->Seal(aad, plain.data(), kChunk, chunk.data()));
     }
     seal_time += absl::Now() - start;
+    seal_cpu += ThreadCpuSeconds() - cpu;
     start = absl::Now();
+    cpu = ThreadCpuSeconds();
     for (const auto& chunk : sealed) {
       LBCC_RETURN_IF_ERROR(receiver->Open(aad, encrypt, chunk.data(), chunk.size(), opened.data()));
     }
     open_time += absl::Now() - start;
+    open_cpu += ThreadCpuSeconds() - cpu;
     n += kBatch;
   }
   rate.seal = static_cast<double>(n) * kChunk / absl::ToDoubleSeconds(seal_time);
   rate.open = static_cast<double>(n) * kChunk / absl::ToDoubleSeconds(open_time);
+  rate.seal_cpu_ns = seal_cpu * 1e9 / (static_cast<double>(n) * kChunk);
+  rate.open_cpu_ns = open_cpu * 1e9 / (static_cast<double>(n) * kChunk);
   return rate;
 }
 
@@ -257,7 +274,7 @@ int Run() {
     }
     v.cpu_ns_per_byte.clear();
   }
-  std::vector<double> seal[2], open[2];  // [encrypt]
+  std::vector<double> seal[2], open[2], seal_cpu[2], open_cpu[2];  // [encrypt]
   const absl::Duration cipher_time = absl::Milliseconds(absl::GetFlag(FLAGS_cipher_ms));
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (Variant& v : variants) {
@@ -270,6 +287,8 @@ int Run() {
       if (!rate.ok()) return Fail(rate.status());
       seal[encrypt].push_back(rate->seal);
       open[encrypt].push_back(rate->open);
+      seal_cpu[encrypt].push_back(rate->seal_cpu_ns);
+      open_cpu[encrypt].push_back(rate->open_cpu_ns);
     }
   }
   absl::StatusOr<double> handshake_us = HandshakeCryptoUs(200);
@@ -277,9 +296,12 @@ int Run() {
   std::printf(
       "{\"mode\": \"cipher\", \"handshake_crypto_us_median\": %.1f, \"chunk\": %d, \"rounds\": %zu, "
       "\"gcm_seal_bytes_per_second_median\": %.6g, \"gcm_open_bytes_per_second_median\": %.6g, "
-      "\"mac_seal_bytes_per_second_median\": %.6g, \"mac_open_bytes_per_second_median\": %.6g}\n",
+      "\"mac_seal_bytes_per_second_median\": %.6g, \"mac_open_bytes_per_second_median\": %.6g, "
+      "\"gcm_seal_cpu_ns_per_byte_median\": %.4f, \"gcm_open_cpu_ns_per_byte_median\": %.4f, "
+      "\"mac_seal_cpu_ns_per_byte_median\": %.4f, \"mac_open_cpu_ns_per_byte_median\": %.4f}\n",
       *handshake_us, 1 << 20, seal[1].size(), Median(seal[1]), Median(open[1]), Median(seal[0]),
-      Median(open[0]));
+      Median(open[0]), Median(seal_cpu[1]), Median(open_cpu[1]), Median(seal_cpu[0]),
+      Median(open_cpu[0]));
   for (Variant& v : variants) {
     const transport::LinkCounters counters = v.a->counters();
     std::printf(

@@ -121,7 +121,7 @@ bool Aead(EVP_CIPHER_CTX* ctx, bool seal, const uint8_t iv[12], absl::Span<const
     return false;
   }
   // OpenSSL takes int lengths: encrypting, go in pieces of at most 1 GiB. Authenticating only,
-  // each piece of kCopyPiece bytes is copied right after GHASH read it, while it is still in
+  // each piece of kCopyPiece bytes is copied right after the MAC read it, while it is still in
   // the core's cache (one trip through memory for the MAC and the copy).
   constexpr size_t kPiece = size_t{1} << 30;
   constexpr size_t kCopyPiece = size_t{64} << 10;
