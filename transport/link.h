@@ -16,9 +16,12 @@
 // as sent is the AEAD's associated data. Chunks that arrive before Configure() wait, unread,
 // until it says whether the link is sealed. The cipher never runs under the Link's mutex: the
 // scheduler only reserves a chunk, and the seal runs on the crypto pool (a few threads per
-// process) or, for a small chunk, on the sending thread; a fast link's message is sealed in
-// chunks of at most kSealedChunkBytes, so the pool seals one while another is on the wire.
-// Rendezvous chunks are opened on the pool too, never on the backend's progress thread.
+// process, one queue, opens before seals; they never progress the backend) or, for a small
+// chunk, on the sending thread; a fast link's message is sealed in chunks of at most
+// kSealedChunkBytes, so the pool seals one while another is on the wire. Rendezvous chunks are
+// opened on the pool too, never on the backend's progress thread; an eager chunk that a receive
+// wants is opened by the backend's thread straight into the receive buffer, after the mutex is
+// released (EagerOpen); a chunk that fails to open leaves zeros there.
 // A backend's own control messages of a running link (credits, heartbeats) are tagged too
 // (SealControl / OnControl): GMAC under the same per-direction counters.
 //
