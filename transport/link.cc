@@ -213,25 +213,20 @@ class SealedPayload final : public DeferredPayload {
   ChunkHeader wire_;
 };
 
-// An eager sealed chunk accepted by OnChunk (Link::EagerOpen): fetched while OnChunk still holds
-// its bytes, it only records where they go (OnChunk opens them there after releasing the mutex);
-// fetched later (it was staged), it opens the copy OnChunk kept, on the crypto pool.
+// A later eager chunk of a matched message, accepted by OnChunk (Link::EagerOpen): fetched while
+// OnChunk is accepting it (a matched message places a chunk at once), it only records where the
+// bytes go; OnChunk opens them there after releasing the mutex.
 class EagerSealedPayload final : public DeferredPayload {
  public:
   explicit EagerSealedPayload(std::shared_ptr<Link::EagerOpen> state) : state_(std::move(state)) {}
   void Fetch(uint8_t* dst, DoneCallback done) override {
-    if (state_->sealed != nullptr) {  // Inside OnChunk, under the Link's mutex.
-      state_->fetched = true;
-      state_->dst = dst;
-      state_->done = std::move(done);
+    if (!state_->inside) {  // Not reached: a matched message places its chunks when they come.
+      done(absl::InternalError("eager sealed chunk fetched after it arrived"));
       return;
     }
-    CryptoPool::Get().Post(CryptoPool::Kind::kOpen, [state = std::move(state_), dst,
-                                                     done = std::move(done)]() mutable {
-      const ChunkHeader& wire = state->wire;
-      done(state->channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
-                                state->owned.data(), wire.length, dst));
-    });
+    state_->fetched = true;
+    state_->dst = dst;
+    state_->done = std::move(done);
   }
 
  private:
@@ -756,10 +751,12 @@ void Link::RecvLocked(Tag tag, PostedRecv recv) {
 
 void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
                    std::unique_ptr<DeferredPayload> deferred) {
-  // A sealed chunk with its bytes (eager) is accepted as a payload still to be opened: a matched
-  // receive gets it opened straight into its buffer below, once the mutex is released (one pass
-  // over the bytes, no scratch copy); one that no receive wants yet keeps its sealed bytes until
-  // one does (then the pool opens them).
+  // A sealed chunk with its bytes (eager). The first chunk of a message is opened before its
+  // header does anything (it creates the message, matches a receive, sizes an allocation): into
+  // scratch, without the mutex. A later chunk of a message already matched to a buffer (its
+  // header then only says where in that buffer) is accepted as a payload still to be opened,
+  // and opened straight into the buffer once the mutex is released (one pass, no scratch copy).
+  std::shared_ptr<SecureChannel> channel;
   std::shared_ptr<EagerOpen> eager;
   {
     MutexLock lock(&mu_);
@@ -769,22 +766,35 @@ void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
       OnChunkPlainOrDeferredLocked(lane, wire, data, std::move(deferred));
       return;
     }
-    eager = std::make_shared<EagerOpen>();
-    eager->channel = channel_;
-    eager->wire = wire;
-    eager->sealed = data;
-    AcceptChunkLocked(lane, PlainHeader(wire), nullptr, std::make_unique<EagerSealedPayload>(eager));
-    if (!eager->fetched && eager.use_count() > 1) {
-      eager->owned.assign(data, data + wire.length);  // Staged: `data` lives only during this call.
+    channel = channel_;
+    auto it = in_.find(wire.msg_seq);
+    if (it != in_.end() && it->second->matched && !it->second->discard) {
+      eager = std::make_shared<EagerOpen>();
+      AcceptChunkLocked(lane, PlainHeader(wire), nullptr,
+                        std::make_unique<EagerSealedPayload>(eager));
+      eager->inside = false;
+      if (!eager->fetched) return;  // Refused, or the message was dropped meanwhile.
     }
-    eager->sealed = nullptr;
   }
-  if (!eager->fetched) return;
-  absl::Status status =
-      eager->channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0, data,
-                           wire.length, eager->dst);
-  DoneCallback done = std::move(eager->done);
-  done(std::move(status));
+  if (eager != nullptr) {
+    absl::Status status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                                        data, wire.length, eager->dst);
+    DoneCallback done = std::move(eager->done);
+    done(std::move(status));
+    return;
+  }
+  const ChunkHeader h = PlainHeader(wire);
+  std::shared_ptr<Scratch> opened = ScratchPool::Get().Take(h.length);
+  absl::Status status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                                      data, wire.length, opened->bytes.get());
+  MutexLock lock(&mu_);
+  if (failed_) return;
+  if (!status.ok()) {
+    ++counters_.integrity_failures;
+    FailLocked(std::move(status));
+    return;
+  }
+  AcceptChunkLocked(lane, h, opened->bytes.get(), nullptr);
 }
 
 void Link::OnChunkPlainOrDeferredLocked(int lane, const ChunkHeader& wire, const uint8_t* data,

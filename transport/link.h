@@ -19,9 +19,10 @@
 // process, one queue, opens before seals; they never progress the backend) or, for a small
 // chunk, on the sending thread; a fast link's message is sealed in chunks of at most
 // kSealedChunkBytes, so the pool seals one while another is on the wire. Rendezvous chunks are
-// opened on the pool too, never on the backend's progress thread; an eager chunk that a receive
-// wants is opened by the backend's thread straight into the receive buffer, after the mutex is
-// released (EagerOpen); a chunk that fails to open leaves zeros there.
+// opened on the pool too, never on the backend's progress thread. An eager chunk is opened by the
+// backend's thread after the mutex is released: the first of a message into scratch before its
+// header is used, a later one of a matched message straight into the receive buffer
+// (EagerOpen); a chunk that fails to open leaves zeros there.
 // A backend's own control messages of a running link (credits, heartbeats) are tagged too
 // (SealControl / OnControl): GMAC under the same per-direction counters.
 //
@@ -65,13 +66,11 @@ inline constexpr int64_t kSealedChunkBytes = 1 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
-  // An eager sealed chunk on its way to a receive buffer (link.cc).
+  // An eager sealed chunk on its way to a receive buffer (link.cc), under the Link's mutex while
+  // OnChunk accepts it.
   struct EagerOpen {
-    std::shared_ptr<SecureChannel> channel;
-    ChunkHeader wire{};
-    const uint8_t* sealed = nullptr;  // The backend's bytes, during OnChunk only.
-    std::vector<uint8_t> owned;       // A copy, when the chunk was staged.
-    bool fetched = false;             // Matched during OnChunk: open into `dst`, then `done`.
+    bool inside = true;    // OnChunk is accepting it.
+    bool fetched = false;  // Placed: OnChunk opens it into `dst`, then runs `done`.
     uint8_t* dst = nullptr;
     DoneCallback done;
   };
