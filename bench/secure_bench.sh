@@ -4,7 +4,9 @@
 #   1. UCX tcp point-to-point on loopback, 4 MiB messages: throughput of plain, integrity-only
 #      (LBCC_ENCRYPT=none) and encrypted (LBCC_ENCRYPT=all) links, the three alternating in one
 #      process for --rounds rounds (bench/secure_perf; the bytes cross real sockets), beside
-#      this CPU's AES-256-GCM limit timed in the same rounds (one thread, the links' EVP code);
+#      this CPU's cipher limits timed in the same rounds (one thread, the links' EVP code), the
+#      process's CPU time per byte of each variant, and the ceiling those give on this machine's
+#      cores (both ends of the link share them);
 #   2. the connect time added per link (median Connect + Accept of fresh links, same runs);
 #   3. SparseAllReduce, 4 ranks, every down-link shaped to --rate in tools/testbed (root):
 #      plain against a job secret with the default LBCC_ENCRYPT=slow (slow links encrypted),
@@ -28,6 +30,7 @@ pairs=$FLAG_pairs rounds=$FLAG_rounds rate=$FLAG_rate bytes=$FLAG_bytes iters=$F
 results=$FLAG_results
 command="bench/secure_bench.sh $*"
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+started=$(date +%s)
 
 bazel build -c opt --jobs=2 //bench:secure_perf //bench:lbcc_perf >/dev/null 2>&1 ||
   bazel build -c opt --jobs=2 //bench:secure_perf //bench:lbcc_perf
@@ -92,9 +95,9 @@ fi
 aes=$(grep -qw aes /proc/cpuinfo && echo yes || echo no)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 python3 - "$out" "$pairs" "$results" "$command" "$aes" "$cpu" "$rate" "$bytes" "$testbed_note" \
-  "$load_start" "$iters" <<'PY'
+  "$load_start" "$iters" "$(($(date +%s) - started))" <<'PY'
 import datetime, glob, json, os, platform, statistics, sys
-out, pairs, results, command, aes, cpu, rate, size, note, load_start, iters = sys.argv[1:]
+out, pairs, results, command, aes, cpu, rate, size, note, load_start, iters, took = sys.argv[1:]
 pairs = int(pairs)
 p2p = {r["mode"]: r for r in map(json.loads, open(f"{out}/p2p.jsonl"))}
 cipher = p2p.pop("cipher")
@@ -109,26 +112,42 @@ lines = [
     f"Machine: {platform.node()}, {os.cpu_count()} cores ({cpu}), AES-NI: {aes}; "
     "shared with other builds, so single runs vary.",
     f"Load average (1, 5, 15 min) at the start: {load_start}; at the end: "
-    f"{open('/proc/loadavg').read().split()[:3]}.", "",
+    f"{' '.join(open('/proc/loadavg').read().split()[:3])}. The run took {took} s.", "",
     f"## UCX tcp on lo, 4 MiB point-to-point ({rounds} alternating rounds of 16 messages, 8 in "
     "flight; connect: median of 20 fresh links each)", "",
-    "| link | median (MB/s) | ratio | best (MB/s) | ratio | connect per link (us) | added (us) |",
-    "|---|---|---|---|---|---|---|"]
+    "| link | median (MB/s) | ratio | best (MB/s) | ratio | CPU per byte (ns, all threads) | connect per link (us) | added (us) |",
+    "|---|---|---|---|---|---|---|---|"]
+per_byte = {m: r["cpu_ns_per_byte_median"] for m, r in p2p.items()}
 for m, label in [("plain", "plain"), ("integrity", "authenticated (LBCC_ENCRYPT=none)"),
                  ("encrypted", "authenticated + encrypted (LBCC_ENCRYPT=all)")]:
     lines.append(f"| {label} | {bw[m]/1e6:.0f} | {bw[m]/bw['plain']:.2f} | {best[m]/1e6:.0f} | "
-                 f"{best[m]/best['plain']:.2f} | {conn[m]:.0f} | {conn[m]-conn['plain']:+.0f} |")
-lines += ["", "This CPU's AES-256-GCM limit in the same rounds (one thread, SecureChannel's EVP code, "
+                 f"{best[m]/best['plain']:.2f} | {per_byte[m]:.2f} | {conn[m]:.0f} | "
+                 f"{conn[m]-conn['plain']:+.0f} |")
+lines += ["", "This CPU's cipher limits in the same rounds (one thread, SecureChannel's EVP code, "
           "1 MiB chunks; median of the rounds):", "",
           "| primitive | seal (MB/s) | open (MB/s) |", "|---|---|---|",
           f"| AES-256-GCM (LBCC_ENCRYPT=all) | {cipher['gcm_seal_bytes_per_second_median']/1e6:.0f} | "
           f"{cipher['gcm_open_bytes_per_second_median']/1e6:.0f} |",
-          f"| GMAC, payload as associated data (LBCC_ENCRYPT=none) | "
-          f"{cipher['gmac_seal_bytes_per_second_median']/1e6:.0f} | "
-          f"{cipher['gmac_open_bytes_per_second_median']/1e6:.0f} |", "",
+          f"| ChaCha20-Poly1305, payload as associated data, with the copy (LBCC_ENCRYPT=none) | "
+          f"{cipher['mac_seal_bytes_per_second_median']/1e6:.0f} | "
+          f"{cipher['mac_open_bytes_per_second_median']/1e6:.0f} |", "",
           f"Encrypted p2p median against one thread's seal rate: "
           f"{bw['encrypted']/cipher['gcm_seal_bytes_per_second_median']:.2f} "
-          f"(the link seals and opens every byte once each, on the crypto pool's threads).", "",
+          f"(the link seals and opens every byte once each, on the crypto pool's threads).", ""]
+# Both ends share this machine's cores: a link can at most move cores / (CPU per byte) bytes a
+# second; the cipher adds one seal and one open per byte to what the plain link spends.
+cores = os.cpu_count()
+for m, use in [("encrypted", "gcm"), ("integrity", "mac")]:
+    cipher_ns = cipher[f"{use}_seal_cpu_ns_per_byte_median"] + \
+        cipher[f"{use}_open_cpu_ns_per_byte_median"]
+    ceiling = cores / ((per_byte["plain"] + cipher_ns) * 1e-9)
+    lines.append(
+        f"Ceiling of {m} on these {cores} cores (both ends of the link in this one process, every "
+        f"core busy): {cores} / (plain's {per_byte['plain']:.2f} ns of CPU per byte + "
+        f"{cipher_ns:.2f} ns of one thread's CPU for one seal and one open) = "
+        f"{ceiling/1e6:.0f} MB/s, {ceiling/bw['plain']:.2f} x plain's median; measured "
+        f"{bw[m]/1e6:.0f} MB/s at {per_byte[m]:.2f} ns per byte.")
+lines += ["",
           "Connect time added per link: the connect medians above (Connect + Accept of a fresh "
           "link, alternating) carry the AUTH message's extra one-way trip and the handshake's "
           "cryptography, whose own cost for both ends (nonces, four HMAC-SHA-256 proofs, two "

@@ -9,9 +9,14 @@
 // (Connect + Accept; no probe: links are fast by configuration), and the median and best
 // throughput of `rounds` runs of `count` messages of `bytes`, `window` in flight, one way.
 // Each round also times this CPU's AES-256-GCM limit through the same EVP code the links use
-// (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each): the ceiling
-// the encrypted link's work runs against, measured under the same load ({"mode": "cipher"}).
+// (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each; rates and the
+// thread's CPU time per byte): the ceiling the encrypted link's work runs against, measured
+// under the same load ({"mode": "cipher"}). Each variant also reports the process's CPU time
+// (all threads) per byte it moved. --modes runs some of the variants (for profiling one).
 // bench/secure_bench.sh writes them to bench/results/secure.md.
+#include <sys/resource.h>
+#include <time.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -20,7 +25,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/env.h"
 #include "base/mutex.h"
@@ -36,6 +43,7 @@ ABSL_FLAG(int, window, 8, "messages in flight");
 ABSL_FLAG(int, connects, 20, "links set up per variant for the connect time");
 ABSL_FLAG(int, rounds, 15, "timed rounds per variant (the variants alternate)");
 ABSL_FLAG(int, cipher_ms, 100, "milliseconds per round of the one-thread AES-256-GCM loop");
+ABSL_FLAG(std::string, modes, "plain,integrity,encrypted", "variants to run (for profiling one)");
 
 namespace lbcc {
 namespace {
@@ -70,7 +78,17 @@ struct Variant {
   std::string address;
   std::unique_ptr<Endpoint> a, b;
   std::vector<double> connect_us, bytes_per_second;
+  std::vector<double> cpu_ns_per_byte;  // This process's CPU time (all threads) per byte moved.
+  std::vector<uint8_t> data;
+  std::vector<std::vector<uint8_t>> sinks;
 };
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
 
 absl::Status Setup(Variant& v) {
   transport::TransportOptions options;
@@ -101,9 +119,15 @@ absl::Status Connect(Variant& v) {
 
 // `messages` of `bytes`, `window` in flight, a -> b; returns bytes per second.
 absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int window) {
-  std::vector<uint8_t> data(bytes, 7);
-  std::vector<std::vector<uint8_t>> sinks(window, std::vector<uint8_t>(bytes));
+  // Allocated (and faulted in) once per variant, so that rounds time the link, not the heap.
+  std::vector<uint8_t>& data = v.data;
+  std::vector<std::vector<uint8_t>>& sinks = v.sinks;
+  if (data.size() != static_cast<size_t>(bytes) || sinks.size() != static_cast<size_t>(window)) {
+    data.assign(bytes, 7);
+    sinks.assign(window, std::vector<uint8_t>(bytes));
+  }
   Counter sent, received;
+  const double cpu_start = ProcessCpuSeconds();
   const absl::Time start = absl::Now();
   for (int i = 0; i < messages; ++i) {
     if (i >= window) LBCC_RETURN_IF_ERROR(received.Wait(i - window + 1));
@@ -113,13 +137,23 @@ absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int windo
   }
   LBCC_RETURN_IF_ERROR(received.Wait(messages));
   LBCC_RETURN_IF_ERROR(sent.Wait(messages));
-  return static_cast<double>(bytes) * messages / absl::ToDoubleSeconds(absl::Now() - start);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  v.cpu_ns_per_byte.push_back((ProcessCpuSeconds() - cpu_start) * 1e9 /
+                              (static_cast<double>(bytes) * messages));
+  return static_cast<double>(bytes) * messages / seconds;
 }
 
 // One thread sealing (then opening) 1 MiB chunks for `duration` each: bytes per second.
 struct CipherRate {
   double seal = 0, open = 0;
+  double seal_cpu_ns = 0, open_cpu_ns = 0;  // This thread's CPU time per byte.
 };
+
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
 absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
   transport::HandshakeTranscript t;
   t.client_nonce = transport::NewNonce();
@@ -139,6 +173,7 @@ absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
       kBatch, std::vector<uint8_t>(kChunk + transport::SecureChannel::kOverhead));
   CipherRate rate;
   absl::Duration seal_time, open_time;
+  double seal_cpu = 0, open_cpu = 0;
   int64_t n = 0;
   // Batches of kBatch chunks: sealed by one channel, opened by a fresh peer (each counter opens
   // once); only the Seal and Open calls are timed.
@@ -150,19 +185,25 @@ absl::StatusOr<CipherRate> Cipher(bool encrypt, absl::Duration duration) {
                                       secret, t, transport::HandshakeRole::kClient, encrypt,
                                       "cipher"));
     absl::Time start = absl::Now();
+    double cpu = ThreadCpuSeconds();
     for (auto& chunk : sealed) {
       LBCC_RETURN_IF_ERROR(sender->Seal(aad, plain.data(), kChunk, chunk.data()));
     }
     seal_time += absl::Now() - start;
+    seal_cpu += ThreadCpuSeconds() - cpu;
     start = absl::Now();
+    cpu = ThreadCpuSeconds();
     for (const auto& chunk : sealed) {
       LBCC_RETURN_IF_ERROR(receiver->Open(aad, encrypt, chunk.data(), chunk.size(), opened.data()));
     }
     open_time += absl::Now() - start;
+    open_cpu += ThreadCpuSeconds() - cpu;
     n += kBatch;
   }
   rate.seal = static_cast<double>(n) * kChunk / absl::ToDoubleSeconds(seal_time);
   rate.open = static_cast<double>(n) * kChunk / absl::ToDoubleSeconds(open_time);
+  rate.seal_cpu_ns = seal_cpu * 1e9 / (static_cast<double>(n) * kChunk);
+  rate.open_cpu_ns = open_cpu * 1e9 / (static_cast<double>(n) * kChunk);
   return rate;
 }
 
@@ -211,7 +252,12 @@ int Run() {
   absl::StatusOr<int64_t> bytes = env::ParseBytes(absl::GetFlag(FLAGS_bytes));
   if (!bytes.ok()) return Fail(bytes.status());
   std::vector<Variant> variants;
-  for (const char* mode : {"plain", "integrity", "encrypted"}) variants.push_back({mode});
+  for (absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
+    if (mode != "plain" && mode != "integrity" && mode != "encrypted") {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--modes: unknown variant '", mode, "'")));
+    }
+    variants.push_back({std::string(mode)});
+  }
   for (Variant& v : variants) {
     if (absl::Status s = Setup(v); !s.ok()) return Fail(s);
   }
@@ -226,8 +272,9 @@ int Run() {
     if (absl::StatusOr<double> warm = Stream(v, *bytes, window, window); !warm.ok()) {
       return Fail(warm.status());
     }
+    v.cpu_ns_per_byte.clear();
   }
-  std::vector<double> seal[2], open[2];  // [encrypt]
+  std::vector<double> seal[2], open[2], seal_cpu[2], open_cpu[2];  // [encrypt]
   const absl::Duration cipher_time = absl::Milliseconds(absl::GetFlag(FLAGS_cipher_ms));
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (Variant& v : variants) {
@@ -240,6 +287,8 @@ int Run() {
       if (!rate.ok()) return Fail(rate.status());
       seal[encrypt].push_back(rate->seal);
       open[encrypt].push_back(rate->open);
+      seal_cpu[encrypt].push_back(rate->seal_cpu_ns);
+      open_cpu[encrypt].push_back(rate->open_cpu_ns);
     }
   }
   absl::StatusOr<double> handshake_us = HandshakeCryptoUs(200);
@@ -247,20 +296,25 @@ int Run() {
   std::printf(
       "{\"mode\": \"cipher\", \"handshake_crypto_us_median\": %.1f, \"chunk\": %d, \"rounds\": %zu, "
       "\"gcm_seal_bytes_per_second_median\": %.6g, \"gcm_open_bytes_per_second_median\": %.6g, "
-      "\"gmac_seal_bytes_per_second_median\": %.6g, \"gmac_open_bytes_per_second_median\": %.6g}\n",
+      "\"mac_seal_bytes_per_second_median\": %.6g, \"mac_open_bytes_per_second_median\": %.6g, "
+      "\"gcm_seal_cpu_ns_per_byte_median\": %.4f, \"gcm_open_cpu_ns_per_byte_median\": %.4f, "
+      "\"mac_seal_cpu_ns_per_byte_median\": %.4f, \"mac_open_cpu_ns_per_byte_median\": %.4f}\n",
       *handshake_us, 1 << 20, seal[1].size(), Median(seal[1]), Median(open[1]), Median(seal[0]),
-      Median(open[0]));
+      Median(open[0]), Median(seal_cpu[1]), Median(open_cpu[1]), Median(seal_cpu[0]),
+      Median(open_cpu[0]));
   for (Variant& v : variants) {
     const transport::LinkCounters counters = v.a->counters();
     std::printf(
         "{\"mode\": \"%s\", \"bytes\": %lld, \"count\": %d, \"window\": %d, "
         "\"rounds\": %zu, \"bytes_per_second_median\": %.6g, \"bytes_per_second_max\": %.6g, "
-        "\"connect_us_median\": %.1f, \"connects\": %zu, \"authenticated\": %s, "
+        "\"connect_us_median\": %.1f, \"connects\": %zu, \"cpu_ns_per_byte_median\": %.4f, "
+        "\"authenticated\": %s, "
         "\"encrypted\": %s}\n",
         v.mode.c_str(), static_cast<long long>(*bytes), absl::GetFlag(FLAGS_count), window,
         v.bytes_per_second.size(), Median(v.bytes_per_second),
         *std::max_element(v.bytes_per_second.begin(), v.bytes_per_second.end()),
-        Median(v.connect_us), v.connect_us.size(), counters.authenticated ? "true" : "false",
+        Median(v.connect_us), v.connect_us.size(), Median(v.cpu_ns_per_byte),
+        counters.authenticated ? "true" : "false",
         counters.encrypted ? "true" : "false");
   }
   return 0;

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -80,36 +81,78 @@ class ScratchPool {
 };
 
 // The crypto pool: a few threads per process that seal and open chunks of every Link, so that
-// neither a Link's mutex nor a backend's progress thread waits for the cipher. Tasks go round
-// robin; each thread runs its own in order. A forked child (which has none of the parent's
-// threads) makes its own pool on first use.
-struct CryptoPool {
-  std::vector<std::unique_ptr<Executor>> threads;
-  std::atomic<uint64_t> next{0};
-};
-std::atomic<CryptoPool*> g_crypto_pool{nullptr};  // Never destroyed: tasks may run at exit.
+// neither a Link's mutex nor a backend's progress thread waits for the cipher. One queue for all
+// threads (a task never waits behind a busy thread while another is idle), and opens before
+// seals: an open completes a receive (and returns its window) now, a seal only adds to what is
+// already queued for the wire. The threads only run the cipher and hand chunks to lanes; they
+// never progress a backend (the lane wakes the backend's own thread), which would hold a
+// thread the cipher needs on a machine with few cores. A forked child (which has none of the
+// parent's threads) makes its own pool on first use.
+class CryptoPool {
+ public:
+  enum class Kind { kOpen, kSeal };
 
-Executor& CryptoThread() {
-  CryptoPool* pool = g_crypto_pool.load(std::memory_order_acquire);
-  if (pool == nullptr) {
+  static CryptoPool& Get() {
+    CryptoPool* pool = g_pool.load(std::memory_order_acquire);
+    if (pool != nullptr) return *pool;
     static Mutex* const mu = new Mutex;
     MutexLock lock(mu);
-    pool = g_crypto_pool.load(std::memory_order_acquire);
+    pool = g_pool.load(std::memory_order_acquire);
     if (pool == nullptr) {
       static const bool registered = [] {
-        return pthread_atfork(nullptr, nullptr, [] {
-                 g_crypto_pool.store(nullptr, std::memory_order_release);
-               }) == 0;
+        return pthread_atfork(nullptr, nullptr,
+                              [] { g_pool.store(nullptr, std::memory_order_release); }) == 0;
       }();
       (void)registered;
-      pool = new CryptoPool;
-      const int n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
-      for (int i = 0; i < n; ++i) pool->threads.push_back(std::make_unique<Executor>("lbcc-crypto"));
-      g_crypto_pool.store(pool, std::memory_order_release);
+      pool = new CryptoPool(
+          std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4));
+      g_pool.store(pool, std::memory_order_release);
+    }
+    return *pool;
+  }
+
+  void Post(Kind kind, absl::AnyInvocable<void()> task) {
+    MutexLock lock(&mu_);
+    (kind == Kind::kOpen ? opens_ : seals_).push_back(std::move(task));
+    if (idle_ > 0) cv_.Signal();
+  }
+
+ private:
+  explicit CryptoPool(int threads) {
+    for (int i = 0; i < threads; ++i) {
+      std::thread thread([this] { Run(); });
+      pthread_setname_np(thread.native_handle(), "lbcc-crypto");
+      thread.detach();  // Never joined: tasks may run at exit, the pool is never destroyed.
     }
   }
-  return *pool->threads[pool->next.fetch_add(1, std::memory_order_relaxed) % pool->threads.size()];
-}
+
+  void Run() {
+    while (true) {
+      absl::AnyInvocable<void()> task;
+      {
+        MutexLock lock(&mu_);
+        while (opens_.empty() && seals_.empty()) {
+          ++idle_;
+          cv_.Wait(&mu_);
+          --idle_;
+        }
+        std::deque<absl::AnyInvocable<void()>>& queue = opens_.empty() ? seals_ : opens_;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task();
+    }
+  }
+
+  static std::atomic<CryptoPool*> g_pool;  // Never destroyed: tasks may run at exit.
+
+  Mutex mu_;
+  CondVar cv_;
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<absl::AnyInvocable<void()>> opens_ ABSL_GUARDED_BY(mu_);
+  std::deque<absl::AnyInvocable<void()>> seals_ ABSL_GUARDED_BY(mu_);
+};
+std::atomic<CryptoPool*> CryptoPool::g_pool{nullptr};
 
 // A chunk the sender seals on its own thread rather than handing it to the pool (the pool's
 // thread hop costs more than the cipher for chunks up to this size).
@@ -155,8 +198,9 @@ class SealedPayload final : public DeferredPayload {
         done(std::move(status));
         return;
       }
-      CryptoThread().Post([sealed = std::move(sealed), dst, channel = std::move(channel), wire,
-                           done = std::move(done)]() mutable {
+      CryptoPool::Get().Post(CryptoPool::Kind::kOpen, [sealed = std::move(sealed), dst,
+                                                       channel = std::move(channel), wire,
+                                                       done = std::move(done)]() mutable {
         done(channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
                            sealed->bytes.get(), wire.length, dst));
       });
@@ -167,6 +211,26 @@ class SealedPayload final : public DeferredPayload {
   std::unique_ptr<DeferredPayload> inner_;
   std::shared_ptr<SecureChannel> channel_;
   ChunkHeader wire_;
+};
+
+// A later eager chunk of a matched message, accepted by OnChunk (Link::EagerOpen): fetched while
+// OnChunk is accepting it (a matched message places a chunk at once), it only records where the
+// bytes go; OnChunk opens them there after releasing the mutex.
+class EagerSealedPayload final : public DeferredPayload {
+ public:
+  explicit EagerSealedPayload(std::shared_ptr<Link::EagerOpen> state) : state_(std::move(state)) {}
+  void Fetch(uint8_t* dst, DoneCallback done) override {
+    if (!state_->inside) {  // Not reached: a matched message places its chunks when they come.
+      done(absl::InternalError("eager sealed chunk fetched after it arrived"));
+      return;
+    }
+    state_->fetched = true;
+    state_->dst = dst;
+    state_->done = std::move(done);
+  }
+
+ private:
+  std::shared_ptr<Link::EagerOpen> state_;
 };
 
 }  // namespace
@@ -441,16 +505,17 @@ void Link::FlushOutbox(bool from_sender) {
   }
   for (const Handoff& handoff : work) {
     if (from_sender && handoff.length <= kInlineSealBytes) {
-      SealAndHand(handoff, channel);
+      SealAndHand(handoff, channel, /*kick=*/true);
     } else {
-      CryptoThread().Post([self = shared_from_this(), handoff, channel] {
-        self->SealAndHand(handoff, channel);
+      CryptoPool::Get().Post(CryptoPool::Kind::kSeal, [self = shared_from_this(), handoff, channel] {
+        self->SealAndHand(handoff, channel, /*kick=*/false);
       });
     }
   }
 }
 
-void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& channel) {
+void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& channel,
+                       bool kick) {
   std::shared_ptr<Lane> lane;
   absl::Status failure;
   {
@@ -473,9 +538,10 @@ void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& c
                    sealed = std::move(sealed)](absl::Status status) {
                     self->OnChunkSent(seq, index, length, credit, priority, std::move(status));
                   });
-  // Like a Send on a plain link: the thread that handed the chunk progresses the backend if
-  // no other thread does (rather than waiting for the progress thread to wake up).
-  Kick();
+  // Like a Send on a plain link, the sending thread progresses the backend if no other thread
+  // does (rather than waiting for the progress thread to wake up); a pool thread does not (see
+  // CryptoPool): the lane has already woken the backend.
+  if (kick) Kick();
 }
 
 void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
@@ -685,17 +751,37 @@ void Link::RecvLocked(Tag tag, PostedRecv recv) {
 
 void Link::OnChunk(int lane, const ChunkHeader& wire, const uint8_t* data,
                    std::unique_ptr<DeferredPayload> deferred) {
+  // A sealed chunk with its bytes (eager). The first chunk of a message is opened before its
+  // header does anything (it creates the message, matches a receive, sizes an allocation): into
+  // scratch, without the mutex. A later chunk of a message already matched to a buffer (its
+  // header then only says where in that buffer) is accepted as a payload still to be opened,
+  // and opened straight into the buffer once the mutex is released (one pass, no scratch copy).
   std::shared_ptr<SecureChannel> channel;
+  std::shared_ptr<EagerOpen> eager;
   {
     MutexLock lock(&mu_);
     if (failed_) return;  // `deferred` is discarded.
-    if (configured_ && channel_ != nullptr && deferred == nullptr && data != nullptr &&
-        (wire.flags & kChunkSealed) != 0 && wire.length >= SecureChannel::kOverhead) {
-      channel = channel_;  // A sealed chunk with its bytes: opened below, without the mutex.
-    } else {
+    if (!configured_ || channel_ == nullptr || deferred != nullptr || data == nullptr ||
+        (wire.flags & kChunkSealed) == 0 || wire.length < SecureChannel::kOverhead) {
       OnChunkPlainOrDeferredLocked(lane, wire, data, std::move(deferred));
       return;
     }
+    channel = channel_;
+    auto it = in_.find(wire.msg_seq);
+    if (it != in_.end() && it->second->matched && !it->second->discard) {
+      eager = std::make_shared<EagerOpen>();
+      AcceptChunkLocked(lane, PlainHeader(wire), nullptr,
+                        std::make_unique<EagerSealedPayload>(eager));
+      eager->inside = false;
+      if (!eager->fetched) return;  // Refused, or the message was dropped meanwhile.
+    }
+  }
+  if (eager != nullptr) {
+    absl::Status status = channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                                        data, wire.length, eager->dst);
+    DoneCallback done = std::move(eager->done);
+    done(std::move(status));
+    return;
   }
   const ChunkHeader h = PlainHeader(wire);
   std::shared_ptr<Scratch> opened = ScratchPool::Get().Take(h.length);

@@ -16,9 +16,13 @@
 // as sent is the AEAD's associated data. Chunks that arrive before Configure() wait, unread,
 // until it says whether the link is sealed. The cipher never runs under the Link's mutex: the
 // scheduler only reserves a chunk, and the seal runs on the crypto pool (a few threads per
-// process) or, for a small chunk, on the sending thread; a fast link's message is sealed in
-// chunks of at most kSealedChunkBytes, so the pool seals one while another is on the wire.
-// Rendezvous chunks are opened on the pool too, never on the backend's progress thread.
+// process, one queue, opens before seals; they never progress the backend) or, for a small
+// chunk, on the sending thread; a fast link's message is sealed in chunks of at most
+// kSealedChunkBytes, so the pool seals one while another is on the wire. Rendezvous chunks are
+// opened on the pool too, never on the backend's progress thread. An eager chunk is opened by the
+// backend's thread after the mutex is released: the first of a message into scratch before its
+// header is used, a later one of a matched message straight into the receive buffer
+// (EagerOpen); a chunk that fails to open leaves zeros there.
 // A backend's own control messages of a running link (credits, heartbeats) are tagged too
 // (SealControl / OnControl): GMAC under the same per-direction counters.
 //
@@ -62,6 +66,15 @@ inline constexpr int64_t kSealedChunkBytes = 1 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
+  // An eager sealed chunk on its way to a receive buffer (link.cc), under the Link's mutex while
+  // OnChunk accepts it.
+  struct EagerOpen {
+    bool inside = true;    // OnChunk is accepting it.
+    bool fetched = false;  // Placed: OnChunk opens it into `dst`, then runs `done`.
+    uint8_t* dst = nullptr;
+    DoneCallback done;
+  };
+
   Link(std::shared_ptr<Executor> executor, std::string peer_address);
   ~Link();
 
@@ -185,8 +198,9 @@ class Link : public std::enable_shared_from_this<Link> {
   // every path that may have reserved some. `from_sender`: on the thread of a Send, which seals
   // small chunks itself; everything else goes to the crypto pool.
   void FlushOutbox(bool from_sender) ABSL_LOCKS_EXCLUDED(mu_);
-  void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `kick`: progress the backend afterwards (the sending thread; never a crypto pool thread).
+  void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel,
+                   bool kick) ABSL_LOCKS_EXCLUDED(mu_);
   void SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions options, SendCallback done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

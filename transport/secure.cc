@@ -86,8 +86,8 @@ absl::Status Hkdf(const JobSecret& secret, absl::Span<const uint8_t> salt, absl:
   return absl::OkStatus();
 }
 
-// AES-256-GCM, fetched from the provider once: OpenSSL 3 looks a cipher up on every use
-// otherwise, which costs more than sealing a small chunk.
+// AES-256-GCM and ChaCha20-Poly1305, fetched from the provider once: OpenSSL 3 looks a cipher
+// up on every use otherwise, which costs more than sealing a small chunk.
 const EVP_CIPHER* Aes256Gcm() {
   static const EVP_CIPHER* const cipher = [] {
     const EVP_CIPHER* fetched = EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr);
@@ -96,36 +96,50 @@ const EVP_CIPHER* Aes256Gcm() {
   return cipher;
 }
 
-// AES-256-GCM with `ctx` (keyed for this direction; only the IV is set here) over `aad` and,
-// encrypting, `in` -> `out`; authenticating only, `in` is more AAD and `out` gets a copy (none
-// when `out` is null or `in`). Returns false when OpenSSL fails (or, opening, the tag is wrong).
-bool Gcm(EVP_CIPHER_CTX* ctx, bool seal, const uint8_t iv[12], absl::Span<const uint8_t> aad,
+const EVP_CIPHER* ChaCha20Poly1305() {
+  static const EVP_CIPHER* const cipher = [] {
+    const EVP_CIPHER* fetched = EVP_CIPHER_fetch(nullptr, "ChaCha20-Poly1305", nullptr);
+    return fetched != nullptr ? fetched : EVP_chacha20_poly1305();
+  }();
+  return cipher;
+}
+
+// An AEAD (AES-256-GCM or ChaCha20-Poly1305) with `ctx` (keyed for this direction; only the IV
+// is set here) over `aad` and, encrypting, `in` -> `out`; authenticating only, `in` is more AAD
+// and `out` gets a copy (none when `out` is null or `in`). Returns false when OpenSSL fails (or,
+// opening, the tag is wrong).
+bool Aead(EVP_CIPHER_CTX* ctx, bool seal, const uint8_t iv[12], absl::Span<const uint8_t> aad,
          bool encrypt, const uint8_t* in, size_t length, uint8_t* out, uint8_t tag[16]) {
   if (ctx == nullptr) return false;
   int n = 0;
   auto init = seal ? EVP_EncryptInit_ex : EVP_DecryptInit_ex;
   auto update = seal ? EVP_EncryptUpdate : EVP_DecryptUpdate;
   if (init(ctx, nullptr, nullptr, nullptr, iv) <= 0) return false;
-  if (!seal && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, 16, tag) <= 0) return false;
+  if (!seal && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, 16, tag) <= 0) return false;
   if (!aad.empty() &&
       update(ctx, nullptr, &n, aad.data(), static_cast<int>(aad.size())) <= 0) {
     return false;
   }
-  // OpenSSL takes int lengths: go in pieces of at most 1 GiB.
+  // OpenSSL takes int lengths: encrypting, go in pieces of at most 1 GiB. Authenticating only,
+  // each piece of kCopyPiece bytes is copied right after the MAC read it, while it is still in
+  // the core's cache (one trip through memory for the MAC and the copy).
   constexpr size_t kPiece = size_t{1} << 30;
-  for (size_t done = 0; done < length; done += kPiece) {
-    const int piece = static_cast<int>(std::min(kPiece, length - done));
+  constexpr size_t kCopyPiece = size_t{64} << 10;
+  const bool copy = !encrypt && out != nullptr && out != in;
+  const size_t step = encrypt ? kPiece : kCopyPiece;
+  for (size_t done = 0; done < length; done += step) {
+    const int piece = static_cast<int>(std::min(step, length - done));
     if (encrypt) {
       if (update(ctx, out + done, &n, in + done, piece) <= 0) return false;
     } else {
       if (update(ctx, nullptr, &n, in + done, piece) <= 0) return false;
+      if (copy) std::memcpy(out + done, in + done, piece);
     }
   }
-  if (!encrypt && length > 0 && out != nullptr && out != in) std::memcpy(out, in, length);
   uint8_t scratch[16];
   if (seal) {
     if (EVP_EncryptFinal_ex(ctx, scratch, &n) <= 0) return false;
-    return EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, 16, tag) > 0;
+    return EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, 16, tag) > 0;
   }
   return EVP_DecryptFinal_ex(ctx, scratch, &n) > 0;
 }
@@ -368,16 +382,20 @@ absl::StatusOr<std::shared_ptr<SecureChannel>> SecureChannel::Create(
   std::memcpy(salt, transcript.client_nonce.data(), kNonceBytes);
   std::memcpy(salt + kNonceBytes, transcript.server_nonce.data(), kNonceBytes);
   const std::string info = TranscriptBytes(transcript);
-  uint8_t c2s[36], s2c[36];
-  LBCC_RETURN_IF_ERROR(Hkdf(secret, salt, absl::StrCat("lbcc link v1 c2s", info), c2s, 36));
-  LBCC_RETURN_IF_ERROR(Hkdf(secret, salt, absl::StrCat("lbcc link v1 s2c", info), s2c, 36));
+  // Per direction: the AES-256-GCM key, the IV salt, and the ChaCha20-Poly1305 key of
+  // integrity-only chunks (one key per algorithm).
+  uint8_t c2s[68], s2c[68];
+  LBCC_RETURN_IF_ERROR(Hkdf(secret, salt, absl::StrCat("lbcc link v1 c2s", info), c2s, 68));
+  LBCC_RETURN_IF_ERROR(Hkdf(secret, salt, absl::StrCat("lbcc link v1 s2c", info), s2c, 68));
   const bool client = role == HandshakeRole::kClient;
   const uint8_t* send = client ? c2s : s2c;
   const uint8_t* recv = client ? s2c : c2s;
-  std::memcpy(channel->send_key_.data(), send, 32);
+  std::memcpy(channel->keys_[kSendGcm].data(), send, 32);
   std::memcpy(channel->send_salt_.data(), send + 32, 4);
-  std::memcpy(channel->recv_key_.data(), recv, 32);
+  std::memcpy(channel->keys_[kSendMac].data(), send + 36, 32);
+  std::memcpy(channel->keys_[kRecvGcm].data(), recv, 32);
   std::memcpy(channel->recv_salt_.data(), recv + 32, 4);
+  std::memcpy(channel->keys_[kRecvMac].data(), recv + 36, 32);
   OPENSSL_cleanse(c2s, sizeof(c2s));
   OPENSSL_cleanse(s2c, sizeof(s2c));
   return channel;
@@ -385,18 +403,17 @@ absl::StatusOr<std::shared_ptr<SecureChannel>> SecureChannel::Create(
 
 SecureChannel::~SecureChannel() {
   MutexLock lock(&contexts_mu_);
-  for (auto* contexts : {&send_contexts_, &recv_contexts_}) {
-    for (EVP_CIPHER_CTX* ctx : *contexts) EVP_CIPHER_CTX_free(ctx);
-    contexts->clear();
+  for (int use = 0; use < kUses; ++use) {
+    for (EVP_CIPHER_CTX* ctx : contexts_[use]) EVP_CIPHER_CTX_free(ctx);
+    contexts_[use].clear();
+    OPENSSL_cleanse(keys_[use].data(), keys_[use].size());
   }
-  OPENSSL_cleanse(send_key_.data(), send_key_.size());
-  OPENSSL_cleanse(recv_key_.data(), recv_key_.size());
 }
 
-EVP_CIPHER_CTX* SecureChannel::TakeContext(bool send) {
+EVP_CIPHER_CTX* SecureChannel::TakeContext(Use use) {
   {
     MutexLock lock(&contexts_mu_);
-    std::vector<EVP_CIPHER_CTX*>& free = send ? send_contexts_ : recv_contexts_;
+    std::vector<EVP_CIPHER_CTX*>& free = contexts_[use];
     if (!free.empty()) {
       EVP_CIPHER_CTX* ctx = free.back();
       free.pop_back();
@@ -406,18 +423,21 @@ EVP_CIPHER_CTX* SecureChannel::TakeContext(bool send) {
   // One more thread works on this direction at once: key a new context (kept from now on).
   EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
   if (ctx == nullptr) return nullptr;
+  const bool send = use == kSendGcm || use == kSendMac;
+  const bool gcm = use == kSendGcm || use == kRecvGcm;
   auto init = send ? EVP_EncryptInit_ex : EVP_DecryptInit_ex;
-  if (init(ctx, Aes256Gcm(), nullptr, (send ? send_key_ : recv_key_).data(), nullptr) <= 0) {
+  if (init(ctx, gcm ? Aes256Gcm() : ChaCha20Poly1305(), nullptr, keys_[use].data(), nullptr) <=
+      0) {
     EVP_CIPHER_CTX_free(ctx);
     return nullptr;
   }
   return ctx;
 }
 
-void SecureChannel::GiveContext(bool send, EVP_CIPHER_CTX* ctx) {
+void SecureChannel::GiveContext(Use use, EVP_CIPHER_CTX* ctx) {
   if (ctx == nullptr) return;
   MutexLock lock(&contexts_mu_);
-  (send ? send_contexts_ : recv_contexts_).push_back(ctx);
+  contexts_[use].push_back(ctx);
 }
 
 absl::Status SecureChannel::Refuse(absl::string_view what, absl::string_view why) const {
@@ -438,10 +458,11 @@ absl::Status SecureChannel::Seal(absl::Span<const uint8_t> aad, const uint8_t* d
   std::memcpy(iv, send_salt_.data(), 4);
   std::memcpy(iv + 4, &counter, 8);
   std::memcpy(out, &counter, 8);
-  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/true);
-  const bool ok = Gcm(ctx, /*seal=*/true, iv, aad, encrypt_, data, length, out + 8,
-                      out + 8 + length);
-  GiveContext(/*send=*/true, ctx);
+  const Use use = encrypt_ ? kSendGcm : kSendMac;
+  EVP_CIPHER_CTX* ctx = TakeContext(use);
+  const bool ok = Aead(ctx, /*seal=*/true, iv, aad, encrypt_, data, length, out + 8,
+                       out + 8 + length);
+  GiveContext(use, ctx);
   if (!ok) return absl::InternalError("AES-256-GCM seal failed");
   return absl::OkStatus();
 }
@@ -465,11 +486,19 @@ absl::Status SecureChannel::Open(absl::Span<const uint8_t> aad, bool encrypted,
   std::memcpy(iv + 4, &counter, 8);
   uint8_t tag[16];
   std::memcpy(tag, in + 8 + length, 16);
-  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/false);
-  const bool ok = Gcm(ctx, /*seal=*/false, iv, aad, encrypt_, in + 8, length, out, tag);
-  GiveContext(/*send=*/false, ctx);
-  if (!ok) return Refuse("chunk", "bad tag");
-  if (!Fresh(counter)) return Refuse("chunk", absl::StrCat("counter ", counter, " replayed"));
+  const Use use = encrypt_ ? kRecvGcm : kRecvMac;
+  EVP_CIPHER_CTX* ctx = TakeContext(use);
+  const bool ok = Aead(ctx, /*seal=*/false, iv, aad, encrypt_, in + 8, length, out, tag);
+  GiveContext(use, ctx);
+  // What failed leaves nothing unverified in `out` (it may be the caller's receive buffer).
+  if (!ok) {
+    if (length > 0) std::memset(out, 0, length);
+    return Refuse("chunk", "bad tag");
+  }
+  if (!Fresh(counter)) {
+    if (length > 0) std::memset(out, 0, length);
+    return Refuse("chunk", absl::StrCat("counter ", counter, " replayed"));
+  }
   return absl::OkStatus();
 }
 
@@ -482,10 +511,10 @@ absl::Status SecureChannel::TagMessage(absl::Span<const uint8_t> aad, uint64_t* 
   uint8_t iv[12];
   std::memcpy(iv, send_salt_.data(), 4);
   std::memcpy(iv + 4, counter, 8);
-  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/true);
-  const bool ok = Gcm(ctx, /*seal=*/true, iv, aad, /*encrypt=*/false, nullptr, 0, nullptr,
-                      tag->data());
-  GiveContext(/*send=*/true, ctx);
+  EVP_CIPHER_CTX* ctx = TakeContext(kSendGcm);
+  const bool ok = Aead(ctx, /*seal=*/true, iv, aad, /*encrypt=*/false, nullptr, 0, nullptr,
+                       tag->data());
+  GiveContext(kSendGcm, ctx);
   if (!ok) return absl::InternalError("AES-256-GCM (GMAC) tag failed");
   return absl::OkStatus();
 }
@@ -497,10 +526,10 @@ absl::Status SecureChannel::VerifyMessage(absl::Span<const uint8_t> aad, uint64_
   std::memcpy(iv + 4, &counter, 8);
   uint8_t expected[16];
   std::memcpy(expected, tag.data(), 16);
-  EVP_CIPHER_CTX* ctx = TakeContext(/*send=*/false);
-  const bool ok = Gcm(ctx, /*seal=*/false, iv, aad, /*encrypt=*/false, nullptr, 0, nullptr,
-                      expected);
-  GiveContext(/*send=*/false, ctx);
+  EVP_CIPHER_CTX* ctx = TakeContext(kRecvGcm);
+  const bool ok = Aead(ctx, /*seal=*/false, iv, aad, /*encrypt=*/false, nullptr, 0, nullptr,
+                       expected);
+  GiveContext(kRecvGcm, ctx);
   if (!ok) return Refuse(what, "bad tag");
   if (!Fresh(counter)) return Refuse(what, absl::StrCat("counter ", counter, " replayed"));
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 // Security of a job's connections: the job secret, the mutual-authentication handshake and the
 // per-link authenticated encryption of chunks (issue 24). All cryptography is OpenSSL 3's
-// (HMAC-SHA-256, HKDF-SHA-256, AES-256-GCM, RAND_bytes); nothing here is hand-written crypto.
+// (HMAC-SHA-256, HKDF-SHA-256, AES-256-GCM, ChaCha20-Poly1305, RAND_bytes); nothing here is
+// hand-written crypto.
 //
 // What lives here:
 //   - JobSecret: 32 random bytes every member of a job holds (LBCC_JOB_SECRET, 64 hex digits,
@@ -13,10 +14,12 @@
 //     HMAC-SHA-256 (truncated to 128 bits) over the job id, the link id, both identities and
 //     both nonces; the server's MAC and the client's differ by a role label, so neither can be
 //     reflected. A replayed message meets a new nonce and fails.
-//   - SecureChannel: one link's keys, one per direction (HKDF from the secret and the
-//     transcript), sealing each chunk with AES-256-GCM (encrypted, or authenticated only) under
-//     a 64-bit per-direction counter (never reused), rejecting replayed counters, and tagging
-//     payload-less messages (a link's credits and heartbeats) under the same counters. Each
+//   - SecureChannel: one link's keys, per direction (HKDF from the secret and the transcript),
+//     sealing each chunk with AES-256-GCM when encrypting, or with ChaCha20-Poly1305 over the
+//     payload as associated data when authenticating only (Poly1305 outruns GHASH; its own
+//     key), under a 64-bit per-direction counter (never reused), rejecting replayed counters,
+//     and tagging payload-less messages (a link's credits and heartbeats, AES-256-GCM's GMAC)
+//     under the same counters. Each
 //     direction keeps its cipher contexts keyed once and reuses them (only the IV changes per
 //     chunk), so seals and opens run on many threads at once without re-keying.
 //   - AuthenticateSocket: the same handshake over a connected stream socket, for connections
@@ -179,22 +182,23 @@ class SecureChannel {
   SecureChannel(bool encrypt, std::string peer) : encrypt_(encrypt), peer_(std::move(peer)) {}
   // Records `counter` as seen; false when it was seen before (a replay).
   bool Fresh(uint64_t counter);
-  // A cipher context keyed for one direction, reused: taken for one seal or open, then given
-  // back. Null when OpenSSL cannot make one.
-  evp_cipher_ctx_st* TakeContext(bool send);
-  void GiveContext(bool send, evp_cipher_ctx_st* ctx);
+  // What a key and its cipher contexts are for: AES-256-GCM (encrypted chunks, and the tags of
+  // control messages) or ChaCha20-Poly1305 (integrity-only chunks), per direction.
+  enum Use { kSendGcm = 0, kRecvGcm = 1, kSendMac = 2, kRecvMac = 3, kUses = 4 };
+  // A cipher context keyed for one use, reused: taken for one seal or open, then given back.
+  // Null when OpenSSL cannot make one.
+  evp_cipher_ctx_st* TakeContext(Use use);
+  void GiveContext(Use use, evp_cipher_ctx_st* ctx);
   absl::Status Refuse(absl::string_view what, absl::string_view why) const;
 
   const bool encrypt_;
   const std::string peer_;
-  std::array<uint8_t, 32> send_key_{};
-  std::array<uint8_t, 32> recv_key_{};
+  std::array<std::array<uint8_t, 32>, kUses> keys_{};
   std::array<uint8_t, 4> send_salt_{};  // The nonce's first 4 bytes (per direction).
   std::array<uint8_t, 4> recv_salt_{};
 
   Mutex contexts_mu_;
-  std::vector<evp_cipher_ctx_st*> send_contexts_ ABSL_GUARDED_BY(contexts_mu_);
-  std::vector<evp_cipher_ctx_st*> recv_contexts_ ABSL_GUARDED_BY(contexts_mu_);
+  std::array<std::vector<evp_cipher_ctx_st*>, kUses> contexts_ ABSL_GUARDED_BY(contexts_mu_);
 
   Mutex mu_;
   uint64_t next_send_ ABSL_GUARDED_BY(mu_) = 0;

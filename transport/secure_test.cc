@@ -8,9 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -578,6 +580,161 @@ TEST(SecureWireTest, AByteFlippedByAProxyOnTheSocketIsDataLossNeverAWrongResult)
   sender->Close();
   receiver->Close();
 }
+
+// Sealed chunks are the segments of a message: each its own AEAD record (counter, tag) bound to
+// the link's key and, by its header as associated data, to the message, its offset and length.
+// A proxy that has the whole message's chunks in hand rearranges them before the receiver sees
+// any: what arrives is either the message, intact, or DataLoss naming the peer.
+struct WireChunk {
+  ChunkHeader header;
+  std::vector<uint8_t> bytes;
+};
+using Rearrange = std::function<void(std::vector<WireChunk>&)>;
+
+// Sends a `chunks`-chunk message through a proxy that applies `rearrange` to its chunks (sorted
+// by offset); returns what the receive ended with, and the bytes in `got`.
+// `late_recv`: the receive is posted only once every chunk arrived (they wait, staged, unopened).
+absl::StatusOr<size_t> ThroughProxy(int chunks, bool encrypt, const Rearrange& rearrange,
+                                    std::vector<uint8_t>* got, bool late_recv = false) {
+  SocketPair to_proxy, from_proxy;
+  const HandshakeTranscript t = Transcript();
+  auto executor = std::make_shared<Executor>("callbacks");
+  auto sender = std::make_shared<Link>(executor, "peer-B");
+  auto receiver = std::make_shared<Link>(executor, "peer-A");
+  sender->AddLane(std::make_shared<SocketLane>(to_proxy.fd[0]));
+  receiver->AddLane(std::make_shared<SocketLane>(from_proxy.fd[1]));  // Unused direction.
+  sender->Configure(LinkClass::kFast, {}, 1 << 20, {},
+                    *SecureChannel::Create(Secret(), t, HandshakeRole::kClient, encrypt, "peer-B"));
+  receiver->Configure(LinkClass::kFast, {}, 1 << 20, {},
+                      *SecureChannel::Create(Secret(), t, HandshakeRole::kServer, encrypt, "peer-A"));
+  std::thread proxy([&] {
+    std::vector<WireChunk> message;
+    for (int i = 0; i < chunks; ++i) {
+      WireChunk chunk;
+      if (!ReadFull(to_proxy.fd[1], &chunk.header, sizeof(chunk.header))) break;
+      chunk.bytes.resize(chunk.header.length);
+      if (!ReadFull(to_proxy.fd[1], chunk.bytes.data(), chunk.bytes.size())) break;
+      message.push_back(std::move(chunk));
+    }
+    std::sort(message.begin(), message.end(), [](const WireChunk& a, const WireChunk& b) {
+      return a.header.offset < b.header.offset;
+    });
+    rearrange(message);
+    for (const WireChunk& chunk : message) {
+      if (write(from_proxy.fd[0], &chunk.header, sizeof(chunk.header)) != sizeof(chunk.header) ||
+          write(from_proxy.fd[0], chunk.bytes.data(), chunk.bytes.size()) !=
+              static_cast<ssize_t>(chunk.bytes.size())) {
+        break;
+      }
+    }
+    shutdown(from_proxy.fd[0], SHUT_WR);
+  });
+  std::thread reader([&] {
+    ChunkHeader h;
+    while (ReadFull(from_proxy.fd[1], &h, sizeof(h))) {
+      std::vector<uint8_t> bytes(h.length);
+      if (!ReadFull(from_proxy.fd[1], bytes.data(), bytes.size())) break;
+      receiver->OnChunk(0, h, bytes.data(), nullptr);
+    }
+  });
+  const size_t size = static_cast<size_t>(chunks) << 20;
+  const std::vector<uint8_t> data = Pattern(size, 5);
+  got->assign(size, 0);
+  SendResult sent;
+  RecvResult received;
+  if (!late_recv) receiver->Recv(1, absl::MakeSpan(*got), received.Callback());
+  sender->Send(1, data, {}, sent.Callback());
+  EXPECT_THAT(sent.Wait(), IsOk());
+  if (late_recv) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (receiver->counters().chunks_received < static_cast<uint64_t>(chunks) &&
+           !receiver->failed() && absl::Now() < deadline) {
+      std::this_thread::yield();
+    }
+    receiver->Recv(1, absl::MakeSpan(*got), received.Callback());
+  }
+  absl::StatusOr<size_t> result = received.Wait();
+  if (result.ok()) EXPECT_EQ(*got, data);
+  if (!result.ok()) EXPECT_GE(receiver->counters().integrity_failures, 1u);
+  proxy.join();
+  reader.join();
+  sender->Close();
+  receiver->Close();
+  return result;
+}
+
+class SegmentTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SegmentTest, ReorderedChunksMakeTheMessage) {
+  std::vector<uint8_t> got;
+  EXPECT_THAT(ThroughProxy(4, GetParam(),
+                           [](std::vector<WireChunk>& m) { std::reverse(m.begin(), m.end()); },
+                           &got),
+              IsOkAndHolds(4u << 20));
+}
+
+TEST_P(SegmentTest, ASwappedReplayedTruncatedOrFlippedChunkIsDataLoss) {
+  const std::vector<std::pair<std::string, Rearrange>> attacks = {
+      // Chunk 1's sealed bytes under chunk 2's header and the other way round.
+      {"swapped", [](std::vector<WireChunk>& m) { std::swap(m[1].bytes, m[2].bytes); }},
+      // Chunk 1 dropped, chunk 2 relabelled to fill its place.
+      {"dropped and filled", [](std::vector<WireChunk>& m) {
+         m[2].header.offset = m[1].header.offset;
+         m.erase(m.begin() + 1);
+       }},
+      // Chunk 1 delivered twice (its copy relabelled as chunk 2, then as itself).
+      {"replayed in place of another", [](std::vector<WireChunk>& m) {
+         m[2].bytes = m[1].bytes;
+       }},
+      {"replayed", [](std::vector<WireChunk>& m) { m.insert(m.begin() + 2, m[1]); }},
+      // The last chunk dropped and the message relabelled shorter.
+      {"message truncated", [](std::vector<WireChunk>& m) {
+         m.pop_back();
+         for (WireChunk& c : m) c.header.total_size = m.size() << 20;
+       }},
+      // A chunk cut short (its header's length too), or its tag cut off.
+      {"chunk truncated", [](std::vector<WireChunk>& m) {
+         m[1].bytes.erase(m[1].bytes.begin() + 8, m[1].bytes.begin() + 8 + 4096);
+         m[1].header.length -= 4096;
+       }},
+      {"tag cut off", [](std::vector<WireChunk>& m) {
+         m[1].bytes.resize(m[1].bytes.size() - 16);
+         m[1].header.length -= 16;
+       }},
+      // A bit of the counter, the payload, the tag; the header's priority (associated data).
+      {"counter flipped", [](std::vector<WireChunk>& m) { m[1].bytes[0] ^= 1; }},
+      {"payload flipped", [](std::vector<WireChunk>& m) { m[3].bytes[100000] ^= 0x80; }},
+      {"tag flipped", [](std::vector<WireChunk>& m) { m[0].bytes.back() ^= 1; }},
+      {"header flipped", [](std::vector<WireChunk>& m) { m[2].header.priority ^= 1; }},
+      // Passed off as a plain chunk (the sealed flag cleared).
+      {"unsealed", [](std::vector<WireChunk>& m) {
+         m[1].header.flags &= static_cast<uint8_t>(~kChunkSealed);
+       }},
+  };
+  for (const auto& [name, attack] : attacks) {
+    SCOPED_TRACE(name);
+    std::vector<uint8_t> got;
+    EXPECT_THAT(ThroughProxy(4, GetParam(), attack, &got),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("peer-A")));
+  }
+}
+
+TEST_P(SegmentTest, ChunksThatWaitForTheirReceiveAreOpenedWhenItComes) {
+  std::vector<uint8_t> got;
+  EXPECT_THAT(ThroughProxy(4, GetParam(), [](std::vector<WireChunk>&) {}, &got,
+                           /*late_recv=*/true),
+              IsOkAndHolds(4u << 20));
+  EXPECT_THAT(ThroughProxy(4, GetParam(),
+                           [](std::vector<WireChunk>& m) { m[2].bytes[5000] ^= 1; }, &got,
+                           /*late_recv=*/true),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("peer-A")));
+  // Nothing unverified reached the buffer: the failed chunk's bytes are zero.
+  EXPECT_TRUE(std::all_of(got.begin() + (2 << 20), got.begin() + (3 << 20),
+                          [](uint8_t b) { return b == 0; }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SegmentTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "encrypted" : "authenticated"; });
 
 // ---------------------------------------------------------------------------------------------
 // Every control message of an authenticated link (credits, heartbeats) carries a tag.
