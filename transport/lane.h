@@ -15,6 +15,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "transport/link_setup.h"  // kWireVersion
 
 namespace lbcc::transport {
 
@@ -29,11 +30,10 @@ struct ChunkHeader {
   uint32_t length;      // Of this chunk.
   uint8_t priority;
   uint8_t flags;        // kChunkNeedsCredit.
-  uint16_t version;     // kWireVersion.
+  uint16_t version;     // kWireVersion (transport/link_setup.h).
 };
 static_assert(sizeof(ChunkHeader) == 48, "ChunkHeader is a wire format");
 
-inline constexpr uint16_t kWireVersion = 1;
 // The receiver returns a credit of `length` bytes on the same lane once the chunk's bytes have
 // crossed the link (an eager chunk on arrival, a rendezvous chunk when its fetch completes, a
 // parked or dropped one at once): the sender's slow-link window.

@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <array>
+#include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -40,7 +41,15 @@ std::optional<LinkClass> DecodeClass(uint64_t value) {
 ControlMessage Message(Ctl type) {
   ControlMessage message;
   message.header.type = static_cast<uint32_t>(type);
+  message.header.version = kWireVersion;
   return message;
+}
+
+// Every member of a job runs the same wire format: a peer on another LBCC build is refused at
+// its HELLO / WELCOME, before any chunk of it is read, with both versions named.
+std::string VersionMismatch(uint32_t theirs) {
+  return absl::StrCat("it speaks LBCC wire version ", theirs, ", this build ", kWireVersion,
+                      " (every member of a job must run the same LBCC release)");
 }
 
 // The header's 16-byte slots: any two 8-byte fields (u64 or double bits).
@@ -458,6 +467,21 @@ absl::StatusOr<std::shared_ptr<SecureChannel>> LinkSetup::Channel(LinkClass link
 
 LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scratch) {
   Step step;
+  if (h.version != kWireVersion) {
+    if (role_ == Role::kServer && static_cast<Ctl>(h.type) == Ctl::kHello) {
+      MutexLock lock(&mu_);
+      return Refuse(VersionMismatch(h.version));
+    }
+    if (role_ == Role::kClient && static_cast<Ctl>(h.type) == Ctl::kWelcome) {
+      MutexLock lock(&mu_);
+      if (failure_.ok()) {
+        RefuseConnection(peer_, VersionMismatch(h.version));
+        failure_ = absl::FailedPreconditionError(
+            absl::StrCat(peer_, ": ", VersionMismatch(h.version)));
+      }
+      return step;
+    }
+  }
   if (role_ == Role::kServer &&
       (security_.enabled() || (static_cast<Ctl>(h.type) == Ctl::kHello && h.reserved != 0))) {
     MutexLock lock(&mu_);

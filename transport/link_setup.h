@@ -117,6 +117,11 @@ enum class Ctl : uint32_t {
 //   AUTH: a/b = client proof.
 inline constexpr uint32_t kAuthFlag = 1;
 
+// The wire format's version, in every ControlHeader and ChunkHeader. 2: integrity-only chunks
+// carry a ChaCha20-Poly1305 tag (1: GMAC). A peer of another version is refused at its HELLO /
+// WELCOME, before any chunk of it is read.
+inline constexpr uint16_t kWireVersion = 2;
+
 struct ControlHeader {
   uint32_t type;
   uint32_t lane;  // The connection it travels on (the sending backend stamps it).
@@ -126,7 +131,7 @@ struct ControlHeader {
   double x;
   double y;
   double z;
-  uint32_t version;  // kWireVersion (transport/lane.h; the sending backend stamps it)
+  uint32_t version;  // kWireVersion (set by Message(); the sending backend stamps it too)
   uint32_t reserved;
 };
 static_assert(sizeof(ControlHeader) == 64, "ControlHeader is a wire format");

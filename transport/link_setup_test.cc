@@ -224,6 +224,30 @@ TEST(LinkSetupTest, ServerAnswersHelloWithItsConfiguredClassAndTakesReadyOnce) {
   EXPECT_FALSE(server.OnControl(LinkSetup::Ready(42, params).header, scratch).ready.has_value());
 }
 
+TEST(LinkSetupTest, PeerOfAnotherWireVersionIsRefusedAtHelloAndWelcome) {
+  ProbeScratch scratch;
+  LinkSetup server(LinkSetup::Role::kServer, TransportOptions{}, "10.0.0.7:41000",
+                   {"10.0.0.7", 0});
+  ControlHeader old_hello = HelloMessage(42).header;
+  old_hello.version = kWireVersion - 1;
+  LinkSetup::Step refused = server.OnControl(old_hello, scratch);
+  EXPECT_TRUE(refused.refuse);
+  EXPECT_FALSE(refused.admit);
+  EXPECT_FALSE(refused.reply.has_value());
+
+  LinkSetup client(LinkSetup::Role::kClient, TransportOptions{}, "10.0.0.8:41000",
+                   {"10.0.0.8", 0});
+  ControlHeader welcome = server.OnControl(HelloMessage(43).header, scratch).reply->header;
+  EXPECT_EQ(welcome.version, kWireVersion);
+  welcome.version = kWireVersion + 1;
+  client.OnControl(welcome, scratch);
+  EXPECT_THAT(client.AwaitWelcomes(1, absl::Now()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       absl::StrCat("10.0.0.8:41000: it speaks LBCC wire version ",
+                                    kWireVersion + 1, ", this build ", kWireVersion,
+                                    " (every member of a job must run the same LBCC release)")));
+}
+
 // ---------------------------------------------------------------------------------------------
 // PeerWatch and WatchClock, with synthetic times.
 
