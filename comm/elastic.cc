@@ -297,11 +297,11 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
                     << " ms: " << (local.ok() ? "committed" : local.ToString());
     if (local.ok()) {
       // Committed at once; the master's decision is awaited before the next phase (Acquire),
-      // and this member keeps the result in case a member whose exchange failed needs it.
-      Held held{a.info.epoch, a.step, std::string()};
-      for (const auto& t : tensors) {
-        held.out.append(static_cast<const char*>(t.out.data()), t.out.num_bytes());
-      }
+      // and this member remembers where the result is in case a member whose exchange failed
+      // needs it: the caller leaves `out` as it is until its next call (elastic.h), and the
+      // forward phase runs at the start of that call, so the steady state copies nothing.
+      Held held{a.info.epoch, a.step, {}};
+      for (const auto& t : tensors) held.out.push_back(t.out);
       const absl::Status committed = finish(true);
       MutexLock lock(&mu_);
       held_ = std::move(held);
@@ -414,7 +414,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // member has the step (the master may ask this member to forward it).
   struct Held {
     uint64_t epoch = 0, step = 0;
-    std::string out;
+    std::vector<TensorView> out;  // the caller's `out` tensors of that call
   };
   struct Acquired {
     std::shared_ptr<Communicator> comm;
@@ -600,6 +600,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
         const absl::Time deadline = absl::Now() + limit;
         if (held_.has_value() && !held_forwarding_) {
           const auto key = std::make_tuple(held_->epoch, static_cast<int>(Phase::kStep), held_->step);
+          const absl::Time wait_start = absl::Now();
+          const bool waited = decisions_.count(key) == 0;
           const bool got = mu_.AwaitWithDeadline(
               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                 return left_ || !fatal_.ok() || decisions_.count(key) > 0;
@@ -607,6 +609,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
               deadline);
           if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
           if (!fatal_.ok()) return fatal_;
+          if (waited) {
+            ++stats_.decision_waits;
+            stats_.decision_wait += absl::Now() - wait_start;
+          }
           if (!got) {
             return absl::DeadlineExceededError(absl::StrCat(
                 "ElasticGroup: no decision on step ", held_->step, " within ",
@@ -705,7 +711,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
           return absl::InternalError(absl::StrCat("ElasticGroup: asked to forward step ",
                                                   a.info.forward_step, ", which it does not hold"));
         }
-        out = held_->out;
+        for (const TensorView& t : held_->out) {
+          out.append(static_cast<const char*>(t.data()), t.num_bytes());
+        }
       }
       StateHeader header;
       header.raw_bytes = header.wire_bytes = out.size();

@@ -124,6 +124,10 @@ struct ElasticStats {
   uint64_t epochs_seen = 0;
   uint64_t committed_epoch = 0;        // the epoch in which the last committed phase ran
   uint64_t aborted_calls = 0;
+  // Phases that started before the master's decision on the previous step had arrived, and
+  // how long they waited for it (back-to-back steps; a trainer's inner steps hide it).
+  uint64_t decision_waits = 0;
+  absl::Duration decision_wait = absl::ZeroDuration();
 };
 
 class ElasticGroup {
@@ -143,6 +147,9 @@ class ElasticGroup {
   // One outer step's exchange (Communicator::SparseAllReduce over the epoch's members). The
   // states' updates are committed only when the master saw every member succeed; on any
   // other outcome they are rolled back and `out` must be ignored. Host tensors only.
+  // After a success, leave `out` as it is (read it, do not write or free it) until the next
+  // call on the group: should the master find a member whose exchange failed, this member
+  // forwards the result from there at the start of that call (no copy on the steady path).
   absl::Status SparseAllReduce(const std::vector<Communicator::SparseTensor>& tensors,
                                const codecs::Codec* codec, codecs::DecodeOptions decode = {});
 

@@ -133,6 +133,117 @@ int RunBench(ElasticGroup& group, const codecs::Codec& codec, codecs::TopKEfStat
   return 0;
 }
 
+// Testbed bench mode (ELASTIC_ROLE=bench, bench/elastic.sh): the comm_testbed_perf layout, one
+// member per emulated host. ELASTIC_BENCH_ELEMENTS floats, top_k 64 (lbcc_perf's sparse
+// defaults); ELASTIC_BENCH_ROUNDS rounds of ELASTIC_BENCH_STEPS plain steps (the epoch's
+// Communicator::SparseAllReduce) and as many elastic steps (Boundary() + SparseAllReduce),
+// the two blocks' order alternating by round; ELASTIC_BENCH_INNER_MS of "inner steps" (a sleep,
+// untimed) before every step. Prints "STEP <plain|elastic> <round> <ms>" per step,
+// "WAIT <ms> <waits>" (the elastic steps' waits for the master's decision) and "LOAD" lines.
+int RunTestbedBench() {
+  auto env_int = [](const char* name, int64_t fallback) {
+    const char* v = std::getenv(name);
+    int64_t n = fallback;
+    if (v != nullptr && !absl::SimpleAtoi(v, &n)) n = fallback;
+    return n;
+  };
+  const int seed = static_cast<int>(env_int("ELASTIC_SEED", 0));
+  const int64_t elements = env_int("ELASTIC_BENCH_ELEMENTS", 1 << 22);
+  const int rounds = static_cast<int>(env_int("ELASTIC_BENCH_ROUNDS", 6));
+  const int steps = static_cast<int>(env_int("ELASTIC_BENCH_STEPS", 5));
+  const absl::Duration inner = absl::Milliseconds(env_int("ELASTIC_BENCH_INNER_MS", 0));
+  auto codec = *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
+  std::vector<float> params(elements, 0.f), out(elements);
+  codecs::TopKEfState state, plain_state;
+  ElasticOptions o;
+  o.master_address = std::getenv("ELASTIC_MASTER");
+  o.job_id = "bench";
+  o.name = std::getenv("ELASTIC_NAME");
+  o.comm_config.backend = "ucx";
+  o.op_timeout = absl::Seconds(120);
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> joined =
+      ElasticGroup::Join(o, {*TensorView::Host(params.data(), {elements})});
+  if (!joined.ok()) {
+    std::printf("ERROR join %s\n", joined.status().ToString().c_str());
+    return 1;
+  }
+  ElasticGroup& group = **joined;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> delta(elements);
+  auto fresh_delta = [&] {
+    for (float& x : delta) x = normal(rng);
+  };
+  int retries = 0;
+  auto elastic_step = [&] {
+    absl::Status s;
+    do {
+      s = group.Boundary();
+      if (s.ok()) {
+        s = group.SparseAllReduce({{*TensorView::Host(delta.data(), {elements}),
+                                    *TensorView::Host(out.data(), {elements}), &state}},
+                                  codec.get());
+      }
+      retries += IsRetryable(s);
+    } while (IsRetryable(s));
+    return s;
+  };
+  auto plain_step = [&] {
+    std::shared_ptr<Communicator> comm = group.communicator();
+    if (comm == nullptr) return absl::FailedPreconditionError("no communicator");
+    return comm
+        ->SparseAllReduce({{*TensorView::Host(delta.data(), {elements}),
+                            *TensorView::Host(out.data(), {elements}), &plain_state}},
+                          codec.get())
+        ->Wait();
+  };
+  // Warm-up: the first boundary moves the state; both paths once more.
+  for (int i = 0; i < 2; ++i) {
+    fresh_delta();
+    if (absl::Status s = elastic_step(); !s.ok()) {
+      std::printf("ERROR warm-up %s\n", s.ToString().c_str());
+      return 1;
+    }
+    fresh_delta();
+    if (absl::Status s = plain_step(); !s.ok()) {
+      std::printf("ERROR warm-up %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  const ElasticStats before = group.stats();
+  for (int r = 0; r < rounds; ++r) {
+    if (seed == 0) {
+      std::ifstream load("/proc/loadavg");
+      std::string l1;
+      load >> l1;
+      std::printf("LOAD %d %s\n", r, l1.c_str());
+    }
+    for (int half = 0; half < 2; ++half) {
+      const bool elastic = (half == 0) == (r % 2 == 1);
+      for (int i = 0; i < steps; ++i) {
+        fresh_delta();
+        absl::SleepFor(inner);
+        const absl::Time t0 = absl::Now();
+        const absl::Status s = elastic ? elastic_step() : plain_step();
+        const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+        if (!s.ok()) {
+          std::printf("ERROR %s step %s\n", elastic ? "elastic" : "plain", s.ToString().c_str());
+          return 1;
+        }
+        std::printf("STEP %s %d %.3f\n", elastic ? "elastic" : "plain", r, ms);
+      }
+    }
+  }
+  const ElasticStats after = group.stats();
+  std::printf("WAIT %.3f %llu\nRETRIES %d\n",
+              absl::ToDoubleMilliseconds(after.decision_wait - before.decision_wait),
+              static_cast<unsigned long long>(after.decision_waits - before.decision_waits),
+              retries);
+  std::fflush(stdout);
+  (void)group.Leave();
+  return 0;
+}
+
 // --- The member program. ---
 int RunMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
@@ -454,6 +565,7 @@ TEST(ElasticChurnTest, SteadyStateAgainstThePlainCommunicator) {
 
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("ELASTIC_ROLE"); role != nullptr) {
+    if (std::string(role) == "bench") return lbcc::comm::RunTestbedBench();
     return lbcc::comm::RunMember();
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -73,6 +73,9 @@ struct Member {
   std::unique_ptr<ElasticGroup> group;
   std::map<uint64_t, uint64_t> out_hash;  // committed step -> hash of its aggregate
   std::vector<uint64_t> committed;        // steps this member committed, in order
+  // The last exchange's aggregate: left as it is until the next call (the group may forward
+  // it from there to a member whose exchange failed).
+  std::vector<float> out = std::vector<float>(kElements);
   int aborted = 0;
 
   absl::Status Join(const ElasticMaster& master, const std::string& name,
@@ -94,7 +97,7 @@ struct Member {
       }
       LBCC_RETURN_IF_ERROR(s);
       const uint64_t step = group->step();
-      std::vector<float> delta = Delta(seed, step), out(kElements, -1.f);
+      std::vector<float> delta = Delta(seed, step);
       LBCC_ASSIGN_OR_RETURN(TensorView d, TensorView::Host(delta.data(), {kElements}));
       LBCC_ASSIGN_OR_RETURN(TensorView o, TensorView::Host(out.data(), {kElements}));
       s = group->SparseAllReduce({{d, o, &state}}, &codec);

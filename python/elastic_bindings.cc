@@ -19,6 +19,9 @@ namespace {
 struct PyElasticGroup {
   std::unique_ptr<comm::ElasticGroup> group;
   py::tuple shared;  // the arrays the group reads and writes
+  // The outputs of the last successful exchange, kept alive until the next call: the group
+  // may forward them from there to a member whose exchange failed (comm/elastic.h).
+  py::list held_outs;
 };
 
 comm::ElasticGroup& Group(PyElasticGroup& self) {
@@ -119,8 +122,13 @@ void BindElastic(py::module_& m) {
             codecs::DecodeOptions decode;
             decode.aggregation = ParseAggregationOrThrow(aggregation);
             comm::ElasticGroup& g = Group(self);
-            py::gil_scoped_release release;
-            ThrowIfError(g.SparseAllReduce(tensors, codec.get(), decode));
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = g.SparseAllReduce(tensors, codec.get(), decode);
+            }
+            if (status.ok()) self.held_outs = outs;
+            ThrowIfError(status);
           },
           py::arg("deltas"), py::arg("outs"), py::arg("codec"), py::arg("states"),
           py::arg("aggregation") = "sparseloco")
