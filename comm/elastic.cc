@@ -17,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -36,6 +37,15 @@ using elastic::Phase;
 using elastic::Socket;
 
 bool IsRetryable(const absl::Status& status) { return absl::IsAborted(status); }
+
+namespace {
+constexpr char kReplicaLeftPayload[] = "type.googleapis.com/lbcc.elastic.ReplicaLeft";
+}  // namespace
+
+bool IsReplicaLeft(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         status.GetPayload(kReplicaLeftPayload).has_value();
+}
 
 namespace {
 
@@ -158,6 +168,15 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
           "ElasticGroup: no master address (ElasticOptions.master_address or LBCC_MASTER_ADDR)");
     }
     if (options_.job_id.empty()) return absl::InvalidArgumentError("ElasticGroup: job_id is empty");
+    if (options_.replica.empty() != (options_.replica_stages == 0) || options_.replica_stages < 0 ||
+        (!options_.replica.empty() &&
+         (options_.stage < 0 || options_.stage >= options_.replica_stages))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ElasticGroup: pipeline stage ", options_.stage, " of replica '", options_.replica,
+          "' with ", options_.replica_stages,
+          " stages (a replica name, replica_stages >= 1 and 0 <= stage < replica_stages, or none "
+          "of them)"));
+    }
     for (size_t i = 0; i < shared_.size(); ++i) {
       if (!shared_[i].is_host() || (shared_[i].data() == nullptr && shared_[i].num_bytes() > 0)) {
         return absl::InvalidArgumentError(
@@ -181,6 +200,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     join.job_id = options_.job_id;
     join.name = options_.name;
     join.state_step = options_.state_step;
+    join.replica = options_.replica;
+    join.stage = static_cast<uint32_t>(options_.stage);
+    join.replica_stages = static_cast<uint32_t>(options_.replica_stages);
     LBCC_RETURN_IF_ERROR(sock_->Send(join, absl::Now() + absl::Seconds(5)));
     LBCC_ASSIGN_OR_RETURN(Message welcome, sock_->Receive(absl::Now() + setup_timeout_));
     if (welcome.type == MsgType::kRefuse) {
@@ -507,11 +529,19 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
           case MsgType::kRefuse:
             FailLocked(absl::Status(static_cast<absl::StatusCode>(m->code), m->text));
             return;
-          case MsgType::kEvicted:
+          case MsgType::kEvicted: {
+            if (m->replica_left) {
+              absl::Status left = absl::FailedPreconditionError(absl::StrCat(
+                  m->text, "; Join again: the replica is admitted once all its stages are back"));
+              left.SetPayload(kReplicaLeftPayload, absl::Cord(options_.replica));
+              FailLocked(std::move(left));
+              return;
+            }
             FailLocked(absl::FailedPreconditionError(absl::StrCat(
                 "ElasticGroup: evicted by the membership service: ", m->text,
                 "; the group went on without this member (Join again)")));
             return;
+          }
           default:
             break;
         }
