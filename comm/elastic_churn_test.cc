@@ -302,9 +302,13 @@ int RunUnitMember() {
       o.stage = std::atoi(std::getenv("ELASTIC_STAGE"));
       o.replica_stages = std::atoi(std::getenv("ELASTIC_STAGES"));
     }
+    // Short tries, so that a member told to stop while it waits for its other stages ends.
+    o.join_timeout = absl::Seconds(20);
     sh.state = std::make_unique<codecs::TopKEfState>();  // a newcomer's starts at zero
-    absl::StatusOr<std::unique_ptr<ElasticGroup>> g =
-        ElasticGroup::Join(o, {*TensorView::Host(sh.params.data(), {kElements})});
+    absl::StatusOr<std::unique_ptr<ElasticGroup>> g;
+    do {
+      g = ElasticGroup::Join(o, {*TensorView::Host(sh.params.data(), {kElements})});
+    } while (absl::IsDeadlineExceeded(g.status()) && !stop);
     if (!g.ok()) {
       std::printf("ERROR join %s\n", g.status().ToString().c_str());
       std::fflush(stdout);
@@ -345,7 +349,8 @@ int RunUnitMember() {
         std::printf("REPLICA_LEFT %d %s\n", sh.index, s.ToString().c_str());
         std::fflush(stdout);
         (void)sh.group->Leave();
-        if (!join(sh)) return 1;
+        if (stop) break;
+        if (!join(sh)) return stop ? 0 : 1;
       } else if (!stop) {
         std::printf("ERROR %d %s\n", sh.index, s.ToString().c_str());
         std::fflush(stdout);
