@@ -362,6 +362,27 @@ int RunUnitMember() {
   return 0;
 }
 
+// Master mode (ELASTIC_ROLE=master, elastic_cut_test.sh): an ElasticMaster for job "churn" on
+// ELASTIC_LISTEN (bootstrap roots on its host, ELASTIC_MIN_MEMBERS to form), until stdin closes.
+int RunMasterRole() {
+  ElasticMasterOptions mo;
+  mo.job_id = "churn";
+  mo.listen_address = std::getenv("ELASTIC_LISTEN");
+  mo.min_members = std::atoi(std::getenv("ELASTIC_MIN_MEMBERS"));
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+  if (!master.ok()) {
+    std::printf("ERROR master %s\n", master.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("MASTER %s\n", (*master)->address().c_str());
+  std::fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  (*master)->Stop();
+  return 0;
+}
+
 // --- The member program. ---
 int RunMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
@@ -825,6 +846,7 @@ int main(int argc, char** argv) {
   if (const char* role = std::getenv("ELASTIC_ROLE"); role != nullptr) {
     if (std::string(role) == "bench") return lbcc::comm::RunTestbedBench();
     if (std::string(role) == "unit") return lbcc::comm::RunUnitMember();
+    if (std::string(role) == "master") return lbcc::comm::RunMasterRole();
     return lbcc::comm::RunMember();
   }
   ::testing::InitGoogleTest(&argc, argv);
