@@ -17,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -36,6 +37,15 @@ using elastic::Phase;
 using elastic::Socket;
 
 bool IsRetryable(const absl::Status& status) { return absl::IsAborted(status); }
+
+namespace {
+constexpr char kReplicaLeftPayload[] = "type.googleapis.com/lbcc.elastic.ReplicaLeft";
+}  // namespace
+
+bool IsReplicaLeft(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         status.GetPayload(kReplicaLeftPayload).has_value();
+}
 
 namespace {
 
@@ -158,6 +168,15 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
           "ElasticGroup: no master address (ElasticOptions.master_address or LBCC_MASTER_ADDR)");
     }
     if (options_.job_id.empty()) return absl::InvalidArgumentError("ElasticGroup: job_id is empty");
+    if (options_.replica.empty() != (options_.replica_stages == 0) || options_.replica_stages < 0 ||
+        (!options_.replica.empty() &&
+         (options_.stage < 0 || options_.stage >= options_.replica_stages))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ElasticGroup: pipeline stage ", options_.stage, " of replica '", options_.replica,
+          "' with ", options_.replica_stages,
+          " stages (a replica name, replica_stages >= 1 and 0 <= stage < replica_stages, or none "
+          "of them)"));
+    }
     for (size_t i = 0; i < shared_.size(); ++i) {
       if (!shared_[i].is_host() || (shared_[i].data() == nullptr && shared_[i].num_bytes() > 0)) {
         return absl::InvalidArgumentError(
@@ -181,6 +200,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     join.job_id = options_.job_id;
     join.name = options_.name;
     join.state_step = options_.state_step;
+    join.replica = options_.replica;
+    join.stage = static_cast<uint32_t>(options_.stage);
+    join.replica_stages = static_cast<uint32_t>(options_.replica_stages);
     LBCC_RETURN_IF_ERROR(sock_->Send(join, absl::Now() + absl::Seconds(5)));
     LBCC_ASSIGN_OR_RETURN(Message welcome, sock_->Receive(absl::Now() + setup_timeout_));
     if (welcome.type == MsgType::kRefuse) {
@@ -297,11 +319,11 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
                     << " ms: " << (local.ok() ? "committed" : local.ToString());
     if (local.ok()) {
       // Committed at once; the master's decision is awaited before the next phase (Acquire),
-      // and this member keeps the result in case a member whose exchange failed needs it.
-      Held held{a.info.epoch, a.step, std::string()};
-      for (const auto& t : tensors) {
-        held.out.append(static_cast<const char*>(t.out.data()), t.out.num_bytes());
-      }
+      // and this member remembers where the result is in case a member whose exchange failed
+      // needs it: the caller leaves `out` as it is until its next call (elastic.h), and the
+      // forward phase runs at the start of that call, so the steady state copies nothing.
+      Held held{a.info.epoch, a.step, {}};
+      for (const auto& t : tensors) held.out.push_back(t.out);
       const absl::Status committed = finish(true);
       MutexLock lock(&mu_);
       held_ = std::move(held);
@@ -414,7 +436,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // member has the step (the master may ask this member to forward it).
   struct Held {
     uint64_t epoch = 0, step = 0;
-    std::string out;
+    std::vector<TensorView> out;  // the caller's `out` tensors of that call
   };
   struct Acquired {
     std::shared_ptr<Communicator> comm;
@@ -507,11 +529,19 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
           case MsgType::kRefuse:
             FailLocked(absl::Status(static_cast<absl::StatusCode>(m->code), m->text));
             return;
-          case MsgType::kEvicted:
+          case MsgType::kEvicted: {
+            if (m->replica_left) {
+              absl::Status left = absl::FailedPreconditionError(absl::StrCat(
+                  m->text, "; Join again: the replica is admitted once all its stages are back"));
+              left.SetPayload(kReplicaLeftPayload, absl::Cord(options_.replica));
+              FailLocked(std::move(left));
+              return;
+            }
             FailLocked(absl::FailedPreconditionError(absl::StrCat(
                 "ElasticGroup: evicted by the membership service: ", m->text,
                 "; the group went on without this member (Join again)")));
             return;
+          }
           default:
             break;
         }
@@ -600,6 +630,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
         const absl::Time deadline = absl::Now() + limit;
         if (held_.has_value() && !held_forwarding_) {
           const auto key = std::make_tuple(held_->epoch, static_cast<int>(Phase::kStep), held_->step);
+          const absl::Time wait_start = absl::Now();
+          const bool waited = decisions_.count(key) == 0;
           const bool got = mu_.AwaitWithDeadline(
               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                 return left_ || !fatal_.ok() || decisions_.count(key) > 0;
@@ -607,6 +639,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
               deadline);
           if (left_) return absl::FailedPreconditionError("ElasticGroup: this member left the group");
           if (!fatal_.ok()) return fatal_;
+          if (waited) {
+            ++stats_.decision_waits;
+            stats_.decision_wait += absl::Now() - wait_start;
+          }
           if (!got) {
             return absl::DeadlineExceededError(absl::StrCat(
                 "ElasticGroup: no decision on step ", held_->step, " within ",
@@ -705,7 +741,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
           return absl::InternalError(absl::StrCat("ElasticGroup: asked to forward step ",
                                                   a.info.forward_step, ", which it does not hold"));
         }
-        out = held_->out;
+        for (const TensorView& t : held_->out) {
+          out.append(static_cast<const char*>(t.data()), t.num_bytes());
+        }
       }
       StateHeader header;
       header.raw_bytes = header.wire_bytes = out.size();

@@ -35,7 +35,8 @@
 //     address (its connection closed or it went silent for the peer timeout); never a hang.
 //
 // Errors: Aborted (membership changed or another member's phase failed: retry), Unavailable
-// (the master is lost), FailedPrecondition (evicted, refused as stale, or Leave()d; misuse),
+// (the master is lost), FailedPrecondition (evicted, its pipeline replica left (IsReplicaLeft),
+// refused as stale, or Leave()d; misuse),
 // InvalidArgument (bad options or input; a wrong job id), DataLoss (shared state whose hash
 // differs, corrupt master messages), DeadlineExceeded (not admitted before join_timeout).
 //
@@ -64,6 +65,21 @@ namespace lbcc::comm {
 // True for the status a call returns when it should be retried over the new epoch.
 bool IsRetryable(const absl::Status& status);
 
+// True for the status a pipeline stage's calls fail with when another stage of its pipeline
+// replica left (FailedPrecondition "pipeline replica R left the data-parallel group: ...").
+// The stage is out of its group; it Joins again, and is admitted once every stage is back.
+bool IsReplicaLeft(const absl::Status& status);
+
+// Pipeline replicas as units (docs/elastic.md). The data-parallel group of each pipeline stage
+// (a model shard) is its own job on its own master; masters started with the same
+// ElasticUnits (in one process) know which members are the stages of one pipeline replica
+// (ElasticOptions::replica): a stage that leaves, dies or is evicted takes its whole replica
+// out of every shard's group (the other stages' calls fail with IsReplicaLeft), and a replica's
+// stages are admitted only once all of them are back, each at the same outer step of its job.
+// A master without one has its own (units then span that master's job only).
+class ElasticUnits;
+std::shared_ptr<ElasticUnits> NewElasticUnits();
+
 struct ElasticMasterOptions {
   std::string listen_address = "127.0.0.1:0";  // host:port; port 0: the kernel picks
   std::string job_id;                           // members must present it; not empty
@@ -74,6 +90,9 @@ struct ElasticMasterOptions {
   // How long an epoch's members have to build its communicator; zero: peer_timeout + 5 s.
   absl::Duration setup_timeout = absl::ZeroDuration();
   int min_members = 1;  // the first epoch forms once this many joined
+  // Shared by the masters of one model's shard jobs: pipeline replicas leave and join as units
+  // across them (NewElasticUnits). Null: this master's own.
+  std::shared_ptr<ElasticUnits> units;
 };
 
 class ElasticMaster {
@@ -115,6 +134,12 @@ struct ElasticOptions {
   // A member coming back with the shared state of this committed step (skips the transfer
   // when its hash matches); -1: none. A step other than the job's is refused as stale.
   int64_t state_step = -1;
+  // A pipeline stage: stage `stage` (0-based) of pipeline replica `replica` (a name unique in
+  // the model), which has `replica_stages` stages, each in its shard's job on masters that
+  // share ElasticUnits. Empty replica: a full replica (a member by itself).
+  std::string replica;
+  int stage = 0;
+  int replica_stages = 0;
 };
 
 // What moved in the last Boundary(), and the group's counters.
@@ -125,6 +150,10 @@ struct ElasticStats {
   uint64_t epochs_seen = 0;
   uint64_t committed_epoch = 0;        // the epoch in which the last committed phase ran
   uint64_t aborted_calls = 0;
+  // Phases that started before the master's decision on the previous step had arrived, and
+  // how long they waited for it (back-to-back steps; a trainer's inner steps hide it).
+  uint64_t decision_waits = 0;
+  absl::Duration decision_wait = absl::ZeroDuration();
 };
 
 class ElasticGroup {
@@ -144,6 +173,9 @@ class ElasticGroup {
   // One outer step's exchange (Communicator::SparseAllReduce over the epoch's members). The
   // states' updates are committed only when the master saw every member succeed; on any
   // other outcome they are rolled back and `out` must be ignored. Host tensors only.
+  // After a success, leave `out` as it is (read it, do not write or free it) until the next
+  // call on the group: should the master find a member whose exchange failed, this member
+  // forwards the result from there at the start of that call (no copy on the steady path).
   absl::Status SparseAllReduce(const std::vector<Communicator::SparseTensor>& tensors,
                                const codecs::Codec* codec, codecs::DecodeOptions decode = {});
 

@@ -12,6 +12,7 @@
 // writes the measured times (bench/elastic.sh reads them).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -33,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/mutex.h"
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/topk_ef.h"
@@ -133,6 +135,254 @@ int RunBench(ElasticGroup& group, const codecs::Codec& codec, codecs::TopKEfStat
   return 0;
 }
 
+// Testbed bench mode (ELASTIC_ROLE=bench, bench/elastic.sh): the comm_testbed_perf layout, one
+// member per emulated host. ELASTIC_BENCH_ELEMENTS floats, top_k 64 (lbcc_perf's sparse
+// defaults); ELASTIC_BENCH_ROUNDS rounds of ELASTIC_BENCH_STEPS plain steps (the epoch's
+// Communicator::SparseAllReduce) and as many elastic steps (Boundary() + SparseAllReduce),
+// the two blocks' order alternating by round; ELASTIC_BENCH_INNER_MS of "inner steps" (a sleep,
+// untimed) before every step. Prints "STEP <plain|elastic> <round> <ms> <cpu ms>" per step (cpu:
+// this process's threads),
+// "WAIT <ms> <waits>" (the elastic steps' waits for the master's decision) and "LOAD" lines.
+// CPU time of this process (every thread), ms.
+double CpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+int RunTestbedBench() {
+  auto env_int = [](const char* name, int64_t fallback) {
+    const char* v = std::getenv(name);
+    int64_t n = fallback;
+    if (v != nullptr && !absl::SimpleAtoi(v, &n)) n = fallback;
+    return n;
+  };
+  const int seed = static_cast<int>(env_int("ELASTIC_SEED", 0));
+  const int64_t elements = env_int("ELASTIC_BENCH_ELEMENTS", 1 << 22);
+  const int rounds = static_cast<int>(env_int("ELASTIC_BENCH_ROUNDS", 6));
+  const int steps = static_cast<int>(env_int("ELASTIC_BENCH_STEPS", 5));
+  const absl::Duration inner = absl::Milliseconds(env_int("ELASTIC_BENCH_INNER_MS", 0));
+  auto codec = *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
+  std::vector<float> params(elements, 0.f), out(elements);
+  codecs::TopKEfState state, plain_state;
+  ElasticOptions o;
+  o.master_address = std::getenv("ELASTIC_MASTER");
+  o.job_id = "bench";
+  o.name = std::getenv("ELASTIC_NAME");
+  o.comm_config.backend = "ucx";
+  o.op_timeout = absl::Seconds(120);
+  absl::StatusOr<std::unique_ptr<ElasticGroup>> joined =
+      ElasticGroup::Join(o, {*TensorView::Host(params.data(), {elements})});
+  if (!joined.ok()) {
+    std::printf("ERROR join %s\n", joined.status().ToString().c_str());
+    return 1;
+  }
+  ElasticGroup& group = **joined;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> delta(elements);
+  auto fresh_delta = [&] {
+    for (float& x : delta) x = normal(rng);
+  };
+  int retries = 0;
+  auto elastic_step = [&] {
+    absl::Status s;
+    do {
+      s = group.Boundary();
+      if (s.ok()) {
+        s = group.SparseAllReduce({{*TensorView::Host(delta.data(), {elements}),
+                                    *TensorView::Host(out.data(), {elements}), &state}},
+                                  codec.get());
+      }
+      retries += IsRetryable(s);
+    } while (IsRetryable(s));
+    return s;
+  };
+  auto plain_step = [&] {
+    std::shared_ptr<Communicator> comm = group.communicator();
+    if (comm == nullptr) return absl::FailedPreconditionError("no communicator");
+    return comm
+        ->SparseAllReduce({{*TensorView::Host(delta.data(), {elements}),
+                            *TensorView::Host(out.data(), {elements}), &plain_state}},
+                          codec.get())
+        ->Wait();
+  };
+  // Warm-up: the first boundary moves the state; both paths once more.
+  for (int i = 0; i < 2; ++i) {
+    fresh_delta();
+    if (absl::Status s = elastic_step(); !s.ok()) {
+      std::printf("ERROR warm-up %s\n", s.ToString().c_str());
+      return 1;
+    }
+    fresh_delta();
+    if (absl::Status s = plain_step(); !s.ok()) {
+      std::printf("ERROR warm-up %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  const ElasticStats before = group.stats();
+  for (int r = 0; r < rounds; ++r) {
+    if (seed == 0) {
+      std::ifstream load("/proc/loadavg");
+      std::string l1;
+      load >> l1;
+      std::printf("LOAD %d %s\n", r, l1.c_str());
+    }
+    for (int half = 0; half < 2; ++half) {
+      const bool elastic = (half == 0) == (r % 2 == 1);
+      for (int i = 0; i < steps; ++i) {
+        fresh_delta();
+        absl::SleepFor(inner);
+        const double cpu0 = CpuMs();
+        const absl::Time t0 = absl::Now();
+        const absl::Status s = elastic ? elastic_step() : plain_step();
+        const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+        const double cpu = CpuMs() - cpu0;
+        if (!s.ok()) {
+          std::printf("ERROR %s step %s\n", elastic ? "elastic" : "plain", s.ToString().c_str());
+          return 1;
+        }
+        std::printf("STEP %s %d %.3f %.3f\n", elastic ? "elastic" : "plain", r, ms, cpu);
+      }
+    }
+  }
+  const ElasticStats after = group.stats();
+  std::printf("WAIT %.3f %llu\nRETRIES %d\n",
+              absl::ToDoubleMilliseconds(after.decision_wait - before.decision_wait),
+              static_cast<unsigned long long>(after.decision_waits - before.decision_waits),
+              retries);
+  std::fflush(stdout);
+  (void)group.Leave();
+  return 0;
+}
+
+// Pipeline-replica mode (ELASTIC_ROLE=unit): a member of the shard jobs in ELASTIC_SHARDS
+// (comma-separated indices into ELASTIC_MASTERS), each outer step exchanging shard 0 first,
+// then shard 1 (as a trainer steps its model's shards). ELASTIC_REPLICA / ELASTIC_STAGE /
+// ELASTIC_STAGES make it a pipeline stage. Prints "ADMITTED <shard> <step>" when admitted,
+// "COMMIT <shard> <step> <out hash>" per committed exchange and "REPLICA_LEFT <shard> <message>"
+// when its pipeline replica left (it then joins again, as a trainer would once its other
+// stages are back). Runs until stdin closes.
+int RunUnitMember() {
+  const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
+  std::atomic<bool> stop{false};
+  std::thread stdin_watch([&] {
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    stop = true;
+  });
+  stdin_watch.detach();
+  const std::vector<std::string> masters = absl::StrSplit(std::getenv("ELASTIC_MASTERS"), ',');
+  std::vector<int> shards;
+  for (absl::string_view v : absl::StrSplit(std::getenv("ELASTIC_SHARDS"), ',')) {
+    int s = 0;
+    if (!absl::SimpleAtoi(v, &s)) return 2;
+    shards.push_back(s);
+  }
+  auto codec = *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
+  struct Shard {
+    int index = 0;
+    std::vector<float> params = std::vector<float>(kElements, 0.f);
+    std::vector<float> out = std::vector<float>(kElements);
+    std::unique_ptr<codecs::TopKEfState> state;
+    std::unique_ptr<ElasticGroup> group;
+  };
+  std::vector<Shard> held(shards.size());
+  auto join = [&](Shard& sh) {
+    ElasticOptions o;
+    o.master_address = masters[sh.index];
+    o.job_id = absl::StrCat("shard", sh.index);
+    o.name = absl::StrCat(std::getenv("ELASTIC_NAME"), "/shard", sh.index);
+    o.comm_config.backend = "ucx";
+    o.op_timeout = absl::Seconds(60);
+    if (const char* r = std::getenv("ELASTIC_REPLICA"); r != nullptr) {
+      o.replica = r;
+      o.stage = std::atoi(std::getenv("ELASTIC_STAGE"));
+      o.replica_stages = std::atoi(std::getenv("ELASTIC_STAGES"));
+    }
+    // Short tries, so that a member told to stop while it waits for its other stages ends.
+    o.join_timeout = absl::Seconds(20);
+    sh.state = std::make_unique<codecs::TopKEfState>();  // a newcomer's starts at zero
+    absl::StatusOr<std::unique_ptr<ElasticGroup>> g;
+    do {
+      g = ElasticGroup::Join(o, {*TensorView::Host(sh.params.data(), {kElements})});
+    } while (absl::IsDeadlineExceeded(g.status()) && !stop);
+    if (!g.ok()) {
+      std::printf("ERROR join %s\n", g.status().ToString().c_str());
+      std::fflush(stdout);
+      return false;
+    }
+    sh.group = std::move(*g);
+    std::printf("ADMITTED %d %llu\n", sh.index,
+                static_cast<unsigned long long>(sh.group->step()));
+    std::fflush(stdout);
+    return true;
+  };
+  for (size_t i = 0; i < shards.size(); ++i) {
+    held[i].index = shards[i];
+    if (!join(held[i])) return 1;
+  }
+  while (!stop) {
+    absl::SleepFor(kInnerSteps);
+    for (Shard& sh : held) {
+      absl::Status s;
+      uint64_t step = 0;
+      do {
+        s = sh.group->Boundary();
+        if (s.ok()) {
+          step = sh.group->step();
+          std::vector<float> delta = Delta(seed * 10 + sh.index, step);
+          s = sh.group->SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                          *TensorView::Host(sh.out.data(), {kElements}),
+                                          sh.state.get()}},
+                                        codec.get());
+        }
+      } while (IsRetryable(s) && !stop);
+      if (s.ok()) {
+        for (int64_t i = 0; i < kElements; ++i) sh.params[i] += sh.out[i];
+        std::printf("COMMIT %d %llu %016llx\n", sh.index, static_cast<unsigned long long>(step),
+                    static_cast<unsigned long long>(Hash(sh.out)));
+        std::fflush(stdout);
+      } else if (IsReplicaLeft(s)) {
+        std::printf("REPLICA_LEFT %d %s\n", sh.index, s.ToString().c_str());
+        std::fflush(stdout);
+        (void)sh.group->Leave();
+        if (stop) break;
+        if (!join(sh)) return stop ? 0 : 1;
+      } else if (!stop) {
+        std::printf("ERROR %d %s\n", sh.index, s.ToString().c_str());
+        std::fflush(stdout);
+        return 1;
+      }
+    }
+  }
+  for (Shard& sh : held) (void)sh.group->Leave();
+  return 0;
+}
+
+// Master mode (ELASTIC_ROLE=master, elastic_cut_test.sh): an ElasticMaster for job "churn" on
+// ELASTIC_LISTEN (bootstrap roots on its host, ELASTIC_MIN_MEMBERS to form), until stdin closes.
+int RunMasterRole() {
+  ElasticMasterOptions mo;
+  mo.job_id = "churn";
+  mo.listen_address = std::getenv("ELASTIC_LISTEN");
+  mo.min_members = std::atoi(std::getenv("ELASTIC_MIN_MEMBERS"));
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+  if (!master.ok()) {
+    std::printf("ERROR master %s\n", master.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("MASTER %s\n", (*master)->address().c_str());
+  std::fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  (*master)->Stop();
+  return 0;
+}
+
 // --- The member program. ---
 int RunMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
@@ -220,14 +470,16 @@ struct Child {
   int in_fd = -1;   // closing it stops the member
   int out_fd = -1;
   std::string name;
-  std::string output;  // written by `drain` until the child's stdout closes
+  Mutex mu;
+  std::string output;  // written by `drain` (under mu) until the child's stdout closes
   std::thread drain;
   std::atomic<bool> committed{false};  // it printed a COMMIT line (it is a member)
   int exit_code = -1;
 };
 using ChildPtr = std::shared_ptr<Child>;
 
-ChildPtr Spawn(const std::string& master, int seed, const std::string& name) {
+ChildPtr Spawn(const std::string& master, int seed, const std::string& name,
+               const std::vector<std::pair<std::string, std::string>>& env = {}) {
   int in[2], out[2];
   // Close-on-exec: no child may hold another's stdin open (its end would never come).
   EXPECT_EQ(pipe2(in, O_CLOEXEC), 0);
@@ -244,6 +496,7 @@ ChildPtr Spawn(const std::string& master, int seed, const std::string& name) {
     setenv("ELASTIC_NAME", name.c_str(), 1);
     setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
     setenv("UCX_MEM_EVENTS", "no", 1);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     execl("/proc/self/exe", "elastic_churn_test", nullptr);
     _exit(127);
   }
@@ -258,12 +511,25 @@ ChildPtr Spawn(const std::string& master, int seed, const std::string& name) {
     char buf[4096];
     ssize_t n;
     while ((n = read(c->out_fd, buf, sizeof(buf))) > 0) {
+      MutexLock lock(&c->mu);
       c->output.append(buf, n);
       if (!c->committed && c->output.find("COMMIT") != std::string::npos) c->committed = true;
     }
     close(c->out_fd);
   });
   return c;
+}
+
+// Waits until the child printed `text`; true if it did within `timeout`.
+bool AwaitOutput(Child* c, absl::string_view text, absl::Duration timeout) {
+  MutexLock lock(&c->mu);
+  return c->mu.AwaitWithTimeout(
+      [&] { return c->output.find(std::string(text)) != std::string::npos; }, timeout);
+}
+
+std::string OutputOf(Child* c) {
+  MutexLock lock(&c->mu);
+  return c->output;
 }
 
 // Collects a child's output and exit code (after it was killed or told to stop).
@@ -421,6 +687,130 @@ TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
   (*master)->Stop();
 }
 
+// The pipeline replica as a unit: two shard jobs (masters sharing ElasticUnits), two full
+// replicas in both, a two-stage pipeline replica with stage 0 in shard 0's job and stage 1 in
+// shard 1's. Stage 1 is killed: stage 0 is told (IsReplicaLeft, naming the stage) and leaves
+// shard 0's group, the full replicas go on in both, stage 0 is not admitted while stage 1 is
+// missing; stage 1 restarts and both stages are admitted at the same outer step.
+TEST(ElasticChurnTest, APipelineReplicaLeavesAndRejoinsAsAUnit) {
+  setenv("LBCC_PEER_TIMEOUT_MS", absl::StrCat(kPeerTimeoutMs).c_str(), 1);
+  std::shared_ptr<ElasticUnits> units = NewElasticUnits();
+  std::vector<std::unique_ptr<ElasticMaster>> masters;
+  for (int shard = 0; shard < 2; ++shard) {
+    ElasticMasterOptions mo;
+    mo.job_id = absl::StrCat("shard", shard);
+    mo.min_members = 3;
+    mo.peer_timeout = absl::Milliseconds(kPeerTimeoutMs);
+    mo.units = units;
+    absl::StatusOr<std::unique_ptr<ElasticMaster>> m = ElasticMaster::Start(mo);
+    ASSERT_THAT(m.status(), lbcc::testing::IsOk());
+    masters.push_back(std::move(*m));
+  }
+  const std::string addresses = absl::StrCat(masters[0]->address(), ",", masters[1]->address());
+  auto spawn = [&](int seed, const std::string& name, const std::string& shards, int stage) {
+    std::vector<std::pair<std::string, std::string>> env = {
+        {"ELASTIC_ROLE", "unit"}, {"ELASTIC_MASTERS", addresses}, {"ELASTIC_SHARDS", shards}};
+    if (stage >= 0) {
+      env.insert(env.end(), {{"ELASTIC_REPLICA", "pipe"},
+                             {"ELASTIC_STAGE", absl::StrCat(stage)},
+                             {"ELASTIC_STAGES", "2"}});
+    }
+    return Spawn("", seed, name, env);
+  };
+  std::vector<ChildPtr> live = {spawn(0, "full0", "0,1", -1), spawn(1, "full1", "0,1", -1),
+                                spawn(2, "stage0", "0", 0), spawn(3, "stage1", "1", 1)};
+  std::vector<ChildPtr> done;
+  struct Cleanup {
+    std::vector<ChildPtr>* live;
+    ~Cleanup() {
+      for (ChildPtr& c : *live) {
+        if (c->drain.joinable()) {
+          kill(c->pid, SIGKILL);
+          Reap(c.get());
+        }
+      }
+    }
+  } cleanup{&live};
+  for (auto& m : masters) {
+    ASSERT_TRUE(m->AwaitCommittedSteps(3, absl::Seconds(120))) << "the job never started";
+  }
+  EXPECT_EQ(masters[0]->members(), 3);
+  EXPECT_EQ(masters[1]->members(), 3);
+
+  kill(live[3]->pid, SIGKILL);
+  Reap(live[3].get());
+  done.push_back(live[3]);
+  // Stage 0 is told, with a status naming its replica and the stage that left.
+  ASSERT_TRUE(AwaitOutput(live[2].get(), "REPLICA_LEFT", absl::Seconds(60))) << OutputOf(live[2].get());
+  EXPECT_NE(OutputOf(live[2].get())
+                .find("pipeline replica 'pipe' left the data-parallel group: its stage 1 (stage1/shard1)"),
+            std::string::npos)
+      << OutputOf(live[2].get());
+  // Both shards go on with the full replicas only; stage 0 waits for its other stage.
+  for (auto& m : masters) {
+    const uint64_t now = m->committed_steps();
+    ASSERT_TRUE(m->AwaitCommittedSteps(now + 3, absl::Seconds(120)));
+  }
+  EXPECT_EQ(masters[0]->members(), 2);
+  EXPECT_EQ(masters[1]->members(), 2);
+  EXPECT_EQ(masters[0]->AwaitWaiting(1, absl::ZeroDuration()), false)
+      << "stage 0 must not be a newcomer of shard 0 while stage 1 is missing";
+
+  live[3] = spawn(3, "stage1b", "1", 1);
+  ASSERT_TRUE(AwaitOutput(live[3].get(), "ADMITTED", absl::Seconds(120))) << OutputOf(live[3].get());
+  for (auto& m : masters) {
+    const uint64_t now = m->committed_steps();
+    ASSERT_TRUE(m->AwaitCommittedSteps(now + 2, absl::Seconds(120)));
+  }
+  EXPECT_EQ(masters[0]->members(), 3);
+  EXPECT_EQ(masters[1]->members(), 3);
+  for (ChildPtr& c : live) {
+    close(c->in_fd);
+    c->in_fd = -1;
+  }
+  for (ChildPtr& c : live) {
+    Reap(c.get());
+    EXPECT_EQ(c->exit_code, 0) << c->name << ":\n" << c->output;
+    done.push_back(c);
+  }
+  // Both stages were admitted (again) at the same outer step; every committed exchange of a
+  // shard is one aggregate on every member that committed it.
+  auto admitted = [](const std::string& output, int shard) {
+    std::vector<uint64_t> steps;
+    std::istringstream lines(output);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      uint64_t step = 0;
+      if (f[0] == "ADMITTED" && f.size() == 3 && f[1] == absl::StrCat(shard) &&
+          absl::SimpleAtoi(f[2], &step)) {
+        steps.push_back(step);
+      }
+    }
+    return steps;
+  };
+  const std::vector<uint64_t> stage0 = admitted(live[2]->output, 0);
+  const std::vector<uint64_t> stage1 = admitted(live[3]->output, 1);
+  ASSERT_EQ(stage0.size(), 2u) << live[2]->output;
+  ASSERT_EQ(stage1.size(), 1u) << live[3]->output;
+  EXPECT_EQ(stage0[1], stage1[0]) << "the stages rejoined at different outer steps";
+  EXPECT_GT(stage0[1], 3u);
+  std::map<std::pair<std::string, std::string>, std::string> seen;  // (shard, step) -> hash
+  for (const ChildPtr& c : done) {
+    std::istringstream lines(c->output);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      if (f[0] == "COMMIT" && f.size() == 4) {
+        auto [it, fresh] = seen.emplace(std::make_pair(f[1], f[2]), f[3]);
+        EXPECT_EQ(it->second, f[3]) << "shard " << f[1] << " step " << f[2] << " differs on "
+                                    << c->name;
+      }
+    }
+  }
+  for (auto& m : masters) m->Stop();
+}
+
 TEST(ElasticChurnTest, SteadyStateAgainstThePlainCommunicator) {
   const char* steps = std::getenv("ELASTIC_BENCH_STEPS");
   if (steps == nullptr) GTEST_SKIP() << "a measurement: set ELASTIC_BENCH_STEPS (bench/elastic.sh)";
@@ -454,6 +844,9 @@ TEST(ElasticChurnTest, SteadyStateAgainstThePlainCommunicator) {
 
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("ELASTIC_ROLE"); role != nullptr) {
+    if (std::string(role) == "bench") return lbcc::comm::RunTestbedBench();
+    if (std::string(role) == "unit") return lbcc::comm::RunUnitMember();
+    if (std::string(role) == "master") return lbcc::comm::RunMasterRole();
     return lbcc::comm::RunMember();
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -34,9 +34,34 @@ absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given) {
 // Member lists of this many past epochs are kept for late reports of their exchanges.
 constexpr uint64_t kKeptEpochs = 64;
 
+// Pipeline replicas as units (elastic.h). Every master sharing this object runs its membership
+// logic under `mu`, so a departure in one shard's job and the evictions it causes in the
+// others are one sequential step.
+class ElasticUnits {
+ public:
+  Mutex mu;
+  struct Stage {
+    ElasticMaster::Impl* master = nullptr;
+    uint64_t conn = 0;
+    std::string name;
+  };
+  struct Unit {
+    int stages = 0;
+    std::map<int, Stage> present;  // joined stages (waiting or members), by stage
+    bool released = false;         // every stage was back: each waits for outer step `target`
+    uint64_t target = 0;
+  };
+  std::map<std::string, Unit> units ABSL_GUARDED_BY(mu);
+};
+
+std::shared_ptr<ElasticUnits> NewElasticUnits() { return std::make_shared<ElasticUnits>(); }
+
 class ElasticMaster::Impl {
  public:
-  explicit Impl(ElasticMasterOptions options) : options_(std::move(options)) {}
+  explicit Impl(ElasticMasterOptions options)
+      : options_(std::move(options)),
+        units_(options_.units != nullptr ? options_.units : NewElasticUnits()),
+        mu_(units_->mu) {}
   ~Impl() { Stop(); }
 
   absl::Status Start() {
@@ -69,6 +94,12 @@ class ElasticMaster::Impl {
       if (stopping_) return;
       stopping_ = true;
       for (auto& [id, conn] : conns_) conn->sock->Shutdown();
+      for (auto& [name, unit] : units_->units) {
+        for (auto it = unit.present.begin(); it != unit.present.end();) {
+          it = it->second.master == this ? unit.present.erase(it) : std::next(it);
+        }
+        unit.released = false;
+      }
     }
     if (listener_) listener_->Shutdown();
     if (acceptor_.joinable()) acceptor_.join();
@@ -122,6 +153,9 @@ class ElasticMaster::Impl {
     bool dead = false;
     // The newest (epoch, step) it reported or entered: it takes part in no older exchange.
     std::pair<uint64_t, uint64_t> last{0, 0};
+    // A pipeline stage (ElasticOptions::replica): its replica and stage.
+    std::string replica;
+    int stage = 0;
   };
   struct Report {
     Phase phase;
@@ -272,6 +306,21 @@ class ElasticMaster::Impl {
                               "lbcc-master: stale shared state: it is of step ", m.state_step,
                               ", the job is at step ", step_, "; join without state_step")));
     }
+    if (m.replica.empty() != (m.replica_stages == 0) ||
+        (!m.replica.empty() && m.stage >= m.replica_stages)) {
+      return Refuse(conn, absl::InvalidArgumentError(absl::StrCat(
+                              "lbcc-master: stage ", m.stage, " of pipeline replica '", m.replica,
+                              "' with ", m.replica_stages, " stages")));
+    }
+    if (!m.replica.empty()) {
+      auto unit = units_->units.find(m.replica);
+      if (unit != units_->units.end() && !unit->second.present.empty() &&
+          unit->second.stages != static_cast<int>(m.replica_stages)) {
+        return Refuse(conn, absl::InvalidArgumentError(absl::StrCat(
+                                "lbcc-master: pipeline replica '", m.replica, "' has ",
+                                unit->second.stages, " stages, not ", m.replica_stages)));
+      }
+    }
     conn.joined = true;
     if (!m.name.empty()) conn.name = m.name;
     Message welcome;
@@ -280,15 +329,112 @@ class ElasticMaster::Impl {
     welcome.step = step_;
     welcome.peer_timeout_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(peer_timeout_));
     Send(conn, welcome);
-    joiners_.push_back(conn.id);
     LBCC_LOG(INFO) << "lbcc-master: " << conn.name << " waits to join (epoch " << epoch_
                    << ", step " << step_ << ")";
+    if (m.replica.empty()) return QueueJoiner(conn.id, 0);
+    conn.replica = m.replica;
+    conn.stage = static_cast<int>(m.stage);
+    ElasticUnits::Unit& unit = units_->units[m.replica];
+    unit.stages = static_cast<int>(m.replica_stages);
+    auto old = unit.present.find(conn.stage);
+    if (old != unit.present.end()) {
+      // A new incarnation of a stage whose old one the master has not dropped yet (it was
+      // stopped or cut off): the old one is gone for its user; its replica leaves with it.
+      ElasticUnits::Stage gone = old->second;
+      gone.master->DropStage(gone.conn, absl::StrCat("was replaced by ", conn.name));
+    }
+    unit.present[conn.stage] = ElasticUnits::Stage{this, conn.id, conn.name};
+    ReleaseUnit(m.replica);
+  }
+
+  // A newcomer waits for the commit that makes the job's step `target` (0: the next commit).
+  void QueueJoiner(uint64_t id, uint64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    joiners_.push_back(id);
+    join_target_[id] = target;
     // The first epoch waits for min_members; a job whose members all left restarts with one.
     const int needed = epoch_ == 0 ? options_.min_members : 1;
     if (members_.empty() && static_cast<int>(joiners_.size()) >= needed) {
       std::vector<uint64_t> ids;
       ids.swap(joiners_);
+      join_target_.clear();
       NewEpoch(ids, absl::StrCat(ids.size(), " member(s) formed the group"));
+    }
+  }
+
+  // Once every stage of `replica` is back, each becomes a newcomer of its job, to be admitted
+  // at one outer step: the first that every job with members can still reach.
+  void ReleaseUnit(const std::string& replica) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ElasticUnits::Unit& unit = units_->units[replica];
+    if (unit.released || static_cast<int>(unit.present.size()) < unit.stages) return;
+    uint64_t target = 0;
+    for (const auto& [stage, st] : unit.present) {
+      if (!st.master->members_.empty()) target = std::max(target, st.master->step_ + 1);
+    }
+    unit.released = true;
+    unit.target = target;
+    LBCC_LOG(INFO) << "lbcc-master: every stage of pipeline replica '" << replica
+                   << "' is back; admitted at outer step " << target;
+    const std::map<int, ElasticUnits::Stage> stages = unit.present;
+    for (const auto& [stage, st] : stages) {
+      st.master->QueueJoiner(st.conn, st.master->members_.empty() ? 0 : target);
+    }
+  }
+
+  // Drops member `id` of this master (a stage replaced, or its replica left).
+  void DropStage(uint64_t id, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    std::shared_ptr<Conn> keep = it->second;
+    Drop(*keep, what, false);
+    FlushFailedSends();
+  }
+
+  // `conn` (stage `stage` of `replica`) is gone: the replica leaves every shard's group. Its
+  // other stages that are members are evicted with a status saying so (IsReplicaLeft); those
+  // still waiting go back to waiting for the missing stage.
+  void LoseStage(const Conn& conn, absl::string_view what) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto found = units_->units.find(conn.replica);
+    if (found == units_->units.end()) return;
+    ElasticUnits::Unit& unit = found->second;
+    auto self = unit.present.find(conn.stage);
+    if (self == unit.present.end() || self->second.master != this ||
+        self->second.conn != conn.id) {
+      return;  // an old incarnation, already replaced
+    }
+    unit.present.erase(self);
+    unit.released = false;
+    const std::string text =
+        absl::StrCat("pipeline replica '", conn.replica, "' left the data-parallel group: its stage ",
+                     conn.stage, " (", conn.name, ") ", what);
+    std::vector<ElasticUnits::Stage> evict;
+    for (auto it = unit.present.begin(); it != unit.present.end();) {
+      ElasticUnits::Stage st = it->second;
+      Impl* m = st.master;
+      if (m->IsMember(st.conn)) {
+        evict.push_back(st);
+        it = unit.present.erase(it);
+        continue;
+      }
+      // Waiting: not admitted without the missing stage.
+      m->joiners_.erase(std::remove(m->joiners_.begin(), m->joiners_.end(), st.conn),
+                        m->joiners_.end());
+      m->join_target_.erase(st.conn);
+      ++it;
+    }
+    if (unit.present.empty()) units_->units.erase(found);
+    for (const ElasticUnits::Stage& st : evict) {
+      auto c = st.master->conns_.find(st.conn);
+      if (c == st.master->conns_.end()) continue;
+      std::shared_ptr<Conn> keep = c->second;
+      Message evicted;
+      evicted.type = MsgType::kEvicted;
+      evicted.replica_left = true;
+      evicted.text = text;
+      (void)keep->sock->Send(evicted, absl::Now() + absl::Milliseconds(100));
+      LBCC_LOG(INFO) << "lbcc-master: " << keep->name << ": " << text;
+      st.master->Drop(*keep, absl::StrCat("left with its pipeline replica '", conn.replica, "'"),
+                      false);
+      st.master->FlushFailedSends();
     }
   }
 
@@ -327,7 +473,8 @@ class ElasticMaster::Impl {
     d.phase = first.phase;
     d.ok = all_ok;
     const bool forwarded = all_ok && first.phase == Phase::kForward && forward_;
-    const bool admit = forwarded && !joiners_.empty();
+    const bool admit =
+        forwarded && Admissible(std::max(step_, forward_->step + 1));
     // A failed forward is retried in a new epoch (another source); a failed sync when the
     // communicator broke.
     const bool again = !all_ok && (broken || first.phase == Phase::kForward);
@@ -349,14 +496,55 @@ class ElasticMaster::Impl {
     }
   }
 
-  // Joiners become members (a step just committed).
+  // Whether a commit that makes the job's step `step` admits a newcomer.
+  bool Admissible(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (uint64_t id : joiners_) {
+      if (join_target_.at(id) <= step) return true;
+    }
+    return false;
+  }
+
+  // Joiners whose step has come become members (a step just committed). A pipeline stage
+  // whose job went past its replica's step without admitting it (that commit could not admit)
+  // would train at another step than its other stages: its replica leaves and joins again.
   void Admit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<uint64_t> ids = members_;
-    ids.insert(ids.end(), joiners_.begin(), joiners_.end());
+    std::vector<uint64_t> ids = members_, missed;
     std::string names;
-    for (uint64_t id : joiners_) absl::StrAppend(&names, names.empty() ? "" : ", ", conns_[id]->name);
-    joiners_.clear();
-    NewEpoch(ids, absl::StrCat(names, " joined at step ", step_));
+    std::vector<uint64_t> waiting;
+    for (uint64_t id : joiners_) {
+      const uint64_t target = join_target_.at(id);
+      if (target > step_) {
+        waiting.push_back(id);
+        continue;
+      }
+      if (target != 0 && target != step_) {
+        missed.push_back(id);
+        continue;
+      }
+      ids.push_back(id);
+      join_target_.erase(id);
+      absl::StrAppend(&names, names.empty() ? "" : ", ", conns_[id]->name);
+    }
+    joiners_ = waiting;
+    if (ids.size() > members_.size()) NewEpoch(ids, absl::StrCat(names, " joined at step ", step_));
+    for (uint64_t id : missed) {
+      const uint64_t target = join_target_.at(id);
+      join_target_.erase(id);
+      auto c = conns_.find(id);
+      if (c == conns_.end()) continue;
+      std::shared_ptr<Conn> keep = c->second;
+      // The stages admitted meanwhile are evicted; this one waits for them again.
+      LoseStage(*keep, absl::StrCat("could not be admitted at outer step ", target,
+                                    " with the others (its job is at step ", step_, ")"));
+      if (!keep->dead) RegisterAgain(*keep);
+    }
+  }
+
+  // Puts a stage that missed its replica's step back into its unit (waiting for a release).
+  void RegisterAgain(Conn& conn) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ElasticUnits::Unit& unit = units_->units[conn.replica];
+    unit.present[conn.stage] = ElasticUnits::Stage{this, conn.id, conn.name};
+    ReleaseUnit(conn.replica);
   }
 
   bool Live(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -454,7 +642,8 @@ class ElasticMaster::Impl {
       d.ok = all_ok || (!sources.empty() && receivers.empty());
       d.text = why;
       const bool forward = !all_ok && !sources.empty() && !receivers.empty();
-      const bool admit = all_ok && epoch == epoch_ && !joiners_.empty() && !forward_;
+      const bool admit =
+          all_ok && epoch == epoch_ && !forward_ && Admissible(std::max(step_, step + 1));
       d.forward = forward;
       d.broken = admit || forward || (!all_ok && broken && epoch == epoch_);
       d.next_epoch = epoch_ + 1;
@@ -490,11 +679,13 @@ class ElasticMaster::Impl {
     conn.dead = true;
     conn.sock->Shutdown();
     joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), conn.id), joiners_.end());
+    join_target_.erase(conn.id);
     const bool member = IsMember(conn.id);
     std::shared_ptr<Conn> keep = conns_[conn.id];  // `conn` stays valid until we return
     conns_.erase(conn.id);
     if (!member) {
       TryDecideSteps();  // an exchange that waited for its report
+      if (!conn.replica.empty()) LoseStage(conn, what);
       return;
     }
     std::vector<uint64_t> rest;
@@ -504,6 +695,8 @@ class ElasticMaster::Impl {
     LBCC_LOG(INFO) << "lbcc-master: " << who << (clean ? " left" : " dropped: ") << (clean ? "" : what);
     NewEpoch(rest, absl::StrCat(who, " ", what));
     TryDecideSteps();  // an exchange that waited for its report (over the new member list)
+    // Last: the other stages' evictions may drop members of this job too.
+    if (!conn.replica.empty()) LoseStage(conn, what);
   }
 
   void NewEpoch(std::vector<uint64_t> ids, const std::string& reason)
@@ -608,18 +801,21 @@ class ElasticMaster::Impl {
   }
 
   ElasticMasterOptions options_;
+  const std::shared_ptr<ElasticUnits> units_;
   absl::Duration peer_timeout_;
   std::string address_;
   std::unique_ptr<Socket> listener_;
   std::thread acceptor_, ticker_;
 
-  Mutex mu_;
+  Mutex& mu_;  // units_->mu: shared with the masters of the other shards
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> members_ ABSL_GUARDED_BY(mu_);  // the current epoch, in rank order
   std::vector<uint64_t> joiners_ ABSL_GUARDED_BY(mu_);  // waiting for a step boundary
+  // Per joiner: the job's step at whose commit it is admitted (0: the next commit).
+  std::map<uint64_t, uint64_t> join_target_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps
   std::map<uint64_t, Report> reports_ ABSL_GUARDED_BY(mu_);  // the current sync/forward phase's

@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/topk_ef.h"
+#include "comm/elastic_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -74,6 +75,9 @@ struct Member {
   std::unique_ptr<ElasticGroup> group;
   std::map<uint64_t, uint64_t> out_hash;  // committed step -> hash of its aggregate
   std::vector<uint64_t> committed;        // steps this member committed, in order
+  // The last exchange's aggregate: left as it is until the next call (the group may forward
+  // it from there to a member whose exchange failed).
+  std::vector<float> out = std::vector<float>(kElements);
   int aborted = 0;
 
   absl::Status Join(const ElasticMaster& master, const std::string& name,
@@ -95,7 +99,7 @@ struct Member {
       }
       LBCC_RETURN_IF_ERROR(s);
       const uint64_t step = group->step();
-      std::vector<float> delta = Delta(seed, step), out(kElements, -1.f);
+      std::vector<float> delta = Delta(seed, step);
       LBCC_ASSIGN_OR_RETURN(TensorView d, TensorView::Host(delta.data(), {kElements}));
       LBCC_ASSIGN_OR_RETURN(TensorView o, TensorView::Host(out.data(), {kElements}));
       s = group->SparseAllReduce({{d, o, &state}}, &codec);
@@ -268,6 +272,196 @@ TEST(ElasticTest, ANewcomerWaitsForTheStepInFlightThenGetsTheState) {
   EXPECT_EQ(m[2].out_hash.at(3), m[0].out_hash.at(3));
   EXPECT_GE(m[2].group->stats().state_bytes_received, kElements * sizeof(float));
   for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+// The forward phase: a step that failed on one live member only while the others committed
+// it. The live communicator's own agreement makes that rare, so the third member here speaks
+// the members' protocol itself (elastic_wire.h) over a real communicator of each epoch: it
+// takes part in the exchange and then reports a failure. The master must forward the step: in
+// the next epoch the lowest rank that committed sends its result to that member, which gets
+// exactly the bits it computed itself; the others commit the step once, and go on.
+TEST(ElasticTest, AStepThatFailedOnOneLiveMemberOnlyIsForwardedToIt) {
+  using elastic::Message;
+  using elastic::MsgType;
+  using elastic::Phase;
+  auto master = StartMaster(3);
+  ASSERT_NE(master, nullptr);
+  auto codec = Codec();
+  Member m[2];
+  for (int i = 0; i < 2; ++i) m[i].seed = i;
+  // The two real members join first (ranks 0 and 1); the shared state is empty, so the first
+  // boundary moves nothing but still runs its phase (the fake takes part in it).
+  std::thread real([&] {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 2; ++i) {
+      t.emplace_back([&, i] {
+        ElasticOptions o = MemberOptions(*master, absl::StrCat("m", i));
+        absl::StatusOr<std::unique_ptr<ElasticGroup>> g = ElasticGroup::Join(o, {});
+        ASSERT_THAT(g.status(), IsOk());
+        m[i].group = std::move(*g);
+      });
+      // m0 waits before m1 joins (ranks in join order); the fake joins once both wait.
+      if (i == 0) ASSERT_TRUE(master->AwaitWaiting(1, absl::Seconds(30)));
+    }
+    for (auto& x : t) x.join();
+  });
+  ASSERT_TRUE(master->AwaitWaiting(2, absl::Seconds(30)));
+  absl::StatusOr<std::unique_ptr<elastic::Socket>> sock =
+      elastic::Socket::Connect(master->address(), absl::Now() + absl::Seconds(10));
+  ASSERT_THAT(sock.status(), IsOk());
+  auto send = [&](Message msg) {
+    ASSERT_THAT((*sock)->Send(msg, absl::Now() + absl::Seconds(5)), IsOk());
+  };
+  // The next message of `type` (heartbeats and others skipped).
+  auto next = [&](MsgType type) -> Message {
+    while (true) {
+      absl::StatusOr<Message> msg = (*sock)->Receive(absl::Now() + absl::Seconds(30));
+      EXPECT_THAT(msg.status(), IsOk());
+      if (!msg.ok() || msg->type == type) return msg.ok() ? *msg : Message{};
+    }
+  };
+  Message join;
+  join.type = MsgType::kJoin;
+  join.job_id = "job-1";
+  join.name = "fake";
+  send(join);
+  // Heartbeats, as a member sends them, until the fake leaves.
+  std::atomic<bool> beating{true};
+  std::thread heartbeat([&] {
+    Message hb;
+    hb.type = MsgType::kHeartbeat;
+    while (beating) {
+      (void)(*sock)->Send(hb, absl::Now() + absl::Seconds(1));
+      absl::SleepFor(absl::Milliseconds(250));  // the heartbeat period, not a synchronisation
+    }
+  });
+  struct StopBeating {
+    std::atomic<bool>* beating;
+    std::thread* t;
+    ~StopBeating() {
+      *beating = false;
+      t->join();
+    }
+  } stop_beating{&beating, &heartbeat};
+  next(MsgType::kWelcome);
+  const Message e1 = next(MsgType::kEpoch);
+  real.join();
+  ASSERT_EQ(e1.rank, 2u);
+  ASSERT_EQ(e1.nranks, 3u);
+  UniqueId id;
+  ASSERT_EQ(e1.unique_id.size(), sizeof(id.internal));
+  std::memcpy(id.internal, e1.unique_id.data(), sizeof(id.internal));
+  CommConfig config;
+  config.backend = "loopback";
+  std::unique_ptr<Communicator> comm1;
+  std::thread build([&] {
+    absl::StatusOr<std::unique_ptr<Communicator>> c = Communicator::Init(id, 3, 2, config);
+    ASSERT_THAT(c.status(), IsOk());
+    comm1 = std::move(*c);
+  });
+
+  // Members 0 and 1 step once (boundary: the state phase, then the exchange of step 0).
+  std::vector<absl::Status> first(2);
+  std::thread steps([&] {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 2; ++i) t.emplace_back([&, i] { first[i] = m[i].Step(*codec); });
+    for (auto& x : t) x.join();
+  });
+  build.join();
+  ASSERT_NE(comm1, nullptr);
+  // The fake's boundary: its state record (empty, like everyone's), and a report.
+  struct Record {
+    uint8_t synced = 0;
+    uint64_t hash = 0;
+    uint64_t bytes = 0;
+  } record;
+  record.hash = XXH3_64bits(nullptr, 0);
+  std::string mine(reinterpret_cast<const char*>(&record), sizeof(record)), *mine_ptr = &mine;
+  std::vector<std::string> all;
+  ASSERT_THAT(comm1->AllGatherV(mine_ptr, &all)->Wait(), IsOk());
+  Message report;
+  report.type = MsgType::kReport;
+  report.epoch = e1.epoch;
+  report.phase = Phase::kSync;
+  report.ok = true;
+  send(report);
+  ASSERT_TRUE(next(MsgType::kDecision).ok) << "the state phase did not commit";
+  // The fake's exchange of step 0: it takes part for real, then reports a failure.
+  std::vector<float> delta = Delta(2, 0), out(kElements);
+  codecs::TopKEfState state;
+  ASSERT_THAT(comm1
+                  ->SparseAllReduce({{*TensorView::Host(delta.data(), {kElements}),
+                                      *TensorView::Host(out.data(), {kElements}), &state}},
+                                    codec.get())
+                  ->Wait(),
+              IsOk());
+  report.phase = Phase::kStep;
+  report.step = 0;
+  report.ok = false;
+  report.code = static_cast<uint32_t>(absl::StatusCode::kUnavailable);
+  report.text = "the fake member's exchange failed";
+  send(report);
+  steps.join();
+  for (const absl::Status& s : first) ASSERT_THAT(s, IsOk());  // committed at once
+
+  const Message decision = next(MsgType::kDecision);
+  EXPECT_FALSE(decision.ok);
+  EXPECT_TRUE(decision.forward) << decision.text;
+  const Message e2 = next(MsgType::kEpoch);
+  ASSERT_TRUE(e2.forward);
+  EXPECT_EQ(e2.forward_step, 0u);
+  EXPECT_EQ(e2.forward_source, 0u);  // the lowest rank that committed
+  EXPECT_EQ(e2.forward_to, std::vector<uint32_t>{2});
+  ASSERT_EQ(e2.parent_epoch, e1.epoch);  // departures only: derived, no new connections
+  absl::StatusOr<std::unique_ptr<Communicator>> comm2 = comm1->Subgroup(
+      std::vector<int>(e2.parent_ranks.begin(), e2.parent_ranks.end()),
+      static_cast<uint32_t>(2 + e2.epoch % 65534));
+  ASSERT_THAT(comm2.status(), IsOk());
+
+  // Members 0 and 1 start their next step: its boundary runs the forward phase first.
+  std::vector<absl::Status> second(2);
+  std::thread more([&] {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 2; ++i) t.emplace_back([&, i] { second[i] = m[i].Step(*codec); });
+    for (auto& x : t) x.join();
+  });
+  struct Header {
+    uint32_t magic = 0, compressed = 0;
+    uint64_t raw_bytes = 0, wire_bytes = 0, hash = 0;
+  } header;
+  constexpr uint32_t kForwardTag = 0x5e1b;
+  ASSERT_THAT((*comm2)->DenseRecv(&header, sizeof(header), 0, kForwardTag)->Wait(), IsOk());
+  EXPECT_EQ(header.magic, 0x5453424cu);
+  ASSERT_EQ(header.raw_bytes, kElements * sizeof(float));
+  std::vector<float> forwarded(kElements);
+  ASSERT_THAT((*comm2)->DenseRecv(forwarded.data(), header.raw_bytes, 0, kForwardTag)->Wait(),
+              IsOk());
+  EXPECT_EQ(header.hash, XXH3_64bits(forwarded.data(), header.raw_bytes));
+  EXPECT_EQ(forwarded, out) << "the forwarded result is not the step's";
+  EXPECT_EQ(Hash(out), m[0].out_hash.at(0));
+  report.epoch = e2.epoch;
+  report.phase = Phase::kForward;
+  report.ok = true;
+  report.code = 0;
+  report.text.clear();
+  send(report);
+  EXPECT_TRUE(next(MsgType::kDecision).ok) << "the forward phase did not commit";
+  // The fake leaves; the others' step 1 goes on without it.
+  Message leave;
+  leave.type = MsgType::kLeave;
+  send(leave);
+  more.join();
+  for (const absl::Status& s : second) EXPECT_THAT(s, IsOk());
+  EXPECT_TRUE(master->AwaitCommittedSteps(2, absl::Seconds(30)));
+  EXPECT_EQ(m[0].out_hash, m[1].out_hash);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(m[i].committed, (std::vector<uint64_t>{0, 1}));
+    ExpectErrorFeedbackExact(m[i], *codec);
+  }
+  // Closing lingers for the peers' goodbyes: the members close theirs first.
+  for (int i = 0; i < 2; ++i) EXPECT_THAT(m[i].group->Leave(), IsOk());
+  comm2->reset();
+  comm1.reset();
 }
 
 TEST(ElasticTest, WrongJobIdAndStaleStateAreRefused) {

@@ -20,7 +20,7 @@ namespace lbcc::comm::elastic {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d45424c;  // "LBEM"
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 constexpr uint32_t kMaxFrame = 1 << 20;
 
 class Writer {
@@ -96,6 +96,9 @@ std::string Encode(const Message& m) {
       w.PutString(m.job_id);
       w.PutString(m.name);
       w.Put<int64_t>(m.state_step);
+      w.PutString(m.replica);
+      w.Put<uint32_t>(m.stage);
+      w.Put<uint32_t>(m.replica_stages);
       break;
     case MsgType::kWelcome:
       w.Put<uint64_t>(m.member_id);
@@ -139,9 +142,11 @@ std::string Encode(const Message& m) {
     case MsgType::kRefuse:
       w.Put<uint32_t>(m.code);
       break;
+    case MsgType::kEvicted:
+      w.Put<uint8_t>(m.replica_left);
+      break;
     case MsgType::kHeartbeat:
     case MsgType::kLeave:
-    case MsgType::kEvicted:
       break;
   }
   w.PutString(m.text);
@@ -168,7 +173,8 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
   uint32_t count = 0;
   switch (m.type) {
     case MsgType::kJoin:
-      r.GetString(&m.job_id) && r.GetString(&m.name) && r.Get(&m.state_step);
+      r.GetString(&m.job_id) && r.GetString(&m.name) && r.Get(&m.state_step) &&
+          r.GetString(&m.replica) && r.Get(&m.stage) && r.Get(&m.replica_stages);
       break;
     case MsgType::kWelcome:
       r.Get(&m.member_id) && r.Get(&m.step) && r.Get(&m.peer_timeout_ms);
@@ -226,9 +232,11 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
     case MsgType::kRefuse:
       r.Get(&m.code);
       break;
+    case MsgType::kEvicted:
+      r.GetBool(&m.replica_left);
+      break;
     case MsgType::kHeartbeat:
     case MsgType::kLeave:
-    case MsgType::kEvicted:
       break;
   }
   r.GetString(&m.text);

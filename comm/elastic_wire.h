@@ -46,6 +46,11 @@ struct Message {
   // kJoin
   std::string job_id, name;
   int64_t state_step = -1;
+  // kJoin: stage `stage` of pipeline replica `replica`, which has `replica_stages` stages
+  // (0: not a pipeline stage). kEvicted: `replica_left`, its pipeline replica left.
+  std::string replica;
+  uint32_t stage = 0, replica_stages = 0;
+  bool replica_left = false;
   // kWelcome / kEpoch / kReport / kDecision / kSetupFailed
   uint64_t member_id = 0;
   uint64_t epoch = 0;

@@ -357,7 +357,9 @@ lbccResult_t lbccElasticJoin(lbccElastic_t* group, const lbccElasticConfig_t* co
 /* The start of an outer step: adopts the newest epoch; newcomers receive the shared state. */
 lbccResult_t lbccElasticBoundary(lbccElastic_t group);
 /* lbccSparseAllReduce over the epoch's members (arguments as there), blocking. The states are
- * committed only when every member of the epoch succeeded; otherwise outs must be ignored. */
+ * committed only when every member of the epoch succeeded; otherwise outs must be ignored.
+ * After a success, leave outs unwritten and allocated until the next call on the group (it may
+ * forward them from there to a member whose exchange failed). */
 lbccResult_t lbccElasticSparseAllReduce(int ntensors, const float* const* deltas,
                                         float* const* outs, const int* ranks,
                                         const int64_t* const* dims, lbccTopKState_t* states,

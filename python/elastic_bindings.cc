@@ -19,6 +19,14 @@ namespace {
 struct PyElasticGroup {
   std::unique_ptr<comm::ElasticGroup> group;
   py::tuple shared;  // the arrays the group reads and writes
+  // The outputs of the last successful exchange, kept alive until the next call: the group
+  // may forward them from there to a member whose exchange failed (comm/elastic.h).
+  py::list held_outs;
+};
+
+// comm::ElasticUnits is opaque: Python holds it through this.
+struct PyElasticUnits {
+  std::shared_ptr<comm::ElasticUnits> units;
 };
 
 comm::ElasticGroup& Group(PyElasticGroup& self) {
@@ -31,11 +39,19 @@ comm::ElasticGroup& Group(PyElasticGroup& self) {
 }  // namespace
 
 void BindElastic(py::module_& m) {
+  py::class_<PyElasticUnits>(
+      m, "ElasticUnits",
+      "Shared by the ElasticMasters of one model's shard jobs (in one process): pipeline "
+      "replicas leave and join as units across them (comm/elastic.h).")
+      .def(py::init([] { return PyElasticUnits{comm::NewElasticUnits()}; }));
+
   py::class_<comm::ElasticMaster>(m, "ElasticMaster",
                                   "The membership service of an elastic job (lbcc-master).")
       .def(py::init([](const std::string& job_id, const std::string& listen,
-                       double peer_timeout_ms, int min_members, const std::string& bootstrap_host) {
+                       double peer_timeout_ms, int min_members, const std::string& bootstrap_host,
+                       const PyElasticUnits* units) {
              comm::ElasticMasterOptions o;
+             if (units != nullptr) o.units = units->units;
              o.job_id = job_id;
              o.listen_address = listen;
              o.peer_timeout = absl::Milliseconds(peer_timeout_ms);
@@ -45,7 +61,8 @@ void BindElastic(py::module_& m) {
              return ValueOrThrow(comm::ElasticMaster::Start(o));
            }),
            py::arg("job_id"), py::arg("listen") = "127.0.0.1:0", py::arg("peer_timeout_ms") = 0.0,
-           py::arg("min_members") = 1, py::arg("bootstrap_host") = "")
+           py::arg("min_members") = 1, py::arg("bootstrap_host") = "",
+           py::arg("units") = nullptr)
       .def_property_readonly("address", &comm::ElasticMaster::address)
       .def_property_readonly("epoch", &comm::ElasticMaster::epoch)
       .def_property_readonly("committed_steps", &comm::ElasticMaster::committed_steps)
@@ -63,7 +80,8 @@ void BindElastic(py::module_& m) {
   py::class_<PyElasticGroup>(m, "_ElasticGroup", "One member of an elastic job (use lbcc.ElasticGroup).")
       .def(py::init([](py::list shared, const std::string& master, const std::string& job_id,
                        const std::string& name, const std::string& backend, double op_timeout,
-                       double join_timeout, double peer_timeout_ms, int64_t state_step) {
+                       double join_timeout, double peer_timeout_ms, int64_t state_step,
+                       const std::string& replica, int stage, int replica_stages) {
              auto self = std::make_unique<PyElasticGroup>();
              self->shared = py::tuple(shared);
              std::vector<TensorView> views;
@@ -80,6 +98,9 @@ void BindElastic(py::module_& m) {
              o.join_timeout = absl::Seconds(join_timeout);
              o.peer_timeout = absl::Milliseconds(peer_timeout_ms);
              o.state_step = state_step;
+             o.replica = replica;
+             o.stage = stage;
+             o.replica_stages = replica_stages;
              py::gil_scoped_release release;
              self->group = ValueOrThrow(comm::ElasticGroup::Join(o, std::move(views)));
              return self;
@@ -87,7 +108,8 @@ void BindElastic(py::module_& m) {
            py::arg("shared_state"), py::arg("master_address") = "", py::arg("job_id"),
            py::arg("name") = "", py::arg("backend") = "", py::arg("op_timeout") = 300.0,
            py::arg("join_timeout") = 600.0, py::arg("peer_timeout_ms") = 0.0,
-           py::arg("state_step") = -1)
+           py::arg("state_step") = -1, py::arg("replica") = "", py::arg("stage") = 0,
+           py::arg("replica_stages") = 0)
       .def("boundary",
            [](PyElasticGroup& self) {
              comm::ElasticGroup& g = Group(self);
@@ -119,8 +141,13 @@ void BindElastic(py::module_& m) {
             codecs::DecodeOptions decode;
             decode.aggregation = ParseAggregationOrThrow(aggregation);
             comm::ElasticGroup& g = Group(self);
-            py::gil_scoped_release release;
-            ThrowIfError(g.SparseAllReduce(tensors, codec.get(), decode));
+            absl::Status status;
+            {
+              py::gil_scoped_release release;
+              status = g.SparseAllReduce(tensors, codec.get(), decode);
+            }
+            if (status.ok()) self.held_outs = outs;
+            ThrowIfError(status);
           },
           py::arg("deltas"), py::arg("outs"), py::arg("codec"), py::arg("states"),
           py::arg("aggregation") = "sparseloco")

@@ -63,11 +63,11 @@ from lbcc._lbcc import (
 from lbcc import _torch_spellings
 
 _torch_spellings.install(Communicator)  # size(), get_rank(), op=ReduceOp, src=/dst= (see there)
-from lbcc.elastic import ElasticGroup, ElasticMaster
+from lbcc.elastic import ElasticGroup, ElasticMaster, ElasticUnits
 
 __all__ = [
     "AbortedError", "ArgumentTypeError", "CancelledError", "Codec", "CodecState", "Communicator", "DataLossError",
-    "DeadlineExceededError", "DenseQuantCodec", "ElasticGroup", "ElasticMaster", "Error", "FailedPreconditionError",
+    "DeadlineExceededError", "DenseQuantCodec", "ElasticGroup", "ElasticMaster", "ElasticUnits", "Error", "FailedPreconditionError",
     "InternalError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError", "Request",
     "SubspaceBasis", "SubspaceCodec", "TopKEfCodec", "TopKEfState", "Topology",
     "UnavailableError", "UnimplementedError", "broadcast_bytes", "create_unique_id", "decode",

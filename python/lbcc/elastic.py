@@ -14,12 +14,25 @@ SparseLoCo job. `ElasticMaster` is the membership service (also the `lbcc-master
 A retried call has rolled its error-feedback states back, so it is repeated with the same
 inputs. Errors other than a membership change raise as usual (lbcc.errors); the master's loss
 raises UnavailableError naming it.
+
+Pipeline replicas: the masters of a model's shard jobs share one `ElasticUnits`
+(`ElasticMaster(job, units=units)`), and each stage joins its shard's job with
+`replica="pipe0", stage=s, replica_stages=n`. A stage that leaves takes its replica out of every
+shard's group: the other stages' calls raise FailedPreconditionError (`replica_left(e)` is True);
+they join again, and are admitted once every stage is back, all at one outer step.
 """
 
 from lbcc import errors
-from lbcc._lbcc import ElasticMaster, _ElasticGroup
+from lbcc._lbcc import ElasticMaster, ElasticUnits, _ElasticGroup
 
-__all__ = ["ElasticGroup", "ElasticMaster", "retrying"]
+__all__ = ["ElasticGroup", "ElasticMaster", "ElasticUnits", "replica_left", "retrying"]
+
+
+def replica_left(error):
+    """True for the error a pipeline stage's call raises when another stage of its replica
+    left (comm::IsReplicaLeft): the stage is out of its group and joins again."""
+    return (isinstance(error, errors.FailedPreconditionError) and
+            "left the data-parallel group" in str(error) and "pipeline replica" in str(error))
 
 
 def retrying(call, retries=1000, on_retry=None):
@@ -42,7 +55,8 @@ class ElasticGroup:
     newcomer's first boundary(). Keyword options: master_address (default LBCC_MASTER_ADDR),
     job_id, name, backend ("ucx", "loopback"), op_timeout and join_timeout (seconds),
     peer_timeout_ms (default LBCC_PEER_TIMEOUT_MS), state_step (the committed step whose state
-    this member holds; another step is refused as stale)."""
+    this member holds; another step is refused as stale), replica, stage and replica_stages (a
+    pipeline stage: see the module doc)."""
 
     def __init__(self, shared_state, *, job_id, retries=1000, on_retry=None, **options):
         self._group = _ElasticGroup(list(shared_state), job_id=job_id, **options)

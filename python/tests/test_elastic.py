@@ -126,3 +126,93 @@ def test_sparseloco_outer_step_over_an_elastic_group():
     for x, y in zip(a, b):
         assert torch.equal(x, y)
     master.stop()
+
+
+def test_a_pipeline_replica_leaves_and_rejoins_as_a_unit():
+    """Two shard jobs whose masters share ElasticUnits; a full replica in both, a two-stage
+    pipeline replica (stage 0 in shard 0, stage 1 in shard 1). Stage 1 leaves: stage 0 is
+    told (replica_left) and is out of shard 0's group; new stages are admitted together, at
+    one outer step, while the full replica keeps stepping."""
+    units = lbcc.ElasticUnits()
+    masters = [lbcc.ElasticMaster(f"shard{s}", min_members=2, peer_timeout_ms=2000, units=units)
+               for s in (0, 1)]
+    codec = lbcc.TopKEfCodec(top_k=64)
+
+    def join(shard, name, stage=None, params=None):
+        kw = {} if stage is None else dict(replica="pipe", stage=stage, replica_stages=2)
+        return lbcc.ElasticGroup([params if params is not None else torch.zeros(N)],
+                                 master_address=masters[shard].address, job_id=f"shard{shard}",
+                                 name=name, backend="loopback", peer_timeout_ms=2000,
+                                 op_timeout=30, join_timeout=30, **kw)
+
+    def step(group, seed, state, record):
+        group.boundary()
+        s = group.step
+        delta = torch.randn(N, generator=torch.Generator().manual_seed(seed * 1000 + s))
+        out = torch.empty(N)
+        group.sparse_all_reduce([delta], [out], codec, [state])
+        record[s] = out.clone()
+
+    full, stage = {}, {}
+    full_states = [codec.new_state(), codec.new_state()]
+    seen = {"full": ({}, {}), "stage0": {}, "stage1": {}}
+
+    def full_join():
+        full["g"] = [join(0, "full/0"), join(1, "full/1")]
+
+    def stage_join(i):
+        stage[f"s{i}"] = join(i, f"stage{i}", i)
+    run_threads([full_join, lambda: stage_join(0), lambda: stage_join(1)])
+    st = [codec.new_state(), codec.new_state()]
+
+    def full_steps(n):
+        for _ in range(n):
+            for s in (0, 1):
+                step(full["g"][s], 0 + s, full_states[s], seen["full"][s])
+
+    def stage_steps(i, n):
+        for _ in range(n):
+            step(stage[f"s{i}"], 10 + i, st[i], seen[f"stage{i}"])
+
+    run_threads([lambda: full_steps(2), lambda: stage_steps(0, 2), lambda: stage_steps(1, 2)])
+    stage["s1"].leave()
+    with pytest.raises(lbcc.FailedPreconditionError) as left:
+        stage_steps(0, 1)
+    assert lbcc.elastic.replica_left(left.value), str(left.value)
+    assert "its stage 1 (stage1) left" in str(left.value)
+    stage["s0"].leave()
+    full_steps(2)  # shards 0 and 1 go on with the full replica alone
+    assert masters[0].members == 1 and masters[1].members == 1
+
+    # The replica comes back as a unit: both stages are admitted at one outer step.
+    done = threading.Event()
+    st[:] = [codec.new_state(), codec.new_state()]
+    both = threading.Barrier(2)
+
+    def full_until_done():
+        while not done.is_set():
+            full_steps(1)
+
+    def back(i):
+        stage_join(i)
+        admitted = stage[f"s{i}"].step
+        stage_steps(i, 2)
+        both.wait(60)
+        stage[f"s{i}"].leave()  # the full replica's step in flight retries without them
+        return admitted
+
+    def back_last(i):
+        try:
+            return back(i)
+        finally:
+            done.set()
+    results = run_threads([full_until_done, lambda: back(0), lambda: back_last(1)])
+    assert results[1] == results[2], f"stages admitted at outer steps {results[1:]}"
+    for i in (0, 1):
+        for s, out in seen[f"stage{i}"].items():
+            if s in seen["full"][i]:
+                assert torch.equal(out, seen["full"][i][s]), (i, s)
+    for g in full["g"]:
+        g.leave()
+    for m in masters:
+        m.stop()
