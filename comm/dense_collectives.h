@@ -52,7 +52,8 @@ bool IsFloatingDense(DenseType type);
 absl::Status CheckDenseOp(DenseType type, DenseOp op);
 
 // dst[i] = dst[i] op src[i] for `count` elements (avg adds; DenseFinish divides). The pair must
-// pass CheckDenseOp.
+// pass CheckDenseOp; dst and src must not overlap. Vectorized per op (the same bits as the
+// element-by-element loop).
 void DenseCombine(void* dst, const void* src, size_t count, DenseType type, DenseOp op);
 // Applies the last step of `op` over `n` ranks: divides by n for avg, nothing otherwise.
 void DenseFinish(void* data, size_t count, DenseType type, DenseOp op, int n);
