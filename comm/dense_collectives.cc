@@ -720,10 +720,17 @@ RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count,
   absl::Status check = CheckDenseOp(type, op);
   if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
   if (!check.ok()) return PostRejected("DenseAllReduce", check);
-  const bool direct = count * DenseTypeSize(type) <= kDenseDirectAllReduceBytes;
-  if (direct && !options.verify) {
+  // The selection table (or the configured or requested algorithm) chooses, as for AllReduce.
+  const size_t bytes = count * DenseTypeSize(type);
+  absl::StatusOr<Algorithm> chosen =
+      ChooseAlgorithm(Collective::kAllReduce, group_, bytes, options.algorithm);
+  if (!chosen.ok()) return PostRejected("DenseAllReduce", chosen.status());
+  const bool direct = *chosen == Algorithm::kDirect;
+  Signature signature = DenseSignature(*this, "DenseAllReduce", count, type, op, -1);
+  signature.Add("algorithm", AlgorithmName(*chosen));
+  if (direct && !options.verify && bytes <= kMaxHeaderData) {
     // One round, the operation header in it.
-    return PostWithHeader(DenseSignature(*this, "DenseAllReduce", count, type, op, -1),
+    return PostWithHeader(std::move(signature),
                           [=](const Group& g, Tag tag, uint64_t sequence,
                               const Signature& signature, absl::Time deadline) {
                             return DenseAllReduceDirectWithHeader(g, tag, sequence, signature, in,
@@ -732,7 +739,7 @@ RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count,
                           },
                           options.timeout);
   }
-  return Post(DenseSignature(*this, "DenseAllReduce", count, type, op, -1),
+  return Post(std::move(signature),
               Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          if (direct) {
