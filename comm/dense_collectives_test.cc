@@ -447,5 +447,38 @@ TEST(DenseCollectivesTest, UnverifiedSizeMismatchFailsEveryRank) {
   }
 }
 
+// DenseAllReduce takes its algorithm from ChooseAlgorithm: a forced ring on a small buffer and a
+// forced direct one on a buffer beyond the header's data (no header in its round) both reduce
+// correctly; ranks that choose differently fail together, naming the algorithm.
+TEST(DenseCollectivesTest, AllReduceAlgorithmComesFromTheSelection) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    for (auto [algorithm, count] : {std::pair{Algorithm::kRing, size_t{37}},
+                                    std::pair{Algorithm::kDirect, size_t{40000}},
+                                    std::pair{Algorithm::kAuto, size_t{40000}}}) {
+      std::vector<uint8_t> data = Filled(rank, count, DenseType::kI32);
+      DenseOptions options;
+      options.algorithm = algorithm;
+      LBCC_RETURN_IF_ERROR(comm.DenseAllReduce(data.data(), data.data(), count, DenseType::kI32,
+                                               DenseOp::kSum, options)
+                               ->Wait());
+      LBCC_RETURN_IF_ERROR(Expect(data.data(), count, DenseType::kI32, DenseOp::kSum, 0,
+                                  AlgorithmName(algorithm)));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  auto mixed = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    std::vector<float> data(40000, 1.0f);  // beyond the header's data: both post a header round
+    DenseOptions options;
+    options.algorithm = rank == 2 ? Algorithm::kDirect : Algorithm::kRing;
+    return comm.DenseAllReduce(data.data(), data.data(), data.size(), DenseType::kF32,
+                               DenseOp::kSum, options)
+        ->Wait();
+  });
+  for (const absl::Status& status : mixed) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("algorithm")));
+  }
+}
+
 }  // namespace
 }  // namespace lbcc::comm
