@@ -563,14 +563,15 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
   };
   // Combined receives land in one of two staging buffers (by step parity) first; a step's
   // receives are posted a step ahead, the next buffer's once the step before it was combined.
-  std::vector<uint8_t> incoming[2];
+  // Not zero-filled: every byte a combine reads was received first.
+  std::unique_ptr<uint8_t[]> incoming[2];
   if (staged > 0) {
-    for (auto& buffer : incoming) buffer.resize(largest * element);
+    for (auto& buffer : incoming) buffer.reset(new uint8_t[largest * element]);
   }
   auto target = [&](int step, size_t j) -> uint8_t* {
     const int c = schedule.recv_chunk(step);
     if (step >= staged) return data + seg_begin(c, j);
-    return incoming[step % 2].data() + (seg_begin(c, j) - offsets[c]);
+    return incoming[step % 2].get() + (seg_begin(c, j) - offsets[c]);
   };
   // Declared after the buffers they point into, so they are destroyed (drained) first.
   std::vector<std::unique_ptr<Batch>> sends;
