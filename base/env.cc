@@ -101,9 +101,9 @@ constexpr Spec kSpecs[] = {
      "waits for at most the chunks in flight.",
      {}, 4096, 64 << 20},
     {"LBCC_SLOW_EAGER_BYTES", Type::kBytes, "4M",
-     "UCX transport: slow-link chunks up to this size use UCX's eager protocol instead of a "
-     "rendezvous whose reply would queue behind data on the sender's own down-link; 0: let UCX "
-     "choose.",
+     "UCX transport: slow-link chunks, and fast-link chunks to another machine, up to this size "
+     "use UCX's eager protocol instead of a rendezvous whose reply would queue behind data on "
+     "the sender's own down-link; 0: let UCX choose.",
      {}, 0, int64_t{1} << 30},
     {"LBCC_SLOW_LINK_GBITS", Type::kDouble, "10",
      "Transport: a link probed below this rate (Gbit/s, either direction) is slow.", {}, 1e-6,

@@ -51,6 +51,7 @@ if ((reuse)); then
   command_line=$(cat "$out/command.txt")
 else
   echo "$command_line" > "$out/command.txt"
+  start_s=$SECONDS
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg) at the start (1, 5, 15 min), tree $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- python comm transport || echo ' + uncommitted changes')" > "$out/when.txt"
 fi
 
@@ -112,6 +113,10 @@ for ((p = 0; p < pairs && !reuse; ++p)); do
   run "loopback_gloo_$p" gloo loopback "$small_calls"
 done
 
+if ((!reuse)); then
+  echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end, $((SECONDS - start_s)) s of runs" > "$out/end.txt"
+fi
+
 summary=$("$python" - "$out" "$pairs" "$rate" "$testbed" <<'PY'
 import json, re, statistics, sys
 out, pairs, rate, testbed = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -167,6 +172,7 @@ if [[ -n $results ]]; then
     echo "# torch.distributed backend lbcc vs gloo (bench/torch_backend_perf.sh)"
     echo
     echo "- measured: $(cat "$out/when.txt" 2>/dev/null || echo unknown)"
+    echo "- then: $(cat "$out/end.txt" 2>/dev/null || echo unknown)"
     echo "- machine: $(uname -srm), $(getconf _NPROCESSORS_ONLN) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared with other jobs"
     echo "- command: \`$command_line\`"
     echo

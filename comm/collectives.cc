@@ -15,6 +15,7 @@
 #include "base/logging.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
+#include "transport/netif.h"
 
 namespace lbcc::comm {
 namespace {
@@ -66,6 +67,20 @@ absl::Status Unbundle(const std::string& bundle, std::vector<std::string>* paylo
   }
   if (offset != bundle.size()) return absl::DataLossError("trailing bytes in payload bundle");
   return absl::OkStatus();
+}
+
+// Whether ranks a and b advertise different hosts (UCX's "host:port"; other backends' addresses
+// name no host: never).
+bool AcrossNetwork(const Fabric& fabric, int a, int b) {
+  const std::vector<std::string>& addresses = fabric.addresses();
+  if (a >= static_cast<int>(addresses.size()) || b >= static_cast<int>(addresses.size())) {
+    return false;
+  }
+  absl::StatusOr<transport::HostAndPort> host_a =
+      transport::ParseHostPort(addresses[a], "address");
+  absl::StatusOr<transport::HostAndPort> host_b =
+      transport::ParseHostPort(addresses[b], "address");
+  return host_a.ok() && host_b.ok() && host_a->host != host_b->host;
 }
 
 // dst[i] = round(float(dst[i]) + float(src[i])) in `dtype`.
@@ -529,11 +544,14 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
   // Segments pay where a chunk takes long on the wire: over slow links. Over fast ones a step
   // takes about as long as the thread hand-offs a segment costs, so a chunk goes whole. Every
   // rank derives the same segments from the same offsets and topology.
+  // Neighbours that advertise different hosts have a network between them even where the
+  // topology made one fast island of them (hosts that share a name, as tools/testbed's do), and
+  // a chunk takes long on such a wire too.
   bool slow_ring = false;
   for (int i = 0; i < n; ++i) {
-    slow_ring = slow_ring || group.fabric->topology().link(group.ranks[i],
-                                                           group.ranks[(i + 1) % n]) ==
-                                 LinkClass::kSlow;
+    const int a = group.ranks[i], b = group.ranks[(i + 1) % n];
+    slow_ring = slow_ring || group.fabric->topology().link(a, b) == LinkClass::kSlow ||
+                AcrossNetwork(*group.fabric, a, b);
   }
   const size_t segments =
       !slow_ring ? 1
@@ -545,14 +563,15 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
   };
   // Combined receives land in one of two staging buffers (by step parity) first; a step's
   // receives are posted a step ahead, the next buffer's once the step before it was combined.
-  std::vector<uint8_t> incoming[2];
+  // Not zero-filled: every byte a combine reads was received first.
+  std::unique_ptr<uint8_t[]> incoming[2];
   if (staged > 0) {
-    for (auto& buffer : incoming) buffer.resize(largest * element);
+    for (auto& buffer : incoming) buffer.reset(new uint8_t[largest * element]);
   }
   auto target = [&](int step, size_t j) -> uint8_t* {
     const int c = schedule.recv_chunk(step);
     if (step >= staged) return data + seg_begin(c, j);
-    return incoming[step % 2].data() + (seg_begin(c, j) - offsets[c]);
+    return incoming[step % 2].get() + (seg_begin(c, j) - offsets[c]);
   };
   // Declared after the buffers they point into, so they are destroyed (drained) first.
   std::vector<std::unique_ptr<Batch>> sends;

@@ -52,7 +52,8 @@ bool IsFloatingDense(DenseType type);
 absl::Status CheckDenseOp(DenseType type, DenseOp op);
 
 // dst[i] = dst[i] op src[i] for `count` elements (avg adds; DenseFinish divides). The pair must
-// pass CheckDenseOp.
+// pass CheckDenseOp; dst and src must not overlap. Vectorized per op (the same bits as the
+// element-by-element loop).
 void DenseCombine(void* dst, const void* src, size_t count, DenseType type, DenseOp op);
 // Applies the last step of `op` over `n` ranks: divides by n for avg, nothing otherwise.
 void DenseFinish(void* data, size_t count, DenseType type, DenseOp op, int n);
@@ -62,6 +63,10 @@ struct DenseOptions {
   transport::Priority priority = transport::Priority::kNormal;
   // Also exchange the textual fingerprint first (one more small all-gather); see the header.
   bool verify = false;
+  // DenseAllReduce: kAuto takes the communicator's configured choice (LBCC_ALGO's allreduce=),
+  // else the selection table's (comm/algorithms.h: direct up to 64 KiB per rank, else ring);
+  // direct or ring force one (Communicator::ChooseAlgorithm).
+  Algorithm algorithm = Algorithm::kAuto;
 };
 
 // Group-level algorithms (blocking). Buffers are `count` elements of `type` unless said.
@@ -72,7 +77,8 @@ absl::Status DenseAllReduceRing(const Group& group, transport::Tag tag, const vo
                                 transport::Priority priority, absl::Time deadline);
 // The same result for small buffers in one round: every rank's `in` to every rank, folded in
 // rank order (identical bits on every rank) instead of the ring's 2 (n - 1) latency-bound
-// rounds. Communicator::DenseAllReduce uses it up to kDenseDirectAllReduceBytes.
+// rounds. Communicator::DenseAllReduce uses it where the selection table (comm/algorithms.h)
+// says direct: up to kDenseDirectAllReduceBytes.
 inline constexpr size_t kDenseDirectAllReduceBytes = size_t{64} << 10;
 absl::Status DenseAllReduceDirect(const Group& group, transport::Tag tag, const void* in,
                                   void* out, size_t count, DenseType type, DenseOp op,

@@ -2,7 +2,10 @@
 // loopback; layouts (all-to-all, gather, scatter, all-gather), point-to-point, and bad input.
 #include "comm/dense_collectives.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -149,6 +152,77 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, DenseReductionTest,
                                            DenseType::kI16, DenseType::kI32, DenseType::kI64,
                                            DenseType::kBool),
                          [](const auto& info) { return std::string(DenseTypeName(info.param)); });
+
+// DenseCombine element by element against a scalar reference, over lengths that cover its
+// vectorized blocks and their scalar tail, values that overflow (integers wrap), and NaNs and
+// signed zeros in min/max (NaN wins; on a tie the destination's value stays).
+template <typename T, bool = std::is_integral_v<T>>
+struct Wide {  // the type integers are added and multiplied in (unsigned: they wrap)
+  using type = T;
+};
+template <typename T>
+struct Wide<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+template <typename T>
+T ReferenceCombine(T a, T b, DenseOp op) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if ((op == DenseOp::kMin || op == DenseOp::kMax) && (std::isnan(a) || std::isnan(b))) {
+      return std::isnan(a) ? a : b;
+    }
+  }
+  using W = typename Wide<T>::type;
+  switch (op) {
+    case DenseOp::kSum:
+    case DenseOp::kAvg: return static_cast<T>(static_cast<W>(a) + static_cast<W>(b));
+    case DenseOp::kProduct: return static_cast<T>(static_cast<W>(a) * static_cast<W>(b));
+    case DenseOp::kMin: return b < a ? b : a;
+    case DenseOp::kMax: return b > a ? b : a;
+    default: break;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (op == DenseOp::kBand) return a & b;
+    if (op == DenseOp::kBor) return a | b;
+    return a ^ b;
+  }
+  return a;
+}
+
+template <typename T>
+void CheckCombine(DenseType type) {
+  for (DenseOp op : kOps) {
+    if (!CheckDenseOp(type, op).ok()) continue;
+    for (size_t count : {size_t{0}, size_t{5}, size_t{64}, size_t{203}}) {
+      std::vector<T> dst(count), src(count), want(count);
+      for (size_t i = 0; i < count; ++i) {
+        if constexpr (std::is_floating_point_v<T>) {
+          const T nan = std::numeric_limits<T>::quiet_NaN();
+          const T values[] = {T(1.5), T(-2), T(0.0), T(-0.0), nan, T(3), T(1e30), T(-7.25)};
+          dst[i] = values[i % 8];
+          src[i] = values[(i * 3 + 1) % 8];
+        } else {
+          dst[i] = static_cast<T>(i * 37 + 11);  // wraps in the narrow types
+          src[i] = static_cast<T>(std::numeric_limits<T>::max() - static_cast<T>(i * 5));
+        }
+        want[i] = ReferenceCombine(dst[i], src[i], op);
+      }
+      DenseCombine(dst.data(), src.data(), count, type, op);
+      EXPECT_EQ(std::memcmp(dst.data(), want.data(), count * sizeof(T)), 0)
+          << DenseTypeName(type) << " " << DenseOpName(op) << " count " << count;
+    }
+  }
+}
+
+TEST(DenseCombineTest, EveryOpMatchesTheScalarLoopBitForBit) {
+  CheckCombine<float>(DenseType::kF32);
+  CheckCombine<double>(DenseType::kF64);
+  CheckCombine<int8_t>(DenseType::kI8);
+  CheckCombine<uint8_t>(DenseType::kU8);
+  CheckCombine<int16_t>(DenseType::kI16);
+  CheckCombine<int32_t>(DenseType::kI32);
+  CheckCombine<int64_t>(DenseType::kI64);
+}
 
 TEST(DenseCollectivesTest, LayoutsMoveEveryByte) {
   auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
@@ -370,6 +444,39 @@ TEST(DenseCollectivesTest, UnverifiedSizeMismatchFailsEveryRank) {
   for (const absl::Status& status : results) {
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition,
                                  HasSubstr("rank 0 and rank 1 disagree on op 0's count: 8 vs 12")));
+  }
+}
+
+// DenseAllReduce takes its algorithm from ChooseAlgorithm: a forced ring on a small buffer and a
+// forced direct one on a buffer beyond the header's data (no header in its round) both reduce
+// correctly; ranks that choose differently fail together, naming the algorithm.
+TEST(DenseCollectivesTest, AllReduceAlgorithmComesFromTheSelection) {
+  auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    for (auto [algorithm, count] : {std::pair{Algorithm::kRing, size_t{37}},
+                                    std::pair{Algorithm::kDirect, size_t{40000}},
+                                    std::pair{Algorithm::kAuto, size_t{40000}}}) {
+      std::vector<uint8_t> data = Filled(rank, count, DenseType::kI32);
+      DenseOptions options;
+      options.algorithm = algorithm;
+      LBCC_RETURN_IF_ERROR(comm.DenseAllReduce(data.data(), data.data(), count, DenseType::kI32,
+                                               DenseOp::kSum, options)
+                               ->Wait());
+      LBCC_RETURN_IF_ERROR(Expect(data.data(), count, DenseType::kI32, DenseOp::kSum, 0,
+                                  AlgorithmName(algorithm)));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  auto mixed = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
+    std::vector<float> data(40000, 1.0f);  // beyond the header's data: both post a header round
+    DenseOptions options;
+    options.algorithm = rank == 2 ? Algorithm::kDirect : Algorithm::kRing;
+    return comm.DenseAllReduce(data.data(), data.data(), data.size(), DenseType::kF32,
+                               DenseOp::kSum, options)
+        ->Wait();
+  });
+  for (const absl::Status& status : mixed) {
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("algorithm")));
   }
 }
 

@@ -104,6 +104,7 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
     addresses.push_back(parts[1]);
   }
   LBCC_RETURN_IF_ERROR(CheckAdvertisedAddresses(fabric->hostnames_, addresses));
+  fabric->addresses_ = addresses;
   if (options.topology.has_value()) {
     if (options.topology->nranks() != nranks) {
       return absl::InvalidArgumentError(absl::StrCat("comm: the topology has ",

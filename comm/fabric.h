@@ -65,6 +65,8 @@ class Fabric {
   const Topology& topology() const { return topology_; }
   const FabricOptions& options() const { return options_; }
   const std::vector<std::string>& hostnames() const { return hostnames_; }
+  // Every rank's advertised transport address ("host:port" for UCX), in rank order.
+  const std::vector<std::string>& addresses() const { return addresses_; }
 
   // Endpoints to `peer` (!= rank()): send on out, receive on in.
   transport::Endpoint* out(int peer) const { return out_[peer].get(); }
@@ -102,6 +104,7 @@ class Fabric {
   FabricOptions options_;
   Topology topology_ = Topology::Flat(1);
   std::vector<std::string> hostnames_;
+  std::vector<std::string> addresses_;
   std::unique_ptr<transport::Transport> transport_;
   std::vector<std::unique_ptr<transport::Endpoint>> out_;
   std::vector<std::unique_ptr<transport::Endpoint>> in_;

@@ -22,6 +22,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
@@ -178,12 +179,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   template <typename Fn>
   auto OnWorker(Fn fn);
 
+  // Whether numeric `address` ("host:port", "[v6]:port" or a bare host) belongs to another
+  // machine: neither loopback nor one of this machine's interface addresses (listed at Init).
+  bool OnOtherMachine(const std::string& address) const;
+
   // Client set-up helpers (user thread).
   std::shared_ptr<UcxLane> OpenLane(const std::shared_ptr<Conn>& conn, int index,
                                     const SocketAddress& addr);
 
   const TransportOptions options_;
   const std::shared_ptr<Executor> executor_;
+  std::vector<std::string> local_addresses_;  // Set in Init, then read only.
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -255,6 +261,10 @@ class UcxLane final : public Lane, public std::enable_shared_from_this<UcxLane> 
       if (engine != nullptr) engine->CloseLane(self);
     });
   }
+
+  // Set once before the lane is shared: the peer's address is not one of this machine's (see
+  // Engine::SendChunk).
+  bool other_machine = false;
 
   // Worker context.
   ucp_ep_h ep = nullptr;
@@ -366,6 +376,7 @@ absl::StatusOr<std::shared_ptr<Engine>> Engine::Create(const TransportOptions& o
 }
 
 absl::Status Engine::Init() {
+  for (const NetInterface& netif : ListNetInterfaces()) local_addresses_.push_back(netif.address);
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return FromUcs(status, "ucp_config_read");
@@ -739,7 +750,12 @@ void Engine::SendChunk(const std::shared_ptr<UcxLane>& lane, const ChunkHeader& 
   // the sender's own down-link, behind whatever that link is delivering (on a busy shaped link,
   // tens of milliseconds per chunk). The slow-link window (credits) still bounds what is in
   // flight; the receiver keeps an eager chunk that no receive wants yet (Link parks it).
-  ctx->eager = (header.flags & kChunkNeedsCredit) != 0 &&
+  // Fast-link chunks to another machine go eagerly too: the link is "fast" by the topology
+  // (one island), but its reply still crosses a network whose queue may be full (a ring's
+  // next step answers behind the step before it); the cost is the receiver's copy, which a
+  // network link hides. Between processes of this machine a rendezvous saves that copy.
+  const bool credited = (header.flags & kChunkNeedsCredit) != 0;
+  ctx->eager = (credited || lane->other_machine) &&
                static_cast<int64_t>(length) <= options_.slow_eager_bytes;
   if (ctx->eager) param.flags |= UCP_AM_SEND_FLAG_EAGER;
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
@@ -1015,6 +1031,7 @@ void Engine::OnConnRequest(ucp_conn_request_h request, void* arg) {
     return;
   }
   auto lane = std::make_shared<UcxLane>(engine->weak_from_this(), engine->executor_, peer);
+  lane->other_machine = engine->OnOtherMachine(peer);
   lane->ep = ep;
   engine->eps_[ep] = lane;
 }
@@ -1091,9 +1108,23 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
   return JoinHostPort(parsed.host, *port);
 }
 
+bool Engine::OnOtherMachine(const std::string& address) const {
+  absl::StatusOr<HostAndPort> parsed = ParseHostPort(address, "UCX peer");
+  std::string host = parsed.ok() ? parsed->host : address;
+  if (IsLoopbackAddress(host)) return false;
+  // An IPv4 peer seen through a dual-stack socket: compare its IPv4 form.
+  constexpr absl::string_view kMapped = "::ffff:";
+  if (absl::StartsWith(host, kMapped) && host.find('.') != std::string::npos) {
+    host = host.substr(kMapped.size());
+  }
+  return std::find(local_addresses_.begin(), local_addresses_.end(), host) ==
+         local_addresses_.end();
+}
+
 std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int index,
                                           const SocketAddress& addr) {
   auto lane = std::make_shared<UcxLane>(weak_from_this(), executor_, conn->peer);
+  lane->other_machine = OnOtherMachine(addr.host);
   {
     MutexLock lock(&ctl_mu_);
     conn->lanes[index] = lane;
