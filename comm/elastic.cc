@@ -17,7 +17,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -39,12 +39,14 @@ using elastic::Socket;
 bool IsRetryable(const absl::Status& status) { return absl::IsAborted(status); }
 
 namespace {
-constexpr char kReplicaLeftPayload[] = "type.googleapis.com/lbcc.elastic.ReplicaLeft";
+// The mark of IsReplicaLeft's status: its message's start (not a status payload: payloads are
+// absl::Cord, whose thread-local sampling state would leak into liblbcc.so's dynamic symbols).
+constexpr char kReplicaLeftPrefix[] = "ElasticGroup: pipeline replica left the group: ";
 }  // namespace
 
 bool IsReplicaLeft(const absl::Status& status) {
   return absl::IsFailedPrecondition(status) &&
-         status.GetPayload(kReplicaLeftPayload).has_value();
+         absl::StartsWith(status.message(), kReplicaLeftPrefix);
 }
 
 namespace {
@@ -119,6 +121,7 @@ class DeferringCodec final : public codecs::Codec {
                        codecs::PayloadSummary* summary) const override {
     return inner_.Inspect(info, summary);
   }
+  bool ClipsToMedianNorm() const override { return inner_.ClipsToMedianNorm(); }
 
  private:
   const codecs::Codec& inner_;
@@ -531,10 +534,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             return;
           case MsgType::kEvicted: {
             if (m->replica_left) {
-              absl::Status left = absl::FailedPreconditionError(absl::StrCat(
-                  m->text, "; Join again: the replica is admitted once all its stages are back"));
-              left.SetPayload(kReplicaLeftPayload, absl::Cord(options_.replica));
-              FailLocked(std::move(left));
+              FailLocked(absl::FailedPreconditionError(absl::StrCat(
+                  kReplicaLeftPrefix, m->text,
+                  "; Join again: the replica is admitted once all its stages are back")));
               return;
             }
             FailLocked(absl::FailedPreconditionError(absl::StrCat(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/saxpy.h"
 
 namespace lbcc::kernels {
 namespace {
@@ -16,11 +17,6 @@ absl::Status CudaError(cudaError_t error, const char* what) {
     return absl::UnavailableError(message);
   }
   return absl::InternalError(message);
-}
-
-__global__ void Saxpy(int n, float a, const float* x, float* y) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
 }
 
 }  // namespace
@@ -54,7 +50,7 @@ absl::Status CudaSelfTest(int device, int n) {
   }
   cudaMemcpy(dx, x.data(), bytes, cudaMemcpyHostToDevice);
   cudaMemcpy(dy, y.data(), bytes, cudaMemcpyHostToDevice);
-  Saxpy<<<(n + 255) / 256, 256>>>(n, 2.0f, dx, dy);
+  internal::LaunchSaxpy(n, 2.0f, dx, dy);
   error = cudaMemcpy(y.data(), dy, bytes, cudaMemcpyDeviceToHost);
   cudaFree(dx);
   cudaFree(dy);
