@@ -59,6 +59,17 @@ std::vector<float> Delta(int seed, uint64_t step) {
 
 uint64_t Hash(const std::vector<float>& v) { return XXH3_64bits(v.data(), v.size() * 4); }
 
+// A member program runs until the driver closes its stdin: then *stop is set (from a detached
+// thread; `stop` must outlive the process's use of it, as a member's main-scope flag does).
+void StopWhenStdinCloses(std::atomic<bool>* stop) {
+  std::thread([stop] {
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    *stop = true;
+  }).detach();
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
@@ -267,13 +278,7 @@ int RunTestbedBench() {
 int RunUnitMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
   std::atomic<bool> stop{false};
-  std::thread stdin_watch([&] {
-    char c;
-    while (read(0, &c, 1) > 0) {
-    }
-    stop = true;
-  });
-  stdin_watch.detach();
+  StopWhenStdinCloses(&stop);
   const std::vector<std::string> masters = absl::StrSplit(std::getenv("ELASTIC_MASTERS"), ',');
   std::vector<int> shards;
   for (absl::string_view v : absl::StrSplit(std::getenv("ELASTIC_SHARDS"), ',')) {
@@ -387,13 +392,7 @@ int RunMasterRole() {
 int RunMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
   std::atomic<bool> stop{false};
-  std::thread stdin_watch([&] {
-    char c;
-    while (read(0, &c, 1) > 0) {
-    }
-    stop = true;
-  });
-  stdin_watch.detach();
+  StopWhenStdinCloses(&stop);
   auto codec = *codecs::TopKEfCodec::Create(codecs::TopKEfOptions());
   std::vector<float> params(kElements, 0.f);
   codecs::TopKEfState state;

@@ -672,36 +672,57 @@ std::string Testbed(const std::vector<std::string>& args) {
   return Wait(Spawn(argv, {}));
 }
 
-TEST(PluginTestbedTest, TrafficOverA100MbitLink) {
-  if (TestbedScript().empty()) {
-    GTEST_SKIP() << "no testbed script (run //plugin:plugin_testbed_test, or set "
-                    "PLUGIN_TESTBED_SCRIPT to tools/testbed/testbed)";
+// Two emulated hosts (tools/testbed) for one test: skipped where the testbed cannot run. Up()
+// brings them up (taken down again when the test ends); Wrap() runs a rank's command on its host.
+class PluginTestbedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (TestbedScript().empty()) {
+      GTEST_SKIP() << "no testbed script (run //plugin:plugin_testbed_test, or set "
+                      "PLUGIN_TESTBED_SCRIPT to tools/testbed/testbed)";
+    }
+    if (Testbed({"check"}) != "exit 0") {
+      GTEST_SKIP() << "testbed check failed here (needs root and iproute2; see its output above)";
+    }
+    Testbed({"down", "--stale"});  // What a crashed run left behind.
   }
-  if (Testbed({"check"}) != "exit 0") {
-    GTEST_SKIP() << "testbed check failed here (needs root and iproute2; see its output above)";
+  void TearDown() override {
+    if (!name_.empty()) EXPECT_EQ(Testbed({"down", "--name", name_}), "exit 0");
   }
-  Testbed({"down", "--stale"});  // What a crashed run left behind.
-  const std::string name = absl::StrCat("plg", getpid());
-  ASSERT_EQ(Testbed({"up", "--name", name, "--hosts", "2", "--rate", "100mbit", "--slow", "1",
-                     "--owner-pid", absl::StrCat(getpid())}),
-            "exit 0");
-  struct Down {
-    std::string name;
-    ~Down() { EXPECT_EQ(Testbed({"down", "--name", name}), "exit 0"); }
-  } down{name};
-  auto wrap = [&](int rank, std::vector<std::string> argv) {
-    std::vector<std::string> wrapped = {TestbedScript(), "exec", "--name", name,
-                                        absl::StrCat(rank), "--"};
-    wrapped.insert(wrapped.end(), argv.begin(), argv.end());
-    return wrapped;
-  };
+
+  // `testbed up` of 2 hosts named `prefix` + this process's pid, with `args`; its exit status.
+  std::string Up(const std::string& prefix, const std::vector<std::string>& args) {
+    const std::string name = absl::StrCat(prefix, getpid());
+    std::vector<std::string> argv = {"up", "--name", name, "--hosts", "2"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--owner-pid", absl::StrCat(getpid())});
+    const std::string status = Testbed(argv);
+    if (status == "exit 0") name_ = name;
+    return status;
+  }
+
+  std::function<std::vector<std::string>(int, std::vector<std::string>)> Wrap() const {
+    return [name = name_](int rank, std::vector<std::string> argv) {
+      std::vector<std::string> wrapped = {TestbedScript(), "exec", "--name", name,
+                                          absl::StrCat(rank), "--"};
+      wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+      return wrapped;
+    };
+  }
+
+ private:
+  std::string name_;  // Set once up.
+};
+
+TEST_F(PluginTestbedTest, TrafficOverA100MbitLink) {
+  ASSERT_EQ(Up("plg", {"--rate", "100mbit", "--slow", "1"}), "exit 0");
   // UCX over tcp only: shared memory between the two processes would bypass the shaped link.
   std::vector<std::string> env = {"LBCC_DEBUG=INFO", "UCX_MEM_EVENTS=no", "UCX_TLS=tcp",
                                   "LBCC_SLOW_STRIPES=2"};
   RunPair("pair", 11,
           {"--groups=250", "--max_random_kib=256", "--specials=0,1,67108864",
            "--expect_link=slow link, 2 stripes", "--expect_measured_slow=1"},
-          env, wrap,
+          env, Wrap(),
           {{"LBCC_PLUGIN_DEVICES=10.77.0.1"}, {"LBCC_PLUGIN_DEVICES=10.77.0.2"}});
 }
 
@@ -709,33 +730,12 @@ TEST(PluginTestbedTest, TrafficOverA100MbitLink) {
 // named by IPv6 address, bare and in brackets. UCX's tcp transport must take the device's IPv6
 // address (PinUcxAddressFamily); with its default order (IPv4 first) UCX 1.13 aborted with a
 // corrupted heap on the first connection.
-TEST(PluginTestbedTest, Ipv6DevicesOnDualStackHosts) {
-  if (TestbedScript().empty()) {
-    GTEST_SKIP() << "no testbed script (run //plugin:plugin_testbed_test, or set "
-                    "PLUGIN_TESTBED_SCRIPT to tools/testbed/testbed)";
-  }
-  if (Testbed({"check"}) != "exit 0") {
-    GTEST_SKIP() << "testbed check failed here (needs root and iproute2; see its output above)";
-  }
-  Testbed({"down", "--stale"});
-  const std::string name = absl::StrCat("plg6", getpid());
-  ASSERT_EQ(Testbed({"up", "--name", name, "--hosts", "2", "--ipv6", "--owner-pid",
-                     absl::StrCat(getpid())}),
-            "exit 0");
-  struct Down {
-    std::string name;
-    ~Down() { EXPECT_EQ(Testbed({"down", "--name", name}), "exit 0"); }
-  } down{name};
-  auto wrap = [&](int rank, std::vector<std::string> argv) {
-    std::vector<std::string> wrapped = {TestbedScript(), "exec", "--name", name,
-                                        absl::StrCat(rank), "--"};
-    wrapped.insert(wrapped.end(), argv.begin(), argv.end());
-    return wrapped;
-  };
+TEST_F(PluginTestbedTest, Ipv6DevicesOnDualStackHosts) {
+  ASSERT_EQ(Up("plg6", {"--ipv6"}), "exit 0");
   std::vector<std::string> env = {"LBCC_DEBUG=INFO", "UCX_MEM_EVENTS=no", "UCX_TLS=tcp",
                                   "LBCC_LINK_CLASS=fast"};
   RunPair("pair", 11, {"--groups=60", "--max_random_kib=64", "--specials=0,1,4194304"}, env,
-          wrap, {{"LBCC_PLUGIN_DEVICES=fd77::1"}, {"LBCC_PLUGIN_DEVICES=[fd77::2]"}});
+          Wrap(), {{"LBCC_PLUGIN_DEVICES=fd77::1"}, {"LBCC_PLUGIN_DEVICES=[fd77::2]"}});
 }
 
 }  // namespace

@@ -528,19 +528,35 @@ bool ReadFull(int fd, void* into, size_t size) {
   return true;
 }
 
+// A sender Link ("peer-B") and a receiver Link ("peer-A") with sealed chunks (`encrypt`, else
+// integrity-only) over two socket pairs: the sender writes to_proxy.fd[0], the receiver's lane
+// is from_proxy.fd[1]; the test puts a proxy and a reader between them.
+struct ProxiedLinks {
+  explicit ProxiedLinks(bool encrypt) {
+    const HandshakeTranscript t = Transcript();
+    auto executor = std::make_shared<Executor>("callbacks");
+    sender = std::make_shared<Link>(executor, "peer-B");
+    receiver = std::make_shared<Link>(executor, "peer-A");
+    sender->AddLane(std::make_shared<SocketLane>(to_proxy.fd[0]));
+    receiver->AddLane(std::make_shared<SocketLane>(from_proxy.fd[1]));  // Unused direction.
+    sender->Configure(
+        LinkClass::kFast, {}, 1 << 20, {},
+        *SecureChannel::Create(Secret(), t, HandshakeRole::kClient, encrypt, "peer-B"));
+    receiver->Configure(
+        LinkClass::kFast, {}, 1 << 20, {},
+        *SecureChannel::Create(Secret(), t, HandshakeRole::kServer, encrypt, "peer-A"));
+  }
+  SocketPair to_proxy, from_proxy;
+  std::shared_ptr<Link> sender, receiver;
+};
+
 TEST(SecureWireTest, AByteFlippedByAProxyOnTheSocketIsDataLossNeverAWrongResult) {
   // sender Link -> lane socket -> proxy (flips one byte) -> socket -> reader -> receiver Link.
-  SocketPair to_proxy, from_proxy;
-  const HandshakeTranscript t = Transcript();
-  auto executor = std::make_shared<Executor>("callbacks");
-  auto sender = std::make_shared<Link>(executor, "peer-B");
-  auto receiver = std::make_shared<Link>(executor, "peer-A");
-  sender->AddLane(std::make_shared<SocketLane>(to_proxy.fd[0]));
-  receiver->AddLane(std::make_shared<SocketLane>(from_proxy.fd[1]));  // Unused direction.
-  sender->Configure(LinkClass::kFast, {}, 1 << 20, {},
-                    *SecureChannel::Create(Secret(), t, HandshakeRole::kClient, true, "peer-B"));
-  receiver->Configure(LinkClass::kFast, {}, 1 << 20, {},
-                      *SecureChannel::Create(Secret(), t, HandshakeRole::kServer, true, "peer-A"));
+  ProxiedLinks links(/*encrypt=*/true);
+  SocketPair& to_proxy = links.to_proxy;
+  SocketPair& from_proxy = links.from_proxy;
+  const std::shared_ptr<Link>& sender = links.sender;
+  const std::shared_ptr<Link>& receiver = links.receiver;
   constexpr size_t kSize = 3 << 20;  // Three chunks; the second gets the flip.
   constexpr size_t kFlipAt = sizeof(ChunkHeader) + (1 << 20) + SecureChannel::kOverhead +
                              sizeof(ChunkHeader) + 8 + 12345;
@@ -596,17 +612,11 @@ using Rearrange = std::function<void(std::vector<WireChunk>&)>;
 // `late_recv`: the receive is posted only once every chunk arrived (they wait, staged, unopened).
 absl::StatusOr<size_t> ThroughProxy(int chunks, bool encrypt, const Rearrange& rearrange,
                                     std::vector<uint8_t>* got, bool late_recv = false) {
-  SocketPair to_proxy, from_proxy;
-  const HandshakeTranscript t = Transcript();
-  auto executor = std::make_shared<Executor>("callbacks");
-  auto sender = std::make_shared<Link>(executor, "peer-B");
-  auto receiver = std::make_shared<Link>(executor, "peer-A");
-  sender->AddLane(std::make_shared<SocketLane>(to_proxy.fd[0]));
-  receiver->AddLane(std::make_shared<SocketLane>(from_proxy.fd[1]));  // Unused direction.
-  sender->Configure(LinkClass::kFast, {}, 1 << 20, {},
-                    *SecureChannel::Create(Secret(), t, HandshakeRole::kClient, encrypt, "peer-B"));
-  receiver->Configure(LinkClass::kFast, {}, 1 << 20, {},
-                      *SecureChannel::Create(Secret(), t, HandshakeRole::kServer, encrypt, "peer-A"));
+  ProxiedLinks links(encrypt);
+  SocketPair& to_proxy = links.to_proxy;
+  SocketPair& from_proxy = links.from_proxy;
+  const std::shared_ptr<Link>& sender = links.sender;
+  const std::shared_ptr<Link>& receiver = links.receiver;
   std::thread proxy([&] {
     std::vector<WireChunk> message;
     for (int i = 0; i < chunks; ++i) {
