@@ -480,5 +480,29 @@ TEST(DenseCollectivesTest, AllReduceAlgorithmComesFromTheSelection) {
   }
 }
 
+// The same on a buffer small enough for the header's data: the direct rank carries the header
+// inside its one data round, the ring ranks send it alone; they still meet at the header's tag
+// and fail together, naming the algorithm, well before the operation's timeout.
+TEST(DenseCollectivesTest, RanksChoosingDifferentAlgorithmsOnASmallBufferFailTogether) {
+  for (const char* backend : {"loopback", "ucx"}) {
+    RankOptions rank_options;
+    rank_options.backend = backend;
+    auto mixed = RunRanks(kRanks, rank_options, [](int rank, Communicator& comm) {
+      std::vector<float> data(37, 1.0f);  // within the header's data: the direct rank's one round
+      DenseOptions options;
+      options.algorithm = rank == 2 ? Algorithm::kDirect : Algorithm::kRing;
+      return comm.DenseAllReduce(data.data(), data.data(), data.size(), DenseType::kF32,
+                                 DenseOp::kSum, options)
+          ->Wait();
+    });
+    for (const absl::Status& status : mixed) {
+      EXPECT_THAT(status,
+                  StatusIs(absl::StatusCode::kFailedPrecondition,
+                           HasSubstr("rank 0 and rank 2 disagree on op 0's algorithm: ring vs direct")))
+          << backend;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lbcc::comm
