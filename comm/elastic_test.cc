@@ -614,5 +614,21 @@ TEST(ElasticTest, BadOptionsAreInvalidArgument) {
   EXPECT_THAT(ElasticGroup::Join(o, {}).status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// The readers wait with an infinite deadline: their poll() slices must be whole slices, not
+// zero (a zero timeout returns at once, and every reader thread spun on a CPU).
+TEST(ElasticTest, SocketWaitsPollInBoundedSlicesThatNeverEndAWaitEarly) {
+  using elastic::kPollSliceMs;
+  using elastic::PollSliceMs;
+  EXPECT_EQ(PollSliceMs(absl::InfiniteDuration()), kPollSliceMs);
+  EXPECT_EQ(PollSliceMs(absl::InfiniteFuture() - absl::Now()), kPollSliceMs);
+  EXPECT_EQ(PollSliceMs(absl::Hours(1000000)), kPollSliceMs);
+  EXPECT_EQ(PollSliceMs(absl::Milliseconds(kPollSliceMs)), kPollSliceMs);
+  EXPECT_EQ(PollSliceMs(absl::Microseconds(5500)), 6);  // a slice covers what is left
+  EXPECT_EQ(PollSliceMs(absl::Microseconds(10)), 1);
+  EXPECT_EQ(PollSliceMs(absl::ZeroDuration()), 0);
+  EXPECT_EQ(PollSliceMs(-absl::Seconds(1)), 0);
+  EXPECT_EQ(PollSliceMs(-absl::InfiniteDuration()), 0);
+}
+
 }  // namespace
 }  // namespace lbcc::comm

@@ -288,15 +288,22 @@ absl::StatusOr<std::unique_ptr<Socket>> Socket::Listen(absl::string_view address
   return sock;
 }
 
+int PollSliceMs(absl::Duration left) {
+  if (left <= absl::ZeroDuration()) return 0;
+  // Truncated to whole milliseconds, then one more so that a wait never ends early; capped
+  // before the addition: an infinite deadline (the readers' Receive) is INT64_MAX ms here, and
+  // adding to it first wrapped to a negative slice, cast to 0: poll() returned at once and
+  // every reader thread spun on a CPU for as long as it waited.
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left), kPollSliceMs - 1) + 1);
+}
+
 absl::Status Socket::WaitFor(short events, absl::Time deadline) {
   while (true) {
     if (shut_.load()) return absl::CancelledError("elastic: connection shut down");
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("elastic: timed out");
     pollfd p{fd_, events, 0};
-    // Short polls so Shutdown() is noticed promptly even where shutdown() does not wake poll.
-    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 100));
-    const int n = poll(&p, 1, ms);
+    const int n = poll(&p, 1, PollSliceMs(left));
     if (n < 0 && errno != EINTR) return Errno("poll");
     if (n > 0) return absl::OkStatus();
   }

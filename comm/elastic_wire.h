@@ -84,6 +84,14 @@ struct Message {
 std::string Encode(const Message& message);
 absl::StatusOr<Message> Decode(absl::string_view body);
 
+// A Socket waits in poll() slices of at most this many ms, so that Shutdown() is noticed
+// promptly even where shutdown() does not wake poll.
+constexpr int kPollSliceMs = 100;
+// The poll() timeout for a wait with `left` to go: 0 when nothing is left, else between 1 and
+// kPollSliceMs, never ending before `left` is over for finite waits under kPollSliceMs (an
+// infinite `left`, as the readers' Receive(absl::InfiniteFuture()), gives kPollSliceMs).
+int PollSliceMs(absl::Duration left);
+
 // An owned TCP socket with framed send/receive.
 class Socket {
  public:
