@@ -1,6 +1,7 @@
 // The C API (comm/lbcc.h) over the C++ Communicator. Statuses become lbccResult_t in exactly
 // one place (Fail), which also keeps the full message for lbccGetLastError.
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -307,6 +308,8 @@ const char* lbccGetErrorString(lbccResult_t result) {
       return "cancelled (aborted or destroyed)";
     case lbccMembershipChanged:
       return "membership changed (retry the call over the new epoch)";
+    case lbccReplicaLeft:
+      return "this member's pipeline replica left the data-parallel group (join again)";
     default:
       return "unknown result code";
   }
@@ -884,13 +887,23 @@ struct lbccElasticMaster {
   std::string address;
 };
 
+struct lbccElasticUnits {
+  std::shared_ptr<lbcc::comm::ElasticUnits> units;
+};
+
 namespace {
 
-// Fail, with the one retryable status (membership changed) as lbccMembershipChanged.
+// Fail, with the one retryable status (membership changed) as lbccMembershipChanged and a
+// pipeline stage's "its replica left" as lbccReplicaLeft.
 lbccResult_t FailElastic(const absl::Status& status) {
   const lbccResult_t result = Fail(status);
-  return lbcc::comm::IsRetryable(status) ? lbccMembershipChanged : result;
+  if (lbcc::comm::IsRetryable(status)) return lbccMembershipChanged;
+  if (lbcc::comm::IsReplicaLeft(status)) return lbccReplicaLeft;
+  return result;
 }
+
+// The sizes of lbccElasticConfig_t's layouts: before pipeline units (it ended at `comm`), now.
+constexpr size_t kElasticConfigSizeBeforeUnits = offsetof(lbccElasticConfig_t, replica);
 
 absl::StatusOr<absl::Duration> SecondsField(double value, const char* field,
                                             absl::Duration unset) {
@@ -904,10 +917,13 @@ absl::StatusOr<absl::Duration> SecondsField(double value, const char* field,
 }
 
 absl::StatusOr<lbcc::comm::ElasticOptions> ElasticOptionsFrom(const lbccElasticConfig_t* config) {
-  if (config->size != sizeof(lbccElasticConfig_t) || config->magic != LBCC_CONFIG_MAGIC) {
+  if ((config->size != sizeof(lbccElasticConfig_t) &&
+       config->size != kElasticConfigSizeBeforeUnits) ||
+      config->magic != LBCC_CONFIG_MAGIC) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lbccElasticConfig_t.size=", config->size, " or its magic is wrong (this library's size is ",
-        sizeof(lbccElasticConfig_t), "): initialise it with LBCC_ELASTIC_CONFIG_INITIALIZER"));
+        sizeof(lbccElasticConfig_t), ", or ", kElasticConfigSizeBeforeUnits,
+        " before pipeline units): initialise it with LBCC_ELASTIC_CONFIG_INITIALIZER"));
   }
   if (config->version > LBCC_VERSION_CODE) {
     return absl::InvalidArgumentError(absl::StrCat("lbccElasticConfig_t.version=", config->version,
@@ -938,7 +954,89 @@ absl::StatusOr<lbcc::comm::ElasticOptions> ElasticOptionsFrom(const lbccElasticC
   if (config->comm != nullptr) {
     LBCC_ASSIGN_OR_RETURN(options.comm_config, ConfigFrom(config->comm));
   }
+  if (config->size < sizeof(lbccElasticConfig_t)) return options;  // a full replica
+  // A pipeline stage: checked here, naming the fields, before anything connects.
+  if (config->replica == nullptr) {
+    if (config->replicaStages != 0 || config->stage != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lbccElasticConfig_t.replicaStages=", config->replicaStages, ", stage=", config->stage,
+          " without a replica: set lbccElasticConfig_t.replica (a pipeline stage) or leave both "
+          "0 (a full replica)"));
+    }
+    return options;
+  }
+  if (config->replica[0] == '\0') {
+    return absl::InvalidArgumentError(
+        "lbccElasticConfig_t.replica is empty: a pipeline replica's name, or NULL for a full "
+        "replica");
+  }
+  if (config->replicaStages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lbccElasticConfig_t.replicaStages=", config->replicaStages, " is invalid for replica '",
+        config->replica, "': expected the pipeline replica's number of stages, >= 1"));
+  }
+  if (config->stage < 0 || config->stage >= config->replicaStages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lbccElasticConfig_t.stage=", config->stage, " is invalid for replica '",
+        config->replica, "' of ", config->replicaStages, " stages: expected 0 <= stage < ",
+        config->replicaStages));
+  }
+  options.replica = config->replica;
+  options.stage = config->stage;
+  options.replica_stages = config->replicaStages;
   return options;
+}
+
+absl::StatusOr<lbcc::comm::ElasticMasterOptions> MasterOptionsFrom(
+    const lbccElasticMasterConfig_t* config) {
+  if (config->size != sizeof(lbccElasticMasterConfig_t) || config->magic != LBCC_CONFIG_MAGIC) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lbccElasticMasterConfig_t.size=", config->size,
+        " or its magic is wrong (this library's size is ", sizeof(lbccElasticMasterConfig_t),
+        "): initialise it with LBCC_ELASTIC_MASTER_CONFIG_INITIALIZER"));
+  }
+  if (config->version > LBCC_VERSION_CODE) {
+    return absl::InvalidArgumentError(absl::StrCat("lbccElasticMasterConfig_t.version=",
+                                                   config->version, " is newer than this library (",
+                                                   LBCC_VERSION_CODE, ")"));
+  }
+  if (config->jobId == nullptr || config->jobId[0] == '\0') {
+    return absl::InvalidArgumentError("lbccElasticMasterConfig_t.jobId is NULL or empty");
+  }
+  if (config->minMembers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("lbccElasticMasterConfig_t.minMembers=",
+                                                   config->minMembers, " is invalid: >= 1"));
+  }
+  lbcc::comm::ElasticMasterOptions options;
+  if (config->listenAddr != nullptr) options.listen_address = config->listenAddr;
+  options.job_id = config->jobId;
+  options.min_members = config->minMembers;
+  if (config->bootstrapHost != nullptr) options.bootstrap_host = config->bootstrapHost;
+  const auto seconds = [](double value, const char* field) -> absl::StatusOr<absl::Duration> {
+    if (value == LBCC_CONFIG_UNDEF_DOUBLE) return absl::ZeroDuration();
+    if (!(value > 0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lbccElasticMasterConfig_t.", field, "=", value,
+          " is invalid: expected a finite number > 0 (LBCC_CONFIG_UNDEF_DOUBLE: the default)"));
+    }
+    return absl::Seconds(value);
+  };
+  LBCC_ASSIGN_OR_RETURN(options.peer_timeout,
+                        seconds(config->peerTimeoutSeconds, "peerTimeoutSeconds"));
+  LBCC_ASSIGN_OR_RETURN(options.setup_timeout,
+                        seconds(config->setupTimeoutSeconds, "setupTimeoutSeconds"));
+  if (config->units != nullptr) options.units = config->units->units;
+  return options;
+}
+
+lbccResult_t StartMaster(lbccElasticMaster_t* master, lbcc::comm::ElasticMasterOptions options,
+                         const char* function) {
+  absl::StatusOr<std::unique_ptr<lbcc::comm::ElasticMaster>> started =
+      lbcc::comm::ElasticMaster::Start(std::move(options));
+  if (!started.ok()) return Fail(lbcc::Annotate(started.status(), function));
+  *master = new lbccElasticMaster{std::move(*started), ""};
+  (*master)->address = (*master)->master->address();
+  return lbccSuccess;
 }
 
 }  // namespace
@@ -1028,11 +1126,28 @@ lbccResult_t lbccElasticMasterCreate(lbccElasticMaster_t* master, const char* li
     return Fail(absl::InvalidArgumentError("lbccElasticMasterCreate: peerTimeoutSeconds is not finite"));
   }
   if (peer_timeout_seconds > 0) options.peer_timeout = absl::Seconds(peer_timeout_seconds);
-  absl::StatusOr<std::unique_ptr<lbcc::comm::ElasticMaster>> started =
-      lbcc::comm::ElasticMaster::Start(std::move(options));
-  if (!started.ok()) return Fail(lbcc::Annotate(started.status(), "lbccElasticMasterCreate"));
-  *master = new lbccElasticMaster{std::move(*started), ""};
-  (*master)->address = (*master)->master->address();
+  return StartMaster(master, std::move(options), "lbccElasticMasterCreate");
+}
+
+lbccResult_t lbccElasticMasterCreateConfig(lbccElasticMaster_t* master,
+                                           const lbccElasticMasterConfig_t* config) {
+  const char* kName = "lbccElasticMasterCreateConfig";
+  LBCC_C_CHECK_PTR(kName, master);
+  LBCC_C_CHECK_PTR(kName, config);
+  absl::StatusOr<lbcc::comm::ElasticMasterOptions> options = MasterOptionsFrom(config);
+  if (!options.ok()) return Fail(lbcc::Annotate(options.status(), kName));
+  return StartMaster(master, *std::move(options), kName);
+}
+
+lbccResult_t lbccElasticUnitsCreate(lbccElasticUnits_t* units) {
+  LBCC_C_CHECK_PTR("lbccElasticUnitsCreate", units);
+  *units = new lbccElasticUnits{lbcc::comm::NewElasticUnits()};
+  return lbccSuccess;
+}
+
+lbccResult_t lbccElasticUnitsDestroy(lbccElasticUnits_t units) {
+  LBCC_C_CHECK_PTR("lbccElasticUnitsDestroy", units);
+  delete units;  // the masters hold their own references
   return lbccSuccess;
 }
 

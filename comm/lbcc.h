@@ -53,7 +53,13 @@ typedef enum {
    * or was cut off, or another member's part failed). Nothing was applied: retry the same call
    * with the same inputs; it runs over the new epoch. Retryable; no other code is. */
   lbccMembershipChanged = 12,
-  lbccNumResults = 13
+  /* lbccElastic* of a pipeline stage only (lbccElasticConfig_t.replica set): another stage of
+   * this member's pipeline replica left, so the whole replica is out of the data-parallel group
+   * of every shard; this member is no longer one. Not retryable on this group: lbccElasticDestroy
+   * it and lbccElasticJoin again (admitted once every stage of the replica is back, all at one
+   * outer step). A full replica never gets it. */
+  lbccReplicaLeft = 13,
+  lbccNumResults = 14
 } lbccResult_t;
 
 typedef enum {
@@ -323,12 +329,35 @@ lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBas
  *
  * lbccMembershipChanged is the one retryable code: the error-feedback states are as before the
  * call, and the retry over the new epoch gives every member the same bits. Other codes:
- * lbccSystemError (the membership service is lost), lbccInvalidUsage (evicted, refused as
- * stale, or left: join again), lbccInvalidArgument (bad input; a wrong job id), lbccDataLoss
+ * lbccReplicaLeft (a pipeline stage: another stage of its replica left; join again, see
+ * below), lbccSystemError (the membership service is lost), lbccInvalidUsage (evicted, refused
+ * as stale, or left: join again), lbccInvalidArgument (bad input; a wrong job id), lbccDataLoss
  * (shared states differ), lbccTimeout (not admitted in time). Calls are blocking and come from
- * one thread per group; the message is lbccGetLastError(NULL). */
+ * one thread per group; the message is lbccGetLastError(NULL).
+ *
+ * Pipeline replicas as units: the data-parallel group of each pipeline stage (a model shard:
+ * stage s of every pipeline replica plus every full replica) is its own job on its own master,
+ * and the masters of one model's shards share an lbccElasticUnits_t (in one process:
+ * lbccElasticMasterCreateConfig with lbccElasticMasterConfig_t.units). Each stage joins its
+ * shard's job with lbccElasticConfig_t.replica (a name unique in the model), .stage and
+ * .replicaStages. A stage that leaves, dies, is cut off or is evicted takes its whole replica
+ * out of every shard's group: the other stages' calls return lbccReplicaLeft (the message names
+ * the replica and the stage that left), the full replicas' calls lbccMembershipChanged (retry).
+ * A stage that joins waits at its master until every stage of its replica is back; they are
+ * admitted at one outer step (the same lbccElasticQuery step), each receiving its shard's state:
+ *
+ *   rc = lbccElasticSparseAllReduce(..., g);
+ *   if (rc == lbccReplicaLeft) {      // this stage's replica is out of the group
+ *     lbccElasticDestroy(g);  reset this stage's error feedback (a newcomer's starts at zero);
+ *     do rc = lbccElasticJoin(&g, &config, ...); while (rc == lbccTimeout);  // the replica
+ *   }                                                                         // is back
+ *
+ * Config structs: fields are only ever appended, and the library accepts the size of every
+ * earlier layout of a struct (the fields past it take their initial values), so a caller built
+ * with an older lbcc.h keeps working; a size it does not know is lbccInvalidArgument. */
 typedef struct lbccElastic* lbccElastic_t;
 typedef struct lbccElasticMaster* lbccElasticMaster_t;
+typedef struct lbccElasticUnits* lbccElasticUnits_t;
 
 typedef struct {
   size_t size;               /* sizeof(lbccElasticConfig_t). */
@@ -342,11 +371,20 @@ typedef struct {
   double peerTimeoutSeconds; /* Master silence; LBCC_CONFIG_UNDEF_DOUBLE: LBCC_PEER_TIMEOUT_MS. */
   int64_t stateStep;         /* Shared state of this committed step, or -1: none. */
   const lbccConfig_t* comm;  /* The per-epoch communicators' settings; NULL: defaults. */
+  /* Appended with pipeline units (a caller's struct that ends at `comm` still works: a full
+   * replica). A pipeline stage: stage `stage` (0-based, < replicaStages) of pipeline replica
+   * `replica`, which has `replicaStages` >= 1 stages, each in its shard's job on masters that
+   * share an lbccElasticUnits_t. NULL replica (and replicaStages 0): a full replica. Other
+   * combinations are lbccInvalidArgument naming the field. */
+  const char* replica;
+  int stage;
+  int replicaStages;
 } lbccElasticConfig_t;
 
 #define LBCC_ELASTIC_CONFIG_INITIALIZER                                                       \
   {sizeof(lbccElasticConfig_t), LBCC_CONFIG_MAGIC, LBCC_VERSION_CODE, NULL, NULL, NULL,        \
-   LBCC_CONFIG_UNDEF_DOUBLE, LBCC_CONFIG_UNDEF_DOUBLE, LBCC_CONFIG_UNDEF_DOUBLE, -1, NULL}
+   LBCC_CONFIG_UNDEF_DOUBLE, LBCC_CONFIG_UNDEF_DOUBLE, LBCC_CONFIG_UNDEF_DOUBLE, -1, NULL,     \
+   NULL, 0, 0}
 
 /* Connects to the master, joins and waits until admitted (an outer-step boundary). The shared
  * state: `nstate` host buffers (parameters, outer-optimizer state) of the same sizes on every
@@ -375,10 +413,39 @@ lbccResult_t lbccElasticQuery(const lbccElastic_t group, uint64_t* epoch, int* r
 lbccResult_t lbccElasticDestroy(lbccElastic_t group);
 
 /* The membership service in this process (what lbcc-master runs). `listenAddr` "host:port"
- * (port 0: any; NULL: 127.0.0.1:0), `peerTimeoutSeconds` <= 0: LBCC_PEER_TIMEOUT_MS. */
+ * (port 0: any; NULL: 127.0.0.1:0), `peerTimeoutSeconds` <= 0: LBCC_PEER_TIMEOUT_MS. A master
+ * of its own units (see lbccElasticMasterCreateConfig). */
 lbccResult_t lbccElasticMasterCreate(lbccElasticMaster_t* master, const char* listenAddr,
                                      const char* jobId, int minMembers,
                                      double peerTimeoutSeconds);
+
+/* Pipeline units shared by the masters of one model's shard jobs (in this process). The masters
+ * keep what they need: destroying the handle once they are created is fine. */
+lbccResult_t lbccElasticUnitsCreate(lbccElasticUnits_t* units);
+lbccResult_t lbccElasticUnitsDestroy(lbccElasticUnits_t units);
+
+typedef struct {
+  size_t size;               /* sizeof(lbccElasticMasterConfig_t). */
+  unsigned int magic;        /* LBCC_CONFIG_MAGIC. */
+  unsigned int version;      /* LBCC_VERSION_CODE. */
+  const char* listenAddr;    /* "host:port" (port 0: any); NULL: 127.0.0.1:0. */
+  const char* jobId;         /* Members must present it; not NULL, not empty. */
+  int minMembers;            /* >= 1: the first epoch forms once this many joined. */
+  double peerTimeoutSeconds; /* > 0; LBCC_CONFIG_UNDEF_DOUBLE: LBCC_PEER_TIMEOUT_MS. */
+  const char* bootstrapHost; /* The per-epoch bootstrap roots' address; NULL: listenAddr's host. */
+  double setupTimeoutSeconds; /* An epoch's set-up, > 0; LBCC_CONFIG_UNDEF_DOUBLE: peer timeout
+                                 + 5 s. */
+  lbccElasticUnits_t units;  /* Shared with the masters of the model's other shards; NULL: the
+                                master's own (units span this job only). */
+} lbccElasticMasterConfig_t;
+
+#define LBCC_ELASTIC_MASTER_CONFIG_INITIALIZER                                                \
+  {sizeof(lbccElasticMasterConfig_t), LBCC_CONFIG_MAGIC, LBCC_VERSION_CODE, NULL, NULL, 1,     \
+   LBCC_CONFIG_UNDEF_DOUBLE, NULL, LBCC_CONFIG_UNDEF_DOUBLE, NULL}
+
+/* lbccElasticMasterCreate with every option; bad fields are lbccInvalidArgument naming them. */
+lbccResult_t lbccElasticMasterCreateConfig(lbccElasticMaster_t* master,
+                                           const lbccElasticMasterConfig_t* config);
 /* "host:port" members connect to; valid until lbccElasticMasterDestroy. */
 const char* lbccElasticMasterAddress(const lbccElasticMaster_t master);
 lbccResult_t lbccElasticMasterQuery(const lbccElasticMaster_t master, uint64_t* epoch,

@@ -159,6 +159,17 @@ void BindElastic(py::module_& m) {
              ThrowIfError(g->Leave());
              g.reset();
            })
+      .def(
+          "await_epoch",
+          [](PyElasticGroup& self, uint64_t n, double timeout) {
+            comm::ElasticGroup& g = Group(self);
+            py::gil_scoped_release release;
+            return g.AwaitEpoch(n, absl::Seconds(timeout));
+          },
+          py::arg("n"), py::arg("timeout"),
+          "Waits up to `timeout` seconds until the epoch is at least `n`; False at the timeout "
+          "and, at once, when the group failed (evicted, its pipeline replica left, the master "
+          "lost): its next call raises why.")
       .def_property_readonly("epoch", [](PyElasticGroup& s) { return Group(s).epoch(); })
       .def_property_readonly("rank", [](PyElasticGroup& s) { return Group(s).rank(); })
       .def_property_readonly("size", [](PyElasticGroup& s) { return Group(s).size(); })

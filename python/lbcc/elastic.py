@@ -19,8 +19,14 @@ Pipeline replicas: the masters of a model's shard jobs share one `ElasticUnits`
 (`ElasticMaster(job, units=units)`), and each stage joins its shard's job with
 `replica="pipe0", stage=s, replica_stages=n`. A stage that leaves takes its replica out of every
 shard's group: the other stages' calls raise FailedPreconditionError (`replica_left(e)` is True);
-they join again, and are admitted once every stage is back, all at one outer step.
+they join again, and are admitted once every stage is back, all at one outer step. A stage
+that notices the loss outside a group call (its link to the other stage failed during inner
+steps) asks `group.replica_left_error(timeout)`: the error once the service took its replica
+out, None if it is still a member at the timeout (then it leaves itself, which takes the
+replica out).
 """
+
+import time
 
 from lbcc import errors
 from lbcc._lbcc import ElasticMaster, ElasticUnits, _ElasticGroup
@@ -82,6 +88,36 @@ class ElasticGroup:
 
     def leave(self):
         self._group.leave()
+
+    def await_epoch(self, n, timeout):
+        """Waits up to `timeout` seconds until the epoch is at least `n`; False at the timeout
+        and, at once, when the group failed (its next call raises why)."""
+        return self._group.await_epoch(n, timeout)
+
+    def replica_left_error(self, timeout):
+        """For a pipeline stage whose link to another stage of its replica failed outside a
+        group call: waits up to `timeout` seconds (the peer timeout covers a silent stage) for
+        the membership service to take the replica out, and returns the error its calls now
+        raise (`replica_left(error)` is True; another failure, e.g. the master's loss, is
+        returned as it is). None: still a member at the timeout (the stage link failed, not the
+        stage): leave() then takes the replica out. Makes no group call while a member, so it
+        may run between boundary() and sparse_all_reduce()."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if self._group.await_epoch(self._group.epoch + 1, left):
+                continue  # another member came or went: keep waiting
+            if time.monotonic() >= deadline:
+                return None
+            # The group failed (await_epoch returns at once then): its calls return why at
+            # once, without a phase.
+            try:
+                self._group.boundary()
+            except errors.Error as e:
+                return e
+            return None
 
     epoch = property(lambda self: self._group.epoch)
     rank = property(lambda self: self._group.rank)

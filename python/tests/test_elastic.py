@@ -176,6 +176,12 @@ def test_a_pipeline_replica_leaves_and_rejoins_as_a_unit():
 
     run_threads([lambda: full_steps(2), lambda: stage_steps(0, 2), lambda: stage_steps(1, 2)])
     stage["s1"].leave()
+    # Stage 0 asks without a group call (as after a failed stage link): told at once.
+    told = stage["s0"].replica_left_error(30)
+    assert lbcc.elastic.replica_left(told), repr(told)
+    assert "its stage 1 (stage1) left" in str(told)
+    # A full replica is still a member: nothing to tell at the timeout.
+    assert full["g"][0].replica_left_error(0.5) is None
     with pytest.raises(lbcc.FailedPreconditionError) as left:
         stage_steps(0, 1)
     assert lbcc.elastic.replica_left(left.value), str(left.value)
