@@ -418,11 +418,11 @@ def run_churn(name, cfg, net, args, pkg, out):
     finally:
         for log in logs:
             log.close()
-    s = summarize_churn(name, rundir, plan, events, failed, time.time() - t0)
+    s = summarize_churn(name, rundir, plan, events, failed, time.time() - t0, H)
     return s
 
 
-def summarize_churn(name, rundir, plan, driver_events, failed, wall):
+def summarize_churn(name, rundir, plan, driver_events, failed, wall, inner_steps):
     """Per step: mean training loss over the replicas' head ranks present and the shards'
     member counts; per committed outer step and shard: the members' parameter hashes; the
     membership events (the driver's kills and restarts, the workers' losses and joins)."""
@@ -478,6 +478,7 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
             compared[(o["shard"], o["committed"])] += 1
     summary = {
         "run": f"churn_{name}", "plan": plan, "events": events, "failed": failed,
+        "inner_steps": inner_steps,
         "steps": rows[-1][0] if rows else 0, "first_loss": rows[0][1] if rows else None,
         "train_loss": rows[-1][1] if rows else None,
         "eval_loss": rank0["eval_loss"] if rank0 else None,
@@ -491,7 +492,9 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
         "min_members_compared": min(compared.values()) if compared else 0,
         "units": {"absent": units["absent"], "told": units["told"],
                   "left_itself": units["left_itself"], "rejoins": units["rejoins"],
-                  "full_size": units["full_size"]},
+                  "full_size": units["full_size"],
+                  "exchanges": [{k: x[k] for k in ("shard", "committed", "step", "members",
+                                                   "epoch")} for x in units["steps"]]},
         "wall_seconds": wall,
     }
     with open(os.path.join(rundir, "summary.json"), "w") as f:
@@ -521,10 +524,15 @@ def plot_churn(summary, rows, rundir):
     a1.set_title(f"{summary['run']}: red kill, purple replica out (survivor told), "
                  "orange restart, green rejoin")
     a1.legend()
+    H = summary["inner_steps"]
     for i in (0, 1):
-        pts = [(r[0], r[3 + i]) for r in rows if r[3 + i] is not None]
+        # Each outer step's exchange: the members that committed it, over its inner steps.
+        pts = [(x["step"] - H, x["members"]) for x in summary["units"]["exchanges"]
+               if x["shard"] == i]
+        if pts:
+            pts.append((pts[-1][0] + H, pts[-1][1]))
         a2.step([p[0] for p in pts], [p[1] + 0.04 * (i - 0.5) for p in pts], where="post",
-                label=f"shard {i} members")
+                label=f"shard {i}: members of each outer step's exchange")
     a2.set_xlabel("step")
     a2.set_ylabel("members")
     a2.legend(fontsize=8)
@@ -575,8 +583,8 @@ def churn_table(s, cfg, net_desc):
     if s["failed"]:
         lines.append(f"FAILED: {'; '.join(s['failed'])}")
     lines.append("\nPlot: `churn.png` (loss vs step with the kills, the replica's departure as "
-                 "the surviving stage was told, restarts and rejoins; the shards' member "
-                 "counts).")
+                 "the surviving stage was told, restarts and rejoins; the members of each "
+                 "shard's outer-step exchanges).")
     return "\n".join(lines)
 
 
