@@ -26,9 +26,9 @@ def load_logs(rundir):
 
 def analyse(rundir, driver_events):
     """The unit behaviour as the logs show it. Per (shard, committed outer step): the members'
-    records (parameter hash, the exchange's epoch); per shard: the runs of committed steps without the pipeline
-    replica (fewer members logged the step than the full count: the exchange's members); the
-    surviving stages' notices; the stages' rejoins."""
+    records (parameter hash, the exchange's epoch); per shard: the runs of committed steps
+    without the pipeline replica (fewer members logged the step than the full count: the
+    exchange's members); the surviving stages' notices; the stages' rejoins."""
     logs = load_logs(rundir)
     fulls = sum(1 for lg in logs if lg["kind"] == "full" and lg["incarnation"] == 0)
     pipes = len({lg["replica"] for lg in logs if lg["kind"] == "pipeline"})

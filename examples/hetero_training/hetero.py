@@ -557,7 +557,8 @@ def churn_table(s, cfg, net_desc):
                   f"present), held-out {s['eval_loss']:.3f}; every committed outer step "
                   f"bit-identical on every member of its epoch: "
                   f"{'yes' if s['identical'] else 'NO'} ({s['outer_checks']} (shard, step) "
-                  f"checks, each over at least {s['min_members_compared']} members); final parameters identical on every member, the restarted stage "
+                  f"checks, each over at least {s['min_members_compared']} members); final "
+                  f"parameters identical on every member, the restarted stage "
                   f"included: {'yes' if s['final_identical'] else 'NO'}; rejoined: " +
               (", ".join(f"rank {j['rank']} (incarnation {j['incarnation']}) at step "
                          f"{j['joined_at']}" for j in s["rejoined"]) or "none") +
