@@ -1,24 +1,34 @@
 """One rank of a churn run (hetero.py --churn): the "hetero" layout (ranks 0 and 1 full
 replicas, ranks 2 -> 3 a two-stage pipeline replica) with data parallelism over elastic groups,
 one per shard (lbcc.torch.SparseLoCo(elastic=True), lbcc.torch.elastic.join; docs/elastic.md),
-so the pipeline's stage 1 can be killed and restarted while the others keep training.
+so a pipeline stage can be killed and restarted while the others keep training.
 
 - Rank 0 hosts the two membership services (lbcc.ElasticMaster, one job per shard: shard 0 =
-  every full replica + stage 0 of the pipeline, shard 1 = every full replica + stage 1) and is
-  never killed.
+  every full replica + stage 0 of the pipeline, shard 1 = every full replica + stage 1), which
+  share one lbcc.ElasticUnits, and is never killed. The stages join their shard's job as stage
+  0 and 1 of pipeline replica "pipe<replica>" (replica=, stage=, replica_stages=), so the
+  services treat the pipeline replica as a unit ("Pipeline replicas as units" in
+  docs/elastic.md).
 - The pipeline's stages talk over a communicator of their own (two ranks, one per incarnation of
-  the pair). A stage that loses its peer (an error or timeout on the stage link) leaves its
-  shard's group at once (Leave(): the survivors' exchange retries over the new epoch without a
-  timeout), waits for the restarted peer, and the two rejoin as newcomers: each receives its
-  shard's outer parameters at the next outer-step boundary (checked by XXH3 against every
-  member's), its error feedback and inner optimizer start at zero. The pipeline replica leaves
-  and rejoins as one unit.
+  the pair). When a stage dies, its service takes the whole pipeline replica out of both
+  shards' groups at once: the full replicas' exchange in flight retries over the new epoch, and
+  the surviving stage is told: its group call raises FailedPreconditionError with
+  lbcc.elastic.replica_left(e), or, when its stage link failed first (during inner steps),
+  group.replica_left_error() returns that error. The survivor never leaves by itself unless the
+  service still counts it a member after that wait (the stage link failed, not the stage).
+- The survivor then re-forms the stage link with the restarted stage and both join again: the
+  services hold them until both stages are back and admit them together at one outer step;
+  each receives its shard's outer parameters there (checked by XXH3 against every member's),
+  its error feedback and inner optimizer start at zero.
 - The restarted stage (--incarnation N) is a fresh process: it rebuilds the model (the basis
   from the run's seed), joins, and starts at the job's committed step.
 
 Writes <outdir>/rank<r>.<incarnation>.json: per inner step (global step, loss on head ranks,
-shard epochs and sizes), per outer step each shard's parameter hash (sha256 of the outer
-parameters, by committed step, compared across members by hetero.py), membership events."""
+shard sizes), per committed outer step each shard's parameter hash (sha256 of the outer
+parameters), the exchange's epoch and the group's epoch and size after the next boundary
+(compared across the members by check_churn.py), joins (the outer step and epoch of each
+admission) and membership events (with `replica_left` for the
+survivor's notice)."""
 
 import hashlib
 import json
@@ -59,8 +69,16 @@ def parser():
     return ap
 
 
-class Lost(Exception):
-    """The pipeline's other stage is gone (or the pair disagrees): leave and rejoin."""
+class StageLinkLost(Exception):
+    """The link to the pipeline's other stage failed (inner steps): ask the service why."""
+
+
+class ReplicaLeft(Exception):
+    """The membership service took this stage's pipeline replica out (`error`: what it said)."""
+
+    def __init__(self, error, where):
+        super().__init__(str(error))
+        self.error, self.where = error, where
 
 
 def role_of(topo, rank):
@@ -89,32 +107,38 @@ def main():
     jobs = [f"{a.job}-shard{s}" for s in (0, 1)]
     fulls = sum(1 for rep in topo["replicas"] if rep["kind"] == "full")
     pipes = len(topo["replicas"]) - fulls
+    unit = f"pipe{replica}" if kind == "pipeline" else None
+    name = f"rank{rank}.{a.incarnation}"
     t_start = time.time()
-    log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica,
-           "incarnation": a.incarnation, "pid": os.getpid(), "steps": [], "outer": [],
-           "events": [], "joins": [], "eval_loss": None}
+    log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica, "unit": unit,
+           "name": name, "incarnation": a.incarnation, "pid": os.getpid(), "steps": [],
+           "outer": [], "events": [], "joins": [], "eval_loss": None}
     out_path = os.path.join(a.outdir, f"rank{rank}.{a.incarnation}.json")
     with open(os.path.join(a.outdir, f"rank{rank}.{a.incarnation}.pid"), "w") as f:
         f.write(str(os.getpid()))  # hetero.py --churn kills this process by its pid
 
     cur = {"step": None}
 
-    def event(step, what):
-        """A membership event at `step` (None: this process's last step, if it had one)."""
-        step = cur["step"] if step is None else step
-        log["events"].append({"time": time.time(), "step": step, "what": what})
-        print(f"  [rank {rank}.{a.incarnation}] step {step}: {what}", flush=True)
-        save()  # a killed process keeps what it saw
-
     def save():
         with open(out_path + ".tmp", "w") as f:
             json.dump(log, f)
         os.replace(out_path + ".tmp", out_path)
 
+    def event(step, what, **fields):
+        """A membership event at `step` (None: this process's last step, if it had one)."""
+        step = cur["step"] if step is None else step
+        log["events"].append(dict(fields, time=time.time(), step=step, what=what))
+        print(f"  [rank {rank}.{a.incarnation}] step {step}: {what}", flush=True)
+        save()  # a killed process keeps what it saw
+
     masters = []
     if rank == 0:
+        # One ElasticUnits for both shards' services: a stage that leaves takes its whole
+        # pipeline replica out of both groups, and the replica is admitted back as a unit.
+        units = lbcc.ElasticUnits()
         masters = [lbcc.ElasticMaster(jobs[s], listen=f"{a.master_host}:{ports[s]}",
-                                      min_members=fulls + pipes, bootstrap_host=a.master_host)
+                                      min_members=fulls + pipes, bootstrap_host=a.master_host,
+                                      units=units)
                    for s in (0, 1)]
         with open(os.path.join(a.outdir, "masters.ready"), "w") as f:
             f.write("\n".join(m.address for m in masters) + "\n")
@@ -150,12 +174,16 @@ def main():
         return s0, s1, opts
 
     def join(opts):
+        """Joins each shard held; a stage as stage `stage` of pipeline replica `unit` (its
+        service holds it until every stage of the replica is back)."""
         groups, received = {}, 0
+        unit_options = ({} if unit is None else
+                        dict(replica=unit, stage=stage, replica_stages=2))
         for s in sorted(opts):
             groups[s] = elastic_glue.join(opts[s], master_address=f"{a.master_host}:{ports[s]}",
-                                          job_id=jobs[s], name=f"rank{rank}.{a.incarnation}",
-                                          op_timeout=a.timeout,
-                                          join_timeout=3 * a.timeout)  # a loaded start-up
+                                          job_id=jobs[s], name=name, op_timeout=a.timeout,
+                                          join_timeout=3 * a.timeout,  # a loaded start-up
+                                          **unit_options)
             received += groups[s].stats["state_bytes_received"]
         return groups, received
 
@@ -170,12 +198,16 @@ def main():
 
     def record_outer(groups, opts, step):
         for s, g in groups.items():
+            # epoch: the exchange's; epoch_after, size_after: the group's after the next
+            # step's boundary (where newcomers admitted at this commit received the state).
             log["outer"].append({"shard": s, "committed": g.step, "step": step,
                                  "hash": digest(opts[s].outer_parameters()),
-                                 "epoch": g.stats["committed_epoch"], "size": g.size})
+                                 "epoch": g.exchange_epoch, "epoch_after": g.epoch,
+                                 "size_after": g.size})
             for msg in g.membership_changes:
-                event(step, f"shard {s}: retried: {msg}")
+                event(step, f"shard {s}: retried: {msg}", retried=True, shard=s)
             g.membership_changes.clear()
+        save()  # a member killed later still shows the steps it committed
 
     def pair_comm(incarnation):
         """The pipeline pair's communicator of this incarnation (two ranks, stage 0 the root)."""
@@ -190,6 +222,21 @@ def main():
                 if time.time() > deadline:
                     raise
                 event(None, f"waiting for the other stage ({type(e).__name__}: {str(e)[:300]})")
+
+    def group_calls(fn, where):
+        """Runs `fn` (group calls); the replica's departure raises ReplicaLeft."""
+        try:
+            return fn()
+        except errors.FailedPreconditionError as e:
+            if kind == "pipeline" and lbcc.elastic.replica_left(e):
+                raise ReplicaLeft(e, where) from e
+            raise
+
+    def pair_barrier(pair, what):
+        try:
+            return pair.all_gather_bytes(what, timeout=a.pair_timeout)
+        except errors.Error as e:
+            raise StageLinkLost(f"stage link: {type(e).__name__}: {e}") from e
 
     incarnation = a.pair_index  # of the pipeline pair: +1 each time it re-forms
     first_session = True
@@ -207,38 +254,30 @@ def main():
             event(None, f"pipeline pair {incarnation} up")
         groups = {}
         try:
-            groups, received = join(opts)
+            groups, received = group_calls(lambda: join(opts), "join")
             step0 = groups[min(groups)].step
-            log["joins"].append({"step": step0 * H, "state_bytes_received": received,
+            log["joins"].append({"step": step0 * H, "outer_step": step0,
+                                 "epochs": {s: g.epoch for s, g in groups.items()},
+                                 "sizes": {s: g.size for s, g in groups.items()},
+                                 "state_bytes_received": received,
                                  "state_bytes": sum(g.stats["state_bytes"]
                                                     for g in groups.values())})
-            for attempt in range(6 if pair is not None else 0):
-                # Both stages must be admitted at the same outer step; the two shards' jobs
-                # admit at their own commits, and the members commit shard 0 then shard 1, so a
-                # stage may land one step apart. The one admitted earlier leaves and joins again
-                # (the members' exchange it was expected in is retried without it, and it is
-                # admitted at that step's commit); the other waits here.
+            if pair is not None:
+                # The services admit a pipeline replica's stages at one outer step (each in
+                # its shard's job): a difference would be the library's bug, not churn.
                 steps = [struct.unpack("<Q", b)[0] for b in
-                         pair.all_gather_bytes(struct.pack("<Q", step0), timeout=a.pair_timeout)]
-                if len(set(steps)) == 1:
-                    break
-                if attempt == 5:
-                    raise Lost(f"stages admitted at different outer steps {steps}")
-                if step0 < max(steps):
-                    event(step0 * H, f"admitted at outer step {step0}, the other stage at "
-                                     f"{max(steps)}: leaving and joining again")
-                    for g in groups.values():
-                        g.leave()
-                    groups, received = join(opts)
-                    step0 = groups[min(groups)].step
-                    log["joins"][-1].update(step=step0 * H, state_bytes_received=received)
+                         pair_barrier(pair, struct.pack("<Q", step0))]
+                if len(set(steps)) != 1:
+                    raise RuntimeError(f"the stages were admitted at different outer steps "
+                                       f"{steps}")
             if step0 > 0 and 0 in opts:
                 adapt(s0, opts)  # the members projected after sending the state
             if not first_session or a.incarnation:
                 event(step0 * H, f"joined at outer step {step0} (" +
                       ", ".join(f"shard {s}: epoch {g.epoch}, {g.size} members"
                                 for s, g in groups.items()) +
-                      f"), shared state received {received} B")
+                      f"), shared state received {received} B", joined=True,
+                      outer_step=step0)
             stream = data.stream(replica, a.seed + 101 * incarnation)
             for step in range(step0 * H + 1, a.steps + 1):
                 cur["step"] = step
@@ -263,11 +302,16 @@ def main():
                         loss.backward()
                         boundary.synchronize()
                 except errors.Error as e:
-                    raise Lost(f"stage link: {type(e).__name__}: {e}") from e
-                for s in sorted(opts):  # shard 0's outer step first, on every member
-                    opts[s].step()  # every H-th: the elastic exchange, then the boundary
-                outer_now = step % H == 0
-                if outer_now:
+                    if kind != "pipeline":
+                        raise
+                    raise StageLinkLost(f"stage link: {type(e).__name__}: {e}") from e
+
+                def outer():
+                    for s in sorted(opts):  # shard 0's outer step first, on every member
+                        opts[s].step()  # every H-th: the elastic exchange, then the boundary
+                group_calls(outer, f"the outer step at step {step}" if step % H == 0 else
+                            f"step {step}")
+                if step % H == 0:
                     adapt(s0, opts)
                     record_outer(groups, opts, step)
                 elif compressed and kind == "pipeline" and stage == 0:
@@ -282,17 +326,35 @@ def main():
                     print(f"  step {step}/{a.steps} loss {float(loss):.3f} shard sizes "
                           f"{groups[0].size}, {groups[1].size} ({time.time() - t_start:.0f} s)",
                           flush=True)
+            if pair is not None:
+                # Both stages are past their last group call before either leaves (a stage's
+                # leave takes the replica out, which would fail the other's last exchange).
+                pair_barrier(pair, b"done")
             break
-        except Lost as e:
-            if kind != "pipeline":
-                raise
-            event(log["steps"][-1][0] if log["steps"] else 0, f"lost the other stage: {e}")
+        except (StageLinkLost, ReplicaLeft) as e:
+            if isinstance(e, StageLinkLost):
+                event(None, f"lost the link to the other stage ({e}): asking the service")
+                # The service takes the replica out when the other stage is gone (a killed
+                # process at once, a silent one after the peer timeout); this stage makes no
+                # group call meanwhile.
+                told = groups[min(groups)].replica_left_error(a.timeout) if groups else None
+                if told is None:
+                    # Still a member: the link failed, not the stage; leaving takes the replica
+                    # out, and both stages come back as for a departure.
+                    event(None, "still a member after the wait: leaving (takes the replica out)")
+                elif not lbcc.elastic.replica_left(told):
+                    raise told
+                else:
+                    event(None, f"told replica_left (replica_left_error): {told}",
+                          replica_left=True, via="replica_left_error")
+            else:
+                event(None, f"told replica_left ({e.where}): {e.error}", replica_left=True,
+                      via="group call")
             for g in groups.values():
                 try:
-                    g.leave()
+                    g.leave()  # out already (told); else this takes the replica out
                 except errors.Error:
                     pass
-            event(None, "left the data-parallel group")
             save()
             if pair is not None:  # closing endpoints to a dead peer may take its timeout
                 threading.Thread(target=pair.close, daemon=True).start()
@@ -313,7 +375,11 @@ def main():
         while any(m.members > 1 for m in masters) and time.time() < deadline:
             time.sleep(0.1)
     for g in groups.values():
-        g.leave()
+        try:
+            g.leave()
+        except errors.Error as e:
+            if not (kind == "pipeline" and lbcc.elastic.replica_left(e)):
+                raise  # the other stage's leave took the replica out first: expected
     for m in masters:
         m.stop()
     if pair is not None:

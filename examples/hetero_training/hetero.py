@@ -383,7 +383,8 @@ def run_churn(name, cfg, net, args, pkg, out):
                 os.kill(int(f.read()), signal.SIGKILL)
             at = progress()
             killed.append(procs[v])
-            events.append({"step": at, "time": time.time(),
+            events.append({"step": at, "time": time.time(), "killed": f"rank{v}."
+                           f"{incarnation_of[v]}",
                            "what": f"rank {v} (pipeline stage {v - 2}) killed (SIGKILL)"})
             print(f"   churn: step {at}: rank {v} killed", flush=True)
             while progress() < at + ev["down_steps"]:
@@ -395,6 +396,7 @@ def run_churn(name, cfg, net, args, pkg, out):
             incarnation_of[v] = inc
             open(hold, "w").close()
             events.append({"step": progress(), "time": time.time(),
+                           "restarted": f"rank{v}.{inc}",
                            "what": f"rank {v} restarted (incarnation {inc})"})
             print(f"   churn: step {progress()}: rank {v} restarted", flush=True)
         failed = []
@@ -416,11 +418,11 @@ def run_churn(name, cfg, net, args, pkg, out):
     finally:
         for log in logs:
             log.close()
-    s = summarize_churn(name, rundir, plan, events, failed, time.time() - t0)
+    s = summarize_churn(name, rundir, plan, events, failed, time.time() - t0, H)
     return s
 
 
-def summarize_churn(name, rundir, plan, driver_events, failed, wall):
+def summarize_churn(name, rundir, plan, driver_events, failed, wall, inner_steps):
     """Per step: mean training loss over the replicas' head ranks present and the shards'
     member counts; per committed outer step and shard: the members' parameter hashes; the
     membership events (the driver's kills and restarts, the workers' losses and joins)."""
@@ -458,9 +460,10 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
     events = [dict(e, what=f"driver: {e['what']}") for e in driver_events]
     for lg in logs:
         for e in lg["events"]:
-            events.append({"step": e["step"], "time": e["time"],
-                           "what": f"rank {lg['rank']}.{lg['incarnation']}: {e['what']}"})
+            events.append(dict(e, what=f"rank {lg['rank']}.{lg['incarnation']}: {e['what']}"))
     events.sort(key=lambda e: e["time"])
+    from check_churn import analyse  # the unit behaviour, as the checks read it
+    units = analyse(rundir, driver_events)
     t_first = events[0]["time"] if events else 0
     for e in events:
         e["t"] = round(e.pop("time") - t_first, 2)
@@ -475,6 +478,7 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
             compared[(o["shard"], o["committed"])] += 1
     summary = {
         "run": f"churn_{name}", "plan": plan, "events": events, "failed": failed,
+        "inner_steps": inner_steps,
         "steps": rows[-1][0] if rows else 0, "first_loss": rows[0][1] if rows else None,
         "train_loss": rows[-1][1] if rows else None,
         "eval_loss": rank0["eval_loss"] if rank0 else None,
@@ -486,6 +490,11 @@ def summarize_churn(name, rundir, plan, driver_events, failed, wall):
                       "joined_at": j["step"], "finished": bool(lg.get("final"))}
                      for lg, j in joins],
         "min_members_compared": min(compared.values()) if compared else 0,
+        "units": {"absent": units["absent"], "told": units["told"],
+                  "left_itself": units["left_itself"], "rejoins": units["rejoins"],
+                  "full_size": units["full_size"],
+                  "exchanges": [{k: x[k] for k in ("shard", "committed", "step", "members",
+                                                   "epoch")} for x in units["steps"]]},
         "wall_seconds": wall,
     }
     with open(os.path.join(rundir, "summary.json"), "w") as f:
@@ -506,18 +515,24 @@ def plot_churn(summary, rows, rundir):
         if e["step"] is None:
             continue
         what = e["what"]
-        color = ("red" if "killed" in what else "orange" if "restarted" in what else
-                 "green" if "joined" in what else None)
+        color = ("red" if e.get("killed") else "orange" if e.get("restarted") else
+                 "purple" if e.get("replica_left") else "green" if e.get("joined") else None)
         if color:
             for ax in (a1, a2):
                 ax.axvline(e["step"], color=color, alpha=0.6, lw=1)
     a1.set_ylabel("loss")
-    a1.set_title(f"{summary['run']}: red kill, orange restart, green rejoin")
+    a1.set_title(f"{summary['run']}: red kill, purple replica out (survivor told), "
+                 "orange restart, green rejoin")
     a1.legend()
+    H = summary["inner_steps"]
     for i in (0, 1):
-        pts = [(r[0], r[3 + i]) for r in rows if r[3 + i] is not None]
+        # Each outer step's exchange: the members that committed it, over its inner steps.
+        pts = [(x["step"] - H, x["members"]) for x in summary["units"]["exchanges"]
+               if x["shard"] == i]
+        if pts:
+            pts.append((pts[-1][0] + H, pts[-1][1]))
         a2.step([p[0] for p in pts], [p[1] + 0.04 * (i - 0.5) for p in pts], where="post",
-                label=f"shard {i} members")
+                label=f"shard {i}: members of each outer step's exchange")
     a2.set_xlabel("step")
     a2.set_ylabel("members")
     a2.legend(fontsize=8)
@@ -529,7 +544,8 @@ def plot_churn(summary, rows, rundir):
 def churn_table(s, cfg, net_desc):
     lines = [f"Churn run `{s['run']}`: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = "
              f"{D_MODEL}, {cfg['layers']} layers, context {cfg['seq']}, {net_desc}; "
-             f"lbcc.torch.SparseLoCo(elastic=True), one elastic group per shard.", "",
+             f"lbcc.torch.SparseLoCo(elastic=True), one elastic group per shard, their "
+             f"services sharing one lbcc.ElasticUnits (the pipeline replica a unit).", "",
              "| step | s | membership event (driver: kills, restarts; ranks: what they saw) |",
              "|---|---|---|"]
     if s["first_loss"] is None or s["eval_loss"] is None:
@@ -541,17 +557,35 @@ def churn_table(s, cfg, net_desc):
                   f"present), held-out {s['eval_loss']:.3f}; every committed outer step "
                   f"bit-identical on every member of its epoch: "
                   f"{'yes' if s['identical'] else 'NO'} ({s['outer_checks']} (shard, step) "
-                  f"checks, each over at least {s['min_members_compared']} members); final parameters identical on every member, the restarted stage "
+                  f"checks, each over at least {s['min_members_compared']} members); final "
+                  f"parameters identical on every member, the restarted stage "
                   f"included: {'yes' if s['final_identical'] else 'NO'}; rejoined: " +
               (", ".join(f"rank {j['rank']} (incarnation {j['incarnation']}) at step "
                          f"{j['joined_at']}" for j in s["rejoined"]) or "none") +
               "; shared state received at the rejoin: " +
               (", ".join(f"rank {j['rank']}.{j['incarnation']} {j['state_bytes_received']} B "
                          f"(of {j['state_bytes']} B)" for j in s["rejoined"]) or "none") + "."]
+    u = s["units"]
+
+    def spans(shard):
+        return ", ".join(f"committed outer steps {x['from']} to "
+                         f"{x['back'] - 1 if x['back'] else 'the end'} (epochs "
+                         f"{', '.join(str(e) for e in sorted(set(x['epochs'])))})"
+                         for x in u["absent"].get(shard, u["absent"].get(str(shard)))
+                         ) or "never"
+    lines.append(
+        f"\nThe pipeline replica as a unit: without it, shard 0's group ran {spans(0)}, shard "
+        f"1's {spans(1)}; the surviving stage was told replica_left by its service: " +
+        ("; ".join(f"{t['name']} (stage {t['stage']}) at step {t['step']}, via {t['via']}"
+                   for t in u["told"]) or "never") + "; stages that left by themselves: " +
+        (", ".join(x["name"] for x in u["left_itself"]) or "none") + "; readmitted: " +
+        (", ".join(f"{j['name']} (stage {j['stage']}) at outer step {j['outer_step']}"
+                   for j in u["rejoins"]) or "none") + ".")
     if s["failed"]:
         lines.append(f"FAILED: {'; '.join(s['failed'])}")
-    lines.append("\nPlot: `churn.png` (loss vs step with the kills, restarts and rejoins; the "
-                 "shards' member counts).")
+    lines.append("\nPlot: `churn.png` (loss vs step with the kills, the replica's departure as "
+                 "the surviving stage was told, restarts and rejoins; the members of each "
+                 "shard's outer-step exchanges).")
     return "\n".join(lines)
 
 

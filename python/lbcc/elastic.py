@@ -62,13 +62,17 @@ class ElasticGroup:
     job_id, name, backend ("ucx", "loopback"), op_timeout and join_timeout (seconds),
     peer_timeout_ms (default LBCC_PEER_TIMEOUT_MS), state_step (the committed step whose state
     this member holds; another step is refused as stale), replica, stage and replica_stages (a
-    pipeline stage: see the module doc)."""
+    pipeline stage: see the module doc). `exchange_epoch`: the epoch in which the last
+    successful sparse_all_reduce committed (None before one), for logs: `epoch` may have moved
+    on by the time the caller looks (a member came or went, a newcomer was admitted at that
+    commit)."""
 
     def __init__(self, shared_state, *, job_id, retries=1000, on_retry=None, **options):
         self._group = _ElasticGroup(list(shared_state), job_id=job_id, **options)
         self.retries = retries
         self.on_retry = on_retry
         self.membership_changes = []  # messages of the retried calls, for logs and plots
+        self.exchange_epoch = None
 
     def _retry(self, call):
         def note(e):
@@ -85,6 +89,7 @@ class ElasticGroup:
         """SparseLoCo's exchange over the current epoch's members, retried over new epochs."""
         self._retry(lambda: self._group.sparse_all_reduce(list(deltas), list(outs), codec,
                                                           list(states), aggregation))
+        self.exchange_epoch = self._group.stats["committed_epoch"]
 
     def leave(self):
         self._group.leave()
