@@ -62,11 +62,14 @@ def test_group_steps_bit_identically_and_a_newcomer_gets_the_state():
     params = [torch.full((N,), float(i)) for i in range(3)]
     states = [codec.new_state() for _ in range(3)]
     groups = run_threads([lambda i=i: member(master, params[i], f"m{i}") for i in range(2)])
+    assert all(g.exchange_epoch is None for g in groups)  # no exchange committed yet
     first = run_threads([lambda i=i: steps(groups[i], params[i], i, 3, codec, states[i])
                          for i in range(2)])
     for (s0, o0), (s1, o1) in zip(first[0], first[1]):
         assert s0 == s1 and torch.equal(o0, o1)
     assert torch.equal(params[0], params[1])
+    assert groups[0].exchange_epoch == groups[1].exchange_epoch is not None
+    two_member_epoch = groups[0].exchange_epoch
     # Members commit at once; the master's decision follows. Once step 2 is decided, the next
     # boundary a newcomer can be admitted at is the end of step 3.
     assert master.await_committed_steps(3)
@@ -81,6 +84,10 @@ def test_group_steps_bit_identically_and_a_newcomer_gets_the_state():
                  for i in range(3)])
     assert torch.equal(params[2], params[0]) and torch.equal(params[1], params[0])
     assert groups[2].stats["state_bytes_received"] >= N * 4
+    # The last exchanges ran with the newcomer: one epoch, newer than the two members' one.
+    assert len({g.exchange_epoch for g in groups}) == 1
+    assert groups[2].exchange_epoch > two_member_epoch
+    three_member_epoch = groups[2].exchange_epoch
 
     # One leaves: the other two go on (retrying a step in flight at most once).
     groups[2].leave()
@@ -88,6 +95,7 @@ def test_group_steps_bit_identically_and_a_newcomer_gets_the_state():
                  for i in range(2)])
     assert torch.equal(params[0], params[1])
     assert master.members == 2
+    assert groups[0].exchange_epoch == groups[1].exchange_epoch > three_member_epoch
     for g in groups[:2]:
         g.leave()
     master.stop()
