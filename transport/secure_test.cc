@@ -437,6 +437,42 @@ TEST_P(SecureLinkTest, MembersConnectAndEveryChunkIsSealedEncryptedAsAsked) {
   }
 }
 
+TEST_P(SecureLinkTest, QueuedMessagesOfAFastLinkArriveIntactInChunksOfOneToFourMiB) {
+  // Many messages queued at once: chunks grow from kSealedChunkBytes towards
+  // kMaxSealedChunkBytes as sealed bytes queue up (how far depends on timing), never beyond.
+  for (EncryptMode mode : {EncryptMode::kNone, EncryptMode::kAll}) {
+    SCOPED_TRACE(EncryptModeName(mode));
+    auto server = Make(GetParam(), Options(GetParam(), Secret(), mode));
+    auto client = Make(GetParam(), Options(GetParam(), Secret(), mode));
+    ASSERT_NE(server, nullptr);
+    ASSERT_NE(client, nullptr);
+    LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+    constexpr int kMessages = 8;
+    constexpr size_t kSize = (6 << 20) + 5;
+    std::vector<std::vector<uint8_t>> data, got;
+    std::vector<SendResult> sent(kMessages);
+    std::vector<RecvResult> received(kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+      data.push_back(Pattern(kSize, i + 1));
+      got.emplace_back(kSize);
+      b->Recv(5, absl::MakeSpan(got[i]), received[i].Callback());
+    }
+    for (int i = 0; i < kMessages; ++i) a->Send(5, data[i], {}, sent[i].Callback());
+    for (int i = 0; i < kMessages; ++i) {
+      EXPECT_THAT(sent[i].Wait(), IsOk());
+      EXPECT_THAT(received[i].Wait(), IsOkAndHolds(kSize));
+      EXPECT_EQ(got[i], data[i]) << "message " << i;
+    }
+    // Each message: at least ceil(kSize / 4 MiB) = 2 chunks, at most ceil(kSize / 1 MiB) = 7.
+    EXPECT_GE(a->counters().chunks_sent, uint64_t{kMessages} * 2);
+    EXPECT_LE(a->counters().chunks_sent, uint64_t{kMessages} * 7);
+    EXPECT_EQ(b->counters().chunks_received, a->counters().chunks_sent);
+    EXPECT_EQ(b->counters().integrity_failures, 0u);
+  }
+}
+
 TEST_P(SecureLinkTest, SlowStripedLinksAuthenticateEveryConnection) {
   TransportOptions options = Options(GetParam(), Secret());
   options.link_class = LinkClass::kSlow;
