@@ -469,6 +469,18 @@ TEST_P(SecureLinkTest, QueuedMessagesOfAFastLinkArriveIntactInChunksOfOneToFourM
     EXPECT_GE(a->counters().chunks_sent, uint64_t{kMessages} * 2);
     EXPECT_LE(a->counters().chunks_sent, uint64_t{kMessages} * 7);
     EXPECT_EQ(b->counters().chunks_received, a->counters().chunks_sent);
+    // Once they are sent nothing is queued: a lone message goes in 1 MiB chunks again (its own
+    // first 6 MiB never reach the 8 MiB queued that a 2 MiB chunk takes).
+    const uint64_t before = a->counters().chunks_sent;
+    std::vector<uint8_t> alone(kSize);
+    SendResult alone_sent;
+    RecvResult alone_received;
+    b->Recv(6, absl::MakeSpan(alone), alone_received.Callback());
+    a->Send(6, data[0], {}, alone_sent.Callback());
+    EXPECT_THAT(alone_sent.Wait(), IsOk());
+    EXPECT_THAT(alone_received.Wait(), IsOkAndHolds(kSize));
+    EXPECT_EQ(alone, data[0]);
+    EXPECT_EQ(a->counters().chunks_sent - before, 7u);
     EXPECT_EQ(b->counters().integrity_failures, 0u);
   }
 }
