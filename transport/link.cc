@@ -505,12 +505,32 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
                           });
 }
 
+std::vector<Link::Handoff> Link::TakeSealableLocked() {
+  std::vector<Handoff> work;
+  for (Handoff& handoff : outbox_) {
+    if (handoff.fast) {
+      held_.push_back(handoff);
+    } else {
+      work.push_back(handoff);
+    }
+  }
+  outbox_.clear();
+  while (!held_.empty() &&
+         (failed_ || sealing_bytes_ == 0 ||
+          sealing_bytes_ + held_.front().length <= static_cast<uint64_t>(kMaxSealAheadBytes))) {
+    sealing_bytes_ += held_.front().length;
+    work.push_back(held_.front());
+    held_.pop_front();
+  }
+  return work;
+}
+
 void Link::FlushOutbox(bool from_sender) {
   std::vector<Handoff> work;
   std::shared_ptr<SecureChannel> channel;
   {
     MutexLock lock(&mu_);
-    work.swap(outbox_);
+    work = TakeSealableLocked();
     channel = channel_;
   }
   for (const Handoff& handoff : work) {
@@ -557,9 +577,14 @@ void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& c
 
 void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
                        absl::Status status, bool fast_sealed) {
+  bool release = false;
   {
     MutexLock lock(&mu_);
-    if (fast_sealed) sealed_unsent_bytes_ -= std::min<uint64_t>(sealed_unsent_bytes_, length);
+    if (fast_sealed) {
+      sealed_unsent_bytes_ -= std::min<uint64_t>(sealed_unsent_bytes_, length);
+      sealing_bytes_ -= std::min<uint64_t>(sealing_bytes_, length);
+      release = !held_.empty();
+    }
     auto it = out_.find(seq);
     LBCC_CHECK(it != out_.end()) << "completion for unknown message " << seq;
     OutMsg* msg = it->second.get();
@@ -581,6 +606,9 @@ void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Pri
       }
     }
   }
+  // Chunks held back for the seal-ahead bound go to the pool now (never sealed on this thread,
+  // which may be a backend's).
+  if (release) FlushOutbox(/*from_sender=*/false);
   Kick();
 }
 

@@ -70,6 +70,10 @@ inline constexpr uint32_t kControlSealed = 1u << 8;
 // keep the wire busy while it is sealed (powers of two: the scratch buffers' size classes).
 inline constexpr int64_t kSealedChunkBytes = 1 << 20;
 inline constexpr int64_t kMaxSealedChunkBytes = 4 << 20;
+// Sealed bytes of a fast link on the crypto pool or on the wire at once: further chunks wait,
+// unsealed, until some are sent, so that the ciphertext is still in cache when the wire reads it
+// and scratch buffers stay few (sealing far ahead of the wire buys nothing).
+inline constexpr int64_t kMaxSealAheadBytes = 8 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
@@ -206,6 +210,9 @@ class Link : public std::enable_shared_from_this<Link> {
   // every path that may have reserved some. `from_sender`: on the thread of a Send, which seals
   // small chunks itself; everything else goes to the crypto pool.
   void FlushOutbox(bool from_sender) ABSL_LOCKS_EXCLUDED(mu_);
+  // The outbox's chunks and the held ones that may be sealed now (kMaxSealAheadBytes; all of
+  // them once the link failed, so that they complete); the rest of a fast link's wait in held_.
+  std::vector<Handoff> TakeSealableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `kick`: progress the backend afterwards (the sending thread; never a crypto pool thread).
   void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel,
                    bool kick) ABSL_LOCKS_EXCLUDED(mu_);
@@ -275,6 +282,10 @@ class Link : public std::enable_shared_from_this<Link> {
   // Fast authenticated links: sealed bytes handed to the outbox whose send has not completed
   // (they size the next chunks, see kMaxSealedChunkBytes).
   uint64_t sealed_unsent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Fast authenticated links: chunks reserved but held back (kMaxSealAheadBytes), in order, and
+  // the bytes handed to the pool or the wire and not yet sent.
+  std::deque<Handoff> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t sealing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // In flight per priority: a chunk is not handed while a higher-priority one is in flight, so
   // that bulk chunks handed during a rendezvous hand-shake cannot get ahead of its bytes.
   uint64_t inflight_by_priority_[kNumPriorities] ABSL_GUARDED_BY(mu_) = {};

@@ -485,6 +485,29 @@ TEST_P(SecureLinkTest, QueuedMessagesOfAFastLinkArriveIntactInChunksOfOneToFourM
   }
 }
 
+TEST_P(SecureLinkTest, ClosingAFastLinkWithChunksHeldBackCompletesEverySend) {
+  // More than kMaxSealAheadBytes queued: chunks wait unsealed; a Close must still complete
+  // every send (sent, or Cancelled), exactly once.
+  auto server = Make(GetParam(), Options(GetParam(), Secret(), EncryptMode::kAll));
+  auto client = Make(GetParam(), Options(GetParam(), Secret(), EncryptMode::kAll));
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(client, nullptr);
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  constexpr int kMessages = 8;
+  const std::vector<uint8_t> data = Pattern(6 << 20, 9);
+  std::vector<SendResult> sent(kMessages);
+  for (int i = 0; i < kMessages; ++i) a->Send(7, data, {}, sent[i].Callback());
+  a->Close();
+  for (int i = 0; i < kMessages; ++i) {
+    const absl::Status status = sent[i].Wait();
+    EXPECT_TRUE(status.ok() || status.code() == absl::StatusCode::kCancelled)
+        << "message " << i << ": " << status;
+    EXPECT_EQ(sent[i].calls(), 1) << "message " << i;
+  }
+}
+
 TEST_P(SecureLinkTest, SlowStripedLinksAuthenticateEveryConnection) {
   TransportOptions options = Options(GetParam(), Secret());
   options.link_class = LinkClass::kSlow;
