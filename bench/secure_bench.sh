@@ -140,18 +140,22 @@ names = sorted({n for r in p2p.values() for n in r["threads_ns_per_byte"]
                 if max(p2p[m]["threads_ns_per_byte"].get(n, [0, 0])[0] for m in p2p) >= 0.005})
 lines += ["Where the time goes (all rounds of each variant; ns per byte moved, CPU / run-queue "
           "wait of the threads of each name; idle: the machine's cores idle during the rounds, "
-          "median of the rounds):", "",
-          "| link | " + " | ".join(names) + " | idle |", "|---|" + "---|" * (len(names) + 1)]
+          "median of the rounds; chunks per message over the link's life; page faults: the "
+          "process's minor faults, fresh buffers being touched):", "",
+          "| link | " + " | ".join(names) + " | idle | chunks per message | page faults per MiB |",
+          "|---|" + "---|" * (len(names) + 3)]
 for m in ["plain", "integrity", "encrypted"]:
     t = p2p[m]["threads_ns_per_byte"]
     lines.append(f"| {m} | " + " | ".join(
         f"{t.get(n, [0, 0])[0]:.2f} / {t.get(n, [0, 0])[1]:.2f}" for n in names) +
-        f" | {p2p[m]['idle_fraction_median']:.2f} |")
+        f" | {p2p[m]['idle_fraction_median']:.2f} | {p2p[m]['chunks_per_message']:.1f} | "
+        f"{p2p[m]['minor_faults_per_mib']:.1f} |")
 lines += ["", "lbcc-crypto: the crypto pool (seals and opens); lbcc-ucx-prog: both transports' "
           "progress threads (the sockets' copies, UCX's protocol); lbcc-ucx-cb: completion "
           "callbacks; main: the sending thread (on plain links it progresses UCX itself). A fast "
           "authenticated link seals a message in chunks of 1 MiB while little is queued, growing "
-          "to 4 MiB while more is (each chunk costs both ends a rendezvous and thread wake-ups).",
+          "to 4 MiB while more is (each chunk costs both ends a rendezvous and thread wake-ups), "
+          "and seals at most 8 MiB ahead of the wire.",
           ""]
 # Both ends share this machine's cores: a link can at most move cores / (CPU per byte) bytes a
 # second; the cipher adds one seal and one open per byte to what the plain link spends (its
