@@ -134,19 +134,65 @@ lines += ["", "This CPU's cipher limits in the same rounds (one thread, SecureCh
           f"Encrypted p2p median against one thread's seal rate: "
           f"{bw['encrypted']/cipher['gcm_seal_bytes_per_second_median']:.2f} "
           f"(the link seals and opens every byte once each, on the crypto pool's threads).", ""]
+# Where the time goes: each variant's CPU per byte by thread, and the run-queue wait of each
+# (runnable threads that found no free core), beside the machine's idle cores.
+names = sorted({n for r in p2p.values() for n in r["threads_ns_per_byte"]
+                if max(p2p[m]["threads_ns_per_byte"].get(n, [0, 0])[0] for m in p2p) >= 0.005})
+lines += ["Where the time goes (all rounds of each variant; ns per byte moved, CPU / run-queue "
+          "wait of the threads of each name; idle: the machine's cores idle during the rounds, "
+          "median of the rounds; chunks per message over the link's life; page faults: the "
+          "process's minor faults, fresh buffers being touched):", "",
+          "| link | " + " | ".join(names) + " | idle | chunks per message | page faults per MiB |",
+          "|---|" + "---|" * (len(names) + 3)]
+for m in ["plain", "integrity", "encrypted"]:
+    t = p2p[m]["threads_ns_per_byte"]
+    lines.append(f"| {m} | " + " | ".join(
+        f"{t.get(n, [0, 0])[0]:.2f} / {t.get(n, [0, 0])[1]:.2f}" for n in names) +
+        f" | {p2p[m]['idle_fraction_median']:.2f} | {p2p[m]['chunks_per_message']:.1f} | "
+        f"{p2p[m]['minor_faults_per_mib']:.1f} |")
+lines += ["", "lbcc-crypto: the crypto pool (seals and opens); lbcc-ucx-prog: both transports' "
+          "progress threads (the sockets' copies, UCX's protocol); lbcc-ucx-cb: completion "
+          "callbacks; main: the sending thread (on plain links it progresses UCX itself). A fast "
+          "authenticated link seals a message in chunks of 1 MiB while little is queued, growing "
+          "to 4 MiB while more is (each chunk costs both ends a rendezvous and thread wake-ups), "
+          "and seals at most 8 MiB ahead of the wire.",
+          ""]
 # Both ends share this machine's cores: a link can at most move cores / (CPU per byte) bytes a
-# second; the cipher adds one seal and one open per byte to what the plain link spends.
+# second; the cipher adds one seal and one open per byte to what the plain link spends (its
+# floor). Cores used = throughput x CPU per byte: on a loaded machine each variant gets a share
+# of the cores, not all of them, so the ceiling is also stated as the cores the goal needs.
 cores = os.cpu_count()
+used = {m: bw[m] * per_byte[m] * 1e-9 for m in bw}
+lines.append(f"Cores used (throughput x CPU per byte): plain {used['plain']:.2f}, integrity "
+             f"{used['integrity']:.2f}, encrypted {used['encrypted']:.2f} of {cores}.")
+lines.append("")
 for m, use in [("encrypted", "gcm"), ("integrity", "mac")]:
     cipher_ns = cipher[f"{use}_seal_cpu_ns_per_byte_median"] + \
         cipher[f"{use}_open_cpu_ns_per_byte_median"]
-    ceiling = cores / ((per_byte["plain"] + cipher_ns) * 1e-9)
+    floor = per_byte["plain"] + cipher_ns
+    ceiling = cores / (floor * 1e-9)
+    share = per_byte["plain"] / floor
+    need = 0.8 * bw["plain"] * floor * 1e-9
     lines.append(
         f"Ceiling of {m} on these {cores} cores (both ends of the link in this one process, every "
         f"core busy): {cores} / (plain's {per_byte['plain']:.2f} ns of CPU per byte + "
         f"{cipher_ns:.2f} ns of one thread's CPU for one seal and one open) = "
-        f"{ceiling/1e6:.0f} MB/s, {ceiling/bw['plain']:.2f} x plain's median; measured "
-        f"{bw[m]/1e6:.0f} MB/s at {per_byte[m]:.2f} ns per byte.")
+        f"{ceiling/1e6:.0f} MB/s, {ceiling/bw['plain']:.2f} x plain's median; with only the "
+        f"{used['plain']:.2f} cores the plain link used: {per_byte['plain']:.2f} / "
+        f"{floor:.2f} = {share:.2f} x plain. Measured {bw[m]/1e6:.0f} MB/s "
+        f"({bw[m]/bw['plain']:.2f} x plain) at {per_byte[m]:.2f} ns per byte, "
+        f"{per_byte[m] - floor:+.2f} ns per byte beyond plain's and the cipher's.")
+    lines.append("")
+    verdict = (f"0.8 x plain for {m} needs {need:.2f} cores at that floor "
+               f"(0.8 x {bw['plain']/1e6:.0f} MB/s x {floor:.2f} ns per byte): ")
+    if need > cores:
+        verdict += f"more than this machine's {cores}, so it is out of reach here."
+    elif need > used[m]:
+        verdict += (f"within this machine's {cores}, but more than the {used[m]:.2f} this run's "
+                    "load left the link.")
+    else:
+        verdict += f"within what the link used ({used[m]:.2f})."
+    lines += [verdict, ""]
 lines += ["",
           "Connect time added per link: the connect medians above (Connect + Accept of a fresh "
           "link, alternating) carry the AUTH message's extra one-way trip and the handshake's "

@@ -12,19 +12,26 @@
 // (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each; rates and the
 // thread's CPU time per byte): the ceiling the encrypted link's work runs against, measured
 // under the same load ({"mode": "cipher"}). Each variant also reports the process's CPU time
-// (all threads) per byte it moved. --modes runs some of the variants (for profiling one).
+// (all threads) per byte it moved, the same split by thread name with each name's run-queue wait
+// (runnable, no core free; /proc/self/task/*/schedstat), and the fraction of the machine's cores
+// that stood idle during its rounds (/proc/stat): where the time goes. --modes runs some of the variants (for profiling one).
 // bench/secure_bench.sh writes them to bench/results/secure.md.
+#include <dirent.h>
 #include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -79,15 +86,63 @@ struct Variant {
   std::unique_ptr<Endpoint> a, b;
   std::vector<double> connect_us, bytes_per_second;
   std::vector<double> cpu_ns_per_byte;  // This process's CPU time (all threads) per byte moved.
+  std::vector<double> idle_fraction;    // Of the machine's cores, idle while the round ran.
+  // Per thread name (lbcc-crypto, lbcc-ucx-prog, ...), summed over the rounds: CPU time and time
+  // spent runnable but waiting for a core (the scheduler's run-queue delay), in ns.
+  std::map<std::string, std::pair<double, double>> threads;
+  double bytes_moved = 0;
+  double faults = 0;  // Minor page faults during the rounds.
   std::vector<uint8_t> data;
   std::vector<std::vector<uint8_t>> sinks;
 };
+
+// Minor page faults of this process so far (fresh buffers being touched).
+double ProcessMinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_minflt);
+}
 
 double ProcessCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+// Every thread of this process: name -> (CPU ns, run-queue wait ns), from /proc/self/task/*/
+// schedstat (nanoseconds, unlike stat's clock ticks). Threads of one name are summed.
+using ThreadTimes = std::map<std::string, std::pair<double, double>>;
+ThreadTimes ReadThreadTimes() {
+  ThreadTimes times;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return times;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string task = absl::StrCat("/proc/self/task/", entry->d_name);
+    std::ifstream comm(task + "/comm"), sched(task + "/schedstat");
+    std::string name;
+    double run = 0, wait = 0;
+    if (!std::getline(comm, name) || !(sched >> run >> wait)) continue;
+    if (absl::StartsWith(name, "secure_perf")) name = "main";
+    times[name].first += run;
+    times[name].second += wait;
+  }
+  closedir(dir);
+  return times;
+}
+
+// The machine's (idle, total) jiffies from /proc/stat's "cpu" line.
+std::pair<double, double> ReadCpuJiffies() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  stat >> cpu;
+  double idle = 0, total = 0, value;
+  for (int field = 0; field < 8 && stat >> value; ++field) {
+    total += value;
+    if (field == 3 || field == 4) idle += value;  // idle, iowait
+  }
+  return {idle, total};
 }
 
 absl::Status Setup(Variant& v) {
@@ -127,7 +182,10 @@ absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int windo
     sinks.assign(window, std::vector<uint8_t>(bytes));
   }
   Counter sent, received;
+  const ThreadTimes threads_start = ReadThreadTimes();
+  const std::pair<double, double> jiffies_start = ReadCpuJiffies();
   const double cpu_start = ProcessCpuSeconds();
+  const double faults_start = ProcessMinorFaults();
   const absl::Time start = absl::Now();
   for (int i = 0; i < messages; ++i) {
     if (i >= window) LBCC_RETURN_IF_ERROR(received.Wait(i - window + 1));
@@ -140,6 +198,20 @@ absl::StatusOr<double> Stream(Variant& v, int64_t bytes, int messages, int windo
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   v.cpu_ns_per_byte.push_back((ProcessCpuSeconds() - cpu_start) * 1e9 /
                               (static_cast<double>(bytes) * messages));
+  const std::pair<double, double> jiffies_end = ReadCpuJiffies();
+  if (jiffies_end.second > jiffies_start.second) {
+    v.idle_fraction.push_back((jiffies_end.first - jiffies_start.first) /
+                              (jiffies_end.second - jiffies_start.second));
+  }
+  for (const auto& [name, times] : ReadThreadTimes()) {
+    auto it = threads_start.find(name);
+    const std::pair<double, double> before =
+        it != threads_start.end() ? it->second : std::pair<double, double>{0, 0};
+    v.threads[name].first += times.first - before.first;
+    v.threads[name].second += times.second - before.second;
+  }
+  v.bytes_moved += static_cast<double>(bytes) * messages;
+  v.faults += ProcessMinorFaults() - faults_start;
   return static_cast<double>(bytes) * messages / seconds;
 }
 
@@ -273,6 +345,10 @@ int Run() {
       return Fail(warm.status());
     }
     v.cpu_ns_per_byte.clear();
+    v.idle_fraction.clear();
+    v.threads.clear();
+    v.bytes_moved = 0;
+    v.faults = 0;
   }
   std::vector<double> seal[2], open[2], seal_cpu[2], open_cpu[2];  // [encrypt]
   const absl::Duration cipher_time = absl::Milliseconds(absl::GetFlag(FLAGS_cipher_ms));
@@ -304,16 +380,29 @@ int Run() {
       Median(open_cpu[0]));
   for (Variant& v : variants) {
     const transport::LinkCounters counters = v.a->counters();
+    std::string threads;
+    for (const auto& [name, times] : v.threads) {
+      absl::StrAppend(&threads, threads.empty() ? "" : ", ",
+                      absl::StrFormat("\"%s\": [%.4f, %.4f]", name, times.first / v.bytes_moved,
+                                      times.second / v.bytes_moved));
+    }
     std::printf(
         "{\"mode\": \"%s\", \"bytes\": %lld, \"count\": %d, \"window\": %d, "
         "\"rounds\": %zu, \"bytes_per_second_median\": %.6g, \"bytes_per_second_max\": %.6g, "
         "\"connect_us_median\": %.1f, \"connects\": %zu, \"cpu_ns_per_byte_median\": %.4f, "
+        "\"idle_fraction_median\": %.3f, \"threads_ns_per_byte\": {%s}, "
+        "\"chunks_per_message\": %.2f, \"minor_faults_per_mib\": %.2f, "
         "\"authenticated\": %s, "
         "\"encrypted\": %s}\n",
         v.mode.c_str(), static_cast<long long>(*bytes), absl::GetFlag(FLAGS_count), window,
         v.bytes_per_second.size(), Median(v.bytes_per_second),
         *std::max_element(v.bytes_per_second.begin(), v.bytes_per_second.end()),
         Median(v.connect_us), v.connect_us.size(), Median(v.cpu_ns_per_byte),
+        v.idle_fraction.empty() ? 0.0 : Median(v.idle_fraction), threads.c_str(),
+        counters.messages_sent > 0
+            ? static_cast<double>(counters.chunks_sent) / counters.messages_sent
+            : 0.0,
+        v.bytes_moved > 0 ? v.faults * (1 << 20) / v.bytes_moved : 0.0,
         counters.authenticated ? "true" : "false",
         counters.encrypted ? "true" : "false");
   }

@@ -435,10 +435,18 @@ void Link::SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions optio
 
   if (link_class_ == LinkClass::kFast) {
     // Fast links bypass the scheduler: every chunk goes to lane 0 now (sealed ones in pieces
-    // that the crypto pool seals while earlier ones are on the wire).
-    const uint64_t chunk = static_cast<uint64_t>(
-        channel_ != nullptr ? std::min(fast_chunk_bytes_, kSealedChunkBytes) : fast_chunk_bytes_);
+    // that the crypto pool seals while earlier ones are on the wire; see kMaxSealedChunkBytes).
     do {
+      uint64_t chunk = static_cast<uint64_t>(fast_chunk_bytes_);
+      if (channel_ != nullptr) {
+        // A power of two (the scratch pool's size classes), 1 to 4 MiB.
+        uint64_t sealed = kSealedChunkBytes;
+        while (sealed < static_cast<uint64_t>(kMaxSealedChunkBytes) &&
+               2 * sealed <= sealed_unsent_bytes_ / 4) {
+          sealed *= 2;
+        }
+        chunk = std::min(chunk, sealed);
+      }
       const uint32_t length =
           static_cast<uint32_t>(std::min<uint64_t>(chunk, msg->size - msg->next_offset));
       const uint64_t offset = msg->next_offset;
@@ -484,6 +492,8 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
     handoff.data = msg->data + offset;
     handoff.credit = credit;
     handoff.priority = msg->priority;
+    handoff.fast = link_class_ == LinkClass::kFast;
+    if (handoff.fast) sealed_unsent_bytes_ += length;
     outbox_.push_back(handoff);
     return;
   }
@@ -495,12 +505,32 @@ void Link::HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t leng
                           });
 }
 
+std::vector<Link::Handoff> Link::TakeSealableLocked() {
+  std::vector<Handoff> work;
+  for (Handoff& handoff : outbox_) {
+    if (handoff.fast) {
+      held_.push_back(handoff);
+    } else {
+      work.push_back(handoff);
+    }
+  }
+  outbox_.clear();
+  while (!held_.empty() &&
+         (failed_ || sealing_bytes_ == 0 ||
+          sealing_bytes_ + held_.front().length <= static_cast<uint64_t>(kMaxSealAheadBytes))) {
+    sealing_bytes_ += held_.front().length;
+    work.push_back(held_.front());
+    held_.pop_front();
+  }
+  return work;
+}
+
 void Link::FlushOutbox(bool from_sender) {
   std::vector<Handoff> work;
   std::shared_ptr<SecureChannel> channel;
   {
     MutexLock lock(&mu_);
-    work.swap(outbox_);
+    work = TakeSealableLocked();
     channel = channel_;
   }
   for (const Handoff& handoff : work) {
@@ -524,7 +554,7 @@ void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& c
     if (failed_) failure = failure_;
   }
   if (!failure.ok()) {  // Not sealed for nothing: the reserved chunk completes as not sent.
-    OnChunkSent(h.seq, h.lane, h.length, h.credit, h.priority, std::move(failure));
+    OnChunkSent(h.seq, h.lane, h.length, h.credit, h.priority, std::move(failure), h.fast);
     return;
   }
   std::shared_ptr<Scratch> sealed = ScratchPool::Get().Take(h.header.length);
@@ -534,9 +564,10 @@ void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& c
   const uint8_t* bytes = sealed->bytes.get();
   lane->SendChunk(h.header, bytes, h.header.length,
                   [self = shared_from_this(), seq = h.seq, index = h.lane, length = h.length,
-                   credit = h.credit, priority = h.priority,
+                   credit = h.credit, priority = h.priority, fast = h.fast,
                    sealed = std::move(sealed)](absl::Status status) {
-                    self->OnChunkSent(seq, index, length, credit, priority, std::move(status));
+                    self->OnChunkSent(seq, index, length, credit, priority, std::move(status),
+                                      fast);
                   });
   // Like a Send on a plain link, the sending thread progresses the backend if no other thread
   // does (rather than waiting for the progress thread to wake up); a pool thread does not (see
@@ -545,9 +576,15 @@ void Link::SealAndHand(const Handoff& h, const std::shared_ptr<SecureChannel>& c
 }
 
 void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
-                       absl::Status status) {
+                       absl::Status status, bool fast_sealed) {
+  bool release = false;
   {
     MutexLock lock(&mu_);
+    if (fast_sealed) {
+      sealed_unsent_bytes_ -= std::min<uint64_t>(sealed_unsent_bytes_, length);
+      sealing_bytes_ -= std::min<uint64_t>(sealing_bytes_, length);
+      release = !held_.empty();
+    }
     auto it = out_.find(seq);
     LBCC_CHECK(it != out_.end()) << "completion for unknown message " << seq;
     OutMsg* msg = it->second.get();
@@ -569,6 +606,9 @@ void Link::OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Pri
       }
     }
   }
+  // Chunks held back for the seal-ahead bound go to the pool now (never sealed on this thread,
+  // which may be a backend's).
+  if (release) FlushOutbox(/*from_sender=*/false);
   Kick();
 }
 

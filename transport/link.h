@@ -18,7 +18,8 @@
 // scheduler only reserves a chunk, and the seal runs on the crypto pool (a few threads per
 // process, one queue, opens before seals; they never progress the backend) or, for a small
 // chunk, on the sending thread; a fast link's message is sealed in chunks of at most
-// kSealedChunkBytes, so the pool seals one while another is on the wire. Rendezvous chunks are
+// kSealedChunkBytes (larger, up to kMaxSealedChunkBytes, while much is already queued), so the
+// pool seals one while another is on the wire. Rendezvous chunks are
 // opened on the pool too, never on the backend's progress thread. An eager chunk is opened by the
 // backend's thread after the mutex is released: the first of a message into scratch before its
 // header is used, a later one of a matched message straight into the receive buffer
@@ -61,8 +62,18 @@ inline constexpr uint8_t kChunkEncrypted = 4;
 // ControlHeader::reserved of a credit or heartbeat on an authenticated link: conn_id carries
 // the counter, x and y (their bits) the 16-byte tag.
 inline constexpr uint32_t kControlSealed = 1u << 8;
-// Largest chunk of a fast authenticated link (smaller chunks pipeline sealing with the wire).
+// Chunks of a fast authenticated link: kSealedChunkBytes while the link has little queued
+// (small chunks pipeline sealing, the wire and opening within one message), growing up to
+// kMaxSealedChunkBytes while more is queued (each chunk costs both ends a rendezvous and a few
+// thread wake-ups; a full pipeline needs no small chunks): the largest power of two in that
+// range that is at most a quarter of the sealed bytes already handed and not yet sent, so those
+// keep the wire busy while it is sealed (powers of two: the scratch buffers' size classes).
 inline constexpr int64_t kSealedChunkBytes = 1 << 20;
+inline constexpr int64_t kMaxSealedChunkBytes = 4 << 20;
+// Sealed bytes of a fast link on the crypto pool or on the wire at once: further chunks wait,
+// unsealed, until some are sent, so that the ciphertext is still in cache when the wire reads it
+// and scratch buffers stay few (sealing far ahead of the wire buys nothing).
+inline constexpr int64_t kMaxSealAheadBytes = 8 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
@@ -176,6 +187,7 @@ class Link : public std::enable_shared_from_this<Link> {
     const uint8_t* data = nullptr;
     bool credit = false;
     Priority priority = Priority::kNormal;
+    bool fast = false;  // Counted in sealed_unsent_bytes_.
   };
   struct EarlyChunk {  // Arrived before Configure().
     int lane = 0;
@@ -198,6 +210,9 @@ class Link : public std::enable_shared_from_this<Link> {
   // every path that may have reserved some. `from_sender`: on the thread of a Send, which seals
   // small chunks itself; everything else goes to the crypto pool.
   void FlushOutbox(bool from_sender) ABSL_LOCKS_EXCLUDED(mu_);
+  // The outbox's chunks and the held ones that may be sealed now (kMaxSealAheadBytes; all of
+  // them once the link failed, so that they complete); the rest of a fast link's wait in held_.
+  std::vector<Handoff> TakeSealableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `kick`: progress the backend afterwards (the sending thread; never a crypto pool thread).
   void SealAndHand(const Handoff& handoff, const std::shared_ptr<SecureChannel>& channel,
                    bool kick) ABSL_LOCKS_EXCLUDED(mu_);
@@ -206,8 +221,9 @@ class Link : public std::enable_shared_from_this<Link> {
   void RecvLocked(Tag tag, PostedRecv recv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandChunkLocked(OutMsg* msg, int lane, uint64_t offset, uint32_t length, bool credit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `fast_sealed`: the chunk counted in sealed_unsent_bytes_.
   void OnChunkSent(uint64_t seq, int lane, uint32_t length, bool credit, Priority priority,
-                   absl::Status status);
+                   absl::Status status, bool fast_sealed = false);
   void ReturnWindowLocked(int lane, uint64_t bytes, int priority)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -263,6 +279,13 @@ class Link : public std::enable_shared_from_this<Link> {
   absl::flat_hash_map<uint64_t, std::unique_ptr<OutMsg>> out_ ABSL_GUARDED_BY(mu_);
   std::deque<OutMsg*> queues_[kNumPriorities] ABSL_GUARDED_BY(mu_);
   uint64_t inflight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Fast authenticated links: sealed bytes handed to the outbox whose send has not completed
+  // (they size the next chunks, see kMaxSealedChunkBytes).
+  uint64_t sealed_unsent_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Fast authenticated links: chunks reserved but held back (kMaxSealAheadBytes), in order, and
+  // the bytes handed to the pool or the wire and not yet sent.
+  std::deque<Handoff> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t sealing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // In flight per priority: a chunk is not handed while a higher-priority one is in flight, so
   // that bulk chunks handed during a rendezvous hand-shake cannot get ahead of its bytes.
   uint64_t inflight_by_priority_[kNumPriorities] ABSL_GUARDED_BY(mu_) = {};

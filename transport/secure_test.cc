@@ -437,6 +437,77 @@ TEST_P(SecureLinkTest, MembersConnectAndEveryChunkIsSealedEncryptedAsAsked) {
   }
 }
 
+TEST_P(SecureLinkTest, QueuedMessagesOfAFastLinkArriveIntactInChunksOfOneToFourMiB) {
+  // Many messages queued at once: chunks grow from kSealedChunkBytes towards
+  // kMaxSealedChunkBytes as sealed bytes queue up (how far depends on timing), never beyond.
+  for (EncryptMode mode : {EncryptMode::kNone, EncryptMode::kAll}) {
+    SCOPED_TRACE(EncryptModeName(mode));
+    auto server = Make(GetParam(), Options(GetParam(), Secret(), mode));
+    auto client = Make(GetParam(), Options(GetParam(), Secret(), mode));
+    ASSERT_NE(server, nullptr);
+    ASSERT_NE(client, nullptr);
+    LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+    constexpr int kMessages = 8;
+    constexpr size_t kSize = (6 << 20) + 5;
+    std::vector<std::vector<uint8_t>> data, got;
+    std::vector<SendResult> sent(kMessages);
+    std::vector<RecvResult> received(kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+      data.push_back(Pattern(kSize, i + 1));
+      got.emplace_back(kSize);
+      b->Recv(5, absl::MakeSpan(got[i]), received[i].Callback());
+    }
+    for (int i = 0; i < kMessages; ++i) a->Send(5, data[i], {}, sent[i].Callback());
+    for (int i = 0; i < kMessages; ++i) {
+      EXPECT_THAT(sent[i].Wait(), IsOk());
+      EXPECT_THAT(received[i].Wait(), IsOkAndHolds(kSize));
+      EXPECT_EQ(got[i], data[i]) << "message " << i;
+    }
+    // Each message: at least ceil(kSize / 4 MiB) = 2 chunks, at most ceil(kSize / 1 MiB) = 7.
+    EXPECT_GE(a->counters().chunks_sent, uint64_t{kMessages} * 2);
+    EXPECT_LE(a->counters().chunks_sent, uint64_t{kMessages} * 7);
+    EXPECT_EQ(b->counters().chunks_received, a->counters().chunks_sent);
+    // Once they are sent nothing is queued: a lone message goes in 1 MiB chunks again (its own
+    // first 6 MiB never reach the 8 MiB queued that a 2 MiB chunk takes).
+    const uint64_t before = a->counters().chunks_sent;
+    std::vector<uint8_t> alone(kSize);
+    SendResult alone_sent;
+    RecvResult alone_received;
+    b->Recv(6, absl::MakeSpan(alone), alone_received.Callback());
+    a->Send(6, data[0], {}, alone_sent.Callback());
+    EXPECT_THAT(alone_sent.Wait(), IsOk());
+    EXPECT_THAT(alone_received.Wait(), IsOkAndHolds(kSize));
+    EXPECT_EQ(alone, data[0]);
+    EXPECT_EQ(a->counters().chunks_sent - before, 7u);
+    EXPECT_EQ(b->counters().integrity_failures, 0u);
+  }
+}
+
+TEST_P(SecureLinkTest, ClosingAFastLinkWithChunksHeldBackCompletesEverySend) {
+  // More than kMaxSealAheadBytes queued: chunks wait unsealed; a Close must still complete
+  // every send (sent, or Cancelled), exactly once.
+  auto server = Make(GetParam(), Options(GetParam(), Secret(), EncryptMode::kAll));
+  auto client = Make(GetParam(), Options(GetParam(), Secret(), EncryptMode::kAll));
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(client, nullptr);
+  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
+  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  constexpr int kMessages = 8;
+  const std::vector<uint8_t> data = Pattern(6 << 20, 9);
+  std::vector<SendResult> sent(kMessages);
+  for (int i = 0; i < kMessages; ++i) a->Send(7, data, {}, sent[i].Callback());
+  a->Close();
+  for (int i = 0; i < kMessages; ++i) {
+    const absl::Status status = sent[i].Wait();
+    EXPECT_TRUE(status.ok() || status.code() == absl::StatusCode::kCancelled)
+        << "message " << i << ": " << status;
+    EXPECT_EQ(sent[i].calls(), 1) << "message " << i;
+  }
+}
+
 TEST_P(SecureLinkTest, SlowStripedLinksAuthenticateEveryConnection) {
   TransportOptions options = Options(GetParam(), Secret());
   options.link_class = LinkClass::kSlow;
