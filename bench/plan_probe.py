@@ -89,6 +89,83 @@ def credit_phase(a, addrs, result):
     result["window_bytes"] = a.window
 
 
+def burst_phase(a, addrs, result):
+    """Every host sends --burst_bytes to every other host at once, --burst_rounds times
+    --burst_period apart (the links idle between, as between a SparseAllReduce's calls): per
+    round, this host's down-link rate = what it received / (its last byte's arrival - the
+    round's start)."""
+    n = len(addrs)
+    start = a.start + 2 * a.seconds + 2.0  # after the credit phase
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((addrs[a.rank], a.port + 2))
+    server.listen(n)
+    ends = [[] for _ in range(a.burst_rounds)]
+    lock = threading.Lock()
+
+    def serve(conn):
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray(a.burst_bytes)
+        for k in range(a.burst_rounds):
+            if not read_exactly(conn, buf, a.burst_bytes):
+                break
+            with lock:
+                ends[k].append(time.time())
+        conn.close()
+
+    def accept():
+        conns = [server.accept()[0] for _ in range(n - 1)]
+        ts = [threading.Thread(target=serve, args=(c,)) for c in conns]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    acceptor = threading.Thread(target=accept)
+    acceptor.start()
+    outs = []
+    deadline = start + 30
+    for peer in range(n):
+        if peer == a.rank:
+            continue
+        while True:
+            try:
+                out = socket.create_connection((addrs[peer], a.port + 2), timeout=5)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)  # that host's listener is not up yet (start-up only)
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        outs.append(out)
+    block = bytes(a.burst_bytes)
+
+    def send(out):
+        for k in range(a.burst_rounds):
+            when = start + k * a.burst_period
+            while time.time() < when:
+                time.sleep(min(0.001, max(0.0, when - time.time())))
+            out.sendall(block)
+        out.shutdown(socket.SHUT_WR)
+
+    senders = [threading.Thread(target=send, args=(o,)) for o in outs]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    acceptor.join()
+    for o in outs:
+        o.close()
+    server.close()
+    got = (n - 1) * a.burst_bytes
+    # The first round also opens the connections' congestion windows: left out.
+    rates = [got / (max(e) - (start + k * a.burst_period))
+             for k, e in enumerate(ends) if k > 0 and len(e) == n - 1]
+    result["burst_bytes_per_second"] = sorted(rates)[len(rates) // 2] if rates else 0.0
+    result["burst_rates"] = rates
+    result["burst_bytes"] = a.burst_bytes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", type=int, required=True)
@@ -101,6 +178,15 @@ def main():
     ap.add_argument("--window", type=int, default=262144, help="credit phase: bytes per window")
     ap.add_argument("--inflight", type=int, default=1 << 20,
                     help="rate phase: most bytes unacknowledged (the transport's window)")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="rate phase: credit per CHUNK bytes received, the sender keeping at most "
+                    "--inflight bytes uncredited (the transport's window); 0: a socket buffer of "
+                    "--inflight instead")
+    ap.add_argument("--burst_bytes", type=int, default=0,
+                    help="burst phase: bytes each host sends to every other host per round "
+                    "(0: no burst phase)")
+    ap.add_argument("--burst_rounds", type=int, default=6)
+    ap.add_argument("--burst_period", type=float, default=0.25, help="seconds between rounds")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     if a.edge is None:
@@ -116,13 +202,21 @@ def main():
 
     def receive():
         conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         arrivals = []  # (time, bytes)
         buf = bytearray(1 << 20)
+        total, credited = 0, 0
         while True:
             got = conn.recv_into(buf)
             if got == 0:
                 break
             arrivals.append((time.time(), got))
+            total += got
+            if a.chunk:
+                # A credit per whole chunk received, as the transport's receiver gives one.
+                while total - credited >= a.chunk:
+                    credited += a.chunk
+                    conn.sendall(b"credit!!")
         conn.close()
         # The steady part: from --edge after the first byte to --edge before the last, and only
         # while every sender was sending (after --start).
@@ -148,10 +242,10 @@ def main():
     while True:
         try:
             out = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            # At most --inflight bytes unacknowledged, as the transport's credit window keeps
-            # a slow link (the kernel doubles the value): an unbounded flow overruns the tbf's
-            # queue in slow start and spends the probe recovering from the losses.
-            out.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, a.inflight // 2)
+            if not a.chunk:
+                # At most --inflight bytes unacknowledged (the kernel doubles the value): an
+                # unbounded flow overruns the tbf's queue in slow start.
+                out.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, a.inflight // 2)
             out.settimeout(5)
             out.connect((right, a.port))
             out.settimeout(None)
@@ -164,14 +258,34 @@ def main():
     out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     while time.time() < a.start:
         time.sleep(0.001)
-    block = bytes(1 << 16)
     end = a.start + a.seconds
-    while time.time() < end:
-        out.sendall(block)
+    if a.chunk:
+        # The transport's slow-link credit window: at most --inflight bytes sent and not yet
+        # credited, a credit per --chunk bytes (transport/link.cc), the credits returning
+        # through this host's own down-link behind its left neighbour's data.
+        block = bytes(a.chunk)
+        credit = bytearray(8)
+        outstanding = 0
+        while time.time() < end:
+            out.sendall(block)
+            outstanding += a.chunk
+            while outstanding + a.chunk > a.inflight:
+                if not read_exactly(out, credit, 8):
+                    raise OSError("probe: the receiver closed")
+                outstanding -= a.chunk
+        out.shutdown(socket.SHUT_WR)
+        while read_exactly(out, credit, 8):
+            pass
+    else:
+        block = bytes(1 << 16)
+        while time.time() < end:
+            out.sendall(block)
     out.close()
     t.join()
     server.close()
     credit_phase(a, addrs, result)
+    if a.burst_bytes > 0:
+        burst_phase(a, addrs, result)
     result["rank"] = a.rank
     with open(a.out, "w") as f:
         json.dump(result, f)
