@@ -182,6 +182,11 @@ def main():
                     help="rate phase: credit per CHUNK bytes received, the sender keeping at most "
                     "--inflight bytes uncredited (the transport's window); 0: a socket buffer of "
                     "--inflight instead")
+    ap.add_argument("--segment", type=int, default=0,
+                    help="rate phase with --chunk: the ring's segment (a multiple of --chunk); a "
+                    "host sends a segment only while it has sent fewer than --slack plus the "
+                    "segments it has received (0: a free stream)")
+    ap.add_argument("--slack", type=int, default=1, help="segments a host holds at the start")
     ap.add_argument("--burst_bytes", type=int, default=0,
                     help="burst phase: bytes each host sends to every other host per round "
                     "(0: no burst phase)")
@@ -212,6 +217,10 @@ def main():
                 break
             arrivals.append((time.time(), got))
             total += got
+            if a.segment:
+                with relay:
+                    relay.received = total // a.segment
+                    relay.notify()
             if a.chunk:
                 # A credit per whole chunk received, as the transport's receiver gives one.
                 while total - credited >= a.chunk:
@@ -236,6 +245,10 @@ def main():
         result["counted_bytes"] = counted
         result["span_s"] = span
 
+    # The ring's dependency (--segment): a host forwards a segment once it has received one, so
+    # it may be at most --slack segments (its own piece) ahead of what came from its left.
+    relay = threading.Condition()
+    relay.received = 0
     t = threading.Thread(target=receive)
     t.start()
     deadline = a.start + 30
@@ -265,10 +278,17 @@ def main():
         # through this host's own down-link behind its left neighbour's data.
         block = bytes(a.chunk)
         credit = bytearray(8)
-        outstanding = 0
+        outstanding, sent = 0, 0
         while time.time() < end:
+            if a.segment and sent % a.segment == 0:
+                with relay:
+                    while sent // a.segment >= a.slack + relay.received and time.time() < end:
+                        relay.wait(0.05)
+                if time.time() >= end:
+                    break
             out.sendall(block)
             outstanding += a.chunk
+            sent += a.chunk
             while outstanding + a.chunk > a.inflight:
                 if not read_exactly(out, credit, 8):
                     raise OSError("probe: the receiver closed")

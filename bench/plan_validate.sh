@@ -133,13 +133,16 @@ pair_bytes() {
 }
 
 # probe LABEL NRANKS RATE: bench/plan_probe.py on every host of the shaped testbed at once. The
-# rate phase keeps the transport's slow-link window (256 KiB chunks, a credit each, 4 chunks
-# uncredited: transport::WindowBytes on these links); the burst phase sends each rank's
+# rate phase is comm's ring on the transport's slow-link window: 1 MiB segments, a rank sending
+# a segment only once it has received one beyond its own piece, in 256 KiB chunks with a credit
+# each and 4 chunks uncredited (transport::WindowBytes on these links); the burst phase sends each rank's
 # SparseAllReduce blob to every other rank at once, rounds 2.5 nominal drain times apart.
 probe() {
   local label=$1 n=$2 r=$3
-  local addrs port start pids=() rank pid pair period
+  local addrs port start pids=() rank pid pair period slack
   pair=$(pair_bytes "$n")
+  # comm's ring: 1 MiB segments, each rank's piece (bytes / N) its own to send at the start.
+  slack=$(( (nbytes / n + 1048575) / 1048576 ))
   period=$(/usr/bin/python3 -c "print(max(0.05, 2.5 * $((n - 1)) * $pair * 8 / ($r * 0.95e6)))")
   addrs=$(for ((rank = 0; rank < n; rank++)); do $T addr --name "$shaped" "$rank"; done | paste -sd,)
   port=$((30000 + RANDOM % 1000))
@@ -147,7 +150,7 @@ probe() {
   for ((rank = 0; rank < n; rank++)); do
     $T exec --name "$shaped" "$rank" -- /usr/bin/python3 bench/plan_probe.py --rank "$rank" \
       --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" --window 262144 \
-      --chunk 262144 --inflight 1048576 --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
+      --chunk 262144 --inflight 1048576 --segment 1048576 --slack "$slack" --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
       --burst_period "$period" --out "$out/$label.rank$rank.json" > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
   done
@@ -177,18 +180,18 @@ for n in $all_ranks; do
     $T up --name "$shaped" --hosts "$n" --rate "${r}mbit" --slow "$slow" --burst "$b" \
       --limit "$limit" --owner-pid $$ >/dev/null
     for ((rep = 0; rep < reps; rep++)); do
-      echo "== $n ranks, ${r} Mbit/s, repetition $rep: calibration (unshaped), probe, shaped"
+      # The probe first, then each shaped run right after its own CPU calibration: the load
+      # of the seconds between is what the calibration cannot see.
+      echo "== $n ranks, ${r} Mbit/s, repetition $rep: probe, calibration (unshaped), shaped"
+      probe "probe_n${n}_r${r}_$rep" "$n" "$r"
       LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_sparse_n${n}_r${r}_$rep" "$n" \
+        --op sparse_allreduce --tensors "$tensors" --iters "$iters"
+      uptime > "$out/load_n${n}_r${r}_$rep.txt"
+      LBCC_DEBUG_LEVEL=TRACE run "$shaped" "sparse_n${n}_r${r}_$rep" "$n" \
         --op sparse_allreduce --tensors "$tensors" --iters "$iters"
       if ((rep == 0)); then
         LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_dense_n${n}_r${r}" "$n" --op allreduce \
           --iters 3
-      fi
-      uptime > "$out/load_n${n}_r${r}_$rep.txt"
-      probe "probe_n${n}_r${r}_$rep" "$n" "$r"
-      LBCC_DEBUG_LEVEL=TRACE run "$shaped" "sparse_n${n}_r${r}_$rep" "$n" \
-        --op sparse_allreduce --tensors "$tensors" --iters "$iters"
-      if ((rep == 0)); then
         # No warm-up: the connections are made (and probed) at start-up, and the in-place
         # variant follows the out-of-place one.
         run "$shaped" "dense_n${n}_r${r}" "$n" --op allreduce --iters "$dense_iters" --warmup 0
@@ -312,7 +315,9 @@ def probe(label, n):
     cycle = med(h["credit_cycle_s"] for h in hosts)
     window = hosts[0]["window_bytes"]
     rtt = 4 * LATENCY_MS * 1e-3
-    return {"mbit": med(down) * 8 / 1e6, "down_mbit": [b * 8 / 1e6 for b in down],
+    # The ring stream: every link carries the same bytes, the relay holds them to one pace, so
+    # its rate is the links' total over their number (the mean).
+    return {"mbit": statistics.mean(down) * 8 / 1e6, "down_mbit": [b * 8 / 1e6 for b in down],
             "burst_mbit": med(burst) * 8 / 1e6, "burst_down_mbit": [b * 8 / 1e6 for b in burst],
             "credit_ms": max(0.0, cycle - window / med(down) - rtt) * 1e3,
             "cycle_ms": cycle * 1e3}
@@ -491,11 +496,13 @@ if "perf" in parts:
               "goodput over 1500-byte frames)")
     md.append("- probed prediction: the rate a probe measured on the shaped testbed right "
               "before the shaped runs (bench/plan_probe.py, every host at once, the op's own "
-              "pattern: for the dense ring each down-link's goodput streaming from its left "
-              "neighbour through the transport's credit window (256 KiB chunks, 4 uncredited), "
-              "every link busy; for SparseAllReduce each down-link's rate in a burst of every "
-              "rank's blob (the plan's bytes) to every other rank at once after an idle link, "
-              f"the median over {burst_rounds} - 1 rounds; the median over the links, efficiency 1; "
+              "pattern: for the dense ring each down-link's goodput from its left neighbour in "
+              "a relay like comm's ring (1 MiB segments, a rank forwarding one for each it has "
+              "received beyond its own piece, through the transport's credit window: 256 KiB "
+              "chunks, 4 uncredited), the mean over the links; for SparseAllReduce each "
+              "down-link's rate in a burst of every rank's blob (the plan's bytes) to every "
+              f"other rank at once after an idle link, the median over {burst_rounds} - 1 rounds, "
+              "then the median over the links; efficiency 1; "
               "a 256 KiB window's stop-and-wait cycle, its excess over the window's drain time "
               "and the round trip = credit_ms)")
     md.append(f"- CPU (docs/planning.md, \"Shared cores\"): the N ranks share this machine's "
@@ -557,8 +564,8 @@ if "perf" in parts:
                   "LBCC_SLOW_WINDOW_BYTES=4194304, predicted with that window (docs/planning.md, "
                   "\"Credit window\").\n")
     md.append("### Probes (the shaped links before each shaped run)\n")
-    md.append("| ranks | Mbit/s (tbf) | repetition | stream through the window: Mbit/s per "
-              "down-link (rank 0, 1, ...) | median | burst of every blob: Mbit/s per down-link | "
+    md.append("| ranks | Mbit/s (tbf) | repetition | ring relay through the window: Mbit/s per "
+              "down-link (rank 0, 1, ...) | mean | burst of every blob: Mbit/s per down-link | "
               "median | 256 KiB credit cycle (ms) | credit_ms |")
     md.append("|---|---|---|---|---|---|---|---|---|")
     for n, rate, rep, pr in probes:
