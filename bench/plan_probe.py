@@ -1,23 +1,36 @@
 #!/usr/bin/env python3
-"""Link probe for bench/plan_validate.sh: what the links deliver with every link busy at once.
+"""Link probe for bench/plan_validate.sh: what the links deliver to the op's own pattern.
 
 One process per emulated host (run inside its namespace by `tools/testbed exec`); every host
-sends to host (i + 1) mod N while every other host does the same, so each down-link carries one
-flow at a time, as a ring step does. Two phases, all hosts together:
+runs every phase at once with every other host. Three phases:
 
-1. rate: bulk TCP for --seconds, at most --inflight bytes unacknowledged (the transport's credit
-   window bounds a slow link the same way); the receiver counts the bytes that arrive in the middle of the
-   run (the first and last --edge seconds left out): recv_bytes_per_second;
+1. rate (the dense ring): every host sends to host (i + 1) mod N for --rate_seconds, so each
+   down-link carries one flow, as a ring step does. With --chunk, as the transport's slow link
+   sends: chunks of --chunk bytes, the receiver crediting each whole chunk (8 bytes back on the
+   same connection, so through the sender's own down-link behind its left neighbour's data),
+   at most --inflight bytes uncredited; with --segment, as comm's pipelined ring forwards: a
+   host starts a segment only while it has started fewer than --slack (its own piece) plus the
+   segments it has received, so a slow link holds the whole ring back. Without --chunk a plain
+   stream with a --inflight socket buffer. The receiver counts the bytes that arrive in the
+   middle of the run (the first and last --edge seconds left out): recv_bytes_per_second;
 2. credit: stop and wait with --window bytes: send a window, wait for the receiver's 8-byte
    credit (sent once it has read the whole window; it returns through the sender's own
    down-link, behind the left neighbour's window), repeat for --seconds: credit_cycle_s, the
-   median time per window.
+   median time per window;
+3. burst (SparseAllReduce's direct exchange; with --burst_bytes): every host sends
+   --burst_bytes to every other host at once, --burst_rounds rounds --burst_period apart (the
+   links idle between, as between calls, so a shaper's bucket refills as it does there); per
+   round the down-link's rate = bytes received / (last byte's arrival - the round's start):
+   burst_bytes_per_second, the median over the rounds after the first (which opens the
+   connections' congestion windows).
 
-Writes {"rank", "recv_bytes_per_second", "credit_cycle_s", ...} to --out. Traffic stays inside
-the testbed's namespaces.
+Writes {"rank", "recv_bytes_per_second", "credit_cycle_s", "burst_bytes_per_second", ...} to
+--out. Traffic stays inside the testbed's namespaces.
 
   plan_probe.py --rank I --addrs A0,A1,... --port P --start UNIX_TIME --seconds S --window W
-                --out FILE
+                [--rate_seconds R]
+                [--chunk C --inflight B [--segment G --slack K]]
+                [--burst_bytes X --burst_rounds R --burst_period T] --out FILE
 """
 import argparse
 import json
@@ -45,7 +58,7 @@ def credit_phase(a, addrs, result):
     server.bind((addrs[a.rank], a.port + 1))
     server.listen(1)
     # Every host has finished the rate phase by then (its last bytes drain a 1 MB tbf queue).
-    start = a.start + a.seconds + 1.0
+    start = a.start + a.rate_seconds + 1.0
 
     def serve():
         conn, _ = server.accept()
@@ -95,7 +108,7 @@ def burst_phase(a, addrs, result):
     round, this host's down-link rate = what it received / (its last byte's arrival - the
     round's start)."""
     n = len(addrs)
-    start = a.start + 2 * a.seconds + 2.0  # after the credit phase
+    start = a.start + a.rate_seconds + a.seconds + 2.0  # after the credit phase
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind((addrs[a.rank], a.port + 2))
@@ -173,6 +186,8 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--start", type=float, required=True, help="when to start sending (time.time())")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rate_seconds", type=float,
+                    help="the rate phase's length (default: --seconds, which the credit phase takes)")
     ap.add_argument("--edge", type=float, help="seconds left out at each end of the rate phase "
                     "(default: a fifth of --seconds, at most 0.75)")
     ap.add_argument("--window", type=int, default=262144, help="credit phase: bytes per window")
@@ -194,8 +209,10 @@ def main():
     ap.add_argument("--burst_period", type=float, default=0.25, help="seconds between rounds")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.rate_seconds is None:
+        a.rate_seconds = a.seconds
     if a.edge is None:
-        a.edge = min(0.75, a.seconds / 5)
+        a.edge = min(0.75, a.rate_seconds / 5)
     addrs = a.addrs.split(",")
     n = len(addrs)
     right = addrs[(a.rank + 1) % n]
@@ -217,7 +234,7 @@ def main():
                 break
             arrivals.append((time.time(), got))
             total += got
-            if a.segment:
+            if a.segment and total // a.segment > relay.received:
                 with relay:
                     relay.received = total // a.segment
                     relay.notify()
@@ -271,7 +288,7 @@ def main():
     out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     while time.time() < a.start:
         time.sleep(0.001)
-    end = a.start + a.seconds
+    end = a.start + a.rate_seconds
     if a.chunk:
         # The transport's slow-link credit window: at most --inflight bytes sent and not yet
         # credited, a credit per --chunk bytes (transport/link.cc), the credits returning

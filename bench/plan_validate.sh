@@ -14,7 +14,7 @@
 #                          [--out DIR]
 #   bench/plan_validate.sh --report_only [--out DIR]     rewrite the report from DIR's runs
 #
-# --quick: --reps 1 --iters 10 --dense_iters 1 --window_rows 0 --probe_s 2 (the whole table,
+# --quick: --reps 3 --iters 10 --dense_iters 1 --window_rows 0 --probe_s 2 (the whole table,
 # 8 ranks at 400 Mbit/s and the hetero part included; the report records how long the runs
 # took). --rates / --ranks / --parts pick a subset. Testbeds are named <name>u<pid> (unshaped)
 # and <name>s<pid> (shaped): --name keeps parallel runs apart. --burst auto gives each tbf 5 ms
@@ -26,10 +26,11 @@
 # before each shaped run (LBCC_DEBUG=TRACE: every rank's encode / exchange+validation / decode
 # per call; medians over calls into the plan's "cpu" section), and the unshaped dense
 # all-reduce's ring pass for the host's cost per byte moved ("cpu.copy_gbytes_s", with the
-# machine's cores as "cpu.shared_cores"). The shaped links are probed right before the shaped
-# runs (bench/plan_probe.py: what each down-link delivers with every link busy, and a window's
-# credit cycle): the plan predicts from the nominal rates and, as the "probed" prediction,
-# from the measured one. hetero_training runs at 10 Gbit/s first (its compute per step) and
+# machine's cores as "cpu.shared_cores"). The shaped links are probed before the calibrations
+# (bench/plan_probe.py, in each op's pattern: a ring relay through the transport's credit window
+# for the dense ring, a burst of every rank's blob to every other for SparseAllReduce, and a
+# window's credit cycle): the plan predicts from the nominal rates and, as the "probed"
+# prediction, from the measured ones. hetero_training runs at 10 Gbit/s first (its compute per step) and
 # then at each rate.
 # Needs root (network namespaces); builds //bench:lbcc_perf, //tools:lbcc, //python:lbcc/_lbcc.so.
 set -euo pipefail
@@ -39,7 +40,7 @@ probe_s=3 out=/tmp/lbcc_plan_validate hetero_rates=100,25 hetero_steps=40 parts=
 tbname=plan burst=auto limit=1mb burst_rounds=7
 cmdline="bench/plan_validate.sh $*"
 report_only=0
-quick() { reps=1 iters=10 dense_iters=1 window_rows=0 probe_s=2; }
+quick() { reps=3 iters=10 dense_iters=1 window_rows=0 probe_s=2; }
 # --quick first, so that options after it still override it.
 for arg in "$@"; do [[ $arg != --quick ]] || quick; done
 while (($#)); do
@@ -139,17 +140,20 @@ pair_bytes() {
 # SparseAllReduce blob to every other rank at once, rounds 2.5 nominal drain times apart.
 probe() {
   local label=$1 n=$2 r=$3
-  local addrs port start pids=() rank pid pair period slack
+  local addrs port start pids=() rank pid pair period slack rate_s
   pair=$(pair_bytes "$n")
   # comm's ring: 1 MiB segments, each rank's piece (bytes / N) its own to send at the start.
   slack=$(( (nbytes / n + 1048575) / 1048576 ))
+  # The relay's rate phase: at least 20 segments through each link between its edges (a
+  # shorter count sees the slack, not the pace).
+  rate_s=$(/usr/bin/python3 -c "print(max($probe_s, 20 * 8 * 1048576 / ($r * 0.95e6) + 1.5))")
   period=$(/usr/bin/python3 -c "print(max(0.05, 2.5 * $((n - 1)) * $pair * 8 / ($r * 0.95e6)))")
   addrs=$(for ((rank = 0; rank < n; rank++)); do $T addr --name "$shaped" "$rank"; done | paste -sd,)
   port=$((30000 + RANDOM % 1000))
   start=$(/usr/bin/python3 -c "import time; print(time.time() + 1.5)")
   for ((rank = 0; rank < n; rank++)); do
     $T exec --name "$shaped" "$rank" -- /usr/bin/python3 bench/plan_probe.py --rank "$rank" \
-      --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" --window 262144 \
+      --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" --rate_seconds "$rate_s" --window 262144 \
       --chunk 262144 --inflight 1048576 --segment 1048576 --slack "$slack" --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
       --burst_period "$period" --out "$out/$label.rank$rank.json" > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
@@ -183,7 +187,8 @@ for n in $all_ranks; do
       # The probe first, then each shaped run right after its own CPU calibration: the load
       # of the seconds between is what the calibration cannot see.
       echo "== $n ranks, ${r} Mbit/s, repetition $rep: probe, calibration (unshaped), shaped"
-      probe "probe_n${n}_r${r}_$rep" "$n" "$r"
+      # The links do not change between repetitions, the cores' load does: one probe.
+      ((rep > 0)) || probe "probe_n${n}_r${r}_$rep" "$n" "$r"
       LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_sparse_n${n}_r${r}_$rep" "$n" \
         --op sparse_allreduce --tensors "$tensors" --iters "$iters"
       uptime > "$out/load_n${n}_r${r}_$rep.txt"
@@ -370,9 +375,10 @@ if "perf" in parts:
             nom, prb, inr, meas = [], [], [], []
             for rep in range(reps):
                 cal = calibration(f"cal_sparse_n{n}_r{rate}_{rep}")
-                pr = probe(f"probe_n{n}_r{rate}_{rep}", n)
+                if rep == 0:
+                    pr = probe(f"probe_n{n}_r{rate}_{rep}", n)  # the links', for every rep
+                    probes.append((n, rate, rep, pr))
                 cals.append((n, rate, rep, cal))
-                probes.append((n, rate, rep, pr))
                 cpu = {k: cal[k] for k in ("encode_ms", "exchange_ms", "decode_ms")}
                 cpu.update(host)
                 nom.append(predict(n, rate, "sparse_allreduce", cpu, rep))
@@ -384,8 +390,8 @@ if "perf" in parts:
                 inr.append(predict(n, rate, "sparse_allreduce", inrun, f"{rep}_inrun", pr))
                 meas.append(seconds(f"sparse_n{n}_r{rate}_{rep}"))
                 bytes_row = json.load(open(f"{out}/sparse_n{n}_r{rate}_{rep}.json"))[0]
-            pr0 = probes[-reps][3]
-            rows.append((n, rate, "sparse", nom, prb, meas, [p[3] for p in probes[-reps:]],
+            pr0 = probes[-1][3]
+            rows.append((n, rate, "sparse", nom, prb, meas, [pr0],
                          bytes_row, inr))
             variants = [("dense", "dense", None)]
             if window_rows:
@@ -515,7 +521,8 @@ if "perf" in parts:
               "the longer of its busiest link and the hosts' CPU for its bytes)\n")
     md.append("## (a) bench/lbcc_perf: predicted vs measured\n")
     md.append("Ratio = predicted / measured. SparseAllReduce: median over the repetitions (each "
-              "predicted from its own calibration and probe), range in brackets. *CPU-bound*: the "
+              "predicted from its own CPU calibration, right before it, and the probe of the first), "
+              "range in brackets. *CPU-bound*: the "
               f"probe found the links delivering less than {CPU_BOUND:.0%} of the nominal goodput "
               "(the tbf shapers and the ranks wait for the cores): the nominal rate is not what "
               "the testbed gives there, the probed one is. Goal: the probed prediction within "
@@ -551,7 +558,9 @@ if "perf" in parts:
                   f"{br:.4f} | {sr:.4f} | {lo} | {'yes' if bound else 'no'} | "
                   f"{'yes' if good else 'no'} |")
     md.append(f"\nTime within 15 %: probed {ok_t} of {len(rows)}, nominal {ok_nt} of {len(rows)}; "
-              f"bytes within 1 %: {ok_b} of {len(rows)}. \"host ms\": the phases in which the "
+              f"bytes within 1 %: {ok_b} of {len(rows)}. \"probe Mbit/s\": the rate the row's "
+              "probed prediction got (SparseAllReduce: the burst's, the dense ring: the ring "
+              "relay's). \"host ms\": the phases in which the "
               "hosts' CPU, not a link, drains last (probed prediction). \"in-run codec CPU\" "
               "(a diagnostic, not the goal): the probed prediction with encode and decode as the "
               "shaped run itself timed them (LBCC_DEBUG=TRACE, the same load), exchange + "
@@ -563,7 +572,7 @@ if "perf" in parts:
         md.append("\"dense, 4 MiB window\" is the same all-reduce with "
                   "LBCC_SLOW_WINDOW_BYTES=4194304, predicted with that window (docs/planning.md, "
                   "\"Credit window\").\n")
-    md.append("### Probes (the shaped links before each shaped run)\n")
+    md.append("### Probes (the shaped links, before the calibrations and shaped runs)\n")
     md.append("| ranks | Mbit/s (tbf) | repetition | ring relay through the window: Mbit/s per "
               "down-link (rank 0, 1, ...) | mean | burst of every blob: Mbit/s per down-link | "
               "median | 256 KiB credit cycle (ms) | credit_ms |")
