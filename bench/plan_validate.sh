@@ -30,8 +30,8 @@
 # (bench/plan_probe.py, in each op's pattern: a ring relay through the transport's credit window
 # for the dense ring, a burst of every rank's blob to every other for SparseAllReduce, and a
 # window's credit cycle): the plan predicts from the nominal rates and, as the "probed"
-# prediction, from the measured ones. hetero_training runs at 10 Gbit/s first (its compute per step) and
-# then at each rate.
+# prediction, from the measured ones. hetero_training runs at 10 Gbit/s first (its compute per
+# step) and then at each rate.
 # Needs root (network namespaces); builds //bench:lbcc_perf, //tools:lbcc, //python:lbcc/_lbcc.so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -136,8 +136,9 @@ pair_bytes() {
 # probe LABEL NRANKS RATE: bench/plan_probe.py on every host of the shaped testbed at once. The
 # rate phase is comm's ring on the transport's slow-link window: 1 MiB segments, a rank sending
 # a segment only once it has received one beyond its own piece, in 256 KiB chunks with a credit
-# each and 4 chunks uncredited (transport::WindowBytes on these links); the burst phase sends each rank's
-# SparseAllReduce blob to every other rank at once, rounds 2.5 nominal drain times apart.
+# each and 4 chunks uncredited (transport::WindowBytes on these links); the burst phase sends
+# each rank's SparseAllReduce blob to every other rank at once, rounds 2.5 nominal drain times
+# apart.
 probe() {
   local label=$1 n=$2 r=$3
   local addrs port start pids=() rank pid pair period slack rate_s
@@ -153,8 +154,9 @@ probe() {
   start=$(/usr/bin/python3 -c "import time; print(time.time() + 1.5)")
   for ((rank = 0; rank < n; rank++)); do
     $T exec --name "$shaped" "$rank" -- /usr/bin/python3 bench/plan_probe.py --rank "$rank" \
-      --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" --rate_seconds "$rate_s" --window 262144 \
-      --chunk 262144 --inflight 1048576 --segment 1048576 --slack "$slack" --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
+      --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" \
+      --rate_seconds "$rate_s" --window 262144 --chunk 262144 --inflight 1048576 \
+      --segment 1048576 --slack "$slack" --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
       --burst_period "$period" --out "$out/$label.rank$rank.json" > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
   done
