@@ -157,7 +157,8 @@ probe() {
       --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" \
       --rate_seconds "$rate_s" --window 262144 --chunk 262144 --inflight 1048576 \
       --segment 1048576 --slack "$slack" --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
-      --burst_period "$period" --out "$out/$label.rank$rank.json" > "$out/$label.rank$rank.log" 2>&1 &
+      --burst_period "$period" --out "$out/$label.rank$rank.json" \
+      > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do
