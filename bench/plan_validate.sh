@@ -8,12 +8,13 @@
 #
 #   bench/plan_validate.sh [--quick] [--rates 25,100,400] [--ranks 4,8] [--parts perf,hetero]
 #                          [--bytes 16M] [--tensors 16] [--iters 10] [--dense_iters 2]
-#                          [--reps 3] [--window_rows 1] [--probe_s 3] [--hetero_rates 100,25]
+#                          [--reps 3] [--window_rows 1] [--probe_s 3] [--probe_rounds 7]
+#                          [--hetero_rates 100,25]
 #                          [--hetero_steps 40] [--burst auto] [--limit 1mb] [--name plan]
 #                          [--out DIR]
 #   bench/plan_validate.sh --report_only [--out DIR]     rewrite the report from DIR's runs
 #
-# --quick: --reps 1 --iters 10 --dense_iters 1 --window_rows 0 --probe_s 2 (the whole table,
+# --quick: --reps 3 --iters 10 --dense_iters 1 --window_rows 0 --probe_s 2 (the whole table,
 # 8 ranks at 400 Mbit/s and the hetero part included; the report records how long the runs
 # took). --rates / --ranks / --parts pick a subset. Testbeds are named <name>u<pid> (unshaped)
 # and <name>s<pid> (shaped): --name keeps parallel runs apart. --burst auto gives each tbf 5 ms
@@ -25,20 +26,21 @@
 # before each shaped run (LBCC_DEBUG=TRACE: every rank's encode / exchange+validation / decode
 # per call; medians over calls into the plan's "cpu" section), and the unshaped dense
 # all-reduce's ring pass for the host's cost per byte moved ("cpu.copy_gbytes_s", with the
-# machine's cores as "cpu.shared_cores"). The shaped links are probed right before the shaped
-# runs (bench/plan_probe.py: what each down-link delivers with every link busy, and a window's
-# credit cycle): the plan predicts from the nominal rates and, as the "probed" prediction,
-# from the measured one. hetero_training runs at 10 Gbit/s first (its compute per step) and
-# then at each rate.
+# machine's cores as "cpu.shared_cores"). The shaped links are probed before the calibrations
+# (bench/plan_probe.py, in each op's pattern: a ring relay through the transport's credit window
+# for the dense ring, a burst of every rank's blob to every other for SparseAllReduce, and a
+# window's credit cycle): the plan predicts from the nominal rates and, as the "probed"
+# prediction, from the measured ones. hetero_training runs at 10 Gbit/s first (its compute per
+# step) and then at each rate.
 # Needs root (network namespaces); builds //bench:lbcc_perf, //tools:lbcc, //python:lbcc/_lbcc.so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=25,100,400 ranks_list=4,8 bytes=16M tensors=16 iters=10 dense_iters=2 reps=3 window_rows=1
 probe_s=3 out=/tmp/lbcc_plan_validate hetero_rates=100,25 hetero_steps=40 parts=perf,hetero
-tbname=plan burst=auto limit=1mb
+tbname=plan burst=auto limit=1mb burst_rounds=7
 cmdline="bench/plan_validate.sh $*"
 report_only=0
-quick() { reps=1 iters=10 dense_iters=1 window_rows=0 probe_s=2; }
+quick() { reps=3 iters=10 dense_iters=1 window_rows=0 probe_s=2; }
 # --quick first, so that options after it still override it.
 for arg in "$@"; do [[ $arg != --quick ]] || quick; done
 while (($#)); do
@@ -53,6 +55,7 @@ while (($#)); do
     --reps) reps=$2; shift ;;
     --window_rows) window_rows=$2; shift ;;
     --probe_s) probe_s=$2; shift ;;
+    --probe_rounds) burst_rounds=$2; shift ;;
     --out) out=$2; shift ;;
     --hetero_rates) hetero_rates=$2; shift ;;
     --hetero_steps) hetero_steps=$2; shift ;;
@@ -79,6 +82,9 @@ targets="//bench:lbcc_perf //tools:lbcc"
 # shellcheck disable=SC2086
 bazel build --jobs=2 $targets >/dev/null 2>&1 || bazel build --jobs=2 $targets
 perf=$PWD/bazel-bin/bench/lbcc_perf
+lbcc=$PWD/bazel-bin/tools/lbcc
+nbytes=$(/usr/bin/python3 -c "import re; m = re.fullmatch(r'(\d+)([KMG]?)', '$bytes'); \
+print(int(m.group(1)) << {'': 0, 'K': 10, 'M': 20, 'G': 30}[m.group(2)])")
 rm -rf "$out"
 mkdir -p "$out"
 t_begin=$(date +%s)
@@ -115,17 +121,44 @@ run() {
   echo "  $label done ($(($(date +%s) - t_begin)) s)"
 }
 
-# probe LABEL NRANKS: bench/plan_probe.py on every host of the shaped testbed at once.
+# pair_bytes NRANKS: the bytes one rank's SparseAllReduce blob puts on another rank's down-link,
+# as the plan predicts them (its bytes are exact against the codecs): the probe's burst size.
+pair_bytes() {
+  local n=$1 doc="$out/pair_bytes_n$1.json"
+  echo "{\"topology\": {\"nranks\": $n}, \"rates\": {\"default\": {\"down_mbit\": 100,
+    \"up_mbit\": 10000, \"latency_ms\": 0.05}}, \"job\": {\"top_k\": 64, \"values\": \"binmean2\",
+    \"indices\": \"auto\"}, \"collective\": {\"op\": \"sparse_allreduce\", \"bytes\": $nbytes,
+    \"tensors\": $tensors}}" > "$doc"
+  "$lbcc" plan --json "$doc" | /usr/bin/python3 -c \
+    "import json, sys; print(int(json.load(sys.stdin)['wire_recv_bytes']) // ($n - 1))"
+}
+
+# probe LABEL NRANKS RATE: bench/plan_probe.py on every host of the shaped testbed at once. The
+# rate phase is comm's ring on the transport's slow-link window: 1 MiB segments, a rank sending
+# a segment only once it has received one beyond its own piece, in 256 KiB chunks with a credit
+# each and 4 chunks uncredited (transport::WindowBytes on these links); the burst phase sends
+# each rank's SparseAllReduce blob to every other rank at once, rounds 2.5 nominal drain times
+# apart.
 probe() {
-  local label=$1 n=$2
-  local addrs port start pids=() rank pid
+  local label=$1 n=$2 r=$3
+  local addrs port start pids=() rank pid pair period slack rate_s
+  pair=$(pair_bytes "$n")
+  # comm's ring: 1 MiB segments, each rank's piece (bytes / N) its own to send at the start.
+  slack=$(( (nbytes / n + 1048575) / 1048576 ))
+  # The relay's rate phase: at least 20 segments through each link between its edges (a
+  # shorter count sees the slack, not the pace).
+  rate_s=$(/usr/bin/python3 -c "print(max($probe_s, 20 * 8 * 1048576 / ($r * 0.95e6) + 1.5))")
+  period=$(/usr/bin/python3 -c "print(max(0.05, 2.5 * $((n - 1)) * $pair * 8 / ($r * 0.95e6)))")
   addrs=$(for ((rank = 0; rank < n; rank++)); do $T addr --name "$shaped" "$rank"; done | paste -sd,)
   port=$((30000 + RANDOM % 1000))
   start=$(/usr/bin/python3 -c "import time; print(time.time() + 1.5)")
   for ((rank = 0; rank < n; rank++)); do
     $T exec --name "$shaped" "$rank" -- /usr/bin/python3 bench/plan_probe.py --rank "$rank" \
-      --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" --window 262144 \
-      --out "$out/$label.rank$rank.json" > "$out/$label.rank$rank.log" 2>&1 &
+      --addrs "$addrs" --port "$port" --start "$start" --seconds "$probe_s" \
+      --rate_seconds "$rate_s" --window 262144 --chunk 262144 --inflight 1048576 \
+      --segment 1048576 --slack "$slack" --burst_bytes "$pair" --burst_rounds "$burst_rounds" \
+      --burst_period "$period" --out "$out/$label.rank$rank.json" \
+      > "$out/$label.rank$rank.log" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do
@@ -154,18 +187,19 @@ for n in $all_ranks; do
     $T up --name "$shaped" --hosts "$n" --rate "${r}mbit" --slow "$slow" --burst "$b" \
       --limit "$limit" --owner-pid $$ >/dev/null
     for ((rep = 0; rep < reps; rep++)); do
-      echo "== $n ranks, ${r} Mbit/s, repetition $rep: calibration (unshaped), probe, shaped"
+      # The probe first, then each shaped run right after its own CPU calibration: the load
+      # of the seconds between is what the calibration cannot see.
+      echo "== $n ranks, ${r} Mbit/s, repetition $rep: probe, calibration (unshaped), shaped"
+      # The links do not change between repetitions, the cores' load does: one probe.
+      ((rep > 0)) || probe "probe_n${n}_r${r}_$rep" "$n" "$r"
       LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_sparse_n${n}_r${r}_$rep" "$n" \
+        --op sparse_allreduce --tensors "$tensors" --iters "$iters"
+      uptime > "$out/load_n${n}_r${r}_$rep.txt"
+      LBCC_DEBUG_LEVEL=TRACE run "$shaped" "sparse_n${n}_r${r}_$rep" "$n" \
         --op sparse_allreduce --tensors "$tensors" --iters "$iters"
       if ((rep == 0)); then
         LBCC_DEBUG_LEVEL=TRACE run "$unshaped" "cal_dense_n${n}_r${r}" "$n" --op allreduce \
           --iters 3
-      fi
-      uptime > "$out/load_n${n}_r${r}_$rep.txt"
-      probe "probe_n${n}_r${r}_$rep" "$n"
-      LBCC_DEBUG_LEVEL=TRACE run "$shaped" "sparse_n${n}_r${r}_$rep" "$n" \
-        --op sparse_allreduce --tensors "$tensors" --iters "$iters"
-      if ((rep == 0)); then
         # No warm-up: the connections are made (and probed) at start-up, and the in-place
         # variant follows the out-of-place one.
         run "$shaped" "dense_n${n}_r${r}" "$n" --op allreduce --iters "$dense_iters" --warmup 0
@@ -200,17 +234,18 @@ uptime > "$out/load_end.txt"
 date -u '+%Y-%m-%d %H:%M UTC' > "$out/date.txt"
 echo "$(($(date +%s) - t_begin))" > "$out/wall_s.txt"
 declare -p rates ranks_list bytes tensors iters dense_iters reps window_rows burst limit cmdline \
-  hetero_rates hetero_steps parts > "$out/settings.sh"
+  hetero_rates hetero_steps parts burst_rounds > "$out/settings.sh"
 fi
 lbcc=$PWD/bazel-bin/tools/lbcc
 
 # Predictions and the report.
 /usr/bin/python3 - "$out" "$lbcc" "$bytes" "$tensors" "$rates" "$ranks_list" "$cmdline" \
   "$iters" "$dense_iters" "$reps" "$parts" "$hetero_rates" "$hetero_steps" \
-  "${window_rows:-1}" "${burst:-32kb}" "${limit:-1mb}" <<'PY'
+  "${window_rows:-1}" "${burst:-32kb}" "${limit:-1mb}" "${burst_rounds:-7}" <<'PY'
 import glob, json, os, platform, re, statistics, subprocess, sys
 (out, lbcc, size, tensors, rates, ranks_list, cmdline, iters, dense_iters, reps, parts,
- hetero_rates, hetero_steps, window_rows, burst, limit) = sys.argv[1:17]
+ hetero_rates, hetero_steps, window_rows, burst, limit, burst_rounds) = sys.argv[1:18]
+burst_rounds = int(burst_rounds)
 reps, window_rows = int(reps), int(window_rows)
 mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 m = re.fullmatch(r"(\d+)([KMG]?)", size)
@@ -280,10 +315,18 @@ def probe(label, n):
     # measured no rate: the median of the others stands in.
     good = [b for b in down if b > 0]
     down = [b if b > 0 else med(good) for b in down]
+    # The burst phase (each rank's SparseAllReduce blob to every other rank at once, after an
+    # idle link): what the op's exchange gets, the shaper's bucket included.
+    burst = [h.get("burst_bytes_per_second", 0.0) for h in hosts]
+    good_b = [b for b in burst if b > 0] or [0.0]
+    burst = [b if b > 0 else med(good_b) for b in burst]
     cycle = med(h["credit_cycle_s"] for h in hosts)
     window = hosts[0]["window_bytes"]
     rtt = 4 * LATENCY_MS * 1e-3
-    return {"mbit": med(down) * 8 / 1e6, "down_mbit": [b * 8 / 1e6 for b in down],
+    # The ring stream: every link carries the same bytes, the relay holds them to one pace, so
+    # its rate is the links' total over their number (the mean).
+    return {"mbit": statistics.mean(down) * 8 / 1e6, "down_mbit": [b * 8 / 1e6 for b in down],
+            "burst_mbit": med(burst) * 8 / 1e6, "burst_down_mbit": [b * 8 / 1e6 for b in burst],
             "credit_ms": max(0.0, cycle - window / med(down) - rtt) * 1e3,
             "cycle_ms": cycle * 1e3}
 
@@ -294,7 +337,7 @@ def plan(doc, path):
         sys.exit(f"plan_validate: lbcc plan {path}: {res.stderr}")
     return json.loads(res.stdout)
 
-def rates_of(rate, pr=None, window=None):
+def rates_of(rate, pr=None, window=None, key="mbit"):
     if pr is None:
         r = {"efficiency": EFFICIENCY,
              "default": {"down_mbit": rate, "up_mbit": 10000, "latency_ms": LATENCY_MS}}
@@ -304,13 +347,16 @@ def rates_of(rate, pr=None, window=None):
         # waited for a loaded core counts less than its link carried (one such link would set
         # every phase's time).
         r = {"efficiency": 1, "credit_ms": pr["credit_ms"],
-             "default": {"down_mbit": pr["mbit"], "up_mbit": 10000, "latency_ms": LATENCY_MS}}
+             "default": {"down_mbit": pr[key], "up_mbit": 10000, "latency_ms": LATENCY_MS}}
     if window:
         r["window_bytes"] = window
     return r
 
 def predict(n, rate, op, cpu, tag, pr=None, window=None):
-    doc = {"topology": {"nranks": n}, "rates": rates_of(rate, pr, window), "cpu": cpu,
+    # The probe's rate of the op's own pattern: the SparseAllReduce's exchange is one burst
+    # of every blob at once, the dense ring a stream through the credit window.
+    key = "burst_mbit" if op == "sparse_allreduce" else "mbit"
+    doc = {"topology": {"nranks": n}, "rates": rates_of(rate, pr, window, key), "cpu": cpu,
            "job": {"top_k": 64, "values": "binmean2", "indices": "auto"},
            "collective": {"op": op, "bytes": nbytes, "tensors": int(tensors)}}
     kind = "probed" if pr else "nominal"
@@ -332,9 +378,10 @@ if "perf" in parts:
             nom, prb, inr, meas = [], [], [], []
             for rep in range(reps):
                 cal = calibration(f"cal_sparse_n{n}_r{rate}_{rep}")
-                pr = probe(f"probe_n{n}_r{rate}_{rep}", n)
+                if rep == 0:
+                    pr = probe(f"probe_n{n}_r{rate}_{rep}", n)  # the links', for every rep
+                    probes.append((n, rate, rep, pr))
                 cals.append((n, rate, rep, cal))
-                probes.append((n, rate, rep, pr))
                 cpu = {k: cal[k] for k in ("encode_ms", "exchange_ms", "decode_ms")}
                 cpu.update(host)
                 nom.append(predict(n, rate, "sparse_allreduce", cpu, rep))
@@ -346,8 +393,8 @@ if "perf" in parts:
                 inr.append(predict(n, rate, "sparse_allreduce", inrun, f"{rep}_inrun", pr))
                 meas.append(seconds(f"sparse_n{n}_r{rate}_{rep}"))
                 bytes_row = json.load(open(f"{out}/sparse_n{n}_r{rate}_{rep}.json"))[0]
-            pr0 = probes[-reps][3]
-            rows.append((n, rate, "sparse", nom, prb, meas, [p[3] for p in probes[-reps:]],
+            pr0 = probes[-1][3]
+            rows.append((n, rate, "sparse", nom, prb, meas, [pr0],
                          bytes_row, inr))
             variants = [("dense", "dense", None)]
             if window_rows:
@@ -457,10 +504,16 @@ if "perf" in parts:
     md.append(f"- nominal prediction: down_mbit = the tbf rate, efficiency {EFFICIENCY} (TCP/IP "
               "goodput over 1500-byte frames)")
     md.append("- probed prediction: the rate a probe measured on the shaped testbed right "
-              "before the shaped runs (bench/plan_probe.py, every host at once: each down-link's "
-              "goodput with every link busy; the median over the links, efficiency 1; a 256 KiB window's "
-              "stop-and-wait cycle, its excess over the window's drain time and the round "
-              "trip = credit_ms)")
+              "before the shaped runs (bench/plan_probe.py, every host at once, the op's own "
+              "pattern: for the dense ring each down-link's goodput from its left neighbour in "
+              "a relay like comm's ring (1 MiB segments, a rank forwarding one for each it has "
+              "received beyond its own piece, through the transport's credit window: 256 KiB "
+              "chunks, 4 uncredited), the mean over the links; for SparseAllReduce each "
+              "down-link's rate in a burst of every rank's blob (the plan's bytes) to every "
+              f"other rank at once after an idle link, the median over {burst_rounds} - 1 rounds, "
+              "then the median over the links; efficiency 1; "
+              "a 256 KiB window's stop-and-wait cycle, its excess over the window's drain time "
+              "and the round trip = credit_ms)")
     md.append(f"- CPU (docs/planning.md, \"Shared cores\"): the N ranks share this machine's "
               f"{CORES} cores (`cpu.shared_cores` = {CORES}). SparseAllReduce: the codec CPU of "
               "an unshaped calibration run right before each shaped run (LBCC_DEBUG=TRACE "
@@ -471,7 +524,8 @@ if "perf" in parts:
               "the longer of its busiest link and the hosts' CPU for its bytes)\n")
     md.append("## (a) bench/lbcc_perf: predicted vs measured\n")
     md.append("Ratio = predicted / measured. SparseAllReduce: median over the repetitions (each "
-              "predicted from its own calibration and probe), range in brackets. *CPU-bound*: the "
+              "predicted from its own CPU calibration, right before it, and the probe of the first), "
+              "range in brackets. *CPU-bound*: the "
               f"probe found the links delivering less than {CPU_BOUND:.0%} of the nominal goodput "
               "(the tbf shapers and the ranks wait for the cores): the nominal rate is not what "
               "the testbed gives there, the probed one is. Goal: the probed prediction within "
@@ -489,7 +543,7 @@ if "perf" in parts:
         tn, tp = med(rn), med(rp)
         br = prb[-1]["wire_recv_bytes"] / brow["wire_recv_bytes"]
         sr = prb[-1]["slow_recv_bytes_all_ranks"] / brow["slow_recv_bytes_all_ranks"]
-        mbit = med(p["mbit"] for p in prs)
+        mbit = med(p["burst_mbit" if label == "sparse" else "mbit"] for p in prs)
         bound = mbit < CPU_BOUND * EFFICIENCY * rate
         good = abs(tp - 1) <= 0.15 and abs(br - 1) <= 0.01
         ok_t += abs(tp - 1) <= 0.15
@@ -507,7 +561,9 @@ if "perf" in parts:
                   f"{br:.4f} | {sr:.4f} | {lo} | {'yes' if bound else 'no'} | "
                   f"{'yes' if good else 'no'} |")
     md.append(f"\nTime within 15 %: probed {ok_t} of {len(rows)}, nominal {ok_nt} of {len(rows)}; "
-              f"bytes within 1 %: {ok_b} of {len(rows)}. \"host ms\": the phases in which the "
+              f"bytes within 1 %: {ok_b} of {len(rows)}. \"probe Mbit/s\": the rate the row's "
+              "probed prediction got (SparseAllReduce: the burst's, the dense ring: the ring "
+              "relay's). \"host ms\": the phases in which the "
               "hosts' CPU, not a link, drains last (probed prediction). \"in-run codec CPU\" "
               "(a diagnostic, not the goal): the probed prediction with encode and decode as the "
               "shaped run itself timed them (LBCC_DEBUG=TRACE, the same load), exchange + "
@@ -519,14 +575,16 @@ if "perf" in parts:
         md.append("\"dense, 4 MiB window\" is the same all-reduce with "
                   "LBCC_SLOW_WINDOW_BYTES=4194304, predicted with that window (docs/planning.md, "
                   "\"Credit window\").\n")
-    md.append("### Probes (the shaped links before each shaped run)\n")
-    md.append("| ranks | Mbit/s (tbf) | repetition | delivered Mbit/s per down-link (rank 0, 1, ...) | "
+    md.append("### Probes (the shaped links, before the calibrations and shaped runs)\n")
+    md.append("| ranks | Mbit/s (tbf) | repetition | ring relay through the window: Mbit/s per "
+              "down-link (rank 0, 1, ...) | mean | burst of every blob: Mbit/s per down-link | "
               "median | 256 KiB credit cycle (ms) | credit_ms |")
-    md.append("|---|---|---|---|---|---|---|")
+    md.append("|---|---|---|---|---|---|---|---|---|")
     for n, rate, rep, pr in probes:
         per = ", ".join(f"{m:.1f}" for m in pr["down_mbit"])
-        md.append(f"| {n} | {rate} | {rep} | {per} | {pr['mbit']:.1f} | {pr['cycle_ms']:.1f} | "
-                  f"{pr['credit_ms']:.2f} |")
+        per_b = ", ".join(f"{m:.1f}" for m in pr["burst_down_mbit"])
+        md.append(f"| {n} | {rate} | {rep} | {per} | {pr['mbit']:.1f} | {per_b} | "
+                  f"{pr['burst_mbit']:.1f} | {pr['cycle_ms']:.1f} | {pr['credit_ms']:.2f} |")
     md.append("\n### Calibration (CPU time given to the model)\n")
     md.append("| ranks | Mbit/s of the shaped run | repetition | encode (ms) | exchange+validation (ms) | decode (ms) | unshaped call (ms) | copy GB/s per core |")
     md.append("|---|---|---|---|---|---|---|---|")
