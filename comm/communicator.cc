@@ -161,8 +161,8 @@ void Communicator::WorkerLoop() {
         }
         if (status.ok()) status = pending.op(group_, pending.tag, deadline);
       }
-      status = Annotate(status, absl::StrCat(name, " (op ", pending.sequence, ") on rank ",
-                                             group_.me));
+      status = Annotate(fabric_->abort_record()->Explain(std::move(status)),
+                        absl::StrCat(name, " (op ", pending.sequence, ") on rank ", group_.me));
       LBCC_LOG_IF(WARN, !status.ok()) << status;
     }
     ReleaseTags(pending.tag);
@@ -238,7 +238,24 @@ RequestPtr Communicator::Enqueue(Pending pending) {
   return request;
 }
 
-void Communicator::Abort() { fabric_->Abort(absl::CancelledError("communicator aborted")); }
+void Communicator::Abort() {
+  // Operations not started yet fail now rather than one by one behind the running one; taken
+  // before the running one fails, so that the worker does not start them meanwhile.
+  std::deque<Pending> queued;
+  {
+    MutexLock lock(&mu_);
+    queued.swap(queue_);
+  }
+  // The Fabric is marked aborted (by the caller) before its endpoints close: the running
+  // operation's waits fail as the close reaches them, and each failure reads as this abort.
+  fabric_->Abort(absl::CancelledError("communicator aborted by its caller (Communicator::Abort)"),
+                 /*by_caller=*/true);
+  for (Pending& pending : queued) {
+    pending.request->Complete(absl::CancelledError(
+        absl::StrCat(pending.signature.op(), " (op ", pending.sequence, ") on rank ", group_.me,
+                     ": communicator aborted by its caller (Communicator::Abort) before it ran")));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
   // Everyone learns everyone's (color, key).

@@ -234,7 +234,13 @@ class Communicator {
   // (RejectedAtPost). Every argument check of the collectives here goes through it.
   RequestPtr PostRejected(absl::string_view name, absl::Status why);
 
-  // Aborts the connections: running and queued operations fail, on every rank. Idempotent.
+  // Aborts the connections: running and queued operations fail, on every rank. Idempotent;
+  // thread-safe (any thread, while operations run). Here the running operation returns as soon
+  // as its waits see the closed connections, without waiting for any peer (SparseAllReduce
+  // votes abort and does not wait for the peers' votes), and operations queued behind it
+  // complete at once; both with Cancelled saying the communicator was aborted. Point-to-point
+  // operations pending then fail the same way. The peers' operations fail too (Unavailable or
+  // Cancelled) once their connections to this rank are closed.
   void Abort();
   // OK while usable; the first failure afterwards.
   absl::Status status() const { return fabric_->aborted(); }
