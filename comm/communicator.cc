@@ -126,7 +126,7 @@ Communicator::~Communicator() {
 void Communicator::WorkerLoop() {
   while (true) {
     Pending pending;
-    bool cancelled = false;
+    bool cancelled = false, aborted = false;
     {
       MutexLock lock(&mu_);
       while (queue_.empty() && !stopping_) cv_.Wait(&mu_);
@@ -134,11 +134,18 @@ void Communicator::WorkerLoop() {
       pending = std::move(queue_.front());
       queue_.pop_front();
       cancelled = stopping_;
+      aborted = pending.sequence < cancel_below_;
     }
     const std::string& name = pending.signature.op();
     if (cancelled) {
       pending.request->Complete(absl::CancelledError(
           absl::StrCat(name, ": communicator destroyed before it ran")));
+      continue;
+    }
+    if (aborted) {
+      pending.request->Complete(absl::CancelledError(
+          absl::StrCat(name, " (op ", pending.sequence, ") on rank ", group_.me,
+                       ": communicator aborted by its caller (Communicator::Abort) before it ran")));
       continue;
     }
     absl::Status status = fabric_->aborted();
@@ -239,22 +246,18 @@ RequestPtr Communicator::Enqueue(Pending pending) {
 }
 
 void Communicator::Abort() {
-  // Operations not started yet fail now rather than one by one behind the running one; taken
-  // before the running one fails, so that the worker does not start them meanwhile.
-  std::deque<Pending> queued;
+  // Operations queued now fail without running, in order behind the running one (whose return
+  // the close below hastens): a caller that waits for a later request may free what an earlier
+  // one uses only once that one has returned. Marked before the close, so that the worker does
+  // not start one of them meanwhile.
   {
     MutexLock lock(&mu_);
-    queued.swap(queue_);
+    cancel_below_ = sequence_;
   }
   // The Fabric is marked aborted (by the caller) before its endpoints close: the running
   // operation's waits fail as the close reaches them, and each failure reads as this abort.
   fabric_->Abort(absl::CancelledError("communicator aborted by its caller (Communicator::Abort)"),
                  /*by_caller=*/true);
-  for (Pending& pending : queued) {
-    pending.request->Complete(absl::CancelledError(
-        absl::StrCat(pending.signature.op(), " (op ", pending.sequence, ") on rank ", group_.me,
-                     ": communicator aborted by its caller (Communicator::Abort) before it ran")));
-  }
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {

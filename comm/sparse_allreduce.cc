@@ -36,7 +36,7 @@ constexpr size_t kMaxMessageBytes = size_t{1} << 40;
 // communicator (Communicator::Abort) votes abort and returns at once: the peers learn why from
 // its vote, and its caller does not wait for their votes, which on a failed step serve only to
 // name a lost rank (the agreement waits up to its grace period for them). The kAborted code
-// keeps that naming out; the worker reports the caller's abort (ExplainCallerAbort).
+// keeps that naming out; the worker reports the caller's abort (AbortRecord::Explain).
 absl::Status Decide(OutcomeAgreement& agreement, const Group& group, uint64_t op,
                     absl::Status local, absl::Time deadline) {
   if (!local.ok()) {
