@@ -19,6 +19,10 @@ namespace {
 // Bounds what one peer may make us allocate for one payload.
 constexpr size_t kMaxPayloadBytes = size_t{1} << 40;
 
+// How long an operation the caller's abort failed waits at most for the aborting thread to have
+// closed every endpoint (AbortRecord::AwaitClosed); closing only queues work.
+constexpr absl::Duration kAbortCloseWait = absl::Seconds(1);
+
 // The fields of every signature: what must be the same on every rank whatever the operation.
 Signature::Fields SettingsFields(const CommConfig& config, const Topology& topology, int nranks,
                                  uint32_t comm_id) {
@@ -167,6 +171,9 @@ void Communicator::WorkerLoop() {
                                    pending.rejection, deadline);
         }
         if (status.ok()) status = pending.op(group_, pending.tag, deadline);
+      }
+      if (!status.ok() && !fabric_->caller_abort().ok()) {
+        fabric_->abort_record()->AwaitClosed(kAbortCloseWait);
       }
       status = Annotate(fabric_->abort_record()->Explain(std::move(status)),
                         absl::StrCat(name, " (op ", pending.sequence, ") on rank ", group_.me));

@@ -313,6 +313,16 @@ absl::Status AbortRecord::Explain(absl::Status failure) const {
                                            failure.ToString(), ")"));
 }
 
+void AbortRecord::MarkClosed() {
+  MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+void AbortRecord::AwaitClosed(absl::Duration timeout) const {
+  MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_; }, timeout);
+}
+
 void Fabric::Abort(absl::Status why, bool by_caller) {
   if (!abort_->Set(why, by_caller)) return;
   LBCC_LOG_IF(INFO, !absl::IsCancelled(why)) << "comm: rank " << rank_ << " aborts: " << why;
@@ -322,6 +332,7 @@ void Fabric::Abort(absl::Status why, bool by_caller) {
   for (auto& e : in_) {
     if (e) e->Close();
   }
+  abort_->MarkClosed();
 }
 
 absl::Status Fabric::aborted() const { return abort_->status(); }

@@ -68,11 +68,18 @@ class AbortRecord {
   // What an operation that failed (`failure`) reports: after the caller's abort, Cancelled
   // saying so, with `failure` (often just "endpoint closed") as the detail; otherwise `failure`.
   absl::Status Explain(absl::Status failure) const;
+  // The aborting thread closed every data endpoint (Fabric::Abort).
+  void MarkClosed();
+  // Waits until MarkClosed(), or `timeout`: an operation the caller's abort failed returns only
+  // after that, so that the caller's next step (a new communicator, elastic) does not start
+  // while this one's endpoints are still being closed. A short wait: closing only queues work.
+  void AwaitClosed(absl::Duration timeout) const;
 
  private:
   mutable Mutex mu_;
   absl::Status why_ ABSL_GUARDED_BY(mu_);
   bool by_caller_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class Fabric {
