@@ -19,6 +19,10 @@ namespace {
 // Bounds what one peer may make us allocate for one payload.
 constexpr size_t kMaxPayloadBytes = size_t{1} << 40;
 
+// How long an operation the caller's abort failed waits at most for the aborting thread to have
+// closed every endpoint (AbortRecord::AwaitClosed); closing only queues work.
+constexpr absl::Duration kAbortCloseWait = absl::Seconds(1);
+
 // The fields of every signature: what must be the same on every rank whatever the operation.
 Signature::Fields SettingsFields(const CommConfig& config, const Topology& topology, int nranks,
                                  uint32_t comm_id) {
@@ -126,7 +130,7 @@ Communicator::~Communicator() {
 void Communicator::WorkerLoop() {
   while (true) {
     Pending pending;
-    bool cancelled = false;
+    bool cancelled = false, aborted = false;
     {
       MutexLock lock(&mu_);
       while (queue_.empty() && !stopping_) cv_.Wait(&mu_);
@@ -134,11 +138,18 @@ void Communicator::WorkerLoop() {
       pending = std::move(queue_.front());
       queue_.pop_front();
       cancelled = stopping_;
+      aborted = pending.sequence < cancel_below_;
     }
     const std::string& name = pending.signature.op();
     if (cancelled) {
       pending.request->Complete(absl::CancelledError(
           absl::StrCat(name, ": communicator destroyed before it ran")));
+      continue;
+    }
+    if (aborted) {
+      pending.request->Complete(absl::CancelledError(
+          absl::StrCat(name, " (op ", pending.sequence, ") on rank ", group_.me,
+                       ": communicator aborted by its caller (Communicator::Abort) before it ran")));
       continue;
     }
     absl::Status status = fabric_->aborted();
@@ -161,8 +172,11 @@ void Communicator::WorkerLoop() {
         }
         if (status.ok()) status = pending.op(group_, pending.tag, deadline);
       }
-      status = Annotate(status, absl::StrCat(name, " (op ", pending.sequence, ") on rank ",
-                                             group_.me));
+      if (!status.ok() && !fabric_->caller_abort().ok()) {
+        fabric_->abort_record()->AwaitClosed(kAbortCloseWait);
+      }
+      status = Annotate(fabric_->abort_record()->Explain(std::move(status)),
+                        absl::StrCat(name, " (op ", pending.sequence, ") on rank ", group_.me));
       LBCC_LOG_IF(WARN, !status.ok()) << status;
     }
     ReleaseTags(pending.tag);
@@ -238,7 +252,20 @@ RequestPtr Communicator::Enqueue(Pending pending) {
   return request;
 }
 
-void Communicator::Abort() { fabric_->Abort(absl::CancelledError("communicator aborted")); }
+void Communicator::Abort() {
+  // Operations queued now fail without running, in order behind the running one (whose return
+  // the close below hastens): a caller that waits for a later request may free what an earlier
+  // one uses only once that one has returned. Marked before the close, so that the worker does
+  // not start one of them meanwhile.
+  {
+    MutexLock lock(&mu_);
+    cancel_below_ = sequence_;
+  }
+  // The Fabric is marked aborted (by the caller) before its endpoints close: the running
+  // operation's waits fail as the close reaches them, and each failure reads as this abort.
+  fabric_->Abort(absl::CancelledError("communicator aborted by its caller (Communicator::Abort)"),
+                 /*by_caller=*/true);
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key) {
   // Everyone learns everyone's (color, key).

@@ -234,7 +234,14 @@ class Communicator {
   // (RejectedAtPost). Every argument check of the collectives here goes through it.
   RequestPtr PostRejected(absl::string_view name, absl::Status why);
 
-  // Aborts the connections: running and queued operations fail, on every rank. Idempotent.
+  // Aborts the connections: running and queued operations fail, on every rank. Idempotent;
+  // thread-safe (any thread, while operations run). Here the running operation returns as soon
+  // as its waits see the closed connections, without waiting for any peer (SparseAllReduce
+  // votes abort and does not wait for the peers' votes), and operations queued behind it then
+  // complete without running (still in order); all with Cancelled saying the communicator was
+  // aborted. Point-to-point
+  // operations pending then fail the same way. The peers' operations fail too (Unavailable or
+  // Cancelled) once their connections to this rank are closed.
   void Abort();
   // OK while usable; the first failure afterwards.
   absl::Status status() const { return fabric_->aborted(); }
@@ -282,6 +289,8 @@ class Communicator {
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Operations numbered below this were queued when Abort() came: they fail without running.
+  uint64_t cancel_below_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread worker_;
 };
 

@@ -1,9 +1,14 @@
 #include "comm/communicator.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <ostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +28,7 @@ using ::lbcc::testing::IsOk;
 using ::lbcc::testing::StatusIs;
 using ::testing::AnyOf;
 using ::testing::Each;
+using ::testing::HasSubstr;
 
 Topology Hetero4() {
   // Ranks 0 and 1 share a fast island; 2 and 3 are alone behind slow links.
@@ -324,6 +330,117 @@ TEST(CommunicatorTest, AbortFailsPendingWorkEverywhere) {
         << "rank " << r;
   }
 }
+
+// Abort() while an operation waits for peers that never post it (ranks 1 and 2): only the abort
+// can end it, since the communicator's timeout and LBCC_PEER_TIMEOUT_MS are a minute. Rank 0
+// posts it (and a second one queued behind it), waits until the first is under way (its header
+// went out to rank 1; point-to-point: posted at once), and aborts from another thread. Ranks as
+// threads over each transport.
+struct PendingCase {
+  const char* name;
+  const char* backend;
+  // Posts the operation on rank 0; `buffer` holds 1 << 16 floats.
+  std::function<RequestPtr(Communicator& comm, std::vector<float>& buffer)> post;
+  bool collective = true;  // ordered on the worker (its header goes out first)
+};
+
+void PrintTo(const PendingCase& c, std::ostream* os) { *os << c.name << " over " << c.backend; }
+
+class AbortPendingTest : public ::testing::TestWithParam<PendingCase> {};
+
+TEST_P(AbortPendingTest, FailsThePendingOperationWithTheAbortsStatusAtOnce) {
+  const PendingCase& c = GetParam();
+  setenv("LBCC_PEER_TIMEOUT_MS", "60000", 1);
+  RankOptions options;
+  options.backend = c.backend;
+  options.timeout = absl::Seconds(60);
+  Mutex mu;
+  CondVar cv;
+  bool rank0_done = false;
+  absl::Status pending_status, queued_status;
+  absl::Duration latency = absl::InfiniteDuration();
+  auto results = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
+    // Every rank is up (its Init returned) before rank 0 closes its connections.
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    if (rank != 0) {
+      // Never post it; leave (aborted, as a killed process would) once rank 0 is done.
+      MutexLock lock(&mu);
+      while (!rank0_done) cv.Wait(&mu);
+      comm.Abort();
+      return absl::OkStatus();
+    }
+    std::vector<float> buffer(1 << 16, 1.0f), second(1 << 16, 1.0f);
+    const uint64_t sent_before = comm.fabric()->Counters(1).messages_sent;
+    RequestPtr request = c.post(comm, buffer);
+    RequestPtr queued = c.collective ? comm.Barrier() : nullptr;
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (c.collective && comm.fabric()->Counters(1).messages_sent == sent_before &&
+           !request->Test() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));  // polls the condition; nothing else signals it
+    }
+    absl::Time aborted_at;
+    std::thread aborter([&] {
+      aborted_at = absl::Now();
+      comm.Abort();
+    });
+    pending_status = request->Wait();
+    const absl::Time returned = absl::Now();
+    aborter.join();
+    latency = returned - aborted_at;
+    if (queued != nullptr) queued_status = queued->Wait();
+    MutexLock lock(&mu);
+    rank0_done = true;
+    cv.SignalAll();
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  EXPECT_THAT(pending_status, StatusIs(absl::StatusCode::kCancelled, HasSubstr("aborted")));
+  EXPECT_THAT(pending_status.message(), HasSubstr("Communicator::Abort"));
+  if (c.collective) {
+    EXPECT_THAT(queued_status, StatusIs(absl::StatusCode::kCancelled, HasSubstr("before it ran")));
+  }
+  // Not a timing check: far above what it takes, and below anything that waits for a peer (the
+  // outcome agreement's grace of 10 s, the timeouts of a minute).
+  EXPECT_LT(latency, absl::Seconds(10));
+  std::printf("Abort() to the pending %s's return over %s: %.3f ms\n", c.name, c.backend,
+              absl::ToDoubleMilliseconds(latency));
+}
+
+std::vector<PendingCase> PendingCases() {
+  std::vector<PendingCase> cases;
+  for (const char* backend : {"loopback", "ucx"}) {
+    cases.push_back({"Barrier", backend, [](Communicator& comm, std::vector<float>&) {
+                       return comm.Barrier();
+                     }});
+    cases.push_back({"AllReduceDirect", backend, [](Communicator& comm, std::vector<float>& b) {
+                       auto v = *TensorView::Host(b.data(), {256});
+                       OpOptions op;
+                       op.algorithm = Algorithm::kDirect;
+                       return comm.AllReduce(v, v, ReduceOp::kSum, op);
+                     }});
+    cases.push_back({"AllReduceRing", backend, [](Communicator& comm, std::vector<float>& b) {
+                       auto v = *TensorView::Host(b.data(), {static_cast<int64_t>(b.size())});
+                       OpOptions op;
+                       op.algorithm = Algorithm::kRing;
+                       return comm.AllReduce(v, v, ReduceOp::kSum, op);
+                     }});
+    cases.push_back({"DenseAllReduce", backend, [](Communicator& comm, std::vector<float>& b) {
+                       return comm.DenseAllReduce(b.data(), b.data(), b.size(), DenseType::kF32,
+                                                  DenseOp::kSum);
+                     }});
+    cases.push_back({"DenseRecv", backend,
+                     [](Communicator& comm, std::vector<float>& b) {
+                       return comm.DenseRecv(b.data(), b.size() * 4, 1, 7);
+                     },
+                     /*collective=*/false});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Operations, AbortPendingTest, ::testing::ValuesIn(PendingCases()),
+                         [](const auto& info) {
+                           return absl::StrCat(info.param.name, "_", info.param.backend);
+                         });
 
 }  // namespace
 }  // namespace lbcc::comm

@@ -531,6 +531,7 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
     size_t bytes = 0;
     int* source = nullptr;  // DenseRecvAny's; null for DenseRecv
     RequestPtr request;
+    std::shared_ptr<const AbortRecord> abort;  // a failure reads as the caller's abort, if first
   };
 
   // DenseRecvAny: completes `receiver` from a completed slot, or queues it and posts the slots.
@@ -567,7 +568,8 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
 
   // DenseRecv: true when `peer` has a slot for `tag` not yet claimed; the first such slot then
   // delivers to this receive (now, or when it completes).
-  bool TakeFromPeer(void* data, size_t bytes, int peer, uint32_t tag, RequestPtr request) {
+  bool TakeFromPeer(void* data, size_t bytes, int peer, uint32_t tag, RequestPtr request,
+                    std::shared_ptr<const AbortRecord> abort) {
     MutexLock lock(&mu_);
     auto t = tags_.find(tag);
     if (t == tags_.end()) return false;
@@ -575,7 +577,7 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
     if (p == t->second.by_peer.end()) return false;
     for (const std::shared_ptr<Slot>& slot : p->second) {
       if (slot->claimed.has_value()) continue;
-      slot->claimed = Receiver{data, bytes, nullptr, std::move(request)};
+      slot->claimed = Receiver{data, bytes, nullptr, std::move(request), std::move(abort)};
       DrainLocked(t->second);
       return true;
     }
@@ -614,6 +616,7 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
       if (receiver.bytes > 0) std::memcpy(receiver.data, slot.bytes.data(), receiver.bytes);
       if (receiver.source != nullptr) *receiver.source = slot.peer;
     } else {
+      if (receiver.abort != nullptr) status = receiver.abort->Explain(std::move(status));
       status = Annotate(status, receiver.source != nullptr ? "DenseRecvAny" : "DenseRecv");
     }
     receiver.request->Complete(std::move(status));
@@ -865,7 +868,9 @@ RequestPtr Communicator::DenseSend(const void* data, size_t bytes, int peer, uin
   auto request = std::make_shared<Request>();
   fabric_->out(group_.ranks[peer])
       ->Send(MakeTag(comm_id_, tag, kDenseP2pStep), ConstSpan(data, bytes),
-             {transport::Priority::kNormal}, [request](absl::Status status) {
+             {transport::Priority::kNormal},
+             [request, abort = fabric_->abort_record()](absl::Status status) {
+               status = abort->Explain(std::move(status));
                if (!status.ok()) status = Annotate(status, "DenseSend");
                request->Complete(std::move(status));
              });
@@ -885,7 +890,9 @@ RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t 
   }
   auto request = std::make_shared<Request>();
   // A DenseRecvAny may have posted receives on this peer for this tag first: they come first.
-  if (any_source_->TakeFromPeer(data, bytes, peer, tag, request)) return request;
+  if (any_source_->TakeFromPeer(data, bytes, peer, tag, request, fabric_->abort_record())) {
+    return request;
+  }
   fabric_->in(group_.ranks[peer])
       ->Recv(
           MakeTag(comm_id_, tag, kDenseP2pStep),
@@ -896,8 +903,8 @@ RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t 
             }
             return Span(data, bytes);
           },
-          [request](absl::StatusOr<size_t> n) {
-            absl::Status status = n.status();
+          [request, abort = fabric_->abort_record()](absl::StatusOr<size_t> n) {
+            absl::Status status = abort->Explain(n.status());
             if (!status.ok()) status = Annotate(status, "DenseRecv");
             request->Complete(std::move(status));
           });
@@ -920,7 +927,9 @@ RequestPtr Communicator::DenseRecvAny(void* data, size_t bytes, uint32_t tag, in
   }
   auto request = std::make_shared<Request>();
   any_source_->Any(fabric_.get(), group_.ranks, group_.me, MakeTag(comm_id_, tag, kDenseP2pStep),
-                   tag, AnySourceReceives::Receiver{data, bytes, source, request});
+                   tag,
+                   AnySourceReceives::Receiver{data, bytes, source, request,
+                                               fabric_->abort_record()});
   return request;
 }
 

@@ -287,12 +287,44 @@ void Fabric::CrashForTesting() {
 
 OutcomeAgreement* Fabric::agreement() const { return agreement_.get(); }
 
-void Fabric::Abort(absl::Status why) {
-  {
-    MutexLock lock(&mu_);
-    if (!aborted_.ok()) return;
-    aborted_ = why.ok() ? absl::CancelledError("aborted") : why;
-  }
+bool AbortRecord::Set(absl::Status why, bool by_caller) {
+  MutexLock lock(&mu_);
+  if (!why_.ok()) return false;
+  why_ = why.ok() ? absl::CancelledError("aborted") : std::move(why);
+  by_caller_ = by_caller;
+  return true;
+}
+
+absl::Status AbortRecord::status() const {
+  MutexLock lock(&mu_);
+  return why_;
+}
+
+absl::Status AbortRecord::caller_abort() const {
+  MutexLock lock(&mu_);
+  return by_caller_ ? why_ : absl::OkStatus();
+}
+
+absl::Status AbortRecord::Explain(absl::Status failure) const {
+  if (failure.ok()) return failure;
+  const absl::Status why = caller_abort();
+  if (why.ok()) return failure;
+  return absl::CancelledError(absl::StrCat(why.message(), " while the operation was pending (",
+                                           failure.ToString(), ")"));
+}
+
+void AbortRecord::MarkClosed() {
+  MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+void AbortRecord::AwaitClosed(absl::Duration timeout) const {
+  MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_; }, timeout);
+}
+
+void Fabric::Abort(absl::Status why, bool by_caller) {
+  if (!abort_->Set(why, by_caller)) return;
   LBCC_LOG_IF(INFO, !absl::IsCancelled(why)) << "comm: rank " << rank_ << " aborts: " << why;
   for (auto& e : out_) {
     if (e) e->Close();
@@ -300,12 +332,10 @@ void Fabric::Abort(absl::Status why) {
   for (auto& e : in_) {
     if (e) e->Close();
   }
+  abort_->MarkClosed();
 }
 
-absl::Status Fabric::aborted() const {
-  MutexLock lock(&mu_);
-  return aborted_;
-}
+absl::Status Fabric::aborted() const { return abort_->status(); }
 
 Fabric::ClassBytes Fabric::BytesByClass() const {
   ClassBytes bytes;

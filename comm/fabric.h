@@ -54,6 +54,34 @@ struct FabricOptions {
   std::optional<Topology> topology;     // Unset: LBCC_TOPO_FILE, else same host = island.
 };
 
+// A Fabric's first abort and whether its caller asked for it (Communicator::Abort) rather than
+// a failure. Shared with transport callbacks, which may run after the Fabric is gone.
+// Thread-safe.
+class AbortRecord {
+ public:
+  // Records the first abort; false when one was recorded already (nothing changes then).
+  bool Set(absl::Status why, bool by_caller);
+  // OK until the first abort; its reason afterwards.
+  absl::Status status() const;
+  // The first abort's reason when the caller asked for it; OK otherwise.
+  absl::Status caller_abort() const;
+  // What an operation that failed (`failure`) reports: after the caller's abort, Cancelled
+  // saying so, with `failure` (often just "endpoint closed") as the detail; otherwise `failure`.
+  absl::Status Explain(absl::Status failure) const;
+  // The aborting thread closed every data endpoint (Fabric::Abort).
+  void MarkClosed();
+  // Waits until MarkClosed(), or `timeout`: an operation the caller's abort failed returns only
+  // after that, so that the caller's next step (a new communicator, elastic) does not start
+  // while this one's endpoints are still being closed. A short wait: closing only queues work.
+  void AwaitClosed(absl::Duration timeout) const;
+
+ private:
+  mutable Mutex mu_;
+  absl::Status why_ ABSL_GUARDED_BY(mu_);
+  bool by_caller_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class Fabric {
  public:
   static absl::StatusOr<std::shared_ptr<Fabric>> Create(const UniqueId& id, int nranks, int rank,
@@ -80,11 +108,18 @@ class Fabric {
 
   // Closes every data endpoint: pending operations here and at the peers fail. Idempotent; the
   // first status is kept and returned by aborted(). The control connections stay up.
-  void Abort(absl::Status why);
+  // `by_caller`: the owner gave up on purpose (Communicator::Abort), not a failure; when that
+  // abort came first, caller_abort() returns `why`. The Fabric is marked aborted before any
+  // endpoint closes, so whatever fails because of the close can tell (AbortRecord::Explain).
+  void Abort(absl::Status why, bool by_caller = false);
   // Tests: as if the process died: every endpoint closed, control ones too, no more answers.
   void CrashForTesting();
   // OK while usable; the abort reason afterwards.
   absl::Status aborted() const;
+  // The reason of Abort(why, by_caller = true) when that was the first abort; OK otherwise.
+  absl::Status caller_abort() const { return abort_->caller_abort(); }
+  // The same record, for callbacks that may outlive the Fabric.
+  const std::shared_ptr<const AbortRecord>& abort_record() const { return abort_record_; }
 
   // Bytes sent and received on fast and slow links since creation (all communicators).
   struct ClassBytes {
@@ -112,8 +147,8 @@ class Fabric {
   std::vector<std::unique_ptr<transport::Endpoint>> control_in_;
   std::unique_ptr<internal::VoteAgreement> agreement_;  // Stopped before the endpoints close.
   bool connected_ = false;  // Every endpoint exists (Connect succeeded): goodbyes can be said.
-  mutable Mutex mu_;
-  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<AbortRecord> abort_ = std::make_shared<AbortRecord>();
+  const std::shared_ptr<const AbortRecord> abort_record_ = abort_;
 };
 
 // The DeadlineExceeded of a data round that timed out: names the ranks this rank was still

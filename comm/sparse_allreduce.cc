@@ -32,6 +32,23 @@ constexpr int64_t kStreamMinElements = int64_t{1} << 16;
 // Bounds what one peer may make us allocate for one message.
 constexpr size_t kMaxMessageBytes = size_t{1} << 40;
 
+// The agreement's decision on step `op` (comm/agreement.h). A rank whose caller aborted the
+// communicator (Communicator::Abort) votes abort and returns at once: the peers learn why from
+// its vote, and its caller does not wait for their votes, which on a failed step serve only to
+// name a lost rank (the agreement waits up to its grace period for them). The kAborted code
+// keeps that naming out; the worker reports the caller's abort (AbortRecord::Explain).
+absl::Status Decide(OutcomeAgreement& agreement, const Group& group, uint64_t op,
+                    absl::Status local, absl::Time deadline) {
+  if (!local.ok()) {
+    const absl::Status by_caller = group.fabric->caller_abort();
+    if (!by_caller.ok()) {
+      (void)agreement.Decide(group, op, absl::AbortedError(by_caller.message()), deadline);
+      return local;
+    }
+  }
+  return agreement.Decide(group, op, std::move(local), deadline);
+}
+
 }  // namespace
 
 // The codec reports its body's leading bytes as they become final (codecs::EncodeObserver;
@@ -438,7 +455,7 @@ absl::Status SparseAllReduceSchedule::Conclude() {
     failure = absl::InternalError("SparseAllReduce: exchange ended early without an error");
   }
 #ifndef LBCC_MEASURE_WITHOUT_AGREEMENT  // bench/agreement_overhead.sh's baseline only
-  if (agreement_ != nullptr) failure = agreement_->Decide(group_, tag_, failure, deadline_);
+  if (agreement_ != nullptr) failure = Decide(*agreement_, group_, tag_, failure, deadline_);
 #endif
   if (!failure.ok()) {
     AbortStates();
@@ -514,7 +531,7 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
           const bool peer_lost = absl::IsUnavailable(checked) ||
                                  absl::IsDeadlineExceeded(checked) || absl::IsCancelled(checked);
           if (!peer_lost || agreement == nullptr) return checked;
-          return agreement->Decide(group, tag, checked, deadline);
+          return internal::Decide(*agreement, group, tag, checked, deadline);
         }
         const int64_t min_elements = internal::ResolveSparseGroupElements(options, config_);
         internal::SparseAllReduceSchedule::Resources resources;

@@ -1,11 +1,15 @@
 // SparseAllReduce over ranks as threads: bit-identical results on every rank, equal to an
 // independent decode of every rank's payload in rank order, the same whatever the algorithm and
 // topology; error feedback committed only on success.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -567,6 +571,164 @@ TEST(SparseAllReduceFailureTest, ADeadRankFailsTheOthersWithoutLosingState) {
         << "rank " << r;
   }
 }
+
+// Abort() while the exchange waits for a peer that never posts it (ranks 1 and 2): the call
+// returns at once with the abort's Cancelled, the error feedback as before the call, no output
+// written. Only the abort can end it: the communicator's timeout and LBCC_PEER_TIMEOUT_MS are a
+// minute. Over each transport, ranks as threads.
+class SparseAllReduceAbortTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SparseAllReduceAbortTest, AbortFailsThePendingExchangeAtOnceAndKeepsState) {
+  setenv("LBCC_PEER_TIMEOUT_MS", "60000", 1);
+  auto codec = MakeCodec();
+  const Shape shape = {64, 64};
+  RankOptions options;
+  options.backend = GetParam();
+  options.timeout = absl::Seconds(60);
+  Mutex mu;
+  CondVar cv;
+  bool rank0_done = false;
+  absl::Status exchange;
+  absl::Duration latency = absl::InfiniteDuration();
+  auto statuses = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
+    // Every rank is up (its Init returned) before rank 0 closes its connections.
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    if (rank != 0) {
+      MutexLock lock(&mu);
+      while (!rank0_done) cv.Wait(&mu);
+      comm.Abort();
+      return absl::OkStatus();
+    }
+    std::vector<float> delta = DeltaOf(rank, 0, 4096), out(4096, 7.0f);
+    codecs::TopKEfState state;
+    std::vector<Communicator::SparseTensor> tensors = {
+        {*TensorView::Host(delta.data(), shape), *TensorView::Host(out.data(), shape), &state}};
+    const uint64_t sent_before = comm.fabric()->Counters(1).messages_sent;
+    RequestPtr request = comm.SparseAllReduce(tensors, codec.get());
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (comm.fabric()->Counters(1).messages_sent == sent_before && !request->Test() &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));  // polls the condition; nothing else signals it
+    }
+    absl::Time aborted_at;
+    std::thread aborter([&] {
+      aborted_at = absl::Now();
+      comm.Abort();
+    });
+    exchange = request->Wait();
+    const absl::Time returned = absl::Now();
+    aborter.join();
+    latency = returned - aborted_at;
+    {
+      MutexLock lock(&mu);
+      rank0_done = true;
+      cv.SignalAll();
+    }
+    if (state.has_pending() ||
+        std::any_of(state.error().begin(), state.error().end(), [](float e) { return e != 0; })) {
+      return absl::InternalError("error feedback changed by an aborted exchange");
+    }
+    if (std::any_of(out.begin(), out.end(), [](float x) { return x != 7.0f; })) {
+      return absl::InternalError("an aborted exchange wrote its output");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(statuses, Each(IsOk()));
+  EXPECT_THAT(exchange, StatusIs(absl::StatusCode::kCancelled, HasSubstr("aborted")));
+  EXPECT_THAT(exchange.message(), HasSubstr("Communicator::Abort"));
+  // Not a timing check: far above what it takes, and below anything that waits for a peer (the
+  // outcome agreement's grace of 10 s, the timeouts of a minute).
+  EXPECT_LT(latency, absl::Seconds(10));
+  std::printf("Abort() to the pending SparseAllReduce's return over %s: %.3f ms\n", GetParam(),
+              absl::ToDoubleMilliseconds(latency));
+}
+
+// The same once the exchange is under way: ranks 1 and 2 passed the header round and are held
+// before they send anything (the fault hook), so rank 0 waits for their payloads; it aborts, and
+// its call returns at once. Then ranks 1 and 2 abort too and are let go.
+TEST_P(SparseAllReduceAbortTest, AbortFailsAnExchangeWaitingForPayloadsAtOnce) {
+  setenv("LBCC_PEER_TIMEOUT_MS", "60000", 1);
+  auto codec = MakeCodec();
+  const Shape shape = {64, 64};
+  RankOptions options;
+  options.backend = GetParam();
+  options.timeout = absl::Seconds(60);
+  Mutex mu;
+  bool rank0_exchanging = false, rank0_done = false;
+  std::vector<bool> aborted(3, false);
+  internal::SetFaultHookForTesting([&](const Group& group, internal::FaultPoint point) -> int {
+    if (point != internal::FaultPoint::kBeforeSend) return -1;
+    const int rank = group.fabric->rank();
+    MutexLock lock(&mu);
+    if (rank == 0) {
+      rank0_exchanging = true;
+      return -1;
+    }
+    mu.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return aborted[rank]; });
+    return -1;
+  });
+  std::vector<absl::Status> exchange(3);
+  absl::Duration latency = absl::InfiniteDuration();
+  auto statuses = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    std::vector<float> delta = DeltaOf(rank, 0, 4096), out(4096, 7.0f);
+    codecs::TopKEfState state;
+    std::vector<Communicator::SparseTensor> tensors = {
+        {*TensorView::Host(delta.data(), shape), *TensorView::Host(out.data(), shape), &state}};
+    RequestPtr request = comm.SparseAllReduce(tensors, codec.get());
+    if (rank != 0) {
+      {
+        MutexLock lock(&mu);
+        mu.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return rank0_done; });
+      }
+      comm.Abort();
+      {
+        MutexLock lock(&mu);
+        aborted[rank] = true;
+      }
+      exchange[rank] = request->Wait();
+    } else {
+      {
+        MutexLock lock(&mu);
+        mu.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return rank0_exchanging; });
+      }
+      absl::Time aborted_at;
+      std::thread aborter([&] {
+        aborted_at = absl::Now();
+        comm.Abort();
+      });
+      exchange[0] = request->Wait();
+      const absl::Time returned = absl::Now();
+      aborter.join();
+      latency = returned - aborted_at;
+      MutexLock lock(&mu);
+      rank0_done = true;
+    }
+    if (state.has_pending() ||
+        std::any_of(state.error().begin(), state.error().end(), [](float e) { return e != 0; })) {
+      return absl::InternalError("error feedback changed by an aborted exchange");
+    }
+    if (std::any_of(out.begin(), out.end(), [](float x) { return x != 7.0f; })) {
+      return absl::InternalError("an aborted exchange wrote its output");
+    }
+    return absl::OkStatus();
+  });
+  internal::SetFaultHookForTesting(nullptr);
+  EXPECT_THAT(statuses, Each(IsOk()));
+  EXPECT_THAT(exchange[0], StatusIs(absl::StatusCode::kCancelled, HasSubstr("Communicator::Abort")));
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_THAT(exchange[r], StatusIs(AnyOf(absl::StatusCode::kCancelled,
+                                            absl::StatusCode::kUnavailable)))
+        << "rank " << r;
+  }
+  EXPECT_LT(latency, absl::Seconds(10));  // as above: not a timing check
+  std::printf("Abort() to the return of a SparseAllReduce waiting for payloads over %s: %.3f ms\n",
+              GetParam(), absl::ToDoubleMilliseconds(latency));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SparseAllReduceAbortTest,
+                         ::testing::Values("loopback", "ucx"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // One outcome per step: a rank dies (every connection closed, control ones too, as when its
 // process is killed) at each point of the schedule; every survivor ends the same way: all
