@@ -238,6 +238,21 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     {
       MutexLock lock(&mu_);
       if (left_) return absl::OkStatus();
+      // The others may still be finishing the step this member committed last: leaving now
+      // would announce the new epoch while a phase runs on their communicator, which must then
+      // be aborted instead of derived from (a fresh epoch: bootstrap and connections). The
+      // master's decision on that step means every other member reported it (its exchange is
+      // over there), so the departure finds them between phases. Bounded by the peer timeout
+      // (a member that stopped answering is dropped by then).
+      if (held_.has_value() && !held_forwarding_ && fatal_.ok()) {
+        const auto key =
+            std::make_tuple(held_->epoch, static_cast<int>(Phase::kStep), held_->step);
+        mu_.AwaitWithTimeout(
+            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return !fatal_.ok() || decisions_.count(key) > 0;
+            },
+            peer_timeout_);
+      }
       left_ = true;
     }
     if (sock_ != nullptr) {
@@ -606,6 +621,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       comm_ = std::move(built);
       comm_epoch_ = info.epoch;
       setup_status_ = comm.status();
+      if (comm.ok()) ++(info.parent_epoch != 0 ? stats_.derived_epochs : stats_.fresh_epochs);
     }
     old.reset();
     if (!comm.ok()) {

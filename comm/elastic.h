@@ -150,6 +150,12 @@ struct ElasticStats {
   uint64_t epochs_seen = 0;
   uint64_t committed_epoch = 0;        // the epoch in which the last committed phase ran
   uint64_t aborted_calls = 0;
+  // Epochs whose communicator this member built and used: derived from the previous epoch's
+  // connections (Communicator::Subgroup; departures only, none of its phases running) or made
+  // anew (bootstrap and connections: the group forms, arrivals, or a departure that had to
+  // abort a running phase).
+  uint64_t derived_epochs = 0;
+  uint64_t fresh_epochs = 0;
   // Phases that started before the master's decision on the previous step had arrived, and
   // how long they waited for it (back-to-back steps; a trainer's inner steps hide it).
   uint64_t decision_waits = 0;
