@@ -278,11 +278,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       if (t->joinable()) t->join();
     }
     MutexLock lock(&mu_);
-    comm_.reset();
-    // The connections close on a thread of their own: the others keep theirs (their next
-    // epoch is derived from them), so closing lingers for their goodbyes until the last
-    // operation's agreement window ends, and Leave() does not wait for that.
-    if (comm) std::thread([comm = std::move(comm)]() mutable { comm.reset(); }).detach();
+    comm_.reset();  // closes on a thread of its own (Adopt)
     return absl::OkStatus();
   }
 
@@ -462,6 +458,17 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     uint64_t step = 0;
   };
 
+  // An epoch's communicator, destroyed on a thread of its own by whoever drops it last (the
+  // reader, an epoch's set-up thread before it reports a failed set-up, the caller's thread at
+  // the end of a phase, Leave()): closing its connections lingers for the peers' goodbyes on
+  // the control connections until the last operation's agreement window ends (up to the
+  // set-up timeout), and peers that keep theirs (a derived epoch) or are gone never say it.
+  static std::shared_ptr<Communicator> Adopt(std::unique_ptr<Communicator> comm) {
+    return std::shared_ptr<Communicator>(comm.release(), [](Communicator* c) {
+      std::thread([c] { delete c; }).detach();
+    });
+  }
+
   // Aborts `comm` on a thread of its own: closing endpoints to a dead peer can take the
   // transport's timeout, and the master's reader must keep reading (heartbeats) meanwhile.
   static void AbortSoon(std::shared_ptr<Communicator> comm) {
@@ -612,7 +619,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
                   absl::StrCat("epoch ", info.parent_epoch, "'s communicator is not usable here "
                                "to derive epoch ", info.epoch, " from")));
     std::shared_ptr<Communicator> built;
-    if (comm.ok()) built = std::move(*comm);
+    if (comm.ok()) built = Adopt(std::move(*comm));
     std::shared_ptr<Communicator> old;
     {
       MutexLock lock(&mu_);

@@ -111,6 +111,9 @@ class ElasticMaster {
   bool AwaitEpoch(uint64_t n, absl::Duration timeout) const;
   // Waits until the job committed `n` outer steps; false at the timeout.
   bool AwaitCommittedSteps(uint64_t n, absl::Duration timeout) const;
+  // Waits until a step exchanged in epoch `epoch` or a later one is committed (a step of an
+  // older epoch decided meanwhile does not count); false at the timeout.
+  bool AwaitCommitInEpoch(uint64_t epoch, absl::Duration timeout) const;
   // Closes every connection and joins the threads: members fail with Unavailable naming it.
   void Stop();
 
