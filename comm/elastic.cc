@@ -471,8 +471,15 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
 
   // Aborts `comm` on a thread of its own: closing endpoints to a dead peer can take the
   // transport's timeout, and the master's reader must keep reading (heartbeats) meanwhile.
+  // Its control connections close too (Fabric::AbortWithControl): the master decides this
+  // epoch's outcomes, and a peer inside an operation this member never runs (or gives up on)
+  // would otherwise wait in the communicator's outcome agreement for its vote for a grace
+  // period (up to 10 s) before its retry.
   static void AbortSoon(std::shared_ptr<Communicator> comm) {
-    std::thread([comm = std::move(comm)] { comm->Abort(); }).detach();
+    std::thread([comm = std::move(comm)] {
+      comm->fabric()->AbortWithControl(
+          absl::CancelledError("communicator aborted: its elastic epoch was superseded"));
+    }).detach();
   }
 
   // Fails the group for good (the master is lost, or it evicted or refused us).
