@@ -471,15 +471,28 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
 
   // Aborts `comm` on a thread of its own: closing endpoints to a dead peer can take the
   // transport's timeout, and the master's reader must keep reading (heartbeats) meanwhile.
-  // Its control connections close too (Fabric::AbortWithControl): the master decides this
-  // epoch's outcomes, and a peer inside an operation this member never runs (or gives up on)
-  // would otherwise wait in the communicator's outcome agreement for its vote for a grace
-  // period (up to 10 s) before its retry.
-  static void AbortSoon(std::shared_ptr<Communicator> comm) {
-    std::thread([comm = std::move(comm)] {
-      comm->fabric()->AbortWithControl(
-          absl::CancelledError("communicator aborted: its elastic epoch was superseded"));
+  // With `control`, its control connections close too (Fabric::AbortWithControl): the master
+  // decides this epoch's outcomes, and a peer inside an operation this member never runs (or
+  // was rejected here) would otherwise wait in the communicator's outcome agreement for its
+  // vote for a grace period (up to 10 s) before its retry.
+  static void AbortSoon(std::shared_ptr<Communicator> comm, bool control) {
+    std::thread([comm = std::move(comm), control] {
+      const absl::Status why =
+          absl::CancelledError("communicator aborted: its elastic epoch was superseded");
+      if (control) {
+        comm->fabric()->AbortWithControl(why);
+      } else {
+        comm->fabric()->Abort(why);
+      }
     }).detach();
+  }
+
+  // Aborts a superseded communicator. While a phase runs on it, its control connections stay
+  // up until the phase ends (EndPhase): the phase's own outcome agreement may still complete
+  // over them (every payload was exchanged), and its vote reaches the peers.
+  void RetireLocked(std::shared_ptr<Communicator> comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (in_phase_) close_after_phase_.push_back(comm);
+    AbortSoon(std::move(comm), !in_phase_);
   }
 
   // Fails the group for good (the master is lost, or it evicted or refused us).
@@ -487,7 +500,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     if (!fatal_.ok() || left_) return;
     LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": " << why;
     fatal_ = std::move(why);
-    if (comm_) AbortSoon(comm_);
+    if (comm_) RetireLocked(comm_);
   }
 
   absl::Status MasterLost(absl::string_view how) {
@@ -498,7 +511,6 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   void ReadLoop() {
     while (true) {
       absl::StatusOr<Message> m = sock_->Receive(absl::InfiniteFuture());
-      std::shared_ptr<Communicator> old;
       {
         MutexLock lock(&mu_);
         if (left_) {
@@ -542,7 +554,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
                 !in_phase_ && comm_->status().ok()) {
               parent = comm_;
             } else if (comm_) {
-              old = comm_;
+              RetireLocked(comm_);
             }
             std::thread([self = shared_from_this(), info = info_, parent = std::move(parent)] {
               self->BuildEpoch(info, parent);
@@ -577,7 +589,6 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             break;
         }
       }
-      if (old) AbortSoon(std::move(old));
     }
   }
 
@@ -833,6 +844,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   void EndPhase() {
     MutexLock lock(&mu_);
     in_phase_ = false;
+    for (auto& comm : close_after_phase_) AbortSoon(std::move(comm), /*control=*/true);
+    close_after_phase_.clear();
   }
 
   void Report(const Acquired& a, Phase phase, uint64_t step, const absl::Status& local) {
@@ -1064,6 +1077,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   bool left_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // after Leave(): the master closed
   bool in_phase_ ABSL_GUARDED_BY(mu_) = false;  // an operation runs on comm_ (BeginPhase)
+  // Aborted while a phase ran on them: their control connections close when it ends.
+  std::vector<std::shared_ptr<Communicator>> close_after_phase_ ABSL_GUARDED_BY(mu_);
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   EpochInfo info_ ABSL_GUARDED_BY(mu_);   // the newest epoch announced

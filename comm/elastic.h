@@ -188,7 +188,10 @@ class ElasticGroup {
   absl::Status SparseAllReduce(const std::vector<Communicator::SparseTensor>& tensors,
                                const codecs::Codec* codec, codecs::DecodeOptions decode = {});
 
-  // Leaves at once; the others continue without waiting for a timeout. Idempotent.
+  // Leaves: first waits for the master's decision on this member's last committed step (the
+  // others have then finished its exchange; at most the peer timeout), so the departure finds
+  // them between phases and they derive the next epoch without a retry or a timeout; then
+  // tells the master. The connections close on a thread of their own. Idempotent.
   absl::Status Leave();
 
   uint64_t epoch() const;
