@@ -238,6 +238,21 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     {
       MutexLock lock(&mu_);
       if (left_) return absl::OkStatus();
+      // The others may still be finishing the step this member committed last: leaving now
+      // would announce the new epoch while a phase runs on their communicator, which must then
+      // be aborted instead of derived from (a fresh epoch: bootstrap and connections). The
+      // master's decision on that step means every other member reported it (its exchange is
+      // over there), so the departure finds them between phases. Bounded by the peer timeout
+      // (a member that stopped answering is dropped by then).
+      if (held_.has_value() && !held_forwarding_ && fatal_.ok()) {
+        const auto key =
+            std::make_tuple(held_->epoch, static_cast<int>(Phase::kStep), held_->step);
+        mu_.AwaitWithTimeout(
+            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return !fatal_.ok() || decisions_.count(key) > 0;
+            },
+            peer_timeout_);
+      }
       left_ = true;
     }
     if (sock_ != nullptr) {
@@ -263,11 +278,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       if (t->joinable()) t->join();
     }
     MutexLock lock(&mu_);
-    comm_.reset();
-    // The connections close on a thread of their own: the others keep theirs (their next
-    // epoch is derived from them), so closing lingers for their goodbyes until the last
-    // operation's agreement window ends, and Leave() does not wait for that.
-    if (comm) std::thread([comm = std::move(comm)]() mutable { comm.reset(); }).detach();
+    comm_.reset();  // closes on a thread of its own (Adopt)
     return absl::OkStatus();
   }
 
@@ -447,10 +458,41 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     uint64_t step = 0;
   };
 
+  // An epoch's communicator, destroyed on a thread of its own by whoever drops it last (the
+  // reader, an epoch's set-up thread before it reports a failed set-up, the caller's thread at
+  // the end of a phase, Leave()): closing its connections lingers for the peers' goodbyes on
+  // the control connections until the last operation's agreement window ends (up to the
+  // set-up timeout), and peers that keep theirs (a derived epoch) or are gone never say it.
+  static std::shared_ptr<Communicator> Adopt(std::unique_ptr<Communicator> comm) {
+    return std::shared_ptr<Communicator>(comm.release(), [](Communicator* c) {
+      std::thread([c] { delete c; }).detach();
+    });
+  }
+
   // Aborts `comm` on a thread of its own: closing endpoints to a dead peer can take the
   // transport's timeout, and the master's reader must keep reading (heartbeats) meanwhile.
-  static void AbortSoon(std::shared_ptr<Communicator> comm) {
-    std::thread([comm = std::move(comm)] { comm->Abort(); }).detach();
+  // With `control`, its control connections close too (Fabric::AbortWithControl): the master
+  // decides this epoch's outcomes, and a peer inside an operation this member never runs (or
+  // was rejected here) would otherwise wait in the communicator's outcome agreement for its
+  // vote for a grace period (up to 10 s) before its retry.
+  static void AbortSoon(std::shared_ptr<Communicator> comm, bool control) {
+    std::thread([comm = std::move(comm), control] {
+      const absl::Status why =
+          absl::CancelledError("communicator aborted: its elastic epoch was superseded");
+      if (control) {
+        comm->fabric()->AbortWithControl(why);
+      } else {
+        comm->fabric()->Abort(why);
+      }
+    }).detach();
+  }
+
+  // Aborts a superseded communicator. While a phase runs on it, its control connections stay
+  // up until the phase ends (EndPhase): the phase's own outcome agreement may still complete
+  // over them (every payload was exchanged), and its vote reaches the peers.
+  void RetireLocked(std::shared_ptr<Communicator> comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (in_phase_) close_after_phase_.push_back(comm);
+    AbortSoon(std::move(comm), !in_phase_);
   }
 
   // Fails the group for good (the master is lost, or it evicted or refused us).
@@ -458,7 +500,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
     if (!fatal_.ok() || left_) return;
     LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": " << why;
     fatal_ = std::move(why);
-    if (comm_) AbortSoon(comm_);
+    if (comm_) RetireLocked(comm_);
   }
 
   absl::Status MasterLost(absl::string_view how) {
@@ -469,7 +511,6 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   void ReadLoop() {
     while (true) {
       absl::StatusOr<Message> m = sock_->Receive(absl::InfiniteFuture());
-      std::shared_ptr<Communicator> old;
       {
         MutexLock lock(&mu_);
         if (left_) {
@@ -513,7 +554,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
                 !in_phase_ && comm_->status().ok()) {
               parent = comm_;
             } else if (comm_) {
-              old = comm_;
+              RetireLocked(comm_);
             }
             std::thread([self = shared_from_this(), info = info_, parent = std::move(parent)] {
               self->BuildEpoch(info, parent);
@@ -548,7 +589,6 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             break;
         }
       }
-      if (old) AbortSoon(std::move(old));
     }
   }
 
@@ -597,7 +637,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
                   absl::StrCat("epoch ", info.parent_epoch, "'s communicator is not usable here "
                                "to derive epoch ", info.epoch, " from")));
     std::shared_ptr<Communicator> built;
-    if (comm.ok()) built = std::move(*comm);
+    if (comm.ok()) built = Adopt(std::move(*comm));
     std::shared_ptr<Communicator> old;
     {
       MutexLock lock(&mu_);
@@ -606,6 +646,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       comm_ = std::move(built);
       comm_epoch_ = info.epoch;
       setup_status_ = comm.status();
+      if (comm.ok()) ++(info.parent_epoch != 0 ? stats_.derived_epochs : stats_.fresh_epochs);
     }
     old.reset();
     if (!comm.ok()) {
@@ -803,6 +844,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   void EndPhase() {
     MutexLock lock(&mu_);
     in_phase_ = false;
+    for (auto& comm : close_after_phase_) AbortSoon(std::move(comm), /*control=*/true);
+    close_after_phase_.clear();
   }
 
   void Report(const Acquired& a, Phase phase, uint64_t step, const absl::Status& local) {
@@ -1034,6 +1077,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   bool left_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // after Leave(): the master closed
   bool in_phase_ ABSL_GUARDED_BY(mu_) = false;  // an operation runs on comm_ (BeginPhase)
+  // Aborted while a phase ran on them: their control connections close when it ends.
+  std::vector<std::shared_ptr<Communicator>> close_after_phase_ ABSL_GUARDED_BY(mu_);
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   EpochInfo info_ ABSL_GUARDED_BY(mu_);   // the newest epoch announced

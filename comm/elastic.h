@@ -111,6 +111,9 @@ class ElasticMaster {
   bool AwaitEpoch(uint64_t n, absl::Duration timeout) const;
   // Waits until the job committed `n` outer steps; false at the timeout.
   bool AwaitCommittedSteps(uint64_t n, absl::Duration timeout) const;
+  // Waits until a step exchanged in epoch `epoch` or a later one is committed (a step of an
+  // older epoch decided meanwhile does not count); false at the timeout.
+  bool AwaitCommitInEpoch(uint64_t epoch, absl::Duration timeout) const;
   // Closes every connection and joins the threads: members fail with Unavailable naming it.
   void Stop();
 
@@ -150,6 +153,12 @@ struct ElasticStats {
   uint64_t epochs_seen = 0;
   uint64_t committed_epoch = 0;        // the epoch in which the last committed phase ran
   uint64_t aborted_calls = 0;
+  // Epochs whose communicator this member built and used: derived from the previous epoch's
+  // connections (Communicator::Subgroup; departures only, none of its phases running) or made
+  // anew (bootstrap and connections: the group forms, arrivals, or a departure that had to
+  // abort a running phase).
+  uint64_t derived_epochs = 0;
+  uint64_t fresh_epochs = 0;
   // Phases that started before the master's decision on the previous step had arrived, and
   // how long they waited for it (back-to-back steps; a trainer's inner steps hide it).
   uint64_t decision_waits = 0;
@@ -179,7 +188,10 @@ class ElasticGroup {
   absl::Status SparseAllReduce(const std::vector<Communicator::SparseTensor>& tensors,
                                const codecs::Codec* codec, codecs::DecodeOptions decode = {});
 
-  // Leaves at once; the others continue without waiting for a timeout. Idempotent.
+  // Leaves: first waits for the master's decision on this member's last committed step (the
+  // others have then finished its exchange; at most the peer timeout), so the departure finds
+  // them between phases and they derive the next epoch without a retry or a timeout; then
+  // tells the master. The connections close on a thread of their own. Idempotent.
   absl::Status Leave();
 
   uint64_t epoch() const;

@@ -135,6 +135,11 @@ class ElasticMaster::Impl {
     return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return step_ >= n; },
                                 timeout);
   }
+  bool AwaitCommitInEpoch(uint64_t epoch, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return commit_epoch_ >= epoch; }, timeout);
+  }
   bool AwaitWaiting(int n, absl::Duration timeout) {
     MutexLock lock(&mu_);
     return mu_.AwaitWithTimeout(
@@ -486,6 +491,7 @@ class ElasticMaster::Impl {
       for (uint64_t id : members_) conns_[id]->synced = true;
       if (forwarded) {
         step_ = std::max(step_, forward_->step + 1);
+        commit_epoch_ = std::max(commit_epoch_, epoch_);  // every live member has it now
         forward_.reset();
       }
       if (admit) Admit();
@@ -656,6 +662,7 @@ class ElasticMaster::Impl {
           if (Live(id)) conns_[id]->synced = true;
         }
         step_ = std::max(step_, step + 1);
+        commit_epoch_ = std::max(commit_epoch_, epoch);
         if (admit) Admit();
       } else if (forward) {
         forward_ = Forward{epoch, step, sources, receivers};
@@ -818,6 +825,7 @@ class ElasticMaster::Impl {
   std::map<uint64_t, uint64_t> join_target_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // committed outer steps
+  uint64_t commit_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // the newest epoch a step committed in
   std::map<uint64_t, Report> reports_ ABSL_GUARDED_BY(mu_);  // the current sync/forward phase's
   // Step exchanges waiting for their decision, by (epoch, step).
   struct Open {
@@ -853,6 +861,9 @@ bool ElasticMaster::AwaitEpoch(uint64_t n, absl::Duration timeout) const {
 }
 bool ElasticMaster::AwaitCommittedSteps(uint64_t n, absl::Duration timeout) const {
   return impl_->AwaitSteps(n, timeout);
+}
+bool ElasticMaster::AwaitCommitInEpoch(uint64_t epoch, absl::Duration timeout) const {
+  return impl_->AwaitCommitInEpoch(epoch, timeout);
 }
 bool ElasticMaster::AwaitWaiting(int n, absl::Duration timeout) const {
   return impl_->AwaitWaiting(n, timeout);

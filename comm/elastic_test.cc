@@ -210,6 +210,73 @@ TEST(ElasticTest, CleanLeaveBetweenStepsCostsAtMostOneRetry) {
   for (int i = 0; i < 3; ++i) ExpectErrorFeedbackExact(m[i], *codec);
 }
 
+// A member that leaves right after its own step, while the others may still be inside that
+// step's exchange (the first member to finish the step leaves): its departure is announced
+// once the step is decided (every other member finished it), so each survivor derives the next
+// epoch's communicator from the current one's connections at once (Communicator::Subgroup: no
+// bootstrap, no new connections, no timer) and its next step runs over it without a retry. A
+// departure announced while a survivor's phase ran would make it abort that communicator and
+// build the next epoch anew (a set-up failure, one more epoch). Three times: 5 -> 2 members.
+TEST(ElasticTest, ACleanLeaveRightAfterAStepCostsTheSurvivorsNoRetryAndNoNewConnections) {
+  constexpr int kMembers = 5;
+  auto master = StartMaster(kMembers);
+  ASSERT_NE(master, nullptr);
+  auto codec = Codec();
+  Member m[kMembers];
+  std::vector<Member*> alive;
+  for (int i = 0; i < kMembers; ++i) {
+    m[i].seed = i;
+    alive.push_back(&m[i]);
+  }
+  for (const absl::Status& s : JoinAll(*master, alive)) ASSERT_THAT(s, IsOk());
+  for (const absl::Status& s : RunSteps(alive, 1, *codec)) ASSERT_THAT(s, IsOk());
+  while (alive.size() > 2) {
+    const uint64_t epoch = master->epoch();
+    std::vector<ElasticStats> before;
+    for (Member* a : alive) before.push_back(a->group->stats());
+    std::atomic<int> leaver{-1};
+    std::vector<absl::Status> results(alive.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < alive.size(); ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = alive[i]->Step(*codec);
+        if (!results[i].ok()) return;
+        int none = -1;
+        if (leaver.compare_exchange_strong(none, static_cast<int>(i))) {
+          results[i] = alive[i]->group->Leave();
+          return;
+        }
+        // As during a trainer's inner steps: the announcement arrives, then the next step.
+        if (!alive[i]->group->AwaitEpoch(epoch + 1, absl::Seconds(30))) {
+          results[i] = absl::DeadlineExceededError("the leave was not announced");
+          return;
+        }
+        results[i] = alive[i]->Step(*codec);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const absl::Status& s : results) ASSERT_THAT(s, IsOk());
+    ASSERT_GE(leaver.load(), 0);
+    // One epoch for the departure; none for a set-up that failed.
+    EXPECT_EQ(master->epoch(), epoch + 1);
+    EXPECT_EQ(master->members(), static_cast<int>(alive.size()) - 1);
+    for (size_t i = 0; i < alive.size(); ++i) {
+      if (static_cast<int>(i) == leaver) continue;
+      const ElasticStats after = alive[i]->group->stats();
+      const int seed = alive[i]->seed;
+      EXPECT_EQ(after.aborted_calls, before[i].aborted_calls) << "member " << seed;
+      EXPECT_EQ(after.fresh_epochs, before[i].fresh_epochs) << "member " << seed;
+      EXPECT_EQ(after.derived_epochs, before[i].derived_epochs + 1) << "member " << seed;
+      EXPECT_EQ(after.committed_epoch, epoch + 1) << "member " << seed;
+      EXPECT_EQ(alive[i]->aborted, 0) << "member " << seed;
+    }
+    alive.erase(alive.begin() + leaver);
+  }
+  EXPECT_EQ(alive[0]->out_hash, alive[1]->out_hash);
+  EXPECT_EQ(alive[0]->params, alive[1]->params);
+  for (int i = 0; i < kMembers; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
 TEST(ElasticTest, LeavingWhileOthersAreInAStepAbortsAndRetriesOverTheSurvivors) {
   auto master = StartMaster(4);
   auto codec = Codec();

@@ -280,6 +280,11 @@ void Fabric::CloseControl() {
   }
 }
 
+void Fabric::AbortWithControl(absl::Status why) {
+  Abort(std::move(why));
+  CloseControl();
+}
+
 void Fabric::CrashForTesting() {
   Abort(absl::UnavailableError("crashed (test)"));
   CloseControl();

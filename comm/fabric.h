@@ -112,6 +112,11 @@ class Fabric {
   // abort came first, caller_abort() returns `why`. The Fabric is marked aborted before any
   // endpoint closes, so whatever fails because of the close can tell (AbortRecord::Explain).
   void Abort(absl::Status why, bool by_caller = false);
+  // Abort(), and the control connections too: no outcome agreement runs or answers here any
+  // more, so a peer waiting in one for this rank's vote (this rank never ran that operation,
+  // or gave up on it) stops at once instead of after a grace period. For a communicator whose
+  // outcomes another service decides (an elastic epoch that was superseded, comm/elastic.h).
+  void AbortWithControl(absl::Status why);
   // Tests: as if the process died: every endpoint closed, control ones too, no more answers.
   void CrashForTesting();
   // OK while usable; the abort reason afterwards.
