@@ -10,6 +10,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -50,6 +51,58 @@ bool IsReplicaLeft(const absl::Status& status) {
 }
 
 namespace {
+
+// Threads an elastic group starts and never joins (an epoch's set-up; aborting or destroying a
+// superseded epoch's communicator): exit() waits for them, up to kExitWait, before the
+// libraries' finalizers run (atexit handlers run first), so that none of them is inside UCX,
+// OpenSSL or BLAS while those tear down. Members that return from main right after Leave() or
+// Destroy() aborted there (SIGSEGV/SIGABRT in UCX's async thread or in ucp_worker_create).
+class Background {
+ public:
+  static constexpr absl::Duration kExitWait = absl::Seconds(10);
+
+  static Background& Get() {
+    static Background* background = new Background();  // Never destroyed: used at exit.
+    return *background;
+  }
+
+  // Runs `fn` on a detached thread that exit() waits for. What `fn` holds is released before
+  // the thread counts as done (releasing a communicator may start another such thread).
+  template <typename Fn>
+  void Start(Fn fn) {
+    {
+      MutexLock lock(&mu_);
+      ++running_;
+      if (!at_exit_) {
+        at_exit_ = true;
+        std::atexit([] { Get().AwaitAll(); });
+      }
+    }
+    std::thread([this, fn = std::move(fn)]() mutable {
+      {
+        Fn run = std::move(fn);
+        run();
+      }
+      MutexLock lock(&mu_);
+      --running_;
+    }).detach();
+  }
+
+ private:
+  void AwaitAll() {
+    MutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; },
+                              kExitWait)) {
+      LBCC_LOG(WARN) << "ElasticGroup: exiting with " << running_
+                     << " set-up or close thread(s) still running after "
+                     << absl::FormatDuration(kExitWait);
+    }
+  }
+
+  Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool at_exit_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 // Holds a codec state's update back: SparseAllReduce's Commit() and Abort() only mark it, and
 // the group commits or aborts the inner state itself (at once when the exchange succeeded
@@ -273,7 +326,14 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       MutexLock lock(&mu_);
       comm = comm_;
     }
-    if (comm) comm->Abort();
+    if (comm) {
+      comm->Abort();
+      // Its control connections too: the others finished this member's last step (the wait
+      // above) and keep their own connections, so they never say the goodbyes a closing fabric
+      // lingers for (up to its timeout), and a process that exits right after Leave() must not
+      // have a communicator still closing (Background).
+      comm->fabric()->AbortWithControl(absl::CancelledError("ElasticGroup: left the group"));
+    }
     for (std::thread* t : {&reader_, &heartbeat_}) {
       if (t->joinable()) t->join();
     }
@@ -465,7 +525,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // set-up timeout), and peers that keep theirs (a derived epoch) or are gone never say it.
   static std::shared_ptr<Communicator> Adopt(std::unique_ptr<Communicator> comm) {
     return std::shared_ptr<Communicator>(comm.release(), [](Communicator* c) {
-      std::thread([c] { delete c; }).detach();
+      Background::Get().Start([c] { delete c; });
     });
   }
 
@@ -476,7 +536,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // was rejected here) would otherwise wait in the communicator's outcome agreement for its
   // vote for a grace period (up to 10 s) before its retry.
   static void AbortSoon(std::shared_ptr<Communicator> comm, bool control) {
-    std::thread([comm = std::move(comm), control] {
+    Background::Get().Start([comm = std::move(comm), control] {
       const absl::Status why =
           absl::CancelledError("communicator aborted: its elastic epoch was superseded");
       if (control) {
@@ -484,7 +544,7 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
       } else {
         comm->fabric()->Abort(why);
       }
-    }).detach();
+    });
   }
 
   // Aborts a superseded communicator. While a phase runs on it, its control connections stay
@@ -556,9 +616,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
             } else if (comm_) {
               RetireLocked(comm_);
             }
-            std::thread([self = shared_from_this(), info = info_, parent = std::move(parent)] {
-              self->BuildEpoch(info, parent);
-            }).detach();
+            Background::Get().Start(
+                [self = shared_from_this(), info = info_, parent = std::move(parent)] {
+                  self->BuildEpoch(info, parent);
+                });
             break;
           }
           case MsgType::kDecision:
