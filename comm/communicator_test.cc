@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,8 @@ namespace lbcc::comm {
 namespace {
 
 using ::lbcc::comm::testing::RankOptions;
+using ::lbcc::comm::testing::AbortAndWait;
+using ::lbcc::comm::testing::AwaitFirstSend;
 using ::lbcc::comm::testing::RunRanks;
 using ::lbcc::testing::IsOk;
 using ::lbcc::testing::StatusIs;
@@ -373,20 +376,8 @@ TEST_P(AbortPendingTest, FailsThePendingOperationWithTheAbortsStatusAtOnce) {
     const uint64_t sent_before = comm.fabric()->Counters(1).messages_sent;
     RequestPtr request = c.post(comm, buffer);
     RequestPtr queued = c.collective ? comm.Barrier() : nullptr;
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (c.collective && comm.fabric()->Counters(1).messages_sent == sent_before &&
-           !request->Test() && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(1));  // polls the condition; nothing else signals it
-    }
-    absl::Time aborted_at;
-    std::thread aborter([&] {
-      aborted_at = absl::Now();
-      comm.Abort();
-    });
-    pending_status = request->Wait();
-    const absl::Time returned = absl::Now();
-    aborter.join();
-    latency = returned - aborted_at;
+    if (c.collective) AwaitFirstSend(comm, 1, sent_before, request);
+    std::tie(pending_status, latency) = AbortAndWait(comm, request);
     if (queued != nullptr) queued_status = queued->Wait();
     MutexLock lock(&mu);
     rank0_done = true;

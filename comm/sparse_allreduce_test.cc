@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -33,6 +34,8 @@ namespace lbcc::comm {
 namespace {
 
 using ::lbcc::comm::testing::RankOptions;
+using ::lbcc::comm::testing::AbortAndWait;
+using ::lbcc::comm::testing::AwaitFirstSend;
 using ::lbcc::comm::testing::RunRanks;
 using ::lbcc::testing::IsOk;
 using ::lbcc::testing::StatusIs;
@@ -605,20 +608,8 @@ TEST_P(SparseAllReduceAbortTest, AbortFailsThePendingExchangeAtOnceAndKeepsState
         {*TensorView::Host(delta.data(), shape), *TensorView::Host(out.data(), shape), &state}};
     const uint64_t sent_before = comm.fabric()->Counters(1).messages_sent;
     RequestPtr request = comm.SparseAllReduce(tensors, codec.get());
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (comm.fabric()->Counters(1).messages_sent == sent_before && !request->Test() &&
-           absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(1));  // polls the condition; nothing else signals it
-    }
-    absl::Time aborted_at;
-    std::thread aborter([&] {
-      aborted_at = absl::Now();
-      comm.Abort();
-    });
-    exchange = request->Wait();
-    const absl::Time returned = absl::Now();
-    aborter.join();
-    latency = returned - aborted_at;
+    AwaitFirstSend(comm, 1, sent_before, request);
+    std::tie(exchange, latency) = AbortAndWait(comm, request);
     {
       MutexLock lock(&mu);
       rank0_done = true;
@@ -692,15 +683,7 @@ TEST_P(SparseAllReduceAbortTest, AbortFailsAnExchangeWaitingForPayloadsAtOnce) {
         MutexLock lock(&mu);
         mu.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return rank0_exchanging; });
       }
-      absl::Time aborted_at;
-      std::thread aborter([&] {
-        aborted_at = absl::Now();
-        comm.Abort();
-      });
-      exchange[0] = request->Wait();
-      const absl::Time returned = absl::Now();
-      aborter.join();
-      latency = returned - aborted_at;
+      std::tie(exchange[0], latency) = AbortAndWait(comm, request);
       MutexLock lock(&mu);
       rank0_done = true;
     }

@@ -16,10 +16,12 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 
@@ -102,6 +104,33 @@ inline std::vector<absl::Status> RunRanks(
   fabric.timeout = options.timeout;
   fabric.topology = options.topology;
   return RunRanksWithConfig(nranks, ConfigFromFabricOptions(std::move(fabric)), body);
+}
+
+// Waits (polling, up to 30 s) until `comm` sent its first message to `peer` since `sent_before`
+// (its Counters(peer).messages_sent then), or `request` completed: the pending operation is
+// under way there.
+inline void AwaitFirstSend(Communicator& comm, int peer, uint64_t sent_before,
+                           const RequestPtr& request) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (comm.fabric()->Counters(peer).messages_sent == sent_before && !request->Test() &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));  // polls the condition; nothing else signals it
+  }
+}
+
+// Calls comm.Abort() on a thread of its own while `request` is pending and waits for `request`:
+// its status, and the time from the Abort() call to the request's return.
+inline std::pair<absl::Status, absl::Duration> AbortAndWait(Communicator& comm,
+                                                           const RequestPtr& request) {
+  absl::Time aborted_at;
+  std::thread aborter([&] {
+    aborted_at = absl::Now();
+    comm.Abort();
+  });
+  absl::Status status = request->Wait();
+  const absl::Time returned = absl::Now();
+  aborter.join();
+  return {std::move(status), returned - aborted_at};
 }
 
 }  // namespace lbcc::comm::testing
