@@ -414,6 +414,9 @@ if "hetero" in parts:
     import torch  # noqa: E402 (the example's model: its parameter shapes per shard)
     from model import Data, Stage0, Stage1  # noqa: E402
     D, LAYERS, HEADS, SEQ, BATCH, H = 128, 4, 4, 64, 8, 10  # hetero.py's smoke preset, worker.py
+    # The tbf bucket of hetero.py's slow down-links: tools/testbed's default --burst, 32kb
+    # (tc's kb: 1024 bytes); docs/planning.md, "Shaper bucket".
+    HETERO_BURST = 32 * 1024
     vocab = len(Data(SEQ, BATCH).vocab)
     s0 = Stage0(vocab, D, HEADS, LAYERS // 2, SEQ, torch.zeros(vocab, D), 0)
     s1 = Stage1(vocab, D, HEADS, LAYERS - LAYERS // 2, 0)
@@ -434,7 +437,9 @@ if "hetero" in parts:
                "rates": {"efficiency": EFFICIENCY,
                          "ranks": [{"rank": r, "up_mbit": 10000,
                                     "down_mbit": rate if r >= 2 else 10000,
-                                    "latency_ms": LATENCY_MS} for r in range(4)]},
+                                    "latency_ms": LATENCY_MS,
+                                    **({"down_burst_bytes": HETERO_BURST} if r >= 2 else {})}
+                                   for r in range(4)]},
                "model": {"stage_params": stage_params, "d": D, "layers": LAYERS, "seq_len": SEQ,
                          "vocab": vocab, "tokens_per_step": SEQ * BATCH,
                          "microbatch_tokens": SEQ * BATCH, "shard_shapes": shapes},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,19 @@ absl::StatusOr<AccessLink> ParseAccess(const Json& object, absl::string_view whe
   LBCC_ASSIGN_OR_RETURN(link.down_bps, Rate(object, "down_mbit", 1e6, where));
   LBCC_ASSIGN_OR_RETURN(link.latency_s, Latency(object, where));
   return link;
+}
+
+absl::Status ParseBursts(const Json& object, absl::string_view where, AccessLink* link) {
+  for (auto [key, out] : {std::pair<const char*, double*>{"up_burst_bytes", &link->up_burst_bytes},
+                          {"down_burst_bytes", &link->down_burst_bytes}}) {
+    if (!object.contains(key)) continue;
+    const Json& v = object[key];
+    if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>())) {
+      return Bad(absl::StrCat(where, ".", key), "must be a number >= 0 (bytes)");
+    }
+    *out = v.get<double>();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> Index(const Json& object, const char* key, int limit,
@@ -140,7 +154,9 @@ absl::StatusOr<Network> ParseRates(const Json& rates, comm::Topology topology,
   }
   std::optional<AccessLink> fallback;
   if (rates.contains("default")) {
-    LBCC_ASSIGN_OR_RETURN(fallback, ParseAccess(rates["default"], "default"));
+    LBCC_ASSIGN_OR_RETURN(fallback, ParseAccess(rates["default"], "default",
+                                                {"up_burst_bytes", "down_burst_bytes"}));
+    LBCC_RETURN_IF_ERROR(ParseBursts(rates["default"], "default", &*fallback));
   }
   std::vector<std::optional<AccessLink>> per_rank(n);
   if (rates.contains("ranks")) {
@@ -150,7 +166,9 @@ absl::StatusOr<Network> ParseRates(const Json& rates, comm::Topology topology,
       const std::string where = absl::StrCat("ranks[", i, "]");
       LBCC_ASSIGN_OR_RETURN(const int rank, Index(list[i], "rank", n, where));
       if (per_rank[rank]) return Bad(where, absl::StrCat("rank ", rank, " listed twice"));
-      LBCC_ASSIGN_OR_RETURN(per_rank[rank], ParseAccess(list[i], where, {"rank"}));
+      LBCC_ASSIGN_OR_RETURN(per_rank[rank], ParseAccess(list[i], where, {"rank", "up_burst_bytes",
+                                                                          "down_burst_bytes"}));
+      LBCC_RETURN_IF_ERROR(ParseBursts(list[i], where, &*per_rank[rank]));
     }
   }
   net.rank_link.resize(n);
@@ -197,7 +215,7 @@ void LinkBytes::Add(const LinkBytes& other) {
 }
 
 PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers,
-                      LinkBytes* bytes) {
+                      LinkBytes* bytes, double idle_s) {
   const int n = net.topology.nranks();
   const size_t islands = net.site_link.size();
   LinkBytes local(n);
@@ -240,18 +258,24 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
   const double e = net.efficiency;
   double worst = paced;
   t.bottleneck = paced > 0 ? "slow-link pacing" : "";
-  auto consider = [&](double b, double rate, const std::string& what) {
+  // What an idle link's refilled shaper bucket saves: its bytes at line speed instead of the rate.
+  auto bucket_s = [&](double burst, double rate) {
+    return idle_s > 0 && burst > 0 ? std::min(burst / rate, idle_s) : 0.0;
+  };
+  auto consider = [&](double b, double rate, const std::string& what, double saved = 0) {
     if (b <= 0) return;
-    const double s = b / (rate * e);
+    const double s = std::max(0.0, b / (rate * e) - saved);
     if (s > worst) {
       worst = s;
       t.bottleneck = what;
     }
   };
   for (int r = 0; r < n; ++r) {
-    consider(local.slow_up[r], net.rank_link[r].up_bps, absl::StrCat("rank ", r, " up (slow)"));
-    consider(local.slow_down[r], net.rank_link[r].down_bps,
-             absl::StrCat("rank ", r, " down (slow)"));
+    const AccessLink& a = net.rank_link[r];
+    consider(local.slow_up[r], a.up_bps, absl::StrCat("rank ", r, " up (slow)"),
+             bucket_s(a.up_burst_bytes, a.up_bps));
+    consider(local.slow_down[r], a.down_bps, absl::StrCat("rank ", r, " down (slow)"),
+             bucket_s(a.down_burst_bytes, a.down_bps));
     consider(local.fast_up[r], net.fast.up_bps, absl::StrCat("rank ", r, " up (fast)"));
     consider(local.fast_down[r], net.fast.down_bps, absl::StrCat("rank ", r, " down (fast)"));
   }
@@ -268,7 +292,14 @@ PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers
     double r = std::min(net.rank_link[x.src].up_bps, net.rank_link[x.dst].down_bps);
     if (is != id && net.site_link[is]) r = std::min(r, net.site_link[is]->up_bps);
     if (is != id && net.site_link[id]) r = std::min(r, net.site_link[id]->down_bps);
-    const double s = WindowedTransferSeconds(net, x.bytes, r * e, w.rtt);
+    // The bucket of the access link that sets the path's rate (of both, when both do).
+    const AccessLink& up = net.rank_link[x.src];
+    const AccessLink& down = net.rank_link[x.dst];
+    double saved = std::numeric_limits<double>::infinity();
+    if (r == down.down_bps) saved = std::min(saved, bucket_s(down.down_burst_bytes, r));
+    if (r == up.up_bps) saved = std::min(saved, bucket_s(up.up_burst_bytes, r));
+    if (!std::isfinite(saved)) saved = 0;
+    const double s = std::max(0.0, WindowedTransferSeconds(net, x.bytes, r * e, w.rtt) - saved);
     if (s > worst) {
       worst = s;
       t.bottleneck = absl::StrCat("credit window ", x.src, "->", x.dst);

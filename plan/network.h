@@ -36,6 +36,10 @@ struct AccessLink {
   double up_bps = 0;    // bytes per second, line rate
   double down_bps = 0;
   double latency_s = 0;  // one way
+  // The shaper's token bucket (rank access links only; 0: none): bytes a link that has idled
+  // passes at line speed before its rate holds (docs/planning.md, "Shaper bucket").
+  double up_burst_bytes = 0;
+  double down_burst_bytes = 0;
 };
 
 struct Network {
@@ -107,9 +111,11 @@ struct PhaseTime {
 };
 
 // Time of `transfers` running at once (see the header comment); adds their bytes to `bytes`
-// when given.
+// when given. `idle_s`: how long every slow access link of the phase idled before it; a link
+// with a shaper bucket refilled min(burst, rate x idle_s) of it, which passes at line speed
+// (the phase is that much shorter on that link).
 PhaseTime TimeOfPhase(const Network& net, const std::vector<Transfer>& transfers,
-                      LinkBytes* bytes = nullptr);
+                      LinkBytes* bytes = nullptr, double idle_s = 0);
 
 // InvalidArgument "<where>: must be an object" or "<where>: unknown key 'k'" unless `object` is
 // an object whose keys are all in `allowed` (the plan's JSON parsers share it).

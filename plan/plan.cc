@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -588,9 +589,11 @@ absl::StatusOr<ReplicaPrediction> PredictReplica(const PlanInput& in, int m, int
   r.microbatches = static_cast<int>(micro);
   double slot_compute = 0, stage_sum = 0;
   int slowest_stage = 0;
+  std::vector<double> stage_c(stages);
   for (int s = 0; s < stages; ++s) {
     const double share = static_cast<double>(model.stage_params[s]) / model.params;
     const double c = stage_compute(replica.ranks[s], share) / micro;
+    stage_c[s] = c;
     stage_sum += c;
     if (c > slot_compute) {
       slot_compute = c;
@@ -613,9 +616,11 @@ absl::StatusOr<ReplicaPrediction> PredictReplica(const PlanInput& in, int m, int
     // In the steady state a stage sends one microbatch forward while the next one's gradient
     // comes back: both directions at once.
     const PhaseTime t = TimeOfPhase(in.net, {{a, b, bytes.forward}, {b, a, bytes.backward}});
-    // The first microbatch's forward and the last one's backward cross it alone.
-    const PhaseTime f = TimeOfPhase(in.net, {{a, b, bytes.forward}});
-    const PhaseTime w = TimeOfPhase(in.net, {{b, a, bytes.backward}});
+    // The first microbatch's forward and the last one's backward cross it alone, each after
+    // its links idled for at least a stage's compute of one microbatch (what a shaper's
+    // bucket refilled meanwhile passes at line speed; docs/planning.md, "Shaper bucket").
+    const PhaseTime f = TimeOfPhase(in.net, {{a, b, bytes.forward}}, nullptr, stage_c[s]);
+    const PhaseTime w = TimeOfPhase(in.net, {{b, a, bytes.backward}}, nullptr, stage_c[s + 1]);
     fill_transfers += (f.seconds - f.latency_s) + (w.seconds - w.latency_s);
     fill_latency += f.latency_s + w.latency_s;
     if (t.seconds - t.latency_s > r.boundary_s) {
@@ -696,6 +701,76 @@ absl::StatusOr<PlanInput> ParsePlanInput(absl::string_view text) {
   return in;
 }
 
+std::vector<double> SharedCoresFinish(const std::vector<ReplicaPrediction>& replicas, int cores,
+                                      int H) {
+  // A fluid simulation, event by event: between two phase ends every computing replica runs at
+  // the same speed, min(1, cores / the cores all of them want).
+  struct State {
+    double compute = 0, comm = 0, want = 1;  // per inner step
+    int steps_left = 0;
+    bool computing = true;
+    double left = 0;  // of the current phase: compute at full speed, or seconds of comm
+  };
+  std::vector<State> st(replicas.size());
+  std::vector<double> finish(replicas.size(), 0.0);
+  size_t running = 0;
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    const ReplicaPrediction& r = replicas[i];
+    State& s = st[i];
+    s.compute = std::max(0.0, r.compute_s);
+    s.comm = std::max(0.0, r.inner_s - r.compute_s);
+    s.want = s.compute > 0 ? std::max(1.0, r.busy_s / s.compute) : 1.0;
+    s.steps_left = H;
+    s.left = s.compute;
+    if (H > 0 && s.compute + s.comm > 0) ++running;
+    if (H <= 0 || s.compute + s.comm <= 0) s.steps_left = 0;
+  }
+  // Moves replica i past every phase of zero length; false once its H steps are done.
+  auto settle = [&](State& s) {
+    while (s.steps_left > 0 && s.left <= 0) {
+      if (s.computing) {
+        s.computing = false;
+        s.left = s.comm;
+      } else {
+        s.computing = true;
+        s.left = s.compute;
+        --s.steps_left;
+      }
+    }
+    return s.steps_left > 0;
+  };
+  for (State& s : st) {
+    if (s.steps_left > 0 && !settle(s)) --running;
+  }
+  double now = 0;
+  // Every event ends a phase: at most 2 H per replica (the bound only guards the loop).
+  for (size_t events = 0; running > 0 && events < 4 * replicas.size() * (size_t(H) + 1);
+       ++events) {
+    double want = 0;
+    for (const State& s : st) {
+      if (s.steps_left > 0 && s.computing) want += s.want;
+    }
+    const double speed = want > cores ? cores / want : 1.0;
+    double dt = std::numeric_limits<double>::infinity();
+    for (const State& s : st) {
+      if (s.steps_left > 0) dt = std::min(dt, s.computing ? s.left / speed : s.left);
+    }
+    now += dt;
+    for (size_t i = 0; i < st.size(); ++i) {
+      State& s = st[i];
+      if (s.steps_left == 0) continue;
+      const double done = s.computing ? dt * speed : dt;
+      // A phase within a rounding error of its end ends now.
+      s.left = s.left - done <= 1e-12 * std::max(1.0, s.left) ? 0 : s.left - done;
+      if (!settle(s)) {
+        finish[i] = now;
+        --running;
+      }
+    }
+  }
+  return finish;
+}
+
 absl::StatusOr<Prediction> Predict(const PlanInput& in) {
   if (in.compute.empty()) return Bad("compute", "no compute section (collective-only input)");
   Prediction p;
@@ -713,17 +788,23 @@ absl::StatusOr<Prediction> Predict(const PlanInput& in) {
     }
     p.replicas.push_back(std::move(r));
   }
-  // Shared cores: every rank's compute of one inner step runs on the same C cores, so no
-  // replica's inner step ends before all of it is done (docs/planning.md, "Shared cores").
+  // Shared cores: every rank's compute runs on the same C cores, so a replica's compute is
+  // slowed while the others compute too (docs/planning.md, "Shared cores").
+  bool cores_bound = false;
   if (in.net.shared_cores > 0) {
     double busy = 0;
     for (const ReplicaPrediction& r : p.replicas) {
       busy += r.busy_s;
     }
     p.cpu_floor_s = busy / in.net.shared_cores;
-    if (p.cpu_floor_s > slowest) {
-      slowest = p.cpu_floor_s;
-      slowest_replica = -1;
+    const std::vector<double> finish =
+        SharedCoresFinish(p.replicas, in.net.shared_cores, in.job.H);
+    const auto last = std::max_element(finish.begin(), finish.end());
+    p.shared_step_s = *last / in.job.H;
+    if (p.shared_step_s > slowest * (1 + 1e-9)) {
+      slowest = p.shared_step_s;
+      slowest_replica = static_cast<int>(last - finish.begin());
+      cores_bound = true;
     }
   }
   const double H = in.job.H;
@@ -737,10 +818,13 @@ absl::StatusOr<Prediction> Predict(const PlanInput& in) {
     total += p.outer_s;
   }
   p.utilization = total > 0 ? compute / total : 0;
-  if (slowest_replica < 0) {
+  if (cores_bound) {
+    const ReplicaPrediction& c = p.replicas[slowest_replica];
     p.critical_path = absl::StrFormat(
-        "%d x every rank's compute on %d shared cores (%.4g s) + sync %.4g s (%s)", in.job.H,
-        in.net.shared_cores, slowest, p.sync.seconds, p.sync.bottleneck);
+        "%d x inner step of replica %d on %d shared cores (%.4g s; %.4g s on cores of its own, "
+        "every rank's compute %.4g s) + sync %.4g s (%s)",
+        in.job.H, slowest_replica, in.net.shared_cores, slowest, c.inner_s, p.cpu_floor_s,
+        p.sync.seconds, p.sync.bottleneck);
     return p;
   }
   const ReplicaPrediction& c = p.replicas[slowest_replica];
@@ -920,6 +1004,7 @@ Json ToJson(const Prediction& p) {
           {"sync", sync},
           {"outer_s", p.outer_s},
           {"cpu_floor_s", p.cpu_floor_s},
+          {"shared_step_s", p.shared_step_s},
           {"utilization", p.utilization},
           {"critical_path", p.critical_path}};
 }
@@ -968,8 +1053,10 @@ std::string FormatPrediction(const Prediction& p) {
       absl::StrJoin(algos, "/"), max_payload, max_down, p.sync.wire_s, p.sync.latency_s,
       p.sync.encode_s, p.sync.decode_s, p.sync.overlap_s, p.sync.seconds, p.sync.bottleneck);
   if (p.cpu_floor_s > 0) {
-    absl::StrAppendFormat(&s, "shared cores: every rank's compute of an inner step takes %.4g s\n",
-                          p.cpu_floor_s);
+    absl::StrAppendFormat(&s,
+                          "shared cores: every rank's compute of an inner step takes %.4g s; an "
+                          "inner step with the cores shared %.4g s\n",
+                          p.cpu_floor_s, p.shared_step_s);
   }
   absl::StrAppendFormat(&s, "outer step (H = %d): %.4g s, job utilization %.1f %%\n", p.H,
                         p.outer_s, 100 * p.utilization);

@@ -138,13 +138,23 @@ struct Prediction {
   int H = 0;
   std::vector<ReplicaPrediction> replicas;
   SyncPrediction sync;
-  double outer_s = 0;     // H * max(max t_inner, cpu_floor_s) + t_sync
+  double outer_s = 0;     // H * max(max t_inner, shared_step_s) + t_sync
   double cpu_floor_s = 0;  // shared cores: every rank's compute of an inner step / the cores
+  double shared_step_s = 0;  // shared cores: the inner steps' time with the cores shared
   double utilization = 0;  // job: sum of compute over sum of (compute + comm + wait)
   std::string critical_path;
 };
 
 absl::StatusOr<Prediction> Predict(const PlanInput& input);
+
+// Shared cores (docs/planning.md, "Shared cores"): the time each replica needs for H inner
+// steps when all of them run on `cores` cores at once. Each inner step of a replica is its
+// compute (compute_s at full speed, wanting busy_s / compute_s cores meanwhile) and then its
+// exposed communication (inner_s - compute_s), which takes no core; computing replicas share
+// the cores equally (a replica's share capped at what it wants), and a replica that is
+// waiting on its links, or done, leaves them to the others. Returns each replica's finish.
+std::vector<double> SharedCoresFinish(const std::vector<ReplicaPrediction>& replicas, int cores,
+                                      int H);
 
 struct Recommendation {
   double target = 0;

@@ -261,14 +261,15 @@ TEST(Collective, SharedCoresSerialiseCodecRates) {
 }
 
 // Shared cores: no replica's inner step ends before every rank's compute of it has had the
-// cores.
-TEST(Predict, SharedCoresFloorTheInnerStep) {
+// cores, and a replica's compute is slowed while the others compute beside it.
+TEST(Predict, SharedCoresSlowTheInnerStep) {
   std::string job = kPipelineJob;
   auto in = ParsePlanInput(job);
   ASSERT_THAT(in.status(), IsOk());
   auto own = Predict(*in);
   ASSERT_THAT(own.status(), IsOk());
   EXPECT_EQ(own->cpu_floor_s, 0);
+  EXPECT_EQ(own->shared_step_s, 0);
   job.insert(job.rfind('}'), R"(, "cpu": {"shared_cores": 2})");
   in = ParsePlanInput(job);
   ASSERT_THAT(in.status(), IsOk());
@@ -279,13 +280,113 @@ TEST(Predict, SharedCoresFloorTheInnerStep) {
   EXPECT_NEAR(shared->cpu_floor_s, 1.5 * c, 1e-9 * c);
   double slowest = 0;
   for (const ReplicaPrediction& r : shared->replicas) slowest = std::max(slowest, r.inner_s);
-  EXPECT_NEAR(shared->outer_s, 30 * std::max(slowest, 1.5 * c) + shared->sync.seconds,
+  // Never faster than the floor or than the slowest replica alone; never slower than both
+  // one after the other.
+  EXPECT_GE(shared->shared_step_s, std::max(slowest, 1.5 * c) * (1 - 1e-9));
+  EXPECT_LE(shared->shared_step_s, (slowest + 1.5 * c) * (1 + 1e-9));
+  EXPECT_NEAR(shared->outer_s, 30 * std::max(slowest, shared->shared_step_s) +
+                                   shared->sync.seconds,
               1e-9 * shared->outer_s);
   EXPECT_GE(shared->outer_s, own->outer_s);
-  if (1.5 * c > slowest) {
+  if (shared->shared_step_s > slowest * (1 + 1e-9)) {
     EXPECT_NE(shared->critical_path.find("shared cores"), std::string::npos)
         << shared->critical_path;
   }
+}
+
+ReplicaPrediction Replica(double compute_s, double busy_s, double inner_s) {
+  ReplicaPrediction r;
+  r.compute_s = compute_s;
+  r.busy_s = busy_s;
+  r.inner_s = inner_s;
+  return r;
+}
+
+// Two full replicas computing 1 s per inner step and a pipeline computing 1 s and then waiting
+// 1 s on its links, on 2 cores, H = 4. While the pipeline computes the three share the cores
+// (2/3 each): its compute takes 1.5 s, the full replicas get 1 s of work done; while it waits
+// the full replicas have a core each. So every 2.5 s the full replicas finish two steps and the
+// pipeline one: the full replicas are done at 5 s, and the pipeline, alone from then, needs
+// 2 s for each of its last two steps: 9 s (8 s on cores of its own, 6 s the floor).
+TEST(SharedCoresFinish, ComputeSlowsWhileOthersComputeAndNotWhileTheyWait) {
+  const std::vector<ReplicaPrediction> replicas = {Replica(1, 1, 1), Replica(1, 1, 1),
+                                                   Replica(1, 1, 2)};
+  const std::vector<double> finish = SharedCoresFinish(replicas, 2, 4);
+  ASSERT_EQ(finish.size(), 3u);
+  EXPECT_NEAR(finish[0], 5, 1e-9);
+  EXPECT_NEAR(finish[1], 5, 1e-9);
+  EXPECT_NEAR(finish[2], 9, 1e-9);
+  // Enough cores: each replica's own H inner steps.
+  const std::vector<double> alone = SharedCoresFinish(replicas, 3, 4);
+  EXPECT_NEAR(alone[0], 4, 1e-9);
+  EXPECT_NEAR(alone[2], 8, 1e-9);
+  // Compute only, one core: the floor (every replica's work, one after another in effect).
+  const std::vector<double> floor = SharedCoresFinish({Replica(1, 1, 1), Replica(2, 2, 2)}, 1, 3);
+  EXPECT_NEAR(floor[0], 6, 1e-9);  // shares the core for 6 s, its 3 s of work done
+  EXPECT_NEAR(floor[1], 9, 1e-9);  // then alone for the rest of its 6 s of work
+  // A pipeline whose stages compute at once (busy 2 s in 1 s of compute) wants two cores.
+  const std::vector<double> two = SharedCoresFinish({Replica(1, 2, 1)}, 1, 2);
+  EXPECT_NEAR(two[0], 4, 1e-9);
+  // Nothing to do, or no steps: done at once.
+  EXPECT_EQ(SharedCoresFinish({Replica(0, 0, 0)}, 2, 5)[0], 0);
+  EXPECT_EQ(SharedCoresFinish({Replica(1, 1, 1)}, 2, 0)[0], 0);
+}
+
+// A shaper's bucket: after the link idled, what refilled passes at line speed.
+TEST(Links, AnIdleLinksBucketPassesAtLineSpeed) {
+  auto net = ParseRates(nlohmann::json::parse(R"({"efficiency": 0.5,
+      "default": {"up_mbit": 8000, "down_mbit": 8000},
+      "ranks": [{"rank": 1, "up_mbit": 8000, "down_mbit": 8, "down_burst_bytes": 4000}]})"),
+                        comm::Topology::Flat(2));
+  ASSERT_THAT(net.status(), IsOk());
+  // 1 MB/s line rate, goodput 0.5 MB/s: 10000 bytes take 20 ms; the bucket's 4000 bytes pass
+  // 4 ms early once refilled (4 ms of idle), a part of them after less idle.
+  auto seconds = [&](double bytes, double idle) {
+    const PhaseTime t = TimeOfPhase(*net, {{0, 1, bytes}}, nullptr, idle);
+    return t.seconds - t.latency_s;
+  };
+  EXPECT_NEAR(seconds(10000, 0), 0.020, 1e-12);
+  EXPECT_NEAR(seconds(10000, 1), 0.016, 1e-12);
+  EXPECT_NEAR(seconds(10000, 0.004), 0.016, 1e-12);
+  EXPECT_NEAR(seconds(10000, 0.001), 0.019, 1e-12);
+  // All of it within the bucket: only the unshaped up-link's time is left.
+  EXPECT_NEAR(seconds(1000, 1), 1000 / (1e9 * 0.5), 1e-12);
+  // The other direction has no bucket.
+  const PhaseTime back = TimeOfPhase(*net, {{1, 0, 10000}}, nullptr, 1);
+  EXPECT_NEAR(back.seconds - back.latency_s, 10000 / (1e9 * 0.5), 1e-12);
+  EXPECT_THAT(ParseRates(nlohmann::json::parse(R"({"default": {"up_mbit": 1, "down_mbit": 1,
+                                                     "down_burst_bytes": -1}})"),
+                         comm::Topology::Flat(2))
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("default.down_burst_bytes")));
+  EXPECT_THAT(ParseRates(nlohmann::json::parse(R"({"default": {"up_mbit": 1, "down_mbit": 1},
+      "sites": [{"island": 0, "up_mbit": 1, "down_mbit": 1, "up_burst_bytes": 5}]})"),
+                         comm::Topology::Flat(2))
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key 'up_burst_bytes'")));
+}
+
+// A pipeline's first forward and last backward follow a stage's compute: on a link with a
+// bucket they are shorter by what it refilled, and the inner step with them.
+TEST(Predict, ABucketShortensThePipelinesFillTransfers) {
+  auto without = ParsePlanInput(kPipelineJob);
+  ASSERT_THAT(without.status(), IsOk());
+  std::string job = kPipelineJob;
+  const std::string rate = R"("down_mbit": 100)";
+  ASSERT_NE(job.find(rate), std::string::npos);
+  job.replace(job.find(rate), rate.size(),
+              R"("down_mbit": 100, "down_burst_bytes": 1e12, "up_burst_bytes": 1e12)");
+  auto with = ParsePlanInput(job);
+  ASSERT_THAT(with.status(), IsOk()) << job;
+  auto a = Predict(*without), b = Predict(*with);
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_THAT(b.status(), IsOk());
+  // Both fill transfers (forward and backward) shorter by a stage's compute of a microbatch.
+  const double c = b->replicas[2].compute_s;  // M = 64 microbatches of two equal stages
+  const double per_micro = (b->replicas[2].busy_s / 64) / 2;
+  ASSERT_GT(per_micro, 0);
+  EXPECT_NEAR(a->replicas[2].inner_s - b->replicas[2].inner_s, 2 * per_micro, 1e-9 * c);
+  EXPECT_EQ(b->replicas[0].inner_s, a->replicas[0].inner_s);
 }
 
 TEST(PlanInput, BadCpuFieldsNameTheField) {
