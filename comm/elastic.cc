@@ -5,7 +5,6 @@
 // run the phase, report to the master, wait for its decision, then commit or roll back.
 #include "comm/elastic.h"
 
-#include <openssl/crypto.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include <zstd.h>
@@ -76,12 +75,6 @@ class Background {
       ++running_;
       if (!at_exit_) {
         at_exit_ = true;
-        // OpenSSL registers its cleanup with atexit when it initializes (the first connection
-        // secret a set-up thread draws, after this): initialized here first, its cleanup runs
-        // after this wait (exit() runs handlers last-registered first), not under a set-up
-        // thread that still draws one (SIGSEGV in RAND_bytes at exit). UCX's exit handler is
-        // registered when its library loads (transport/ucx_api.cc), so it runs after this too.
-        OPENSSL_init_crypto(0, nullptr);
         std::atexit([] { Get().AwaitAll(); });
       }
     }
