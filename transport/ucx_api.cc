@@ -25,10 +25,25 @@ namespace {
 // The soname LBCC was built against (UCX 1.x keeps it).
 constexpr char kLibrary[] = "libucp.so.0";
 
+// Set by an exit handler that this library registers while it is being loaded, before any
+// atexit handler of the program or of LBCC's other libraries (an elastic group's wait for its
+// threads, MPI_Finalize): exit() runs them last-registered first, so this one runs after all of
+// those, which still reach UCX itself. Registered on UCX's first use instead, it ran before a
+// handler registered earlier (the elastic group's wait for the threads that destroy its
+// communicators): the transports those threads destroyed then met the stand-ins, their UCX
+// workers stayed registered with UCX's async thread, and that thread, still running while
+// libucs's destructor freed its handler table, aborted the process (async.c: Assertion
+// `handler->id == id'). From exit() the flag is never cleared.
+std::atomic<bool> g_exit_handlers_done{false};
+[[maybe_unused]] const bool g_exit_handler_registered = [] {
+  std::atexit(+[] { g_exit_handlers_done.store(true, std::memory_order_release); });
+  return true;
+}();
+
 struct State {
   Api api;
   Api after_exit;  // The stand-ins, from exit() on (see Load()).
-  std::atomic<bool> exiting{false};
+  bool stand_ins_at_exit = false;  // after_exit replaces api once g_exit_handlers_done is set.
   // The namespace's own C library's per-thread set-up of its ctype tables: a thread the program
   // created has them unset there (UCX's parsers would crash on them); null outside a namespace.
   void (*ctype_init)() = nullptr;
@@ -64,7 +79,7 @@ void FillStandIns(Api& api) {
 #undef LBCC_UCX_STAND_IN
 }
 
-// After exit() began, arming succeeds, so a progress thread still running sleeps on its event
+// Once exit()'s handlers are done, arming succeeds, so a progress thread still running sleeps on its event
 // fd instead of spinning until its transport's destructor stops it.
 ucs_status_t ArmWhileExiting(ucp_worker_h) { return UCS_OK; }
 
@@ -121,12 +136,13 @@ State* Load() {
     // At exit the dynamic linker finalizes namespaces from the last to the first: UCX's libraries
     // run their destructors before those of the objects that use them (liblbcc.so, the plugin),
     // whose teardown would then call into a finalized UCX. exit() runs atexit handlers before
-    // any destructor, so from then on every call gets a stand-in: the process is ending, and
-    // UCX's own destructors release what it holds.
+    // any destructor, so once they are done (g_exit_handlers_done) every call gets a stand-in:
+    // the process is ending, and UCX's own destructors release what it holds. A worker still
+    // alive then stays registered with UCX's async thread: transports should be gone by then.
     state->unavailable = "UCX is finalized (the process is exiting)";
     FillStandIns(state->after_exit);
     state->after_exit.ucp_worker_arm = &ArmWhileExiting;
-    std::atexit(+[] { Loaded().exiting.store(true, std::memory_order_release); });
+    state->stand_ins_at_exit = true;
   }
   if (!info.loaded) {
     state->unavailable = absl::StrCat("UCX could not be loaded (", info.error, ")");
@@ -154,7 +170,9 @@ const Api& Get() {
     if (state.ctype_init != nullptr) state.ctype_init();
     thread_ready = true;
   }
-  return state.exiting.load(std::memory_order_acquire) ? state.after_exit : state.api;
+  return state.stand_ins_at_exit && g_exit_handlers_done.load(std::memory_order_acquire)
+             ? state.after_exit
+             : state.api;
 }
 const LoadInfo& Info() { return Loaded().info; }
 

@@ -7,8 +7,9 @@
 //
 // Without a loadable libucp.so.0 every entry fails (UCS_ERR_UNSUPPORTED, a null request, a
 // ucs_status_string() that names the loader's error), so creating a UCX transport returns an
-// error status instead of the process failing to start. From exit() on, every entry is such a
-// stand-in too: the dynamic linker finalizes UCX's namespace before the objects that use it.
+// error status instead of the process failing to start. Once exit() has run the atexit handlers
+// registered after this library was loaded, every entry is such a stand-in too: the dynamic
+// linker finalizes UCX's namespace before the objects that use it.
 #ifndef LBCC_TRANSPORT_UCX_API_H_
 #define LBCC_TRANSPORT_UCX_API_H_
 

@@ -6,6 +6,8 @@
 #include <dlfcn.h>
 #include <ucp/api/ucp.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 #include <string>
@@ -124,6 +126,32 @@ TEST_F(UcxIsolationTest, TransportStartsOnAThreadTheProgramCreated) {
   });
   thread.join();
   EXPECT_THAT(status, IsOk());
+}
+
+// An atexit handler registered before UCX's first use runs before the handler that hands out
+// the stand-ins from exit() on (transport/ucx_api.cc), so a transport it creates or destroys
+// reaches UCX itself: one destroyed on the stand-ins would leave its worker with UCX's async
+// thread, which aborts the process when libucs's destructor frees its handler table.
+TEST(UcxExitTest, AtexitHandlerRegisteredBeforeUcxsFirstUseStillReachesUcx) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // A fresh process: UCX not loaded yet.
+  EXPECT_EXIT(
+      {
+        std::atexit(+[] {
+          TransportOptions options;
+          options.ucx_tls = "tcp";
+          options.ucx_net_devices = "lo";
+          absl::StatusOr<std::unique_ptr<Transport>> transport = NewUcxTransport(options);
+          if (!transport.ok()) {
+            std::fprintf(stderr, "at exit: %s\n", transport.status().ToString().c_str());
+            std::_Exit(3);
+          }
+          transport->reset();
+          std::fprintf(stderr, "at exit: UCX transport created and destroyed\n");
+        });
+        ASSERT_TRUE(ucx_api::Info().loaded);  // UCX's first use, after that handler.
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "at exit: UCX transport created and destroyed");
 }
 
 }  // namespace
