@@ -23,10 +23,10 @@
 // chunks of at most kSealedChunkBytes (larger, up to kMaxSealedChunkBytes, while much is already
 // queued), so the pool seals one while another is on the wire. Rendezvous chunks are fetched in
 // parts, the payload straight into the receive buffer (DeferredPayload::FetchParts), and opened
-// there in place on the pool too, never on the backend's progress thread. An eager chunk is
-// opened by the backend's thread after the mutex is released: the first of a message into
-// scratch before its header is used, a later one of a matched message straight into the
-// receive buffer (EagerOpen); a chunk that fails to open leaves zeros there.
+// there in place on the pool too, never on the backend's progress thread. An eager chunk is opened by the
+// backend's thread after the mutex is released: the first of a message into scratch before its
+// header is used, a later one of a matched message straight into the receive buffer
+// (EagerOpen); a chunk that fails to open leaves zeros there.
 // A backend's own control messages of a running link (credits, heartbeats) are tagged too
 // (SealControl / OnControl): GMAC under the same per-direction counters.
 //
