@@ -12,13 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <memory>
-#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "absl/types/span.h"
 #include "transport/link_setup.h"  // kWireVersion
 
 namespace lbcc::transport {
@@ -67,28 +63,6 @@ class DeferredPayload {
   // Moves the chunk's bytes to `dst` (header.length bytes, valid until `done`). Call at most once;
   // the object may be destroyed right after.
   virtual void Fetch(uint8_t* dst, DoneCallback done) = 0;
-  // Fetch, scattered: the chunk's first head.size() bytes to `head`, the next body.size() to
-  // `body`, the last tail.size() to `tail` (the sizes add up to header.length; each stays valid
-  // until `done`). A sealed chunk lands this way with its payload straight in the receive buffer,
-  // to be opened there. This default fetches into one buffer and copies; a backend that can
-  // scatter (UCX: an IOV receive) overrides it.
-  virtual void FetchParts(absl::Span<uint8_t> head, absl::Span<uint8_t> body,
-                          absl::Span<uint8_t> tail, DoneCallback done) {
-    auto whole = std::make_shared<std::vector<uint8_t>>(head.size() + body.size() + tail.size());
-    uint8_t* into = whole->data();
-    Fetch(into, [whole = std::move(whole), head, body, tail,
-                 done = std::move(done)](absl::Status status) mutable {
-      if (status.ok()) {
-        const uint8_t* from = whole->data();
-        if (!head.empty()) std::memcpy(head.data(), from, head.size());
-        if (!body.empty()) std::memcpy(body.data(), from + head.size(), body.size());
-        if (!tail.empty()) {
-          std::memcpy(tail.data(), from + head.size() + body.size(), tail.size());
-        }
-      }
-      done(std::move(status));
-    });
-  }
 };
 
 }  // namespace lbcc::transport

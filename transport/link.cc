@@ -182,39 +182,27 @@ std::array<uint8_t, sizeof(ControlHeader)> ControlAad(const ControlHeader& heade
   return bytes;
 }
 
-// A sealed chunk's bytes still at the sender: fetched in its parts, the payload straight into
-// the receive buffer (the counter and the tag beside it), and opened there in place on the
-// crypto pool (the fetch completes on the backend's progress thread). No scratch buffer and, for
-// integrity-only chunks, no copy: the MAC reads the payload where it landed. Until the open
-// verified it the receive has not completed (like an eager chunk opened into the buffer); one
-// that fails leaves zeros there.
+// A sealed chunk's bytes still at the sender: fetched into a scratch buffer, opened into the
+// receive buffer on the crypto pool (the fetch completes on the backend's progress thread).
 class SealedPayload final : public DeferredPayload {
  public:
   SealedPayload(std::unique_ptr<DeferredPayload> inner, std::shared_ptr<SecureChannel> channel,
                 const ChunkHeader& wire)
       : inner_(std::move(inner)), channel_(std::move(channel)), wire_(wire) {}
   void Fetch(uint8_t* dst, DoneCallback done) override {
-    struct Frame {
-      uint8_t counter[8];
-      uint8_t tag[16];
-    };
-    auto frame = std::make_shared<Frame>();
-    const size_t length = wire_.length - SecureChannel::kOverhead;
-    uint8_t* counter = frame->counter;
-    uint8_t* tag = frame->tag;
-    inner_->FetchParts(absl::MakeSpan(counter, 8), absl::MakeSpan(dst, length),
-                       absl::MakeSpan(tag, 16),
-                       [frame = std::move(frame), dst, length, channel = channel_, wire = wire_,
-                        done = std::move(done)](absl::Status status) mutable {
+    std::shared_ptr<Scratch> sealed = ScratchPool::Get().Take(wire_.length);
+    uint8_t* into = sealed->bytes.get();
+    inner_->Fetch(into, [sealed, dst, channel = channel_, wire = wire_,
+                         done = std::move(done)](absl::Status status) mutable {
       if (!status.ok()) {
         done(std::move(status));
         return;
       }
-      CryptoPool::Get().Post(CryptoPool::Kind::kOpen, [frame = std::move(frame), dst, length,
+      CryptoPool::Get().Post(CryptoPool::Kind::kOpen, [sealed = std::move(sealed), dst,
                                                        channel = std::move(channel), wire,
                                                        done = std::move(done)]() mutable {
-        done(channel->OpenInPlace(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
-                                  frame->counter, dst, length, frame->tag));
+        done(channel->Open(HeaderBytes(wire), (wire.flags & kChunkEncrypted) != 0,
+                           sealed->bytes.get(), wire.length, dst));
       });
     });
   }

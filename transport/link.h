@@ -21,9 +21,8 @@
 // it (the sender, a credit's backend thread, the pacing timer: its seal is far shorter than its
 // time on the wire, a hop to the pool costs a wake-up); a fast link's message is sealed in
 // chunks of at most kSealedChunkBytes (larger, up to kMaxSealedChunkBytes, while much is already
-// queued), so the pool seals one while another is on the wire. Rendezvous chunks are fetched in
-// parts, the payload straight into the receive buffer (DeferredPayload::FetchParts), and opened
-// there in place on the pool too, never on the backend's progress thread. An eager chunk is opened by the
+// queued), so the pool seals one while another is on the wire. Rendezvous chunks are opened on
+// the pool too, never on the backend's progress thread. An eager chunk is opened by the
 // backend's thread after the mutex is released: the first of a message into scratch before its
 // header is used, a later one of a matched message straight into the receive buffer
 // (EagerOpen); a chunk that fails to open leaves zeros there.

@@ -477,30 +477,18 @@ bool SecureChannel::Fresh(uint64_t counter) {
 absl::Status SecureChannel::Open(absl::Span<const uint8_t> aad, bool encrypted,
                                  const uint8_t* in, size_t in_length, uint8_t* out) {
   if (in_length < kOverhead) return Refuse("chunk", "too short");
-  const size_t length = in_length - kOverhead;
-  return OpenParts(aad, encrypted, in, in + 8, length, out, in + 8 + length);
-}
-
-absl::Status SecureChannel::OpenInPlace(absl::Span<const uint8_t> aad, bool encrypted,
-                                        const uint8_t counter[8], uint8_t* data, size_t length,
-                                        const uint8_t tag[16]) {
-  return OpenParts(aad, encrypted, counter, data, length, data, tag);
-}
-
-absl::Status SecureChannel::OpenParts(absl::Span<const uint8_t> aad, bool encrypted,
-                                      const uint8_t* counter_bytes, const uint8_t* in,
-                                      size_t length, uint8_t* out, const uint8_t* tag_bytes) {
   if (encrypted != encrypt_) return Refuse("chunk", "encryption mode differs");
+  const size_t length = in_length - kOverhead;
   uint64_t counter;
-  std::memcpy(&counter, counter_bytes, 8);
+  std::memcpy(&counter, in, 8);
   uint8_t iv[12];
   std::memcpy(iv, recv_salt_.data(), 4);
   std::memcpy(iv + 4, &counter, 8);
   uint8_t tag[16];
-  std::memcpy(tag, tag_bytes, 16);
+  std::memcpy(tag, in + 8 + length, 16);
   const Use use = encrypt_ ? kRecvGcm : kRecvMac;
   EVP_CIPHER_CTX* ctx = TakeContext(use);
-  const bool ok = Aead(ctx, /*seal=*/false, iv, aad, encrypt_, in, length, out, tag);
+  const bool ok = Aead(ctx, /*seal=*/false, iv, aad, encrypt_, in + 8, length, out, tag);
   GiveContext(use, ctx);
   // What failed leaves nothing unverified in `out` (it may be the caller's receive buffer).
   if (!ok) {

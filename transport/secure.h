@@ -169,13 +169,6 @@ class SecureChannel {
   // verify; `out` is then garbage and must not be used.
   absl::Status Open(absl::Span<const uint8_t> aad, bool encrypted, const uint8_t* in,
                     size_t in_length, uint8_t* out);
-  // Open, in place, of a sealed chunk received in its three parts: the 8-byte counter, the
-  // `length` bytes of ciphertext (or plaintext) at `data`, which become the plaintext there, and
-  // the 16-byte tag. Integrity-only chunks are only checked (nothing is copied). The same errors
-  // as Open; on one, `data` is zeroed.
-  absl::Status OpenInPlace(absl::Span<const uint8_t> aad, bool encrypted,
-                           const uint8_t counter[8], uint8_t* data, size_t length,
-                           const uint8_t tag[16]);
 
   // A message without payload (a credit, a heartbeat): a GMAC tag over `aad` under the next
   // send counter, which the message carries beside the tag.
@@ -187,11 +180,6 @@ class SecureChannel {
 
  private:
   SecureChannel(bool encrypt, std::string peer) : encrypt_(encrypt), peer_(std::move(peer)) {}
-  // Open and OpenInPlace: the counter's 8 bytes, the payload `in` (opened into `out`, which may
-  // be `in`) and the tag's 16 bytes, each where it is.
-  absl::Status OpenParts(absl::Span<const uint8_t> aad, bool encrypted,
-                         const uint8_t* counter_bytes, const uint8_t* in, size_t length,
-                         uint8_t* out, const uint8_t* tag_bytes);
   // Records `counter` as seen; false when it was seen before (a replay).
   bool Fresh(uint64_t counter);
   // What a key and its cipher contexts are for: AES-256-GCM (encrypted chunks, and the tags of

@@ -706,28 +706,11 @@ struct WireChunk {
 };
 using Rearrange = std::function<void(std::vector<WireChunk>&)>;
 
-// A chunk's bytes held by the receiving side until the Link fetches them (like a UCX
-// rendezvous chunk; DeferredPayload's own FetchParts scatters them).
-class HeldPayload final : public DeferredPayload {
- public:
-  explicit HeldPayload(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
-  void Fetch(uint8_t* dst, DoneCallback done) override {
-    if (!bytes_.empty()) std::memcpy(dst, bytes_.data(), bytes_.size());
-    done(absl::OkStatus());
-  }
-
- private:
-  std::vector<uint8_t> bytes_;
-};
-
 // Sends a `chunks`-chunk message through a proxy that applies `rearrange` to its chunks (sorted
 // by offset); returns what the receive ended with, and the bytes in `got`.
 // `late_recv`: the receive is posted only once every chunk arrived (they wait, staged, unopened).
-// `deferred`: the chunks reach the receiver as payloads it fetches (rendezvous), not with
-// their bytes (eager).
 absl::StatusOr<size_t> ThroughProxy(int chunks, bool encrypt, const Rearrange& rearrange,
-                                    std::vector<uint8_t>* got, bool late_recv = false,
-                                    bool deferred = false) {
+                                    std::vector<uint8_t>* got, bool late_recv = false) {
   ProxiedLinks links(encrypt);
   SocketPair& to_proxy = links.to_proxy;
   SocketPair& from_proxy = links.from_proxy;
@@ -760,11 +743,7 @@ absl::StatusOr<size_t> ThroughProxy(int chunks, bool encrypt, const Rearrange& r
     while (ReadFull(from_proxy.fd[1], &h, sizeof(h))) {
       std::vector<uint8_t> bytes(h.length);
       if (!ReadFull(from_proxy.fd[1], bytes.data(), bytes.size())) break;
-      if (deferred) {
-        receiver->OnChunk(0, h, nullptr, std::make_unique<HeldPayload>(std::move(bytes)));
-      } else {
-        receiver->OnChunk(0, h, bytes.data(), nullptr);
-      }
+      receiver->OnChunk(0, h, bytes.data(), nullptr);
     }
   });
   const size_t size = static_cast<size_t>(chunks) << 20;
@@ -861,29 +840,6 @@ TEST_P(SegmentTest, ChunksThatWaitForTheirReceiveAreOpenedWhenItComes) {
   // Nothing unverified reached the buffer: the failed chunk's bytes are zero.
   EXPECT_TRUE(std::all_of(got.begin() + (2 << 20), got.begin() + (3 << 20),
                           [](uint8_t b) { return b == 0; }));
-}
-
-TEST_P(SegmentTest, RendezvousChunksAreOpenedInTheReceiveBufferAndATamperedOneLeavesZeros) {
-  // Fetched in parts (counter, payload straight into the receive buffer, tag) and opened there.
-  std::vector<uint8_t> got;
-  EXPECT_THAT(ThroughProxy(4, GetParam(), [](std::vector<WireChunk>&) {}, &got,
-                           /*late_recv=*/false, /*deferred=*/true),
-              IsOkAndHolds(4u << 20));
-  const std::vector<std::pair<std::string, Rearrange>> attacks = {
-      {"counter flipped", [](std::vector<WireChunk>& m) { m[1].bytes[0] ^= 1; }},
-      {"payload flipped", [](std::vector<WireChunk>& m) { m[1].bytes[100000] ^= 0x80; }},
-      {"tag flipped", [](std::vector<WireChunk>& m) { m[1].bytes.back() ^= 1; }},
-      {"header flipped", [](std::vector<WireChunk>& m) { m[1].header.priority ^= 1; }},
-  };
-  for (const auto& [name, attack] : attacks) {
-    SCOPED_TRACE(name);
-    EXPECT_THAT(ThroughProxy(4, GetParam(), attack, &got, /*late_recv=*/false,
-                             /*deferred=*/true),
-                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("peer-A")));
-    // Chunk 1's bytes reached the receive buffer unverified: the failed open zeroed them.
-    const std::vector<uint8_t> chunk1(got.begin() + (1 << 20), got.begin() + (2 << 20));
-    EXPECT_EQ(std::count(chunk1.begin(), chunk1.end(), 0), 1 << 20);
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SegmentTest, ::testing::Bool(),

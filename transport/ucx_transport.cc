@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -101,7 +100,6 @@ struct RequestCtx {
   ControlHeader control_header{};
   std::shared_ptr<std::vector<uint8_t>> payload;  // Owned payload (probe data).
   bool eager = false;                   // A send forced to UCX's eager protocol.
-  std::array<ucp_dt_iov_t, 3> iov{};    // A scattered receive's parts (UCX reads them until done).
   DoneCallback done;
 };
 
@@ -338,43 +336,6 @@ class UcxDeferred final : public DeferredPayload {
       param.user_data = ctx;
       engine->StartRequest(ucp_am_recv_data_nbx(engine->worker(), desc, dst, length, &param),
                            ctx, "rendezvous receive");
-    });
-  }
-
-  void FetchParts(absl::Span<uint8_t> head, absl::Span<uint8_t> body, absl::Span<uint8_t> tail,
-                  DoneCallback done) override {
-    consumed_ = true;
-    Run([lane = lane_, desc = desc_, head, body, tail,
-         done = std::move(done)](Engine* engine) mutable {
-      if (engine == nullptr || lane->closed) {
-        done(absl::CancelledError("connection closed before the chunk was fetched"));
-        return;
-      }
-      auto* ctx = new RequestCtx;
-      ctx->engine = engine;
-      ctx->lane = lane;
-      ctx->done = std::move(done);
-      size_t parts = 0;
-      for (absl::Span<uint8_t> part : {head, body, tail}) {
-        if (part.empty()) continue;  // UCX takes no empty entries.
-        ctx->iov[parts].buffer = part.data();
-        ctx->iov[parts].length = part.size();
-        ++parts;
-      }
-      ucp_request_param_t param{};
-      param.op_attr_mask =
-          UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-      param.datatype = ucp_dt_make_iov();
-      param.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
-        auto* ctx = static_cast<RequestCtx*>(user_data);
-        ucp_request_free(request);
-        if (status == UCS_OK) ctx->engine->HeardFrom(*ctx->lane);
-        ctx->engine->CompleteRequest(ctx, status, "rendezvous receive");
-      };
-      param.user_data = ctx;
-      engine->StartRequest(
-          ucp_am_recv_data_nbx(engine->worker(), desc, ctx->iov.data(), parts, &param), ctx,
-          "rendezvous receive");
     });
   }
 
