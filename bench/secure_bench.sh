@@ -10,19 +10,22 @@
 #   2. the connect time added per link (median Connect + Accept of fresh links, same runs);
 #   3. SparseAllReduce, 4 ranks, every down-link shaped to --rate in tools/testbed (root):
 #      plain against a job secret with the default LBCC_ENCRYPT=slow (slow links encrypted),
-#      alternating for --pairs rounds, both at the same log level (WARN); then one untimed
+#      --pairs rounds of one run each, the order alternating (plain first in even rounds,
+#      secret first in odd ones, so neither always runs after the other), both at the same log
+#      level (WARN); reported as each variant's median and spread (quartiles, fastest) over all
+#      its timings, and the median of the rounds' ratios with their quartiles; then one untimed
 #      secure run at TRACE, whose log shows every link authenticated, and every log is searched
 #      for the secret. Skipped with the reason without root / network namespaces.
 #
-#   bench/secure_bench.sh [--pairs 5] [--rounds 15] [--rate 100mbit] [--bytes 16M] [--iters 5]
+#   bench/secure_bench.sh [--pairs 10] [--rounds 15] [--rate 100mbit] [--bytes 16M] [--iters 10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
-flags_value pairs 5 "alternating testbed runs of each variant"
+flags_value pairs 10 "alternating testbed runs of each variant"
 flags_value rounds 15 "alternating point-to-point rounds of each variant"
 flags_value rate 100mbit "testbed down-link rate (tc syntax)"
 flags_value bytes 16M "SparseAllReduce tensor size"
-flags_value iters 5 "timed SparseAllReduce iterations per run"
+flags_value iters 10 "timed SparseAllReduce iterations per run"
 flags_value out /tmp/lbcc_secure_bench "folder for the per-run JSON and logs"
 flags_value results bench/results/secure.md "where the summary is written"
 flags_parse "$@"
@@ -81,8 +84,13 @@ else
     echo "  $label done"
   }
   for ((p = 0; p < pairs; ++p)); do
-    run "sparse_plain_$p" WARN
-    run "sparse_secure_$p" WARN --job_secret_file "$out/secret"
+    if ((p % 2 == 0)); then
+      run "sparse_plain_$p" WARN
+      run "sparse_secure_$p" WARN --job_secret_file "$out/secret"
+    else
+      run "sparse_secure_$p" WARN --job_secret_file "$out/secret"
+      run "sparse_plain_$p" WARN
+    fi
   done
   run "sparse_secure_trace" TRACE --job_secret_file "$out/secret"
   $T down --name "$name" >/dev/null
@@ -210,21 +218,30 @@ else:
         b = json.load(open(f"{out}/sparse_secure_{p}.json"))[0]
         rows.append((a["seconds"], b["seconds"], a["in_place"]["seconds"],
                      b["in_place"]["seconds"]))
+    def quartiles(xs):
+        q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+        return q[0], q[2]
     lines += ["Each run times the operation twice (out of place, then in place; lbcc_perf's "
-              f"mean over {iters} iterations each).", "",
-              "| round | plain (s) | secret, slow links encrypted (s) | ratio | plain in place (s) "
-              "| secret in place (s) | ratio |", "|---|---|---|---|---|---|---|"]
+              f"mean over {iters} iterations each). Rounds alternate the order: plain first in "
+              "even rounds, secret first in odd ones.", "",
+              "| round | first | plain (s) | secret, slow links encrypted (s) | ratio | plain in place (s) "
+              "| secret in place (s) | ratio |", "|---|---|---|---|---|---|---|---|"]
     for i, (a, b, ai, bi) in enumerate(rows):
-        lines.append(f"| {i} | {a:.3f} | {b:.3f} | {b/a:.3f} | {ai:.3f} | {bi:.3f} | {bi/ai:.3f} |")
-    ma, mb = med([r[0] for r in rows]), med([r[1] for r in rows])
-    mai, mbi = med([r[2] for r in rows]), med([r[3] for r in rows])
-    lines.append(f"| median | {ma:.3f} | {mb:.3f} | {mb/ma:.3f} | {mai:.3f} | {mbi:.3f} | "
-                 f"{mbi/mai:.3f} |")
+        first = "plain" if i % 2 == 0 else "secret"
+        lines.append(f"| {i} | {first} | {a:.4f} | {b:.4f} | {b/a:.3f} | {ai:.4f} | {bi:.4f} | "
+                     f"{bi/ai:.3f} |")
     pa = [x for r in rows for x in (r[0], r[2])]
     pb = [x for r in rows for x in (r[1], r[3])]
-    lines += ["", f"All {len(pa)} timings of each variant pooled: median plain {med(pa):.3f} s, "
-              f"secret {med(pb):.3f} s, ratio {med(pb)/med(pa):.3f}; fastest plain "
-              f"{min(pa):.3f} s, secret {min(pb):.3f} s, ratio {min(pb)/min(pa):.3f}."]
+    ratios = [x for r in rows for x in (r[1] / r[0], r[3] / r[2])]
+    lines += ["", f"All {len(pa)} timings of each variant pooled:", "",
+              "| variant | median (s) | quartiles (s) | fastest (s) |", "|---|---|---|---|"]
+    for label, xs in [("plain", pa), ("secret, slow links encrypted", pb)]:
+        lo, hi = quartiles(xs)
+        lines.append(f"| {label} | {med(xs):.4f} | {lo:.4f} - {hi:.4f} | {min(xs):.4f} |")
+    rlo, rhi = quartiles(ratios)
+    lines += ["", f"Ratio secret / plain: of the pooled medians {med(pb)/med(pa):.3f}; median of "
+              f"the {len(ratios)} same-round ratios {med(ratios):.3f} (quartiles {rlo:.3f} - "
+              f"{rhi:.3f}); of the fastest {min(pb)/min(pa):.3f}."]
     authenticated = sum(open(f).read().count(" authenticated, ")
                         for f in glob.glob(f"{out}/sparse_secure_trace.rank*.log"))
     lines += ["", "Both variants logged at WARN. An untimed secure run at LBCC_DEBUG=TRACE "

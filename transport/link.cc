@@ -534,8 +534,12 @@ void Link::FlushOutbox(bool from_sender) {
     channel = channel_;
   }
   for (const Handoff& handoff : work) {
-    if (from_sender && handoff.length <= kInlineSealBytes) {
-      SealAndHand(handoff, channel, /*kick=*/true);
+    // A slow link's chunk is sealed on the thread that releases it (the sender, a credit's
+    // backend thread, the pacing timer): its seal takes far less than its time on the wire,
+    // while a hop to the pool costs a wake-up, which on a busy host (ranks' compute, other
+    // ranks' pools) can take milliseconds, and a slow-link collective waits on every chunk.
+    if (!handoff.fast || (from_sender && handoff.length <= kInlineSealBytes)) {
+      SealAndHand(handoff, channel, /*kick=*/from_sender);
     } else {
       CryptoPool::Get().Post(CryptoPool::Kind::kSeal, [self = shared_from_this(), handoff, channel] {
         self->SealAndHand(handoff, channel, /*kick=*/false);
@@ -693,7 +697,7 @@ void Link::OnCredit(int lane, uint64_t bytes, uint8_t priority) {
     PumpLocked();
     flush = !outbox_.empty();
   }
-  // From the backend's thread (a credit arrived): the pool seals.
+  // From the backend's thread (a credit arrived): a slow link's chunks are sealed here.
   if (flush) FlushOutbox(/*from_sender=*/false);
 }
 

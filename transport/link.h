@@ -15,12 +15,14 @@
 // kChunkEncrypted when encrypted) and `length` counts the counter and tag as well; the header
 // as sent is the AEAD's associated data. Chunks that arrive before Configure() wait, unread,
 // until it says whether the link is sealed. The cipher never runs under the Link's mutex: the
-// scheduler only reserves a chunk, and the seal runs on the crypto pool (a few threads per
-// process, one queue, opens before seals; they never progress the backend) or, for a small
-// chunk, on the sending thread; a fast link's message is sealed in chunks of at most
-// kSealedChunkBytes (larger, up to kMaxSealedChunkBytes, while much is already queued), so the
-// pool seals one while another is on the wire. Rendezvous chunks are
-// opened on the pool too, never on the backend's progress thread. An eager chunk is opened by the
+// scheduler only reserves a chunk, and a fast link's chunk is sealed on the crypto pool (a few
+// threads per process, one queue, opens before seals; they never progress the backend) or, for a
+// small chunk, on the sending thread; a slow link's chunk is sealed on the thread that releases
+// it (the sender, a credit's backend thread, the pacing timer: its seal is far shorter than its
+// time on the wire, a hop to the pool costs a wake-up); a fast link's message is sealed in
+// chunks of at most kSealedChunkBytes (larger, up to kMaxSealedChunkBytes, while much is already
+// queued), so the pool seals one while another is on the wire. Rendezvous chunks are opened on
+// the pool too, never on the backend's progress thread. An eager chunk is opened by the
 // backend's thread after the mutex is released: the first of a message into scratch before its
 // header is used, a later one of a matched message straight into the receive buffer
 // (EagerOpen); a chunk that fails to open leaves zeros there.

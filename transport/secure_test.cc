@@ -18,11 +18,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/mutex.h"
+#include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -413,18 +416,52 @@ void RoundTrip(Endpoint& a, Endpoint& b, size_t size) {
   }
 }
 
+// A server transport listening, a client transport, and the link between them once the
+// client connected and the server accepted (a: the client's end, b: the server's).
+struct TransportPair {
+  std::unique_ptr<Transport> server;
+  std::unique_ptr<Transport> client;
+  std::string address;
+  std::unique_ptr<Endpoint> a;
+  std::unique_ptr<Endpoint> b;
+};
+
+// Makes the server of `backend` and listens on a fresh address.
+absl::StatusOr<TransportPair> Listening(Backend backend, const TransportOptions& server_options) {
+  TransportPair pair;
+  pair.server = Make(backend, server_options);
+  if (pair.server == nullptr) return absl::InternalError("no server transport");
+  LBCC_ASSIGN_OR_RETURN(pair.address, pair.server->Listen(ListenAddress(backend)));
+  return pair;
+}
+
+// Makes the client, connects it to the pair's server and accepts the link there.
+absl::Status Join(Backend backend, const TransportOptions& client_options, TransportPair& pair) {
+  pair.client = Make(backend, client_options);
+  if (pair.client == nullptr) return absl::InternalError("no client transport");
+  LBCC_ASSIGN_OR_RETURN(pair.a, pair.client->Connect(pair.address, kWait, {}));
+  LBCC_ASSIGN_OR_RETURN(pair.b, pair.server->Accept(kWait));
+  return absl::OkStatus();
+}
+
+// Listening, then Join.
+absl::StatusOr<TransportPair> Connected(Backend backend, const TransportOptions& server_options,
+                                        const TransportOptions& client_options) {
+  LBCC_ASSIGN_OR_RETURN(TransportPair pair, Listening(backend, server_options));
+  LBCC_RETURN_IF_ERROR(Join(backend, client_options, pair));
+  return pair;
+}
+
 class SecureLinkTest : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(SecureLinkTest, MembersConnectAndEveryChunkIsSealedEncryptedAsAsked) {
   for (EncryptMode mode : {EncryptMode::kSlow, EncryptMode::kAll}) {
     SCOPED_TRACE(EncryptModeName(mode));
-    auto server = Make(GetParam(), Options(GetParam(), Secret(), mode));
-    auto client = Make(GetParam(), Options(GetParam(), Secret()));
-    ASSERT_NE(server, nullptr);
-    ASSERT_NE(client, nullptr);
-    LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
-    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
-    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+    LBCC_ASSERT_OK_AND_ASSIGN(TransportPair pair,
+                              Connected(GetParam(), Options(GetParam(), Secret(), mode),
+                                        Options(GetParam(), Secret())));
+    std::unique_ptr<Endpoint>& a = pair.a;
+    std::unique_ptr<Endpoint>& b = pair.b;
     RoundTrip(*a, *b, 3 << 20);
     RoundTrip(*a, *b, 0);
     // A fast link: encrypted only when either end asks for all links.
@@ -442,13 +479,11 @@ TEST_P(SecureLinkTest, QueuedMessagesOfAFastLinkArriveIntactInChunksOfOneToFourM
   // kMaxSealedChunkBytes as sealed bytes queue up (how far depends on timing), never beyond.
   for (EncryptMode mode : {EncryptMode::kNone, EncryptMode::kAll}) {
     SCOPED_TRACE(EncryptModeName(mode));
-    auto server = Make(GetParam(), Options(GetParam(), Secret(), mode));
-    auto client = Make(GetParam(), Options(GetParam(), Secret(), mode));
-    ASSERT_NE(server, nullptr);
-    ASSERT_NE(client, nullptr);
-    LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
-    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
-    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+    LBCC_ASSERT_OK_AND_ASSIGN(TransportPair pair,
+                              Connected(GetParam(), Options(GetParam(), Secret(), mode),
+                                        Options(GetParam(), Secret(), mode)));
+    std::unique_ptr<Endpoint>& a = pair.a;
+    std::unique_ptr<Endpoint>& b = pair.b;
     constexpr int kMessages = 8;
     constexpr size_t kSize = (6 << 20) + 5;
     std::vector<std::vector<uint8_t>> data, got;
@@ -488,13 +523,9 @@ TEST_P(SecureLinkTest, QueuedMessagesOfAFastLinkArriveIntactInChunksOfOneToFourM
 TEST_P(SecureLinkTest, ClosingAFastLinkWithChunksHeldBackCompletesEverySend) {
   // More than kMaxSealAheadBytes queued: chunks wait unsealed; a Close must still complete
   // every send (sent, or Cancelled), exactly once.
-  auto server = Make(GetParam(), Options(GetParam(), Secret(), EncryptMode::kAll));
-  auto client = Make(GetParam(), Options(GetParam(), Secret(), EncryptMode::kAll));
-  ASSERT_NE(server, nullptr);
-  ASSERT_NE(client, nullptr);
-  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  const TransportOptions options = Options(GetParam(), Secret(), EncryptMode::kAll);
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportPair pair, Connected(GetParam(), options, options));
+  std::unique_ptr<Endpoint>& a = pair.a;
   constexpr int kMessages = 8;
   const std::vector<uint8_t> data = Pattern(6 << 20, 9);
   std::vector<SendResult> sent(kMessages);
@@ -513,11 +544,9 @@ TEST_P(SecureLinkTest, SlowStripedLinksAuthenticateEveryConnection) {
   options.link_class = LinkClass::kSlow;
   options.scheduler.stripes = 3;
   options.scheduler.chunk_bytes = 64 << 10;
-  auto server = Make(GetParam(), options);
-  auto client = Make(GetParam(), options);
-  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportPair pair, Connected(GetParam(), options, options));
+  std::unique_ptr<Endpoint>& a = pair.a;
+  std::unique_ptr<Endpoint>& b = pair.b;
   EXPECT_EQ(a->counters().stripes, 3);
   RoundTrip(*a, *b, 1 << 20);
   EXPECT_TRUE(a->counters().encrypted);  // A slow link under the default mode.
@@ -525,8 +554,9 @@ TEST_P(SecureLinkTest, SlowStripedLinksAuthenticateEveryConnection) {
 }
 
 TEST_P(SecureLinkTest, ImpostorsAreRefusedAndTheJobGoesOn) {
-  auto server = Make(GetParam(), Options(GetParam(), Secret()));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::string address, server->Listen(ListenAddress(GetParam())));
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportPair pair,
+                            Listening(GetParam(), Options(GetParam(), Secret())));
+  const std::string& address = pair.address;
   const SecurityCounters before = GetSecurityCounters();
 
   auto wrong = Make(GetParam(), Options(GetParam(), JobSecret::Random()));
@@ -538,11 +568,9 @@ TEST_P(SecureLinkTest, ImpostorsAreRefusedAndTheJobGoesOn) {
   EXPECT_GE(GetSecurityCounters().handshakes_refused, before.handshakes_refused + 2);
 
   // The member that comes next is the one Accept returns, and its link works.
-  auto member = Make(GetParam(), Options(GetParam(), Secret()));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, member->Connect(address, kWait, {}));
-  LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
-  RoundTrip(*a, *b, 100000);
-  EXPECT_THAT(server->Accept(absl::Milliseconds(1)),
+  LBCC_ASSERT_OK(Join(GetParam(), Options(GetParam(), Secret()), pair));
+  RoundTrip(*pair.a, *pair.b, 100000);
+  EXPECT_THAT(pair.server->Accept(absl::Milliseconds(1)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));  // No impostor was accepted.
 }
 
@@ -967,14 +995,11 @@ TEST(SecretLogTest, TraceLogsOfSetUpAndRefusalsNeverContainTheSecret) {
   });
   const JobSecret secret = JobSecret::Random();
   for (Backend backend : {Backend::kLoopback, Backend::kUcx}) {
-    auto server = Make(backend, Options(backend, secret));
-    auto client = Make(backend, Options(backend, secret));
+    LBCC_ASSERT_OK_AND_ASSIGN(TransportPair pair, Listening(backend, Options(backend, secret)));
     auto impostor = Make(backend, Options(backend, JobSecret::Random()));
-    const std::string address = *server->Listen(ListenAddress(backend));
-    EXPECT_THAT(impostor->Connect(address, absl::Seconds(20), {}), Not(IsOk()));
-    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> a, client->Connect(address, kWait, {}));
-    LBCC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Endpoint> b, server->Accept(kWait));
-    RoundTrip(*a, *b, 1000);
+    EXPECT_THAT(impostor->Connect(pair.address, absl::Seconds(20), {}), Not(IsOk()));
+    LBCC_ASSERT_OK(Join(backend, Options(backend, secret), pair));
+    RoundTrip(*pair.a, *pair.b, 1000);
   }
   SetLogSink(nullptr);
   SetLogLevel(LogLevel::kWarn);
