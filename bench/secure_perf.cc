@@ -5,8 +5,10 @@
 //
 // Three variants, alternating so that the machine's load falls on all alike: plain (no job
 // secret), integrity (a secret, LBCC_ENCRYPT=none: every chunk authenticated) and encrypted (a
-// secret, LBCC_ENCRYPT=all: AES-256-GCM). Per variant: the median time of `connects` fresh links
-// (Connect + Accept; no probe: links are fast by configuration), and the median and best
+// secret, LBCC_ENCRYPT=all: AES-256-GCM). Per variant: the times of `connects` fresh links
+// (Connect + Accept; no probe: links are fast by configuration; each and their median; with
+// several variants in one process their transports' threads share the cores, so
+// bench/secure_bench.sh times connects with one variant per process), and the median and best
 // throughput of `rounds` runs of `count` messages of `bytes`, `window` in flight, one way.
 // Each round also times this CPU's AES-256-GCM limit through the same EVP code the links use
 // (SecureChannel::Seal and Open of 1 MiB chunks on one thread, --cipher_ms each; rates and the
@@ -34,6 +36,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/env.h"
@@ -389,7 +392,8 @@ int Run() {
     std::printf(
         "{\"mode\": \"%s\", \"bytes\": %lld, \"count\": %d, \"window\": %d, "
         "\"rounds\": %zu, \"bytes_per_second_median\": %.6g, \"bytes_per_second_max\": %.6g, "
-        "\"connect_us_median\": %.1f, \"connects\": %zu, \"cpu_ns_per_byte_median\": %.4f, "
+        "\"connect_us_median\": %.1f, \"connects\": %zu, \"connect_us\": [%s], "
+        "\"cpu_ns_per_byte_median\": %.4f, "
         "\"idle_fraction_median\": %.3f, \"threads_ns_per_byte\": {%s}, "
         "\"chunks_per_message\": %.2f, \"minor_faults_per_mib\": %.2f, "
         "\"authenticated\": %s, "
@@ -397,7 +401,11 @@ int Run() {
         v.mode.c_str(), static_cast<long long>(*bytes), absl::GetFlag(FLAGS_count), window,
         v.bytes_per_second.size(), Median(v.bytes_per_second),
         *std::max_element(v.bytes_per_second.begin(), v.bytes_per_second.end()),
-        Median(v.connect_us), v.connect_us.size(), Median(v.cpu_ns_per_byte),
+        Median(v.connect_us), v.connect_us.size(),
+        absl::StrJoin(v.connect_us, ", ",
+                      [](std::string* out, double us) { absl::StrAppendFormat(out, "%.1f", us); })
+            .c_str(),
+        Median(v.cpu_ns_per_byte),
         v.idle_fraction.empty() ? 0.0 : Median(v.idle_fraction), threads.c_str(),
         counters.messages_sent > 0
             ? static_cast<double>(counters.chunks_sent) / counters.messages_sent
