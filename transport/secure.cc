@@ -26,6 +26,15 @@
 namespace lbcc::transport {
 namespace {
 
+// OpenSSL frees its locks, random generators and fetched algorithms from an exit handler that
+// its first use registers, while threads may still be inside it: an elastic epoch's set-up that
+// outlives the group's exit wait, a link's crypto pool. Those then crashed in RAND_bytes
+// (SIGSEGV in CRYPTO_THREAD_write_lock). Initialized here while the library loads, before any
+// other use in the process, OpenSSL keeps its state until the process is gone. A program that
+// used OpenSSL before loading LBCC keeps its own choice.
+[[maybe_unused]] const bool g_openssl_kept_at_exit =
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+
 constexpr char kFrameMagic[4] = {'L', 'B', 'A', 'U'};
 constexpr uint16_t kFrameVersion = 1;
 

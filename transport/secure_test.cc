@@ -124,6 +124,32 @@ TEST(HandshakeTest, ProofsDependOnEverythingBoundAndOnTheRole) {
   EXPECT_TRUE(changed([](HandshakeTranscript& o) { o.server_flags = 5; }));
 }
 
+// A thread may still be drawing nonces and computing proofs when the process exits (an elastic
+// epoch's set-up outliving the group's exit wait): OpenSSL must still be there for it, not torn
+// down by its own exit handler (that crashed in RAND_bytes, CRYPTO_THREAD_write_lock).
+TEST(SecureExitTest, AThreadStillInTheHandshakesCryptographyAtExitDoesNotCrashTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // A fresh process: OpenSSL not used yet.
+  EXPECT_EXIT(
+      {
+        std::atomic<int> rounds{0};
+        std::thread([&rounds] {
+          const JobSecret secret = Secret();
+          for (;;) {
+            const HandshakeTranscript t = Transcript();
+            if (MacEqual(HandshakeMac(secret, t, HandshakeRole::kServer),
+                         HandshakeMac(secret, t, HandshakeRole::kClient))) {
+              std::_Exit(3);  // The roles' proofs must differ.
+            }
+            rounds.fetch_add(1, std::memory_order_release);
+          }
+        }).detach();
+        while (rounds.load(std::memory_order_acquire) < 100) std::this_thread::yield();
+        std::fprintf(stderr, "exiting with the thread inside OpenSSL\n");
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "exiting with the thread inside OpenSSL");
+}
+
 class ChannelTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ChannelTest, SealedChunksOpenOnceAndAFlippedBitIsDataLossNamingThePeer) {
