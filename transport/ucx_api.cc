@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <locale.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -44,9 +45,16 @@ struct State {
   Api api;
   Api after_exit;  // The stand-ins, from exit() on (see Load()).
   bool stand_ins_at_exit = false;  // after_exit replaces api once g_exit_handlers_done is set.
-  // The namespace's own C library's per-thread set-up of its ctype tables: a thread the program
-  // created has them unset there (UCX's parsers would crash on them); null outside a namespace.
-  void (*ctype_init)() = nullptr;
+  // The namespace's own C library's uselocale(), called with LC_GLOBAL_LOCALE once per thread
+  // (Get()): a thread the program created has that library's per-thread locale and ctype tables
+  // unset (UCX's parsers would crash on them); null outside a namespace. A thread created while
+  // the namespace was being loaded can even find that library's whole thread-local block never
+  // initialized (glibc initializes the blocks of the threads that exist when a library lands
+  // and of those created after; one created meanwhile can miss both): its locale pointer is
+  // null, which __ctype_init read (SIGSEGV in ucx_api::Get, seen in an elastic member whose
+  // two groups set up their first epochs at once). uselocale() sets the pointer itself and the
+  // ctype tables from it, so such a thread gets both.
+  locale_t (*uselocale)(locale_t) = nullptr;
   LoadInfo info;
   std::string unavailable;  // What the stand-in ucs_status_string() returns.
 };
@@ -119,11 +127,11 @@ State* Load() {
     }
     if (info.own_namespace && info.error.empty()) {
       void* libc = dlmopen(namespace_id, "libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-      void* ctype_init = libc != nullptr ? dlsym(libc, "__ctype_init") : nullptr;
-      if (ctype_init == nullptr) {
-        info.error = "the C library of UCX's namespace has no __ctype_init";
+      void* uselocale = libc != nullptr ? dlsym(libc, "uselocale") : nullptr;
+      if (uselocale == nullptr) {
+        info.error = "the C library of UCX's namespace has no uselocale";
       } else {
-        state->ctype_init = reinterpret_cast<void (*)()>(ctype_init);
+        state->uselocale = reinterpret_cast<locale_t (*)(locale_t)>(uselocale);
       }
     }
     link_map* map = nullptr;
@@ -167,7 +175,7 @@ const Api& Get() {
   const State& state = Loaded();
   thread_local bool thread_ready = false;
   if (!thread_ready) {
-    if (state.ctype_init != nullptr) state.ctype_init();
+    if (state.uselocale != nullptr) state.uselocale(LC_GLOBAL_LOCALE);
     thread_ready = true;
   }
   return state.stand_ins_at_exit && g_exit_handlers_done.load(std::memory_order_acquire)

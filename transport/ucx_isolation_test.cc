@@ -4,10 +4,13 @@
 // transport still connects and moves data over tcp on the loopback device, with the stub never
 // called.
 #include <dlfcn.h>
+#include <link.h>
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <string>
@@ -126,6 +129,68 @@ TEST_F(UcxIsolationTest, TransportStartsOnAThreadTheProgramCreated) {
   });
   thread.join();
   EXPECT_THAT(status, IsOk());
+}
+
+// The size of the C library's thread-local block (its PT_TLS segment; UCX's namespace loads the
+// same file).
+size_t LibcTlsBytes() {
+  size_t bytes = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "libc.so.6") == nullptr) {
+          return 0;
+        }
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_TLS) {
+            *static_cast<size_t*>(out) = info->dlpi_phdr[i].p_memsz;
+          }
+        }
+        return 1;
+      },
+      &bytes);
+  return bytes;
+}
+
+// A thread created while UCX's namespace was being loaded can find its block of that
+// namespace's C library thread-local storage never initialized (glibc sets a new thread's block
+// up before listing the thread, a load sets up the listed threads' blocks: a thread between the
+// two misses both). Such a thread is made here by zeroing a new thread's block, which is the
+// state glibc leaves it in; its first UCX call must still find its locale and ctype tables
+// there, and UCX's configuration parser must run on it.
+TEST(UcxLoadTest, AThreadWhoseNamespaceThreadLocalsWereNeverSetUpStillRunsUcx) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // A crash must not take the suite down.
+  EXPECT_EXIT(
+      {
+        ASSERT_TRUE(ucx_api::Info().own_namespace);
+        Dl_info where;
+        link_map* ucp = nullptr;
+        ASSERT_NE(dladdr1(reinterpret_cast<void*>(ucx_api::Get().ucp_cleanup), &where,
+                          reinterpret_cast<void**>(&ucp), RTLD_DL_LINKMAP),
+                  0);
+        Lmid_t lmid = LM_ID_BASE;
+        ASSERT_EQ(dlinfo(ucp, RTLD_DI_LMID, &lmid), 0) << dlerror();  // a handle is its map
+        void* libc = dlmopen(lmid, "libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        ASSERT_NE(libc, nullptr) << dlerror();
+        const size_t bytes = LibcTlsBytes();
+        ASSERT_GT(bytes, 0u);
+        absl::Status status = absl::UnknownError("the thread did not run");
+        std::thread thread([&] {
+          void* block = nullptr;
+          if (dlinfo(libc, RTLD_DI_TLS_DATA, &block) != 0 || block == nullptr) {
+            status = absl::InternalError("no thread-local block of the namespace's C library");
+            return;
+          }
+          std::memset(block, 0, bytes);
+          TransportOptions options;
+          options.ucx_tls = "tcp";
+          options.ucx_net_devices = "lo";
+          status = NewUcxTransport(options).status();
+        });
+        thread.join();
+        std::fprintf(stderr, "transport on that thread: %s\n", status.ToString().c_str());
+        std::exit(status.ok() ? 0 : 3);
+      },
+      ::testing::ExitedWithCode(0), "transport on that thread: OK");
 }
 
 // An atexit handler registered before UCX's first use runs before the handler that hands out
