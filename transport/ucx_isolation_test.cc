@@ -7,7 +7,6 @@
 #include <link.h>
 #include <ucp/api/ucp.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
