@@ -239,6 +239,28 @@ absl::StatusOr<std::shared_ptr<const SubspaceBasis>> ShiftEmbedding(const Subspa
   return shifted;
 }
 
+absl::StatusOr<std::shared_ptr<const SubspaceBasis>> RefreshTable(const SubspaceBasis& basis,
+                                                                  const TensorView& embedding,
+                                                                  TableRefreshMode mode,
+                                                                  SubspaceArithmetic arithmetic) {
+  if (mode == TableRefreshMode::kConstrained) return ShiftEmbedding(basis, embedding, arithmetic);
+  LBCC_RETURN_IF_ERROR(RequireSingle(basis, "the lossy table refresh"));
+  if (basis.vocab_size() == 0) {
+    return absl::FailedPreconditionError("the lossy table refresh needs a basis with a vocabulary");
+  }
+  if (basis.id().version == std::numeric_limits<uint32_t>::max()) {
+    return absl::FailedPreconditionError("basis version is at its maximum");
+  }
+  LBCC_RETURN_IF_ERROR(CheckMatrix(embedding, "embedding"));
+  const int64_t v = basis.vocab_size(), d = basis.model_dim();
+  if (embedding.dim(0) != v || embedding.dim(1) != d) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding is ", embedding.DebugString(),
+                                                   ", expected [V = ", v, ", d = ", d, "]"));
+  }
+  const float* e = embedding.data_as<const float>();
+  return basis.WithTable(std::vector<float>(e, e + v * d), basis.id().version + 1);
+}
+
 absl::StatusOr<SubspaceEnergy> MeasureSubspaceEnergy(std::shared_ptr<const SubspaceBasis> basis,
                                                      const TensorView& h,
                                                      absl::Span<const int32_t> ids,

@@ -5,6 +5,10 @@
 //   ShiftEmbedding         T <- T + (E - E U U^T), E <- E U U^T: moves the out-of-subspace part of
 //                          a dense embedding into the fixed table (h0 = T[y] + E[y] is unchanged up
 //                          to rounding) and returns the basis with the new table and version + 1.
+//   RefreshTable           the basis for the next outer step in either boundary design
+//                          (reference/subspace.md, "Two designs"): kLossy takes the synced
+//                          embedding itself as T (nothing constrained, embedding untouched);
+//                          kConstrained is ShiftEmbedding. Version + 1 either way.
 //   ProjectPseudoGradient  W <- S - U U^T (S - W): projects a replica's pseudo-gradient S - W
 //                          (S the outer copy) onto span(U) before it is compressed, so top-k
 //                          spends its budget only on what the outer step keeps.
@@ -54,6 +58,33 @@ absl::Status ProjectWeight(const SubspaceBasis& basis, const TensorView& weight,
 absl::StatusOr<std::shared_ptr<const SubspaceBasis>> ShiftEmbedding(const SubspaceBasis& basis,
                                                                     const TensorView& embedding,
                                                                     SubspaceArithmetic arithmetic);
+
+// The two pipeline-boundary designs' table after a SparseLoCo outer step.
+enum class TableRefreshMode {
+  // The seed paper's lossy boundary: no weight is constrained; T is the synced token-embedding
+  // table itself, so the boundary sends c = U^T (h - E[y]) and loses what lies outside span(U)
+  // only on compressed replicas. The next basis is basis.WithTable(E, version + 1); E is read,
+  // never written.
+  kLossy,
+  // Protocol Models' constrained boundary: ShiftEmbedding (E projected in place, T absorbs the
+  // rest).
+  kConstrained,
+};
+
+// The basis for the next outer step: `embedding` is host f32 [V x d], V the basis'
+// vocabulary (and d its model dimension), holding the synced embedding every rank has after the
+// outer step. kLossy copies it bit for bit into the table (`arithmetic` is unused: a copy
+// involves none) and leaves it untouched; kConstrained is ShiftEmbedding(basis, embedding,
+// arithmetic), which modifies it in place on success. Either way every rank that passes the
+// same bits gets the same basis id (hash and version + 1), so stages agree on the version
+// without shipping the basis; a stage without the embedding rebuilds the table from a table
+// delta (table_delta.h) first. Errors: FailedPrecondition for a mixture basis, a basis without
+// vocabulary, or version UINT32_MAX; InvalidArgument for a bad view (not host f32 [V x d]) or,
+// kLossy, non-finite values in it. On error nothing is modified.
+absl::StatusOr<std::shared_ptr<const SubspaceBasis>> RefreshTable(const SubspaceBasis& basis,
+                                                                  const TensorView& embedding,
+                                                                  TableRefreshMode mode,
+                                                                  SubspaceArithmetic arithmetic);
 
 // In place: local <- outer - P(outer - local), P = U U^T on the `side` dimension, i.e. the
 // pseudo-gradient outer - local projected onto span(U) (docs/subspace_adaptations.md). `outer`

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -295,6 +296,115 @@ TEST(ShiftEmbeddingTest, Rejections) {
   EXPECT_THAT(ShiftEmbedding(*last, View(e, 10, 16), SubspaceArithmetic::kBlas).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("version")));
   for (float x : e) ASSERT_EQ(x, 1.0f);
+}
+
+TEST(RefreshTableTest, LossyTakesTheEmbeddingBitForBitAndLeavesItAlone) {
+  const int64_t d = 24, k = 5, v = 30, tokens = 9;
+  for (bool with_table : {true, false}) {
+    auto basis = MakeBasis(d, k, 1, v, with_table);
+    std::vector<float> e = Gaussian(v * d, 8, 0.7);
+    e[3] = -0.0f;  // bits, not values, are copied
+    const std::vector<float> e0 = e;
+    LBCC_ASSERT_OK_AND_ASSIGN(
+        auto next, RefreshTable(*basis, View(e, v, d), TableRefreshMode::kLossy,
+                                SubspaceArithmetic::kBlas));
+    EXPECT_EQ(next->id().version, basis->id().version + 1);
+    EXPECT_NE(next->id().hash, basis->id().hash);
+    ASSERT_EQ(next->table().size(), e0.size());
+    EXPECT_EQ(std::memcmp(next->table().data(), e0.data(), e0.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(e.data(), e0.data(), e0.size() * sizeof(float)), 0);
+    // U is the old one: only T and the version moved.
+    EXPECT_TRUE(std::equal(next->u().begin(), next->u().end(), basis->u().begin()));
+    // The lossy boundary: h = E[y] + U c crosses exactly; anything else loses its part outside
+    // span(U) and nothing more.
+    auto codec = SubspaceCodec::Create(next, {DType::kF32});
+    ASSERT_THAT(codec.status(), IsOk());
+    std::vector<int32_t> ids(tokens);
+    std::vector<float> h(tokens * d), out(tokens * d);
+    const std::vector<float> c = Gaussian(tokens * k, 9);
+    for (int64_t t = 0; t < tokens; ++t) {
+      ids[t] = static_cast<int32_t>((t * 11) % v);
+      for (int64_t i = 0; i < d; ++i) {
+        double x = e0[ids[t] * d + i];
+        for (int64_t j = 0; j < k; ++j) x += double{next->u()[i * k + j]} * c[t * k + j];
+        h[t * d + i] = static_cast<float>(x);
+      }
+    }
+    LBCC_ASSERT_OK_AND_ASSIGN(auto payload, codec->EncodeForward(View(h, tokens, d), ids));
+    ASSERT_THAT(codec->DecodeForward(payload, View(out, tokens, d)), IsOk());
+    for (int64_t i = 0; i < tokens * d; ++i) ASSERT_NEAR(out[i], h[i], 1e-5);
+  }
+}
+
+TEST(RefreshTableTest, EqualInputsGiveEqualIdsOnEveryRank) {
+  const int64_t d = 32, k = 4, v = 20;
+  auto basis = MakeBasis(d, k, 1, v, true);
+  std::vector<float> e1 = Gaussian(v * d, 10), e2 = e1;
+  for (TableRefreshMode mode : {TableRefreshMode::kLossy, TableRefreshMode::kConstrained}) {
+    LBCC_ASSERT_OK_AND_ASSIGN(auto a, RefreshTable(*basis, View(e1, v, d), mode,
+                                                   SubspaceArithmetic::kPortable));
+    LBCC_ASSERT_OK_AND_ASSIGN(auto b, RefreshTable(*basis, View(e2, v, d), mode,
+                                                   SubspaceArithmetic::kPortable));
+    EXPECT_EQ(a->id(), b->id());
+    EXPECT_EQ(a->id().version, basis->id().version + 1);
+  }
+  // One bit of the embedding changes the lossy id.
+  std::vector<float> e3 = e1;
+  e3[17] = std::nextafter(e3[17], 10.0f);
+  LBCC_ASSERT_OK_AND_ASSIGN(auto a, RefreshTable(*basis, View(e1, v, d), TableRefreshMode::kLossy,
+                                                 SubspaceArithmetic::kPortable));
+  LBCC_ASSERT_OK_AND_ASSIGN(auto c, RefreshTable(*basis, View(e3, v, d), TableRefreshMode::kLossy,
+                                                 SubspaceArithmetic::kPortable));
+  EXPECT_EQ(a->id().version, c->id().version);
+  EXPECT_NE(a->id().hash, c->id().hash);
+}
+
+TEST(RefreshTableTest, ConstrainedIsShiftEmbedding) {
+  const int64_t d = 24, k = 6, v = 15;
+  for (auto arithmetic : {SubspaceArithmetic::kBlas, SubspaceArithmetic::kPortable}) {
+    auto basis = MakeBasis(d, k, 1, v, true);
+    std::vector<float> e1 = Gaussian(v * d, 12), e2 = e1;
+    LBCC_ASSERT_OK_AND_ASSIGN(auto refreshed, RefreshTable(*basis, View(e1, v, d),
+                                                           TableRefreshMode::kConstrained,
+                                                           arithmetic));
+    LBCC_ASSERT_OK_AND_ASSIGN(auto shifted, ShiftEmbedding(*basis, View(e2, v, d), arithmetic));
+    EXPECT_EQ(refreshed->id(), shifted->id());
+    EXPECT_EQ(e1, e2);  // modified in place, the same way
+    EXPECT_NE(e1, Gaussian(v * d, 12));
+  }
+}
+
+TEST(RefreshTableTest, Rejections) {
+  auto basis = MakeBasis(16, 4, 1, 10, true);
+  std::vector<float> e(10 * 16, 1.0f);
+  for (TableRefreshMode mode : {TableRefreshMode::kLossy, TableRefreshMode::kConstrained}) {
+    const auto a = SubspaceArithmetic::kPortable;
+    EXPECT_THAT(RefreshTable(*basis, View(e, 16, 10), mode, a).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    std::vector<int32_t> wide(10 * 16);
+    LBCC_ASSERT_OK_AND_ASSIGN(TensorView i32,
+                              TensorView::Create(wide.data(), DType::kI32, {10, 16}));
+    EXPECT_THAT(RefreshTable(*basis, i32, mode, a).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    auto no_vocab = MakeBasis(16, 4, 1, 0, false);
+    EXPECT_THAT(RefreshTable(*no_vocab, View(e, 10, 16), mode, a).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("vocabulary")));
+    auto mixture = MakeBasis(16, 4, 2, 10, true);
+    EXPECT_THAT(RefreshTable(*mixture, View(e, 10, 16), mode, a).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+    LBCC_ASSERT_OK_AND_ASSIGN(
+        auto last, SubspaceBasis::FromMatrices(16, 4, 1, 10, {basis->u().begin(), basis->u().end()},
+                                               {}, UINT32_MAX));
+    EXPECT_THAT(RefreshTable(*last, View(e, 10, 16), mode, a).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("version")));
+    for (float x : e) ASSERT_EQ(x, 1.0f);
+  }
+  // The lossy table is data of the next basis: non-finite values are refused, nothing changes.
+  e[5] = std::nanf("");
+  EXPECT_THAT(RefreshTable(*basis, View(e, 10, 16), TableRefreshMode::kLossy,
+                           SubspaceArithmetic::kPortable)
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(SubspaceEnergyTest, MeasuresTheOutOfSubspacePart) {
