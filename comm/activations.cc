@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "codecs/table_delta.h"
 
 namespace lbcc::comm {
 namespace {
@@ -138,7 +139,67 @@ RequestPtr Recv(Communicator& comm, SubspaceDirection direction, const TensorVie
                              });
 }
 
+// A table delta as a codecs::Codec, so SendCompressed carries it like the activations: the
+// message is encoded when the object is made and copied out by Encode(). It lives for one
+// SendCompressed call.
+class TableDeltaMessage final : public codecs::Codec {
+ public:
+  explicit TableDeltaMessage(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
+
+  // Not an envelope payload (no codec id: the message has its own magic); the id only names
+  // a device twin, and table deltas are host-only.
+  codecs::CodecId id() const override { return static_cast<codecs::CodecId>(0); }
+  absl::string_view name() const override { return "table_delta"; }
+  std::string Describe() const override { return "table delta"; }
+  absl::StatusOr<size_t> MaxEncodedBytes(absl::Span<const int64_t>) const override {
+    return bytes_.size();
+  }
+  absl::StatusOr<size_t> Encode(const TensorView&, codecs::CodecState*,
+                                absl::Span<uint8_t> out) const override {
+    if (out.size() < bytes_.size()) return absl::InternalError("table delta: short buffer");
+    std::copy(bytes_.begin(), bytes_.end(), out.begin());
+    return bytes_.size();
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+// A 1-D host f32 view of a table (RecvCompressed's `out`; SendCompressed's input, which the
+// message codec does not read).
+absl::StatusOr<TensorView> TableView(const float* data, size_t size) {
+  if (size > static_cast<size_t>(INT64_MAX / sizeof(float))) {
+    return absl::InvalidArgumentError(absl::StrCat("a table of ", size, " elements"));
+  }
+  return TensorView::Host(const_cast<float*>(data), {static_cast<int64_t>(size)});
+}
+
 }  // namespace
+
+RequestPtr SendTableUpdate(Communicator& comm, absl::Span<const float> before,
+                           absl::Span<const float> after, int peer, uint32_t tag, size_t* bytes) {
+  absl::StatusOr<std::vector<uint8_t>> message = codecs::EncodeTableDelta(before, after);
+  if (!message.ok()) return CompletedRequest(Annotate(message.status(), "SendTableUpdate"));
+  absl::StatusOr<TensorView> view = TableView(after.data(), after.size());
+  if (!view.ok()) return CompletedRequest(Annotate(view.status(), "SendTableUpdate"));
+  const size_t size = message->size();
+  TableDeltaMessage codec(*std::move(message));
+  RequestPtr request = comm.SendCompressed(*view, &codec, nullptr, peer, tag);
+  if (bytes != nullptr && !request->RejectedAtPost()) *bytes = size;
+  return request;
+}
+
+RequestPtr RecvTableUpdate(Communicator& comm, absl::Span<float> table, int peer, uint32_t tag,
+                           size_t* bytes) {
+  absl::StatusOr<TensorView> view = TableView(table.data(), table.size());
+  if (!view.ok()) return CompletedRequest(Annotate(view.status(), "RecvTableUpdate"));
+  return comm.RecvCompressed(
+      *view, peer, tag, [table, bytes](absl::Span<const uint8_t> message, const TensorView&) {
+        absl::Status status = codecs::ApplyTableDelta(message, table);
+        if (status.ok() && bytes != nullptr) *bytes = message.size();
+        return Annotate(status, "RecvTableUpdate");
+      });
+}
 
 RequestPtr SendActivations(Communicator& comm, const TensorView& h, absl::Span<const int32_t> ids,
                            const SubspaceBasisPtr& basis,
@@ -249,6 +310,16 @@ absl::Status ActivationChannel::UpdateBasis(SubspaceBasisPtr basis, int keep_pre
 void ActivationChannel::DropPreviousBases() {
   MutexLock lock(&mu_);
   bases_.resize(1);
+}
+
+absl::StatusOr<SubspaceBasisPtr> ActivationChannel::RefreshTable(const TensorView& embedding,
+                                                                 codecs::TableRefreshMode mode) {
+  const SubspaceBasisPtr current = basis();
+  LBCC_ASSIGN_OR_RETURN(SubspaceBasisPtr next,
+                        codecs::RefreshTable(*current, embedding, mode,
+                                             codecs::SubspaceArithmetic::kPortable));
+  LBCC_RETURN_IF_ERROR(UpdateBasis(next, /*keep_previous=*/1));
+  return next;
 }
 
 SubspaceBasisPtr ActivationChannel::basis() const {

@@ -13,6 +13,13 @@
 // with the basis and mixture selectors of its forward, which RecvActivations reports in its
 // ActivationRoute.
 //
+// The lossy boundary (codecs/subspace_training.h, TableRefreshMode::kLossy) uses the synced
+// token-embedding table as the basis' table and refreshes it after every outer step. A stage
+// that holds no embedding follows it through table deltas (codecs/table_delta.h):
+//   SendTableUpdate(before, after)  -> RecvTableUpdate(table)
+// carries the elements whose bits changed, after which both sides call RefreshTable (or
+// ActivationChannel::RefreshTable) on identical bits and reach the same basis id.
+//
 // Two layers:
 //   - free functions that take the basis explicitly: what the C API (lbcc.h) and the Python
 //     bindings call, so every language puts the same bytes on the wire;
@@ -38,6 +45,7 @@
 #ifndef LBCC_COMM_ACTIVATIONS_H_
 #define LBCC_COMM_ACTIVATIONS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -49,6 +57,7 @@
 #include "base/tensor_view.h"
 #include "codecs/subspace_basis.h"
 #include "codecs/subspace_codec.h"
+#include "codecs/subspace_training.h"
 #include "comm/communicator.h"
 #include "comm/request.h"
 
@@ -96,6 +105,26 @@ RequestPtr RecvActivationGrads(Communicator& comm, const TensorView& g_out,
                                ActivationRoute* route = nullptr,
                                std::vector<uint8_t>* payload = nullptr);
 
+// Sends the table delta from `before` to `after` (codecs::EncodeTableDelta: the elements whose
+// bits differ) to `peer`, on the same path as the activations (kHigh priority, in order per
+// (peer, tag), not ordered with collectives). Both spans need only live for the call (the
+// message is encoded before it returns); `*bytes` (optional) gets the message's size then.
+// Errors: InvalidArgument at once (nothing sent) when the sizes differ or the peer is bad;
+// otherwise as SendActivations.
+RequestPtr SendTableUpdate(Communicator& comm, absl::Span<const float> before,
+                           absl::Span<const float> after, int peer, uint32_t tag,
+                           size_t* bytes = nullptr);
+
+// Receives a table delta from `peer` and applies it to `table` (codecs::ApplyTableDelta), so a
+// table that held the sender's `before` then holds its `after` bit for bit. `table` and `bytes`
+// must stay valid until the request is done; `*bytes` (optional) gets the message's size when
+// it succeeds. Errors of the request: DataLoss for a corrupt or foreign message (an activation
+// payload on the same tag included), InvalidArgument for a delta of another table size,
+// Unavailable / DeadlineExceeded / Cancelled as for every operation; `table` is untouched on
+// any error.
+RequestPtr RecvTableUpdate(Communicator& comm, absl::Span<float> table, int peer, uint32_t tag,
+                           size_t* bytes = nullptr);
+
 // One stage boundary: a communicator, the peer stage's rank and a tag, with the current basis
 // and the previous ones still accepted. Both sides call UpdateBasis between the same two
 // messages of the schedule.
@@ -123,6 +152,14 @@ class ActivationChannel {
   absl::Status UpdateBasis(SubspaceBasisPtr basis, int keep_previous = 1);
   // Once every in-flight backward drained.
   void DropPreviousBases();
+  // The next basis after an outer step, codecs::RefreshTable(basis(), embedding, mode) with
+  // kPortable arithmetic (identical bits on every machine), made current with the previous one
+  // kept (UpdateBasis(next, 1)). kLossy reads `embedding` (host f32 [V x d]: the synced
+  // embedding, or the table a RecvTableUpdate keeps in step); kConstrained shifts it in place.
+  // Both sides call it on the same bits between the same two messages and get the same basis
+  // id. Errors as codecs::RefreshTable; on error the channel is unchanged.
+  absl::StatusOr<SubspaceBasisPtr> RefreshTable(const TensorView& embedding,
+                                                codecs::TableRefreshMode mode);
 
   SubspaceBasisPtr basis() const;
   // The current basis first, then the kept previous ones.

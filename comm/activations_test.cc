@@ -13,6 +13,8 @@
 #include "codecs/dense_quant.h"
 #include "codecs/subspace_basis.h"
 #include "codecs/subspace_codec.h"
+#include "codecs/subspace_training.h"
+#include "codecs/table_delta.h"
 #include "comm/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -361,6 +363,164 @@ TEST(ActivationsTest, ManyMicrobatchesInFlightNothingLost) {
     EXPECT_EQ(forwards[mb], expected[mb].forward) << "forward of microbatch " << mb;
     EXPECT_EQ(backwards[mb], expected[mb].backward) << "backward of microbatch " << mb;
   }
+}
+
+
+// ---- The lossy boundary: table updates and table refresh ----
+
+// The synced embedding before and after an outer step that changed about 1 in 20 elements.
+struct TableStep {
+  std::vector<float> before, after;
+};
+
+TableStep MakeTableStep(size_t n = kV * kD) {
+  TableStep s;
+  for (size_t i = 0; i < n; ++i) {
+    s.before.push_back(static_cast<float>((i * 37) % 101) / 50.0f - 1.0f);
+  }
+  s.after = s.before;
+  for (size_t i = 0; i < n; i += 1 + (i * 7) % 37) s.after[i] += 0.125f;
+  return s;
+}
+
+bool SameBits(absl::Span<const float> a, absl::Span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Stage 0 holds the embedding; stage 1 holds only the synced table. After the outer step stage
+// 0 sends the delta; both refresh (lossy) and reach the same basis, which then carries the
+// activations.
+TEST(TableUpdateTest, ReceiverFollowsTheSenderBitForBitAndBothRefreshAlike) {
+  const SubspaceBasisPtr v0 = Basis();
+  const TableStep step = MakeTableStep();
+  LBCC_ASSERT_OK_AND_ASSIGN(const std::vector<uint8_t> delta,
+                            codecs::EncodeTableDelta(step.before, step.after));
+  std::vector<float> received = step.before;
+  std::vector<size_t> bytes(2, 0);
+  std::vector<codecs::SubspaceBasisId> ids(2);
+  auto results = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    LBCC_ASSIGN_OR_RETURN(auto channel, ActivationChannel::Create(&comm, 1 - rank, 4, v0));
+    std::vector<float> embedding = step.after;  // stage 0's synced embedding
+    Microbatch m = MakeMicrobatch(5);
+    if (rank == 0) {
+      LBCC_RETURN_IF_ERROR(
+          SendTableUpdate(comm, step.before, step.after, 1, 4, &bytes[0])->Wait());
+      TensorView e = *TensorView::Host(embedding.data(), {kV, kD});
+      LBCC_ASSIGN_OR_RETURN(SubspaceBasisPtr next,
+                            channel->RefreshTable(e, codecs::TableRefreshMode::kLossy));
+      ids[0] = next->id();
+      LBCC_RETURN_IF_ERROR(Check(SameBits(embedding, step.after), "lossy refresh wrote E"));
+      return channel->SendActivations(View(m.h), m.ids)->Wait();
+    }
+    LBCC_RETURN_IF_ERROR(
+        RecvTableUpdate(comm, absl::MakeSpan(received), 0, 4, &bytes[1])->Wait());
+    TensorView t = *TensorView::Host(received.data(), {kV, kD});
+    LBCC_ASSIGN_OR_RETURN(SubspaceBasisPtr next,
+                          channel->RefreshTable(t, codecs::TableRefreshMode::kLossy));
+    ids[1] = next->id();
+    std::vector<float> h(kTokens * kD);
+    ActivationRoute route;
+    LBCC_RETURN_IF_ERROR(channel->RecvActivations(View(h), {}, &route)->Wait());
+    LBCC_RETURN_IF_ERROR(Check(route.basis == next->id(), "activations of the new basis"));
+    // The previous basis is still accepted for backwards in flight.
+    return Check(channel->accepted_bases().size() == 2 &&
+                     channel->accepted_bases()[1]->id() == v0->id(),
+                 "previous basis kept");
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  EXPECT_TRUE(SameBits(received, step.after));
+  EXPECT_EQ(bytes[0], delta.size());
+  EXPECT_EQ(bytes[1], delta.size());
+  EXPECT_LT(delta.size(), step.after.size() * sizeof(float) / 2);
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_EQ(ids[0].version, v0->id().version + 1);
+}
+
+TEST(TableUpdateTest, ConstrainedRefreshOnBothSidesGivesTheSameBasis) {
+  const SubspaceBasisPtr v0 = Basis(3);
+  std::vector<codecs::SubspaceBasisId> ids(2);
+  std::vector<std::vector<float>> embeddings(2, MakeTableStep().after);
+  auto results = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    LBCC_ASSIGN_OR_RETURN(auto channel, ActivationChannel::Create(&comm, 1 - rank, 0, v0));
+    TensorView e = *TensorView::Host(embeddings[rank].data(), {kV, kD});
+    LBCC_ASSIGN_OR_RETURN(SubspaceBasisPtr next,
+                          channel->RefreshTable(e, codecs::TableRefreshMode::kConstrained));
+    ids[rank] = next->id();
+    return Check(channel->basis() == next, "current basis");
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_EQ(ids[0].version, 4u);
+  EXPECT_EQ(embeddings[0], embeddings[1]);
+  EXPECT_NE(embeddings[0], MakeTableStep().after);  // shifted in place
+}
+
+TEST(TableUpdateTest, CorruptAndForeignMessagesAreDataLossAndWrongSizesInvalidArgument) {
+  const SubspaceBasisPtr basis = Basis();
+  const TableStep step = MakeTableStep();
+  LBCC_ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> flipped,
+                            codecs::EncodeTableDelta(step.before, step.after));
+  flipped[flipped.size() / 2] ^= 0x04;
+  std::vector<absl::Status> received;
+  std::vector<float> table = step.before;
+  bool untouched = true;
+  size_t bytes = 12345;
+  auto results = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    if (rank == 0) {
+      // Refused before anything is sent.
+      RequestPtr r = SendTableUpdate(comm, step.before, absl::MakeSpan(step.after).subspan(1), 1, 0);
+      LBCC_RETURN_IF_ERROR(Check(r->RejectedAtPost(), "mismatched sizes posted"));
+      EXPECT_THAT(r->status(), StatusIs(absl::StatusCode::kInvalidArgument));
+      EXPECT_THAT(SendTableUpdate(comm, step.before, step.after, 0, 0)->status(),
+                  StatusIs(absl::StatusCode::kInvalidArgument));
+      std::vector<float> h = MakeMicrobatch(0).h;
+      RawCodec corrupt(flipped);
+      LBCC_RETURN_IF_ERROR(comm.SendCompressed(View(h), &corrupt, nullptr, 1, 0)->Wait());
+      Microbatch m = MakeMicrobatch(0);
+      LBCC_RETURN_IF_ERROR(SendActivations(comm, View(m.h), m.ids, basis, {}, 1, 0)->Wait());
+      // A delta of a table one element longer.
+      std::vector<float> longer_before = step.before, longer_after = step.after;
+      longer_before.push_back(0.0f);
+      longer_after.push_back(1.0f);
+      LBCC_RETURN_IF_ERROR(SendTableUpdate(comm, longer_before, longer_after, 1, 0)->Wait());
+      // Still usable: a good update after the bad ones arrives.
+      return SendTableUpdate(comm, step.before, step.after, 1, 0)->Wait();
+    }
+    for (int i = 0; i < 3; ++i) {
+      received.push_back(RecvTableUpdate(comm, absl::MakeSpan(table), 0, 0, &bytes)->Wait());
+      untouched = untouched && SameBits(table, step.before) && bytes == 12345;
+    }
+    LBCC_RETURN_IF_ERROR(RecvTableUpdate(comm, absl::MakeSpan(table), 0, 0)->Wait());
+    return Check(SameBits(table, step.after), "the good update after the bad ones");
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  ASSERT_EQ(received.size(), 3u);
+  EXPECT_THAT(received[0], StatusIs(absl::StatusCode::kDataLoss, HasSubstr("checksum")));
+  EXPECT_THAT(received[1], StatusIs(absl::StatusCode::kDataLoss, HasSubstr("magic")));
+  EXPECT_THAT(received[2], StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr(absl::StrCat("table of ", step.before.size()))));
+  EXPECT_TRUE(untouched);
+}
+
+// Every element changed in a table of 9M floats: the message (values plus a bitmap of n bits)
+// is larger than the dense table by n / 8 bytes, above what RecvCompressed once allowed
+// (the table's bytes + 1 MiB).
+TEST(TableUpdateTest, AWhollyChangedLargeTableStillArrives) {
+  constexpr size_t kN = 9'000'000;
+  std::vector<float> before(kN), after(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    before[i] = static_cast<float>(i % 1000);
+    after[i] = before[i] + 0.5f;
+  }
+  std::vector<float> table = before;
+  size_t sent = 0;
+  auto results = RunRanks(2, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    if (rank == 0) return SendTableUpdate(comm, before, after, 1, 7, &sent)->Wait();
+    return RecvTableUpdate(comm, absl::MakeSpan(table), 0, 7)->Wait();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  EXPECT_EQ(sent, 40 + kN / 8 + 4 * kN);
+  EXPECT_TRUE(SameBits(table, after));
 }
 
 }  // namespace

@@ -875,6 +875,60 @@ lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBas
                 comm, request);
 }
 
+lbccResult_t lbccBasisRefreshTable(lbccBasis_t basis, float* embedding,
+                                   lbccTableRefreshMode_t mode, lbccBasis_t* next) {
+  const char* kName = "lbccBasisRefreshTable";
+  LBCC_C_CHECK_PTR(kName, basis);
+  LBCC_C_CHECK_PTR(kName, next);
+  *next = nullptr;
+  lbcc::codecs::TableRefreshMode refresh;
+  switch (mode) {
+    case LBCC_TABLE_LOSSY:
+      refresh = lbcc::codecs::TableRefreshMode::kLossy;
+      break;
+    case LBCC_TABLE_CONSTRAINED:
+      refresh = lbcc::codecs::TableRefreshMode::kConstrained;
+      break;
+    default:
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(kName, ": unknown lbccTableRefreshMode_t ", static_cast<int>(mode))));
+  }
+  const lbcc::codecs::SubspaceBasis& b = *basis->basis;
+  const int64_t v = b.vocab_size(), d = b.model_dim();
+  if (v > 0 && embedding == nullptr) return NullArgument(kName, "embedding");
+  absl::StatusOr<lbcc::TensorView> view = lbcc::TensorView::Host(embedding, {v, d});
+  if (!view.ok()) return Fail(lbcc::Annotate(view.status(), kName));
+  return NewBasis(lbcc::codecs::RefreshTable(b, *view, refresh,
+                                             lbcc::codecs::SubspaceArithmetic::kPortable),
+                  kName, next);
+}
+
+lbccResult_t lbccSendTableUpdate(const float* before, const float* after, size_t count, int peer,
+                                 uint32_t tag, lbccComm_t comm, size_t* bytes,
+                                 lbccRequest_t* request) {
+  const char* kName = "lbccSendTableUpdate";
+  LBCC_C_CHECK_PTR(kName, comm);
+  LBCC_C_CHECK_PTR(kName, request);
+  if (count > 0) {
+    LBCC_C_CHECK_PTR(kName, before);
+    LBCC_C_CHECK_PTR(kName, after);
+  }
+  return Finish(lbcc::comm::SendTableUpdate(*comm->comm, absl::MakeConstSpan(before, count),
+                                            absl::MakeConstSpan(after, count), peer, tag, bytes),
+                comm, request);
+}
+
+lbccResult_t lbccRecvTableUpdate(float* table, size_t count, int peer, uint32_t tag,
+                                 lbccComm_t comm, size_t* bytes, lbccRequest_t* request) {
+  const char* kName = "lbccRecvTableUpdate";
+  LBCC_C_CHECK_PTR(kName, comm);
+  LBCC_C_CHECK_PTR(kName, request);
+  if (count > 0) LBCC_C_CHECK_PTR(kName, table);
+  return Finish(lbcc::comm::RecvTableUpdate(*comm->comm, absl::MakeSpan(table, count), peer, tag,
+                                            bytes),
+                comm, request);
+}
+
 }  // extern "C"
 
 // ---- Elastic membership (comm/elastic.h) ----

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "codecs/subspace_basis.h"
+#include "codecs/subspace_training.h"
+#include "base/tensor_view.h"
 #include "base/scoped_env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -401,6 +403,148 @@ TEST(CApiTest, TwoStagesActivationsAcrossABasisChange) {
   EXPECT_EQ(refused, std::vector<float>(kTokens * kD, 7.0f));
   lbccBasisDestroy(v0);
   lbccBasisDestroy(v1);
+}
+
+
+// ---- The lossy boundary: table refresh and table updates ----
+
+TEST(CApiTest, BasisRefreshTableBothModes) {
+  lbccBasisSpec_t spec = SmallSpec(2);
+  lbccBasis_t basis = nullptr, next = nullptr, again = nullptr;
+  ASSERT_EQ(lbccBasisCreateFromSeed(&spec, &basis), lbccSuccess);
+  std::vector<float> e(10 * 16);
+  for (size_t i = 0; i < e.size(); ++i) e[i] = static_cast<float>(i % 13) * 0.25f - 1.0f;
+  const std::vector<float> e0 = e;
+  EXPECT_EQ(lbccBasisRefreshTable(nullptr, e.data(), LBCC_TABLE_LOSSY, &next),
+            lbccInvalidArgument);
+  EXPECT_EQ(lbccBasisRefreshTable(basis, e.data(), LBCC_TABLE_LOSSY, nullptr),
+            lbccInvalidArgument);
+  EXPECT_EQ(lbccBasisRefreshTable(basis, nullptr, LBCC_TABLE_LOSSY, &next), lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("embedding is NULL"));
+  EXPECT_EQ(lbccBasisRefreshTable(basis, e.data(), static_cast<lbccTableRefreshMode_t>(7), &next),
+            lbccInvalidArgument);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("lbccTableRefreshMode_t 7"));
+  EXPECT_EQ(next, nullptr);
+
+  // Lossy: version + 1, the table is the embedding, the embedding untouched; equal inputs give
+  // equal ids.
+  ASSERT_EQ(lbccBasisRefreshTable(basis, e.data(), LBCC_TABLE_LOSSY, &next), lbccSuccess);
+  ASSERT_EQ(lbccBasisRefreshTable(basis, e.data(), LBCC_TABLE_LOSSY, &again), lbccSuccess);
+  uint64_t hash0 = 0, hash1 = 0, hash2 = 0;
+  uint32_t version1 = 0, version2 = 0;
+  lbccBasisGetInfo(basis, nullptr, nullptr, nullptr, &hash0, nullptr);
+  lbccBasisGetInfo(next, nullptr, nullptr, nullptr, &hash1, &version1);
+  lbccBasisGetInfo(again, nullptr, nullptr, nullptr, &hash2, &version2);
+  EXPECT_EQ(version1, 3u);
+  EXPECT_EQ(version2, 3u);
+  EXPECT_EQ(hash1, hash2);
+  EXPECT_NE(hash1, hash0);
+  EXPECT_EQ(std::memcmp(e.data(), e0.data(), e.size() * sizeof(float)), 0);
+  auto lossy = lbcc::codecs::SubspaceBasis::FromSeed({16, 4, 1, 10, true, 1.0, 3, 2});
+  ASSERT_TRUE(lossy.ok());
+  auto expected = (*lossy)->WithTable(e0, 3);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(hash1, (*expected)->id().hash);
+  lbccBasisDestroy(again);
+
+  // Constrained: the embedding shift (in place), the same id as the C++ one.
+  std::vector<float> shifted_cpp = e0;
+  auto shifted = lbcc::codecs::ShiftEmbedding(
+      **lossy, *lbcc::TensorView::Host(shifted_cpp.data(), {10, 16}),
+      lbcc::codecs::SubspaceArithmetic::kPortable);
+  ASSERT_TRUE(shifted.ok());
+  ASSERT_EQ(lbccBasisRefreshTable(basis, e.data(), LBCC_TABLE_CONSTRAINED, &again), lbccSuccess);
+  lbccBasisGetInfo(again, nullptr, nullptr, nullptr, &hash2, &version2);
+  EXPECT_EQ(hash2, (*shifted)->id().hash);
+  EXPECT_EQ(version2, 3u);
+  EXPECT_EQ(e, shifted_cpp);
+  lbccBasisDestroy(again);
+  lbccBasisDestroy(next);
+
+  // No vocabulary: the table has nothing to index (lbccInvalidUsage).
+  spec.vocabSize = 0;
+  spec.withTable = 0;
+  lbccBasis_t no_vocab = nullptr;
+  ASSERT_EQ(lbccBasisCreateFromSeed(&spec, &no_vocab), lbccSuccess);
+  EXPECT_EQ(lbccBasisRefreshTable(no_vocab, e.data(), LBCC_TABLE_LOSSY, &next), lbccInvalidUsage);
+  EXPECT_THAT(lbccGetLastError(nullptr), HasSubstr("vocabulary"));
+  lbccBasisDestroy(no_vocab);
+  lbccBasisDestroy(basis);
+}
+
+TEST(CApiTest, TableUpdateBetweenTwoStages) {
+  constexpr size_t kCount = 4000;
+  std::vector<float> before(kCount), after(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    before[i] = static_cast<float>(i % 17) - 8.0f;
+    after[i] = i % 23 == 0 ? before[i] + 1.0f : before[i];
+  }
+  lbccUniqueId id;
+  ASSERT_EQ(lbccGetUniqueId(&id), lbccSuccess);
+  std::vector<lbccResult_t> results(2, lbccInternalError);
+  std::vector<std::string> errors(2);
+  std::vector<size_t> bytes(2, 0);
+  std::vector<float> table = before, wrong(kCount + 1, 5.0f);
+  lbccResult_t wrong_rc = lbccSuccess;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      lbccConfig_t config = LoopbackConfig();
+      lbccComm_t comm = nullptr;
+      lbccResult_t rc = lbccCommInitRank(&comm, 2, id, r, &config);
+      lbccRequest_t request = nullptr;
+      auto step = [&](lbccResult_t posted) {
+        if (rc != lbccSuccess) return;
+        rc = posted == lbccSuccess ? lbccWait(request) : posted;
+        if (request != nullptr) lbccRequestFree(request);
+        request = nullptr;
+      };
+      if (r == 0) {
+        // Argument errors come from the call.
+        if (rc == lbccSuccess &&
+            (lbccSendTableUpdate(nullptr, after.data(), kCount, 1, 3, comm, nullptr, &request) !=
+                 lbccInvalidArgument ||
+             lbccSendTableUpdate(before.data(), after.data(), kCount, 1, 3, comm, nullptr,
+                                 nullptr) != lbccInvalidArgument ||
+             lbccSendTableUpdate(before.data(), after.data(), kCount, 0, 3, comm, nullptr,
+                                 &request) != lbccInvalidArgument ||
+             request != nullptr)) {
+          rc = lbccInternalError;
+        }
+        step(lbccSendTableUpdate(before.data(), after.data(), kCount, 1, 3, comm, &bytes[0],
+                                 &request));
+        step(lbccSendTableUpdate(before.data(), after.data(), kCount, 1, 3, comm, nullptr,
+                                 &request));
+      } else {
+        if (rc == lbccSuccess &&
+            lbccRecvTableUpdate(nullptr, kCount, 0, 3, comm, nullptr, &request) !=
+                lbccInvalidArgument) {
+          rc = lbccInternalError;
+        }
+        step(lbccRecvTableUpdate(table.data(), kCount, 0, 3, comm, &bytes[1], &request));
+        if (rc == lbccSuccess) {
+          // The second update meets a table of another size: the request fails, untouched.
+          rc = lbccRecvTableUpdate(wrong.data(), kCount + 1, 0, 3, comm, nullptr, &request);
+          if (rc == lbccSuccess) wrong_rc = lbccWait(request);
+          if (request != nullptr) lbccRequestFree(request);
+          errors[r] = lbccGetLastError(comm);
+        }
+      }
+      if (rc != lbccSuccess) errors[r] = lbccGetLastError(comm);
+      if (comm != nullptr) lbccCommDestroy(comm);
+      results[r] = rc;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(results[0], lbccSuccess) << errors[0];
+  EXPECT_EQ(results[1], lbccSuccess) << errors[1];
+  EXPECT_EQ(std::memcmp(table.data(), after.data(), kCount * sizeof(float)), 0);
+  EXPECT_EQ(wrong_rc, lbccInvalidArgument);
+  EXPECT_THAT(errors[1], HasSubstr("table of 4001"));
+  EXPECT_EQ(wrong, std::vector<float>(kCount + 1, 5.0f));
+  // 174 changed elements of 4000: LEB128 gaps (1 byte each) beat a 500-byte bitmap.
+  EXPECT_EQ(bytes[0], 40u + 174 + 174 * 4);
+  EXPECT_EQ(bytes[1], bytes[0]);
 }
 
 }  // namespace

@@ -77,16 +77,18 @@ RequestPtr Communicator::RecvCompressed(const TensorView& out, int peer, uint32_
   }
   auto request = std::make_shared<Request>();
   auto buffer = std::make_shared<std::vector<uint8_t>>();
-  // A payload is at most the dense f32 tensor plus headers, whatever the codec.
-  const size_t limit = out.num_bytes() + (size_t{1} << 20);
+  // A payload is at most the dense f32 tensor plus headers, whatever the codec; a table delta
+  // (activations.h) adds a bitmap of one bit per element.
+  const size_t limit = out.num_bytes() + out.num_bytes() / 32 + (size_t{1} << 20);
   fabric_->in(group_.ranks[peer])
       ->Recv(
           MakeTag(comm_id_, tag, kP2pStep),
-          [buffer, limit](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
+          [buffer, limit, out_bytes = out.num_bytes()](
+              size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
             if (size > limit) {
               return absl::DataLossError(
                   absl::StrCat("compressed message of ", size, " bytes for a tensor of ",
-                               limit - (size_t{1} << 20), " bytes"));
+                               out_bytes, " bytes"));
             }
             buffer->resize(size);
             return absl::MakeSpan(*buffer);

@@ -313,6 +313,43 @@ lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBas
                                      int nbases, int peer, uint32_t tag, lbccComm_t comm,
                                      lbccRequest_t* request);
 
+/* ---- The lossy boundary: table refresh and table updates (comm/activations.h) ----
+ *
+ * Two designs of the boundary (codecs/subspace_training.h). Lossy: nothing is constrained and
+ * the basis' table T is the synced token-embedding table itself, refreshed after every
+ * SparseLoCo outer step. Constrained: the embedding shift (T absorbs E's out-of-subspace part).
+ * lbccBasisRefreshTable makes the next basis (version + 1) from the embedding every rank holds
+ * after the outer step; ranks passing the same bits get the same basis (hash and version), so
+ * nothing else travels. A later stage holds no embedding: it keeps a copy of the table and
+ * follows it with lbccRecvTableUpdate, to which the stage holding the embedding sends the
+ * elements the outer step changed (lbccSendTableUpdate, a table delta: positions as a bitmap
+ * or gaps, values bit-exact, checksummed) instead of the dense table. Messages share the
+ * activations' path (same ordering rules; use a tag of their own or keep the order). */
+typedef enum {
+  LBCC_TABLE_LOSSY = 0,       /* T := the embedding [V x d] bit for bit; embedding untouched. */
+  LBCC_TABLE_CONSTRAINED = 1  /* The embedding shift; embedding modified in place. */
+} lbccTableRefreshMode_t;
+
+/* *next = a new handle for the basis after the outer step (destroy it with lbccBasisDestroy;
+ * `basis` stays valid: keep it while backwards of its forwards are in flight). embedding is
+ * [V x d] float, V and d the basis' (lbccBasisGetInfo). Blocking (a copy, or the shift with
+ * portable arithmetic: identical bits on every x86-64 machine). lbccInvalidUsage for a basis
+ * without vocabulary or at version UINT32_MAX; lbccInvalidArgument for a bad mode or
+ * non-finite lossy table. Nothing is modified on error. */
+lbccResult_t lbccBasisRefreshTable(lbccBasis_t basis, float* embedding,
+                                   lbccTableRefreshMode_t mode, lbccBasis_t* next);
+/* Sends the elements of after[0..count) whose bits differ from before[0..count). Both are read
+ * before the call returns; *bytes (may be NULL) then holds the message's size. */
+lbccResult_t lbccSendTableUpdate(const float* before, const float* after, size_t count, int peer,
+                                 uint32_t tag, lbccComm_t comm, size_t* bytes,
+                                 lbccRequest_t* request);
+/* Receives a table update into table[0..count), which must stay valid until the request is
+ * done, as must bytes (may be NULL: the message's size, written when the request succeeds).
+ * The request fails with lbccDataLoss for a corrupt or foreign message and lbccInvalidArgument
+ * for an update of another count; table is untouched then. */
+lbccResult_t lbccRecvTableUpdate(float* table, size_t count, int peer, uint32_t tag,
+                                 lbccComm_t comm, size_t* bytes, lbccRequest_t* request);
+
 /* ---- Elastic membership (comm/elastic.h, docs/elastic.md) ----
  * Members join and leave a running SparseLoCo job without stopping it. A membership service
  * (lbcc-master, or lbccElasticMasterCreate in one process) keeps the member list and an epoch;
