@@ -3,14 +3,19 @@
 
     hetero.py --preset demo|full|smoke|grid [--runs a,b] [--out DIR] [--no-testbed] [--readme PATH]
 
-Run names: ddp | diloco | sparseloco | {hetero,allpipe}_k<D>[_<adaptation>] (boundary k/d = 1/D,
-adaptation project | shift | pgproj, default shift), each optionally suffixed _s<seed>.
+Run names: ddp | diloco | sparseloco | {hetero,allpipe}_k<D>[_<mode>] | control_k<D>, each
+optionally suffixed _s<seed>. k/d = 1/D is the compressed boundaries' rank; mode is the boundary
+design, lossy (the seed paper's authors': nothing constrained, T the synced embedding; the
+default) or constrained (Protocol Models: stage 0's residual writes kept in span(U));
+control_k<D> is hetero_k<D>_constrained with the full replicas projected after every inner step
+too (it must match allpipe_k<D>_constrained).
 
 Layout "hetero": ranks 0 and 1 are full replicas on a fast island; ranks 2 and 3 are the two
 stages of a pipeline replica, each behind a 100 Mbit/s down-link (tools/testbed network
 namespaces; with --no-testbed or without root: 127.0.0.1 with those links marked slow in the
 topology and paced by LBCC_SLOW_PACE_MBITS). Layout "allpipe": three pipeline replicas (ranks
-0-3 on the fast island, 4-5 behind slow links). Every rank is a process (torch, one thread).
+0-3 on the fast island, 4-5 behind slow links), every boundary compressed ("compress-all").
+Every rank is a process (torch, one thread).
 """
 
 import argparse
@@ -41,94 +46,93 @@ LAYOUTS = {
 }
 SLOW_HOSTS = {"hetero": "2,3", "allpipe": "4,5"}
 
-ADAPTATIONS = ("project", "shift", "pgproj")
-ADAPT_WHAT = {"project": "E re-projected (T fixed)", "shift": "embedding shift",
-              "pgproj": "embedding shift + pseudo-gradients onto span(U)"}
-DEFAULT_ADAPTATION = "shift"  # the paper's; a run name without an adaptation gets it
+MODES = ("lossy", "constrained")
+MODE_WHAT = {"lossy": "lossy boundary (T = synced embedding, nothing constrained)",
+             "constrained": "constrained (residual writes in span(U), embedding shift)",
+             "control": "constrained, full replicas projected every inner step too"}
+DEFAULT_MODE = "lossy"  # the seed paper's authors'; a run name without a mode gets it
 RESULTS = os.path.join(HERE, "results")
-
-
-def best_adaptation():
-    """The adaptation with the lowest mean held-out loss in the last grid (results/
-    grid_summary.json, written by the grid), else the default: the demo runs it."""
-    try:
-        with open(os.path.join(RESULTS, "grid_summary.json")) as f:
-            return json.load(f).get("best_adaptation") or DEFAULT_ADAPTATION
-    except (OSError, ValueError):
-        return DEFAULT_ADAPTATION
-
-
-BEST_ADAPTATION = best_adaptation()
 RATIOS = (8, 16, 32, 64)
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
+CONTROL_RATIOS = (16, 64)
 D_MODEL = 128
-GRID_LARGE_STEPS = 200
 
 
 def spec(name):
-    """(layout, method, boundary k (0: uncompressed), adaptation, seed, configuration, what)."""
-    m = re.fullmatch(r"(ddp|diloco|sparseloco|(hetero|allpipe)_k(\d+)(?:_(project|shift|pgproj))?)"
-                     r"(?:_s(\d+))?", name)
+    """(layout, method, boundary k (0: uncompressed), mode, seed, configuration, what)."""
+    m = re.fullmatch(r"(ddp|diloco|sparseloco|(hetero|allpipe)_k(\d+)(?:_(lossy|constrained))?|"
+                     r"control_k(\d+))(?:_s(\d+))?", name)
     if not m:
         raise ValueError(f"unknown run {name!r} (see hetero.py's doc)")
-    seed = int(m.group(5) or 0)
-    if m.group(2) is None:
+    seed = int(m.group(6) or 0)
+    if m.group(5):
+        den = int(m.group(5))
+        layout, mode, config = "hetero", "control", f"control_k{den}"
+        who = "pipeline boundary"
+    elif m.group(2):
+        layout, den = m.group(2), int(m.group(3))
+        mode = m.group(4) or DEFAULT_MODE
+        config = f"{layout}_k{den}_{mode}"
+        who = "pipeline boundary" if layout == "hetero" else "3 pipelines, all boundaries"
+    else:
         method = m.group(1)
         what = {"ddp": "dense DDP: fp32 gradient all-reduce every step",
                 "diloco": "DiLoCo: dense fp32 outer sync every H steps",
                 "sparseloco": "SparseLoCo, boundary uncompressed"}[method]
         return "hetero", method, 0, None, seed, method, what
-    layout, den = m.group(2), int(m.group(3))
     if den < 2 or D_MODEL % den:
         raise ValueError(f"run {name!r}: k/d = 1/{den} needs a divisor of d = {D_MODEL}")
-    adapt = m.group(4) or DEFAULT_ADAPTATION
-    who = "pipeline boundary" if layout == "hetero" else "3 pipelines, all boundaries"
-    return (layout, "sparseloco", D_MODEL // den, adapt, seed, f"{layout}_k{den}_{adapt}",
-            f"SparseLoCo + {who} k/d=1/{den}, {ADAPT_WHAT[adapt]}")
+    return (layout, "sparseloco", D_MODEL // den, mode, seed, config,
+            f"SparseLoCo + {who} k/d=1/{den}, {MODE_WHAT[mode]}")
 
 
-def grid_runs(adaptations, adaptation_major=False):
-    """The grid's run names: uncompressed SparseLoCo, then heterogeneous and compress-all at every
-    k/d of RATIOS under each adaptation, for every seed. Order: seed-major (a grid cut short has
-    every configuration at the first seeds); within a seed, uncompressed SparseLoCo and every
-    (adaptation, ratio) of one layout, then the other layout, so runs of one layout are
-    consecutive (one set of rank processes per group). adaptation_major: every seed of the
-    first adaptation (with uncompressed SparseLoCo) before the next adaptation's, so a grid cut
-    short has the first adaptations complete."""
+def best_mode():
+    """The boundary mode whose heterogeneous runs had the lower mean held-out loss over the
+    ratios in the last grid (results/grid_summary.json, written by the grid), else the default:
+    the demo runs it."""
+    try:
+        with open(os.path.join(RESULTS, "grid_summary.json")) as f:
+            configs = json.load(f)["configurations"]
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_MODE
+    means = {}
+    for mode in MODES:
+        losses = [configs[f"hetero_k{den}_{mode}"]["loss"][0] for den in RATIOS
+                  if f"hetero_k{den}_{mode}" in configs]
+        if len(losses) == len(RATIOS):
+            means[mode] = sum(losses) / len(losses)
+    return min(means, key=means.get) if means else DEFAULT_MODE
+
+
+def grid_runs(modes, seeds=SEEDS, control=True):
+    """The grid's run names: uncompressed SparseLoCo, heterogeneous and compress-all at every
+    k/d of RATIOS in each mode, and the constrained control at CONTROL_RATIOS, for every seed.
+    Seed-major (a grid cut short has every configuration at its first seeds); within a seed,
+    runs of one layout are consecutive (one set of rank processes per group)."""
     runs = []
-    blocks = ([[ad] for ad in adaptations] if adaptation_major else [list(adaptations)])
-    for b, ads in enumerate(blocks):
-        for s in SEEDS:
-            runs += [f"sparseloco_s{s}"] if b == 0 else []
-            for lay in ("hetero", "allpipe"):
-                runs += [f"{lay}_k{den}_{ad}_s{s}" for ad in ads for den in RATIOS]
+    for s in seeds:
+        runs += [f"sparseloco_s{s}"]
+        runs += [f"hetero_k{den}_{mo}_s{s}" for mo in modes for den in RATIOS]
+        if control and "constrained" in modes:
+            runs += [f"control_k{den}_s{s}" for den in CONTROL_RATIOS]
+        runs += [f"allpipe_k{den}_{mo}_s{s}" for mo in modes for den in RATIOS]
     return runs
 
 
-GRID = grid_runs(ADAPTATIONS)
-# The larger grid's adaptations: the small grid's best, then the paper's (--adaptations for more).
-LARGE_ADAPTATIONS = list(dict.fromkeys([BEST_ADAPTATION, DEFAULT_ADAPTATION]))
-MODEL = dict(d=128, layers=4, seq=64)  # every preset's model unless it says otherwise
+MODEL = dict(d=128, layers=4, seq=64, corpus="fortunes")  # unless a preset says otherwise
 PRESETS = {
-    "smoke": dict(steps=20, inner_steps=10, runs=["sparseloco", "hetero_k16"]),
-    "demo": dict(steps=60, inner_steps=15,
-                 runs=["sparseloco", "hetero_k16_project"] +
-                      ([f"hetero_k16_{BEST_ADAPTATION}"] if BEST_ADAPTATION != "project" else
-                       [f"hetero_k16_{DEFAULT_ADAPTATION}"])),
+    "smoke": dict(steps=20, inner_steps=10, corpus="grammar",
+                  runs=["sparseloco", "hetero_k16_lossy", "hetero_k16_constrained"]),
+    # tools/demo: the seed paper's comparison at k/d = 1/16 in the better mode, one seed, the
+    # grid's model and steps.
+    "demo": dict(steps=400, inner_steps=10, d=64, layers=2, seq=32,
+                 runs=["sparseloco", f"hetero_k16_{best_mode()}", f"allpipe_k16_{best_mode()}"]),
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
-    # Sized to this machine's budget (2 shared cores; see README.md "Grid"). A grid preset's
-    # outputs carry its tag: results{tag}.md, grid{tag}_summary.json, loss_vs_bytes{tag}.png and
-    # the README section results{tag} (the small grid's have none).
-    "grid": dict(steps=160, inner_steps=10, d=64, layers=2, seq=32, runs=GRID, grid=True,
-                 tag="", adaptations=list(ADAPTATIONS)),
-    # The larger scale (README.md "Larger grid"): d = 128, 4 layers, adaptation-major: the
-    # small grid's best adaptation (results/grid_summary.json), then the paper's (shift);
-    # --adaptations to choose.
-    "grid_large": dict(steps=GRID_LARGE_STEPS, inner_steps=10, d=128, layers=4, seq=32,
-                       runs=grid_runs(LARGE_ADAPTATIONS, adaptation_major=True), grid=True,
-                       tag="_large", adaptations=LARGE_ADAPTATIONS, adaptation_major=True),
+    # Sized to this machine's budget (2 shared cores; see README.md "Grid").
+    "grid": dict(steps=400, inner_steps=10, d=64, layers=2, seq=32, runs=grid_runs(MODES),
+                 grid=True, tag="", modes=list(MODES)),
 }
 
 
@@ -222,7 +226,7 @@ def run_group(names, cfg, net, args, pkg, out):
         base_env["LBCC_ALGO"] = "allgatherv=direct"
     batch = []
     for i, name in enumerate(names):
-        _, method, k, adapt, seed, _, _ = spec(name)
+        _, method, k, mode, seed, _, _ = spec(name)
         rundir = os.path.join(out, name)
         shutil.rmtree(rundir, ignore_errors=True)
         os.makedirs(rundir)
@@ -233,9 +237,11 @@ def run_group(names, cfg, net, args, pkg, out):
                 "--inner-steps", str(cfg["inner_steps"]), "--topology", topo_path,
                 "--outdir", rundir, "--seed", str(seed), "--d", str(D_MODEL),
                 "--layers", str(cfg["layers"]), "--seq", str(cfg["seq"]),
-                "--bootstrap-port", str(port + 1 + i)]
-        if adapt:
-            argv += ["--adapt", adapt]
+                "--corpus", cfg["corpus"], "--bootstrap-port", str(port + 1 + i)]
+        if mode:
+            argv += ["--mode", "constrained" if mode == "control" else mode]
+        if mode == "control":
+            argv.append("--constrain-all")
         if args.account:
             argv.append("--account")
         batch.append(argv)
@@ -286,10 +292,10 @@ def run_churn(name, cfg, net, args, pkg, out):
     restarted a few steps later; it rejoins through lbcc.torch.elastic. Returns the summary."""
     import random
     import signal
-    layout, method, k, adapt, seed, _, _ = spec(name)
-    if layout != "hetero" or method != "sparseloco" or (k and adapt != "project"):
-        sys.exit(f"--churn: {name}: churn runs take sparseloco or hetero_k<D>_project (a fixed "
-                 f"basis, so a restarted stage rebuilds it from the seed)")
+    layout, method, k, mode, seed, _, _ = spec(name)
+    if layout != "hetero" or method != "sparseloco" or (k and mode != "constrained"):
+        sys.exit(f"--churn: {name}: churn runs take sparseloco or hetero_k<D>_constrained (with "
+                 f"the basis fixed: a restarted stage rebuilds it from the seed)")
     H, steps = cfg["inner_steps"], cfg["steps"]
     rng = random.Random(args.churn_seed)
     # Kill steps at least 3 outer steps apart, all in the first half of the run (the rest
@@ -317,7 +323,7 @@ def run_churn(name, cfg, net, args, pkg, out):
         "UCX_NET_DEVICES": "eth0" if net.testbed else "lo",
     }
     argv = [sys.executable, os.path.join(HERE, "churn_worker.py"), "--method", method,
-            "--k", str(k), "--adapt", adapt or "project", "--steps", str(steps),
+            "--k", str(k), "--adapt", "project", "--steps", str(steps),
             "--inner-steps", str(H), "--topology", topo_path, "--outdir", rundir,
             "--seed", str(seed), "--d", str(D_MODEL), "--layers", str(cfg["layers"]),
             "--seq", str(cfg["seq"]), "--master-host", net.addr(0),
@@ -607,8 +613,19 @@ def summarize(name, rundir, n, wall):
         "run": name, "steps": steps, "first_loss": rows[0][1],
         "train_loss": sum(r[1] for r in rows[-tail:]) / tail,
         "eval_loss": evals[0], "eval_losses": evals,
+        # The first compressed pipeline's view of the same model, through its boundary.
+        "eval_loss_boundary": next((lg["eval_loss_boundary"] for lg in logs
+                                    if lg.get("eval_loss_boundary") is not None), None),
         "fast_bytes": rows[-1][2], "slow_bytes": rows[-1][3],
         "dp_slow_bytes": sum(lg["final_counters"]["dp_slow_sent"] for lg in logs),
+        # The pipelines' slow stage links: activations (and their gradients) and the table
+        # refresh; what the authors' dense table broadcast would have moved instead.
+        "slow_act_bytes": sum(lg["final_counters"]["stage_sent"] - lg["payload"]["table_sent"]
+                              for lg in logs if lg["final_counters"]["stage_slow"]),
+        "slow_table_bytes": sum(lg["payload"]["table_sent"] for lg in logs
+                                if lg["final_counters"]["stage_slow"]),
+        "table_bytes": sum(lg["payload"]["table_sent"] for lg in logs),
+        "table_dense_bytes": sum(lg["table_dense_equivalent"] for lg in logs),
         "stage_bytes": sum(lg["final_counters"]["stage_sent"] for lg in logs),
         "train_seconds": max(lg["train_seconds"] for lg in logs),
         "wall_seconds": wall if wall is not None else max(lg["run_seconds"] for lg in logs),
@@ -640,49 +657,64 @@ def mean_std(xs):
 
 def aggregate(results):
     """Per configuration (the run name without its seed): seeds, held-out loss and slow-link
-    bytes as (mean, sample std)."""
+    bytes (total and by kind) as (mean, sample std), and the held-out loss by seed."""
     groups = {}
     for name, s in results.items():
-        layout, _, _, adapt, seed, config, what = spec(name)
-        groups.setdefault(config, {"what": what, "layout": layout, "adapt": adapt, "runs": []})
+        layout, _, _, mode, seed, config, what = spec(name)
+        groups.setdefault(config, {"what": what, "layout": layout, "mode": mode, "runs": []})
         groups[config]["runs"].append(s)
         groups[config].setdefault("by_seed", {})[seed] = s["eval_loss"]
     for config, g in groups.items():
         g["seeds"] = len(g["runs"])
         g["loss"] = mean_std([r["eval_loss"] for r in g["runs"]])
         g["slow"] = mean_std([r["slow_bytes"] for r in g["runs"]])
+        for key in ("slow_act_bytes", "dp_slow_bytes", "slow_table_bytes", "table_bytes",
+                    "table_dense_bytes"):
+            g[key] = mean_std([r.get(key, 0) for r in g["runs"]])
+        through = [r["eval_loss_boundary"] for r in g["runs"]
+                   if r.get("eval_loss_boundary") is not None]
+        g["loss_boundary"] = mean_std(through) if through else None
         g["identical"] = all(r["identical"] for r in g["runs"])
-        m = re.search(r"_k(\d+)_", config + "_")
+        m = re.search(r"_k(\d+)", config)
         g["den"] = int(m.group(1)) if m else None
     return groups
 
 
+def curve_key(g):
+    if g["den"] is None:
+        return "sparseloco (uncompressed)"
+    return "control (constrained, full replicas too)" if g["mode"] == "control" else \
+        f"{g['layout']} {g['mode']}"
+
+
 def plot_grid(groups, out, tag=""):
-    """Held-out loss vs slow-link bytes, mean +- std over seeds, one curve per configuration
-    (layout and adaptation, over k/d)."""
+    """Held-out loss vs slow-link bytes, mean +- std over seeds, one curve per layout and mode
+    (over k/d)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 6))
     curves = {}
-    for config, g in groups.items():
-        key = "sparseloco (uncompressed)" if g["den"] is None else f"{g['layout']} {g['adapt']}"
-        curves.setdefault(key, []).append(g)
-    styles = {"hetero": "-o", "allpipe": "--s"}
+    for g in groups.values():
+        curves.setdefault(curve_key(g), []).append(g)
+    styles = {("hetero", "lossy"): "-o", ("allpipe", "lossy"): "--o",
+              ("hetero", "constrained"): "-s", ("allpipe", "constrained"): "--s",
+              ("hetero", "control"): ":^"}
     for key, gs in sorted(curves.items()):
         gs.sort(key=lambda g: g["slow"][0])
         x = [g["slow"][0] / 1e6 for g in gs]
         y = [g["loss"][0] for g in gs]
         ax.errorbar(x, y, yerr=[g["loss"][1] for g in gs], xerr=[g["slow"][1] / 1e6 for g in gs],
-                    fmt=styles.get(gs[0]["layout"], "o") if gs[0]["den"] else "k*",
-                    markersize=10 if gs[0]["den"] is None else 5, capsize=3, label=key)
+                    fmt=styles.get((gs[0]["layout"], gs[0]["mode"]), "o") if gs[0]["den"]
+                    else "k*", markersize=10 if gs[0]["den"] is None else 5, capsize=3,
+                    label=key)
         for g in gs:
             if g["den"]:
                 ax.annotate(f"1/{g['den']}", (g["slow"][0] / 1e6, g["loss"][0]), fontsize=7,
                             xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("slow-link bytes (MB, all ranks, sent; mean over seeds)")
-    ax.set_ylabel("held-out loss (mean +- std over seeds)")
+    ax.set_ylabel("held-out loss of the global model (mean +- std over seeds)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -695,163 +727,128 @@ def plot_grid(groups, out, tag=""):
 def grid_table(groups, cfg, net_desc):
     def fmt(ms, scale=1.0, digits=3):
         return f"{ms[0] / scale:.{digits}f} +- {ms[1] / scale:.{digits}f}"
-    order = sorted(groups, key=lambda c: (groups[c]["den"] or 0, groups[c]["adapt"] or "",
+    rank = {"lossy": 0, "constrained": 1, "control": 2}
+    order = sorted(groups, key=lambda c: (groups[c]["den"] or 0, rank.get(groups[c]["mode"], -1),
                                           groups[c]["layout"]))
     lines = [f"Grid: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {D_MODEL}, "
-             f"{cfg['layers']} layers, context {cfg['seq']}, adaptations "
-             f"{', '.join(cfg['adaptations'])}, "
-             f"{net_desc}; mean +- sample std over seeds.", "",
-             "| configuration | what | seeds | held-out loss | slow-link MB | replicas identical |",
-             "|---|---|---|---|---|---|"]
+             f"{cfg['layers']} layers, context {cfg['seq']}, corpus {cfg['corpus']}, "
+             f"{net_desc}; mean +- sample std over seeds. Slow-link MB: everything every rank "
+             f"sent on slow links; of it, activations (the stage link), data parallel "
+             f"(SparseLoCo) and the boundary-table refresh. Held-out loss: the global model's, "
+             f"uncompressed; beside it, the same model through the first compressed pipeline's "
+             f"boundary.", "",
+             "| configuration | what | seeds | held-out loss | through the boundary "
+             "| slow-link MB | activations MB | data-parallel MB | table refresh MB "
+             "| replicas identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in order:
         g = groups[c]
         lines.append(f"| {c} | {g['what']} | {g['seeds']} | {fmt(g['loss'])} "
-                     f"| {fmt(g['slow'], 1e6, 2)} | {'yes' if g['identical'] else 'NO'} |")
+                     f"| {fmt(g['loss_boundary']) if g['loss_boundary'] else '-'} "
+                     f"| {fmt(g['slow'], 1e6, 2)} | {g['slow_act_bytes'][0] / 1e6:.2f} "
+                     f"| {g['dp_slow_bytes'][0] / 1e6:.2f} "
+                     f"| {g['slow_table_bytes'][0] / 1e6:.3f} "
+                     f"| {'yes' if g['identical'] else 'NO'} |")
     return "\n".join(lines)
 
 
+def paired(a, b):
+    """Paired-by-seed differences b - a of two configurations' held-out losses: (mean, sample
+    std, standard error, n, seeds where b > a)."""
+    both = sorted(set(a["by_seed"]) & set(b["by_seed"]))
+    diffs = [b["by_seed"][x] - a["by_seed"][x] for x in both]
+    if not diffs:
+        return None
+    m, sd = mean_std(diffs)
+    return m, sd, sd / math.sqrt(len(diffs)), len(diffs), sum(d > 0 for d in diffs)
+
+
 def verdicts(groups):
-    """The paper's two claims and the cost of compression, stated from the grid's numbers;
-    returns (text, the best adaptation's record: adaptation, margin, noise, ratios)."""
-    out, best = [], {}
+    """The paper's two claims, the cost of compression and the control, stated from the grid's
+    numbers; returns (text, a record for grid_summary.json)."""
+    out, record = [], {"modes": {}}
     base = groups.get("sparseloco")
-    for adapt in ADAPTATIONS:
-        rows, gaps = [], []
+    for mode in MODES:
+        gaps = []
         for den in RATIOS:
-            h, p = groups.get(f"hetero_k{den}_{adapt}"), groups.get(f"allpipe_k{den}_{adapt}")
-            if not (h and p):
-                continue
-            gap = p["loss"][0] - h["loss"][0]
-            spread = h["loss"][1] + p["loss"][1]
-            both = sorted(set(h["by_seed"]) & set(p["by_seed"]))
-            paired = mean_std([p["by_seed"][x] - h["by_seed"][x] for x in both]) if both else (0, 0)
-            wins = sum(p["by_seed"][x] > h["by_seed"][x] for x in both)
-            gaps.append((den, gap, spread, min(h["seeds"], p["seeds"]), paired, wins, len(both)))
-            rows.append(f"1/{den}: {h['loss'][0]:.3f} vs {p['loss'][0]:.3f}, gap {gap:+.3f} "
-                        f"(spread {spread:.3f}; per-seed gap {paired[0]:+.3f} +- {paired[1]:.3f}, "
-                        f"heterogeneous better in {wins} of {len(both)} seeds)")
+            h, p = groups.get(f"hetero_k{den}_{mode}"), groups.get(f"allpipe_k{den}_{mode}")
+            pr = paired(h, p) if h and p else None
+            if pr:
+                gaps.append((den, pr))
         if not gaps:
             continue
-        ratios = ", ".join(f"1/{d}" for d, *_ in gaps)
-        beats = [g > sp for _, g, sp, *_ in gaps]
-        paired_beats = [pm > ps for *_, (pm, ps), _, _ in gaps]
-        few = " (one seed: no spread to compare with)" if min(x[3] for x in gaps) < 2 else ""
+        rows = [f"1/{den}: compress-all - heterogeneous = {m:+.3f} +- {se:.3f} (SE; std {sd:.3f}, "
+                f"heterogeneous lower in {w} of {n} seeds){' **> 2 SE**' if m > 2 * se else ''}"
+                for den, (m, sd, se, n, w) in gaps]
+        beats = [m > 2 * se for _, (m, _, se, _, _) in gaps]
+        few = min(n for _, (_, _, _, n, _) in gaps) < 2
+        ratios = ", ".join(f"1/{d}" for d, _ in gaps)
         if few:
-            claim1 = f"cannot tell{few}"
+            claim1 = "cannot tell (fewer than 2 seeds: no spread)"
         elif all(beats):
-            claim1 = (f"YES at every ratio run ({ratios}): heterogeneous is better by more than "
-                      f"the spread")
+            claim1 = f"YES at every ratio run ({ratios}): by more than 2 standard errors"
         elif any(beats):
-            claim1 = ("PARTLY: heterogeneous is better by more than the spread only at " +
-                      ", ".join(f"1/{x[0]}" for x, b in zip(gaps, beats) if b) +
+            claim1 = ("PARTLY: by more than 2 standard errors only at " +
+                      ", ".join(f"1/{d}" for (d, _), b in zip(gaps, beats) if b) +
                       f" of {ratios}")
         else:
-            claim1 = f"NO: at none of {ratios} is heterogeneous better by more than the spread"
-        reverse = [f"1/{x[0]}" for x in gaps if -x[1] > x[2]]
-        if reverse and not few:
-            claim1 += (f"; the reverse holds (compress-all better by more than the spread) at " +
-                       ", ".join(reverse))
-        if not few:
-            n_pb = sum(paired_beats)
-            claim1 += (f"; paired by seed (same data, init and basis), the mean gap exceeds the "
-                       f"per-seed gaps' std at {n_pb} of {len(gaps)} ratios" +
-                       (" (" + ", ".join(f"1/{x[0]}" for x, b in zip(gaps, paired_beats) if b) +
-                        ")" if 0 < n_pb < len(gaps) else ""))
-        g = [x[1] for x in gaps]
+            claim1 = f"NO: at none of {ratios} by more than 2 standard errors"
+        g = [m for _, (m, *_) in gaps]
         if len(g) < 2:
             claim2 = "cannot tell from one ratio"
-        elif all(b >= a for a, b in zip(g, g[1:])):
-            rise = g[-1] - g[0]
-            noise = gaps[0][4][1] + gaps[-1][4][1]  # the per-seed gaps' stds at both ends
-            if rise > noise:
-                claim2 = (f"YES, the gap grows monotonically as k/d shrinks ({g[0]:+.3f} -> "
-                          f"{g[-1]:+.3f}), by more than the per-seed gaps' spread")
-            else:
-                claim2 = (f"NOT ESTABLISHED: the mean gap grows monotonically ({g[0]:+.3f} -> "
-                          f"{g[-1]:+.3f}) but by {rise:.3f}, less than the per-seed gaps' spread "
-                          f"({noise:.3f})")
-        elif g[-1] - g[0] > gaps[0][2] + gaps[-1][2]:
-            claim2 = ("the gap is larger at the smallest k/d than at the largest by more than the "
-                      "spread, but not monotonically")
-        elif g[0] - g[-1] > gaps[0][2] + gaps[-1][2]:
-            claim2 = ("NO, the reverse: the gap falls as k/d shrinks (compress-all gains), from "
-                      f"1/{gaps[0][0]} to 1/{gaps[-1][0]} by more than the spread "
-                      f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
+        elif all(b > a for a, b in zip(g, g[1:])):
+            claim2 = (f"YES: the gap grows monotonically as k/d shrinks "
+                      f"({', '.join(f'{x:+.3f}' for x in g)})")
         else:
-            claim2 = ("NO: the gap does not grow as k/d shrinks by more than the spread "
-                      f"(gaps {', '.join(f'{x:+.3f}' for x in g)})")
-        out.append(f"- **{adapt}** ({ADAPT_WHAT[adapt]}), heterogeneous vs compress-all held-out "
-                   f"loss (gap = compress-all - heterogeneous; spread = the sum of their seed "
-                   f"stds): {'; '.join(rows)}.\n  Claim 1 (heterogeneous beats compress-all): "
-                   f"{claim1}.\n  Claim 2 (the gap grows as k/d shrinks): {claim2}.")
+            falls = [f"1/{gaps[i][0]} -> 1/{gaps[i + 1][0]}" for i in range(len(g) - 1)
+                     if g[i + 1] <= g[i]]
+            claim2 = (f"NO: not monotonic ({', '.join(f'{x:+.3f}' for x in g)}; it does not "
+                      f"grow from {', '.join(falls)})")
+        out.append(f"- **{mode}** ({MODE_WHAT[mode]}): paired by seed (same data, init and "
+                   f"basis): {'; '.join(rows)}.\n  Claim 1 (heterogeneous beats compress-all "
+                   f"by more than 2 SE at every ratio): {claim1}.\n  Claim 2 (the gap grows as "
+                   f"k/d shrinks): {claim2}.")
+        rec = {"claim1": all(beats) and not few, "claim2": claim2.startswith("YES"),
+               "gaps": {den: {"mean": m, "std": sd, "se": se, "n": n}
+                        for den, (m, sd, se, n, _) in gaps}, "cost": {}}
         if base:
             costs = []
             for den in (8, 32):
                 for lay in ("hetero", "allpipe"):
-                    c = groups.get(f"{lay}_k{den}_{adapt}")
+                    c = groups.get(f"{lay}_k{den}_{mode}")
                     if c:
-                        within = (abs(c["loss"][0] - base["loss"][0]) <=
-                                  c["loss"][1] + base["loss"][1])
-                        costs.append(f"{lay} 1/{den} {c['loss'][0]:.3f} "
-                                     f"({100 * (c['loss'][0] / base['loss'][0] - 1):+.1f} %, "
-                                     f"{'within' if within else 'beyond'} the spread)")
+                        pct = 100 * (c["loss"][0] / base["loss"][0] - 1)
+                        rec["cost"][f"{lay}_k{den}"] = pct
+                        costs.append(f"{lay} 1/{den} {c['loss'][0]:.3f} ({pct:+.1f} %)")
             if costs:
-                out.append(f"  Cost vs uncompressed SparseLoCo ({base['loss'][0]:.3f} +- "
-                           f"{base['loss'][1]:.3f}, {base['slow'][0] / 1e6:.2f} MB slow-link): " +
-                           ", ".join(costs) + ".")
-    # Why: the size of the effects against the seeds' spread.
-    wins = pairs = 0
-    gaps_all = []
-    for c, g in groups.items():
-        if g["layout"] == "hetero" and g["den"]:
-            other = groups.get(c.replace("hetero_", "allpipe_", 1))
-            if other:
-                both = set(g["by_seed"]) & set(other["by_seed"])
-                wins += sum(other["by_seed"][x] > g["by_seed"][x] for x in both)
-                pairs += len(both)
-                gaps_all.append(abs(other["loss"][0] - g["loss"][0]))
-    stds = [g["loss"][1] for g in groups.values() if g["seeds"] > 1]
-    costs = [abs(g["loss"][0] - base["loss"][0]) for g in groups.values()
-             if base and g["den"] and g["layout"] == "hetero"]
-    if stds and pairs and base and gaps_all:
-        med = sorted(stds)[len(stds) // 2]
-        p_sign = sign_test(wins, pairs)
-        size = ("smaller than" if max(gaps_all) < med else
-                "comparable to" if max(gaps_all) < 2 * med else "larger than")
-        out.append(f"- Why, at this scale: the seeds' spread (held-out loss std {min(stds):.3f} to "
-                   f"{max(stds):.3f} per configuration, median {med:.3f}) is to be set against "
-                   f"the effects: the largest heterogeneous vs compress-all gap is "
-                   f"{max(gaps_all):.3f} ({size} the median std), and compressing the one slow "
-                   f"replica moves the held-out loss by {min(costs):.3f} to {max(costs):.3f} "
-                   f"from uncompressed SparseLoCo. Paired by seed (same data, init and basis), "
-                   f"heterogeneous ended lower than compress-all in {wins} of {pairs} (seed, "
-                   f"ratio, adaptation) pairs (two-sided sign test p = {p_sign:.2g}).")
-    # The adaptations the grid ran, compared where all of them ran.
-    ran = [ad for ad in ADAPTATIONS if any(g["adapt"] == ad for g in groups.values())]
-    common = [den for den in RATIOS
-              if all(f"{lay}_k{den}_{ad}" in groups for ad in ran
-                     for lay in ("hetero", "allpipe"))]
-    if common and len(ran) > 1:
-        means = {ad: [groups[f"{lay}_k{den}_{ad}"]["loss"] for den in common
-                      for lay in ("hetero", "allpipe")] for ad in ran}
-        avg = {ad: sum(m for m, _ in v) / len(v) for ad, v in means.items()}
-        order = sorted(avg, key=avg.get)
-        spread = {ad: sum(sd for _, sd in v) / len(v) for ad, v in means.items()}
-        margin = avg[order[1]] - avg[order[0]]
-        noise = spread[order[0]] + spread[order[1]]
-        best.update(adaptation=order[0], margin=margin, noise=noise,
-                    ratios=[f"1/{d}" for d in common])
-        out.append(f"- Adaptations (mean held-out loss over both layouts at " +
-                   ", ".join(f"1/{d}" for d in common) + "): " +
-                   ", ".join(f"{ad} {avg[ad]:.3f}" for ad in ran) +
-                   f"; lowest: **{order[0]}**, {margin:.3f} below {order[1]} "
-                   f"({'more' if margin > noise else 'less'} than their mean seed stds summed, "
-                   f"{noise:.3f}).")
-    out.append("- Slow-link bytes are the same for heterogeneous and compress-all at a ratio: "
-               "the compress-all layout's other two pipelines sit on the fast island, so "
-               "compressing them saves only fast-link bytes; the comparison is the loss at equal "
-               "slow-link bytes.")
-    return "\n".join(out), best
+                out.append(f"  Cost against uncompressed SparseLoCo ({base['loss'][0]:.3f} +- "
+                           f"{base['loss'][1]:.3f}): " + ", ".join(costs) + ".")
+        record["modes"][mode] = rec
+    for den in CONTROL_RATIOS:
+        c, p = groups.get(f"control_k{den}"), groups.get(f"allpipe_k{den}_constrained")
+        pr = paired(p, c) if c and p else None
+        if pr:
+            m, sd, se, n, _ = pr
+            ok = abs(m) <= 2 * se + 1e-12
+            record.setdefault("control", {})[den] = {"mean": m, "se": se, "matches": ok}
+            out.append(f"- Control at 1/{den} (constrained, the full replicas projected after "
+                       f"every inner step too) vs compress-all constrained: {m:+.3f} +- {se:.3f} "
+                       f"(SE, {n} seeds): " + ("matches within 2 SE: the constrained "
+                                               "boundary is exact and costs the same wherever "
+                                               "it is applied" if ok else
+                                               "DIFFERS by more than 2 SE"))
+    dense = sum(g["table_dense_bytes"][0] for g in groups.values() if g["den"])
+    sent = sum(g["table_bytes"][0] for g in groups.values() if g["den"])
+    if dense:
+        record["table_ratio"] = sent / dense
+        worst = max((g["table_bytes"][0] / g["table_dense_bytes"][0], c)
+                    for c, g in groups.items() if g["den"] and g["table_dense_bytes"][0])
+        out.append(f"- Boundary-table refresh: the later stages rebuilt the synced table from "
+                   f"its changed elements, {sent / 1e6:.3f} MB in all (per configuration, mean "
+                   f"over seeds, summed) against {dense / 1e6:.3f} MB for a dense V x d fp32 "
+                   f"broadcast after every outer step: {sent / dense:.3f} of it (worst "
+                   f"configuration {worst[1]}: {worst[0]:.3f}).")
+    return "\n".join(out), record
 
 
 def plot(results, out):
@@ -916,6 +913,34 @@ def table(results, cfg, missing, net_desc):
     return "\n".join(lines)
 
 
+def comparison(results):
+    """The seed paper's comparison for the runs of a short preset (one seed: no spread; the
+    grid has the seeds): per mode and ratio, heterogeneous against compress-all and both
+    against uncompressed SparseLoCo."""
+    base = results.get("sparseloco")
+    lines = []
+    for name, h in results.items():
+        layout, _, k, mode, seed, config, _ = spec(name)
+        if layout != "hetero" or not k or mode == "control":
+            continue
+        p = results.get(name.replace("hetero_", "allpipe_", 1))
+        row = f"heterogeneous {h['eval_loss']:.3f}"
+        if base:
+            row += f" ({100 * (h['eval_loss'] / base['eval_loss'] - 1):+.1f} % vs uncompressed)"
+        if p:
+            row += (f", compress-all {p['eval_loss']:.3f}" +
+                    (f" ({100 * (p['eval_loss'] / base['eval_loss'] - 1):+.1f} %)" if base else "") +
+                    f": heterogeneous {'ahead' if h['eval_loss'] < p['eval_loss'] else 'BEHIND'} "
+                    f"by {abs(p['eval_loss'] - h['eval_loss']):.3f}")
+        lines.append(f"- k/d = 1/{D_MODEL // k}, {mode}: {row}.")
+    if not lines:
+        return ""
+    head = ("\n\nThe seed paper's comparison (held-out loss of the global model" +
+            (f"; uncompressed SparseLoCo {base['eval_loss']:.3f}" if base else "") +
+            "; one seed: see the README's grid for the spread):\n")
+    return head + "\n".join(lines)
+
+
 def write_readme(path, text, section="results"):
     begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
     with open(path) as f:
@@ -946,8 +971,8 @@ def main():
                                       "plot into this folder (e.g. examples/hetero_training/results)"
                                       "; grid_large: results_large.md, grid_large_summary.json, "
                                       "loss_vs_bytes_large.png")
-    ap.add_argument("--adaptations", help="grid presets: comma-separated adaptations to run ("
-                                          "project, shift, pgproj; default: the preset's)")
+    ap.add_argument("--modes", help="grid presets: comma-separated boundary modes to run ("
+                                    "lossy, constrained; default: both)")
     ap.add_argument("--collect", action="store_true",
                     help="run nothing: summarize the finished runs found in --out (a grid cut "
                          "short) and write the outputs as a finished run would")
@@ -968,14 +993,14 @@ def main():
         if getattr(args, key):
             cfg[key] = getattr(args, key)
     D_MODEL = cfg["d"]
-    if args.adaptations:
-        adapts = args.adaptations.split(",")
-        bad = [ad for ad in adapts if ad not in ADAPTATIONS]
-        if not cfg.get("grid") or bad or not adapts:
-            sys.exit(f"hetero.py: --adaptations takes a grid preset and a list of "
-                     f"{', '.join(ADAPTATIONS)}" + (f" (not {', '.join(bad)})" if bad else ""))
-        cfg["adaptations"] = adapts
-        cfg["runs"] = grid_runs(adapts, cfg.get("adaptation_major", False))
+    if args.modes:
+        modes = args.modes.split(",")
+        bad = [mo for mo in modes if mo not in MODES]
+        if not cfg.get("grid") or bad or not modes:
+            sys.exit(f"hetero.py: --modes takes a grid preset and a list of "
+                     f"{', '.join(MODES)}" + (f" (not {', '.join(bad)})" if bad else ""))
+        cfg["modes"] = modes
+        cfg["runs"] = grid_runs(modes)
     if args.runs:
         cfg["runs"] = args.runs.split(",")
     if args.steps:
@@ -1056,7 +1081,7 @@ def main():
     tag = cfg.get("tag", "")
     if cfg.get("grid"):
         groups = aggregate(results)
-        best = {}
+        record = {}
         text = grid_table(groups, cfg, net_desc)
         if missing:
             by_config = {}
@@ -1067,7 +1092,7 @@ def main():
         if groups:
             text += (f"\n\nPlot: `{os.path.basename(plot_grid(groups, args.out, tag))}` (held-out loss "
                      f"vs slow-link bytes, mean +- std over seeds, one curve per configuration).")
-            verdict_text, best = verdicts(groups)
+            verdict_text, record = verdicts(groups)
             text += "\n\n" + verdict_text
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         load = os.getloadavg()
@@ -1092,18 +1117,8 @@ def main():
                  f"uncompressed pipeline boundary), "
                  f"{d['dp_slow_bytes'] / max(sp['dp_slow_bytes'], 1):.0f}x less for data-parallel "
                  f"synchronisation alone (stage-link bytes measured and subtracted).")
-    for ad in ADAPTATIONS:
-        h, p = results.get(f"hetero_k16_{ad}"), results.get("hetero_k16_project")
-        if ad != "project" and h and p:
-            text += (f"\n\nAdaptation at k/d = 1/16: {ad} ({ADAPT_WHAT[ad]}) held-out loss "
-                     f"{h['eval_loss']:.3f} vs project ({ADAPT_WHAT['project']}) "
-                     f"{p['eval_loss']:.3f}; one seed, see README.md's grid for the spread.")
-    for kk in ("k16", "k32"):
-        h, p = results.get(f"hetero_{kk}"), results.get(f"allpipe_{kk}")
-        if h and p and not cfg.get("grid"):
-            verdict = "no worse" if h["eval_loss"] <= p["eval_loss"] + 1e-3 else "WORSE"
-            text += (f"\nHeterogeneous vs all-compressed at {kk}: held-out loss {h['eval_loss']:.3f} "
-                     f"vs {p['eval_loss']:.3f} ({verdict}).")
+    if not cfg.get("grid"):
+        text += comparison(results)
     with open(os.path.join(args.out, f"results{tag}.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
@@ -1114,14 +1129,13 @@ def main():
                                                         "identical")}
                                    for c, g in aggregate(results).items()},
                 "runs": {n: {k: r[k] for k in ("eval_loss", "train_loss", "slow_bytes",
-                                               "dp_slow_bytes", "stage_bytes", "identical",
+                                               "dp_slow_bytes", "stage_bytes", "slow_act_bytes",
+                                               "slow_table_bytes", "table_bytes",
+                                               "table_dense_bytes", "identical",
                                                "basis_versions", "train_seconds",
                                                "wall_seconds")}
                          for n, r in results.items()},
-                "missing": missing,
-                "best_adaptation": best.get("adaptation") if groups else None,
-                "best_margin": best.get("margin") if groups else None,
-                "best_noise": best.get("noise") if groups else None}
+                "missing": missing, "verdicts": record}
         with open(os.path.join(args.out, f"grid{tag}_summary.json"), "w") as f:
             json.dump(slim, f, indent=1)
         if args.results:

@@ -13,22 +13,24 @@ import time
 import torch
 
 import lbcc
-from lbcc.torch import PipelineBoundary, SparseLoCo
-from lbcc.torch.subspace import (apply_embedding_update_, embedding_update,
-                                 project_pseudo_gradient_, shift_embedding_)
+from lbcc.torch import PipelineBoundary, SparseLoCo, project_
+from lbcc.torch.subspace import shift_embedding_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import (Data, Stage0, Stage1, make_basis, project_stage0,  # noqa: E402
                    residual_writes)
 
-# Subspace adaptations after each outer step of a compressed run (docs/subspace_adaptations.md):
-#   project: every stage-0 residual write and the token embedding E re-projected onto span(U)
-#            (T fixed: the out-of-subspace part of the synced update is dropped);
-#   shift:   residual writes re-projected; the embedding shifted T <- T + (E - E U U^T),
-#            E <- E U U^T (the function is unchanged; basis version + 1 on every rank);
-#   pgproj:  shift, and every replica's stage-0 residual-write pseudo-gradients projected onto
-#            span(U) before top-k.
-ADAPTATIONS = ("project", "shift", "pgproj")
+# Boundary designs of a compressed run (../../shared/reference/subspace.md, "Two designs";
+# docs/boundary_modes.md):
+#   lossy:       nothing constrained; compressed pipelines send c = U^T (h - T[y]) + ids, T the
+#                embedding synced at the last outer step (refreshed after every outer step; the
+#                later stage rebuilds it from the sparse change), gradients back as U^T g. Only
+#                the compressed replicas lose information; the global model is unconstrained.
+#   constrained: Protocol Models: stage 0's residual writes and E kept in span(U) (every inner
+#                step on compressed replicas, the H-th included; after every outer step on every
+#                replica, with the embedding shift T <- T + (E - E U U^T), E <- E U U^T, and
+#                the residual writes' error feedback projected too); the boundary is exact.
+MODES = ("lossy", "constrained")
 
 
 def flat(tensors):
@@ -84,8 +86,12 @@ def parser():
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", choices=["ddp", "diloco", "sparseloco"], required=True)
     ap.add_argument("--k", type=int, default=0, help="boundary rank of compressed pipelines; 0: none")
-    ap.add_argument("--adapt", choices=ADAPTATIONS, default="shift",
-                    help="subspace adaptation of compressed runs")
+    ap.add_argument("--mode", choices=MODES, default="lossy",
+                    help="boundary design of compressed runs")
+    ap.add_argument("--constrain-all", action="store_true",
+                    help="constrained mode: full replicas project after every inner step too "
+                         "(the control: must match compress-all)")
+    ap.add_argument("--corpus", choices=["fortunes", "grammar"], default="fortunes")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--inner-steps", type=int, default=10)
     ap.add_argument("--top-k", type=float, default=64)
@@ -133,22 +139,27 @@ def run(a):
     replica = role["replica"]
     kind, stage = role["kind"], role["stage"]
     shards = lbcc.shard_communicators(comm)
-    data = Data(a.seq, a.batch)
-    shifting = a.adapt in ("shift", "pgproj")
+    data = Data(a.seq, a.batch, a.corpus)
     vocab = len(data.vocab)
     half = a.layers // 2
     compressed_run = a.k and a.k < a.d
     k = a.k if compressed_run else a.d
-    basis = make_basis(a.d, k, vocab, seed=7 + a.seed)
-    table = torch.from_numpy(basis.table).clone() if basis.has_table else torch.zeros(vocab, a.d)
-    # Does this rank's replica compress its boundary (and so project every inner step)?
-    i_compress = kind == "pipeline" and compressed_run
+    constrained = compressed_run and a.mode == "constrained"
+    lossy = compressed_run and a.mode == "lossy"
+    basis = make_basis(a.d, k, vocab, seed=7 + a.seed, table=constrained)
+    # The model's own table: the constrained design's T; zero otherwise (the lossy boundary
+    # keeps its T, the synced embedding, itself).
+    table = (torch.from_numpy(basis.table).clone() if constrained and basis.has_table
+             else torch.zeros(vocab, a.d))
     holds0 = kind == "full" or stage == 0
     holds1 = kind == "full" or stage == 1
+    # Which replicas project stage 0 after every inner step: the constrained design's compressed
+    # pipelines (their boundary must stay exact), and with --constrain-all the full ones too.
+    project_inner = constrained and holds0 and (kind == "pipeline" or a.constrain_all)
     s0 = Stage0(vocab, a.d, a.heads, half, a.seq, table, a.seed) if holds0 else None
     s1 = Stage1(vocab, a.d, a.heads, a.layers - half, a.seed) if holds1 else None
-    if compressed_run and s0 is not None:
-        project_stage0(s0, basis)
+    if constrained and s0 is not None:
+        project_stage0(s0, basis)  # the global model starts constrained
     groups = []
     if s0 is not None:
         groups.append((list(s0.parameters()), shards[0]))
@@ -159,13 +170,28 @@ def run(a):
     boundary = None
     if kind == "pipeline":
         peer = topo.replicas[replica]["ranks"][1 - stage]
-        boundary = PipelineBoundary(comm, peer, basis, coefficient_dtype="f32",
-                                    timeout=a.timeout)
-    # Each pipeline's two stages (stage 0 first): the stage-1 rank holds no embedding, so stage 0
-    # sends it the synced embedding rows that changed, and it shifts its own copy to the same
-    # next basis. Collective: every rank calls split.
-    pair = comm.split(replica if kind == "pipeline" else -1, stage if kind == "pipeline" else 0)
-    shadow = None  # stage 0 (pipeline): E as of the last shift; stage 1: its copy of E
+        if stage == 0:
+            shared = s0.tok.detach().clone()
+        else:
+            # The later stage's copy of the synced embedding, from the same seed (and projection)
+            # as every stage-0 holder's initial E (SparseLoCo broadcasts rank 0's, which is the
+            # same): no traffic. A mismatch shows as differing basis ids in the identity check.
+            ref = Stage0(vocab, a.d, a.heads, half, a.seq, table, a.seed)
+            if constrained:
+                project_stage0(ref, basis)
+            shared = ref.tok.detach().clone()
+            del ref
+        boundary = PipelineBoundary(comm, peer, basis, mode=a.mode if compressed_run else "lossy",
+                                    table=shared if compressed_run else None,
+                                    coefficient_dtype="f32", timeout=a.timeout)
+        if lossy:
+            basis = boundary.refresh_table()  # T = the initial synced embedding, on both stages
+    # The evaluation boundary of a pipeline replica 0: dense (k = d), so the global model is
+    # evaluated as it is, unconstrained.
+    eval_boundary = None
+    if kind == "pipeline" and replica == 0:
+        eval_boundary = PipelineBoundary(comm, peer, make_basis(a.d, a.d, vocab), tag=1,
+                                         coefficient_dtype="f32", timeout=a.timeout)
     if a.method == "sparseloco":
         opt = SparseLoCo(inner, groups, inner_steps=a.inner_steps, top_k=a.top_k, beta=0.95,
                          outer_lr=1.0, value_bits=2, timeout=a.timeout)
@@ -194,60 +220,52 @@ def run(a):
         return result
 
     def identical():
-        """True when every rank of each shard holds the same bits of that shard's parameters."""
+        """True when every rank of each shard holds the same bits of that shard's parameters,
+        and every rank that uses the basis holds the same basis (constrained: every rank; lossy:
+        the compressed pipelines' stages, the only ones with a boundary table)."""
         ok = True
-        mine = struct.pack("<QI", basis.hash, basis.version)
-        ok &= len(set(comm.all_gather_bytes(mine, timeout=a.timeout))) == 1
+        uses_basis = constrained or (lossy and kind == "pipeline")
+        mine = struct.pack("<?QI", uses_basis, basis.hash, basis.version)
+        ids = {b for b in comm.all_gather_bytes(mine, timeout=a.timeout) if b[0]}
+        ok &= len(ids) <= 1
         for ps, c in groups:
             digest = hashlib.sha256(flat(ps).numpy().tobytes()).digest()
             ok &= len(set(c.all_gather_bytes(digest, timeout=a.timeout))) == 1
         return ok
 
-    if compressed_run and shifting and kind == "pipeline":
-        if stage == 0:
-            shadow = s0.tok.detach().clone()
-        else:
-            # The initial E from the same seed and projection as every stage-0 holder's (rank 0's,
-            # which SparseLoCo broadcast): no traffic. A mismatch would show as differing basis
-            # ids in the identity check after the first shift (and the boundary refuses them).
-            ref = Stage0(vocab, a.d, a.heads, half, a.seq, table, a.seed)
-            project_stage0(ref, basis)
-            shadow = ref.tok.detach().clone()
-            del ref
+    index_of = {id(p): i for i, p in enumerate(params)}
 
-    def adapt_after_outer():
-        """The adaptation after an outer step; returns the embedding-update bytes sent."""
-        nonlocal basis, shadow
+    def after_outer():
+        """The boundary's work after an outer step; returns the table-update bytes sent."""
+        nonlocal basis
         sent = 0
         with torch.no_grad():
-            if s0 is not None:
-                project_stage0(s0, basis, embedding=not shifting)
-            if shifting:
-                if kind == "pipeline" and stage == 0:
-                    blob = embedding_update(shadow, s0.tok.data)
-                    pair.all_gather_bytes(blob, timeout=a.timeout)
-                    sent = len(blob)
-                elif kind == "pipeline":
-                    apply_embedding_update_(shadow, pair.all_gather_bytes(b"", timeout=a.timeout)[0])
-                if s0 is not None:
-                    basis = shift_embedding_(basis, s0.tok, s0.table)
-                    if shadow is not None:
-                        shadow.copy_(s0.tok.data)
-                else:
-                    basis = shift_embedding_(basis, shadow)
-                if boundary is not None:
-                    boundary.update_basis(basis)
-            # Every replica takes the adapted weights as its outer parameters.
-            if a.method == "sparseloco":
+            if constrained and s0 is not None:
+                # Every replica: residual writes (not E: the shift moves its out-of-subspace
+                # part into T instead) back onto span(U), and their error feedback too, since
+                # the next projection would drop what it holds outside span(U).
+                project_stage0(s0, basis, embedding=False)
+                feedback = opt.error_feedback()
+                for tensor, side in residual_writes(s0):
+                    i = index_of[id(tensor)]
+                    if feedback[i] is not None:
+                        opt.set_error_feedback(i, project_(feedback[i], basis, side))
+            if boundary is not None:
+                # Stage 0 sends the synced embedding's changed elements; stage 1 applies them
+                # to its copy; both compute the next basis (lossy: T = E; constrained: the
+                # shift, applied in place to stage 0's E).
+                before = boundary.table_bytes_sent
+                basis = boundary.sync_table(s0.tok.data if s0 is not None else None)
+                sent = boundary.table_bytes_sent - before
+                if constrained and s0 is not None:
+                    s0.table.copy_(torch.from_numpy(basis.table))
+            elif constrained:
+                basis = shift_embedding_(basis, s0.tok, s0.table)
+            if constrained:
+                # Every replica takes the projected, shifted weights as its outer parameters.
                 for p, o in zip(params, opt.outer_parameters()):
                     o.copy_(p)
-            else:
-                opt.reset_outer()
         return sent
-
-    outer_of = {}
-    if a.method == "sparseloco":
-        outer_of = {id(p): o for p, o in zip(params, opt.outer_parameters())}
 
     excluding(comm.barrier)
     base = counters()
@@ -257,14 +275,15 @@ def run(a):
     stream = data.stream(replica, a.seed)
     tokens = a.batch * a.seq
     log = {"rank": rank, "kind": kind, "stage": stage, "replica": replica, "steps": [],
-           "adapt": a.adapt if compressed_run else None, "seed": a.seed,
-           "identical": [], "payload": {"boundary_sent": 0, "sparse_sent": 0}}
+           "mode": a.mode if compressed_run else None, "seed": a.seed,
+           "constrain_all": bool(a.constrain_all), "vocab": vocab,
+           "identical": [], "payload": {"boundary_sent": 0, "sparse_sent": 0, "table_sent": 0}}
     slow_peers = {}
-    for c in [comm]:
-        for r in range(c.nranks):
-            if r != rank:
-                slow_peers[r] = topo.link(rank, r) == "slow"
+    for r in range(comm.nranks):
+        if r != rank:
+            slow_peers[r] = topo.link(rank, r) == "slow"
     t_train = time.time()
+    cpu_train = time.process_time()
     for step in range(1, a.steps + 1):
         lr = a.lr * min(1.0, step / 20)
         for g in inner.param_groups:
@@ -298,27 +317,18 @@ def run(a):
                         p.grad = gr
             inner.step()
         else:
-            if outer_now and a.account and a.method == "sparseloco":
-                log["payload"]["sparse_sent"] += sparse_payload(opt, groups, slow_peers, topo)
-            if (outer_now and compressed_run and a.adapt == "pgproj" and s0 is not None and
-                    a.method == "sparseloco"):
-                # The inner step, then the residual writes' pseudo-gradients onto span(U), then
-                # the outer step (SparseLoCo.step() would run both steps at once).
-                inner.step()
-                opt.inner_step_count += 1
-                for tensor, side in residual_writes(s0):
-                    project_pseudo_gradient_(tensor, outer_of[id(tensor)], basis, side)
+            inner.step()
+            opt.inner_step_count += 1
+            if project_inner:
+                project_stage0(s0, basis)  # every inner step, the H-th included
+            if outer_now:
+                if a.account and a.method == "sparseloco":
+                    log["payload"]["sparse_sent"] += sparse_payload(opt, groups, slow_peers)
                 opt.outer_step()
-            else:
-                opt.step()
-            if i_compress and stage == 0 and not outer_now:
-                project_stage0(s0, basis)
-            if outer_now and compressed_run:
-                # Every replica adapts the synced weights identically (portable arithmetic).
-                update = adapt_after_outer()
-                log["payload"]["boundary_sent"] += update
-                log["payload"]["embedding_update_sent"] = (
-                    log["payload"].get("embedding_update_sent", 0) + update)
+                if compressed_run:
+                    update = after_outer()
+                    log["payload"]["boundary_sent"] += update
+                    log["payload"]["table_sent"] += update
         if outer_now:
             log["identical"].append([step, bool(excluding(identical))])
         c = counters()
@@ -329,7 +339,13 @@ def run(a):
                   f"rank-0 slow-link MB {(c['slow_sent'] - base['slow_sent']) / 1e6:.2f} "
                   f"({time.time() - t_train:.0f} s)", flush=True)
     log["train_seconds"] = time.time() - t_train
+    log["train_cpu_seconds"] = time.process_time() - cpu_train
     log["basis"] = [basis.hash, basis.version]
+    # What the authors' code would have moved for the same refreshes: the dense V x d fp32
+    # table to the later stage after every outer step.
+    log["table_dense_equivalent"] = (4 * vocab * a.d * (a.steps // a.inner_steps)
+                                     if compressed_run and kind == "pipeline" and stage == 0
+                                     else 0)
     total = counters()
     log["final_counters"] = {key: total[key] - base[key] for key in total}
     stage_sent = (comm.link_counters(stage_peer)["bytes_sent"] - stage_base
@@ -340,36 +356,45 @@ def run(a):
     stage_slow = stage_peer is not None and topo.link(rank, stage_peer) == "slow"
     log["final_counters"]["dp_slow_sent"] = (log["final_counters"]["slow_sent"] -
                                              (stage_sent if stage_slow else 0))
+    log["final_counters"]["stage_slow"] = bool(stage_slow)
     if kind == "pipeline" and a.account:
-        peer = topo.replicas[replica]["ranks"][1 - stage]
-        log["stage_link"] = comm.link_counters(peer)
-    # Held-out loss of the final weights (after the last outer step every replica holds the
-    # same bits), outside the byte counts.
+        log["stage_link"] = comm.link_counters(stage_peer)
+    # Held-out loss of the global model (after the last outer step every replica holds the
+    # same bits), uncompressed, outside the byte counts: replica 0 evaluates it, in one process
+    # (a full replica) or through its dense evaluation boundary (a pipeline). The first
+    # compressed pipeline also evaluates it through its compressed boundary (what that replica
+    # computes), for comparison.
+    first_pipe = min(i for i, r in enumerate(topo.replicas) if r["kind"] == "pipeline")
+
+    def evaluate(through):
+        losses = []
+        for xe, ye in data.held_out():
+            if kind == "full":
+                losses.append(float(s1(s0(xe), ye)))
+            elif stage == 0:
+                through.send(s0(xe), xe)
+                through.synchronize()
+            else:
+                he, _ = through.recv(tokens)
+                losses.append(float(s1(he.view(a.batch, a.seq, a.d), ye)))
+        return sum(losses) / len(losses) if losses else None
+
     with torch.no_grad():
-        def evaluate():
-            losses = []
-            for xe, ye in data.held_out():
-                if kind == "full":
-                    losses.append(float(s1(s0(xe), ye)))
-                elif stage == 0:
-                    boundary.send(s0(xe), xe)
-                    boundary.synchronize()
-                else:
-                    he, _ = boundary.recv(tokens)
-                    losses.append(float(s1(he.view(a.batch, a.seq, a.d), ye)))
-            return sum(losses) / len(losses) if losses else None
-        log["eval_loss"] = excluding(evaluate)
+        log["eval_loss"] = (excluding(lambda: evaluate(eval_boundary)) if replica == 0
+                            else None)
+        log["eval_loss_boundary"] = (excluding(lambda: evaluate(boundary))
+                                     if compressed_run and replica == first_pipe else None)
     log["setup_seconds"] = t_train - t_start
     log["run_seconds"] = time.time() - t_start
     with open(os.path.join(a.outdir, f"rank{rank}.json"), "w") as f:
         json.dump(log, f)
     excluding(comm.barrier)
-    for c in list(shards.values()) + ([pair] if pair is not None else []):
+    for c in shards.values():
         c.close()
     comm.close()
 
 
-def sparse_payload(opt, groups, slow_peers, topo):
+def sparse_payload(opt, groups, slow_peers):
     """Bytes this rank's sparse payloads will put on slow links in the coming outer step
     (direct exchange: each shard member's payload goes to every other member): the codec
     encodes each pseudo-gradient with a copy of its error-feedback state."""

@@ -345,3 +345,99 @@ def test_recv_subspace_returns_the_payload_the_codec_makes():
         codec.decode_forward(payload, h)
         assert backwards[mb] == codec.encode_backward(h - pp.target(mb))
         assert lbcc.inspect_subspace(backwards[mb])["basis_version"] == basis.version
+
+
+def changed(table, fraction, seed):
+    """A copy of `table` with about `fraction` of its elements moved (a sparse outer step)."""
+    g = torch.Generator().manual_seed(seed)
+    out = table.clone()
+    mask = torch.rand(out.shape, generator=g) < fraction
+    out[mask] += torch.randn(int(mask.sum()), generator=g) * 0.1
+    return out
+
+
+@pytest.mark.parametrize("mode", ["lossy", "constrained"])
+def test_sync_table_gives_both_stages_one_table_and_one_basis(mode):
+    """The stage holding the synced embedding sends what changed; the other rebuilds the same
+    table, and both compute the same next basis (version + 1) from it, for far fewer bytes than
+    the dense V x d table."""
+    g = torch.Generator().manual_seed(11)
+    e0 = torch.randn(V, D, generator=g)
+    basis = lbcc.SubspaceBasis.from_seed(model_dim=D, rank=K, vocab_size=V, with_table=True,
+                                         table_stddev=0.5, seed=5)
+    e1 = changed(e0, 0.03, 12)
+
+    def body(rank, comm):
+        boundary = PipelineBoundary(comm, 1 - rank, basis, mode=mode, table=e0, timeout=30)
+        if rank == 0:
+            mine = e1.clone()
+            nxt = boundary.sync_table(mine)
+            return nxt, mine, boundary.table.clone(), boundary.table_bytes_sent
+        nxt = boundary.sync_table()
+        return nxt, None, boundary.table.clone(), boundary.table_bytes_received
+
+    (b0, e_after, t0, sent), (b1, _, t1, received) = run_ranks(2, body)
+    assert (b0.hash, b0.version) == (b1.hash, b1.version)
+    assert b0.version == basis.version + 1
+    assert torch.equal(t0.view(torch.int32), t1.view(torch.int32))
+    assert sent == received and 0 < sent < V * D * 4 / 5
+    table = torch.from_numpy(b0.table)
+    if mode == "lossy":
+        assert torch.equal(e_after, e1)  # the embedding itself is untouched
+        assert torch.equal(table, e1)    # T is the synced embedding
+    else:
+        u = torch.from_numpy(b0.u)
+        torch.testing.assert_close(e_after @ u @ u.t(), e_after, atol=1e-5, rtol=1e-5)
+        # T + E is unchanged by the shift.
+        torch.testing.assert_close(table + e_after, torch.from_numpy(basis.table) + e1,
+                                   atol=1e-5, rtol=1e-5)
+        assert torch.equal(t0, e_after)
+
+
+def test_lossy_boundary_keeps_the_subspace_part_of_what_the_stage_added():
+    """Lossy design, an unconstrained stage: the receiver gets E[y] + U U^T (h - E[y]), and the
+    sender's activations get the gradient projected, U U^T g."""
+    g = torch.Generator().manual_seed(21)
+    e = torch.randn(V, D, generator=g)
+    basis = lbcc.SubspaceBasis.from_seed(model_dim=D, rank=K, vocab_size=V, seed=5)
+    ids, _ = data()
+    h = torch.randn(TOKENS, D, generator=g)
+    upstream = torch.randn(TOKENS, D, generator=g)
+
+    def body(rank, comm):
+        boundary = PipelineBoundary(comm, 1 - rank, basis, mode="lossy", table=e, timeout=30)
+        nxt = boundary.refresh_table()
+        if rank == 0:
+            x = h.clone().requires_grad_(True)
+            boundary.send(x, ids).backward()
+            boundary.synchronize()
+            return nxt, x.grad
+        got, _ = boundary.recv(TOKENS)
+        (got * upstream).sum().backward()
+        boundary.synchronize()
+        return nxt, got.detach()
+
+    (b, grad), (_, got) = run_ranks(2, body)
+    u = torch.from_numpy(b.u)
+    base = e[ids.reshape(-1)]
+    torch.testing.assert_close(got, base + (h - base) @ u @ u.t(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, upstream @ u @ u.t(), atol=1e-5, rtol=1e-5)
+    # Lossy: what lies outside span(U) is gone.
+    assert float((got - h).norm()) > 0.1 * float(h.norm())
+
+
+def test_boundary_mode_and_table_are_checked():
+    basis = make_basis()
+
+    def body(rank, comm):
+        with pytest.raises(ValueError, match="mode"):
+            PipelineBoundary(comm, 1 - rank, basis, mode="exact")
+        with pytest.raises(ValueError, match="table"):
+            PipelineBoundary(comm, 1 - rank, basis, table=torch.zeros(V + 1, D))
+        with pytest.raises(ValueError, match="no table"):
+            PipelineBoundary(comm, 1 - rank, basis).sync_table()
+        with pytest.raises(ValueError, match="no embedding"):
+            PipelineBoundary(comm, 1 - rank, basis).refresh_table()
+        return True
+
+    assert run_ranks(2, body) == [True, True]

@@ -18,10 +18,22 @@ into stage 0's graph; recv() returns activations that require grad and whose bac
 the gradient. Ranks must post sends and receives in the same order per boundary (the schedule's
 job; messages with one tag arrive in order).
 
-Basis changes (after an embedding shift): call update_basis() on both sides between steps; the
-previous bases stay known for decoding until drop_previous_bases(), so backward passes of
-microbatches whose forward used the old basis (1F1B) still decode. A payload of a basis neither
-side knows fails with lbcc.FailedPreconditionError.
+Basis changes: call update_basis() on both sides between steps; the previous bases stay known
+for decoding until drop_previous_bases(), so backward passes of microbatches whose forward used
+the old basis (1F1B) still decode. A payload of a basis neither side knows fails with
+lbcc.FailedPreconditionError.
+
+The table T and the two boundary designs (mode=, ../shared/reference/subspace.md):
+  "lossy" (the seed paper's authors'): no weight is constrained; T is the token embedding as
+      synced at the last outer step, so h - T[y] is what the stage computed on top of the
+      embedding and its part outside span(U) is lost at this boundary only (gradients come back
+      as U U^T g). After every outer step, sync_table() refreshes T = E on both stages.
+  "constrained" (Protocol Models): the model keeps stage 0's residual writes in span(U), so the
+      boundary is exact; sync_table() applies the embedding shift T <- T + (E - E U U^T),
+      E <- E U U^T (E modified in place on the stage that holds it).
+Either way the next basis (version + 1) is computed by both stages from the same synced E, and
+the stage that holds no embedding rebuilds that E from the elements the outer step changed
+(lbcc.encode_table_delta: positions and new values), never from a dense copy.
 """
 
 import torch
@@ -97,16 +109,37 @@ class PipelineBoundary:
       coefficient_dtype: "f32", "bf16", "f16" or "i8" for the coefficients on the wire.
       tag: tells apart several boundaries between the same two ranks.
       timeout: seconds a receive may wait (None: forever; a lost peer still fails it).
+      mode: "lossy" or "constrained": what refresh_table() / sync_table() compute (module doc).
+      table: this stage's copy of the synced token embedding [V, d] (float32; the boundary
+        keeps a clone): the state both stages share, against which sync_table() sends only the
+        changed elements. Needed for refresh_table() / sync_table(); both stages must start
+        from the same bits (e.g. the same seeded initialisation).
     """
 
-    def __init__(self, comm, peer, basis, *, coefficient_dtype="f32", tag=0, int8_block=32,
-                 mixture_block=64, timeout=None):
+    MODES = ("lossy", "constrained")
+    # Table updates travel on their own tag, so they never meet an activation receive.
+    TABLE_TAG_BIT = 1 << 30
+
+    def __init__(self, comm, peer, basis, *, mode="lossy", table=None, coefficient_dtype="f32",
+                 tag=0, int8_block=32, mixture_block=64, timeout=None):
         if not isinstance(comm, lbcc.Communicator):
             peer = backend._peer(comm, peer, "PipelineBoundary")
             comm = backend.communicator(comm)
+        if mode not in self.MODES:
+            raise ValueError(f"PipelineBoundary: mode {mode!r} (expected one of {self.MODES})")
         self.comm = comm
         self.peer = peer
         self.tag = tag
+        self.mode = mode
+        self._table = None
+        if table is not None:
+            t = table.detach().to("cpu", torch.float32).contiguous().clone()
+            if t.shape != (basis.vocab_size, basis.model_dim):
+                raise ValueError(f"PipelineBoundary: table {tuple(t.shape)}, expected "
+                                 f"[{basis.vocab_size}, {basis.model_dim}] (the basis' V x d)")
+            self._table = t
+        self.table_bytes_sent = 0      # table updates this stage sent (sync_table)
+        self.table_bytes_received = 0
         self.timeout = timeout
         self._options = dict(coefficient_dtype=coefficient_dtype, int8_block=int8_block,
                              mixture_block=mixture_block)
@@ -143,6 +176,46 @@ class PipelineBoundary:
             return
         self._previous = ([self.codec] + self._previous)[:keep_previous]
         self.codec = lbcc.SubspaceCodec(basis, **self._options)
+
+    @property
+    def table(self):
+        """This stage's copy of the synced embedding (None without one)."""
+        return self._table
+
+    def refresh_table(self, embedding=None):
+        """The next basis from the synced embedding (default: the boundary's own copy), made
+        current on this side (the previous one stays accepted): lossy T = E; constrained the
+        embedding shift (E modified in place). Every stage that calls it with the same bits
+        gets the same basis id. Returns the new basis."""
+        e = self._table if embedding is None else embedding
+        if e is None:
+            raise ValueError("PipelineBoundary.refresh_table: no embedding (pass one, or give "
+                             "the boundary a table=)")
+        e = e.data if isinstance(e, torch.nn.Parameter) else e
+        nxt = lbcc.refresh_table(self.codec.basis, e, self.mode)
+        if self._table is not None and e is not self._table:
+            self._table.copy_(e)
+        self.update_basis(nxt)
+        return nxt
+
+    def sync_table(self, embedding=None):
+        """After an outer step, on both stages at the same point of the schedule: the stage
+        that holds the synced embedding passes it and sends the elements that changed since
+        the last sync; the other passes None and applies them to its copy. Both then
+        refresh_table(). Returns the new basis; table_bytes_sent / _received count the
+        traffic."""
+        if self._table is None:
+            raise ValueError("PipelineBoundary.sync_table: the boundary holds no table (table=)")
+        tag = self.tag | self.TABLE_TAG_BIT
+        if embedding is not None:
+            e = embedding.data if isinstance(embedding, torch.nn.Parameter) else embedding
+            self.table_bytes_sent += self.comm.send_table_update(
+                self._table, e.detach().to("cpu", torch.float32).contiguous(), self.peer, tag,
+                timeout=self.timeout)
+            return self.refresh_table(embedding)
+        self.table_bytes_received += self.comm.recv_table_update(self._table, self.peer, tag,
+                                                                 timeout=self.timeout)
+        return self.refresh_table()
 
     def drop_previous_bases(self):
         self._previous = []

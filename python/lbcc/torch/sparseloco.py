@@ -240,6 +240,21 @@ class SparseLoCo(torch.optim.Optimizer):
         return [torch.from_numpy(s.error) if s.initialized else None
                 for g in self._groups for s in g["states"]]
 
+    @torch.no_grad()
+    def set_error_feedback(self, index, error):
+        """Replaces the error-feedback buffer of parameter `index` (parameter order over all
+        groups) with `error` (same shape), e.g. projected onto a subspace the next outer step's
+        re-projection keeps. The buffer must exist (after the first outer step)."""
+        states = [s for g in self._groups for s in g["states"]]
+        outer = self.outer_parameters()
+        if tuple(error.shape) != tuple(outer[index].shape):
+            raise ValueError(f"SparseLoCo.set_error_feedback: shape {tuple(error.shape)}, "
+                             f"parameter {index} has {tuple(outer[index].shape)}")
+        if not states[index].initialized:
+            raise ValueError(f"SparseLoCo.set_error_feedback: parameter {index} has no error "
+                             f"feedback yet (before its first outer step)")
+        states[index].load(error.detach().to("cpu", torch.float32).contiguous())
+
     def state_dict(self):
         """torch's shape (the inner optimizer's "state" and "param_groups") plus "sparseloco":
         the outer parameters, the error feedback, the step counters and the options."""

@@ -9,7 +9,7 @@ a token's residual h satisfies h - T[y] in span(U):
     SubspaceConstraint.apply() after every optimizer or SparseLoCo outer step, which also shifts
     the dense embedding: T <- T + (E - E U U^T), E <- E U U^T (h0 unchanged) and so moves to the
     next basis version (new T).
-Adaptations after a SparseLoCo outer step (docs/subspace_adaptations.md): shift_embedding_
+Adaptations after a SparseLoCo outer step (docs/boundary_modes.md): shift_embedding_
 (the embedding shift for a raw [V, d] embedding and its table buffer), project_ (re-projection of
 the residual writes), project_pseudo_gradient_ (a replica's pseudo-gradient onto span(U) before
 top-k); embedding_update / apply_embedding_update_ give a rank that holds no embedding (a later
