@@ -11,6 +11,8 @@
 // operation to finish and raises KeyboardInterrupt.
 #include <Python.h>
 
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -540,6 +542,87 @@ py::object RecvSubspace(PyComm& self, py::object out, int peer, uint32_t tag, py
   });
 }
 
+// Waits for a point-to-point operation that has no deadline of its own, up to `timeout_s`
+// (none: as long as it takes). When the time passes first, the communicator is aborted (as a
+// timed-out collective aborts it, so the peer fails too instead of waiting) and
+// DeadlineExceededError is raised once the operation finished; buffers are no longer used then.
+// The callers checked that `timeout_s` is a number >= 0 before posting.
+py::object FinishWithin(std::unique_ptr<Core> core, std::optional<double> timeout_s,
+                        const char* what, std::function<py::object(Core&)> result) {
+  if (!timeout_s.has_value()) return Finish(std::move(core), false, std::move(result));
+  const absl::Time deadline = absl::Now() + absl::Seconds(*timeout_s);
+  std::shared_ptr<Communicator> comm = core->comm;
+  auto abort_and_wait = [&] {
+    comm->Abort();
+    py::gil_scoped_release release;
+    (void)core->request->Wait();
+  };
+  while (!core->request->Test() && absl::Now() < deadline) {
+    {
+      py::gil_scoped_release release;
+      (void)core->request->WaitFor(
+          std::min(absl::Milliseconds(100), std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    }
+    if (PyErr_CheckSignals() != 0) {
+      {
+        py::error_scope keep_error;
+        abort_and_wait();
+      }
+      throw py::error_already_set();
+    }
+  }
+  if (!core->request->Test()) {
+    abort_and_wait();
+    if (!core->request->status().ok()) {
+      throw StatusError(absl::DeadlineExceededError(absl::StrCat(
+          what, ": not finished after ", *timeout_s,
+          " s; the communicator was aborted (recreate it)")));
+    }
+  }
+  ThrowIfError(core->request->status());
+  return result(*core);
+}
+
+// send_table_update / recv_table_update: comm/activations.h's table updates (blocking).
+py::object SendTableUpdate(PyComm& self, py::object before, py::object after, int peer,
+                           uint32_t tag, std::optional<double> timeout) {
+  if (timeout.has_value() && !(*timeout >= 0)) {
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("send_table_update: timeout ", *timeout, " is not a number >= 0")));
+  }
+  TensorView b = ToF32View(before, "before");
+  TensorView a = ToF32View(after, "after");
+  auto bytes = std::make_shared<size_t>(0);
+  auto core = self.NewCore();
+  core->keep = {before, after};
+  core->native = bytes;
+  {
+    py::gil_scoped_release release;  // Encodes before it returns: before and after are read here.
+    core->request = comm::SendTableUpdate(
+        *core->comm, absl::MakeConstSpan(b.data_as<const float>(), b.num_elements()),
+        absl::MakeConstSpan(a.data_as<const float>(), a.num_elements()), peer, tag, bytes.get());
+  }
+  return FinishWithin(std::move(core), timeout, "send_table_update",
+                      [bytes](Core&) { return py::int_(*bytes); });
+}
+
+py::object RecvTableUpdate(PyComm& self, py::object table, int peer, uint32_t tag,
+                           std::optional<double> timeout) {
+  if (timeout.has_value() && !(*timeout >= 0)) {
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("recv_table_update: timeout ", *timeout, " is not a number >= 0")));
+  }
+  TensorView t = ToF32View(table, "table", Access::kWrite);
+  auto bytes = std::make_shared<size_t>(0);
+  auto core = self.NewCore();
+  core->keep = {table};
+  core->native = bytes;
+  core->request = comm::RecvTableUpdate(
+      *core->comm, absl::MakeSpan(t.data_as<float>(), t.num_elements()), peer, tag, bytes.get());
+  return FinishWithin(std::move(core), timeout, "recv_table_update",
+                      [bytes](Core&) { return py::int_(*bytes); });
+}
+
 }  // namespace
 
 void BindComm(py::module_& m) {
@@ -754,6 +837,18 @@ void BindComm(py::module_& m) {
            "Receives and decodes a subspace payload into out [tokens, d] (ids into ids_out) "
            "with the codec whose basis the payload names; returns the selectors, or "
            "(selectors, payload bytes as received) with return_payload=True.")
+      .def("send_table_update", &SendTableUpdate, py::arg("before"), py::arg("after"),
+           py::arg("peer"), py::arg("tag") = 0, py::arg("timeout") = py::none(),
+           "Sends the elements of `after` whose bits differ from `before` (contiguous float32 "
+           "CPU tensors of one size) to `peer` as a table delta; returns the message's bytes. "
+           "After `timeout` seconds (None: no limit) the communicator is aborted and "
+           "DeadlineExceededError raised.")
+      .def("recv_table_update", &RecvTableUpdate, py::arg("table"), py::arg("peer"),
+           py::arg("tag") = 0, py::arg("timeout") = py::none(),
+           "Receives a table delta from `peer` and applies it to `table` in place (which then "
+           "holds the sender's `after` if it held its `before`); returns the message's bytes. "
+           "DataLossError for a corrupt or foreign message, InvalidArgumentError (a ValueError) "
+           "for another table size; `table` is untouched then. `timeout` as send_table_update.")
       .def(
           "link_counters",
           [](const PyComm& c, int peer) {

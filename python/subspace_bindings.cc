@@ -9,6 +9,7 @@
 #include "codecs/subspace_basis.h"
 #include "codecs/subspace_codec.h"
 #include "codecs/subspace_training.h"
+#include "codecs/table_delta.h"
 #include "python/bindings.h"
 
 namespace lbcc::python {
@@ -62,6 +63,27 @@ py::dict HeaderDict(const codecs::SubspacePayloadHeader& h) {
   d["coefficient_dtype"] = std::string(DTypeName(h.coefficient_dtype));
   d["total_bytes"] = h.total_bytes;
   return d;
+}
+
+codecs::TableRefreshMode ParseRefreshMode(const std::string& name) {
+  if (name == "lossy") return codecs::TableRefreshMode::kLossy;
+  if (name == "constrained") return codecs::TableRefreshMode::kConstrained;
+  throw StatusError(absl::InvalidArgumentError(
+      absl::StrCat("unknown mode '", name, "' (lossy, constrained)")));
+}
+
+py::dict TableDeltaDict(const codecs::TableDeltaInfo& info) {
+  py::dict d;
+  d["n"] = info.elements;
+  d["m"] = info.changed;
+  d["encoding"] = std::string(codecs::TableDeltaEncodingName(info.encoding));
+  d["position_bytes"] = info.position_bytes;
+  d["bytes"] = info.total_bytes;
+  return d;
+}
+
+absl::Span<const float> FloatSpan(const TensorView& v) {
+  return absl::MakeConstSpan(v.data_as<const float>(), static_cast<size_t>(v.num_elements()));
 }
 
 PyBasis Wrap(absl::StatusOr<std::shared_ptr<const SubspaceBasis>> b) {
@@ -374,6 +396,74 @@ void BindSubspace(py::module_& m) {
       py::arg("basis"), py::arg("embedding"), py::arg("arithmetic") = "portable",
       "T <- T + (E - E U U^T), E <- E U U^T in place; returns the basis with the new table "
       "and version + 1.");
+
+  m.def(
+      "refresh_table",
+      [](const PyBasis& basis, py::handle embedding, const std::string& mode,
+         const std::string& arithmetic) {
+        const codecs::TableRefreshMode r = ParseRefreshMode(mode);
+        // The lossy refresh only reads the embedding (a read-only tensor is fine).
+        TensorView e = ToF32View(embedding, "embedding",
+                                 r == codecs::TableRefreshMode::kLossy ? Access::kRead
+                                                                       : Access::kWrite);
+        const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
+        absl::StatusOr<std::shared_ptr<const SubspaceBasis>> next;
+        {
+          py::gil_scoped_release release;
+          next = codecs::RefreshTable(*basis.basis, e, r, a);
+        }
+        return Wrap(std::move(next));
+      },
+      py::arg("basis"), py::arg("embedding"), py::arg("mode") = "lossy",
+      py::arg("arithmetic") = "portable",
+      "The basis after a SparseLoCo outer step (version + 1), from the synced embedding [V, d]. "
+      "mode 'lossy': T := the embedding bit for bit, embedding untouched (the seed paper's "
+      "boundary); 'constrained': shift_embedding (embedding modified in place). Equal inputs "
+      "give equal ids on every rank ('portable' arithmetic for the constrained shift).");
+
+  m.def(
+      "encode_table_delta",
+      [](py::handle before, py::handle after) {
+        TensorView b = ToF32View(before, "before");
+        TensorView a = ToF32View(after, "after");
+        absl::StatusOr<std::vector<uint8_t>> bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = codecs::EncodeTableDelta(FloatSpan(b), FloatSpan(a));
+        }
+        return ToBytes(ValueOrThrow(std::move(bytes)));
+      },
+      py::arg("before"), py::arg("after"),
+      "The elements of `after` whose bits differ from `before` (contiguous float32 tensors of "
+      "one size, any shape) as a table delta (bytes: positions as a bitmap or LEB128 gaps, values "
+      "bit-exact, XXH3 checksum).");
+
+  m.def(
+      "apply_table_delta",
+      [](py::handle tensor, const py::bytes& data) {
+        TensorView t = ToF32View(tensor, "tensor", Access::kWrite);
+        absl::Status status;
+        {
+          py::gil_scoped_release release;
+          status = codecs::ApplyTableDelta(
+              BytesSpan(data),
+              absl::MakeSpan(t.data_as<float>(), static_cast<size_t>(t.num_elements())));
+        }
+        ThrowIfError(status);
+      },
+      py::arg("tensor"), py::arg("data"),
+      "Applies encode_table_delta() bytes to `tensor` in place. DataLossError for corrupt or "
+      "foreign bytes, InvalidArgumentError (a ValueError) for a delta of another size; the "
+      "tensor is untouched on error.");
+
+  m.def(
+      "inspect_table_delta",
+      [](const py::bytes& data) {
+        return TableDeltaDict(ValueOrThrow(codecs::InspectTableDelta(BytesSpan(data))));
+      },
+      py::arg("data"),
+      "Validates a table delta and describes it: {n, m, encoding ('bitmap' or 'gaps'), "
+      "position_bytes, bytes}.");
 
   m.def(
       "fit_basis",
