@@ -157,7 +157,8 @@ class ActivationChannel {
   // kept (UpdateBasis(next, 1)). kLossy reads `embedding` (host f32 [V x d]: the synced
   // embedding, or the table a RecvTableUpdate keeps in step); kConstrained shifts it in place.
   // Both sides call it on the same bits between the same two messages and get the same basis
-  // id. Errors as codecs::RefreshTable; on error the channel is unchanged.
+  // id. Errors as codecs::RefreshTable; on error the channel is unchanged. The basis is
+  // computed outside the channel's lock (sends go on meanwhile): call it from one thread.
   absl::StatusOr<SubspaceBasisPtr> RefreshTable(const TensorView& embedding,
                                                 codecs::TableRefreshMode mode);
 
