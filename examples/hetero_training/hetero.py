@@ -125,13 +125,13 @@ PRESETS = {
                   runs=["sparseloco", "hetero_k16_lossy", "hetero_k16_constrained"]),
     # tools/demo: the seed paper's comparison at k/d = 1/16 in the better mode, one seed, the
     # grid's model and steps.
-    "demo": dict(steps=400, inner_steps=10, d=64, layers=2, seq=32,
+    "demo": dict(steps=400, inner_steps=10, d=128, layers=4, seq=32,
                  runs=["sparseloco", f"hetero_k16_{best_mode()}", f"allpipe_k16_{best_mode()}"]),
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
     # Sized to this machine's budget (2 shared cores; see README.md "Grid").
-    "grid": dict(steps=400, inner_steps=10, d=64, layers=2, seq=32, runs=grid_runs(MODES),
+    "grid": dict(steps=400, inner_steps=10, d=128, layers=4, seq=32, runs=grid_runs(MODES),
                  grid=True, tag="", modes=list(MODES)),
 }
 
