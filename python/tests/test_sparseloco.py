@@ -399,3 +399,34 @@ def test_compat_templar_selects_templars_rules():
 
     for r in run_ranks(2, body):
         assert r["templar"] > r[None], r  # templar sends more of the 1-D-like tensor
+
+
+def test_set_error_feedback_replaces_the_buffer_the_next_exchange_uses():
+    """set_error_feedback() changes what the next outer step adds to its pseudo-gradient: two
+    runs that differ only in one tensor's error feedback (zeroed in one) end with different
+    parameters; error_feedback() reads back what was set; bad shapes and tensors without a
+    buffer yet are refused."""
+    from conftest import run_ranks
+
+    def body(rank, comm):
+        torch.set_num_threads(1)
+        results = []
+        for zero in (False, True):
+            model, opt, _ = _train(rank, comm, _sparseloco, 1)
+            if zero:
+                ef = opt.error_feedback()[0]
+                opt.set_error_feedback(0, torch.zeros_like(ef))
+                assert torch.count_nonzero(opt.error_feedback()[0]) == 0
+            for i in range(common.INNER_STEPS):
+                common.inner_step(model, opt, 3, rank, 1, i)
+                opt.step()
+            results.append([p.detach().clone() for p in model.parameters()])
+        fresh = _sparseloco(common.build_model(3), comm)
+        with pytest.raises(ValueError, match="no error feedback yet"):
+            fresh.set_error_feedback(0, torch.zeros_like(fresh.outer_parameters()[0]))
+        with pytest.raises(ValueError, match="shape"):
+            opt.set_error_feedback(0, torch.zeros(3, 5, 7))
+        return results
+
+    for untouched, zeroed in run_ranks(2, body):
+        assert not torch.equal(untouched[0], zeroed[0])
