@@ -8,19 +8,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codecs/fuzz_seed_file.h"
 #include "codecs/subspace_fuzz_bases.h"
 
 namespace {
 
 using namespace lbcc::codecs;  // NOLINT: a small tool
-
-bool WriteFile(const std::string& path, uint8_t mode, const std::vector<uint8_t>& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return false;
-  bool ok = std::fwrite(&mode, 1, 1, f) == 1 &&
-            std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok;
-}
 
 }  // namespace
 
@@ -69,7 +62,7 @@ int main(int argc, char** argv) {
     };
     for (const auto& seed : seeds) {
       const std::string path = absl::StrCat(dir, "/", seed.what, "_", name);
-      if (!WriteFile(path, seed.target | fuzz::kFixChecksum, *seed.bytes)) {
+      if (!WriteSeedFile(path, seed.target | fuzz::kFixChecksum, *seed.bytes)) {
         std::fprintf(stderr, "cannot write %s\n", path.c_str());
         return 1;
       }
@@ -78,7 +71,9 @@ int main(int argc, char** argv) {
   }
   // A payload handed to the wrong decoder, and the basis file image.
   const std::vector<uint8_t> file = fuzz::FuzzBasis(1, 0, 3)->Serialize();
-  if (!WriteFile(dir + "/basis_file", fuzz::kBasisFile | fuzz::kFixChecksum, file)) return 1;
+  if (!WriteSeedFile(dir + "/basis_file", fuzz::kBasisFile | fuzz::kFixChecksum, file)) {
+    return 1;
+  }
   ++written;
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
   return 0;

@@ -208,22 +208,35 @@ absl::Status ProjectPseudoGradient(const SubspaceBasis& basis, const TensorView&
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const SubspaceBasis>> ShiftEmbedding(const SubspaceBasis& basis,
-                                                                    const TensorView& embedding,
-                                                                    SubspaceArithmetic arithmetic) {
-  LBCC_RETURN_IF_ERROR(RequireSingle(basis, "the embedding shift"));
+namespace {
+
+// What every next-table computation needs: a single basis with a vocabulary and a version
+// left, and a host f32 [V x d] embedding. `what` names the operation in the errors.
+absl::Status CheckNextTable(const SubspaceBasis& basis, const TensorView& embedding,
+                            absl::string_view what) {
+  LBCC_RETURN_IF_ERROR(RequireSingle(basis, what));
   if (basis.vocab_size() == 0) {
-    return absl::FailedPreconditionError("the embedding shift needs a basis with a vocabulary");
+    return absl::FailedPreconditionError(absl::StrCat(what, " needs a basis with a vocabulary"));
   }
   if (basis.id().version == std::numeric_limits<uint32_t>::max()) {
     return absl::FailedPreconditionError("basis version is at its maximum");
   }
   LBCC_RETURN_IF_ERROR(CheckMatrix(embedding, "embedding"));
-  const int64_t v = basis.vocab_size(), d = basis.model_dim();
-  if (embedding.dim(0) != v || embedding.dim(1) != d) {
+  if (embedding.dim(0) != basis.vocab_size() || embedding.dim(1) != basis.model_dim()) {
     return absl::InvalidArgumentError(absl::StrCat("embedding is ", embedding.DebugString(),
-                                                   ", expected [V = ", v, ", d = ", d, "]"));
+                                                   ", expected [V = ", basis.vocab_size(),
+                                                   ", d = ", basis.model_dim(), "]"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const SubspaceBasis>> ShiftEmbedding(const SubspaceBasis& basis,
+                                                                    const TensorView& embedding,
+                                                                    SubspaceArithmetic arithmetic) {
+  LBCC_RETURN_IF_ERROR(CheckNextTable(basis, embedding, "the embedding shift"));
+  const int64_t v = basis.vocab_size(), d = basis.model_dim();
   float* e = embedding.data_as<float>();
   std::vector<float> projected(static_cast<size_t>(v * d));
   ProjectRows(basis, e, v, projected.data(), arithmetic);
@@ -244,19 +257,8 @@ absl::StatusOr<std::shared_ptr<const SubspaceBasis>> RefreshTable(const Subspace
                                                                   TableRefreshMode mode,
                                                                   SubspaceArithmetic arithmetic) {
   if (mode == TableRefreshMode::kConstrained) return ShiftEmbedding(basis, embedding, arithmetic);
-  LBCC_RETURN_IF_ERROR(RequireSingle(basis, "the lossy table refresh"));
-  if (basis.vocab_size() == 0) {
-    return absl::FailedPreconditionError("the lossy table refresh needs a basis with a vocabulary");
-  }
-  if (basis.id().version == std::numeric_limits<uint32_t>::max()) {
-    return absl::FailedPreconditionError("basis version is at its maximum");
-  }
-  LBCC_RETURN_IF_ERROR(CheckMatrix(embedding, "embedding"));
+  LBCC_RETURN_IF_ERROR(CheckNextTable(basis, embedding, "the lossy table refresh"));
   const int64_t v = basis.vocab_size(), d = basis.model_dim();
-  if (embedding.dim(0) != v || embedding.dim(1) != d) {
-    return absl::InvalidArgumentError(absl::StrCat("embedding is ", embedding.DebugString(),
-                                                   ", expected [V = ", v, ", d = ", d, "]"));
-  }
   const float* e = embedding.data_as<const float>();
   return basis.WithTable(std::vector<float>(e, e + v * d), basis.id().version + 1);
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "codecs/fuzz_seed_file.h"
 #include "codecs/table_delta.h"
 
 namespace {
@@ -31,14 +32,6 @@ std::vector<float> Changed(const std::vector<float>& before, Pick pick) {
     if (pick(i)) after[i] = static_cast<float>(i) * 0.25f - 3.0f;
   }
   return after;
-}
-
-bool WriteFile(const std::string& path, uint8_t mode, const std::vector<uint8_t>& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return false;
-  bool ok = std::fwrite(&mode, 1, 1, f) == 1 &&
-            std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok;
 }
 
 }  // namespace
@@ -77,13 +70,14 @@ int main(int argc, char** argv) {
     }
     if (seed.mode == 0x00) (*bytes)[bytes->size() - 1] ^= 0x5a;  // checksum left wrong
     const std::string path = dir + "/" + seed.name;
-    if (!WriteFile(path, seed.mode, *bytes)) {
+    if (!lbcc::codecs::WriteSeedFile(path, seed.mode, *bytes)) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return 1;
     }
     ++written;
   }
-  if (!WriteFile(dir + "/garbage", 0x80, {'L', 'B', 'C', 'C', 'T', 'B', 'L', 'D', 7, 0, 0})) {
+  if (!lbcc::codecs::WriteSeedFile(dir + "/garbage", 0x80,
+                                   {'L', 'B', 'C', 'C', 'T', 'B', 'L', 'D', 7, 0, 0})) {
     return 1;
   }
   ++written;
