@@ -15,9 +15,12 @@
 #include "codecs/codec.h"
 #include "codecs/codec_registry.h"
 #include "kernels/backend.h"
-#include "kernels/device_codec.h"
 
 namespace lbcc::kernels {
+
+// Defined in kernels/device_codec.h, whose entry points dispatch to the twins below; the twins'
+// files include it. Only declared here, so that the two headers do not include each other.
+class DeviceScratch;
 
 // Sub-buffers of one allocation start 256 bytes apart (CUDA's allocation alignment).
 inline size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }

@@ -15,7 +15,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "transport/link_setup.h"  // kWireVersion
+#include "transport/wire_constants.h"
 
 namespace lbcc::transport {
 
@@ -30,7 +30,7 @@ struct ChunkHeader {
   uint32_t length;      // Of this chunk.
   uint8_t priority;
   uint8_t flags;        // kChunkNeedsCredit.
-  uint16_t version;     // kWireVersion (transport/link_setup.h).
+  uint16_t version;     // kWireVersion (transport/wire_constants.h).
 };
 static_assert(sizeof(ChunkHeader) == 48, "ChunkHeader is a wire format");
 

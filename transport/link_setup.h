@@ -4,7 +4,8 @@
 // LinkSetup; it never decides a link class itself.
 //
 // What lives here:
-//   - LinkRules: the LBCC_LINK_RULES_FILE parser and lookup (file format in options.h);
+//   - (LinkRules, the LBCC_LINK_RULES_FILE parser, and SplitHostPort are in link_rules.h;
+//     the wire version in wire_constants.h);
 //   - the class rule: ConnectOptions, else either side's configuration (rules file, then
 //     LBCC_LINK_CLASS) where slow wins, else the connect-time probe (SlowWins, LinkSetup);
 //   - the set-up protocol (ControlHeader, Ctl): HELLO -> WELCOME -> [AUTH] -> [probe] -> READY,
@@ -32,7 +33,7 @@
 // Implementations of SetupWire: the UCX backend (control active messages on connection 0) and
 // the loopback backend (the peer's LinkSetup called in memory).
 //
-// Thread-safety: LinkRules and the free functions are values / pure. LinkSetup is thread-safe
+// Thread-safety: the free functions are pure. LinkSetup is thread-safe
 // (its own mutex, never held while it calls SetupWire). ProbeScratch is thread-safe. PeerWatch
 // and WatchClock are not: one backend context owns them (UCX: the worker).
 #ifndef LBCC_TRANSPORT_LINK_SETUP_H_
@@ -53,40 +54,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/mutex.h"
+#include "transport/link_rules.h"
 #include "transport/secure.h"
 #include "transport/transport.h"
+#include "transport/wire_constants.h"
 
 namespace lbcc::transport {
 
 struct TransportOptions;  // transport/options.h
-
-// ---------------------------------------------------------------------------------------------
-// The link-rules file (LBCC_LINK_RULES_FILE; format in options.h). Immutable after Parse().
-class LinkRules {
- public:
-  // Parses the rules format. `source` names the text in errors ("link rules file <source>
-  // line N: ..."); InvalidArgument for a bad line.
-  static absl::StatusOr<LinkRules> Parse(absl::string_view text, absl::string_view source = "");
-  // Reads and parses `path`. InvalidArgument "cannot read link rules file <path>: <reason>" when
-  // it cannot be read, or the parse error naming the path and line.
-  static absl::StatusOr<LinkRules> Load(const std::string& path);
-
-  // The class for a peer at host:port (port 0: unknown), if a rule covers it: host:port, then
-  // host, then *.
-  std::optional<LinkClass> Lookup(absl::string_view host, int port) const;
-  bool empty() const { return rules_.empty(); }
-
- private:
-  std::map<std::string, LinkClass> rules_;  // "host:port", "host" or "*".
-};
-
-// An address as the rules see it: "10.0.0.3:5000" -> {10.0.0.3, 5000}; a name without a numeric
-// port ("rank0") -> {rank0, 0}.
-struct HostPort {
-  std::string host;
-  int port = 0;
-};
-HostPort SplitHostPort(absl::string_view address);
 
 // The configured class of a link from both ends' configuration: slow if either says slow, fast
 // if either says fast, nullopt (measure) if neither says anything.
@@ -117,11 +92,6 @@ enum class Ctl : uint32_t {
 //   AUTH: a/b = client proof.
 inline constexpr uint32_t kAuthFlag = 1;
 
-// The wire format's version, in every ControlHeader and ChunkHeader. 2: integrity-only chunks
-// carry a ChaCha20-Poly1305 tag (1: GMAC). A peer of another version is refused at its HELLO /
-// WELCOME, before any chunk of it is read.
-inline constexpr uint16_t kWireVersion = 2;
-
 struct ControlHeader {
   uint32_t type;
   uint32_t lane;  // The connection it travels on (the sending backend stamps it).
@@ -131,7 +101,7 @@ struct ControlHeader {
   double x;
   double y;
   double z;
-  uint32_t version;  // kWireVersion (set by Message(); the sending backend stamps it too)
+  uint32_t version;  // kWireVersion (wire_constants.h): set by Message(), stamped by the backend
   uint32_t reserved;
 };
 static_assert(sizeof(ControlHeader) == 64, "ControlHeader is a wire format");

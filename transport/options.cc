@@ -34,13 +34,6 @@ absl::string_view PriorityName(Priority priority) {
   return "?";
 }
 
-absl::StatusOr<LinkClass> ParseLinkClass(absl::string_view text) {
-  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  if (lower == "fast") return LinkClass::kFast;
-  if (lower == "slow") return LinkClass::kSlow;
-  return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a link class (fast, slow)"));
-}
-
 int64_t WindowBytes(const SchedulerOptions& options, double rate_bytes_per_second,
                     double rtt_seconds) {
   if (options.window_bytes > 0) return options.window_bytes;

@@ -16,8 +16,8 @@
 // InvalidArgument naming it and the line. The most specific rule wins (host:port, then host,
 // then *). Peers are matched by the address given to Connect() on the client (UCX: resolved to
 // a numeric address) and by the connecting host (port unknown) on the server; the loopback
-// backend matches names the same way (its server sees the client's listen name). The parser and
-// the class rule (either side slow: slow) are in transport/link_setup.h.
+// backend matches names the same way (its server sees the client's listen name). The parser is
+// transport/link_rules.h's; the class rule (either side slow: slow) is transport/link_setup.h's.
 //
 // Thread-safety: values.
 #ifndef LBCC_TRANSPORT_OPTIONS_H_
@@ -31,13 +31,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "transport/link_setup.h"
+#include "transport/link_rules.h"  // LinkRules, ParseLinkClass
 #include "transport/netif.h"
+#include "transport/secure.h"
 #include "transport/transport.h"
 
 namespace lbcc::transport {
-
-absl::StatusOr<LinkClass> ParseLinkClass(absl::string_view text);  // "fast" or "slow".
 
 // How a slow link sends.
 struct SchedulerOptions {
@@ -68,7 +67,7 @@ struct TransportOptions {
   int64_t fast_chunk_bytes = 64 << 20;
   // Explicit class for every link (LBCC_LINK_CLASS=fast|slow); unset: link rules, then the probe.
   std::optional<LinkClass> link_class;
-  LinkRules link_rules;  // LBCC_LINK_RULES_FILE (parser: transport/link_setup.h).
+  LinkRules link_rules;  // LBCC_LINK_RULES_FILE (parser: transport/link_rules.h).
   // A link whose probed rate in either direction is below this is slow (LBCC_SLOW_LINK_GBITS).
   double slow_threshold_bits_per_second = 10e9;
   // Largest probe transfer per direction (LBCC_LINK_PROBE_BYTES); the probe doubles its size until

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# No include loop in any package, and the README's Layout block true to the BUILD files, checked
+# by tools/include_graph.py over the source tree that README.md lies in (the test reads the
+# tree itself, not a copy: a header added anywhere is seen without a BUILD change here).
+#   include_graph_test.sh INCLUDE_GRAPH_PY README            every include cycle fails ...
+#   include_graph_test.sh --layout INCLUDE_GRAPH_PY README   ... the Layout block's check
+set -euo pipefail
+source "$(dirname "$0")/flags.sh"
+flags_bool layout "check the README's Layout block instead of include cycles"
+flags_positional "INCLUDE_GRAPH_PY README" "the checker and the tree's README.md"
+flags_parse "$@"
+((${#FLAGS_ARGS[@]} == 2)) || { echo "include_graph_test.sh: needs INCLUDE_GRAPH_PY README" >&2; exit 2; }
+script=${FLAGS_ARGS[0]} readme=$(readlink -f "${FLAGS_ARGS[1]}")
+root=$(dirname "$readme")
+
+if ((FLAG_layout)); then
+  exec python3 "$script" --root "$root" --check-readme "$readme"
+fi
+
+# Include cycles known today, each in a package another engineer is restructuring under
+# issue 40 ("Give comm/ and the UCX backend rooms a newcomer can live in"), with the fix
+# proposed there. This list only shrinks: a listed cycle that no longer exists fails the test
+# until its line is removed, and only cycles inside comm/ or codecs/ may be listed.
+known_cycles=(
+  # Group (collectives.h) is all agreement.cc needs: Group in comm/group.h with a forward
+  # declaration of Fabric, included by collectives.h and agreement.cc.
+  "comm/agreement.h comm/collectives.h comm/fabric.h"
+  # Communicator's Dense* methods defined in dense_collectives.cc: move them to
+  # communicator.cc (or the one dense API of issue 40 item 2).
+  "comm/communicator.h comm/dense_collectives.h"
+  # codec.cc's dispatching free functions look codecs up in the registry, whose header includes
+  # codec.h for one type: `class Codec;` in codec_registry.h instead of the include.
+  "codecs/codec.h codecs/codec_registry.h"
+)
+allow=()
+for cycle in "${known_cycles[@]}"; do
+  for file in $cycle; do
+    [[ $file == comm/* || $file == codecs/* ]] || {
+      echo "include_graph_test.sh: '$cycle': only cycles inside comm/ or codecs/ may be listed" >&2
+      exit 1
+    }
+  done
+  allow+=(--allow "$cycle")
+done
+exec python3 "$script" --root "$root" "${allow[@]}"
