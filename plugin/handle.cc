@@ -1,5 +1,6 @@
 #include "plugin/handle.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +87,14 @@ absl::StatusOr<ListenHandle> DecodeListenHandle(absl::Span<const uint8_t> bytes)
   if (Get<uint32_t>(bytes, kChecksumOffset) != Fnv1a(bytes.subspan(0, kChecksumOffset)) ||
       Get<uint32_t>(bytes, kReservedOffset) != 0) {
     return absl::DataLossError("listen handle checksum mismatch (corrupted in transit?)");
+  }
+  // The address field's padding is zero in every handle EncodeListenHandle writes; a handle
+  // with bytes there is not one of ours, even with a matching checksum.
+  const uint8_t* pad = bytes.data() + kAddressOffset + length;
+  const uint8_t* pad_end = bytes.data() + kAddressOffset + kMaxAddressBytes;
+  if (std::any_of(pad, pad_end, [](uint8_t b) { return b != 0; })) {
+    return absl::DataLossError(absl::StrCat("listen handle has bytes after its ", length,
+                                            "-byte address"));
   }
   ListenHandle handle;
   handle.comm_id = Get<uint64_t>(bytes, kCommIdOffset);

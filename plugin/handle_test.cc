@@ -56,6 +56,20 @@ TEST(HandleTest, RejectsForeignAndCorruptBytes) {
   }
 }
 
+// handle_fuzz's finding (plugin/testdata/handle_corpus/padding_byte_after_address): a byte in
+// the address field's padding under a checksum that covers it. Such a handle does not re-encode
+// to itself, so it is not one of ours.
+TEST(HandleTest, RejectsBytesAfterTheAddressEvenUnderAValidChecksum) {
+  std::array<uint8_t, kHandleBytes> bytes{};
+  ASSERT_THAT(EncodeListenHandle({"127.1.0.1:41234", 0x1122344455667788ull}, absl::MakeSpan(bytes)),
+              IsOk());
+  bytes[74] = 0x08;
+  const uint8_t checksum[4] = {0xd3, 0x69, 0x2a, 0x80};  // FNV-1a 32 of bytes [0, 96) as changed
+  std::memcpy(bytes.data() + 96, checksum, sizeof(checksum));
+  EXPECT_THAT(DecodeListenHandle(bytes),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("after its 15-byte address")));
+}
+
 TEST(HandleTest, ConnectStageIsLocalAndDoesNotDisturbTheHandle) {
   std::array<uint8_t, kHandleBytes> bytes{};
   ASSERT_THAT(EncodeListenHandle({"127.0.0.1:5000", 9}, absl::MakeSpan(bytes)), IsOk());
