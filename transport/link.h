@@ -29,6 +29,9 @@
 // A backend's own control messages of a running link (credits, heartbeats) are tagged too
 // (SealControl / OnControl): GMAC under the same per-direction counters.
 //
+// Files: link.cc (set-up, send side, credits, failure), link_recv.cc (receive side),
+// link_crypto.h (the crypto pool and scratch buffers).
+//
 // Thread-safety: all public methods are thread-safe. Lock order: a backend's own lock (the UCX
 // worker) may be held when calling On*(); the Link's mutex is never held while calling user code
 // other than a RecvAllocator, and user callbacks run on the Executor.
@@ -79,8 +82,8 @@ inline constexpr int64_t kMaxSealAheadBytes = 8 << 20;
 
 class Link : public std::enable_shared_from_this<Link> {
  public:
-  // An eager sealed chunk on its way to a receive buffer (link.cc), under the Link's mutex while
-  // OnChunk accepts it.
+  // An eager sealed chunk on its way to a receive buffer (link_recv.cc), under the Link's mutex
+  // while OnChunk accepts it.
   struct EagerOpen {
     bool inside = true;    // OnChunk is accepting it.
     bool fetched = false;  // Placed: OnChunk opens it into `dst`, then runs `done`.

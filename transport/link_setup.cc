@@ -370,6 +370,11 @@ LinkSetup::Step LinkSetup::OnControl(const ControlHeader& h, ProbeScratch& scrat
       break;
   }
   MutexLock lock(&mu_);
+  return RecordLocked(h);
+}
+
+LinkSetup::Step LinkSetup::RecordLocked(const ControlHeader& h) {
+  Step step;
   switch (static_cast<Ctl>(h.type)) {
     case Ctl::kWelcome:
       if (role_ != Role::kClient) break;

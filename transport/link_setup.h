@@ -220,6 +220,9 @@ class LinkSetup {
   // The authenticated parts of OnControl (a secret is set, or the peer sent one).
   Step ServeHello(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Step ServeAuth(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rest of OnControl: what a message tells this end (WELCOMEs, pongs, probe acks and data;
+  // a server's READY, which yields the LinkParams), and a proof sent to a client refused.
+  Step RecordLocked(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Client: checks a WELCOME; false (failure_ set) when the server fails authentication.
   bool TakeWelcome(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Step Refuse(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

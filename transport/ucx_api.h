@@ -1,9 +1,9 @@
 // UCX's entry points, called through a table filled from LBCC's own copy of UCX, loaded into a
 // link-map namespace of its own (dlmopen(LM_ID_NEWLM)). A process that already has another UCX
 // (HPC-X's, an MPI's) keeps it: neither copy's symbols can interpose on the other's, and each
-// has its own libucs/libuct/libucm state. transport/ucx_transport.cc includes this header after
-// <ucp/api/ucp.h>; the macros at the end route its ucp_*()/ucs_status_string() calls through
-// the table, so that file is written against UCX's ordinary API.
+// has its own libucs/libuct/libucm state. The UCX backend's files include this header (through
+// transport/ucx_engine.h); the macros at the end route their ucp_*()/ucs_status_string() calls
+// through the table, so those files are written against UCX's ordinary API.
 //
 // Without a loadable libucp.so.0 every entry fails (UCS_ERR_UNSUPPORTED, a null request, a
 // ucs_status_string() that names the loader's error), so creating a UCX transport returns an
