@@ -20,7 +20,7 @@ Layout check: the README's "## Layout" block has a line per top-level folder,
 
 whose parenthesis lists the packages the folder's library targets reference, then after
 "tests:" the further ones only its tests, benchmarks and test-only targets reference ("-" for
-none). They are compared with the `//package` labels of every BUILD.bazel under the folder
+none); a parenthesis may go on over the indented lines below it. They are compared with the `//package` labels of every BUILD.bazel under the folder
 (loads of build macros, visibility, select() keys and third_party/ not counted; a target is
 test-side when its rule ends in _test, its name in _test or _benchmark, or it is testonly).
 Every folder with a BUILD.bazel must have its line.
@@ -269,8 +269,14 @@ def read_layout(readme):
         end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
     except StopIteration:
         raise ValueError(f"{readme}: no code block under '## Layout'")
-    layout = {}
+    joined = []  # A parenthesis may go on over indented lines: each line with its continuation.
     for line in lines[start + 1:end]:
+        if joined and joined[-1].count("(") > joined[-1].count(")") and line.startswith(" "):
+            joined[-1] += " " + line.strip()
+        else:
+            joined.append(line)
+    layout = {}
+    for line in joined:
         m = _LAYOUT_LINE.match(line)
         if not m:
             continue
