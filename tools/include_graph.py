@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Finds include loops among LBCC's headers; checks the README's Layout block against BUILD files.
 
-    tools/include_graph.py                          # every header cycle, with its chain; exit 1 if any
-    tools/include_graph.py --allow "comm/a.h comm/b.h"    # a known cycle does not fail (see below)
-    tools/include_graph.py --check-readme README.md # each package's dependencies as BUILD says
+    tools/include_graph.py                            # every cycle, its chain; exit 1 if any
+    tools/include_graph.py --allow "comm/a.h comm/b.h"  # a known cycle does not fail (see below)
+    tools/include_graph.py --check-readme README.md   # each package's deps as BUILD says
 
 Include loops: every `#include "..."` line of every .h/.cc/.cu/.cuh/.c under the source folders
 (base codecs kernels transport comm plugin plan python bench tools tests examples) is resolved
-against the tree root (then against the including file's folder); the headers and the includes
-between them form a graph, and every elementary cycle of it is printed as a chain of files with
-the line of each include. An include inside #if counts: a loop that one configuration closes is
-still a loop. --allow names a cycle (its files in order, any rotation, space-separated) that is
-known and does not fail the run; an --allow that matches no cycle fails the run, so the list
-only shrinks.
+against the tree root (then against the including file's folder). A header and the .cc/.cu files
+of the same name beside it are one unit (named by the header): foo.cc including bar.h while bar.h
+includes foo.h is a loop too, since neither pair builds or reads without the other. The units and
+the includes between them form a graph, and every elementary cycle of it is printed as a chain
+of files with the line of each include. An include inside #if counts: a loop that one
+configuration closes is still a loop. --allow names a cycle (its files in order, any rotation,
+space-separated) that is known and does not fail the run; an --allow that matches no cycle fails
+the run, so the list only shrinks.
 
 Layout check: the README's "## Layout" block has a line per top-level folder,
 
@@ -20,10 +22,11 @@ Layout check: the README's "## Layout" block has a line per top-level folder,
 
 whose parenthesis lists the packages the folder's library targets reference, then after
 "tests:" the further ones only its tests, benchmarks and test-only targets reference ("-" for
-none); a parenthesis may go on over the indented lines below it. They are compared with the `//package` labels of every BUILD.bazel under the folder
-(loads of build macros, visibility, select() keys and third_party/ not counted; a target is
-test-side when its rule ends in _test, its name in _test or _benchmark, or it is testonly).
-Every folder with a BUILD.bazel must have its line.
+none); a parenthesis may go on over the indented lines below it. They are compared with the
+`//package` labels of every BUILD.bazel under the folder (loads of build macros, visibility,
+select() keys and third_party/ not counted; a target is test-side when its rule ends in _test,
+its name in _test or _benchmark, or it is testonly). Every folder with a BUILD.bazel must have
+its line.
 
 Exit status: 0 clean, 1 a cycle or a Layout difference (each printed), 2 a usage error.
 """
@@ -60,7 +63,8 @@ def scan_includes(root, folders):
                         m = _INCLUDE.match(text)
                         if not m:
                             continue
-                        for candidate in (m.group(1), os.path.join(os.path.dirname(path), m.group(1))):
+                        beside = os.path.join(os.path.dirname(path), m.group(1))
+                        for candidate in (m.group(1), beside):
                             candidate = os.path.normpath(candidate)
                             if os.path.isfile(os.path.join(root, candidate)):
                                 edges.append((number, candidate))
@@ -308,7 +312,8 @@ def check_readme(root, readme):
                             f"({show(library)}; tests: {show(tests)})")
             continue
         said_library, said_tests = layout[folder]
-        for kind, said, actual in (("library", said_library, library), ("tests", said_tests, tests)):
+        for kind, said, actual in (("library", said_library, library),
+                                   ("tests", said_tests, tests)):
             if said != actual:
                 problems.append(
                     f"{folder}/: the README's {kind} dependencies ({show(said)}) differ from its "
@@ -328,7 +333,8 @@ def main():
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser.add_argument("--root", default=os.path.dirname(here),
                         help="the source tree (default: the folder above this script's)")
     parser.add_argument("--allow", action="append", default=[], metavar="CYCLE",
                         help="a known cycle, its files space-separated, that does not fail")

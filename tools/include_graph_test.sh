@@ -9,7 +9,10 @@ source "$(dirname "$0")/flags.sh"
 flags_bool layout "check the README's Layout block instead of include cycles"
 flags_positional "INCLUDE_GRAPH_PY README" "the checker and the tree's README.md"
 flags_parse "$@"
-((${#FLAGS_ARGS[@]} == 2)) || { echo "include_graph_test.sh: needs INCLUDE_GRAPH_PY README" >&2; exit 2; }
+if ((${#FLAGS_ARGS[@]} != 2)); then
+  echo "include_graph_test.sh: needs INCLUDE_GRAPH_PY README" >&2
+  exit 2
+fi
 script=${FLAGS_ARGS[0]} readme=$(readlink -f "${FLAGS_ARGS[1]}")
 root=$(dirname "$readme")
 
