@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
-#include "comm/collectives.h"
+#include "comm/group.h"
 
 namespace lbcc::comm {
 namespace internal {

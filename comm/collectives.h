@@ -27,15 +27,9 @@
 #include "base/dtype.h"
 #include "comm/algorithms.h"
 #include "comm/fabric.h"
+#include "comm/group.h"
 
 namespace lbcc::comm {
-
-struct Group {
-  Fabric* fabric = nullptr;
-  std::vector<int> ranks;  // Global ranks, in group order.
-  int me = 0;              // This rank's index in `ranks`.
-  int size() const { return static_cast<int>(ranks.size()); }
-};
 
 // Tags: 16 bits of communicator id, 32 bits of operation sequence, 16 bits of step. Collectives
 // use steps below kFirstP2pStep; point-to-point operations put the user's tag in the sequence

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "comm/collectives.h"
 
 namespace lbcc::comm {
@@ -119,6 +120,21 @@ absl::Status DenseScatterDirect(const Group& group, transport::Tag tag, const vo
 // that differs (on every rank).
 absl::Status VerifyFingerprints(const Group& group, transport::Tag tag,
                                 const std::string& fingerprint, absl::Time deadline);
+
+namespace dense_internal {
+// A caller's raw buffer as the bytes the transport moves (dense_collectives.cc and
+// communicator_dense.cc).
+inline absl::Span<uint8_t> Span(void* data, size_t bytes) {
+  return absl::Span<uint8_t>(static_cast<uint8_t*>(data), bytes);
+}
+inline absl::Span<const uint8_t> ConstSpan(const void* data, size_t bytes) {
+  return absl::Span<const uint8_t>(static_cast<const uint8_t*>(data), bytes);
+}
+// InvalidArgument naming `what` unless 0 <= root < n.
+absl::Status CheckRoot(int root, int n, absl::string_view what);
+// An all-gather as an all-to-all: this rank's `bytes` to every rank, rank i's into row i.
+AllToAllLayout AllGatherLayout(int n, size_t bytes);
+}  // namespace dense_internal
 
 }  // namespace lbcc::comm
 
