@@ -20,24 +20,4 @@ if ((FLAG_layout)); then
   exec python3 "$script" --root "$root" --check-readme "$readme"
 fi
 
-# Include cycles known today, each in a package another engineer is restructuring under
-# issue 40 ("Give comm/ and the UCX backend rooms a newcomer can live in"), with the fix
-# proposed there. This list only shrinks: a listed cycle that no longer exists fails the test
-# until its line is removed, and only cycles inside comm/ or codecs/ may be listed.
-known_cycles=(
-  # codec.cc's dispatching free functions (DecodeAccumulate, InspectPayload, ...) look codecs up
-  # in the registry, and the registry's .cc needs Codec: those functions in a file of their own
-  # (codecs/dispatch.cc) that depends on both.
-  "codecs/codec.h codecs/codec_registry.h"
-)
-allow=()
-for cycle in "${known_cycles[@]}"; do
-  for file in $cycle; do
-    [[ $file == comm/* || $file == codecs/* ]] || {
-      echo "include_graph_test.sh: '$cycle': only cycles inside comm/ or codecs/ may be listed" >&2
-      exit 1
-    }
-  done
-  allow+=(--allow "$cycle")
-done
-exec python3 "$script" --root "$root" "${allow[@]}"
+exec python3 "$script" --root "$root"
