@@ -5,8 +5,8 @@
 #
 #   bench/codecs_results.sh [--min-time 1] [--filter REGEX] [--subspace] [--out FILE]
 #
-# Runs //codecs:topk_ef_benchmark (all cases, or those matching --filter) and, with
-# --subspace, //codecs:subspace_benchmark on one OpenBLAS thread. Serialised with other
+# Runs //bench:topk_ef_benchmark (all cases, or those matching --filter) and, with
+# --subspace, //bench:subspace_benchmark on one OpenBLAS thread. Serialised with other
 # benchmark runs through /tmp/lbcc-bench.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +23,8 @@ while (($#)); do
   esac
   shift
 done
-targets=(//codecs:topk_ef_benchmark)
-((subspace)) && targets+=(//codecs:subspace_benchmark)
+targets=(//bench:topk_ef_benchmark)
+((subspace)) && targets+=(//bench:subspace_benchmark)
 bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
 
 run() {  # title, command...
@@ -47,11 +47,11 @@ tmp=$(mktemp)
   echo "- machine: \`$(uname -a)\`"
   echo "- cpu: $(lscpu | grep 'Model name' | sed 's/Model name: *//'), $(nproc) cores"
   echo "- load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  run "TopK-EF and dense quantizer (bazel-bin/codecs/topk_ef_benchmark)" \
-    bazel-bin/codecs/topk_ef_benchmark --benchmark_filter="$filter" --benchmark_min_time="$min_time"
+  run "TopK-EF and dense quantizer (bazel-bin/bench/topk_ef_benchmark)" \
+    bazel-bin/bench/topk_ef_benchmark --benchmark_filter="$filter" --benchmark_min_time="$min_time"
   if ((subspace)); then
-    run "Subspace codec (bazel-bin/codecs/subspace_benchmark, OPENBLAS_NUM_THREADS=1)" \
-      env OPENBLAS_NUM_THREADS=1 bazel-bin/codecs/subspace_benchmark --benchmark_min_time="$min_time"
+    run "Subspace codec (bazel-bin/bench/subspace_benchmark, OPENBLAS_NUM_THREADS=1)" \
+      env OPENBLAS_NUM_THREADS=1 bazel-bin/bench/subspace_benchmark --benchmark_min_time="$min_time"
   fi
 } > "$tmp"
 mkdir -p "$(dirname "$out")"

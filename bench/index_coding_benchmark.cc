@@ -1,7 +1,7 @@
 // Index-section decoding throughput: the adaptive coding next to the 12-bit packed one of the
 // same indices (its limit), measured in one run.
 //
-//   flock -o /tmp/lbcc-bench.lock bazel run //codecs:index_coding_benchmark --
+//   flock -o /tmp/lbcc-bench.lock bazel run //bench:index_coding_benchmark --
 //       --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //
 // Cases, SparseLoCo's production setting (64x64 chunks, top_k 64 per 4096, so k = 64 per

@@ -1,6 +1,6 @@
 // TopK-EF and dense-quantizer throughput next to the machine's limits, measured in one run.
 //
-//   bazel run //codecs:topk_ef_benchmark -- --benchmark_min_time=1
+//   bazel run //bench:topk_ef_benchmark -- --benchmark_min_time=1
 //
 // Cases (fp32 data from fixed seeds, i.i.d. normal, so selected positions are uniformly random):
 //   BM_TopKEfEncode/4096/4096 threads 1 and 2: EF update + chunked top-k + 2-bit values +

@@ -1,6 +1,6 @@
 // Subspace codec benchmarks, with cblas_sgemm measured in the same binary.
 //
-//   bazel run //codecs:subspace_benchmark -- --benchmark_min_time=1
+//   bazel run //bench:subspace_benchmark -- --benchmark_min_time=1
 //
 // BM_SubspaceForwardEncode / ForwardDecode / BackwardEncode / BackwardDecode: [8192 x 2048] fp32
 // activations at k = 64 (the shape), coefficient dtype and table as named. Each
