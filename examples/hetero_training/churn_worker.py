@@ -143,14 +143,16 @@ def main():
         with open(os.path.join(a.outdir, "masters.ready"), "w") as f:
             f.write("\n".join(m.address for m in masters) + "\n")
 
-    data = Data(a.seq, a.batch)
+    data = Data(a.seq, a.batch, a.corpus)
     vocab = len(data.vocab)
     half = a.layers // 2
     compressed = bool(a.k) and a.k < a.d
-    if compressed and a.adapt != "project":
-        sys.exit("churn_worker: a compressed churn run takes --adapt project (the basis is then "
-                 "fixed, so a restarted stage rebuilds it from the seed; the shift's basis "
-                 "versions would have to travel with the shared state)")
+    if compressed and a.mode != "constrained":
+        sys.exit("churn_worker: a compressed churn run takes --mode constrained, with a fixed "
+                 "basis (after each outer step every member re-projects stage 0's residual "
+                 "writes and E: T never changes, so a restarted stage rebuilds the basis from "
+                 "the seed; a refreshed table's versions would have to travel with the shared "
+                 "state)")
     basis = make_basis(a.d, a.k if compressed else a.d, vocab, seed=7 + a.seed)
     table = torch.from_numpy(basis.table).clone() if basis.has_table else torch.zeros(vocab, a.d)
     holds = [kind == "full" or stage == 0, kind == "full" or stage == 1]

@@ -323,7 +323,8 @@ def run_churn(name, cfg, net, args, pkg, out):
         "UCX_NET_DEVICES": "eth0" if net.testbed else "lo",
     }
     argv = [sys.executable, os.path.join(HERE, "churn_worker.py"), "--method", method,
-            "--k", str(k), "--adapt", "project", "--steps", str(steps),
+            "--k", str(k), "--mode", "constrained", "--corpus", cfg["corpus"],
+            "--steps", str(steps),
             "--inner-steps", str(H), "--topology", topo_path, "--outdir", rundir,
             "--seed", str(seed), "--d", str(D_MODEL), "--layers", str(cfg["layers"]),
             "--seq", str(cfg["seq"]), "--master-host", net.addr(0),
@@ -1034,11 +1035,14 @@ def main():
         text = churn_table(s, cfg, net_desc)
         with open(os.path.join(args.out, "churn.md"), "w") as f:
             f.write(text + "\n")
-        shutil.copy(os.path.join(args.out, s["run"], "churn.png"), args.out)
+        png = os.path.join(args.out, s["run"], "churn.png")
+        if os.path.exists(png):  # a failed run has no plot; its table says why
+            shutil.copy(png, args.out)
         if args.results:
             os.makedirs(args.results, exist_ok=True)
             for fn in ("churn.md", "churn.png"):
-                shutil.copy(os.path.join(args.out, fn), args.results)
+                if os.path.exists(os.path.join(args.out, fn)):
+                    shutil.copy(os.path.join(args.out, fn), args.results)
         print("\n" + text)
         if args.readme:
             write_readme(args.readme, text, "churn")
