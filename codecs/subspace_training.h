@@ -87,7 +87,7 @@ absl::StatusOr<std::shared_ptr<const SubspaceBasis>> RefreshTable(const Subspace
                                                                   SubspaceArithmetic arithmetic);
 
 // In place: local <- outer - P(outer - local), P = U U^T on the `side` dimension, i.e. the
-// pseudo-gradient outer - local projected onto span(U) (docs/subspace_adaptations.md). `outer`
+// pseudo-gradient outer - local projected onto span(U) (docs/boundary_modes.md). `outer`
 // and `local` are host f32 matrices of one shape; when `outer` already lies in span(U) this
 // equals ProjectWeight(local). InvalidArgument for bad or mismatched views; FailedPrecondition
 // for a mixture basis. kPortable gives identical bits on every x86-64 machine.

@@ -1,5 +1,5 @@
 """The subspace adaptations after a SparseLoCo outer step (lbcc.torch.subspace;
-docs/subspace_adaptations.md): the embedding shift keeps the model's function, every rank computes
+docs/boundary_modes.md): the embedding shift keeps the model's function, every rank computes
 the same next basis on its own (including a later pipeline stage that holds no embedding), the
 version goes up by one per shift, and the pseudo-gradient projection keeps exactly the in-subspace
 part of the delta.
