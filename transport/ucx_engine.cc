@@ -26,7 +26,12 @@ namespace {
 // Transport destruction waits this long for UCX to finish cancelled requests.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
+// The Engine whose worker lock this thread holds (worker context), if any.
+thread_local const Engine* t_worker_owner = nullptr;
+
 }  // namespace
+
+void SetWorkerOwner(const Engine* engine) { t_worker_owner = engine; }
 
 absl::Status FromUcs(ucs_status_t status, absl::string_view what) {
   if (status == UCS_OK) return absl::OkStatus();

@@ -58,8 +58,10 @@ class UcxLane;
 // A UCX status as LBCC's: OK, Cancelled, else Unavailable "<what>: <UCX's words>".
 absl::Status FromUcs(ucs_status_t status, absl::string_view what);
 
-// The Engine whose worker lock this thread holds (worker context), if any.
-inline thread_local const Engine* t_worker_owner = nullptr;
+// Marks this thread as holding `engine`'s worker lock (worker context), or none (nullptr). The
+// thread-local itself stays inside ucx_engine.cc: a thread_local of external linkage lands in
+// liblbcc.so's dynamic symbol table whatever its version script says (//tools:ldd_test).
+void SetWorkerOwner(const Engine* engine);
 
 // One link being set up or running: its Link, its set-up and its connections.
 struct Conn {
@@ -224,10 +226,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
 template <typename Fn>
 auto Engine::OnWorker(Fn fn) {
   MutexLock lock(&worker_mu_);
-  t_worker_owner = this;
+  SetWorkerOwner(this);
   auto result = fn();
   if (worker_ != nullptr) RunLocked();  // Null once shut down (Transport::Shutdown).
-  t_worker_owner = nullptr;
+  SetWorkerOwner(nullptr);
   return result;
 }
 
