@@ -360,11 +360,21 @@ TEST_P(AbortPendingTest, FailsThePendingOperationWithTheAbortsStatusAtOnce) {
   Mutex mu;
   CondVar cv;
   bool rank0_done = false;
+  int through_barrier = 0;
   absl::Status pending_status, queued_status;
   absl::Duration latency = absl::InfiniteDuration();
   auto results = RunRanks(3, options, [&](int rank, Communicator& comm) -> absl::Status {
-    // Every rank is up (its Init returned) before rank 0 closes its connections.
+    // Every rank is up (its Init returned) before rank 0 closes its connections. Rank 0 also
+    // waits until every rank's Barrier returned: a barrier returns on one rank while another's
+    // last message is still completing, and rank 0 aborting at once would fail that one (as a
+    // rank killed right after a barrier does).
     LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    {
+      MutexLock lock(&mu);
+      ++through_barrier;
+      cv.SignalAll();
+      while (rank == 0 && through_barrier < 3) cv.Wait(&mu);
+    }
     if (rank != 0) {
       // Never post it; leave (aborted, as a killed process would) once rank 0 is done.
       MutexLock lock(&mu);
