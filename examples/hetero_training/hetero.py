@@ -49,7 +49,8 @@ SLOW_HOSTS = {"hetero": "2,3", "allpipe": "4,5"}
 MODES = ("lossy", "constrained")
 MODE_WHAT = {"lossy": "lossy boundary (T = synced embedding, nothing constrained)",
              "constrained": "constrained (residual writes in span(U), embedding shift)",
-             "control": "constrained, full replicas projected every inner step too"}
+             "control": "constrained, full replicas projected every inner step too (weights "
+                        "and the gradient at the split)"}
 DEFAULT_MODE = "lossy"  # the seed paper's authors'; a run name without a mode gets it
 RESULTS = os.path.join(HERE, "results")
 RATIOS = (8, 16, 32, 64)
@@ -833,7 +834,8 @@ def verdicts(groups):
             ok = abs(m) <= 2 * se + 1e-12
             record.setdefault("control", {})[den] = {"mean": m, "se": se, "matches": ok}
             out.append(f"- Control at 1/{den} (constrained, the full replicas projected after "
-                       f"every inner step too) vs compress-all constrained: {m:+.3f} +- {se:.3f} "
+                       f"every inner step too, weights and the gradient at the split) vs "
+                       f"compress-all constrained: {m:+.3f} +- {se:.3f} "
                        f"(SE, {n} seeds): " + ("matches within 2 SE: the constrained "
                                                "boundary is exact and costs the same wherever "
                                                "it is applied" if ok else

@@ -156,6 +156,11 @@ def run(a):
     # Which replicas project stage 0 after every inner step: the constrained design's compressed
     # pipelines (their boundary must stay exact), and with --constrain-all the full ones too.
     project_inner = constrained and holds0 and (kind == "pipeline" or a.constrain_all)
+    # The control's full replicas also take the gradient at the stage split as a compressed
+    # pipeline's stage 0 gets it, U U^T g: projecting the weights alone leaves the out-of-subspace
+    # gradient in AdamW's moments, which changes every coordinate's step size.
+    split_u = (torch.from_numpy(basis.u).clone() if constrained and kind == "full" and
+               a.constrain_all else None)
     s0 = Stage0(vocab, a.d, a.heads, half, a.seq, table, a.seed) if holds0 else None
     s1 = Stage1(vocab, a.d, a.heads, a.layers - half, a.seed) if holds1 else None
     if constrained and s0 is not None:
@@ -292,7 +297,10 @@ def run(a):
         inner.zero_grad(set_to_none=True)
         loss = None
         if kind == "full":
-            loss = s1(s0(x), y)
+            h = s0(x)
+            if split_u is not None:
+                h.register_hook(lambda g: (g @ split_u) @ split_u.t())
+            loss = s1(h, y)
             loss.backward()
         elif stage == 0:
             h = s0(x)
