@@ -438,6 +438,31 @@ def test_boundary_mode_and_table_are_checked():
             PipelineBoundary(comm, 1 - rank, basis).sync_table()
         with pytest.raises(ValueError, match="no embedding"):
             PipelineBoundary(comm, 1 - rank, basis).refresh_table()
+        with pytest.raises(ValueError, match="tag"):
+            PipelineBoundary(comm, 1 - rank, basis, tag=1 << 30)
         return True
 
     assert run_ranks(2, body) == [True, True]
+
+
+def test_refresh_table_takes_an_embedding_in_another_dtype():
+    """A bf16 (or GPU) embedding is refreshed through a host float32 copy: lossy T is its
+    float32 value; constrained shifts the caller's tensor itself."""
+    basis = lbcc.SubspaceBasis.from_seed(model_dim=D, rank=K, vocab_size=V, with_table=True,
+                                         table_stddev=0.5, seed=5)
+    e = torch.randn(V, D, generator=torch.Generator().manual_seed(31)).to(torch.bfloat16)
+
+    def body(rank, comm):
+        lossy = PipelineBoundary(comm, 1 - rank, basis, mode="lossy").refresh_table(e)
+        mine = e.clone()
+        constrained = PipelineBoundary(comm, 1 - rank, basis, mode="constrained",
+                                       tag=1).refresh_table(mine)
+        return lossy, constrained, mine
+
+    (lossy, constrained, shifted), _ = run_ranks(2, body)
+    assert torch.equal(torch.from_numpy(lossy.table), e.to(torch.float32))
+    assert constrained.version == basis.version + 1
+    u = torch.from_numpy(basis.u)
+    s = shifted.to(torch.float32)
+    torch.testing.assert_close(s @ u @ u.t(), s, atol=2e-2, rtol=2e-2)  # bf16 rounding
+    assert not torch.equal(shifted, e)

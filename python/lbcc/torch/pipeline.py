@@ -107,7 +107,7 @@ class PipelineBoundary:
       peer: the other stage's rank in `comm`; for a dist group, its global rank (torch's dst=).
       basis: the lbcc.SubspaceBasis shared by both stages (identical bits; see sync_basis).
       coefficient_dtype: "f32", "bf16", "f16" or "i8" for the coefficients on the wire.
-      tag: tells apart several boundaries between the same two ranks.
+      tag: tells apart several boundaries between the same two ranks (below 2**30).
       timeout: seconds a receive may wait (None: forever; a lost peer still fails it).
       mode: "lossy" or "constrained": what refresh_table() / sync_table() compute (module doc).
       table: this stage's copy of the synced token embedding [V, d] (float32; the boundary
@@ -127,6 +127,9 @@ class PipelineBoundary:
             comm = backend.communicator(comm)
         if mode not in self.MODES:
             raise ValueError(f"PipelineBoundary: mode {mode!r} (expected one of {self.MODES})")
+        if not 0 <= tag < self.TABLE_TAG_BIT:
+            raise ValueError(f"PipelineBoundary: tag {tag} (expected 0 <= tag < 2**30: the "
+                             f"table updates use tag | 2**30)")
         self.comm = comm
         self.peer = peer
         self.tag = tag
@@ -192,9 +195,15 @@ class PipelineBoundary:
             raise ValueError("PipelineBoundary.refresh_table: no embedding (pass one, or give "
                              "the boundary a table=)")
         e = e.data if isinstance(e, torch.nn.Parameter) else e
-        nxt = lbcc.refresh_table(self.codec.basis, e, self.mode)
-        if self._table is not None and e is not self._table:
-            self._table.copy_(e)
+        # LBCC computes on host float32; a model's embedding elsewhere (a GPU, bf16) is copied
+        # there and back (the constrained shift changes it).
+        host = (e if e.device.type == "cpu" and e.dtype == torch.float32 and e.is_contiguous()
+                else e.detach().to("cpu", torch.float32).contiguous())
+        nxt = lbcc.refresh_table(self.codec.basis, host, self.mode)
+        if host is not e and self.mode == "constrained":
+            e.copy_(host)
+        if self._table is not None and host is not self._table:
+            self._table.copy_(host)
         self.update_basis(nxt)
         return nxt
 
