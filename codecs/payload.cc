@@ -6,23 +6,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
+#include "codecs/byte_io.h"
 
 namespace lbcc::codecs {
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "LBCC payloads assume little-endian");
 
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
+using byte_io::Load;
+using byte_io::Store;
 
 absl::Status Corrupt(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("corrupt LBCC payload: ", what));

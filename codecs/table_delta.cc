@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "codecs/byte_io.h"
 
 namespace lbcc::codecs {
 namespace {
@@ -19,17 +20,8 @@ constexpr size_t kElementsOffset = 16;
 constexpr size_t kChangedOffset = 24;
 constexpr size_t kMaxLebBytes = 10;  // 64 bits / 7, rounded up
 
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
+using byte_io::Load;
+using byte_io::Store;
 
 uint32_t Bits(float x) {
   uint32_t b;
