@@ -120,6 +120,7 @@ def grid_runs(modes, seeds=SEEDS, control=True):
     return runs
 
 
+BEST_MODE = best_mode()
 MODEL = dict(d=128, layers=4, seq=64, corpus="fortunes")  # unless a preset says otherwise
 PRESETS = {
     "smoke": dict(steps=20, inner_steps=10, corpus="grammar",
@@ -127,7 +128,7 @@ PRESETS = {
     # tools/demo: the seed paper's comparison at k/d = 1/16 in the better mode, one seed, the
     # grid's model and steps.
     "demo": dict(steps=400, inner_steps=10, d=128, layers=4, seq=32,
-                 runs=["sparseloco", f"hetero_k16_{best_mode()}", f"allpipe_k16_{best_mode()}"]),
+                 runs=["sparseloco", f"hetero_k16_{BEST_MODE}", f"allpipe_k16_{BEST_MODE}"]),
     "full": dict(steps=300, inner_steps=15,
                  runs=["ddp", "diloco", "sparseloco", "hetero_k16", "hetero_k32", "allpipe_k16",
                        "allpipe_k32"]),
@@ -642,13 +643,6 @@ def summarize(name, rundir, n, wall):
     with open(os.path.join(rundir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
-
-
-def sign_test(wins, n):
-    """Two-sided sign-test p-value of `wins` successes in `n` paired comparisons."""
-    k = max(wins, n - wins)
-    tail = sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
 
 
 def mean_std(xs):
