@@ -1,6 +1,7 @@
 #include "base/env.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -17,6 +18,13 @@ extern char** environ;
 
 namespace lbcc::env {
 namespace {
+
+std::atomic<uint64_t> g_reads{0};
+
+const char* Read(const std::string& name) {
+  g_reads.fetch_add(1, std::memory_order_relaxed);
+  return std::getenv(name.c_str());
+}
 
 // The declarations. Keep sorted by name; add a variable here and nowhere else.
 constexpr Spec kSpecs[] = {
@@ -214,7 +222,7 @@ absl::StatusOr<const Spec*> Lookup(absl::string_view name, std::initializer_list
 
 // The user's value, or the declared default when unset. `from_user` says which.
 std::string RawValue(const Spec& spec, bool* from_user) {
-  const char* value = std::getenv(std::string(spec.name).c_str());
+  const char* value = Read(std::string(spec.name));
   *from_user = value != nullptr;
   return value != nullptr ? std::string(value) : std::string(spec.default_value);
 }
@@ -398,7 +406,16 @@ std::string ClosestName(absl::string_view name) {
   return std::string(closest);
 }
 
+std::optional<std::string> GetForeign(absl::string_view name) {
+  const char* value = Read(std::string(name));
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+uint64_t ReadCount() { return g_reads.load(std::memory_order_relaxed); }
+
 std::vector<std::string> EnvironmentProblems() {
+  g_reads.fetch_add(1, std::memory_order_relaxed);
   std::vector<std::string> problems;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     absl::string_view assignment(*entry);

@@ -16,6 +16,7 @@
 #define LBCC_BASE_ENV_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,15 @@ absl::StatusOr<int64_t> GetInt(absl::string_view name);
 absl::StatusOr<double> GetDouble(absl::string_view name);
 absl::StatusOr<std::string> GetString(absl::string_view name);  // kString and kEnum.
 absl::StatusOr<int64_t> GetBytes(absl::string_view name);
+
+// A variable of another program (UCX_*, the launchers' RANK / MASTER_ADDR / SLURM_* /
+// OMPI_*, NCCL_DEBUG, TORCH_DISTRIBUTED_DEBUG, Bazel's TEST_SRCDIR): its raw value, nullopt when
+// unset. Library code reads no variable but through this file.
+std::optional<std::string> GetForeign(absl::string_view name);
+
+// How many times the getters above have read the environment in this process. Settings are
+// resolved once (comm/config.h): tests check that this stays put after a communicator's Init.
+uint64_t ReadCount();
 
 // Checks every LBCC_* variable in the environment: it must be declared and its value valid.
 // One message per problem: "LBCC_TIMOUT_S is not an LBCC variable (did you mean

@@ -169,9 +169,9 @@ TEST(PinUcxDeviceTest, PinsTheChosenDeviceUnlessTheUserSetOne) {
   ASSERT_THAT(PinUcxDevice("", /*ipv6=*/false, &none), IsOk());  // Loopback, or no interface.
   EXPECT_EQ(none.ucx_net_devices, "");
   devices.Set("eth7");
-  TransportOptions user;
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions user, TransportOptions::FromEnv());
   ASSERT_THAT(PinUcxDevice("eth0", /*ipv6=*/false, &user), IsOk());
-  EXPECT_EQ(user.ucx_net_devices, "") << "the user's UCX_NET_DEVICES applies";
+  EXPECT_EQ(user.ucx_net_devices, "eth7") << "the user's UCX_NET_DEVICES applies";
 }
 
 TEST(PinUcxDeviceTest, AnIpv6ChoicePinsUcxTcpToIpv6) {
@@ -203,7 +203,7 @@ TEST(PinUcxDeviceTest, TheListenFamilyComesFirstInAForcedAfPrio) {
                         Case{"inet6", true, "inet6"}}) {
     for (const char* device : {"eth0", ""}) {
       ScopedEnv af_prio("UCX_TCP_AF_PRIO", c.user);
-      TransportOptions options;
+      LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions options, TransportOptions::FromEnv());
       ASSERT_THAT(PinUcxDevice(device, c.ipv6, &options), IsOk()) << c.user;
       EXPECT_EQ(options.ucx_tcp_af_prio, c.want) << c.user << " ipv6=" << c.ipv6;
     }
@@ -218,13 +218,13 @@ TEST(PinUcxDeviceTest, TheListenFamilyComesFirstInAForcedAfPrio) {
 
 TEST(PinUcxDeviceTest, AForcedAfPrioWithoutTheListenFamilyIsInvalidArgument) {
   ScopedEnv af_prio("UCX_TCP_AF_PRIO", "inet");
-  TransportOptions v6;
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions v6, TransportOptions::FromEnv());
   EXPECT_THAT(PinUcxDevice("eth0", /*ipv6=*/true, &v6),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("UCX_TCP_AF_PRIO='inet' leaves out inet6"),
                              HasSubstr("IPv6"))));
   af_prio.Set("inet6");
-  TransportOptions v4;
+  LBCC_ASSERT_OK_AND_ASSIGN(TransportOptions v4, TransportOptions::FromEnv());
   EXPECT_THAT(PinUcxDevice("", /*ipv6=*/false, &v4),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("UCX_TCP_AF_PRIO='inet6' leaves out inet,")));

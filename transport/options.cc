@@ -69,6 +69,11 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv() {
   LBCC_ASSIGN_OR_RETURN(const int64_t spin_us, env::GetInt("LBCC_UCX_SPIN_US"));
   options.progress_spin = absl::Microseconds(spin_us);
   LBCC_ASSIGN_OR_RETURN(options.security, SecurityOptions::FromEnv());
+  // UCX's own variables, so that the checks below see what UCX will use without reading the
+  // environment again (UCX reads them itself either way).
+  options.ucx_tls = env::GetForeign("UCX_TLS").value_or("");
+  options.ucx_net_devices = env::GetForeign("UCX_NET_DEVICES").value_or("");
+  options.ucx_tcp_af_prio = env::GetForeign("UCX_TCP_AF_PRIO").value_or("");
   return options;
 }
 
@@ -80,18 +85,14 @@ std::optional<LinkClass> TransportOptions::ConfiguredClass(absl::string_view hos
 }
 
 absl::Status PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options) {
-  if (!device.empty() && options->ucx_net_devices.empty() &&
-      std::getenv("UCX_NET_DEVICES") == nullptr) {
+  if (!device.empty() && options->ucx_net_devices.empty()) {
     options->ucx_net_devices = device;
   }
   return PinUcxAddressFamily(ipv6, !device.empty(), options);
 }
 
 absl::Status PinUcxAddressFamily(bool ipv6, bool device_known, TransportOptions* options) {
-  const char* user = std::getenv("UCX_TCP_AF_PRIO");
-  const std::string set = !options->ucx_tcp_af_prio.empty() ? options->ucx_tcp_af_prio
-                          : user != nullptr                 ? std::string(user)
-                                                            : std::string();
+  const std::string set = options->ucx_tcp_af_prio;
   const absl::string_view family = ipv6 ? "inet6" : "inet";
   if (absl::StripAsciiWhitespace(set).empty()) {
     if (ipv6 && device_known) options->ucx_tcp_af_prio = "inet6";

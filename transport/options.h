@@ -86,7 +86,8 @@ struct TransportOptions {
   // without a wake-up, at the price of CPU time the codecs could use on a busy host.
   absl::Duration progress_spin = absl::Microseconds(50);
 
-  // UCX only. Empty: UCX's own settings (UCX_TLS, UCX_NET_DEVICES). Pin one device per Transport
+  // UCX only. FromEnv copies UCX's own UCX_TLS, UCX_NET_DEVICES and UCX_TCP_AF_PRIO here, so
+  // the transport never reads the environment itself. Empty: UCX's defaults. Pin one device per Transport
   // so that a fast and a slow device are never striped in one UCX endpoint.
   std::string ucx_tls;
   std::string ucx_net_devices;
@@ -107,7 +108,7 @@ struct TransportOptions {
 };
 
 // Sets options->ucx_net_devices to `device` (the interface the rank listens on,
-// transport/netif.h) unless it is set already, the user set UCX_NET_DEVICES, or `device` is empty
+// transport/netif.h) unless it is set already (in code, or by FromEnv from UCX_NET_DEVICES), or `device` is empty
 // (loopback, or an address of no interface), then the address family (PinUcxAddressFamily).
 // InvalidArgument as PinUcxAddressFamily.
 absl::Status PinUcxDevice(const std::string& device, bool ipv6, TransportOptions* options);
@@ -120,7 +121,8 @@ absl::Status PinUcxDevice(const std::string& device, bool ipv6, TransportOptions
 // with inet first: UCX 1.13 corrupts its heap and aborts). So:
 //   - neither set: "inet6" for an IPv6 address when `device_known` (UCX's default puts inet
 //     first, right for IPv4; loopback has no usable IPv6 in UCX's tcp, so nothing for it);
-//   - set (options->ucx_tcp_af_prio, else UCX_TCP_AF_PRIO) with that family first: kept;
+//   - set (options->ucx_tcp_af_prio: in code, or by FromEnv from UCX_TCP_AF_PRIO) with that
+//     family first: kept;
 //   - set with that family later in the list: reordered, that family first (logged at INFO);
 //   - set without that family ("inet" for an IPv6 address): InvalidArgument naming
 //     UCX_TCP_AF_PRIO, its value and the fix, rather than a crash or a timeout in UCX.

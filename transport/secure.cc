@@ -652,14 +652,6 @@ absl::StatusOr<uint64_t> AuthenticateSocket(int fd, HandshakeRole role, const Jo
   return t.client_identity;
 }
 
-absl::Status AuthenticateJobMember(int fd, HandshakeRole role, absl::string_view job_id,
-                                   uint64_t identity, absl::Time deadline,
-                                   absl::string_view peer) {
-  LBCC_ASSIGN_OR_RETURN(std::optional<JobSecret> secret, JobSecretFromEnv());
-  if (!secret.has_value()) return absl::OkStatus();
-  return AuthenticateSocket(fd, role, *secret, job_id, identity, deadline, peer).status();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Counters.
 

@@ -240,13 +240,6 @@ absl::StatusOr<uint64_t> AuthenticateSocket(int fd, HandshakeRole role, const Jo
 // neither is set). InvalidArgument for a bad one.
 absl::StatusOr<std::optional<JobSecret>> JobSecretFromEnv();
 
-// "Authenticate this connected socket as a job member": AuthenticateSocket with the
-// environment's secret; OK at once when the job has none. For services that keep their own
-// sockets (bootstrap root, membership service): call it right after connect() / accept(), before
-// reading anything else; on an error, close `fd`.
-absl::Status AuthenticateJobMember(int fd, HandshakeRole role, absl::string_view job_id,
-                                   uint64_t identity, absl::Time deadline, absl::string_view peer);
-
 // ---------------------------------------------------------------------------------------------
 // Counters (process-wide, since a refused connection has no link to count it on).
 struct SecurityCounters {

@@ -10,10 +10,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/env.h"
 
 extern char** environ;
 
@@ -154,8 +156,8 @@ absl::StatusOr<std::string> Run(const std::vector<std::string>& argv, absl::Dura
 
 std::string RunfilePath(const std::string& path, const char* argv0) {
   for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    if (const char* dir = std::getenv(var); dir != nullptr && *dir != '\0') {
-      const std::string candidate = absl::StrCat(dir, "/lbcc/", path);
+    if (const std::optional<std::string> dir = env::GetForeign(var); dir && !dir->empty()) {
+      const std::string candidate = absl::StrCat(*dir, "/lbcc/", path);
       if (access(candidate.c_str(), F_OK) == 0) return candidate;
     }
   }

@@ -26,17 +26,12 @@ absl::StatusOr<SocketAddress> ParseAddress(absl::string_view address) {
 // over the other family fails, with an IPv6 one UCX 1.13 corrupts its heap (options.h,
 // CheckUcxAddressFamily). Applies only when UCX may use tcp.
 absl::Status CheckTcpFamily(const TransportOptions& options, const SocketAddress& listen) {
-  const char* env_tls = std::getenv("UCX_TLS");
-  const std::string tls = !options.ucx_tls.empty() ? options.ucx_tls : env_tls ? env_tls : "";
+  const std::string& tls = options.ucx_tls;
   if (!tls.empty() && tls[0] != '^' && tls.find("tcp") == std::string::npos &&
       tls.find("all") == std::string::npos) {
     return absl::OkStatus();
   }
-  const char* env_af_prio = std::getenv("UCX_TCP_AF_PRIO");
-  const std::string af_prio = !options.ucx_tcp_af_prio.empty() ? options.ucx_tcp_af_prio
-                              : env_af_prio != nullptr         ? env_af_prio
-                                                               : "";
-  return CheckUcxAddressFamily(af_prio, listen.host, ListNetInterfaces());
+  return CheckUcxAddressFamily(options.ucx_tcp_af_prio, listen.host, ListNetInterfaces());
 }
 
 // Connection 0 of a link being set up, lent to its LinkSetup (the connecting thread).
