@@ -50,25 +50,29 @@ size_t AddressRoom(bool with_secret) {
   return static_cast<size_t>((with_secret ? kIdSecretAt : kUniqueIdBytes) - kIdAddressAt);
 }
 
-// The secret the bootstrap's sockets authenticate with: the environment's (LBCC_JOB_SECRET /
-// LBCC_JOB_SECRET_FILE) when set, else the one the id carries, else none.
+// The secret the bootstrap's sockets authenticate with: the resolved one (a communicator's
+// settings) or else the environment's (LBCC_JOB_SECRET / LBCC_JOB_SECRET_FILE) when set, else
+// the one the id carries, else none.
 absl::StatusOr<std::optional<transport::JobSecret>> BootstrapSecret(
-    const std::optional<transport::JobSecret>& from_id) {
-  LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> from_env,
-                        transport::JobSecretFromEnv());
-  if (from_env.has_value()) return from_env;
+    const BootstrapSecurity& security, const std::optional<transport::JobSecret>& from_id) {
+  std::optional<transport::JobSecret> chosen = security.secret;
+  if (!security.resolved) {
+    LBCC_ASSIGN_OR_RETURN(chosen, transport::JobSecretFromEnv());
+  }
+  if (chosen.has_value()) return chosen;
   return from_id;
 }
 
+// `secret`: BootstrapSecret's answer; none: nothing to do.
 absl::Status Authenticate(int fd, transport::HandshakeRole role,
-                          const std::optional<transport::JobSecret>& from_id,
+                          const std::optional<transport::JobSecret>& secret,
                           absl::string_view job_id, uint64_t identity, absl::Time deadline,
                           absl::string_view peer) {
-  LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> secret, BootstrapSecret(from_id));
   if (!secret.has_value()) return absl::OkStatus();
   return transport::AuthenticateSocket(fd, role, *secret, job_id, identity, deadline, peer)
       .status();
 }
+
 constexpr uint32_t kHelloMagic = 0x4c424248;  // "HBBL"
 constexpr uint32_t kMaxBlobBytes = 1 << 20;
 
@@ -238,7 +242,7 @@ struct Joined {
 // The root: accepts `nranks` hellos until `deadline`, then answers everyone. With nranks 0,
 // the first valid hello sets it.
 void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
-             std::optional<transport::JobSecret> id_secret) {
+             std::optional<transport::JobSecret> secret) {
   std::map<int, Joined> joined;
   while (nranks == 0 || static_cast<int>(joined.size()) < nranks) {
     if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
@@ -247,7 +251,7 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
     Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from.storage), &from.len));
     if (conn.get() < 0) continue;
     // With a job secret, only members get further (transport/secure.h; refusals are logged).
-    if (!Authenticate(conn.get(), transport::HandshakeRole::kServer, id_secret,
+    if (!Authenticate(conn.get(), transport::HandshakeRole::kServer, secret,
                       absl::StrCat("bootstrap ", session), ~uint64_t{0},
                       std::min(deadline, absl::Now() + absl::Seconds(10)), FormatAddress(from))
              .ok()) {
@@ -354,7 +358,10 @@ absl::Status CheckArgs(int nranks, absl::Duration timeout) {
 // address, a NAT) is served on every interface of the same family instead.
 absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
                          absl::Duration timeout, bool wildcard_fallback, std::string* address,
+                         const BootstrapSecurity& security = BootstrapSecurity{},
                          std::optional<transport::JobSecret> id_secret = std::nullopt) {
+  LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> secret,
+                        BootstrapSecret(security, id_secret));
   SockAddr bound;
   int bind_errno = 0;
   absl::StatusOr<Fd> listener = Listen(addr, &bound, &bind_errno);
@@ -368,35 +375,37 @@ absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
   *address = FormatAddress(bound);
   LBCC_LOG(INFO) << "bootstrap: root at " << *address;
   std::thread(RunRoot, *std::move(listener), nranks, session, absl::Now() + timeout,
-              std::move(id_secret))
+              std::move(secret))
       .detach();
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout) {
+absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout,
+                                        const BootstrapSecurity& security) {
   LBCC_RETURN_IF_ERROR(CheckArgs(1, timeout));
   LBCC_ASSIGN_OR_RETURN(const transport::NetChoice net,
                         transport::SelectListenAddress(listen_host, /*root_host=*/""));
   std::random_device random;
   const uint64_t session = (static_cast<uint64_t>(random()) << 32) ^ random() ^ 1;
-  // LBCC_SECRET_IN_ID: the id carries a fresh job secret, unless the environment has one
-  // (which then wins everywhere, and is never put in an id).
+  // LBCC_SECRET_IN_ID: the id carries a fresh job secret, unless the job has one (which then
+  // wins everywhere, and is never put in an id).
+  LBCC_ASSIGN_OR_RETURN(const std::optional<transport::JobSecret> job_secret,
+                        BootstrapSecret(security, std::nullopt));
   std::optional<transport::JobSecret> id_secret;
   LBCC_ASSIGN_OR_RETURN(const bool secret_in_id, env::GetBool("LBCC_SECRET_IN_ID"));
   if (secret_in_id) {
-    LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> from_env,
-                          transport::JobSecretFromEnv());
-    if (from_env.has_value()) {
-      LBCC_LOG(INFO) << "bootstrap: LBCC_JOB_SECRET is set, so the unique id carries no secret";
+    if (job_secret.has_value()) {
+      LBCC_LOG(INFO) << "bootstrap: the job has a secret, so the unique id carries none";
     } else {
       id_secret = transport::JobSecret::Random();
     }
   }
   std::string address;
   LBCC_RETURN_IF_ERROR(StartRootAt(FromNumeric(net.address, 0), /*nranks=*/0, session, timeout,
-                                   /*wildcard_fallback=*/false, &address, id_secret));
+                                   /*wildcard_fallback=*/false, &address,
+                                   BootstrapSecurity{true, job_secret}, id_secret));
   if (address.size() >= AddressRoom(id_secret.has_value())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bootstrap: root address '", address, "' is longer than ",
@@ -464,8 +473,11 @@ std::optional<transport::JobSecret> UniqueIdSecret(const UniqueId& id) {
 
 absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
                                                            int rank, absl::string_view blob,
-                                                           absl::Duration timeout) {
+                                                           absl::Duration timeout,
+                                                           const BootstrapSecurity& security) {
   LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
+  LBCC_ASSIGN_OR_RETURN(const std::optional<transport::JobSecret> secret,
+                        BootstrapSecret(security, UniqueIdSecret(id)));
   if (rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", nranks, ")"));
   }
@@ -497,8 +509,8 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
     absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
-  LBCC_RETURN_IF_ERROR(Authenticate(fd.get(), transport::HandshakeRole::kClient,
-                                    UniqueIdSecret(id), absl::StrCat("bootstrap ", session),
+  LBCC_RETURN_IF_ERROR(Authenticate(fd.get(), transport::HandshakeRole::kClient, secret,
+                                    absl::StrCat("bootstrap ", session),
                                     static_cast<uint64_t>(rank), deadline, UniqueIdAddress(id)));
   std::string hello;
   Append<uint32_t>(&hello, kHelloMagic);

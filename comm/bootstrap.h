@@ -45,12 +45,22 @@ struct UniqueId {
   char internal[kUniqueIdBytes];
 };
 
+// The secret a rank's bootstrap connection authenticates with. Resolved (a communicator's
+// CommConfig, which read the environment once): `secret`, else the one the id carries. Not
+// resolved (the default, for standalone callers): the environment's (LBCC_JOB_SECRET /
+// LBCC_JOB_SECRET_FILE), else the id's. None of them: no authentication.
+struct BootstrapSecurity {
+  bool resolved = false;
+  std::optional<transport::JobSecret> secret;
+};
+
 // Starts a root listening on `listen_host` (an address, an interface name, or "" for the
 // interface transport/netif.h's SelectListenAddress picks; port chosen by the kernel) until
 // `timeout` passes, and returns the id that names it. Like ncclGetUniqueId, the root learns
 // nranks from the first rank that joins; every later rank must agree. With LBCC_SECRET_IN_ID=1
-// and no LBCC_JOB_SECRET, the id carries a fresh random job secret (UniqueIdSecret).
-absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout);
+// and no job secret (`security`'s), the id carries a fresh random one (UniqueIdSecret).
+absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout,
+                                        const BootstrapSecurity& security = BootstrapSecurity{});
 
 // Starts a root on the fixed "host:port" `address` (torchrun/Slurm style) for `nranks` ranks.
 // The host is a name or an address (IPv6 in brackets), resolved with getaddrinfo; one that is
@@ -81,9 +91,9 @@ absl::Status CheckAdvertisedAddresses(const std::vector<std::string>& hostnames,
 
 // Joins the job as `rank` of `nranks` and returns every rank's blob, in rank order. Retries the
 // connection until `timeout` (the root may start after this rank).
-absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
-                                                           int rank, absl::string_view blob,
-                                                           absl::Duration timeout);
+absl::StatusOr<std::vector<std::string>> BootstrapExchange(
+    const UniqueId& id, int nranks, int rank, absl::string_view blob, absl::Duration timeout,
+    const BootstrapSecurity& security = BootstrapSecurity{});
 
 }  // namespace lbcc::comm
 

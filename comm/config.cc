@@ -75,6 +75,30 @@ absl::Status ResolveAlgorithms(CommConfig& config) {
   return absl::OkStatus();
 }
 
+// `transport` from the environment when unset, then the C-settable fields over it; each of
+// those fields holds the resolved value afterwards.
+absl::Status ResolveTransport(CommConfig& config) {
+  if (!config.transport.has_value()) {
+    LBCC_ASSIGN_OR_RETURN(config.transport, transport::TransportOptions::FromEnv());
+  }
+  transport::TransportOptions& t = *config.transport;
+  if (config.job_secret.has_value()) t.security.secret = config.job_secret;
+  config.job_secret = t.security.secret;
+  if (config.encrypt.has_value()) t.security.encrypt = *config.encrypt;
+  config.encrypt = t.security.encrypt;
+  if (config.peer_timeout.has_value()) {
+    if (*config.peer_timeout <= absl::ZeroDuration() ||
+        *config.peer_timeout == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CommConfig.peer_timeout=", absl::FormatDuration(*config.peer_timeout),
+                       " is invalid: expected a finite duration > 0"));
+    }
+    t.peer_timeout = *config.peer_timeout;
+  }
+  config.peer_timeout = t.peer_timeout;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CommConfig& CommConfig::SetAlgorithm(Collective collective, Algorithm algorithm) {
@@ -99,7 +123,11 @@ std::string CommConfig::DebugString() const {
       " topology=", topology.has_value() ? "given" : "(derived)",
       " sparse_group_elements=", OrUnset(sparse_group_elements), " algorithms=",
       absl::StrJoin(choices, ","),
-      " strict_env=", strict_env.has_value() ? (*strict_env ? "1" : "0") : "(unset)");
+      " strict_env=", strict_env.has_value() ? (*strict_env ? "1" : "0") : "(unset)",
+      " transport_options=", transport.has_value() ? "given" : "(unset)",
+      " job_secret=", job_secret.has_value() ? "(set)" : "(unset)",
+      " encrypt=", encrypt.has_value() ? transport::EncryptModeName(*encrypt) : "(unset)",
+      " peer_timeout=", peer_timeout.has_value() ? absl::FormatDuration(*peer_timeout) : "(unset)");
 }
 
 absl::StatusOr<std::array<std::optional<Algorithm>, kNumCollectives>> ParseAlgorithmList(
@@ -147,6 +175,7 @@ absl::StatusOr<CommConfig> ResolveConfig(CommConfig config) {
   if (!config.strict_env.has_value()) {
     LBCC_ASSIGN_OR_RETURN(config.strict_env, env::GetBool("LBCC_STRICT_ENV"));
   }
+  LBCC_RETURN_IF_ERROR(ResolveTransport(config));
   return config;
 }
 
@@ -156,6 +185,7 @@ CommConfig ConfigFromFabricOptions(FabricOptions options) {
   config.listen_host = std::move(options.listen_host);
   config.timeout = options.timeout;
   config.topology = std::move(options.topology);
+  config.transport = std::move(options.transport);
   return config;
 }
 
@@ -165,6 +195,7 @@ FabricOptions FabricOptionsOf(const CommConfig& resolved) {
   options.listen_host = resolved.listen_host.value_or(options.listen_host);
   options.timeout = resolved.timeout.value_or(options.timeout);
   options.topology = resolved.topology;
+  options.transport = resolved.transport;
   return options;
 }
 
@@ -192,7 +223,15 @@ absl::StatusOr<UniqueId> CreateUniqueId(const CommConfig& config) {
   LBCC_ASSIGN_OR_RETURN(const std::string host, ListenHostOf(config.listen_host));
   LBCC_ASSIGN_OR_RETURN(const absl::Duration timeout,
                         TimeoutOf(config.timeout, "CreateUniqueId: timeout"));
-  return CreateUniqueId(host, timeout);
+  // The root authenticates with the secret the ranks will resolve: the config's, else the
+  // given transport settings', else the environment's.
+  BootstrapSecurity security;
+  if (config.job_secret.has_value()) {
+    security = BootstrapSecurity{true, config.job_secret};
+  } else if (config.transport.has_value()) {
+    security = BootstrapSecurity{true, config.transport->security.secret};
+  }
+  return CreateUniqueId(host, timeout, security);
 }
 
 }  // namespace lbcc::comm

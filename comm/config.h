@@ -32,6 +32,8 @@
 #include "comm/bootstrap.h"
 #include "comm/fabric.h"
 #include "comm/topology.h"
+#include "transport/options.h"
+#include "transport/secure.h"
 
 namespace lbcc::comm {
 
@@ -55,6 +57,22 @@ struct CommConfig {
   // Unknown LBCC_* variables and invalid values fail Init instead of logging a warning
   // (LBCC_STRICT_ENV).
   std::optional<bool> strict_env;
+  // The transport's settings (transport/options.h: slow-link scheduling, link classes and
+  // rules, probes, UCX's own variables, the job secret and encryption). Unset:
+  // TransportOptions::FromEnv (LBCC_SLOW_*, LBCC_LINK_*, LBCC_PEER_TIMEOUT_MS, LBCC_UCX_SPIN_US,
+  // LBCC_JOB_SECRET / LBCC_JOB_SECRET_FILE, LBCC_ENCRYPT, UCX_TLS, UCX_NET_DEVICES,
+  // UCX_TCP_AF_PRIO). Set: used as given; the environment applies to none of its fields.
+  std::optional<transport::TransportOptions> transport;
+  // The fields a C caller sets (lbccConfig_t), each winning over `transport`'s own:
+  // the job secret (transport.security.secret; LBCC_JOB_SECRET / LBCC_JOB_SECRET_FILE). In the
+  // resolved config, unset means the job has no secret of its own (a secret the unique id
+  // carries still applies, LBCC_SECRET_IN_ID).
+  std::optional<transport::JobSecret> job_secret;
+  // Which links are sealed (transport.security.encrypt; LBCC_ENCRYPT).
+  std::optional<transport::EncryptMode> encrypt;
+  // A peer that stops answering fails pending work within about this long, > 0
+  // (transport.peer_timeout; LBCC_PEER_TIMEOUT_MS).
+  std::optional<absl::Duration> peer_timeout;
 
   CommConfig& SetAlgorithm(Collective collective, Algorithm algorithm);
   // The choice for `collective`; kAuto (the table's) when unset.
@@ -64,7 +82,8 @@ struct CommConfig {
 };
 
 // Every unset field but `topology` from the environment, then the declared default; every
-// field validated (the algorithms against HasAlgorithm). InvalidArgument naming the field
+// field validated (the algorithms against HasAlgorithm); `transport` set and agreeing with
+// job_secret, encrypt and peer_timeout. InvalidArgument naming the field
 // ("CommConfig.timeout") or the variable and its value.
 absl::StatusOr<CommConfig> ResolveConfig(CommConfig requested);
 

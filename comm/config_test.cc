@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@ using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::Each;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
@@ -151,6 +153,74 @@ TEST_F(ConfigTest, Transport) {
   ASSERT_THAT(child.status(), IsOk());
   EXPECT_EQ((*child)->config().backend, "loopback");
   EXPECT_THAT((*child)->Barrier()->Wait(), IsOk());
+}
+
+// The transport's settings and the job's secret are resolved with the rest: the environment as
+// the default, an explicit field winning, a given TransportOptions used as it is.
+TEST_F(ConfigTest, TransportSettingsAndTheJobSecret) {
+  const std::string hex(64, 'a');
+  ScopedEnv secret("LBCC_JOB_SECRET", hex.c_str());
+  ScopedEnv encrypt("LBCC_ENCRYPT", "all");
+  ScopedEnv peer("LBCC_PEER_TIMEOUT_MS", "2500");
+  ScopedEnv chunk("LBCC_SLOW_CHUNK_BYTES", "64K");
+  LBCC_ASSERT_OK_AND_ASSIGN(CommConfig from_env, ResolveConfig({}));
+  ASSERT_TRUE(from_env.transport.has_value());
+  ASSERT_TRUE(from_env.job_secret.has_value());
+  EXPECT_EQ(from_env.job_secret->bytes()[0], 0xaa);
+  EXPECT_EQ(from_env.transport->security.secret->bytes()[0], 0xaa);
+  EXPECT_EQ(from_env.encrypt, transport::EncryptMode::kAll);
+  EXPECT_EQ(from_env.peer_timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(from_env.transport->scheduler.chunk_bytes, 64 << 10);
+  EXPECT_THAT(from_env.DebugString(), AllOf(HasSubstr("job_secret=(set)"), Not(HasSubstr(hex))));
+
+  CommConfig set;
+  set.job_secret = *transport::JobSecret::FromHex(std::string(64, 'b'));
+  set.encrypt = transport::EncryptMode::kSlow;
+  set.peer_timeout = absl::Seconds(4);
+  LBCC_ASSERT_OK_AND_ASSIGN(CommConfig resolved, ResolveConfig(set));
+  EXPECT_EQ(resolved.transport->security.secret->bytes()[0], 0xbb);
+  EXPECT_EQ(resolved.transport->security.encrypt, transport::EncryptMode::kSlow);
+  EXPECT_EQ(resolved.transport->peer_timeout, absl::Seconds(4));
+  EXPECT_EQ(resolved.transport->scheduler.chunk_bytes, 64 << 10) << "the rest from the environment";
+
+  CommConfig given;
+  given.transport = transport::TransportOptions();
+  LBCC_ASSERT_OK_AND_ASSIGN(CommConfig as_given, ResolveConfig(given));
+  EXPECT_EQ(as_given.transport->scheduler.chunk_bytes, transport::SchedulerOptions().chunk_bytes);
+  EXPECT_FALSE(as_given.job_secret.has_value()) << "the environment applies to none of its fields";
+  EXPECT_EQ(as_given.encrypt, transport::SecurityOptions().encrypt);
+
+  set.peer_timeout = absl::ZeroDuration();
+  EXPECT_THAT(ResolveConfig(set).status(),
+              StatusIs(kInvalid, HasSubstr("CommConfig.peer_timeout=0 is invalid")));
+  secret.Set("not-hex");
+  EXPECT_THAT(ResolveConfig({}).status(), StatusIs(kInvalid, HasSubstr("LBCC_JOB_SECRET")));
+}
+
+// Ranks authenticate (bootstrap and links) with the secret their config resolved, not the
+// environment's: two with the config's secret meet, a rank with another one is refused.
+TEST_F(ConfigTest, TheResolvedSecretIsTheOneTheRanksAuthenticateWith) {
+  CommConfig config = Loopback();
+  config.backend = "ucx";
+  config.listen_host = "127.0.0.1";
+  config.timeout = absl::Seconds(20);
+  config.job_secret = transport::JobSecret::Random();
+  ScopedEnv secret("LBCC_JOB_SECRET", std::string(64, 'c').c_str());
+  auto results = RunRanksWithConfig(2, config, [](int, Communicator& comm) {
+    return comm.Barrier()->Wait();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+
+  config.timeout = absl::Seconds(5);
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId(config));
+  CommConfig stranger = config;
+  stranger.job_secret = transport::JobSecret::Random();
+  absl::Status member_status, stranger_status;
+  std::thread member([&] { member_status = Communicator::Init(id, 2, 0, config).status(); });
+  stranger_status = Communicator::Init(id, 2, 1, stranger).status();
+  member.join();
+  EXPECT_THAT(stranger_status, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(member_status, Not(IsOk()));
 }
 
 TEST_F(ConfigTest, ListenHost) {

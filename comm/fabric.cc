@@ -34,13 +34,12 @@ constexpr absl::Duration kAgreementGrace = absl::Seconds(10);
 // The hello of a control connection: the rank with this bit set.
 constexpr uint32_t kControlHello = 0x80000000u;
 
-absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(const std::string& backend,
-                                                                    const UniqueId& id, int rank,
-                                                                    const std::string& device,
-                                                                    bool ipv6) {
-  LBCC_ASSIGN_OR_RETURN(transport::TransportOptions options, transport::TransportOptions::FromEnv());
-  // With a job secret, every link's handshake binds the job (the id's session) and the rank.
-  // The environment's secret wins over one the id carries (LBCC_SECRET_IN_ID).
+// `options`: the resolved settings. With a job secret, every link's handshake binds the job
+// (the id's session) and the rank. The settings' secret wins over one the id carries
+// (LBCC_SECRET_IN_ID).
+absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(
+    const std::string& backend, transport::TransportOptions options, const UniqueId& id, int rank,
+    const std::string& device, bool ipv6) {
   if (!options.security.secret.has_value()) options.security.secret = UniqueIdSecret(id);
   options.security.job_id = std::string(id.internal + 8, 8);
   options.security.identity = static_cast<uint64_t>(rank);
@@ -76,6 +75,9 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   std::shared_ptr<Fabric> fabric(new Fabric());
   fabric->rank_ = rank;
   fabric->nranks_ = nranks;
+  if (!options.transport.has_value()) {
+    LBCC_ASSIGN_OR_RETURN(options.transport, transport::TransportOptions::FromEnv());
+  }
   fabric->options_ = options;
   std::string listen, device;
   bool ipv6 = false;
@@ -89,13 +91,14 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
     ipv6 = net.ipv6;
   }
   LBCC_ASSIGN_OR_RETURN(fabric->transport_,
-                        MakeTransport(options.backend, id, rank, device, ipv6));
+                        MakeTransport(options.backend, *options.transport, id, rank, device, ipv6));
   LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
                         _.Prepend("comm: listen"));
   const std::string hostname = Hostname();
   LBCC_ASSIGN_OR_RETURN(
       std::vector<std::string> blobs,
-      BootstrapExchange(id, nranks, rank, absl::StrCat(hostname, "\n", address), options.timeout));
+      BootstrapExchange(id, nranks, rank, absl::StrCat(hostname, "\n", address), options.timeout,
+                        BootstrapSecurity{true, options.transport->security.secret}));
   std::vector<std::string> addresses;
   for (const std::string& blob : blobs) {
     std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 1));

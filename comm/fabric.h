@@ -35,6 +35,7 @@
 #include "base/mutex.h"
 #include "comm/bootstrap.h"
 #include "comm/topology.h"
+#include "transport/options.h"
 #include "transport/transport.h"
 
 namespace lbcc::comm {
@@ -52,6 +53,9 @@ struct FabricOptions {
   std::string listen_host;
   absl::Duration timeout = absl::Seconds(300);  // Set-up and per-operation (LBCC_TIMEOUT_S).
   std::optional<Topology> topology;     // Unset: LBCC_TOPO_FILE, else same host = island.
+  // The transport's settings, the job secret among them (comm/config.h resolves them with the
+  // rest). Unset: TransportOptions::FromEnv when the fabric is created.
+  std::optional<transport::TransportOptions> transport;
 };
 
 // A Fabric's first abort and whether its caller asked for it (Communicator::Abort) rather than

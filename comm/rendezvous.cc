@@ -21,16 +21,17 @@
 namespace lbcc::comm {
 namespace {
 
-const char* Get(const char* name) { return std::getenv(name); }
+// A launcher's variable (not LBCC's own): nullopt when unset.
+std::optional<std::string> Get(const char* name) { return env::GetForeign(name); }
 
 absl::StatusOr<int> IntVar(const char* name, absl::string_view launcher) {
-  const char* value = Get(name);
+  const std::optional<std::string> value = Get(name);
   int parsed = 0;
-  if (value == nullptr) {
+  if (!value.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(launcher, " environment: ", name, " is not set"));
   }
-  if (!absl::SimpleAtoi(value, &parsed) || parsed < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(launcher, " environment: ", name, "='", value,
+  if (!absl::SimpleAtoi(*value, &parsed) || parsed < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(launcher, " environment: ", name, "='", *value,
                                                    "' is not a non-negative integer"));
   }
   return parsed;
@@ -231,23 +232,22 @@ absl::Status DetectSlurm(LaunchEnvironment* out) {
   l.launcher = Launcher::kSlurm;
   LBCC_ASSIGN_OR_RETURN(l.rank, IntVar("SLURM_PROCID", "Slurm"));
   LBCC_ASSIGN_OR_RETURN(l.nranks, IntVar("SLURM_NTASKS", "Slurm"));
-  if (Get("SLURM_LOCALID") != nullptr) {
+  if (Get("SLURM_LOCALID").has_value()) {
     LBCC_ASSIGN_OR_RETURN(l.local_rank, IntVar("SLURM_LOCALID", "Slurm"));
   }
-  const char* list_var = Get("SLURM_STEP_NODELIST") != nullptr ? "SLURM_STEP_NODELIST"
-                         : Get("SLURM_JOB_NODELIST") != nullptr ? "SLURM_JOB_NODELIST"
+  const char* list_var = Get("SLURM_STEP_NODELIST").has_value() ? "SLURM_STEP_NODELIST"
+                         : Get("SLURM_JOB_NODELIST").has_value() ? "SLURM_JOB_NODELIST"
                                                                 : "SLURM_NODELIST";
-  if (Get(list_var) == nullptr) {
+  if (!Get(list_var).has_value()) {
     return absl::InvalidArgumentError(
         "Slurm environment: SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) is not set");
   }
-  LBCC_ASSIGN_OR_RETURN(std::vector<std::string> hosts, ExpandSlurmNodeList(Get(list_var)),
+  LBCC_ASSIGN_OR_RETURN(std::vector<std::string> hosts, ExpandSlurmNodeList(*Get(list_var)),
                         _.Prepend(list_var));
   LBCC_ASSIGN_OR_RETURN(const int64_t port, env::GetInt("LBCC_BOOTSTRAP_PORT"));
   l.root_address = transport::JoinHostPort(hosts.front(), static_cast<int>(port));
-  const char* job = Get("SLURM_JOB_ID");
-  const char* step = Get("SLURM_STEP_ID");
-  l.session = Hash(absl::StrCat("slurm/", job ? job : "", "/", step ? step : ""));
+  l.session = Hash(absl::StrCat("slurm/", Get("SLURM_JOB_ID").value_or(""), "/",
+                                Get("SLURM_STEP_ID").value_or("")));
   return absl::OkStatus();
 }
 
@@ -261,8 +261,8 @@ absl::Status SetFixedRoot(LaunchEnvironment* out) {
     l.root_address = fixed;
     l.session = 0;
   } else if (l.launcher == Launcher::kTorchrun) {
-    const char* host = Get("MASTER_ADDR");
-    if (host == nullptr || *host == '\0') {
+    const std::string host = Get("MASTER_ADDR").value_or("");
+    if (host.empty()) {
       return absl::InvalidArgumentError(
           "torchrun environment: set LBCC_BOOTSTRAP_ADDR or MASTER_ADDR/MASTER_PORT");
     }
@@ -331,23 +331,23 @@ absl::StatusOr<std::vector<std::string>> ExpandSlurmNodeList(absl::string_view l
 absl::StatusOr<LaunchEnvironment> DetectLaunch() {
   LaunchEnvironment l;
   std::string rank_var;
-  if (Get("OMPI_COMM_WORLD_RANK") != nullptr) {
+  if (Get("OMPI_COMM_WORLD_RANK").has_value()) {
     l.launcher = Launcher::kMpi;
     rank_var = "OMPI_COMM_WORLD_RANK";
     LBCC_ASSIGN_OR_RETURN(l.rank, IntVar("OMPI_COMM_WORLD_RANK", "mpirun"));
     LBCC_ASSIGN_OR_RETURN(l.nranks, IntVar("OMPI_COMM_WORLD_SIZE", "mpirun"));
-    if (Get("OMPI_COMM_WORLD_LOCAL_RANK") != nullptr) {
+    if (Get("OMPI_COMM_WORLD_LOCAL_RANK").has_value()) {
       LBCC_ASSIGN_OR_RETURN(l.local_rank, IntVar("OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"));
     }
-  } else if (Get("PMI_RANK") != nullptr) {
+  } else if (Get("PMI_RANK").has_value()) {
     l.launcher = Launcher::kMpi;
     rank_var = "PMI_RANK";
     LBCC_ASSIGN_OR_RETURN(l.rank, IntVar("PMI_RANK", "mpirun"));
     LBCC_ASSIGN_OR_RETURN(l.nranks, IntVar("PMI_SIZE", "mpirun"));
-    if (Get("MPI_LOCALRANKID") != nullptr) {
+    if (Get("MPI_LOCALRANKID").has_value()) {
       LBCC_ASSIGN_OR_RETURN(l.local_rank, IntVar("MPI_LOCALRANKID", "mpirun"));
     }
-  } else if (Get("SLURM_PROCID") != nullptr && Get("RANK") == nullptr) {
+  } else if (Get("SLURM_PROCID").has_value() && !Get("RANK").has_value()) {
     // torchrun inside an allocation sets RANK: its own variables win there.
     rank_var = "SLURM_PROCID";
     LBCC_RETURN_IF_ERROR(DetectSlurm(&l));
@@ -356,7 +356,7 @@ absl::StatusOr<LaunchEnvironment> DetectLaunch() {
     rank_var = "RANK";
     LBCC_ASSIGN_OR_RETURN(l.rank, IntVar("RANK", "torchrun"));
     LBCC_ASSIGN_OR_RETURN(l.nranks, IntVar("WORLD_SIZE", "torchrun"));
-    if (Get("LOCAL_RANK") != nullptr) {
+    if (Get("LOCAL_RANK").has_value()) {
       LBCC_ASSIGN_OR_RETURN(l.local_rank, IntVar("LOCAL_RANK", "torchrun"));
     }
   }
@@ -381,7 +381,7 @@ absl::StatusOr<UniqueId> RendezvousId(const LaunchEnvironment& launch,
       if (made.ok()) id = *made;
       created = made.status();
     }
-    LBCC_RETURN_IF_ERROR(BroadcastWithMpi(&id, std::getenv("OMPI_COMM_WORLD_RANK") != nullptr));
+    LBCC_RETURN_IF_ERROR(BroadcastWithMpi(&id, Get("OMPI_COMM_WORLD_RANK").has_value()));
     LBCC_RETURN_IF_ERROR(created);
     if (id.internal[0] == 0) {
       return absl::UnavailableError("mpirun: rank 0 could not start the bootstrap root (see its log)");
