@@ -12,7 +12,9 @@
 #include "base/version.h"
 #include "comm/c_api_internal.h"
 #include "comm/communicator.h"
+#include "comm/config.h"
 #include "comm/lbcc.h"
+#include "transport/secure.h"
 
 namespace lbcc::comm::c_api {
 namespace {
@@ -78,10 +80,41 @@ absl::StatusOr<lbcc::DType> ToDType(lbccDataType_t type) {
 }
 
 // ---- Configuration: lbccConfig_t -> CommConfig, field by field ----
+// The fields added with LBCC_CONFIG_SIZE_V1: the job secret, encryption and the peer timeout.
+absl::Status SecurityFrom(const lbccConfig_t& config, lbcc::comm::CommConfig& out) {
+  if (config.jobSecret != nullptr && config.jobSecretFile != nullptr) {
+    return absl::InvalidArgumentError(
+        "lbccConfig_t: set jobSecret or jobSecretFile, not both");
+  }
+  if (config.jobSecret != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(out.job_secret, lbcc::transport::JobSecret::FromHex(config.jobSecret),
+                          _.Prepend("lbccConfig_t.jobSecret: "));
+  }
+  if (config.jobSecretFile != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(out.job_secret,
+                          lbcc::transport::JobSecret::FromFile(config.jobSecretFile),
+                          _.Prepend("lbccConfig_t.jobSecretFile: "));
+  }
+  if (config.encrypt != nullptr) {
+    LBCC_ASSIGN_OR_RETURN(out.encrypt, lbcc::transport::ParseEncryptMode(config.encrypt),
+                          _.Prepend("lbccConfig_t.encrypt: "));
+  }
+  if (config.peerTimeoutSeconds != LBCC_CONFIG_UNDEF_DOUBLE) {
+    if (!(config.peerTimeoutSeconds > 0) || !std::isfinite(config.peerTimeoutSeconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lbccConfig_t.peerTimeoutSeconds=", config.peerTimeoutSeconds,
+                       " is invalid: expected a finite number > 0 (LBCC_CONFIG_UNDEF_DOUBLE: "
+                       "LBCC_PEER_TIMEOUT_MS)"));
+    }
+    out.peer_timeout = absl::Seconds(config.peerTimeoutSeconds);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<lbcc::comm::CommConfig> ConfigFrom(const lbccConfig_t* config) {
   lbcc::comm::CommConfig out;
   if (config == nullptr) return out;
-  if (config->size != sizeof(lbccConfig_t)) {
+  if (config->size != sizeof(lbccConfig_t) && config->size != LBCC_CONFIG_SIZE_V1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lbccConfig_t.size=", config->size, " is wrong (this library's is ",
         sizeof(lbccConfig_t), "): initialise it with LBCC_CONFIG_INITIALIZER"));
@@ -123,6 +156,7 @@ absl::StatusOr<lbcc::comm::CommConfig> ConfigFrom(const lbccConfig_t* config) {
     }
     out.strict_env = config->strictEnv == 1;
   }
+  if (config->size >= sizeof(lbccConfig_t)) LBCC_RETURN_IF_ERROR(SecurityFrom(*config, out));
   return out;
 }
 // ---- end of Configuration ----
@@ -178,8 +212,14 @@ const char* lbccGetLastError(lbccComm_t comm) {
 }
 
 lbccResult_t lbccGetUniqueId(lbccUniqueId* unique_id) {
+  return lbccGetUniqueIdConfig(unique_id, nullptr);
+}
+
+lbccResult_t lbccGetUniqueIdConfig(lbccUniqueId* unique_id, const lbccConfig_t* config) {
   LBCC_C_CHECK_PTR("lbccGetUniqueId", unique_id);
-  absl::StatusOr<lbcc::comm::UniqueId> id = lbcc::comm::CreateUniqueId(lbcc::comm::CommConfig());
+  absl::StatusOr<lbcc::comm::CommConfig> options = ConfigFrom(config);
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<lbcc::comm::UniqueId> id = lbcc::comm::CreateUniqueId(*options);
   if (!id.ok()) return Fail(id.status());
   std::memcpy(unique_id, &*id, sizeof(*unique_id));
   return lbccSuccess;

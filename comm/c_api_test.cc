@@ -97,6 +97,16 @@ TEST(CApiConfigTest, BadFieldsAreNamed) {
       {[](lbccConfig_t* c) { c->algorithms = "allreduce"; }, "lbccConfig_t.algorithms='allreduce'"},
       {[](lbccConfig_t* c) { c->sparseGroupElements = 0; }, "sparse_group_elements=0"},
       {[](lbccConfig_t* c) { c->strictEnv = 2; }, "lbccConfig_t.strictEnv=2"},
+      {[](lbccConfig_t* c) { c->jobSecret = "xyz"; }, "lbccConfig_t.jobSecret: "},
+      {[](lbccConfig_t* c) { c->jobSecretFile = "/nonexistent/secret"; },
+       "lbccConfig_t.jobSecretFile: "},
+      {[](lbccConfig_t* c) {
+         c->jobSecret = "00";
+         c->jobSecretFile = "/nonexistent/secret";
+       },
+       "set jobSecret or jobSecretFile, not both"},
+      {[](lbccConfig_t* c) { c->encrypt = "maybe"; }, "lbccConfig_t.encrypt: "},
+      {[](lbccConfig_t* c) { c->peerTimeoutSeconds = 0; }, "lbccConfig_t.peerTimeoutSeconds=0"},
   };
   for (const Case& c : cases) {
     lbccConfig_t config = LoopbackConfig();
@@ -127,6 +137,47 @@ TEST(CApiConfigTest, ExplicitFieldsWinOverTheEnvironment) {
   ASSERT_EQ(lbccAllReduce(x, x, 2, lbccFloat32, lbccSum, comm, &request), lbccSuccess);
   EXPECT_EQ(lbccWait(request), lbccSuccess);
   EXPECT_EQ(lbccRequestFree(request), lbccSuccess);
+  EXPECT_EQ(lbccCommDestroy(comm), lbccSuccess);
+}
+
+// The job secret set in the config (not the environment's) is the one the root and the ranks
+// authenticate with; a struct of the older size (before jobSecret) is still accepted.
+TEST(CApiConfigTest, TheConfigsJobSecretWinsAndAnOlderStructStillWorks) {
+  const std::string env_secret(64, 'c');
+  lbcc::testing::ScopedEnv secret("LBCC_JOB_SECRET", env_secret.c_str());
+  lbccConfig_t config = LoopbackConfig();
+  const std::string mine(64, 'a');
+  config.jobSecret = mine.c_str();
+  config.encrypt = "all";
+  config.peerTimeoutSeconds = 5;
+  lbccUniqueId id;
+  ASSERT_EQ(lbccGetUniqueIdConfig(&id, &config), lbccSuccess) << lbccGetLastError(nullptr);
+  lbccResult_t results[2] = {lbccInternalError, lbccInternalError};
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      lbccComm_t comm = nullptr;
+      results[rank] = lbccCommInitRankConfig(&comm, 2, id, rank, &config);
+      if (results[rank] != lbccSuccess) return;
+      lbccRequest_t request = nullptr;
+      results[rank] = lbccBarrier(comm, &request);
+      if (results[rank] == lbccSuccess) results[rank] = lbccWait(request);
+      if (request != nullptr) lbccRequestFree(request);
+      lbccCommDestroy(comm);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(results[0], lbccSuccess);
+  EXPECT_EQ(results[1], lbccSuccess);
+
+  lbcc::testing::ScopedEnv no_secret("LBCC_JOB_SECRET", nullptr);
+  lbccConfig_t older = LoopbackConfig();
+  older.size = LBCC_CONFIG_SIZE_V1;
+  older.jobSecret = "not read: past the older struct's end";
+  ASSERT_EQ(lbccGetUniqueIdConfig(&id, &older), lbccSuccess) << lbccGetLastError(nullptr);
+  lbccComm_t comm = nullptr;
+  ASSERT_EQ(lbccCommInitRankConfig(&comm, 1, id, 0, &older), lbccSuccess)
+      << lbccGetLastError(nullptr);
   EXPECT_EQ(lbccCommDestroy(comm), lbccSuccess);
 }
 

@@ -136,11 +136,22 @@ typedef struct {
                                   LBCC_SPARSE_GROUP_ELEMENTS. */
   int strictEnv;            /* 1: unknown LBCC_* variables or invalid values fail init, 0: they
                                are logged; LBCC_CONFIG_UNDEF_INT: LBCC_STRICT_ENV. */
+  /* Since LBCC_CONFIG_SIZE_V1 (a caller built with the older, shorter struct leaves these unset). */
+  const char* jobSecret;     /* The job secret, 64 hex digits; NULL: LBCC_JOB_SECRET or
+                                LBCC_JOB_SECRET_FILE. Set jobSecret or jobSecretFile, not both. */
+  const char* jobSecretFile; /* A file holding it; NULL: as above. */
+  const char* encrypt;       /* Sealed links, "none" | "slow" | "all"; NULL: LBCC_ENCRYPT. */
+  double peerTimeoutSeconds; /* A silent peer fails pending work after about this long, > 0;
+                                LBCC_CONFIG_UNDEF_DOUBLE: LBCC_PEER_TIMEOUT_MS. */
 } lbccConfig_t;
+
+/* The size of lbccConfig_t before jobSecret: older callers' structs end there. */
+#define LBCC_CONFIG_SIZE_V1 offsetof(lbccConfig_t, jobSecret)
 
 #define LBCC_CONFIG_INITIALIZER                                                            \
   {sizeof(lbccConfig_t), LBCC_CONFIG_MAGIC, LBCC_VERSION_CODE, NULL, NULL, NULL,            \
-   LBCC_CONFIG_UNDEF_DOUBLE, NULL, LBCC_CONFIG_UNDEF_INT, LBCC_CONFIG_UNDEF_INT}
+   LBCC_CONFIG_UNDEF_DOUBLE, NULL, LBCC_CONFIG_UNDEF_INT, LBCC_CONFIG_UNDEF_INT, NULL, NULL,  \
+   NULL, LBCC_CONFIG_UNDEF_DOUBLE}
 /* ---- end of Configuration ---- */
 
 /* Top-k with error feedback (SparseLoCo); see codecs/topk_ef.h. */
@@ -161,6 +172,9 @@ const char* lbccGetLastError(lbccComm_t comm);
 
 /* Starts a bootstrap root on LBCC_LISTEN_ADDR that waits LBCC_TIMEOUT_S for the ranks. */
 lbccResult_t lbccGetUniqueId(lbccUniqueId* uniqueId);
+/* The same with the root on config's listenAddr for its timeoutSeconds, authenticating ranks with
+ * its job secret (each unset field: its variable); config NULL: as lbccGetUniqueId. */
+lbccResult_t lbccGetUniqueIdConfig(lbccUniqueId* uniqueId, const lbccConfig_t* config);
 /* Joins the job named by commId as `rank` of `nranks` (blocks until all joined or the timeout).
  * config NULL: every setting from the environment. */
 lbccResult_t lbccCommInitRankConfig(lbccComm_t* comm, int nranks, lbccUniqueId commId, int rank,
