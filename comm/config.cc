@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/cpu.h"
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -176,6 +177,9 @@ absl::StatusOr<CommConfig> ResolveConfig(CommConfig config) {
     LBCC_ASSIGN_OR_RETURN(config.strict_env, env::GetBool("LBCC_STRICT_ENV"));
   }
   LBCC_RETURN_IF_ERROR(ResolveTransport(config));
+  // LBCC_SIMD: the CPU codecs' level, fixed for the process now rather than at the first
+  // encode (base/cpu.h).
+  ActiveSimdLevel();
   return config;
 }
 

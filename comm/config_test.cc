@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/logging.h"
 #include "base/mutex.h"
 #include "base/scoped_env.h"
@@ -221,6 +222,51 @@ TEST_F(ConfigTest, TheResolvedSecretIsTheOneTheRanksAuthenticateWith) {
   member.join();
   EXPECT_THAT(stranger_status, StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(member_status, Not(IsOk()));
+}
+
+// Settings are resolved once: after every rank's Init, no operation reads the environment
+// (env::ReadCount counts every read through base/env, the only reader in library code).
+TEST_F(ConfigTest, NothingReadsTheEnvironmentAfterInit) {
+  CommConfig config = Loopback();
+  config.backend = "ucx";
+  config.listen_host = "127.0.0.1";
+  Mutex mu;
+  CondVar cv;
+  int initialised = 0;
+  uint64_t reads_after_init = 0;
+  auto results = RunRanksWithConfig(2, config, [&](int rank, Communicator& comm) -> absl::Status {
+    {
+      MutexLock lock(&mu);  // The last rank out of Init takes the count; nobody reads after.
+      if (++initialised == 2) {
+        reads_after_init = env::ReadCount();
+        cv.SignalAll();
+      }
+      while (initialised < 2) cv.Wait(&mu);
+    }
+    std::vector<float> x = {1.0f + rank, 2.0f};
+    const TensorView view = *TensorView::Host(x.data(), {2});
+    LBCC_RETURN_IF_ERROR(comm.AllReduce(view, view, ReduceOp::kSum)->Wait());
+    LBCC_RETURN_IF_ERROR(comm.Broadcast(view, 0)->Wait());
+    auto codec = *codecs::TopKEfCodec::Create({});
+    std::vector<float> delta(8192, 1.0f + rank), out(8192);
+    codecs::TopKEfState state;
+    Communicator::SparseTensor tensor{*TensorView::Host(delta.data(), {8192}),
+                                      *TensorView::Host(out.data(), {8192}), &state};
+    LBCC_RETURN_IF_ERROR(comm.SparseAllReduce({tensor}, codec.get())->Wait());
+    codecs::TopKEfState send_state;
+    RequestPtr sent = comm.SendCompressed(*TensorView::Host(delta.data(), {8192}), codec.get(),
+                                          &send_state, 1 - rank, 7);
+    LBCC_RETURN_IF_ERROR(comm.RecvCompressed(*TensorView::Host(out.data(), {8192}), 1 - rank, 7)
+                             ->Wait());
+    LBCC_RETURN_IF_ERROR(sent->Wait());
+    LBCC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> child, comm.Split(0, rank));
+    LBCC_RETURN_IF_ERROR(child->Barrier()->Wait());
+    LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+  EXPECT_EQ(env::ReadCount(), reads_after_init)
+      << "an operation, a split or a communicator's end read the environment";
 }
 
 TEST_F(ConfigTest, ListenHost) {
