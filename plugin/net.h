@@ -7,10 +7,15 @@
 //   Net ── Device (one per network device) ── Transport (UCX; made on first use)
 //    │        └── DeviceState (shared): listen comms by comm id, accepted endpoints awaiting
 //    │            their hello, measured link figures
-//    ├── connect attempts (run by a small pool of connector threads)
+//    ├── ConnectorPool: connect attempts (run by a small pool of connector threads)
 //    └─ *ListenComm ── ListenCore (shared with the DeviceState): endpoints ready for accept()
 //       *SendComm / *RecvComm ── CommCore (shared with transport callbacks): Endpoint, request
 //                                 slots*, registered regions*
+//
+// Files: net_options.h (NetOptions, FromEnv), net_limits.h (what NCCL is told), net.cc (Create,
+// Shutdown, Properties), net_connect.cc (Listen, Connect, Accept, CloseListen), net_requests.cc
+// (RegMr, Isend, Irecv, Test, CloseSend/CloseRecv); private: net_device.h (Device, the hello),
+// connector.h (ConnectorPool), comm_core.h (the objects NCCL holds, CommCore, the registry).
 //
 // Connection set-up never blocks an NCCL thread: listen() starts the device's transport listener
 // and an acceptor thread once per device; connect() queues an attempt on the connector pool and
@@ -53,22 +58,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "plugin/gpu.h"
+#include "plugin/net_limits.h"
 #include "plugin/net_options.h"
 #include "transport/options.h"
 #include "transport/transport.h"
 
 namespace lbcc::plugin {
-
-// Grouped receives per irecv (NCCL's maxRecvs).
-inline constexpr int kMaxRecvs = 8;
-// Requests in flight per comm (NCCL_NET_MAX_REQUESTS); a send comm takes kMaxRecvs times more,
-// since one grouped receive matches that many sends.
-inline constexpr int kMaxRequests = 32;
-// Largest message (maxP2pBytes / maxCollBytes); test() reports sizes as int.
-inline constexpr size_t kMaxMessageBytes = size_t{1} << 30;
-// Memory types (NCCL_PTR_*).
-inline constexpr int kPtrHost = 0x1;
-inline constexpr int kPtrCuda = 0x2;
 
 struct DeviceProperties {
   std::string name;
@@ -89,6 +84,7 @@ class SendComm;
 class RecvComm;
 class Request;
 class Device;
+class ConnectorPool;
 
 class Net {
  public:
@@ -148,9 +144,6 @@ class Net {
   static absl::Status CloseListen(ListenComm* comm);
 
  private:
-  struct Attempt;
-  class ConnectorPool;
-
   explicit Net(NetOptions options);
   absl::StatusOr<std::unique_ptr<transport::Endpoint>> RunAttempt(Device* device,
                                                                   const std::string& address,

@@ -34,6 +34,41 @@ absl::Status Register(NetOps& ops, void* comm, Buffer* buffer) {
   return ops.RegMr(comm, buffer->bytes.data(), buffer->bytes.size(), &buffer->mhandle);
 }
 
+// A grouped receive in flight: one irecv of a plan group's parts.
+struct GroupReceive {
+  void* request = nullptr;
+  size_t group = 0;
+  uint64_t first_id = 0;
+  std::vector<Buffer> buffers;
+};
+
+// A finished grouped receive: every part's size and bytes as the plan says; deregisters its
+// buffers and counts its messages in `stats`. DataLoss for a wrong size or byte.
+absl::Status CheckGroupReceive(NetOps& ops, void* recv_comm, const Group& group,
+                               const GroupReceive& receive, const int* sizes,
+                               TrafficStats* stats) {
+  for (size_t p = 0; p < group.parts.size(); ++p) {
+    const uint64_t id = receive.first_id + p;
+    const size_t expected = group.parts[p].size;
+    if (sizes[p] != static_cast<int>(expected)) {
+      return absl::DataLossError(absl::StrCat("message ", id, " (group ", receive.group, " part ",
+                                              p, ", tag ", group.parts[p].tag, "): ", sizes[p],
+                                              " bytes, expected ", expected));
+    }
+    const int64_t bad =
+        FindMismatch(id, absl::MakeConstSpan(receive.buffers[p].bytes.data(), expected));
+    if (bad >= 0) {
+      return absl::DataLossError(absl::StrCat("message ", id, " of ", expected,
+                                              " bytes differs at offset ", bad));
+    }
+    absl::Status dereg = ops.DeregMr(recv_comm, receive.buffers[p].mhandle);
+    if (!dereg.ok()) return dereg;
+    ++stats->messages;
+    stats->bytes += expected;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Plan MakePlan(const PlanOptions& options) {
@@ -192,14 +227,8 @@ absl::StatusOr<TrafficStats> RunSends(NetOps& ops, void* send_comm, const Plan& 
 
 absl::StatusOr<TrafficStats> RunReceives(NetOps& ops, void* recv_comm, const Plan& plan,
                                          int window, absl::Time deadline) {
-  struct InFlight {
-    void* request = nullptr;
-    size_t group = 0;
-    uint64_t first_id = 0;
-    std::vector<Buffer> buffers;
-  };
   TrafficStats stats;
-  std::deque<std::unique_ptr<InFlight>> in_flight;
+  std::deque<std::unique_ptr<GroupReceive>> in_flight;
   size_t next = 0;
   uint64_t next_id = 0;
   while (next < plan.groups.size() || !in_flight.empty()) {
@@ -207,7 +236,7 @@ absl::StatusOr<TrafficStats> RunReceives(NetOps& ops, void* recv_comm, const Pla
     while (next < plan.groups.size() && static_cast<int>(in_flight.size()) < window) {
       const Group& group = plan.groups[next];
       const int n = static_cast<int>(group.parts.size());
-      auto receive = std::make_unique<InFlight>();
+      auto receive = std::make_unique<GroupReceive>();
       receive->group = next;
       receive->first_id = next_id;
       receive->buffers.resize(n);
@@ -243,7 +272,7 @@ absl::StatusOr<TrafficStats> RunReceives(NetOps& ops, void* recv_comm, const Pla
       stats.max_in_flight = std::max(stats.max_in_flight, static_cast<int>(in_flight.size()));
     }
     for (auto it = in_flight.begin(); it != in_flight.end();) {
-      InFlight& receive = **it;
+      GroupReceive& receive = **it;
       const Group& group = plan.groups[receive.group];
       bool done = false;
       int sizes[8];
@@ -257,26 +286,8 @@ absl::StatusOr<TrafficStats> RunReceives(NetOps& ops, void* recv_comm, const Pla
         ++it;
         continue;
       }
-      for (size_t p = 0; p < group.parts.size(); ++p) {
-        const uint64_t id = receive.first_id + p;
-        const size_t expected = group.parts[p].size;
-        if (sizes[p] != static_cast<int>(expected)) {
-          return absl::DataLossError(absl::StrCat("message ", id, " (group ", receive.group,
-                                                  " part ", p, ", tag ", group.parts[p].tag,
-                                                  "): ", sizes[p], " bytes, expected ",
-                                                  expected));
-        }
-        const int64_t bad = FindMismatch(
-            id, absl::MakeConstSpan(receive.buffers[p].bytes.data(), expected));
-        if (bad >= 0) {
-          return absl::DataLossError(absl::StrCat("message ", id, " of ", expected,
-                                                  " bytes differs at offset ", bad));
-        }
-        absl::Status dereg = ops.DeregMr(recv_comm, receive.buffers[p].mhandle);
-        if (!dereg.ok()) return dereg;
-        ++stats.messages;
-        stats.bytes += expected;
-      }
+      absl::Status checked = CheckGroupReceive(ops, recv_comm, group, receive, sizes, &stats);
+      if (!checked.ok()) return checked;
       it = in_flight.erase(it);
       moved = true;
     }
