@@ -159,7 +159,7 @@ constexpr absl::string_view kPrefix = "LBCC_";
 // LBCC_* variables of the build and the tools (tools/setup, python/install, the examples'
 // launchers), not of the library: neither unknown nor checked.
 constexpr absl::string_view kToolVariables[] = {"LBCC_PYTHON", "LBCC_PYTHONPATH",
-                                                "LBCC_SETUP_SKIP"};
+                                                "LBCC_SETUP_SKIP", "LBCC_PLAN_PLOT_SCRIPT"};
 
 // Levenshtein distance, case-insensitive (names are short: quadratic is fine).
 size_t EditDistance(absl::string_view a, absl::string_view b) {

@@ -59,8 +59,9 @@ absl::StatusOr<std::string> GetString(absl::string_view name);  // kString and k
 absl::StatusOr<int64_t> GetBytes(absl::string_view name);
 
 // A variable of another program (UCX_*, the launchers' RANK / MASTER_ADDR / SLURM_* /
-// OMPI_*, NCCL_DEBUG, TORCH_DISTRIBUTED_DEBUG, Bazel's TEST_SRCDIR): its raw value, nullopt when
-// unset. Library code reads no variable but through this file.
+// OMPI_*, NCCL_DEBUG, TORCH_DISTRIBUTED_DEBUG, Bazel's TEST_SRCDIR) or of LBCC's build and tools
+// (LBCC_PYTHON, LBCC_PLAN_PLOT_SCRIPT): its raw value, nullopt when unset. Library code reads no
+// variable but through this file (//tools:getenv_test checks).
 std::optional<std::string> GetForeign(absl::string_view name);
 
 // How many times the getters above have read the environment in this process. Settings are
@@ -70,7 +71,8 @@ uint64_t ReadCount();
 // Checks every LBCC_* variable in the environment: it must be declared and its value valid.
 // One message per problem: "LBCC_TIMOUT_S is not an LBCC variable (did you mean
 // LBCC_TIMEOUT_S?)", "LBCC_TIMEOUT_S='0' is invalid: expected ...". The build's and tools'
-// own LBCC_PYTHON, LBCC_PYTHONPATH and LBCC_SETUP_SKIP are not problems.
+// own LBCC_PYTHON, LBCC_PYTHONPATH, LBCC_SETUP_SKIP and LBCC_PLAN_PLOT_SCRIPT are not problems
+// (read with GetForeign).
 std::vector<std::string> EnvironmentProblems();
 // InvalidArgument joining EnvironmentProblems(), ok when there are none.
 absl::Status ValidateEnvironment();

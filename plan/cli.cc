@@ -8,12 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/status_macros.h"
 #include "plan/plan.h"
 #include "tools/cli.h"
@@ -84,7 +86,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
 
 // The plot script: next to the binary's runfiles, else the source tree.
 std::string PlotScript() {
-  if (const char* s = std::getenv("LBCC_PLAN_PLOT_SCRIPT")) return s;
+  if (std::optional<std::string> s = env::GetForeign("LBCC_PLAN_PLOT_SCRIPT")) return *s;
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n > 0) {
@@ -234,8 +236,9 @@ int PlanMain(int argc, char** argv) {
     }
     const std::string data = plot + ".json";
     std::ofstream(data) << sweep->dump(1) << "\n";
-    const char* py = std::getenv("LBCC_PYTHON");
-    const std::string cmd = absl::StrCat(py != nullptr && *py ? py : "/usr/bin/python3", " '",
+    std::string py = env::GetForeign("LBCC_PYTHON").value_or("");
+    if (py.empty()) py = "/usr/bin/python3";
+    const std::string cmd = absl::StrCat(py, " '",
                                          PlotScript(), "' '", data, "' '", plot, "'");
     if (std::system(cmd.c_str()) != 0) {
       std::fprintf(stderr, "lbcc plan: plotting failed (%s); the data is in %s\n", cmd.c_str(),
