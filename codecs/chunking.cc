@@ -68,6 +68,14 @@ absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape,
   return g;
 }
 
+void BuildLocalOffsets(const ChunkGeometry& g, std::vector<int64_t>* out) {
+  out->resize(static_cast<size_t>(g.chunk_len));
+  int64_t* o = out->data();
+  for (int64_t r = 0; r < g.h; ++r) {
+    for (int64_t x = 0; x < g.w; ++x) *o++ = r * g.cols + x;
+  }
+}
+
 int64_t KPerChunk(int64_t chunk_len, double top_k, KRule rule) {
   if (chunk_len <= 0) return 0;
   if (rule == KRule::kPerChunk) {

@@ -32,6 +32,7 @@
 #define LBCC_CODECS_CHUNKING_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -84,6 +85,15 @@ struct ChunkGeometry {
 // InvalidArgument for an invalid shape (negative dims, rank > kMaxRank, overflow).
 absl::StatusOr<ChunkGeometry> MakeChunkGeometry(absl::Span<const int64_t> shape,
                                                 Chunking chunking = Chunking::kShapeAware);
+
+// Flat offset of chunk c's top-left corner in the tensor.
+inline int64_t ChunkCorner(const ChunkGeometry& g, int64_t c) {
+  const int64_t y = c / g.chunks_x, x = c - y * g.chunks_x;
+  return y * g.h * g.cols + x * g.w;
+}
+
+// out[local] = the offset of local position `local` from its chunk's corner (chunk_len entries).
+void BuildLocalOffsets(const ChunkGeometry& g, std::vector<int64_t>* out);
 
 // k per chunk. kProportional: `top_k` selected per 4096 elements (fractional values allowed:
 // density * 4096), half-to-even rounding of chunk_len * top_k / 4096, then clamped to

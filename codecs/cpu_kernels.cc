@@ -261,14 +261,6 @@ const CpuKernels kScalarKernels = {
 
 }  // namespace
 
-float RoundHalfEvenF(float x) {
-  const float r = std::floor(x);
-  const float d = x - r;  // exact: r and x share the binade or r is 0 / -1
-  if (d > 0.5f) return r + 1.0f;
-  if (d == 0.5f && std::fmod(r, 2.0f) != 0.0f) return r + 1.0f;
-  return r;
-}
-
 const CpuKernels& KernelsFor(SimdLevel level) {
   static const bool has_avx2 = CpuHasAvx2Fma();
   if (level == SimdLevel::kAvx2 && has_avx2) return internal::Avx2Kernels();

@@ -11,13 +11,11 @@
 #include <cstdint>
 
 #include "base/cpu.h"
+#include "codecs/rounding.h"
 
 namespace lbcc::codecs {
 
-// Bits of |x| for a float x: order-preserving for finite values; > kMaxFiniteAbsBits means
-// infinite or NaN.
-inline constexpr uint32_t kAbsMask = 0x7fffffffu;
-inline constexpr uint32_t kMaxFiniteAbsBits = 0x7f7fffffu;
+// kAbsMask, kMaxFiniteAbsBits, kMaxScale8 / kMaxScale4 and RoundHalfEvenF: codecs/rounding.h.
 
 struct CpuKernels {
   SimdLevel level;
@@ -123,14 +121,6 @@ inline constexpr uint64_t AdaptiveLaneReadBits(int64_t num_sub) {
 const CpuKernels& KernelsFor(SimdLevel level);
 // KernelsFor(ActiveSimdLevel()).
 const CpuKernels& ActiveKernels();
-
-// Absmax scales are capped so that qmax * scale stays finite (only values within 1 % of
-// FLT_MAX feel it): at most FLT_MAX / 128 for 8-bit codes, FLT_MAX / 8 for 4-bit codes.
-inline constexpr float kMaxScale8 = 3.4028234663852886e38f / 128;
-inline constexpr float kMaxScale4 = 3.4028234663852886e38f / 8;
-
-// Python's round() on floats, independent of the FPU rounding mode.
-float RoundHalfEvenF(float x);
 
 namespace internal {
 // Defined in cpu_kernels_avx2.cc; only called when the CPU has AVX2 and FMA.

@@ -12,10 +12,10 @@
 #include "base/check.h"
 #include "base/dtype.h"
 #include "base/status_macros.h"
-#include "codecs/counter_rng.h"
-#include "codecs/cpu_kernels.h"
 #include "codecs/codec_registry.h"
+#include "codecs/cpu_kernels.h"
 #include "codecs/payload.h"
+#include "codecs/rounding.h"
 
 namespace lbcc::codecs {
 namespace {
@@ -86,7 +86,7 @@ absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t
       float q = 0;
       if (scale != 0.0f) {
         const float t = x[i] / scale;
-        q = o.stochastic ? std::floor(t + CounterUniform(o.seed, static_cast<uint64_t>(i)))
+        q = o.stochastic ? StochasticRoundF(t, o.seed, static_cast<uint64_t>(i))
                          : RoundHalfEvenF(t);
         q = std::min(std::max(q, -qmax), qmax);
       }
@@ -101,15 +101,6 @@ absl::Status EncodeIntScalar(const DenseQuantOptions& o, const float* x, int64_t
   return absl::OkStatus();
 }
 
-uint16_t NextUpF16(uint16_t c) {  // toward +inf; c finite, not the largest
-  if (c == 0x8000) return 0x0001;
-  return (c & 0x8000) ? static_cast<uint16_t>(c - 1) : static_cast<uint16_t>(c + 1);
-}
-uint16_t NextDownF16(uint16_t c) {  // toward -inf
-  if (c == 0x0000) return 0x8001;
-  return (c & 0x8000) ? static_cast<uint16_t>(c + 1) : static_cast<uint16_t>(c - 1);
-}
-
 absl::Status EncodeHalf(const DenseQuantOptions& o, const float* x, int64_t n, uint8_t* codes) {
   const bool bf16 = o.format == DenseFormat::kBf16;
   for (int64_t i = 0; i < n; ++i) {
@@ -117,13 +108,7 @@ absl::Status EncodeHalf(const DenseQuantOptions& o, const float* x, int64_t n, u
     if (!std::isfinite(v)) return NotFinite(i);
     uint16_t c;
     if (bf16) {
-      if (o.stochastic) {
-        const uint32_t bits =
-            FloatBits(v) + (CounterRandom32(o.seed, static_cast<uint64_t>(i)) & 0xFFFFu);
-        c = static_cast<uint16_t>(bits >> 16);
-      } else {
-        c = F32ToBf16(v);
-      }
+      c = o.stochastic ? StochasticBf16(v, o.seed, static_cast<uint64_t>(i)) : F32ToBf16(v);
       if ((c & 0x7F80) == 0x7F80) {
         return absl::InvalidArgumentError(
             absl::StrCat("dense_quant: element ", i, " = ", v, " is beyond bf16's range"));
@@ -133,21 +118,7 @@ absl::Status EncodeHalf(const DenseQuantOptions& o, const float* x, int64_t n, u
         return absl::InvalidArgumentError(
             absl::StrCat("dense_quant: element ", i, " = ", v, " is beyond fp16's range"));
       }
-      c = F32ToF16(v);
-      if (o.stochastic) {
-        const float r = F16ToF32(c);
-        if (r != v) {
-          uint16_t lo = c, hi = c;
-          if (r < v) {
-            hi = NextUpF16(c);
-          } else {
-            lo = NextDownF16(c);
-          }
-          const double flo = F16ToF32(lo), fhi = F16ToF32(hi);
-          const double p = (static_cast<double>(v) - flo) / (fhi - flo);
-          c = static_cast<double>(CounterUniform(o.seed, static_cast<uint64_t>(i))) < p ? hi : lo;
-        }
-      }
+      c = o.stochastic ? StochasticF16(v, o.seed, static_cast<uint64_t>(i)) : F32ToF16(v);
     }
     StoreU16(codes + 2 * i, c);
   }

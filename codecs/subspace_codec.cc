@@ -12,155 +12,24 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "base/status_macros.h"
-#include "absl/strings/str_format.h"
+#include "codecs/byte_io.h"
 #include "codecs/codec_registry.h"
 #include "codecs/payload.h"
 
 namespace lbcc::codecs {
 namespace {
 
-absl::Status Corrupt(absl::string_view what) {
-  return absl::DataLossError(absl::StrCat("corrupt subspace payload: ", what));
-}
-
-bool IsCoefficientDType(DType t) {
-  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kI8;
-}
-
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Calls fn(first_row, end_row, component) for each maximal run of blocks that share a selector
-// (one run covering everything for a single basis).
-template <typename Fn>
-void ForEachRun(int64_t tokens, const uint8_t* selectors, int64_t block, Fn&& fn) {
-  if (selectors == nullptr) {
-    if (tokens > 0) fn(int64_t{0}, tokens, 0);
-    return;
-  }
-  const int64_t blocks = CeilDiv(tokens, block);
-  for (int64_t b = 0; b < blocks;) {
-    int64_t e = b + 1;
-    while (e < blocks && selectors[e] == selectors[b]) ++e;
-    fn(b * block, std::min(tokens, e * block), static_cast<int>(selectors[b]));
-    b = e;
-  }
-}
-
-template <typename T>
-T LoadLe(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-// The subspace header of a parsed envelope (InspectSubspacePayload after ParsePayload).
-absl::StatusOr<SubspacePayloadHeader> ParseHeader(const PayloadInfo& info) {
-  SubspacePayloadHeader h;
-  if (info.codec == CodecId::kSubspaceForward) {
-    h.direction = SubspaceDirection::kForward;
-  } else if (info.codec == CodecId::kSubspaceBackward) {
-    h.direction = SubspaceDirection::kBackward;
-  } else {
-    return Corrupt(absl::StrCat("codec is ", CodecName(info.codec), ", not subspace"));
-  }
-  if (info.codec_version != kSubspaceCodecVersion) {
-    return Corrupt(absl::StrCat("unknown codec version ", info.codec_version, " (this build reads ",
-                                kSubspaceCodecVersion, ")"));
-  }
-  if (info.dtype != DType::kF32) {
-    return Corrupt(absl::StrCat("activation dtype ", DTypeName(info.dtype), ", expected f32"));
-  }
-  if (info.flags != 0) return Corrupt(absl::StrCat("unknown flags ", info.flags));
-  if (info.shape.size() != 2) {
-    return Corrupt(absl::StrCat("rank ", info.shape.size(), ", expected [tokens, d]"));
-  }
-  h.tokens = info.shape[0];
-  h.model_dim = info.shape[1];
-  if (h.model_dim < 1 || h.model_dim > kSubspaceMaxModelDim) {
-    return Corrupt(absl::StrCat("model dim ", h.model_dim, " out of range"));
-  }
-  if (h.tokens > INT32_MAX) return Corrupt(absl::StrCat("too many tokens: ", h.tokens));
-  if (info.params.size() != kSubspaceParamsBytes) {
-    return Corrupt(absl::StrCat("params block of ", info.params.size(), " bytes, expected ",
-                                kSubspaceParamsBytes));
-  }
-  ByteReader r(info.params);
-  LBCC_ASSIGN_OR_RETURN(h.basis.hash, r.U64("basis hash"));
-  LBCC_ASSIGN_OR_RETURN(h.basis.version, r.U32("basis version"));
-  LBCC_ASSIGN_OR_RETURN(const uint32_t k, r.U32("k"));
-  LBCC_ASSIGN_OR_RETURN(const uint32_t v, r.U32("vocabulary"));
-  LBCC_ASSIGN_OR_RETURN(const uint16_t m, r.U16("components"));
-  LBCC_ASSIGN_OR_RETURN(const uint16_t mixture_block, r.U16("mixture block"));
-  LBCC_ASSIGN_OR_RETURN(const uint16_t int8_block, r.U16("int8 block"));
-  LBCC_ASSIGN_OR_RETURN(const uint8_t dtype, r.U8("coefficient dtype"));
-  LBCC_ASSIGN_OR_RETURN(const uint8_t id_width, r.U8("id width"));
-  LBCC_RETURN_IF_ERROR(r.ExpectEnd("params"));
-  h.rank = k;
-  h.components = m;
-  h.vocab_size = v;
-  h.id_width = id_width;
-  h.mixture_block = mixture_block;
-  h.int8_block = int8_block;
-  if (h.rank < 1 || h.rank > h.model_dim) {
-    return Corrupt(absl::StrCat("k = ", h.rank, " outside [1, d = ", h.model_dim, "]"));
-  }
-  if (m < 1 || m > kSubspaceMaxComponents) return Corrupt(absl::StrCat("M = ", m));
-  if (v > static_cast<uint32_t>(kSubspaceMaxVocab)) return Corrupt(absl::StrCat("V = ", v));
-  if (h.direction == SubspaceDirection::kForward) {
-    if (id_width != SubspaceIdWidth(v)) {
-      return Corrupt(absl::StrCat("id width ", int{id_width}, " for V = ", v, ", expected ",
-                                  SubspaceIdWidth(v)));
-    }
-  } else if (v != 0 || id_width != 0) {
-    return Corrupt("a backward payload carries a vocabulary or ids");
-  }
-  if ((m == 1) != (mixture_block == 0)) {
-    return Corrupt(absl::StrCat("mixture block ", mixture_block, " with M = ", m));
-  }
-  h.num_selectors = m > 1 ? CeilDiv(h.tokens, mixture_block) : 0;
-  if (!IsValidDType(dtype) || !IsCoefficientDType(static_cast<DType>(dtype))) {
-    return Corrupt(absl::StrCat("coefficient dtype ", int{dtype}));
-  }
-  h.coefficient_dtype = static_cast<DType>(dtype);
-  if ((h.coefficient_dtype == DType::kI8) != (int8_block != 0)) {
-    return Corrupt(absl::StrCat("int8 block ", int8_block, " with coefficient dtype ",
-                                DTypeName(h.coefficient_dtype)));
-  }
-  // Every token holds at least k >= 1 coefficient bytes: bounding tokens * k by the body length
-  // keeps the layout arithmetic exact.
-  const uint64_t body = info.body.size();
-  if (static_cast<uint64_t>(h.tokens) > body / static_cast<uint64_t>(h.rank)) {
-    return Corrupt(absl::StrCat("body of ", body, " bytes is too short for ", h.tokens,
-                                " tokens of ", h.rank, " coefficients"));
-  }
-  const SubspaceBodyLayout layout = SubspaceLayout(h.tokens, h.rank, h.num_selectors,
-                                                   h.id_width, h.coefficient_dtype, h.int8_block);
-  if (layout.total() != body) {
-    return Corrupt(absl::StrCat("body of ", body, " bytes, the header implies ", layout.total()));
-  }
-  h.total_bytes = info.total_bytes;
-  return h;
-}
-
-// The payload bytes CheckSubspaceBody reads, from a parsed envelope: it locates the body from
-// the payload's end, so the span from the body to the end of the checksum serves.
-absl::Span<const uint8_t> BodyToEnd(const PayloadInfo& info) {
-  return absl::MakeConstSpan(info.body.data(), info.body.size() + kPayloadChecksumBytes);
-}
-
 }  // namespace
-
-absl::StatusOr<SubspacePayloadHeader> InspectSubspacePayload(absl::Span<const uint8_t> payload) {
-  LBCC_ASSIGN_OR_RETURN(PayloadInfo info, ParsePayload(payload));
-  return ParseHeader(info);
-}
 
 absl::StatusOr<SubspaceCodec> SubspaceCodec::Create(std::shared_ptr<const SubspaceBasis> basis,
                                                     SubspaceCodecOptions options) {
   if (basis == nullptr) return absl::InvalidArgumentError("null basis");
-  if (!IsCoefficientDType(options.coefficient_dtype)) {
+  if (!IsSubspaceCoefficientDType(options.coefficient_dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("coefficient dtype ", DTypeName(options.coefficient_dtype),
                      " is not one of f32, bf16, f16, i8"));
@@ -292,12 +161,13 @@ void SubspaceCodec::ProjectWithSelectors(const float* x, int64_t tokens, const u
   const SubspaceBasis& b = *basis_;
   const int64_t d = b.model_dim(), k = b.rank(), ld = b.ld();
   coef_.resize(static_cast<size_t>(tokens * k));
-  ForEachRun(tokens, selectors, block, [&](int64_t r0, int64_t r1, int c) {
+  ForEachSelectorRun(tokens, selectors, block, [&](int64_t r0, int64_t r1, int c) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0),
                 static_cast<int>(k), static_cast<int>(d), 1.0f, x + r0 * d, static_cast<int>(d),
                 b.component(c), static_cast<int>(ld), 0.0f, coef_.data() + r0 * k,
                 static_cast<int>(k));
-  });
+    return absl::OkStatus();
+  }).IgnoreError();  // the products cannot fail
 }
 
 void SubspaceCodec::Reconstruct(const float* coef, int64_t tokens, const uint8_t* selectors,
@@ -365,37 +235,13 @@ absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t
                                             int64_t block, const int32_t* ids,
                                             absl::Span<uint8_t> out) {
   const SubspaceBasis& b = *basis_;
-  const bool forward = direction == SubspaceDirection::kForward;
-  const int64_t k = b.rank(), m = b.components();
-  const int id_width = forward ? b.id_width() : 0;
+  const int64_t k = b.rank();
   const DType dtype = options_.coefficient_dtype;
   const int64_t int8_block = dtype == DType::kI8 ? options_.int8_block : 0;
-  const int64_t selectors = m > 1 ? CeilDiv(tokens, block) : 0;
-  const SubspaceBodyLayout layout =
-      SubspaceLayout(tokens, k, selectors, id_width, dtype, int8_block);
-  const Shape shape = {tokens, b.model_dim()};
   PayloadWriter writer;
-  LBCC_RETURN_IF_ERROR(writer.Begin(
-      out, forward ? CodecId::kSubspaceForward : CodecId::kSubspaceBackward, kSubspaceCodecVersion,
-      DType::kF32, shape, kSubspaceParamsBytes, layout.total()));
-  ByteWriter params(writer.params());
-  params.U64(b.id().hash);
-  params.U32(b.id().version);
-  params.U32(static_cast<uint32_t>(k));
-  params.U32(forward ? static_cast<uint32_t>(b.vocab_size()) : 0u);
-  params.U16(static_cast<uint16_t>(m));
-  params.U16(m > 1 ? static_cast<uint16_t>(block) : 0);
-  params.U16(static_cast<uint16_t>(int8_block));
-  params.U8(static_cast<uint8_t>(dtype));
-  params.U8(static_cast<uint8_t>(id_width));
-
-  uint8_t* p = writer.body().data();
-  if (selectors > 0) std::memcpy(p, selectors_.data(), selectors);
-  p += layout.selectors;
-  for (int64_t t = 0; t < tokens && id_width > 0; ++t) {
-    const uint32_t id = static_cast<uint32_t>(ids[t]);
-    for (int byte = 0; byte < id_width; ++byte) *p++ = static_cast<uint8_t>(id >> (8 * byte));
-  }
+  LBCC_ASSIGN_OR_RETURN(uint8_t * p,
+                        BeginSubspacePayload(b, direction, tokens, block, dtype, int8_block,
+                                             selectors_.data(), ids, out, &writer));
   const int64_t n = tokens * k;
   switch (dtype) {
     case DType::kF32:
@@ -413,7 +259,8 @@ absl::StatusOr<size_t> SubspaceCodec::Write(SubspaceDirection direction, int64_t
       break;
     case DType::kI8: {
       uint8_t* scales = p;
-      auto* q = reinterpret_cast<int8_t*>(p + layout.scales);
+      auto* q = reinterpret_cast<int8_t*>(
+          p + SubspaceLayout(tokens, k, 0, 0, dtype, int8_block).scales);
       for (int64_t t = 0; t < tokens; ++t) {
         const float* row = coef_.data() + t * k;
         for (int64_t j0 = 0; j0 < k; j0 += int8_block) {
@@ -471,33 +318,6 @@ absl::StatusOr<std::vector<uint8_t>> SubspaceCodec::EncodeForward(
   return out;
 }
 
-absl::StatusOr<int64_t> BackwardSelectorBlock(const SubspaceSelectors& selectors,
-                                              int64_t components, int64_t tokens,
-                                              int64_t default_block) {
-  if (components == 1) {
-    if (!selectors.values.empty()) {
-      return absl::InvalidArgumentError("a single basis takes no selectors");
-    }
-    return default_block;
-  }
-  const int64_t block = selectors.mixture_block;
-  if (block < 1 || block > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("selector mixture_block ", block, " outside [1, 65535]"));
-  }
-  if (static_cast<int64_t>(selectors.values.size()) != CeilDiv(tokens, block)) {
-    return absl::InvalidArgumentError(absl::StrCat(selectors.values.size(), " selectors for ",
-                                                   tokens, " tokens in blocks of ", block));
-  }
-  for (uint8_t s : selectors.values) {
-    if (s >= components) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("selector ", int{s}, " outside [0, M = ", components, ")"));
-    }
-  }
-  return block;
-}
-
 absl::StatusOr<size_t> SubspaceCodec::EncodeBackward(const TensorView& g_h,
                                                      const SubspaceSelectors& selectors,
                                                      absl::Span<uint8_t> out) {
@@ -526,62 +346,6 @@ absl::StatusOr<std::vector<uint8_t>> SubspaceCodec::EncodeBackward(
   LBCC_ASSIGN_OR_RETURN(size_t written, EncodeBackward(g_h, selectors, absl::MakeSpan(out)));
   out.resize(written);
   return out;
-}
-
-absl::Status CheckSubspaceHeaderForDecode(const SubspacePayloadHeader& h,
-                                          SubspaceDirection direction, const SubspaceBasis& b) {
-  const bool forward = direction == SubspaceDirection::kForward;
-  if (h.direction != direction) {
-    return Corrupt(forward ? "a backward payload given to the forward decoder"
-                           : "a forward payload given to the backward decoder");
-  }
-  const int64_t expected_vocab = forward ? b.vocab_size() : 0;
-  if (h.basis != b.id()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "payload was encoded with basis ", h.basis.ToString(), " (d ", h.model_dim, ", k ",
-        h.rank, ", M ", h.components, ", V ", h.vocab_size, "); this codec holds ",
-        b.id().ToString(), " (d ", b.model_dim(), ", k ", b.rank(), ", M ", b.components(),
-        ", V ", expected_vocab, ")"));
-  }
-  if (h.model_dim != b.model_dim() || h.rank != b.rank() || h.components != b.components() ||
-      h.vocab_size != expected_vocab) {
-    return Corrupt(absl::StrCat("names basis ", h.basis.ToString(), " but its shape (d ",
-                                h.model_dim, ", k ", h.rank, ", M ", h.components, ", V ",
-                                h.vocab_size, ") disagrees with it"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<SubspaceBody> CheckSubspaceBody(absl::Span<const uint8_t> payload,
-                                               const SubspacePayloadHeader& h) {
-  SubspaceBody body;
-  body.layout = SubspaceLayout(h.tokens, h.rank, h.num_selectors, h.id_width,
-                               h.coefficient_dtype, h.int8_block);
-  const SubspaceBodyLayout& layout = body.layout;
-  body.selectors =
-      payload.data() + (payload.size() - kPayloadChecksumBytes - layout.total());
-  body.ids = body.selectors + layout.selectors;
-  body.scales = body.ids + layout.ids;
-  body.coefficients = body.scales + layout.scales;
-  for (int64_t s = 0; s < h.num_selectors; ++s) {
-    if (body.selectors[s] >= h.components) {
-      return Corrupt(absl::StrCat("selector ", int{body.selectors[s]}, " of block ", s,
-                                  " outside [0, M = ", h.components, ")"));
-    }
-  }
-  for (int64_t t = 0; t < h.tokens && h.id_width > 0; ++t) {
-    const uint32_t id = LoadSubspaceId(body.ids + t * h.id_width, h.id_width);
-    if (id >= static_cast<uint64_t>(h.vocab_size)) {
-      return Corrupt(absl::StrCat("token id ", id, " at position ", t, " outside [0, V = ",
-                                  h.vocab_size, ")"));
-    }
-  }
-  const int64_t scale_count = layout.scales / 4;
-  for (int64_t s = 0; s < scale_count; ++s) {
-    const float scale = LoadLe<float>(body.scales + 4 * s);
-    if (!(scale >= 0)) return Corrupt(absl::StrCat("int8 scale ", scale, " is negative or NaN"));
-  }
-  return body;
 }
 
 absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const uint8_t> payload,
@@ -629,7 +393,7 @@ absl::Status SubspaceCodec::Decode(SubspaceDirection direction, absl::Span<const
       const int64_t per_token = CeilDiv(k, h.int8_block);
       for (int64_t t = 0; t < h.tokens; ++t) {
         for (int64_t blk = 0; blk < per_token; ++blk) {
-          const float scale = LoadLe<float>(scales + 4 * (t * per_token + blk));
+          const float scale = byte_io::Load<float>(scales + 4 * (t * per_token + blk));
           const int64_t j1 = std::min(k, (blk + 1) * h.int8_block);
           for (int64_t j = blk * h.int8_block; j < j1; ++j) coef_[t * k + j] = q[t * k + j] * scale;
         }
@@ -810,10 +574,10 @@ absl::Status SubspacePayloadCodec::PrepareDecode(const DecodeCall& call,
         "SubspacePayloadCodec, or SubspaceCodec"));
   }
   for (size_t r = 0; r < call.infos.size(); ++r) {
-    absl::StatusOr<SubspacePayloadHeader> h = ParseHeader(call.infos[r]);
+    absl::StatusOr<SubspacePayloadHeader> h = ParseSubspaceHeader(call.infos[r]);
     absl::Status status = h.status();
     if (status.ok()) status = CheckSubspaceHeaderForDecode(*h, direction_, codec_->basis());
-    if (status.ok()) status = CheckSubspaceBody(BodyToEnd(call.infos[r]), *h).status();
+    if (status.ok()) status = CheckSubspaceBody(SubspaceBodyToEnd(call.infos[r]), *h).status();
     if (!status.ok()) return Annotate(status, absl::StrCat("payload ", r));
   }
   auto& s = static_cast<SubspaceDecodeScratch&>(*scratch);
@@ -856,8 +620,8 @@ void SubspacePayloadCodec::ApplyDecode(const DecodeCall& call, CodecScratch* scr
 
 absl::Status SubspacePayloadCodec::Inspect(const PayloadInfo& info,
                                            PayloadSummary* summary) const {
-  LBCC_ASSIGN_OR_RETURN(const SubspacePayloadHeader h, ParseHeader(info));
-  LBCC_RETURN_IF_ERROR(CheckSubspaceBody(BodyToEnd(info), h).status());
+  LBCC_ASSIGN_OR_RETURN(const SubspacePayloadHeader h, ParseSubspaceHeader(info));
+  LBCC_RETURN_IF_ERROR(CheckSubspaceBody(SubspaceBodyToEnd(info), h).status());
   summary->selected = h.tokens * h.rank;
   summary->details = absl::StrFormat(
       "%d tokens, basis %s (d %d, k %d, M %d, V %d), coefficients %s%s%s", h.tokens,

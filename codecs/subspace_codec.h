@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -308,6 +309,46 @@ inline SubspaceBodyLayout SubspaceLayout(int64_t tokens, int64_t k, int64_t num_
   }
   l.coefficients = static_cast<uint64_t>(tokens) * static_cast<uint64_t>(k) * DTypeSize(dtype);
   return l;
+}
+
+// True for the coefficient dtypes a payload may carry: f32, bf16, f16, i8.
+bool IsSubspaceCoefficientDType(DType t);
+
+// The subspace header of a parsed envelope (InspectSubspacePayload is ParsePayload and this);
+// DataLoss as InspectSubspacePayload.
+absl::StatusOr<SubspacePayloadHeader> ParseSubspaceHeader(const PayloadInfo& info);
+// The bytes CheckSubspaceBody reads, from a parsed envelope: the body to the checksum's end.
+absl::Span<const uint8_t> SubspaceBodyToEnd(const PayloadInfo& info);
+
+// Begins a payload of `tokens` tokens for `basis` in `out` (PayloadBytes of it or more;
+// InvalidArgument otherwise): the envelope and its parameters through `writer`, then the
+// body's selectors (ceil(tokens / block) of them when the basis is a mixture) and, forward, the
+// token ids. Returns where the int8 scales (or, for other dtypes, the coefficients) go; the
+// caller fills SubspaceLayout's scales + coefficients bytes there and calls writer->Finish().
+// The one writer of these fields for the CPU codec and kernels/.
+absl::StatusOr<uint8_t*> BeginSubspacePayload(const SubspaceBasis& basis,
+                                              SubspaceDirection direction, int64_t tokens,
+                                              int64_t block, DType dtype, int64_t int8_block,
+                                              const uint8_t* selectors, const int32_t* ids,
+                                              absl::Span<uint8_t> out, PayloadWriter* writer);
+
+// Calls fn(first_token, end_token, component) -> absl::Status for each maximal run of mixture
+// blocks of `block` tokens that share a selector, in order (one run over all tokens when
+// `selectors` is null); returns the first error fn returns. The encoders and decoders (CPU,
+// kernels/) walk the runs with it.
+template <typename Fn>
+absl::Status ForEachSelectorRun(int64_t tokens, const uint8_t* selectors, int64_t block,
+                                Fn&& fn) {
+  if (selectors == nullptr) return tokens > 0 ? fn(int64_t{0}, tokens, 0) : absl::OkStatus();
+  const int64_t blocks = (tokens + block - 1) / block;
+  for (int64_t b = 0; b < blocks;) {
+    int64_t e = b + 1;
+    while (e < blocks && selectors[e] == selectors[b]) ++e;
+    const int64_t end = e * block < tokens ? e * block : tokens;
+    if (absl::Status s = fn(b * block, end, static_cast<int>(selectors[b])); !s.ok()) return s;
+    b = e;
+  }
+  return absl::OkStatus();
 }
 
 // A token id of `width` bytes, little-endian, as the body stores it.

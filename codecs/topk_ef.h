@@ -64,13 +64,16 @@
 #ifndef LBCC_CODECS_TOPK_EF_H_
 #define LBCC_CODECS_TOPK_EF_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "base/tensor_view.h"
@@ -131,6 +134,10 @@ struct TopKEfOptions {
   std::string ToString() const;
 };
 
+namespace internal {
+struct TopKEfEncoder;  // topk_ef.cc: the encode's steps
+}  // namespace internal
+
 class TopKEfState final : public CodecState {
  public:
   TopKEfState() = default;
@@ -160,6 +167,7 @@ class TopKEfState final : public CodecState {
 
  private:
   friend class TopKEfCodec;
+  friend struct internal::TopKEfEncoder;
 
   bool initialized_ = false;
   bool pending_ = false;
@@ -253,6 +261,72 @@ absl::StatusOr<TopKEfHeader> ParseTopKEfHeader(const PayloadInfo& info);
 float DecodedNorm(const ValueDecoder& values, int64_t count, float* scratch);
 // factors[r] from norms[r] (same sizes, >= 1 entry).
 void MedianNormClipFactors(absl::Span<const float> norms, absl::Span<float> factors);
+
+// The fixed params of a payload (module comment), as every TopK-EF encoder (this CPU codec and
+// its device twin in kernels/) writes them.
+struct TopKEfFixedParams {
+  int64_t k = 0;
+  ValueCoding values = ValueCoding::kBinMean2;
+  IndexCoding indices = IndexCoding::kPacked12;  // kPacked12 or kAdaptive
+  AdaptiveParams adaptive;                        // written for kAdaptive (else zeros)
+  uint64_t index_bytes = 0;
+  Chunking chunking = Chunking::kShapeAware;  // anything else: version 2, the chunking byte
+};
+// Bytes of the fixed params: 16, or 17 with the chunking byte.
+size_t TopKEfFixedParamBytes(Chunking chunking);
+// Begins a payload of `shape` in `out` through `writer`: the envelope (version 1 or 2 from the
+// chunking) and the fixed params. The value coding's `value_param_bytes` params follow at
+// writer->params().subspan(TopKEfFixedParamBytes(p.chunking)); the body holds p.index_bytes of
+// index section, then `value_bytes` of values. InvalidArgument as PayloadWriter::Begin.
+absl::Status BeginTopKEfPayload(const TopKEfFixedParams& p, absl::Span<const int64_t> shape,
+                                size_t value_param_bytes, size_t value_bytes,
+                                absl::Span<uint8_t> out, PayloadWriter* writer);
+
+namespace internal {
+absl::Status StillPending();
+absl::Status ShapeDiffers(absl::Span<const int64_t> shape, absl::Span<const int64_t> state_shape);
+absl::Status NothingPending(absl::string_view what);
+}  // namespace internal
+
+// The checks every TopK-EF encoder (this CPU codec, kernels/) makes of a tensor's state before
+// it touches it, in this order: FailedPrecondition while an update is pending; a state never
+// reset takes `shape` (State::Reset), one of another shape is InvalidArgument; an `out` smaller
+// than codec.MaxEncodedBytes(shape) is InvalidArgument. State: TopKEfState or its device twin.
+template <typename State>
+absl::Status PrepareTopKEfState(const TopKEfCodec& codec, State& state,
+                                absl::Span<const int64_t> shape, size_t out_size) {
+  if (state.has_pending()) return internal::StillPending();
+  if (!state.initialized()) {
+    if (absl::Status s = state.Reset(shape); !s.ok()) return s;
+  } else if (!std::equal(state.shape().begin(), state.shape().end(), shape.begin(),
+                         shape.end())) {
+    return internal::ShapeDiffers(shape, state.shape());
+  }
+  absl::StatusOr<size_t> max_bytes = codec.MaxEncodedBytes(shape);
+  if (!max_bytes.ok()) return max_bytes.status();
+  if (out_size < *max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ef: output buffer holds ", out_size,
+                                                   " bytes, MaxEncodedBytes is ", *max_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Commit / Abort of the double-buffered error feedback (e and the pending e_new), for
+// TopKEfState and its device twin: Commit makes e_new the state by swapping the two buffers,
+// Abort drops it; FailedPrecondition when nothing is pending.
+template <typename Buffer>
+absl::Status CommitPendingError(bool& pending, Buffer& error, Buffer& next) {
+  if (!pending) return internal::NothingPending("commit");
+  using std::swap;
+  swap(error, next);
+  pending = false;
+  return absl::OkStatus();
+}
+inline absl::Status AbortPendingError(bool& pending) {
+  if (!pending) return internal::NothingPending("abort");
+  pending = false;
+  return absl::OkStatus();
+}
 
 }  // namespace lbcc::codecs
 

@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "base/dtype.h"
 #include "codecs/cpu_kernels.h"
+#include "codecs/rounding.h"
 
 namespace lbcc::codecs {
 namespace {
@@ -131,20 +132,6 @@ void EncodeAbsmax(ValueCoding coding, const ValueEncodeOptions& options, absl::S
       values[i] = q * scale;
     }
   }
-}
-
-float SaturateBf16(float v, uint16_t* code) {
-  uint16_t c = F32ToBf16(v);
-  if ((c & 0x7FFF) == 0x7F80) c = static_cast<uint16_t>((c & 0x8000) | 0x7F7F);  // inf -> max
-  *code = c;
-  return Bf16ToF32(c);
-}
-
-float SaturateF16(float v, uint16_t* code) {
-  uint16_t c = F32ToF16(v);
-  if ((c & 0x7FFF) == 0x7C00) c = static_cast<uint16_t>((c & 0x8000) | 0x7BFF);  // inf -> 65504
-  *code = c;
-  return F16ToF32(c);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "codecs/rounding.h"
 #include "kernels/aggregate.h"
 #include "kernels/hd.h"
 
@@ -37,7 +38,7 @@ LBCC_HD int DenseIntCode(const DenseEncodeArgs& a, float scale, int64_t i) {
   float q = 0;
   if (scale != 0.0f) {
     const float t = hd::Div(a.x[i], scale);
-    q = a.stochastic ? hd::Floor(hd::Add(t, hd::CounterUniform(a.seed, static_cast<uint64_t>(i))))
+    q = a.stochastic ? codecs::StochasticRoundF(t, a.seed, static_cast<uint64_t>(i))
                      : hd::RoundHalfEvenF(t);
     q = hd::MinF(hd::MaxF(q, -qmax), qmax);
   }
@@ -102,15 +103,6 @@ LBCC_HD void DenseEncodeIntBlock(Block& b, const DenseEncodeArgs& a, int64_t blk
   });
 }
 
-LBCC_HD uint16_t NextUpF16(uint16_t c) {
-  if (c == 0x8000) return 0x0001;
-  return (c & 0x8000) ? static_cast<uint16_t>(c - 1) : static_cast<uint16_t>(c + 1);
-}
-LBCC_HD uint16_t NextDownF16(uint16_t c) {
-  if (c == 0x0000) return 0x8001;
-  return (c & 0x8000) ? static_cast<uint16_t>(c + 1) : static_cast<uint16_t>(c - 1);
-}
-
 // Element i of a 16-bit format (codecs EncodeHalf).
 LBCC_HD void DenseEncodeHalfElement(const DenseEncodeArgs& a, int64_t i) {
   const float v = a.x[i];
@@ -120,13 +112,8 @@ LBCC_HD void DenseEncodeHalfElement(const DenseEncodeArgs& a, int64_t i) {
   }
   uint16_t c;
   if (a.format == kDenseBf16) {
-    if (a.stochastic) {
-      const uint32_t bits =
-          hd::Bits(v) + (hd::CounterRandom32(a.seed, static_cast<uint64_t>(i)) & 0xFFFFu);
-      c = static_cast<uint16_t>(bits >> 16);
-    } else {
-      c = hd::F32ToBf16(v);
-    }
+    c = a.stochastic ? codecs::StochasticBf16(v, a.seed, static_cast<uint64_t>(i))
+                     : hd::F32ToBf16(v);
     if ((c & 0x7F80) == 0x7F80) {
       hd::AtomicMinU64(a.first_bad, static_cast<uint64_t>(i));
       return;
@@ -137,21 +124,8 @@ LBCC_HD void DenseEncodeHalfElement(const DenseEncodeArgs& a, int64_t i) {
       hd::AtomicMinU64(a.first_bad, static_cast<uint64_t>(i));
       return;
     }
-    c = hd::F32ToF16(v);
-    if (a.stochastic) {
-      const float r = hd::F16ToF32(c);
-      if (r != v) {
-        uint16_t lo = c, hi = c;
-        if (r < v) {
-          hi = NextUpF16(c);
-        } else {
-          lo = NextDownF16(c);
-        }
-        const double flo = hd::F16ToF32(lo), fhi = hd::F16ToF32(hi);
-        const double p = hd::DDiv(hd::DSub(static_cast<double>(v), flo), hd::DSub(fhi, flo));
-        c = static_cast<double>(hd::CounterUniform(a.seed, static_cast<uint64_t>(i))) < p ? hi : lo;
-      }
-    }
+    c = a.stochastic ? codecs::StochasticF16(v, a.seed, static_cast<uint64_t>(i))
+                     : hd::F32ToF16(v);
   }
   hd::StoreU16(a.codes + 2 * i, c);
 }

@@ -22,23 +22,6 @@ static_assert(kCoefI8 == static_cast<int>(DType::kI8));
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// fn(first_row, end_row, component) for each run of blocks that share a selector.
-template <typename Fn>
-absl::Status ForEachRun(int64_t tokens, const uint8_t* selectors, int64_t block, Fn&& fn) {
-  if (selectors == nullptr) {
-    if (tokens > 0) return fn(int64_t{0}, tokens, 0);
-    return absl::OkStatus();
-  }
-  const int64_t blocks = CeilDiv(tokens, block);
-  for (int64_t b = 0; b < blocks;) {
-    int64_t e = b + 1;
-    while (e < blocks && selectors[e] == selectors[b]) ++e;
-    LBCC_RETURN_IF_ERROR(fn(b * block, std::min(tokens, e * block), static_cast<int>(selectors[b])));
-    b = e;
-  }
-  return absl::OkStatus();
-}
-
 // Sub-buffers of one allocation.
 class Carve {
  public:
@@ -219,12 +202,13 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x,
       }
       LBCC_RETURN_IF_ERROR(backend_->SubspaceForwardPrep(fa, stream));
     } else {
-      LBCC_RETURN_IF_ERROR(ForEachRun(tokens, selectors, block, [&](int64_t t0, int64_t t1, int c) {
-        return backend_->Gemm(blas_, stream, false, false, static_cast<int>(k),
-                              static_cast<int>(t1 - t0), static_cast<int>(d), 1.0f, u_ + c * k,
-                              static_cast<int>(ld), x + t0 * d, static_cast<int>(d), 0.0f,
-                              coef + t0 * k, static_cast<int>(k));
-      }));
+      LBCC_RETURN_IF_ERROR(codecs::ForEachSelectorRun(
+          tokens, selectors, block, [&](int64_t t0, int64_t t1, int c) {
+            return backend_->Gemm(blas_, stream, false, false, static_cast<int>(k),
+                                  static_cast<int>(t1 - t0), static_cast<int>(d), 1.0f,
+                                  u_ + c * k, static_cast<int>(ld), x + t0 * d,
+                                  static_cast<int>(d), 0.0f, coef + t0 * k, static_cast<int>(k));
+          }));
     }
     SubspaceQuantizeArgs qa;
     qa.tokens = tokens;
@@ -245,31 +229,14 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x,
                                               stream));
     LBCC_RETURN_IF_ERROR(backend_->Synchronize(stream));
   }
-  // The payload, as codecs::SubspaceCodec::Write lays it out.
-  codecs::PayloadWriter writer;
-  const Shape shape = {tokens, d};
-  LBCC_RETURN_IF_ERROR(writer.Begin(
-      out, forward ? codecs::CodecId::kSubspaceForward : codecs::CodecId::kSubspaceBackward,
-      codecs::kSubspaceCodecVersion, DType::kF32, shape, codecs::kSubspaceParamsBytes,
-      layout.total()));
-  codecs::ByteWriter params(writer.params());
-  params.U64(b.id().hash);
-  params.U32(b.id().version);
-  params.U32(static_cast<uint32_t>(k));
-  params.U32(forward ? static_cast<uint32_t>(b.vocab_size()) : 0u);
-  params.U16(static_cast<uint16_t>(m));
-  params.U16(m > 1 ? static_cast<uint16_t>(block) : 0);
-  params.U16(static_cast<uint16_t>(int8_block));
-  params.U8(static_cast<uint8_t>(dtype));
-  params.U8(static_cast<uint8_t>(id_width));
-  uint8_t* p = writer.body().data();
+  // The envelope, parameters, selectors and ids as the CPU codec writes them.
   const uint8_t* chosen = forward ? host + sel_at : selectors;
-  if (num_selectors > 0) std::memcpy(p, chosen, layout.selectors);
-  p += layout.selectors;
-  for (int64_t t = 0; t < tokens && id_width > 0; ++t) {
-    const uint32_t id = static_cast<uint32_t>(ids[t]);
-    for (int byte = 0; byte < id_width; ++byte) *p++ = static_cast<uint8_t>(id >> (8 * byte));
-  }
+  codecs::PayloadWriter writer;
+  LBCC_ASSIGN_OR_RETURN(uint8_t * p, codecs::BeginSubspacePayload(
+                                          b, forward ? codecs::SubspaceDirection::kForward
+                                                     : codecs::SubspaceDirection::kBackward,
+                                          tokens, block, dtype, int8_block, chosen, ids.data(),
+                                          out, &writer));
   if (layout.scales > 0) std::memcpy(p, host + scales_at, layout.scales);
   p += layout.scales;
   if (layout.coefficients > 0) std::memcpy(p, host + q_at, layout.coefficients);
@@ -364,7 +331,7 @@ absl::Status DeviceSubspaceCodec::Decode(bool forward, absl::Span<const uint8_t>
       LBCC_RETURN_IF_ERROR(backend_->SubspaceGatherTable(ga, stream));
     }
     // out^T [d x rows] (+)= U_c [d x k] coef^T [k x rows], per run of one component.
-    LBCC_RETURN_IF_ERROR(ForEachRun(
+    LBCC_RETURN_IF_ERROR(codecs::ForEachSelectorRun(
         tokens, h.num_selectors > 0 ? selectors : nullptr, h.mixture_block,
         [&](int64_t t0, int64_t t1, int c) {
           return backend_->Gemm(blas_, stream, true, false, static_cast<int>(d),

@@ -33,8 +33,6 @@ static_assert(kIndexAdaptive == static_cast<int>(codecs::IndexCoding::kAdaptive)
 
 namespace {
 
-constexpr size_t kFixedParamBytes = 16;  // codecs/topk_ef.cc
-
 Geometry ToKernelGeometry(const codecs::ChunkGeometry& g) {
   Geometry k;
   k.rows = g.rows;
@@ -168,17 +166,10 @@ absl::Status DeviceTopKEfState::CopyPendingErrorToHost(absl::Span<float> out) co
 }
 
 absl::Status DeviceTopKEfState::Commit() {
-  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing to commit");
-  std::swap(error_, next_);
-  pending_ = false;
-  return absl::OkStatus();
+  return codecs::CommitPendingError(pending_, error_, next_);
 }
 
-absl::Status DeviceTopKEfState::Abort() {
-  if (!pending_) return absl::FailedPreconditionError("topk_ef state: nothing to abort");
-  pending_ = false;
-  return absl::OkStatus();
-}
+absl::Status DeviceTopKEfState::Abort() { return codecs::AbortPendingError(pending_); }
 
 struct TopKEncoder {
   // Grows the state's per-encode buffers for `count` values of `coding` and the staging.
@@ -258,22 +249,7 @@ struct TopKEncoder {
           "topk_ef: the device encoder chunks 1-D tensors as chunk_1d lbcc/templar only "
           "(flat4096: encode on the host)");
     }
-    if (st.pending_) {
-      return absl::FailedPreconditionError(
-          "topk_ef: the previous update is still pending; Commit() or Abort() it first");
-    }
-    if (!st.initialized_) {
-      LBCC_RETURN_IF_ERROR(st.Reset(shape));
-    } else if (!std::equal(st.shape_.begin(), st.shape_.end(), shape.begin(), shape.end())) {
-      return absl::InvalidArgumentError(absl::StrCat("topk_ef: delta shape ", ShapeToString(shape),
-                                                     " differs from the state's ",
-                                                     ShapeToString(st.shape_)));
-    }
-    LBCC_ASSIGN_OR_RETURN(const size_t max_bytes, codec.MaxEncodedBytes(shape));
-    if (out.size() < max_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("topk_ef: output buffer holds ", out.size(),
-                                                     " bytes, MaxEncodedBytes is ", max_bytes));
-    }
+    LBCC_RETURN_IF_ERROR(codecs::PrepareTopKEfState(codec, st, shape, out.size()));
     Backend& be = *st.backend_;
     LBCC_RETURN_IF_ERROR(be.SetDevice(st.device_));
     const codecs::ChunkGeometry& g = st.geometry_;
@@ -458,21 +434,22 @@ struct TopKEncoder {
     const size_t value_param_bytes = codecs::ValueParamBytes(o.values);
     const size_t value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
     const size_t index_bytes = static_cast<size_t>(s.index_bytes);
+    codecs::TopKEfFixedParams fixed;
+    fixed.k = k;
+    fixed.values = o.values;
+    fixed.indices = static_cast<codecs::IndexCoding>(s.index_coding);
+    fixed.adaptive.sub_block_log2 = static_cast<int>(s.sub_block_log2);
+    fixed.adaptive.rice = static_cast<int>(s.rice);
+    fixed.index_bytes = index_bytes;
     codecs::PayloadWriter writer;
-    absl::Status begun = writer.Begin(out, codecs::CodecId::kTopKEf, codecs::kTopKEfVersion,
-                                      DType::kF32, shape, kFixedParamBytes + value_param_bytes,
-                                      index_bytes + value_bytes);
+    absl::Status begun =
+        codecs::BeginTopKEfPayload(fixed, shape, value_param_bytes, value_bytes, out, &writer);
     if (!begun.ok()) {
       st->pending_ = false;
       return begun;
     }
-    codecs::ByteWriter params(writer.params());
-    params.U32(static_cast<uint32_t>(k));
-    params.U8(static_cast<uint8_t>(o.values));
-    params.U8(static_cast<uint8_t>(s.index_coding));
-    params.U8(static_cast<uint8_t>(s.sub_block_log2));
-    params.U8(static_cast<uint8_t>(s.rice));
-    params.U64(index_bytes);
+    codecs::ByteWriter params(
+        writer.params().subspan(codecs::TopKEfFixedParamBytes(fixed.chunking)));
     if (codecs::IsBinMean(o.values)) {
       const int bins = 1 << BinMeanBits(static_cast<int>(o.values));
       params.F32(s.shift);
