@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -67,9 +68,9 @@ void InstallLogger(lbccNcclDebugLogger_t logger) {
   });
   // Without LBCC_DEBUG, follow NCCL_DEBUG so that NCCL_DEBUG=INFO shows the plugin's INFO lines
   // (NCCL's logger filters by its own level and NCCL_DEBUG_SUBSYS afterwards).
-  if (std::getenv("LBCC_DEBUG") == nullptr) {
-    if (const char* nccl = std::getenv("NCCL_DEBUG"); nccl != nullptr) {
-      absl::StatusOr<LogLevel> level = ParseLogLevel(nccl);
+  if (!env::GetForeign("LBCC_DEBUG").has_value()) {
+    if (const std::optional<std::string> nccl = env::GetForeign("NCCL_DEBUG")) {
+      absl::StatusOr<LogLevel> level = ParseLogLevel(*nccl);
       if (level.ok()) SetLogLevel(*level);
     }
   }
