@@ -152,6 +152,9 @@ constexpr Spec kSpecs[] = {
      "UCX transport: microseconds the progress thread keeps polling after the last event before "
      "it sleeps on the worker's event fd.",
      {}, 0, 1000000},
+    {"LBCC_VERIFY_COLLECTIVES", Type::kBool, "0",
+     "torch.distributed backend: every collective first exchanges its signature (op, shapes, "
+     "dtypes) and fails on every rank when they differ (as TORCH_DISTRIBUTED_DEBUG=DETAIL)."},
 };
 
 constexpr absl::string_view kPrefix = "LBCC_";
