@@ -139,9 +139,29 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
   control_out_.resize(nranks_);
   control_in_.resize(nranks_);
   const absl::Time deadline = absl::Now() + options_.timeout;
+  std::vector<std::unique_ptr<Endpoint>> accepted;
+  LBCC_RETURN_IF_ERROR(OpenEndpoints(addresses, deadline, &accepted));
+  std::vector<uint32_t> peer_of;
+  LBCC_RETURN_IF_ERROR(ExchangeHellos(accepted, deadline, &peer_of));
+  for (size_t i = 0; i < accepted.size(); ++i) {
+    const bool control = (peer_of[i] & kControlHello) != 0;
+    const uint32_t peer = peer_of[i] & ~kControlHello;
+    std::vector<std::unique_ptr<Endpoint>>& in = control ? control_in_ : in_;
+    if (peer >= static_cast<uint32_t>(nranks_) || peer == static_cast<uint32_t>(rank_) ||
+        in[peer]) {
+      return absl::InternalError(absl::StrCat("comm: unexpected hello from rank ", peer));
+    }
+    in[peer] = std::move(accepted[i]);
+  }
+  connected_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Fabric::OpenEndpoints(const std::vector<std::string>& addresses,
+                                   absl::Time deadline,
+                                   std::vector<std::unique_ptr<Endpoint>>* accepted) {
   // Accept the 2 (nranks-1) incoming connections (data and control) while connecting out.
   absl::Status accept_status;
-  std::vector<std::unique_ptr<Endpoint>> accepted;
   std::thread acceptor([&] {
     for (int i = 0; i < 2 * (nranks_ - 1); ++i) {
       absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
@@ -150,7 +170,7 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
         accept_status = Annotate(endpoint.status(), "comm: accept");
         return;
       }
-      accepted.push_back(*std::move(endpoint));
+      accepted->push_back(*std::move(endpoint));
     }
   });
   absl::Status connect_status;
@@ -174,10 +194,12 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
   }
   acceptor.join();
   LBCC_RETURN_IF_ERROR(connect_status);
-  LBCC_RETURN_IF_ERROR(accept_status);
-  // Hellos: every outgoing endpoint says who we are (and whether it is the control
-  // connection); every accepted one tells us its peer.
-  std::vector<uint32_t> peer_of(accepted.size(), 0);
+  return accept_status;
+}
+
+absl::Status Fabric::ExchangeHellos(std::vector<std::unique_ptr<Endpoint>>& accepted,
+                                    absl::Time deadline, std::vector<uint32_t>* peer_of) {
+  peer_of->assign(accepted.size(), 0);
   const uint32_t me = static_cast<uint32_t>(rank_);
   const uint32_t me_control = me | kControlHello;
   auto latch = std::make_shared<Latch>();
@@ -201,7 +223,7 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
   }
   for (size_t i = 0; i < accepted.size(); ++i) {
     accepted[i]->Recv(kHelloTag,
-                      absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(&peer_of[i]), 4),
+                      absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(&(*peer_of)[i]), 4),
                       [done](absl::StatusOr<size_t> n) {
                         done(n.ok() && *n != 4 ? absl::DataLossError("comm: bad hello")
                                                : n.status());
@@ -218,28 +240,16 @@ absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
     }
     if (status.ok()) status = latch->first_error;
   }
-  if (!status.ok()) {
-    for (auto* endpoints : {&out_, &control_out_}) {
-      for (auto& e : *endpoints) {
-        if (e) e->Close();
-      }
+  if (status.ok()) return status;
+  for (auto* endpoints : {&out_, &control_out_}) {
+    for (auto& e : *endpoints) {
+      if (e) e->Close();
     }
-    for (auto& e : accepted) e->Close();
-    MutexLock lock(&latch->mu);
-    while (latch->pending > 0) latch->cv.Wait(&latch->mu);  // Close() completes everything.
-    return status;
   }
-  for (size_t i = 0; i < accepted.size(); ++i) {
-    const bool control = (peer_of[i] & kControlHello) != 0;
-    const uint32_t peer = peer_of[i] & ~kControlHello;
-    std::vector<std::unique_ptr<Endpoint>>& in = control ? control_in_ : in_;
-    if (peer >= static_cast<uint32_t>(nranks_) || peer == me || in[peer]) {
-      return absl::InternalError(absl::StrCat("comm: unexpected hello from rank ", peer));
-    }
-    in[peer] = std::move(accepted[i]);
-  }
-  connected_ = true;
-  return absl::OkStatus();
+  for (auto& e : accepted) e->Close();
+  MutexLock lock(&latch->mu);
+  while (latch->pending > 0) latch->cv.Wait(&latch->mu);  // Close() completes everything.
+  return status;
 }
 
 Fabric::~Fabric() {

@@ -140,7 +140,16 @@ class Fabric {
 
  private:
   Fabric() = default;
+  // Connects a data and a control endpoint to every peer, accepts theirs, and files the
+  // accepted ones by the hello each sends first.
   absl::Status Connect(const std::vector<std::string>& addresses);
+  // Connect's parts: the endpoints out (out_, control_out_) and in (`accepted`, unfiled) ...
+  absl::Status OpenEndpoints(const std::vector<std::string>& addresses, absl::Time deadline,
+                             std::vector<std::unique_ptr<transport::Endpoint>>* accepted);
+  // ... then the hellos: each outgoing endpoint names this rank, each accepted one its peer
+  // (`peer_of`). On failure every endpoint is closed.
+  absl::Status ExchangeHellos(std::vector<std::unique_ptr<transport::Endpoint>>& accepted,
+                              absl::Time deadline, std::vector<uint32_t>* peer_of);
   void CloseControl();
 
   int rank_ = 0;
