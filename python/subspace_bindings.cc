@@ -108,50 +108,71 @@ py::object SelectorsObject(const codecs::SubspaceSelectors& s) {
   return py::make_tuple(s.mixture_block, ToBytes(s.values));
 }
 
-void BindSubspace(py::module_& m) {
+namespace {
+
+// --- lbcc.SubspaceBasis ---------------------------------------------------------------------
+
+PyBasis BasisFromSeed(int64_t model_dim, int64_t rank, int64_t components, int64_t vocab_size,
+                      bool with_table, double table_stddev, uint64_t seed, uint32_t version) {
+  codecs::SubspaceSeedSpec spec;
+  spec.model_dim = model_dim;
+  spec.rank = rank;
+  spec.components = components;
+  spec.vocab_size = vocab_size;
+  spec.with_table = with_table;
+  spec.table_stddev = table_stddev;
+  spec.seed = seed;
+  spec.version = version;
+  py::gil_scoped_release release;
+  return Wrap(SubspaceBasis::FromSeed(spec));
+}
+
+PyBasis BasisFromMatrices(py::handle u, py::handle table, int64_t components, int64_t vocab_size,
+                          uint32_t version, double tolerance) {
+  TensorView uv = ToF32View(u, "u");
+  if (uv.rank() != 2 || uv.dim(1) % components != 0) {
+    throw py::value_error("u: expected [d, components * k]");
+  }
+  std::vector<float> uvec = FloatVector(u, "u");
+  std::vector<float> tvec = FloatVector(table, "table");
+  if (!table.is_none() && vocab_size == 0) {
+    vocab_size = static_cast<int64_t>(tvec.size()) / std::max<int64_t>(uv.dim(0), 1);
+  }
+  return Wrap(SubspaceBasis::FromMatrices(uv.dim(0), uv.dim(1) / components, components,
+                                          vocab_size, std::move(uvec), std::move(tvec), version,
+                                          tolerance));
+}
+
+py::array_t<float> BasisU(const PyBasis& b) {
+  const int64_t shape[] = {b.basis->model_dim(), b.basis->ld()};
+  return FloatArray(b.basis->u(), shape);
+}
+
+py::object BasisTable(const PyBasis& b) {
+  if (!b.basis->has_table()) return py::none();
+  const int64_t shape[] = {b.basis->vocab_size(), b.basis->model_dim()};
+  return FloatArray(b.basis->table(), shape);
+}
+
+std::string BasisRepr(const PyBasis& b) {
+  return absl::StrCat("SubspaceBasis(d=", b.basis->model_dim(), ", k=", b.basis->rank(),
+                      ", M=", b.basis->components(), ", V=", b.basis->vocab_size(),
+                      ", id=", b.basis->id().ToString(), ")");
+}
+
+void BindSubspaceBasis(py::module_& m) {
   py::class_<PyBasis>(m, "SubspaceBasis",
                       "U (d x k orthonormal; M components for a mixture) and an optional token "
                       "table T (V x d), identified by content hash and version.")
-      .def_static(
-          "from_seed",
-          [](int64_t model_dim, int64_t rank, int64_t components, int64_t vocab_size,
-             bool with_table, double table_stddev, uint64_t seed, uint32_t version) {
-            codecs::SubspaceSeedSpec spec;
-            spec.model_dim = model_dim;
-            spec.rank = rank;
-            spec.components = components;
-            spec.vocab_size = vocab_size;
-            spec.with_table = with_table;
-            spec.table_stddev = table_stddev;
-            spec.seed = seed;
-            spec.version = version;
-            py::gil_scoped_release release;
-            return Wrap(SubspaceBasis::FromSeed(spec));
-          },
-          py::arg("model_dim"), py::arg("rank"), py::arg("components") = 1,
-          py::arg("vocab_size") = 0, py::arg("with_table") = false, py::arg("table_stddev") = 1.0,
-          py::arg("seed") = 0, py::arg("version") = 0,
-          "A portable seeded basis: bit-identical on every x86-64 machine.")
-      .def_static(
-          "from_matrices",
-          [](py::handle u, py::handle table, int64_t components, int64_t vocab_size,
-             uint32_t version, double tolerance) {
-            TensorView uv = ToF32View(u, "u");
-            if (uv.rank() != 2 || uv.dim(1) % components != 0) {
-              throw py::value_error("u: expected [d, components * k]");
-            }
-            std::vector<float> uvec = FloatVector(u, "u");
-            std::vector<float> tvec = FloatVector(table, "table");
-            if (!table.is_none() && vocab_size == 0) {
-              vocab_size = static_cast<int64_t>(tvec.size()) / std::max<int64_t>(uv.dim(0), 1);
-            }
-            return Wrap(SubspaceBasis::FromMatrices(uv.dim(0), uv.dim(1) / components, components,
-                                                    vocab_size, std::move(uvec), std::move(tvec),
-                                                    version, tolerance));
-          },
-          py::arg("u"), py::arg("table") = py::none(), py::arg("components") = 1,
-          py::arg("vocab_size") = 0, py::arg("version") = 0,
-          py::arg("orthonormality_tolerance") = 1e-4)
+      .def_static("from_seed", &BasisFromSeed, py::arg("model_dim"), py::arg("rank"),
+                  py::arg("components") = 1, py::arg("vocab_size") = 0,
+                  py::arg("with_table") = false, py::arg("table_stddev") = 1.0,
+                  py::arg("seed") = 0, py::arg("version") = 0,
+                  "A portable seeded basis: bit-identical on every x86-64 machine.")
+      .def_static("from_matrices", &BasisFromMatrices, py::arg("u"),
+                  py::arg("table") = py::none(), py::arg("components") = 1,
+                  py::arg("vocab_size") = 0, py::arg("version") = 0,
+                  py::arg("orthonormality_tolerance") = 1e-4)
       .def_static(
           "parse",
           [](const py::bytes& bytes) { return Wrap(SubspaceBasis::Parse(BytesSpan(bytes))); },
@@ -184,20 +205,8 @@ void BindSubspace(py::module_& m) {
           },
           "(content hash, version): equal ids mean identical bytes.")
       .def_property_readonly(
-          "u",
-          [](const PyBasis& b) {
-            const int64_t shape[] = {b.basis->model_dim(), b.basis->ld()};
-            return FloatArray(b.basis->u(), shape);
-          },
-          "A copy of U as numpy [d, M * k] (component m: columns m*k .. m*k + k).")
-      .def_property_readonly(
-          "table",
-          [](const PyBasis& b) -> py::object {
-            if (!b.basis->has_table()) return py::none();
-            const int64_t shape[] = {b.basis->vocab_size(), b.basis->model_dim()};
-            return FloatArray(b.basis->table(), shape);
-          },
-          "A copy of T as numpy [V, d], or None.")
+          "u", &BasisU, "A copy of U as numpy [d, M * k] (component m: columns m*k .. m*k + k).")
+      .def_property_readonly("table", &BasisTable, "A copy of T as numpy [V, d], or None.")
       .def("orthonormality_error", [](const PyBasis& b) { return b.basis->OrthonormalityError(); })
       .def("__eq__",
            [](const PyBasis& a, const PyBasis& b) { return a.basis->id() == b.basis->id(); })
@@ -215,27 +224,98 @@ void BindSubspace(py::module_& m) {
            [](const PyBasis& b) {
              return static_cast<size_t>(b.basis->id().hash ^ b.basis->id().version);
            })
-      .def("__repr__", [](const PyBasis& b) {
-        return absl::StrCat("SubspaceBasis(d=", b.basis->model_dim(), ", k=", b.basis->rank(),
-                            ", M=", b.basis->components(), ", V=", b.basis->vocab_size(),
-                            ", id=", b.basis->id().ToString(), ")");
-      });
+      .def("__repr__", &BasisRepr);
+}
 
+// --- lbcc.SubspaceCodec ---------------------------------------------------------------------
+
+std::shared_ptr<PySubspaceCodec> NewSubspaceCodec(const PyBasis& basis,
+                                                  const std::string& coefficient_dtype,
+                                                  int64_t int8_block, int64_t mixture_block) {
+  codecs::SubspaceCodecOptions o;
+  o.coefficient_dtype = ValueOrThrow(ParseDType(coefficient_dtype));
+  o.int8_block = int8_block;
+  o.mixture_block = mixture_block;
+  return std::make_shared<PySubspaceCodec>(ValueOrThrow(SubspaceCodec::Create(basis.basis, o)));
+}
+
+py::tuple EncodeForward(PySubspaceCodec& c, py::handle h, py::handle ids) {
+  TensorView hv = ToF32View(h, "h");
+  absl::Span<const int32_t> idv;
+  if (!ids.is_none()) idv = ToIds(ids, "ids");
+  codecs::SubspaceSelectors selectors;
+  absl::StatusOr<std::vector<uint8_t>> payload;
+  {
+    py::gil_scoped_release release;
+    MutexLock lock(&c.mu);
+    payload = c.codec.EncodeForward(hv, idv, &selectors);
+  }
+  return py::make_tuple(ToBytes(ValueOrThrow(std::move(payload))), SelectorsObject(selectors));
+}
+
+py::object DecodeForward(PySubspaceCodec& c, const py::bytes& payload, py::handle h_out,
+                         py::handle ids_out) {
+  TensorView hv = ToF32View(h_out, "h_out", Access::kWrite);
+  absl::Span<int32_t> idv;
+  if (!ids_out.is_none()) {
+    TensorView iv = ToView(ids_out, "ids_out", {DType::kI32}, Access::kWrite);
+    idv = absl::Span<int32_t>(iv.data_as<int32_t>(), iv.num_elements());
+  }
+  codecs::SubspaceSelectors selectors;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    MutexLock lock(&c.mu);
+    status = c.codec.DecodeForward(BytesSpan(payload), hv, idv, &selectors);
+  }
+  ThrowIfError(status);
+  return SelectorsObject(selectors);
+}
+
+py::bytes EncodeBackward(PySubspaceCodec& c, py::handle g, py::handle selectors) {
+  TensorView gv = ToF32View(g, "g");
+  codecs::SubspaceSelectors sel = ToSelectors(selectors);
+  absl::StatusOr<std::vector<uint8_t>> payload;
+  {
+    py::gil_scoped_release release;
+    MutexLock lock(&c.mu);
+    payload = c.codec.EncodeBackward(gv, sel);
+  }
+  return ToBytes(ValueOrThrow(std::move(payload)));
+}
+
+void DecodeBackward(PySubspaceCodec& c, const py::bytes& payload, py::handle g_out) {
+  TensorView gv = ToF32View(g_out, "g_out", Access::kWrite);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    MutexLock lock(&c.mu);
+    status = c.codec.DecodeBackward(BytesSpan(payload), gv);
+  }
+  ThrowIfError(status);
+}
+
+py::dict MeasureEnergy(PySubspaceCodec& c, py::handle h, py::handle ids) {
+  TensorView hv = ToF32View(h, "h");
+  absl::Span<const int32_t> idv;
+  if (!ids.is_none()) idv = ToIds(ids, "ids");
+  absl::StatusOr<codecs::SubspaceEnergy> e;
+  {
+    py::gil_scoped_release release;
+    MutexLock lock(&c.mu);
+    e = c.codec.MeasureEnergy(hv, idv);
+  }
+  return EnergyDict(ValueOrThrow(std::move(e)));
+}
+
+// lbcc.SubspaceCodec, and inspect_subspace for its payloads.
+void BindSubspaceCodec(py::module_& m) {
   py::class_<PySubspaceCodec, std::shared_ptr<PySubspaceCodec>>(
       m, "SubspaceCodec",
       "Encodes activations (forward: U^T (h - T[y]) + ids) and activation gradients (backward: "
       "U^T g) against a basis.")
-      .def(py::init([](const PyBasis& basis, const std::string& coefficient_dtype,
-                       int64_t int8_block, int64_t mixture_block) {
-             codecs::SubspaceCodecOptions o;
-             o.coefficient_dtype = ValueOrThrow(ParseDType(coefficient_dtype));
-             o.int8_block = int8_block;
-             o.mixture_block = mixture_block;
-             return std::make_shared<PySubspaceCodec>(
-                 ValueOrThrow(SubspaceCodec::Create(basis.basis, o)));
-           }),
-           py::arg("basis"), py::arg("coefficient_dtype") = "bf16", py::arg("int8_block") = 32,
-           py::arg("mixture_block") = 64)
+      .def(py::init(&NewSubspaceCodec), py::arg("basis"), py::arg("coefficient_dtype") = "bf16",
+           py::arg("int8_block") = 32, py::arg("mixture_block") = 64)
       .def_property_readonly("basis", [](const PySubspaceCodec& c) { return PyBasis{c.basis}; })
       .def_property_readonly("coefficient_dtype",
                              [](const PySubspaceCodec& c) {
@@ -255,87 +335,15 @@ void BindSubspace(py::module_& m) {
             return c.codec.BackwardPayloadBytes(tokens);
           },
           py::arg("tokens"))
-      .def(
-          "encode_forward",
-          [](PySubspaceCodec& c, py::handle h, py::handle ids) {
-            TensorView hv = ToF32View(h, "h");
-            absl::Span<const int32_t> idv;
-            if (!ids.is_none()) idv = ToIds(ids, "ids");
-            codecs::SubspaceSelectors selectors;
-            absl::StatusOr<std::vector<uint8_t>> payload;
-            {
-              py::gil_scoped_release release;
-              MutexLock lock(&c.mu);
-              payload = c.codec.EncodeForward(hv, idv, &selectors);
-            }
-            return py::make_tuple(ToBytes(ValueOrThrow(std::move(payload))),
-                                  SelectorsObject(selectors));
-          },
-          py::arg("h"), py::arg("ids") = py::none(),
-          "Returns (payload, selectors); selectors is None for a single basis.")
-      .def(
-          "decode_forward",
-          [](PySubspaceCodec& c, const py::bytes& payload, py::handle h_out, py::handle ids_out) {
-            TensorView hv = ToF32View(h_out, "h_out", Access::kWrite);
-            absl::Span<int32_t> idv;
-            if (!ids_out.is_none()) {
-              TensorView iv = ToView(ids_out, "ids_out", {DType::kI32}, Access::kWrite);
-              idv = absl::Span<int32_t>(iv.data_as<int32_t>(), iv.num_elements());
-            }
-            codecs::SubspaceSelectors selectors;
-            absl::Status status;
-            {
-              py::gil_scoped_release release;
-              MutexLock lock(&c.mu);
-              status = c.codec.DecodeForward(BytesSpan(payload), hv, idv, &selectors);
-            }
-            ThrowIfError(status);
-            return SelectorsObject(selectors);
-          },
-          py::arg("payload"), py::arg("h_out"), py::arg("ids_out") = py::none(),
-          "Rebuilds h = U c + T[y] into h_out (and the ids into ids_out); returns the selectors.")
-      .def(
-          "encode_backward",
-          [](PySubspaceCodec& c, py::handle g, py::handle selectors) {
-            TensorView gv = ToF32View(g, "g");
-            codecs::SubspaceSelectors sel = ToSelectors(selectors);
-            absl::StatusOr<std::vector<uint8_t>> payload;
-            {
-              py::gil_scoped_release release;
-              MutexLock lock(&c.mu);
-              payload = c.codec.EncodeBackward(gv, sel);
-            }
-            return ToBytes(ValueOrThrow(std::move(payload)));
-          },
-          py::arg("g"), py::arg("selectors") = py::none())
-      .def(
-          "decode_backward",
-          [](PySubspaceCodec& c, const py::bytes& payload, py::handle g_out) {
-            TensorView gv = ToF32View(g_out, "g_out", Access::kWrite);
-            absl::Status status;
-            {
-              py::gil_scoped_release release;
-              MutexLock lock(&c.mu);
-              status = c.codec.DecodeBackward(BytesSpan(payload), gv);
-            }
-            ThrowIfError(status);
-          },
-          py::arg("payload"), py::arg("g_out"), "Rebuilds U g_c into g_out.")
-      .def(
-          "measure_energy",
-          [](PySubspaceCodec& c, py::handle h, py::handle ids) {
-            TensorView hv = ToF32View(h, "h");
-            absl::Span<const int32_t> idv;
-            if (!ids.is_none()) idv = ToIds(ids, "ids");
-            absl::StatusOr<codecs::SubspaceEnergy> e;
-            {
-              py::gil_scoped_release release;
-              MutexLock lock(&c.mu);
-              e = c.codec.MeasureEnergy(hv, idv);
-            }
-            return EnergyDict(ValueOrThrow(std::move(e)));
-          },
-          py::arg("h"), py::arg("ids") = py::none());
+      .def("encode_forward", &EncodeForward, py::arg("h"), py::arg("ids") = py::none(),
+           "Returns (payload, selectors); selectors is None for a single basis.")
+      .def("decode_forward", &DecodeForward, py::arg("payload"), py::arg("h_out"),
+           py::arg("ids_out") = py::none(),
+           "Rebuilds h = U c + T[y] into h_out (and the ids into ids_out); returns the selectors.")
+      .def("encode_backward", &EncodeBackward, py::arg("g"), py::arg("selectors") = py::none())
+      .def("decode_backward", &DecodeBackward, py::arg("payload"), py::arg("g_out"),
+           "Rebuilds U g_c into g_out.")
+      .def("measure_energy", &MeasureEnergy, py::arg("h"), py::arg("ids") = py::none());
 
   m.def(
       "inspect_subspace",
@@ -343,119 +351,141 @@ void BindSubspace(py::module_& m) {
         return HeaderDict(ValueOrThrow(codecs::InspectSubspacePayload(BytesSpan(payload))));
       },
       py::arg("payload"), "Validates a subspace payload's envelope and params (a dict).");
+}
 
-  m.def(
-      "project_weight",
-      [](const PyBasis& basis, py::handle weight, const std::string& side,
-         const std::string& arithmetic) {
-        TensorView w = ToF32View(weight, "weight", Access::kWrite);
-        const codecs::ModelDimSide s = ParseSide(side);
-        const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
-        absl::Status status;
-        {
-          py::gil_scoped_release release;
-          status = codecs::ProjectWeight(*basis.basis, w, s, a);
-        }
-        ThrowIfError(status);
-      },
-      py::arg("basis"), py::arg("weight"), py::arg("side"), py::arg("arithmetic") = "portable",
-      "W <- U U^T W in place on the model-dim side (rows: W is [d, n]; columns: W is [n, d]).");
+// --- Training-side helpers (codecs/subspace_training.h) -------------------------------------
 
-  m.def(
-      "project_pseudo_gradient",
-      [](const PyBasis& basis, py::handle outer, py::handle local, const std::string& side,
-         const std::string& arithmetic) {
-        TensorView o = ToF32View(outer, "outer");
-        TensorView w = ToF32View(local, "local", Access::kWrite);
-        const codecs::ModelDimSide s = ParseSide(side);
-        const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
-        absl::Status status;
-        {
-          py::gil_scoped_release release;
-          status = codecs::ProjectPseudoGradient(*basis.basis, o, w, s, a);
-        }
-        ThrowIfError(status);
-      },
-      py::arg("basis"), py::arg("outer"), py::arg("local"), py::arg("side"),
-      py::arg("arithmetic") = "portable",
-      "local <- outer - U U^T (outer - local) in place: the pseudo-gradient projected onto "
-      "span(U) on the model-dim side.");
+void ProjectWeight(const PyBasis& basis, py::handle weight, const std::string& side,
+                   const std::string& arithmetic) {
+  TensorView w = ToF32View(weight, "weight", Access::kWrite);
+  const codecs::ModelDimSide s = ParseSide(side);
+  const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = codecs::ProjectWeight(*basis.basis, w, s, a);
+  }
+  ThrowIfError(status);
+}
 
-  m.def(
-      "shift_embedding",
-      [](const PyBasis& basis, py::handle embedding, const std::string& arithmetic) {
-        TensorView e = ToF32View(embedding, "embedding", Access::kWrite);
-        const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
-        absl::StatusOr<std::shared_ptr<const SubspaceBasis>> next;
-        {
-          py::gil_scoped_release release;
-          next = codecs::ShiftEmbedding(*basis.basis, e, a);
-        }
-        return Wrap(std::move(next));
-      },
-      py::arg("basis"), py::arg("embedding"), py::arg("arithmetic") = "portable",
-      "T <- T + (E - E U U^T), E <- E U U^T in place; returns the basis with the new table "
-      "and version + 1.");
+void ProjectPseudoGradient(const PyBasis& basis, py::handle outer, py::handle local,
+                           const std::string& side, const std::string& arithmetic) {
+  TensorView o = ToF32View(outer, "outer");
+  TensorView w = ToF32View(local, "local", Access::kWrite);
+  const codecs::ModelDimSide s = ParseSide(side);
+  const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = codecs::ProjectPseudoGradient(*basis.basis, o, w, s, a);
+  }
+  ThrowIfError(status);
+}
 
-  m.def(
-      "refresh_table",
-      [](const PyBasis& basis, py::handle embedding, const std::string& mode,
-         const std::string& arithmetic) {
-        const codecs::TableRefreshMode r = ParseRefreshMode(mode);
-        // The lossy refresh only reads the embedding (a read-only tensor is fine).
-        TensorView e = ToF32View(embedding, "embedding",
-                                 r == codecs::TableRefreshMode::kLossy ? Access::kRead
-                                                                       : Access::kWrite);
-        const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
-        absl::StatusOr<std::shared_ptr<const SubspaceBasis>> next;
-        {
-          py::gil_scoped_release release;
-          next = codecs::RefreshTable(*basis.basis, e, r, a);
-        }
-        return Wrap(std::move(next));
-      },
-      py::arg("basis"), py::arg("embedding"), py::arg("mode") = "lossy",
-      py::arg("arithmetic") = "portable",
-      "The basis after a SparseLoCo outer step (version + 1), from the synced embedding [V, d]. "
-      "mode 'lossy': T := the embedding bit for bit, embedding untouched (the seed paper's "
-      "boundary); 'constrained': shift_embedding (embedding modified in place). Equal inputs "
-      "give equal ids on every rank ('portable' arithmetic for the constrained shift).");
+PyBasis ShiftEmbedding(const PyBasis& basis, py::handle embedding, const std::string& arithmetic) {
+  TensorView e = ToF32View(embedding, "embedding", Access::kWrite);
+  const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
+  absl::StatusOr<std::shared_ptr<const SubspaceBasis>> next;
+  {
+    py::gil_scoped_release release;
+    next = codecs::ShiftEmbedding(*basis.basis, e, a);
+  }
+  return Wrap(std::move(next));
+}
 
-  m.def(
-      "encode_table_delta",
-      [](py::handle before, py::handle after) {
-        TensorView b = ToF32View(before, "before");
-        TensorView a = ToF32View(after, "after");
-        absl::StatusOr<std::vector<uint8_t>> bytes;
-        {
-          py::gil_scoped_release release;
-          bytes = codecs::EncodeTableDelta(FloatSpan(b), FloatSpan(a));
-        }
-        return ToBytes(ValueOrThrow(std::move(bytes)));
-      },
-      py::arg("before"), py::arg("after"),
-      "The elements of `after` whose bits differ from `before` (contiguous float32 tensors of "
-      "one size, any shape) as a table delta (bytes: positions as a bitmap or LEB128 gaps, values "
-      "bit-exact, XXH3 checksum).");
+PyBasis RefreshTable(const PyBasis& basis, py::handle embedding, const std::string& mode,
+                     const std::string& arithmetic) {
+  const codecs::TableRefreshMode r = ParseRefreshMode(mode);
+  // The lossy refresh only reads the embedding (a read-only tensor is fine).
+  TensorView e = ToF32View(embedding, "embedding",
+                           r == codecs::TableRefreshMode::kLossy ? Access::kRead : Access::kWrite);
+  const codecs::SubspaceArithmetic a = ParseArithmetic(arithmetic);
+  absl::StatusOr<std::shared_ptr<const SubspaceBasis>> next;
+  {
+    py::gil_scoped_release release;
+    next = codecs::RefreshTable(*basis.basis, e, r, a);
+  }
+  return Wrap(std::move(next));
+}
 
-  m.def(
-      "apply_table_delta",
-      [](py::handle tensor, const py::bytes& data) {
-        TensorView t = ToF32View(tensor, "tensor", Access::kWrite);
-        absl::Status status;
-        {
-          py::gil_scoped_release release;
-          status = codecs::ApplyTableDelta(
-              BytesSpan(data),
-              absl::MakeSpan(t.data_as<float>(), static_cast<size_t>(t.num_elements())));
-        }
-        ThrowIfError(status);
-      },
-      py::arg("tensor"), py::arg("data"),
-      "Applies encode_table_delta() bytes to `tensor` in place. DataLossError for corrupt or "
-      "foreign bytes, InvalidArgumentError (a ValueError) for a delta of another size; the "
-      "tensor is untouched on error.");
+PyBasis FitBasis(py::handle samples, int64_t rank, int64_t components, int64_t mixture_block,
+                 int iterations, uint64_t seed, uint32_t version, int64_t vocab_size,
+                 py::handle table) {
+  TensorView s = ToF32View(samples, "samples");
+  codecs::SubspaceFitOptions o;
+  o.rank = rank;
+  o.components = components;
+  o.mixture_block = mixture_block;
+  o.iterations = iterations;
+  o.seed = seed;
+  o.version = version;
+  o.vocab_size = vocab_size;
+  o.table = FloatVector(table, "table");
+  absl::StatusOr<std::shared_ptr<const SubspaceBasis>> fitted;
+  {
+    py::gil_scoped_release release;
+    fitted = codecs::FitSubspaceBasis(s, o);
+  }
+  return Wrap(std::move(fitted));
+}
 
+void BindSubspaceTraining(py::module_& m) {
+  m.def("project_weight", &ProjectWeight, py::arg("basis"), py::arg("weight"), py::arg("side"),
+        py::arg("arithmetic") = "portable",
+        "W <- U U^T W in place on the model-dim side (rows: W is [d, n]; columns: W is [n, d]).");
+  m.def("project_pseudo_gradient", &ProjectPseudoGradient, py::arg("basis"), py::arg("outer"),
+        py::arg("local"), py::arg("side"), py::arg("arithmetic") = "portable",
+        "local <- outer - U U^T (outer - local) in place: the pseudo-gradient projected onto "
+        "span(U) on the model-dim side.");
+  m.def("shift_embedding", &ShiftEmbedding, py::arg("basis"), py::arg("embedding"),
+        py::arg("arithmetic") = "portable",
+        "T <- T + (E - E U U^T), E <- E U U^T in place; returns the basis with the new table "
+        "and version + 1.");
+  m.def("refresh_table", &RefreshTable, py::arg("basis"), py::arg("embedding"),
+        py::arg("mode") = "lossy", py::arg("arithmetic") = "portable",
+        "The basis after a SparseLoCo outer step (version + 1), from the synced embedding [V, d]. "
+        "mode 'lossy': T := the embedding bit for bit, embedding untouched (the seed paper's "
+        "boundary); 'constrained': shift_embedding (embedding modified in place). Equal inputs "
+        "give equal ids on every rank ('portable' arithmetic for the constrained shift).");
+  m.def("fit_basis", &FitBasis, py::arg("samples"), py::arg("rank"), py::arg("components") = 1,
+        py::arg("mixture_block") = 64, py::arg("iterations") = 10, py::arg("seed") = 0,
+        py::arg("version") = 0, py::arg("vocab_size") = 0, py::arg("table") = py::none(),
+        "Fits a basis to samples [n, d] of h - T[y] (PCA, or K-subspaces for a mixture).");
+}
+
+// --- Table deltas (codecs/table_delta.h) ----------------------------------------------------
+
+py::bytes EncodeTableDelta(py::handle before, py::handle after) {
+  TensorView b = ToF32View(before, "before");
+  TensorView a = ToF32View(after, "after");
+  absl::StatusOr<std::vector<uint8_t>> bytes;
+  {
+    py::gil_scoped_release release;
+    bytes = codecs::EncodeTableDelta(FloatSpan(b), FloatSpan(a));
+  }
+  return ToBytes(ValueOrThrow(std::move(bytes)));
+}
+
+void ApplyTableDelta(py::handle tensor, const py::bytes& data) {
+  TensorView t = ToF32View(tensor, "tensor", Access::kWrite);
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = codecs::ApplyTableDelta(
+        BytesSpan(data), absl::MakeSpan(t.data_as<float>(), static_cast<size_t>(t.num_elements())));
+  }
+  ThrowIfError(status);
+}
+
+void BindTableDelta(py::module_& m) {
+  m.def("encode_table_delta", &EncodeTableDelta, py::arg("before"), py::arg("after"),
+        "The elements of `after` whose bits differ from `before` (contiguous float32 tensors of "
+        "one size, any shape) as a table delta (bytes: positions as a bitmap or LEB128 gaps, "
+        "values bit-exact, XXH3 checksum).");
+  m.def("apply_table_delta", &ApplyTableDelta, py::arg("tensor"), py::arg("data"),
+        "Applies encode_table_delta() bytes to `tensor` in place. DataLossError for corrupt or "
+        "foreign bytes, InvalidArgumentError (a ValueError) for a delta of another size; the "
+        "tensor is untouched on error.");
   m.def(
       "inspect_table_delta",
       [](const py::bytes& data) {
@@ -464,32 +494,15 @@ void BindSubspace(py::module_& m) {
       py::arg("data"),
       "Validates a table delta and describes it: {n, m, encoding ('bitmap' or 'gaps'), "
       "position_bytes, bytes}.");
+}
 
-  m.def(
-      "fit_basis",
-      [](py::handle samples, int64_t rank, int64_t components, int64_t mixture_block,
-         int iterations, uint64_t seed, uint32_t version, int64_t vocab_size, py::handle table) {
-        TensorView s = ToF32View(samples, "samples");
-        codecs::SubspaceFitOptions o;
-        o.rank = rank;
-        o.components = components;
-        o.mixture_block = mixture_block;
-        o.iterations = iterations;
-        o.seed = seed;
-        o.version = version;
-        o.vocab_size = vocab_size;
-        o.table = FloatVector(table, "table");
-        absl::StatusOr<std::shared_ptr<const SubspaceBasis>> fitted;
-        {
-          py::gil_scoped_release release;
-          fitted = codecs::FitSubspaceBasis(s, o);
-        }
-        return Wrap(std::move(fitted));
-      },
-      py::arg("samples"), py::arg("rank"), py::arg("components") = 1, py::arg("mixture_block") = 64,
-      py::arg("iterations") = 10, py::arg("seed") = 0, py::arg("version") = 0,
-      py::arg("vocab_size") = 0, py::arg("table") = py::none(),
-      "Fits a basis to samples [n, d] of h - T[y] (PCA, or K-subspaces for a mixture).");
+}  // namespace
+
+void BindSubspace(py::module_& m) {
+  BindSubspaceBasis(m);
+  BindSubspaceCodec(m);
+  BindSubspaceTraining(m);
+  BindTableDelta(m);
 }
 
 }  // namespace lbcc::python
