@@ -16,11 +16,14 @@ size_t DTypeSize(DType dtype) {
       return 4;
     case DType::kF16:
     case DType::kBF16:
+    case DType::kI16:
       return 2;
     case DType::kI8:
     case DType::kU8:
+    case DType::kBool:
       return 1;
     case DType::kI64:
+    case DType::kF64:
       return 8;
   }
   return 0;
@@ -42,6 +45,12 @@ absl::string_view DTypeName(DType dtype) {
       return "i32";
     case DType::kI64:
       return "i64";
+    case DType::kF64:
+      return "f64";
+    case DType::kI16:
+      return "i16";
+    case DType::kBool:
+      return "bool";
   }
   return "invalid";
 }

@@ -1,6 +1,8 @@
 // Element types of tensors LBCC moves, and exact conversions between fp32 and the 16-bit floats.
 //
-// DType values are wire ids (payload headers carry them): never renumber one.
+// DType values are wire ids (payload headers carry them): never renumber one. Ids 1-7 are the
+// payload dtypes (IsValidDType); f64, i16 and bool (8-10) are element types of the dense
+// collectives only (comm/collectives.h), which no payload carries.
 // F32ToBf16 / F32ToF16 round to nearest, ties to even; NaN stays NaN (quiet), infinities stay
 // infinite, values beyond the target range become infinities, f16 subnormals are produced and
 // read exactly. The bulk converters use F16C when the CPU has it (same results, bit for bit).
@@ -27,19 +29,23 @@ enum class DType : uint8_t {
   kU8 = 5,
   kI32 = 6,
   kI64 = 7,
+  kF64 = 8,
+  kI16 = 9,
+  kBool = 10,
 };
 
 // Bytes per element. Returns 0 for a value that is not a DType (e.g. from a corrupt header).
 size_t DTypeSize(DType dtype);
-// "f32", "f16", "bf16", "i8", "u8", "i32", "i64"; "invalid" otherwise.
+// "f32", "f16", "bf16", "i8", "u8", "i32", "i64", "f64", "i16", "bool"; "invalid" otherwise.
 absl::string_view DTypeName(DType dtype);
 // Accepts the names above and the aliases float32/float/fp32, float16/half/fp16, bfloat16,
 // int8, uint8, int32, int64 (case-insensitive). InvalidArgument otherwise.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
-// True for the seven values above; use on untrusted bytes before DTypeSize.
+// True for the seven payload dtypes (1-7); use on untrusted bytes before DTypeSize.
 bool IsValidDType(uint8_t value);
 inline bool IsFloating(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 ||
+         dtype == DType::kF64;
 }
 
 inline uint32_t FloatBits(float value) {

@@ -387,7 +387,7 @@ absl::StatusOr<Settings> Resolve(const cli::Parsed& parsed) {
   const bool o_given = parsed.Given("o") || parsed.Given("redop");
   if (s.op == Op::kAllReduce) {
     if (o.first == "sum" || o.first == "all") s.redops.push_back({"sum", comm::ReduceOp::kSum});
-    if (o.first == "avg" || o.first == "all") s.redops.push_back({"avg", comm::ReduceOp::kMean});
+    if (o.first == "avg" || o.first == "all") s.redops.push_back({"avg", comm::ReduceOp::kAvg});
     if (s.redops.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           o.second, " ", o.first, ": LBCC reduces with sum or avg (or all of them)"));
@@ -398,7 +398,7 @@ absl::StatusOr<Settings> Resolve(const cli::Parsed& parsed) {
       return absl::InvalidArgumentError(absl::StrCat(
           o.second, " ", o.first, ": sparse_allreduce reduces with SparseLoCo's mean (-o avg)"));
     }
-    s.redops.push_back({"avg", comm::ReduceOp::kMean});
+    s.redops.push_back({"avg", comm::ReduceOp::kAvg});
   } else {
     s.redops.push_back({"none", comm::ReduceOp::kSum});
   }
@@ -663,7 +663,7 @@ class Bench {
         v->check = [this, c, n, count] {
           int64_t wrong = 0;
           double worst = 0;
-          const bool avg = c.redop.op == comm::ReduceOp::kMean;
+          const bool avg = c.redop.op == comm::ReduceOp::kAvg;
           for (int64_t i = 0; i < count; ++i) {
             double want = 0;
             for (int r = 0; r < n; ++r) want += SmallInt(r, i, c.dtype);

@@ -132,43 +132,29 @@ absl::StatusOr<SparseCall> ParseSparseCall(const char* name, int ntensors,
 
 extern "C" {
 
-// ---- Dense collectives (comm/dense_collectives.h): lbccReduce, lbccReduceScatter,
+// ---- Collectives over raw buffers (comm/dense_collectives.h): lbccReduce, lbccReduceScatter,
 // lbccAllToAll, and lbccAllReduce for integer types and lbccProd/lbccMin/lbccMax.
 namespace {
 
-absl::StatusOr<lbcc::comm::DenseType> ToDenseType(lbccDataType_t type) {
-  LBCC_ASSIGN_OR_RETURN(lbcc::DType dtype, ToDType(type));
-  switch (dtype) {
-    case lbcc::DType::kF32: return lbcc::comm::DenseType::kF32;
-    case lbcc::DType::kF16: return lbcc::comm::DenseType::kF16;
-    case lbcc::DType::kBF16: return lbcc::comm::DenseType::kBF16;
-    case lbcc::DType::kI8: return lbcc::comm::DenseType::kI8;
-    case lbcc::DType::kU8: return lbcc::comm::DenseType::kU8;
-    case lbcc::DType::kI32: return lbcc::comm::DenseType::kI32;
-    case lbcc::DType::kI64: return lbcc::comm::DenseType::kI64;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown lbccDataType_t ", static_cast<int>(type)));
-}
-
-absl::StatusOr<lbcc::comm::DenseOp> ToDenseOp(lbccRedOp_t op) {
+absl::StatusOr<lbcc::comm::ReduceOp> ToReduceOp(lbccRedOp_t op) {
   switch (op) {
-    case lbccSum: return lbcc::comm::DenseOp::kSum;
-    case lbccAvg: return lbcc::comm::DenseOp::kAvg;
-    case lbccProd: return lbcc::comm::DenseOp::kProduct;
-    case lbccMin: return lbcc::comm::DenseOp::kMin;
-    case lbccMax: return lbcc::comm::DenseOp::kMax;
+    case lbccSum: return lbcc::comm::ReduceOp::kSum;
+    case lbccAvg: return lbcc::comm::ReduceOp::kAvg;
+    case lbccProd: return lbcc::comm::ReduceOp::kProduct;
+    case lbccMin: return lbcc::comm::ReduceOp::kMin;
+    case lbccMax: return lbcc::comm::ReduceOp::kMax;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown lbccRedOp_t ", static_cast<int>(op)));
 }
 
-lbccResult_t DenseAllReduceC(const void* sendbuff, void* recvbuff, size_t count,
+lbccResult_t RawAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              lbccDataType_t datatype, lbccRedOp_t op, lbccComm* comm,
                              lbccRequest_t* request) {
-  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
   if (!type.ok()) return Reject("lbccAllReduce", type.status(), comm);
-  absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
-  if (!dense_op.ok()) return Reject("lbccAllReduce", dense_op.status(), comm);
-  return Finish(comm->comm->DenseAllReduce(sendbuff, recvbuff, count, *type, *dense_op), comm,
+  absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
+  if (!reduce_op.ok()) return Reject("lbccAllReduce", reduce_op.status(), comm);
+  return Finish(comm->comm->AllReduce(sendbuff, recvbuff, count, *type, *reduce_op), comm,
                 request);
 }
 
@@ -180,11 +166,11 @@ lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count,
   LBCC_C_CHECK_PTR("lbccReduce", comm);
   LBCC_C_CHECK_PTR("lbccReduce", request);
   if (count > 0) LBCC_C_CHECK_BUF("lbccReduce", sendbuff, comm);
-  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
   if (!type.ok()) return Reject("lbccReduce", type.status(), comm);
-  absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
-  if (!dense_op.ok()) return Reject("lbccReduce", dense_op.status(), comm);
-  return Finish(comm->comm->DenseReduce(sendbuff, recvbuff, count, *type, *dense_op, root), comm,
+  absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
+  if (!reduce_op.ok()) return Reject("lbccReduce", reduce_op.status(), comm);
+  return Finish(comm->comm->Reduce(sendbuff, recvbuff, count, *type, *reduce_op, root), comm,
                 request);
 }
 
@@ -197,12 +183,12 @@ lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     LBCC_C_CHECK_BUF("lbccReduceScatter", sendbuff, comm);
     LBCC_C_CHECK_BUF("lbccReduceScatter", recvbuff, comm);
   }
-  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
   if (!type.ok()) return Reject("lbccReduceScatter", type.status(), comm);
-  absl::StatusOr<lbcc::comm::DenseOp> dense_op = ToDenseOp(op);
-  if (!dense_op.ok()) return Reject("lbccReduceScatter", dense_op.status(), comm);
+  absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
+  if (!reduce_op.ok()) return Reject("lbccReduceScatter", reduce_op.status(), comm);
   return Finish(
-      comm->comm->DenseReduceScatter(sendbuff, recvbuff, recvcount, *type, *dense_op), comm,
+      comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, *type, *reduce_op), comm,
       request);
 }
 
@@ -214,9 +200,9 @@ lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
     LBCC_C_CHECK_BUF("lbccAllToAll", sendbuff, comm);
     LBCC_C_CHECK_BUF("lbccAllToAll", recvbuff, comm);
   }
-  absl::StatusOr<lbcc::comm::DenseType> type = ToDenseType(datatype);
+  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
   if (!type.ok()) return Reject("lbccAllToAll", type.status(), comm);
-  const size_t block = count * lbcc::comm::DenseTypeSize(*type);
+  const size_t block = count * lbcc::DTypeSize(*type);
   lbcc::comm::AllToAllLayout layout;
   for (int i = 0; i < comm->comm->nranks(); ++i) {
     layout.send_offsets.push_back(i * block);
@@ -224,7 +210,7 @@ lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
     layout.recv_offsets.push_back(i * block);
     layout.recv_bytes.push_back(block);
   }
-  return Finish(comm->comm->DenseAllToAll(sendbuff, recvbuff, std::move(layout)), comm, request);
+  return Finish(comm->comm->AllToAll(sendbuff, recvbuff, std::move(layout)), comm, request);
 }
 
 lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -239,7 +225,7 @@ lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
   if (!dtype.ok()) return Reject("lbccAllReduce", dtype.status(), comm);
   if (op == lbccProd || op == lbccMin || op == lbccMax) {
-    return DenseAllReduceC(sendbuff, recvbuff, count, datatype, op, comm, request);
+    return RawAllReduce(sendbuff, recvbuff, count, datatype, op, comm, request);
   }
   const int64_t n = static_cast<int64_t>(count);
   absl::StatusOr<lbcc::TensorView> in =
@@ -249,7 +235,7 @@ lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   if (!out.ok()) return Reject("lbccAllReduce", out.status(), comm);
   return Finish(comm->comm->AllReduce(*in, *out,
                                       op == lbccSum ? lbcc::comm::ReduceOp::kSum
-                                                    : lbcc::comm::ReduceOp::kMean),
+                                                    : lbcc::comm::ReduceOp::kAvg),
                 comm, request);
 }
 

@@ -625,8 +625,9 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
   return absl::OkStatus();
 }
 
-absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* out, size_t count,
-                           DType dtype, ReduceOp op, Priority priority, absl::Time deadline) {
+absl::Status FloatAllReduceRing(const Group& group, Tag tag, const void* in, void* out,
+                                size_t count, DType dtype, ReduceOp op, Priority priority,
+                                absl::Time deadline) {
   const size_t element = DTypeSize(dtype);
   if (in != out) std::memmove(out, in, count * element);
   const int n = group.size();
@@ -646,7 +647,7 @@ absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* ou
   ring.combine = [dtype](uint8_t* dst, const uint8_t* src, size_t elements) {
     Accumulate(dst, src, elements, dtype);
   };
-  if (op == ReduceOp::kMean) {
+  if (op == ReduceOp::kAvg) {
     ring.finish = [dtype, n](uint8_t* segment, size_t elements) {
       Scale(segment, elements, dtype, 1.0f / n);
     };

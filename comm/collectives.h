@@ -28,6 +28,7 @@
 #include "comm/algorithms.h"
 #include "comm/fabric.h"
 #include "comm/group.h"
+#include "comm/reduce.h"
 
 namespace lbcc::comm {
 
@@ -118,14 +119,13 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
                       size_t element, const RingSchedule& schedule,
                       transport::Priority priority, absl::Time deadline);
 
-enum class ReduceOp : uint8_t { kSum, kMean };
-
-// Ring reduce-scatter + all-gather over `count` elements of f32, f16 or bf16. `in` and `out`
-// may alias. 16-bit values are added in fp32 and rounded once per step (like NCCL). Every rank
-// ends with identical bits.
-absl::Status AllReduceRing(const Group& group, transport::Tag tag, const void* in, void* out,
-                           size_t count, DType dtype, ReduceOp op, transport::Priority priority,
-                           absl::Time deadline);
+// The ring of Communicator::AllReduce over tensor views: reduce-scatter + all-gather over
+// `count` elements of f32, f16 or bf16, op kSum or kAvg (a multiplication by 1 / n). `in` and
+// `out` may alias. 16-bit values are added in fp32 and rounded once per step (like NCCL). Every
+// rank ends with identical bits.
+absl::Status FloatAllReduceRing(const Group& group, transport::Tag tag, const void* in,
+                                void* out, size_t count, DType dtype, ReduceOp op,
+                                transport::Priority priority, absl::Time deadline);
 
 // `bytes` of `buffer` from group index `root` to every rank.
 absl::Status Broadcast(const Group& group, transport::Tag tag, void* buffer, size_t bytes,

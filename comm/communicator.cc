@@ -357,6 +357,11 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
     check = absl::InvalidArgumentError(
         absl::StrCat("AllReduce: dtype ", DTypeName(in.dtype()), " is not f32, f16 or bf16"));
   }
+  if (check.ok() && op != ReduceOp::kSum && op != ReduceOp::kAvg) {
+    check = absl::InvalidArgumentError(absl::StrCat(
+        "AllReduce: reduction ", ReduceOpName(op),
+        " of tensor views is sum or avg (the raw-buffer AllReduce takes every reduction)"));
+  }
   if (!check.ok()) return PostRejected("AllReduce", check);
   absl::StatusOr<Algorithm> chosen =
       ChooseAlgorithm(Collective::kAllReduce, group_, in.num_bytes(), options.algorithm);
@@ -374,17 +379,13 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
   }
   if (*chosen == Algorithm::kDirect) {
     // One round, the operation header in it (ExchangeWithHeader).
-    const DenseType type = in.dtype() == DType::kF32   ? DenseType::kF32
-                           : in.dtype() == DType::kF16 ? DenseType::kF16
-                                                       : DenseType::kBF16;
     return PostWithHeader(
         std::move(signature),
-        [in, out, op, type](const Group& group, transport::Tag tag, uint64_t sequence,
-                            const Signature& signature, absl::Time deadline) {
-          return DenseAllReduceDirectWithHeader(
-              group, tag, sequence, signature, in.data(), out.data(),
-              static_cast<size_t>(in.num_elements()), type,
-              op == ReduceOp::kSum ? DenseOp::kSum : DenseOp::kAvg, deadline);
+        [in, out, op](const Group& group, transport::Tag tag, uint64_t sequence,
+                      const Signature& signature, absl::Time deadline) {
+          return AllReduceDirectWithHeader(group, tag, sequence, signature, in.data(),
+                                           out.data(), static_cast<size_t>(in.num_elements()),
+                                           in.dtype(), op, deadline);
         },
         options.timeout);
   }
@@ -393,8 +394,8 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
                                         absl::Time deadline) {
     switch (chosen) {
       case Algorithm::kRing:
-        return AllReduceRing(group, tag, in.data(), out.data(), in.num_elements(), in.dtype(), op,
-                             options.priority, deadline);
+        return FloatAllReduceRing(group, tag, in.data(), out.data(), in.num_elements(),
+                                  in.dtype(), op, options.priority, deadline);
       default:  // HasAlgorithm lists what exists; a row or override beyond it is our bug.
         return absl::InternalError(
             absl::StrCat("AllReduce: no ", AlgorithmName(chosen), " implementation"));

@@ -5,7 +5,7 @@
 //   LBCC_ASSIGN_OR_RETURN(UniqueId id, CreateUniqueId("10.0.0.1", absl::Minutes(5)));  // one rank
 //   ... send id to every rank ...
 //   LBCC_ASSIGN_OR_RETURN(auto comm, Communicator::Init(id, nranks, rank, config));
-//   RequestPtr r = comm->AllReduce(grad, grad, ReduceOp::kMean);
+//   RequestPtr r = comm->AllReduce(grad, grad, ReduceOp::kAvg);
 //   LBCC_RETURN_IF_ERROR(r->Wait());
 //
 // Every collective is checked before its data is used (comm/signature.h): its sequence number
@@ -62,6 +62,10 @@ struct OpOptions {
   absl::Duration timeout = absl::ZeroDuration();  // Zero: the communicator's (CommConfig).
   Algorithm algorithm = Algorithm::kAuto;          // kAuto: CommConfig's, else the table's.
   transport::Priority priority = transport::Priority::kNormal;
+  // The raw-buffer collectives: also exchange a textual fingerprint of the call first (one more
+  // small all-gather; InvalidArgument naming the first rank that differs), for what the
+  // operation's signature does not cover.
+  bool verify = false;
   // SparseAllReduce: smallest exchange group in elements (0: CommConfig's, whose default is
   // LBCC_SPARSE_GROUP_ELEMENTS). Every rank must pass the same value.
   int64_t sparse_group_elements = 0;
@@ -120,7 +124,7 @@ class Communicator {
   // Every rank's `mine` into (*out)[i] in rank order. `mine` and `out` must outlive the request.
   RequestPtr AllGatherV(const std::string* mine, std::vector<std::string>* out,
                         OpOptions options = {});
-  // Dense all-reduce of f32, f16 or bf16 host tensors of equal shape (in may equal out).
+  // All-reduce (sum or avg) of f32, f16 or bf16 host tensors of equal shape (in may equal out).
   RequestPtr AllReduce(const TensorView& in, const TensorView& out, ReduceOp op,
                        OpOptions options = {});
   // out holds nranks() times in, in rank order.
@@ -176,31 +180,30 @@ class Communicator {
   RequestPtr RecvCompressed(const TensorView& out, int peer, uint32_t tag,
                             PayloadDecoder decode = nullptr, void* cuda_stream = nullptr);
 
-  // Dense collectives of every torch dtype and reduction (comm/dense_collectives.h): host
-  // buffers of `count` elements of `type` (or `bytes`), which must outlive the request. Ordered
-  // with the collectives above; DenseSend/DenseRecv are not (like SendCompressed).
-  RequestPtr DenseAllReduce(const void* in, void* out, size_t count, DenseType type, DenseOp op,
-                            DenseOptions options = {});
-  RequestPtr DenseReduce(const void* in, void* out, size_t count, DenseType type, DenseOp op,
-                         int root, DenseOptions options = {});
-  RequestPtr DenseReduceScatter(const void* in, void* out, size_t count, DenseType type,
-                                DenseOp op, DenseOptions options = {});
-  RequestPtr DenseAllToAll(const void* in, void* out, AllToAllLayout layout,
-                           DenseOptions options = {});
-  RequestPtr DenseAllGather(const void* in, void* out, size_t bytes, DenseOptions options = {});
-  RequestPtr DenseGather(const void* in, void* out, size_t bytes, int root,
-                         DenseOptions options = {});
-  RequestPtr DenseScatter(const void* in, void* out, size_t bytes, int root,
-                          DenseOptions options = {});
-  RequestPtr DenseBroadcast(void* buffer, size_t bytes, int root, DenseOptions options = {});
-  RequestPtr DenseSend(const void* data, size_t bytes, int peer, uint32_t tag);
-  RequestPtr DenseRecv(void* data, size_t bytes, int peer, uint32_t tag);
-  // A DenseSend's message with `tag` from whichever peer's arrives first (torch's
-  // recv_anysource); *source gets its rank (written before the request completes; must outlive
-  // it). It posts a receive on every peer that has none waiting for this tag yet; messages
-  // those take beyond this call stay queued, in each peer's order, for the next DenseRecvAny or
-  // DenseRecv of the tag (one extra copy each). DataLoss when the message's size is not `bytes`.
-  RequestPtr DenseRecvAny(void* data, size_t bytes, uint32_t tag, int* source);
+  // The same collectives over raw host buffers of every DType (f64, i16 and bool included) and
+  // every ReduceOp: `count` elements of `type` (or `bytes`), which must outlive the request.
+  // Reductions check CheckReduceOp (comm/reduce.h); the algorithms are dense_collectives.h's
+  // (all-reduce: direct or ring from the selection table). Ordered with the collectives above;
+  // Send/Recv/RecvAny are not (like SendCompressed). Errors: dense_collectives.h's.
+  RequestPtr AllReduce(const void* in, void* out, size_t count, DType type, ReduceOp op,
+                       OpOptions options = {});
+  RequestPtr Reduce(const void* in, void* out, size_t count, DType type, ReduceOp op, int root,
+                    OpOptions options = {});
+  RequestPtr ReduceScatter(const void* in, void* out, size_t count, DType type, ReduceOp op,
+                           OpOptions options = {});
+  RequestPtr AllToAll(const void* in, void* out, AllToAllLayout layout, OpOptions options = {});
+  RequestPtr AllGather(const void* in, void* out, size_t bytes, OpOptions options = {});
+  RequestPtr Gather(const void* in, void* out, size_t bytes, int root, OpOptions options = {});
+  RequestPtr Scatter(const void* in, void* out, size_t bytes, int root, OpOptions options = {});
+  RequestPtr Broadcast(void* buffer, size_t bytes, int root, OpOptions options = {});
+  RequestPtr Send(const void* data, size_t bytes, int peer, uint32_t tag);
+  RequestPtr Recv(void* data, size_t bytes, int peer, uint32_t tag);
+  // A Send's message with `tag` from whichever peer's arrives first (torch's recv_anysource);
+  // *source gets its rank (written before the request completes; must outlive it). It posts a
+  // receive on every peer that has none waiting for this tag yet; messages those take beyond
+  // this call stay queued, in each peer's order, for the next RecvAny or Recv of the tag (one
+  // extra copy each). DataLoss when the message's size is not `bytes`.
+  RequestPtr RecvAny(void* data, size_t bytes, uint32_t tag, int* source);
 
   // Runs `op` on the worker thread, in order, with this operation's tag base and deadline. The
   // collectives above are built on it; comm/ adds SparseAllReduce and compressed point-to-point
@@ -267,7 +270,7 @@ class Communicator {
   RequestPtr Enqueue(Pending pending);
 
   std::shared_ptr<Fabric> fabric_;
-  // DenseRecvAny's receives and the messages they took (dense_collectives.cc).
+  // RecvAny's receives and the messages they took (communicator_dense.cc).
   std::shared_ptr<AnySourceReceives> any_source_ = NewAnySourceReceives();
   const CommConfig config_;  // Resolved in Init; Split() children get a copy.
   Group group_;

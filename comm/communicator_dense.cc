@@ -1,5 +1,5 @@
 // Communicator's dense methods (declared in communicator.h's dense block) and the any-source
-// receives behind DenseRecvAny. Each method checks what it can before posting, then runs the
+// receives behind RecvAny. Each method checks what it can before posting, then runs the
 // group-level function of dense_collectives.h on the worker thread.
 #include <algorithm>
 #include <cstring>
@@ -18,10 +18,10 @@
 namespace lbcc::comm {
 namespace {
 
-using dense_internal::AllGatherLayout;
-using dense_internal::CheckRoot;
-using dense_internal::ConstSpan;
-using dense_internal::Span;
+using collective_internal::AllGatherLayout;
+using collective_internal::CheckRoot;
+using collective_internal::ConstSpan;
+using collective_internal::Span;
 using transport::Priority;
 using transport::Tag;
 
@@ -30,11 +30,11 @@ constexpr uint32_t kDenseP2pStep = 0xfffe;
 
 }  // namespace
 
-// DenseRecvAny's matching. A transport receive names its peer and cannot be withdrawn, so an
+// RecvAny's matching. A transport receive names its peer and cannot be withdrawn, so an
 // any-source receive posts one receive ("slot", into a buffer of its own) on every peer that has
 // no unclaimed slot for the tag yet, and takes the first slot to complete. Slots it did not take
-// stay: each peer's slots are in that peer's message order, later DenseRecvAny calls take the
-// first unclaimed completed one (earliest completion first), and a DenseRecv from that peer
+// stay: each peer's slots are in that peer's message order, later RecvAny calls take the
+// first unclaimed completed one (earliest completion first), and a Recv from that peer
 // claims the peer's first unclaimed slot instead of posting its own receive (so messages are
 // never taken out of order). Completions run on the transport's callback thread; the Link never
 // calls back into this class with its own lock held except through the allocator, which touches
@@ -44,12 +44,12 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
   struct Receiver {
     void* data = nullptr;
     size_t bytes = 0;
-    int* source = nullptr;  // DenseRecvAny's; null for DenseRecv
+    int* source = nullptr;  // RecvAny's; null for Recv
     RequestPtr request;
     std::shared_ptr<const AbortRecord> abort;  // a failure reads as the caller's abort, if first
   };
 
-  // DenseRecvAny: completes `receiver` from a completed slot, or queues it and posts the slots.
+  // RecvAny: completes `receiver` from a completed slot, or queues it and posts the slots.
   void Any(Fabric* fabric, const std::vector<int>& ranks, int me, Tag wire_tag, uint32_t tag,
            Receiver receiver) {
     MutexLock lock(&mu_);
@@ -81,7 +81,7 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
     }
   }
 
-  // DenseRecv: true when `peer` has a slot for `tag` not yet claimed; the first such slot then
+  // Recv: true when `peer` has a slot for `tag` not yet claimed; the first such slot then
   // delivers to this receive (now, or when it completes).
   bool TakeFromPeer(void* data, size_t bytes, int peer, uint32_t tag, RequestPtr request,
                     std::shared_ptr<const AbortRecord> abort) {
@@ -106,11 +106,11 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
     bool done = false;
     absl::Status status;
     uint64_t order = 0;                 // completion order, for any-source fairness
-    std::optional<Receiver> claimed;    // a DenseRecv that takes this slot
+    std::optional<Receiver> claimed;    // a Recv that takes this slot
   };
   struct TagState {
     std::map<int, std::deque<std::shared_ptr<Slot>>> by_peer;  // in each peer's message order
-    std::deque<Receiver> waiting;                               // DenseRecvAny, in call order
+    std::deque<Receiver> waiting;                               // RecvAny, in call order
   };
 
   void Completed(const std::shared_ptr<Slot>& slot, uint32_t tag, absl::Status status) {
@@ -138,7 +138,7 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
   }
 
   void DrainLocked(TagState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    // Claimed slots deliver to their DenseRecv once complete.
+    // Claimed slots deliver to their Recv once complete.
     for (auto& [peer, slots] : state.by_peer) {
       for (auto it = slots.begin(); it != slots.end();) {
         if ((*it)->done && (*it)->claimed.has_value()) {
@@ -187,12 +187,12 @@ namespace {
 constexpr uint32_t kVerifiedStepBase = 0x100;
 
 // The signature checked on every rank before the operation runs (comm/signature.h).
-Signature DenseSignature(const Communicator& comm, absl::string_view name, size_t count,
-                         DenseType type, DenseOp op, int root) {
+Signature ReduceSignature(const Communicator& comm, absl::string_view name, size_t count,
+                         DType type, ReduceOp op, int root) {
   Signature signature = comm.NewSignature(name);
-  signature.Add("dtype", DenseTypeName(type))
+  signature.Add("dtype", TorchDTypeName(type))
       .Add("count", static_cast<int64_t>(count))
-      .Add("reduce op", DenseOpName(op))
+      .Add("reduce op", ReduceOpName(op))
       .Add("root", root);
   return signature;
 }
@@ -204,10 +204,10 @@ Signature BytesSignature(const Communicator& comm, absl::string_view name, size_
   return signature;
 }
 
-std::string Fingerprint(absl::string_view name, size_t count, DenseType type, DenseOp op,
+std::string Fingerprint(absl::string_view name, size_t count, DType type, ReduceOp op,
                         int root) {
-  return absl::StrCat(name, "(count=", count, ", dtype=", DenseTypeName(type),
-                      ", op=", DenseOpName(op), ", root=", root, ")");
+  return absl::StrCat(name, "(count=", count, ", dtype=", TorchDTypeName(type),
+                      ", op=", ReduceOpName(op), ", root=", root, ")");
 }
 
 }  // namespace
@@ -233,25 +233,25 @@ absl::Status CheckPointers(absl::string_view name, const void* in, const void* o
 }
 }  // namespace
 
-RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count, DenseType type,
-                                        DenseOp op, DenseOptions options) {
-  absl::Status check = CheckDenseOp(type, op);
+RequestPtr Communicator::AllReduce(const void* in, void* out, size_t count, DType type,
+                                        ReduceOp op, OpOptions options) {
+  absl::Status check = CheckReduceOp(type, op);
   if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
   if (!check.ok()) return PostRejected("DenseAllReduce", check);
   // The selection table (or the configured or requested algorithm) chooses, as for AllReduce.
-  const size_t bytes = count * DenseTypeSize(type);
+  const size_t bytes = count * DTypeSize(type);
   absl::StatusOr<Algorithm> chosen =
       ChooseAlgorithm(Collective::kAllReduce, group_, bytes, options.algorithm);
   if (!chosen.ok()) return PostRejected("DenseAllReduce", chosen.status());
   const bool direct = *chosen == Algorithm::kDirect;
-  Signature signature = DenseSignature(*this, "DenseAllReduce", count, type, op, -1);
+  Signature signature = ReduceSignature(*this, "DenseAllReduce", count, type, op, -1);
   signature.Add("algorithm", AlgorithmName(*chosen));
   if (direct && !options.verify && bytes <= kMaxHeaderData) {
     // One round, the operation header in it.
     return PostWithHeader(std::move(signature),
                           [=](const Group& g, Tag tag, uint64_t sequence,
                               const Signature& signature, absl::Time deadline) {
-                            return DenseAllReduceDirectWithHeader(g, tag, sequence, signature, in,
+                            return AllReduceDirectWithHeader(g, tag, sequence, signature, in,
                                                                   out, count, type, op,
                                                                   deadline);
                           },
@@ -261,101 +261,101 @@ RequestPtr Communicator::DenseAllReduce(const void* in, void* out, size_t count,
               Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          if (direct) {
-                           return DenseAllReduceDirect(g, tag, in, out, count, type, op,
+                           return AllReduceDirect(g, tag, in, out, count, type, op,
                                                        options.priority, deadline);
                          }
-                         return DenseAllReduceRing(g, tag, in, out, count, type, op,
+                         return AllReduceRing(g, tag, in, out, count, type, op,
                                                    options.priority, deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseReduce(const void* in, void* out, size_t count, DenseType type,
-                                     DenseOp op, int root, DenseOptions options) {
-  absl::Status check = CheckDenseOp(type, op);
+RequestPtr Communicator::Reduce(const void* in, void* out, size_t count, DType type,
+                                     ReduceOp op, int root, OpOptions options) {
+  absl::Status check = CheckReduceOp(type, op);
   if (check.ok()) check = CheckRoot(root, nranks(), "DenseReduce");
   if (check.ok()) check = CheckPointers("DenseReduce", in, rank() == root ? out : in, count);
   if (!check.ok()) return PostRejected("DenseReduce", check);
-  return Post(DenseSignature(*this, "DenseReduce", count, type, op, root),
+  return Post(ReduceSignature(*this, "DenseReduce", count, type, op, root),
               Verified(options.verify, Fingerprint("reduce", count, type, op, root),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return DenseReduceRing(g, tag, in, out, count, type, op, root,
+                         return ReduceRing(g, tag, in, out, count, type, op, root,
                                                 options.priority, deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseReduceScatter(const void* in, void* out, size_t count,
-                                            DenseType type, DenseOp op, DenseOptions options) {
-  absl::Status check = CheckDenseOp(type, op);
+RequestPtr Communicator::ReduceScatter(const void* in, void* out, size_t count,
+                                            DType type, ReduceOp op, OpOptions options) {
+  absl::Status check = CheckReduceOp(type, op);
   if (check.ok()) check = CheckPointers("DenseReduceScatter", in, out, count);
   if (!check.ok()) return PostRejected("DenseReduceScatter", check);
-  return Post(DenseSignature(*this, "DenseReduceScatter", count, type, op, -1),
+  return Post(ReduceSignature(*this, "DenseReduceScatter", count, type, op, -1),
               Verified(options.verify, Fingerprint("reduce_scatter", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return DenseReduceScatterRing(g, tag, in, out, count, type, op,
+                         return ReduceScatterRing(g, tag, in, out, count, type, op,
                                                        options.priority, deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseAllToAll(const void* in, void* out, AllToAllLayout layout,
-                                       DenseOptions options) {
+RequestPtr Communicator::AllToAll(const void* in, void* out, AllToAllLayout layout,
+                                       OpOptions options) {
   auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
   // Ranks may send different sizes to different peers, so the fingerprint holds only the name.
   return Post(NewSignature("DenseAllToAll"),
               Verified(options.verify, "alltoall",
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return DenseAllToAllDirect(g, tag, in, out, *shared, options.priority,
+                         return AllToAllDirect(g, tag, in, out, *shared, options.priority,
                                                     deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseAllGather(const void* in, void* out, size_t bytes,
-                                        DenseOptions options) {
+RequestPtr Communicator::AllGather(const void* in, void* out, size_t bytes,
+                                        OpOptions options) {
   absl::Status check = CheckPointers("DenseAllGather", in, out, bytes);
   if (!check.ok()) return PostRejected("DenseAllGather", check);
   auto shared = std::make_shared<AllToAllLayout>(AllGatherLayout(nranks(), bytes));
   return Post(BytesSignature(*this, "DenseAllGather", bytes, -1),
               Verified(options.verify, absl::StrCat("allgather(bytes=", bytes, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return DenseAllToAllDirect(g, tag, in, out, *shared, options.priority,
+                         return AllToAllDirect(g, tag, in, out, *shared, options.priority,
                                                     deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseGather(const void* in, void* out, size_t bytes, int root,
-                                     DenseOptions options) {
+RequestPtr Communicator::Gather(const void* in, void* out, size_t bytes, int root,
+                                     OpOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseGather");
   if (check.ok()) check = CheckPointers("DenseGather", in, rank() == root ? out : in, bytes);
   if (!check.ok()) return PostRejected("DenseGather", check);
   return Post(BytesSignature(*this, "DenseGather", bytes, root),
               Verified(options.verify, absl::StrCat("gather(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return DenseGatherDirect(g, tag, in, out, bytes, root, options.priority,
+                         return GatherDirect(g, tag, in, out, bytes, root, options.priority,
                                                   deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseScatter(const void* in, void* out, size_t bytes, int root,
-                                      DenseOptions options) {
+RequestPtr Communicator::Scatter(const void* in, void* out, size_t bytes, int root,
+                                      OpOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseScatter");
   if (check.ok()) check = CheckPointers("DenseScatter", rank() == root ? in : out, out, bytes);
   if (!check.ok()) return PostRejected("DenseScatter", check);
   return Post(BytesSignature(*this, "DenseScatter", bytes, root),
               Verified(options.verify, absl::StrCat("scatter(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return DenseScatterDirect(g, tag, in, out, bytes, root,
+                         return ScatterDirect(g, tag, in, out, bytes, root,
                                                    options.priority, deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::DenseBroadcast(void* buffer, size_t bytes, int root,
-                                        DenseOptions options) {
+RequestPtr Communicator::Broadcast(void* buffer, size_t bytes, int root,
+                                        OpOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseBroadcast");
   if (check.ok()) check = CheckPointers("DenseBroadcast", buffer, buffer, bytes);
   if (!check.ok()) return PostRejected("DenseBroadcast", check);
@@ -369,7 +369,7 @@ RequestPtr Communicator::DenseBroadcast(void* buffer, size_t bytes, int root,
               options.timeout);
 }
 
-RequestPtr Communicator::DenseSend(const void* data, size_t bytes, int peer, uint32_t tag) {
+RequestPtr Communicator::Send(const void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= nranks() || peer == rank() || (bytes > 0 && data == nullptr)) {
     return CompletedRequest(absl::InvalidArgumentError(
         absl::StrCat("DenseSend: bad peer ", peer, " or null buffer (rank ", rank(), " of ",
@@ -392,7 +392,7 @@ RequestPtr Communicator::DenseSend(const void* data, size_t bytes, int peer, uin
   return request;
 }
 
-RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t tag) {
+RequestPtr Communicator::Recv(void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= nranks() || peer == rank() || (bytes > 0 && data == nullptr)) {
     return CompletedRequest(absl::InvalidArgumentError(
         absl::StrCat("DenseRecv: bad peer ", peer, " or null buffer (rank ", rank(), " of ",
@@ -404,7 +404,7 @@ RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t 
         absl::StrCat("DenseRecv: the communicator failed earlier: ", status.ToString())));
   }
   auto request = std::make_shared<Request>();
-  // A DenseRecvAny may have posted receives on this peer for this tag first: they come first.
+  // A RecvAny may have posted receives on this peer for this tag first: they come first.
   if (any_source_->TakeFromPeer(data, bytes, peer, tag, request, fabric_->abort_record())) {
     return request;
   }
@@ -426,7 +426,7 @@ RequestPtr Communicator::DenseRecv(void* data, size_t bytes, int peer, uint32_t 
   return request;
 }
 
-RequestPtr Communicator::DenseRecvAny(void* data, size_t bytes, uint32_t tag, int* source) {
+RequestPtr Communicator::RecvAny(void* data, size_t bytes, uint32_t tag, int* source) {
   if ((bytes > 0 && data == nullptr) || source == nullptr) {
     return CompletedRequest(absl::InvalidArgumentError(
         absl::StrCat("DenseRecvAny: null buffer or source (rank ", rank(), " of ", nranks(), ")")));

@@ -139,7 +139,7 @@ TEST(CommunicatorTest, AllReduceSumAndMeanAreIdenticalOnEveryRank) {
     LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(data.data(), {kCount}));
     LBCC_ASSIGN_OR_RETURN(TensorView outv, TensorView::Host(out.data(), {kCount}));
     LBCC_RETURN_IF_ERROR(comm.AllReduce(in, outv, ReduceOp::kSum)->Wait());
-    LBCC_RETURN_IF_ERROR(comm.AllReduce(in, in, ReduceOp::kMean)->Wait());  // In place.
+    LBCC_RETURN_IF_ERROR(comm.AllReduce(in, in, ReduceOp::kAvg)->Wait());  // In place.
     MutexLock lock(&mu);
     sums[rank] = out;
     means[rank] = data;
@@ -419,19 +419,19 @@ std::vector<PendingCase> PendingCases() {
                        op.algorithm = Algorithm::kDirect;
                        return comm.AllReduce(v, v, ReduceOp::kSum, op);
                      }});
-    cases.push_back({"AllReduceRing", backend, [](Communicator& comm, std::vector<float>& b) {
+    cases.push_back({"FloatAllReduceRing", backend, [](Communicator& comm, std::vector<float>& b) {
                        auto v = *TensorView::Host(b.data(), {static_cast<int64_t>(b.size())});
                        OpOptions op;
                        op.algorithm = Algorithm::kRing;
                        return comm.AllReduce(v, v, ReduceOp::kSum, op);
                      }});
     cases.push_back({"DenseAllReduce", backend, [](Communicator& comm, std::vector<float>& b) {
-                       return comm.DenseAllReduce(b.data(), b.data(), b.size(), DenseType::kF32,
-                                                  DenseOp::kSum);
+                       return comm.AllReduce(b.data(), b.data(), b.size(), DType::kF32,
+                                                  ReduceOp::kSum);
                      }});
     cases.push_back({"DenseRecv", backend,
                      [](Communicator& comm, std::vector<float>& b) {
-                       return comm.DenseRecv(b.data(), b.size() * 4, 1, 7);
+                       return comm.Recv(b.data(), b.size() * 4, 1, 7);
                      },
                      /*collective=*/false});
   }

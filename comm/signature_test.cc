@@ -122,7 +122,7 @@ std::vector<MismatchCase> MismatchCases() {
       {"reduce_op",
        [](int rank, Communicator& comm) {
          auto a = *TensorView::Host(f32, {4});
-         return comm.AllReduce(a, a, rank == 2 ? ReduceOp::kMean : ReduceOp::kSum);
+         return comm.AllReduce(a, a, rank == 2 ? ReduceOp::kAvg : ReduceOp::kSum);
        },
        "op 0's reduce op: sum vs mean"},
       {"count_direct_vs_ring",  // 64 KiB is direct with the header inside, 64 KiB + 4 a ring
@@ -135,8 +135,8 @@ std::vector<MismatchCase> MismatchCases() {
       {"dense_direct_vs_ring",
        [](int rank, Communicator& comm) {
          static int32_t big[16385];
-         return comm.DenseAllReduce(big, big, rank == 2 ? 16385 : 16384, DenseType::kI32,
-                                    DenseOp::kMax);
+         return comm.AllReduce(big, big, rank == 2 ? 16385 : 16384, DType::kI32,
+                                    ReduceOp::kMax);
        },
        "op 0's count: 16384 vs 16385"},
       {"operation",
@@ -162,8 +162,8 @@ std::vector<MismatchCase> MismatchCases() {
        "op 0's algorithm: direct vs ring"},
       {"dense_type",
        [](int rank, Communicator& comm) {
-         return rank == 2 ? comm.DenseAllReduce(f64, f64, 4, DenseType::kF64, DenseOp::kMax)
-                          : comm.DenseAllReduce(f32, f32, 4, DenseType::kF32, DenseOp::kMax);
+         return rank == 2 ? comm.AllReduce(f64, f64, 4, DType::kF64, ReduceOp::kMax)
+                          : comm.AllReduce(f32, f32, 4, DType::kF32, ReduceOp::kMax);
        },
        "op 0's dtype: float32 vs float64"},
       {"aggregation",
@@ -225,7 +225,7 @@ TEST(SignatureTest, ASmallAllReduceIsOneMessagePerPeerWithTheHeaderInside) {
       LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kSum)->Wait());
       int64_t y = rank;
       LBCC_RETURN_IF_ERROR(
-          comm.DenseAllReduce(&y, &y, 1, DenseType::kI64, DenseOp::kMax)->Wait());
+          comm.AllReduce(&y, &y, 1, DType::kI64, ReduceOp::kMax)->Wait());
       const auto after = sent();
       if (x[0] != 6.0f || x[1] != 3.0f || y != 2) {
         return absl::InternalError(absl::StrCat("rank ", rank, ": wrong result"));
@@ -341,22 +341,22 @@ TEST(SignatureTest, NoCollectiveLeavesTagStateBehind) {
     auto v = *TensorView::Host(x.data(), {6});
     uint64_t after_warm_up = 0;
     for (int round = 0; round < 60; ++round) {
-      LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kMean)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kAvg)->Wait());
       LBCC_RETURN_IF_ERROR(
           comm.AllGather(v, *TensorView::Host(gathered.data(), {18}))->Wait());
       LBCC_RETURN_IF_ERROR(comm.Broadcast(v, round % 3)->Wait());
       LBCC_RETURN_IF_ERROR(comm.Barrier()->Wait());
       LBCC_RETURN_IF_ERROR(comm.AllGatherV(&mine, &all)->Wait());
       LBCC_RETURN_IF_ERROR(
-          comm.DenseAllReduce(ints.data(), ints.data(), 6, DenseType::kI32, DenseOp::kMax)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.DenseReduce(ints.data(), ints.data(), 6, DenseType::kI32,
-                                            DenseOp::kSum, 1)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.DenseReduceScatter(x.data(), scattered.data(), 2,
-                                                   DenseType::kF32, DenseOp::kSum)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.DenseAllGather(x.data(), gathered.data(), 24)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.DenseGather(x.data(), gathered.data(), 24, 2)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.DenseScatter(gathered.data(), x.data(), 8, 0)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.DenseBroadcast(x.data(), 24, 1)->Wait());
+          comm.AllReduce(ints.data(), ints.data(), 6, DType::kI32, ReduceOp::kMax)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.Reduce(ints.data(), ints.data(), 6, DType::kI32,
+                                            ReduceOp::kSum, 1)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.ReduceScatter(x.data(), scattered.data(), 2,
+                                                   DType::kF32, ReduceOp::kSum)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.AllGather(x.data(), gathered.data(), 24)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.Gather(x.data(), gathered.data(), 24, 2)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.Scatter(gathered.data(), x.data(), 8, 0)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.Broadcast(x.data(), 24, 1)->Wait());
       // A rejected call and a mismatch.
       if (comm.Broadcast(v, 7)->Wait().ok()) return absl::InternalError("root 7 accepted");
       auto shorter = *TensorView::Host(x.data(), {rank == 1 ? 5 : 6});

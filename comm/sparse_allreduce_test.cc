@@ -934,7 +934,7 @@ TEST(SparseAllReduceMemoryTest, PerTagStateIsReleasedWhenOperationsComplete) {
                                     Algorithm::kHierarchical};
     for (int round = 1; round <= 300; ++round) {
       TensorView scalar = *TensorView::Host(&one, {1});
-      LBCC_RETURN_IF_ERROR(comm.AllReduce(scalar, scalar, ReduceOp::kMean)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.AllReduce(scalar, scalar, ReduceOp::kAvg)->Wait());
       OpOptions op = Pipelined();
       op.algorithm = algorithms[round % 3];
       std::vector<Communicator::SparseTensor> tensors = {

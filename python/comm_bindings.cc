@@ -338,7 +338,7 @@ py::object AllReduce(PyComm& self, py::object tensor, py::object out, const std:
     if (op == "sum") {
       reduce = comm::ReduceOp::kSum;
     } else if (op == "mean") {
-      reduce = comm::ReduceOp::kMean;
+      reduce = comm::ReduceOp::kAvg;
     } else {
       throw StatusError(
           absl::InvalidArgumentError(absl::StrCat("unknown op '", op, "' (sum, mean)")));

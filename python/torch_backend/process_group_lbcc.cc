@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/env.h"
 #include "comm/bootstrap.h"
 #include "comm/dense_collectives.h"
 
@@ -16,8 +17,8 @@ namespace lbcc::torch_backend {
 namespace {
 
 using c10d::OpType;
-using comm::DenseOp;
-using comm::DenseType;
+using comm::ReduceOp;
+using lbcc::DType;
 using Work = c10::intrusive_ptr<c10d::Work>;
 
 constexpr char kUniqueIdKey[] = "lbcc/unique_id";
@@ -32,18 +33,18 @@ std::string Message(const absl::Status& status) {
   Throw(absl::InvalidArgumentError(what));
 }
 
-DenseType TypeOf(const at::Tensor& t) {
+DType TypeOf(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return DenseType::kF32;
-    case at::kHalf: return DenseType::kF16;
-    case at::kBFloat16: return DenseType::kBF16;
-    case at::kDouble: return DenseType::kF64;
-    case at::kChar: return DenseType::kI8;
-    case at::kByte: return DenseType::kU8;
-    case at::kShort: return DenseType::kI16;
-    case at::kInt: return DenseType::kI32;
-    case at::kLong: return DenseType::kI64;
-    case at::kBool: return DenseType::kBool;
+    case at::kFloat: return DType::kF32;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kDouble: return DType::kF64;
+    case at::kChar: return DType::kI8;
+    case at::kByte: return DType::kU8;
+    case at::kShort: return DType::kI16;
+    case at::kInt: return DType::kI32;
+    case at::kLong: return DType::kI64;
+    case at::kBool: return DType::kBool;
     default:
       ThrowInvalid(absl::StrCat("dtype ", std::string(c10::toString(t.scalar_type())),
                                 " is not supported (float32, float16, bfloat16, float64, "
@@ -51,16 +52,16 @@ DenseType TypeOf(const at::Tensor& t) {
   }
 }
 
-DenseOp OpOf(const c10d::ReduceOp& op) {
+ReduceOp OpOf(const c10d::ReduceOp& op) {
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return DenseOp::kSum;
-    case c10d::ReduceOp::AVG: return DenseOp::kAvg;
-    case c10d::ReduceOp::PRODUCT: return DenseOp::kProduct;
-    case c10d::ReduceOp::MIN: return DenseOp::kMin;
-    case c10d::ReduceOp::MAX: return DenseOp::kMax;
-    case c10d::ReduceOp::BAND: return DenseOp::kBand;
-    case c10d::ReduceOp::BOR: return DenseOp::kBor;
-    case c10d::ReduceOp::BXOR: return DenseOp::kBxor;
+    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
     default:
       Throw(absl::UnimplementedError(
           absl::StrCat("reduce op ", static_cast<int>(op.op_), " (PREMUL_SUM) is not supported")));
@@ -219,14 +220,13 @@ ProcessGroupLBCC::ProcessGroupLBCC(const c10::intrusive_ptr<c10d::Store>& store,
     }
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }
+  absl::StatusOr<bool> verify = env::GetBool("LBCC_VERIFY_COLLECTIVES");
+  if (!verify.ok()) Throw(verify.status());
+  verify_ = *verify || env::GetForeign("TORCH_DISTRIBUTED_DEBUG").value_or("") == "DETAIL";
   absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
       comm::Communicator::Init(id, size, rank, *std::move(options));
   if (!comm.ok()) Throw(comm.status());
   comm_ = *std::move(comm);
-  const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
-  const char* verify = std::getenv("LBCC_VERIFY_COLLECTIVES");
-  verify_ = (debug != nullptr && std::string(debug) == "DETAIL") ||
-            (verify != nullptr && std::string(verify) == "1");
   for (int q = 0; q < 2; ++q) completion_[q] = std::thread([this, q] { CompletionLoop(q); });
 }
 
@@ -257,8 +257,8 @@ void ProcessGroupLBCC::CompletionLoop(int queue) {
   }
 }
 
-comm::DenseOptions ProcessGroupLBCC::Options(std::chrono::milliseconds timeout) const {
-  comm::DenseOptions options;
+comm::OpOptions ProcessGroupLBCC::Options(std::chrono::milliseconds timeout) const {
+  comm::OpOptions options;
   options.timeout = absl::FromChrono(timeout.count() > 0 ? timeout : timeout_);
   options.verify = verify_;
   return options;
@@ -297,16 +297,16 @@ Work ProcessGroupLBCC::broadcast(std::vector<at::Tensor>& tensors,
   const at::Tensor& t = Single(tensors, "broadcast");
   const int root = CheckRank(opts.rootRank, getSize(), "broadcast");
   at::Tensor buf = Contiguous(t);
-  auto request = comm_->DenseBroadcast(buf.data_ptr(), Bytes(buf), root, Options(opts.timeout));
+  auto request = comm_->Broadcast(buf.data_ptr(), Bytes(buf), root, Options(opts.timeout));
   return Track(MakeWork(OpType::BROADCAST, request, tensors, {buf}, CopyBack(t, buf)), false);
 }
 
 Work ProcessGroupLBCC::allreduce(std::vector<at::Tensor>& tensors,
                                  const c10d::AllreduceOptions& opts) {
   const at::Tensor& t = Single(tensors, "allreduce");
-  // Small tensors go in one round (comm's DenseAllReduceDirect), larger ones by the ring.
+  // Small tensors go in one round (comm's AllReduceDirect), larger ones by the ring.
   at::Tensor buf = Contiguous(t);
-  auto request = comm_->DenseAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
+  auto request = comm_->AllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
                                        OpOf(opts.reduceOp), Options(opts.timeout));
   return Track(MakeWork(OpType::ALLREDUCE, request, tensors, {buf}, CopyBack(t, buf)), false);
 }
@@ -321,7 +321,7 @@ Work ProcessGroupLBCC::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     }
   }
   at::Tensor flat = Flatten(tensors);
-  auto request = comm_->DenseAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
+  auto request = comm_->AllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
                                        TypeOf(flat), OpOf(opts.reduceOp), Options(opts.timeout));
   std::vector<at::Tensor> targets = tensors;
   return Track(MakeWork(OpType::ALLREDUCE_COALESCED, request, tensors, {flat},
@@ -333,7 +333,7 @@ Work ProcessGroupLBCC::reduce(std::vector<at::Tensor>& tensors, const c10d::Redu
   const at::Tensor& t = Single(tensors, "reduce");
   const int root = CheckRank(opts.rootRank, getSize(), "reduce");
   at::Tensor buf = Contiguous(t);
-  auto request = comm_->DenseReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
+  auto request = comm_->Reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
                                     OpOf(opts.reduceOp), root, Options(opts.timeout));
   return Track(MakeWork(OpType::REDUCE, request, tensors, {buf},
                         getRank() == root ? CopyBack(t, buf) : nullptr),
@@ -354,7 +354,7 @@ Work ProcessGroupLBCC::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor src = Contiguous(in);
   at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
   auto request =
-      comm_->DenseAllGather(src.data_ptr(), flat.data_ptr(), Bytes(src), Options(opts.timeout));
+      comm_->AllGather(src.data_ptr(), flat.data_ptr(), Bytes(src), Options(opts.timeout));
   std::vector<at::Tensor> targets = outputs[0];
   return Track(MakeWork(OpType::ALLGATHER, request, targets, {src, flat},
                         [flat, targets] { Unflatten(flat, targets); }),
@@ -373,7 +373,7 @@ Work ProcessGroupLBCC::_allgather_base(at::Tensor& output, at::Tensor& input,
   }
   at::Tensor src = Contiguous(input), dst = Contiguous(output);
   auto request =
-      comm_->DenseAllGather(src.data_ptr(), dst.data_ptr(), Bytes(src), Options(opts.timeout));
+      comm_->AllGather(src.data_ptr(), dst.data_ptr(), Bytes(src), Options(opts.timeout));
   return Track(MakeWork(OpType::_ALLGATHER_BASE, request, {output}, {src, dst},
                         CopyBack(output, dst)),
                false);
@@ -399,7 +399,7 @@ Work ProcessGroupLBCC::gather(std::vector<std::vector<at::Tensor>>& outputs,
   } else if (!outputs.empty() && !outputs[0].empty()) {
     ThrowInvalid("gather: only the root passes output tensors");
   }
-  auto request = comm_->DenseGather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
+  auto request = comm_->Gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
                                     Bytes(src), root, Options(opts.timeout));
   std::function<void()> finish;
   if (flat.defined()) finish = [flat, targets] { Unflatten(flat, targets); };
@@ -425,7 +425,7 @@ Work ProcessGroupLBCC::scatter(std::vector<at::Tensor>& outputs,
     ThrowInvalid("scatter: only the root passes input tensors");
   }
   at::Tensor dst = Contiguous(out);
-  auto request = comm_->DenseScatter(flat.defined() ? flat.data_ptr() : nullptr, dst.data_ptr(),
+  auto request = comm_->Scatter(flat.defined() ? flat.data_ptr() : nullptr, dst.data_ptr(),
                                      Bytes(dst), root, Options(opts.timeout));
   return Track(MakeWork(OpType::SCATTER, request, outputs, {flat, dst}, CopyBack(out, dst)),
                false);
@@ -444,7 +444,7 @@ Work ProcessGroupLBCC::reduce_scatter(std::vector<at::Tensor>& outputs,
   }
   at::Tensor flat = Flatten(inputs[0]);
   at::Tensor dst = Contiguous(out);
-  auto request = comm_->DenseReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(),
+  auto request = comm_->ReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(),
                                            TypeOf(dst), OpOf(opts.reduceOp),
                                            Options(opts.timeout));
   return Track(
@@ -463,7 +463,7 @@ Work ProcessGroupLBCC::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
                               input.numel()));
   }
   at::Tensor src = Contiguous(input), dst = Contiguous(output);
-  auto request = comm_->DenseReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(),
+  auto request = comm_->ReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(),
                                            TypeOf(dst), OpOf(opts.reduceOp),
                                            Options(opts.timeout));
   return Track(MakeWork(OpType::_REDUCE_SCATTER_BASE, request, {output}, {src, dst},
@@ -508,7 +508,7 @@ Work ProcessGroupLBCC::alltoall_base(at::Tensor& output, at::Tensor& input,
   layout_of(input, input_splits, &layout.send_offsets, &layout.send_bytes);
   layout_of(output, output_splits, &layout.recv_offsets, &layout.recv_bytes);
   at::Tensor src = Contiguous(input), dst = Contiguous(output);
-  auto request = comm_->DenseAllToAll(src.data_ptr(), dst.data_ptr(), std::move(layout),
+  auto request = comm_->AllToAll(src.data_ptr(), dst.data_ptr(), std::move(layout),
                                       Options(opts.timeout));
   return Track(
       MakeWork(OpType::ALLTOALL_BASE, request, {output}, {src, dst}, CopyBack(output, dst)),
@@ -542,7 +542,7 @@ Work ProcessGroupLBCC::alltoall(std::vector<at::Tensor>& outputs,
   int64_t out_elements = 0;
   for (const at::Tensor& o : outputs) out_elements += o.numel();
   at::Tensor flat = at::empty({out_elements}, outputs[0].options());
-  auto request = comm_->DenseAllToAll(src.data_ptr(), flat.data_ptr(), std::move(layout),
+  auto request = comm_->AllToAll(src.data_ptr(), flat.data_ptr(), std::move(layout),
                                       Options(opts.timeout));
   std::vector<at::Tensor> targets = outputs;
   return Track(MakeWork(OpType::ALLTOALL, request, targets, {src, flat},
@@ -572,7 +572,7 @@ Work ProcessGroupLBCC::send(std::vector<at::Tensor>& tensors, int dst, int tag) 
   const at::Tensor& t = Single(tensors, "send");
   CheckRank(dst, getSize(), "send");
   at::Tensor buf = Contiguous(t);
-  auto request = comm_->DenseSend(buf.data_ptr(), Bytes(buf), dst, static_cast<uint32_t>(tag));
+  auto request = comm_->Send(buf.data_ptr(), Bytes(buf), dst, static_cast<uint32_t>(tag));
   return Track(MakeWork(OpType::SEND, request, tensors, {buf}), true);
 }
 
@@ -580,7 +580,7 @@ Work ProcessGroupLBCC::recv(std::vector<at::Tensor>& tensors, int src, int tag) 
   const at::Tensor& t = Single(tensors, "recv");
   CheckRank(src, getSize(), "recv");
   at::Tensor buf = Contiguous(t);
-  auto request = comm_->DenseRecv(buf.data_ptr(), Bytes(buf), src, static_cast<uint32_t>(tag));
+  auto request = comm_->Recv(buf.data_ptr(), Bytes(buf), src, static_cast<uint32_t>(tag));
   return Track(MakeWork(OpType::RECV, request, tensors, {buf}, CopyBack(t, buf)), true);
 }
 
@@ -589,7 +589,7 @@ Work ProcessGroupLBCC::recvAnysource(std::vector<at::Tensor>& tensors, int tag) 
   at::Tensor buf = Contiguous(t);
   auto source = std::make_shared<int>(-1);
   auto request =
-      comm_->DenseRecvAny(buf.data_ptr(), Bytes(buf), static_cast<uint32_t>(tag), source.get());
+      comm_->RecvAny(buf.data_ptr(), Bytes(buf), static_cast<uint32_t>(tag), source.get());
   c10::intrusive_ptr<WorkLBCC> work =
       MakeWork(OpType::RECVANYSOURCE, request, tensors, {buf}, CopyBack(t, buf));
   work->SetSource(std::move(source));

@@ -1,6 +1,6 @@
 // ProcessGroupLBCC: torch.distributed's c10d::ProcessGroup (torch 1.13's headers from Debian's
 // libtorch-dev) over an LBCC Communicator, so `init_process_group(backend="lbcc")` runs every
-// standard collective on CPU tensors through comm/'s Dense* operations.
+// standard collective on CPU tensors through comm/'s raw-buffer collectives.
 //
 // Rendezvous: through the c10d Store torch passes in. Rank 0 creates an LBCC unique id and
 // store.set()s it; the others store.get() it (no extra port besides the root LBCC's id names).
@@ -132,7 +132,7 @@ class ProcessGroupLBCC : public c10d::ProcessGroup {
                                         std::vector<at::Tensor> outputs,
                                         std::vector<at::Tensor> keep_alive,
                                         std::function<void()> finish = nullptr);
-  comm::DenseOptions Options(std::chrono::milliseconds timeout) const;
+  comm::OpOptions Options(std::chrono::milliseconds timeout) const;
   void CompletionLoop(int queue);
 
   std::unique_ptr<comm::Communicator> comm_;
