@@ -118,7 +118,8 @@ absl::Status EncodeHalf(const DenseQuantOptions& o, const float* x, int64_t n, u
         return absl::InvalidArgumentError(
             absl::StrCat("dense_quant: element ", i, " = ", v, " is beyond fp16's range"));
       }
-      c = o.stochastic ? StochasticF16(v, o.seed, static_cast<uint64_t>(i)) : F32ToF16(v);
+      c = F32ToF16(v);
+      if (o.stochastic) c = StochasticF16(v, c, o.seed, static_cast<uint64_t>(i));
     }
     StoreU16(codes + 2 * i, c);
   }

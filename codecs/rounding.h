@@ -70,9 +70,9 @@ LBCC_HD uint16_t StochasticBf16(float v, uint64_t seed, uint64_t n) {
 }
 
 // Stochastic fp16: v (finite, |v| <= 65504) becomes one of its two fp16 neighbours lo <= v <= hi,
-// hi with probability (v - lo) / (hi - lo) in fp64; an fp16 value stays itself.
-LBCC_HD uint16_t StochasticF16(float v, uint64_t seed, uint64_t n) {
-  const uint16_t c = hd::F32ToF16(v);
+// hi with probability (v - lo) / (hi - lo) in fp64; an fp16 value stays itself. `c` is v's
+// nearest code, hd::F32ToF16(v) (which the callers have at hand).
+LBCC_HD uint16_t StochasticF16(float v, uint16_t c, uint64_t seed, uint64_t n) {
   const float r = hd::F16ToF32(c);
   if (r == v) return c;
   uint16_t lo = c, hi = c;

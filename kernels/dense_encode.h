@@ -124,8 +124,8 @@ LBCC_HD void DenseEncodeHalfElement(const DenseEncodeArgs& a, int64_t i) {
       hd::AtomicMinU64(a.first_bad, static_cast<uint64_t>(i));
       return;
     }
-    c = a.stochastic ? codecs::StochasticF16(v, a.seed, static_cast<uint64_t>(i))
-                     : hd::F32ToF16(v);
+    c = hd::F32ToF16(v);
+    if (a.stochastic) c = codecs::StochasticF16(v, c, a.seed, static_cast<uint64_t>(i));
   }
   hd::StoreU16(a.codes + 2 * i, c);
 }
