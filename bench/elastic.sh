@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Elastic membership figures, one run (comm/elastic.h, docs/elastic.md), 4 member processes over
-# UCX on 127.0.0.1 with the master in the test process:
+# Elastic membership figures, one run (comm/elastic/elastic.h, docs/elastic.md), 4 member
+# processes over UCX on 127.0.0.1 with the master in the test process:
 #   1. churn: --events consecutive events (a random member killed -9, every third a SIGSTOP'd
 #      one evicted, every sixth two killed at once; each restarted and rejoining); time to
 #      recover (event -> the first step committed in a newer epoch) against
@@ -27,8 +27,8 @@
 #   bench/elastic.sh [--events 100] [--steps 30] [--rounds 10] [--block 3] [--rate 100mbit]
 #                    [--elements 4194304] [--results bench/results/elastic.md]
 #
-# Builds //comm:elastic_churn_test and //tools:lbcc-master. Prints the summary and writes it
-# with the date, machine and command to --results. --events 0: no churn run.
+# Builds //comm/elastic:elastic_churn_test and //tools:lbcc-master. Prints the summary and writes
+# it with the date, machine and command to --results. --events 0: no churn run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
@@ -43,7 +43,7 @@ command_line="bench/elastic.sh $*"
 flags_parse "$@"
 ((${#FLAGS_ARGS[@]} == 0)) || { echo "elastic: unexpected argument ${FLAGS_ARGS[0]}" >&2; exit 2; }
 
-bazel build --jobs=2 //comm:elastic_churn_test //tools:lbcc-master >/dev/null
+bazel build --jobs=2 //comm/elastic:elastic_churn_test //tools:lbcc-master >/dev/null
 # A private copy: the members a run restarts load the libraries it started with, whatever is
 # rebuilt meanwhile.
 run_dir=$(mktemp -d)
@@ -51,11 +51,11 @@ stats=$run_dir/stats
 T=tools/testbed/testbed
 tb_name="el$$"
 trap '$T down --name "$tb_name" >/dev/null 2>&1 || true; rm -rf "$run_dir"' EXIT
-mkdir -p "$run_dir/comm" "$run_dir/tools"
+mkdir -p "$run_dir/comm/elastic" "$run_dir/tools"
 cp -rL bazel-bin/_solib_k8 "$run_dir/"
-cp bazel-bin/comm/elastic_churn_test "$run_dir/comm/"
+cp bazel-bin/comm/elastic/elastic_churn_test "$run_dir/comm/elastic/"
 cp bazel-bin/tools/lbcc-master "$run_dir/tools/"
-bin=$run_dir/comm/elastic_churn_test
+bin=$run_dir/comm/elastic/elastic_churn_test
 : >"$stats"
 start_s=$SECONDS
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "comm/elastic.h"
+#include "comm/elastic/elastic.h"
 #include "python/bindings.h"
 
 namespace lbcc::python {

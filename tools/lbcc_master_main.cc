@@ -1,4 +1,5 @@
-// lbcc-master: the membership service of an elastic LBCC job (comm/elastic.h, docs/elastic.md).
+// lbcc-master: the membership service of an elastic LBCC job (comm/elastic/elastic.h,
+// docs/elastic.md).
 // Runs until SIGINT/SIGTERM; members find it through LBCC_MASTER_ADDR.
 #include <signal.h>
 
@@ -7,7 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "comm/elastic.h"
+#include "comm/elastic/elastic.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:29400", "host:port to listen on (port 0: any)");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs built LBCC files into (a) a Debian package and (b) a relocatable tarball, in OUT:
 #   tools/package_files.sh [--out=DIR] LIBLBCC HEADER PLUGIN PYEXT PYPKG LBCC LBCC_PERF
-#     LIBLBCC  comm/liblbcc.so          PLUGIN  plugin/libnccl-net-lbcc.so
+#     LIBLBCC  liblbcc.so               PLUGIN  plugin/libnccl-net-lbcc.so
 #     HEADER   comm/lbcc.h              PYEXT   python/lbcc/_lbcc.so   PYPKG  python/lbcc
 #     LBCC, LBCC_PERF                   the tools/lbcc and bench/lbcc_perf binaries
 # (tools/package builds them and calls this; tools:package_files_test calls it on Bazel's.)

@@ -44,8 +44,8 @@
 // its own threads (master reader, heartbeat) are started by Join and joined by Leave() and the
 // destructor; each epoch's Communicator::Init runs on a thread of its own that ends by itself
 // (within the set-up timeout) and holds what it needs.
-#ifndef LBCC_COMM_ELASTIC_H_
-#define LBCC_COMM_ELASTIC_H_
+#ifndef LBCC_COMM_ELASTIC_ELASTIC_H_
+#define LBCC_COMM_ELASTIC_ELASTIC_H_
 
 #include <cstdint>
 #include <memory>
@@ -214,4 +214,4 @@ class ElasticGroup {
 
 }  // namespace lbcc::comm
 
-#endif  // LBCC_COMM_ELASTIC_H_
+#endif  // LBCC_COMM_ELASTIC_ELASTIC_H_

@@ -2,7 +2,7 @@
 // group, bit-identical steps, clean leaves (also while a step is in flight, two at once), joins
 // during a step, refused joins, and the master's own failure. Killed, stopped (SIGSTOP) and
 // restarted members as processes over UCX: elastic_churn_test.cc.
-#include "comm/elastic.h"
+#include "comm/elastic/elastic.h"
 
 #include <xxhash.h>
 
@@ -16,7 +16,7 @@
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/topk_ef.h"
-#include "comm/elastic_wire.h"
+#include "comm/elastic/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -497,11 +497,11 @@ TEST(ElasticTest, AStepThatFailedOnOneLiveMemberOnlyIsForwardedToIt) {
     uint64_t raw_bytes = 0, wire_bytes = 0, hash = 0;
   } header;
   constexpr uint32_t kForwardTag = 0x5e1b;
-  ASSERT_THAT((*comm2)->DenseRecv(&header, sizeof(header), 0, kForwardTag)->Wait(), IsOk());
+  ASSERT_THAT((*comm2)->Recv(&header, sizeof(header), 0, kForwardTag)->Wait(), IsOk());
   EXPECT_EQ(header.magic, 0x5453424cu);
   ASSERT_EQ(header.raw_bytes, kElements * sizeof(float));
   std::vector<float> forwarded(kElements);
-  ASSERT_THAT((*comm2)->DenseRecv(forwarded.data(), header.raw_bytes, 0, kForwardTag)->Wait(),
+  ASSERT_THAT((*comm2)->Recv(forwarded.data(), header.raw_bytes, 0, kForwardTag)->Wait(),
               IsOk());
   EXPECT_EQ(header.hash, XXH3_64bits(forwarded.data(), header.raw_bytes));
   EXPECT_EQ(forwarded, out) << "the forwarded result is not the step's";

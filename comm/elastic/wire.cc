@@ -1,4 +1,4 @@
-#include "comm/elastic_wire.h"
+#include "comm/elastic/wire.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,10 +13,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/env.h"
 #include "base/status_macros.h"
 #include "transport/netif.h"
 
 namespace lbcc::comm::elastic {
+
+absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given) {
+  if (given > absl::ZeroDuration()) return given;
+  LBCC_ASSIGN_OR_RETURN(const int64_t ms, env::GetInt("LBCC_PEER_TIMEOUT_MS"));
+  return absl::Milliseconds(ms);
+}
+
 namespace {
 
 constexpr uint32_t kMagic = 0x4d45424c;  // "LBEM"

@@ -1,5 +1,6 @@
 // The elastic membership protocol between ElasticGroup members and the ElasticMaster
-// (comm/elastic.h): framed messages over one TCP connection per member. Internal to comm/.
+// (comm/elastic/elastic.h): framed messages over one TCP connection per member, and the
+// settings both ends share. Internal to comm/elastic/.
 //
 // Frame: u32 length, then the body: u32 magic "LBEM", u8 version, u8 type, fields (u64/u32/u8
 // little-endian, strings as u32 length + bytes). Decoders reject unknown magic, versions, types
@@ -80,6 +81,9 @@ struct Message {
   uint32_t code = 0;
   std::string text;
 };
+
+// The peer timeout: `given` when positive, else LBCC_PEER_TIMEOUT_MS (master and members).
+absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given);
 
 std::string Encode(const Message& message);
 absl::StatusOr<Message> Decode(absl::string_view body);

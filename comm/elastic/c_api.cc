@@ -1,4 +1,5 @@
-// The C API's elastic membership section (comm/lbcc.h over comm/elastic.h).
+// The C API's elastic membership section (comm/lbcc.h over comm/elastic/elastic.h); the
+// other sections are in comm/ (c_api_internal.h lists them).
 #include <cmath>
 #include <cstddef>
 #include <memory>
@@ -9,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "comm/c_api_internal.h"
-#include "comm/elastic.h"
+#include "comm/elastic/elastic.h"
 #include "comm/lbcc.h"
 
-// ---- Elastic membership (comm/elastic.h) ----
+// ---- Elastic membership (comm/elastic/elastic.h) ----
 struct lbccElastic {
   std::unique_ptr<lbcc::comm::ElasticGroup> group;
 };

@@ -38,7 +38,7 @@
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/topk_ef.h"
-#include "comm/elastic.h"
+#include "comm/elastic/elastic.h"
 #include "gtest/gtest.h"
 
 namespace lbcc::comm {

@@ -8,7 +8,7 @@
 # namespaces cannot be made (not root).
 set -euo pipefail
 T=${TESTBED:-tools/testbed/testbed}
-BIN=${ELASTIC_BIN:-comm/elastic_churn_test}
+BIN=${ELASTIC_BIN:-comm/elastic/elastic_churn_test}
 export PATH="$PATH:/usr/sbin:/sbin"
 if ! why=$("$T" check); then echo "SKIPPED: $why"; exit 0; fi
 BIN=$(realpath "$BIN")

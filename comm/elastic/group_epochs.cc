@@ -1,0 +1,113 @@
+// ElasticGroup (elastic.h): epoch building. Every epoch the master announces gets its
+// Communicator on a thread of its own, as soon as it is announced (so set-up overlaps the
+// trainer's inner steps): derived from the previous epoch's (Communicator::Subgroup) after
+// departures when no phase runs on it, else built anew (Communicator::Init on the epoch's
+// bootstrap root). A superseded epoch's communicator is retired (aborted, then destroyed off
+// the callers' threads).
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/logging.h"
+#include "comm/elastic/background.h"
+#include "comm/elastic/group_impl.h"
+
+namespace lbcc::comm {
+
+using elastic::Message;
+using elastic::MsgType;
+using elastic::Phase;
+
+bool ElasticGroup::Impl::OnEpochLocked(const Message& m) {
+  if (m.epoch <= info_.epoch) return true;
+  EpochInfo info;
+  info.epoch = m.epoch;
+  info.rank = static_cast<int>(m.rank);
+  info.nranks = static_cast<int>(m.nranks);
+  if (m.unique_id.size() != sizeof(info.id.internal)) {
+    FailLocked(absl::DataLossError("ElasticGroup: the master sent a malformed epoch"));
+    return false;
+  }
+  std::memcpy(info.id.internal, m.unique_id.data(), sizeof(info.id.internal));
+  info.needs_state = m.needs_state;
+  info.names = m.names;
+  info.reason = m.text;
+  info.parent_epoch = m.parent_epoch;
+  info.parent_ranks.assign(m.parent_ranks.begin(), m.parent_ranks.end());
+  info.forward = m.forward;
+  info.forward_step = m.forward_step;
+  info.forward_source = static_cast<int>(m.forward_source);
+  info.forward_to = m.forward_to;
+  info_ = std::move(info);
+  step_ = std::max(step_, m.step);
+  ++stats_.epochs_seen;
+  // Derived from the epoch this member holds, when no phase runs on it; else it is aborted (a
+  // running operation must fail now) and the set-up reports that.
+  std::shared_ptr<Communicator> parent;
+  if (info_.parent_epoch != 0 && comm_ && comm_epoch_ == info_.parent_epoch && !in_phase_ &&
+      comm_->status().ok()) {
+    parent = comm_;
+  } else if (comm_) {
+    RetireLocked(comm_);
+  }
+  elastic::Background::Start([self = shared_from_this(), info = info_, parent = std::move(parent)] {
+    self->BuildEpoch(info, parent);
+  });
+  return true;
+}
+
+void ElasticGroup::Impl::OnDecisionLocked(const Message& m) {
+  decisions_[Key(m.epoch, m.phase, m.step)] = m;
+  // A committed transfer: every member of this epoch holds the state now.
+  if (m.ok && m.phase == Phase::kSync && m.epoch == info_.epoch) info_.needs_state.clear();
+  if (m.ok && m.phase != Phase::kSync) step_ = std::max(step_, m.step + 1);
+  if (m.broken) expect_after_ = std::max(expect_after_, m.next_epoch - 1);
+}
+
+// Builds `info`'s communicator, on a thread of its own per epoch: an epoch superseded while its
+// members meet (one left before joining its bootstrap) holds its thread until the set-up
+// timeout, and must not hold up the newer epoch. The thread keeps the Impl alive.
+void ElasticGroup::Impl::BuildEpoch(const EpochInfo& info,
+                                    const std::shared_ptr<Communicator>& parent) {
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      info.parent_epoch == 0
+          ? Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config)
+      : parent != nullptr
+          ? parent->Subgroup(info.parent_ranks, static_cast<uint32_t>(2 + info.epoch % 65534))
+          : absl::StatusOr<std::unique_ptr<Communicator>>(absl::FailedPreconditionError(
+                absl::StrCat("epoch ", info.parent_epoch, "'s communicator is not usable here "
+                             "to derive epoch ", info.epoch, " from")));
+  std::shared_ptr<Communicator> built;
+  if (comm.ok()) built = elastic::Adopt(std::move(*comm));
+  std::shared_ptr<Communicator> old;
+  {
+    MutexLock lock(&mu_);
+    if (info_.epoch != info.epoch || left_ || !fatal_.ok()) return;  // superseded: drop it
+    old = std::move(comm_);
+    comm_ = std::move(built);
+    comm_epoch_ = info.epoch;
+    setup_status_ = comm.status();
+    if (comm.ok()) ++(info.parent_epoch != 0 ? stats_.derived_epochs : stats_.fresh_epochs);
+  }
+  old.reset();
+  if (!comm.ok()) {
+    LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": epoch " << info.epoch
+                   << " set-up failed: " << comm.status();
+    Message failed;
+    failed.type = MsgType::kSetupFailed;
+    failed.epoch = info.epoch;
+    failed.text = comm.status().ToString();
+    (void)link_->Send(failed, absl::Seconds(1));
+  }
+}
+
+// Aborts a superseded communicator. While a phase runs on it, its control connections stay up
+// until the phase ends (EndPhase): the phase's own outcome agreement may still complete over
+// them (every payload was exchanged), and its vote reaches the peers.
+void ElasticGroup::Impl::RetireLocked(std::shared_ptr<Communicator> comm) {
+  if (in_phase_) close_after_phase_.push_back(comm);
+  elastic::AbortSoon(std::move(comm), !in_phase_);
+}
+
+}  // namespace lbcc::comm
