@@ -55,16 +55,17 @@ RANGES = {
         "LBCC's own rate over a shaped link (a result, so no lower bound)",
         "above 1.05x the shaper was not in place"),
     "wire_limit_time": Range(
-        0.95, None, "x the wire limit", True,
-        "a collective's time over shaped links (LBCC's, Gloo's) against its wire limit "
-        "(bytes each rank receives / link rate)",
-        "under 0.95x the links were not shaped (or the bytes were miscounted): no run beats "
-        "its wire limit"),
+        0.85, None, "x the wire limit", True,
+        "LBCC's time for a collective over shaped links against its wire limit (bytes each "
+        "rank receives / link rate)",
+        "no run beats its wire limit but by the tbf's 32 kB burst (0.87x for a 250 kB "
+        "SparseAllReduce at 100 Mbit/s): under 0.85x the links were not shaped or the bytes "
+        "were miscounted"),
     "gloo_wire_limit_time": Range(
-        0.95, 2.0, "x the wire limit", True,
+        0.85, 2.0, "x the wire limit", True,
         "Gloo's dense ring time over shaped links against the ring's wire limit "
         "(2 (n-1)/n x bytes / link rate)",
-        "1.2-1.3x on an idle 2-core VM; under 0.95x the links were not shaped, above 2x Gloo "
+        "1.2-1.3x on an idle 2-core VM; under 0.85x the links were not shaped, above 2x Gloo "
         "was starved of CPU and 'LBCC / Gloo' would flatter LBCC"),
     "gloo_loopback_bandwidth": Range(
         150, None, "MB/s", False,

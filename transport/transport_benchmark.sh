@@ -7,7 +7,10 @@
 #   transport/transport_benchmark.sh [--rounds N] [--compare WORKTREE] [--filter REGEX] [--out FILE]
 #
 # Needs root for the shaped cases (they bring up tools/testbed; without root they report an
-# error and the loopback case still runs). Builds the benchmark here with -c opt.
+# error and the loopback case still runs). Builds the benchmark here with -c opt. Refuses to
+# write (exit 3, the reason printed, FILE left as it was) when a baseline is off its expected
+# range (bench/baselines.py: ucx_perftest on loopback, the shaped link's rate); records the
+# load average before and after the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args="$*"
@@ -18,7 +21,7 @@ while (($#)); do
     --compare) compare=$2; shift ;;
     --filter) filter=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n "2,10p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,13p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -37,6 +40,7 @@ if [[ -n "$compare" ]]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+load_before=$(bench/baselines.py load)
 for ((round = 1; round <= rounds; ++round)); do
   for i in "${!trees[@]}"; do
     tree=${trees[$i]}
@@ -46,10 +50,13 @@ for ((round = 1; round <= rounds; ++round)); do
   done
 done
 mkdir -p "$(dirname "$out")"
-python3 - "$tmp" "$out" "$rounds" "$args" "${trees[@]}" <<'EOF'
+python3 - "$tmp" "$out" "$rounds" "$args" "$load_before" "${trees[@]}" <<'EOF'
 import json, os, platform, subprocess, sys, time
-tmp, out, rounds, args, trees = (sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4],
-                                 sys.argv[5:])
+sys.path.insert(0, "bench")
+import baselines
+tmp, out, rounds, args, load_before, trees = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                              sys.argv[4], sys.argv[5], sys.argv[6:])
+load_after = baselines.load()
 def rev(tree):
     try:
         return subprocess.run(["git", "-C", tree, "log", "-1", "--format=%h %s"], check=True,
@@ -77,6 +84,21 @@ for i in range(len(trees)):
                     continue
                 if isinstance(value, (int, float)):
                     runs.setdefault((name, key), []).append((i, r, value))
+# The baselines the ratios divide by, each round's: refused when one is off its range.
+cells = {}  # (benchmark, tree, round) -> {counter: value}
+for (name, key), values in runs.items():
+    for i, r, v in values:
+        cells.setdefault((name, i, r), {})[key] = v
+check = baselines.Checker(out)
+for (name, i, r), c in sorted(cells.items()):
+    where = f"{name} tree {i} round {r}"
+    if name.startswith("BM_LoopbackTcp") and "ucx_perftest_MBps" in c:
+        check("ucx_perftest_loopback", c["ucx_perftest_MBps"], where=where)
+    for key, baseline in (("ucx_perftest_MBps", "shaped_link_rate"),
+                          ("lbcc_MBps", "shaped_link_measured")):
+        if "shaped_MBps" in c and key in c:
+            check(baseline, c[key], reference=c["shaped_MBps"], where=f"{where} {key}")
+check.refuse_if_off()
 lines = [
     "# transport/ figures",
     "",
@@ -84,8 +106,8 @@ lines = [
     "[transport/transport_benchmark.cc](../../transport/transport_benchmark.cc).",
     "",
     f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
-    f"- machine: {platform.node()}, {platform.platform()}, {os.cpu_count()} cores, "
-    f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end",
+    f"- machine: {platform.node()}, {platform.platform()}, {os.cpu_count()} cores",
+    f"- load average (1, 5, 15 min): {load_before} before the rounds, {load_after} after",
     "- command: `" + f"transport/transport_benchmark.sh {args}".strip() + "`",
 ]
 for i, tree in enumerate(trees):
