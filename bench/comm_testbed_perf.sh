@@ -27,8 +27,10 @@
 #   bench/comm_testbed_perf.sh --dense [--dense_rates 100mbit,400mbit] [--pairs 3] [--baseline BIN]
 #
 # Needs root (network namespaces); builds //bench:lbcc_perf. Prints a summary table, writes it
-# with the date, machine and command to --results, and leaves the per-run JSON in --out
-# (default /tmp/lbcc_comm_perf).
+# with the date, machine, command and load average before and after the runs to --results, and
+# leaves the per-run JSON in --out (default /tmp/lbcc_comm_perf). Refuses to write (exit 3, the
+# reason printed, --results left as it was) when a baseline is off its expected range
+# (bench/baselines.py): Gloo's ring or an LBCC run against the wire limit it divides by.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
@@ -60,6 +62,7 @@ bazel build -c opt //bench:lbcc_perf //bench:gloo_allreduce >/dev/null 2>&1 ||
 perf=$PWD/bazel-bin/bench/lbcc_perf
 gloo=$PWD/bazel-bin/bench/gloo_allreduce
 mkdir -p "$out"
+load_before=$(bench/baselines.py load)
 name="cp$$"
 trap '$T down --name "$name" >/dev/null 2>&1 || true' EXIT
 $T down --stale >/dev/null 2>&1 || true
@@ -135,9 +138,13 @@ if ((FLAG_dense)); then
     done
     $T down --name "$name" >/dev/null
   done
-  summary=$(python3 - "$out" "$FLAG_dense_rates" "$pairs" "${baseline:+yes}" "${loads[*]}" <<'PY'
+  load_after=$(bench/baselines.py load)
+  summary=$(python3 - "$out" "$FLAG_dense_rates" "$pairs" "${baseline:+yes}" "${loads[*]}" "$results" <<'PY'
 import json, re, statistics, sys
+sys.path.insert(0, "bench")
+import baselines
 out, rates, pairs, with_baseline, loads = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), sys.argv[4] == "yes", sys.argv[5]
+check = baselines.Checker(sys.argv[6])
 def seconds(label):
     d = json.load(open(f"{out}/{label}.json"))
     return d["seconds"] if isinstance(d, dict) else d[0]["seconds"]
@@ -153,11 +160,16 @@ for rate in rates:
     kinds = [("slow", "lbcc, slow links"), ("fast", "lbcc, fast island"), ("gloo", "gloo ring")]
     if with_baseline:
         kinds += [("slow_before", "baseline, slow links"), ("fast_before", "baseline, fast island")]
+    for k, what in kinds:  # every run's wire limit; Gloo's ring is the baseline of "/ gloo"
+        for p in range(pairs):
+            check("gloo_wire_limit_time" if k == "gloo" else "wire_limit_time",
+                  seconds(f"dense_{rate}_{p}_{k}"), reference=wire, where=f"{rate} {what} round {p}")
     med = {k: statistics.median(seconds(f"dense_{rate}_{p}_{k}") for p in range(pairs)) for k, _ in kinds}
     for k, what in kinds:
         rounds = " ".join(f"{seconds(f'dense_{rate}_{p}_{k}'):.3f}" for p in range(pairs))
         print(f"{rate:>8} {nbytes:>9} {wire:9.3f}s {what:>22} {med[k]:9.3f} {med[k] / wire:6.2f}x "
               f"{med[k] / med['gloo']:6.2f}x  {rounds}")
+check.refuse_if_off()
 PY
 )
   echo "$summary"
@@ -169,6 +181,7 @@ PY
       echo "Machine: $(uname -n), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1), shared with other jobs."
       echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- comm transport || echo ' + uncommitted changes')${baseline:+; baseline binary: $baseline}."
       echo "Command: \`$command_line\`"
+      echo "Load average (1, 5, 15 min): $load_before before the runs, $load_after after."
       echo
       echo '```'
       echo "$summary"
@@ -219,9 +232,13 @@ run site_hierarchical_tensors "$hetero" --op sparse_allreduce --algo hierarchica
 run site_flat_tensors "$hetero" --op sparse_allreduce --algo direct --tensors "$tensors"
 $T down --name "$name" >/dev/null
 
-summary=$(python3 - "$out" "$rate" "$tensors" "$pairs" "${baseline:+yes}" <<'PY'
+load_after=$(bench/baselines.py load)
+summary=$(python3 - "$out" "$rate" "$tensors" "$pairs" "${baseline:+yes}" "$results" <<'PY'
 import json, re, sys
+sys.path.insert(0, "bench")
+import baselines
 out, rate = sys.argv[1], sys.argv[2]
+check = baselines.Checker(sys.argv[6])
 pairs, with_baseline = int(sys.argv[4]), sys.argv[5] == "yes"
 m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
 bits = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
@@ -234,6 +251,18 @@ r = {k: json.load(open(f"{out}/{k}.json"))[0] for k in
 gloo = json.load(open(f"{out}/flat_gloo.json"))
 fs, fd = r["flat_sparse"], r["flat_dense"]
 wire_limit = fs["wire_recv_bytes"] / link
+# The wire limits every ratio below divides by, and Gloo's ring, the baseline of "/ Gloo".
+ring_limit = 2 * 3 / 4 * fd["bytes"] / link
+check("gloo_wire_limit_time", gloo["seconds"], reference=ring_limit, where="flat_gloo")
+check("wire_limit_time", fd["seconds"], reference=ring_limit, where="flat_dense")
+for k in ("flat_sparse", "flat_sparse_tensors"):
+    check("wire_limit_time", r[k]["seconds"], reference=r[k]["wire_recv_bytes"] / link, where=k)
+for p in range(pairs if with_baseline else 0):
+    for k in ("before_sparse", "after_sparse", "before_sparse_tensors", "after_sparse_tensors"):
+        row = json.load(open(f"{out}/ab{p}_{k}.json"))[0]
+        check("wire_limit_time", row["seconds"], reference=row["wire_recv_bytes"] / link,
+              where=f"ab{p}_{k}")
+check.refuse_if_off()
 print(f"\nlink rate {rate} ({link/1e6:.2f} MB/s per down-link), tensor {fs['count']} fp32")
 print(f"{'run':28} {'time(s)':>9} {'rank0_recv(B)':>14} {'slow_recv_all_ranks(B)':>23}")
 for k, v in r.items():
@@ -289,6 +318,7 @@ if [[ -n $results ]]; then
     echo "Machine: $(uname -n), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p' | head -1)."
     echo "Tree: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)${baseline:+; baseline binary: $baseline}."
     echo "Command: \`$command_line\`"
+    echo "Load average (1, 5, 15 min): $load_before before the runs, $load_after after."
     echo
     echo '```'
     echo "$summary"
