@@ -14,7 +14,10 @@
 #
 # Needs root for 1. (network namespaces; skipped with the reason otherwise) and Debian's
 # python3-torch; builds //python:lbcc/_lbcc.so and //python:lbcc/_c10d_lbcc.so and installs them
-# into --out. Writes the summary with the date, machine and command to --results.
+# into --out. Writes the summary with the date, machine, command and the load average at the
+# start and the end to --results; refuses to (exit 3, the reason printed, --results left as it
+# was) when Gloo, the baseline, is off its expected range (bench/baselines.py: its ring against
+# the wire limit on the testbed, its bandwidth on loopback) or an LBCC run beats the wire limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
@@ -117,9 +120,12 @@ if ((!reuse)); then
   echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end, $((SECONDS - start_s)) s of runs" > "$out/end.txt"
 fi
 
-summary=$("$python" - "$out" "$pairs" "$rate" "$testbed" <<'PY'
+summary=$("$python" - "$out" "$pairs" "$rate" "$testbed" "$results" <<'PY'
 import json, re, statistics, sys
+sys.path.insert(0, "bench")
+import baselines
 out, pairs, rate, testbed = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+check = baselines.Checker(sys.argv[5])
 load = lambda k: json.load(open(f"{out}/{k}.json"))
 med = statistics.median
 lines = []
@@ -146,6 +152,11 @@ if testbed == "yes":
     link = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
     if link:
         wire = 2 * 3 / 4 * lb[0]["bytes"] / link
+        for runs, baseline, what in ((gl, "gloo_wire_limit_time", "gloo"),
+                                     (lb, "wire_limit_time", "lbcc"),
+                                     (slow, "wire_limit_time", "lbcc slow links")):
+            for p, r in enumerate(runs):
+                check(baseline, r["seconds"], reference=wire, where=f"testbed {what} run {p}")
         lines.append(f"  wire limit of the ring (2 (n-1)/n x bytes per down-link at {rate}): "
                      f"{wire:.3f} s; lbcc {t_l / wire:.2f}x, slow links {t_s / wire:.2f}x, gloo "
                      f"{t_g / wire:.2f}x of it")
@@ -153,6 +164,10 @@ else:
     lines.append(f"testbed: not run ({testbed})")
 lb, gl = setting("loopback")
 first = first or lb[0]
+if lb[0]["bytes"] >= 16 << 20:  # the size the range is for
+    for p, r in enumerate(gl):
+        check("gloo_loopback_bandwidth", r["bytes_per_second"] / 1e6, where=f"loopback gloo run {p}")
+check.refuse_if_off()
 b_l, b_g = med([r["bytes_per_second"] for r in lb]), med([r["bytes_per_second"] for r in gl])
 s_l, s_g = med([r["small_seconds"] for r in lb]), med([r["small_seconds"] for r in gl])
 lines.append(f"loopback (127.0.0.1, unshaped), 4 ranks, all-reduce of {lb[0]['bytes']} bytes:")
