@@ -28,7 +28,9 @@
 #
 # Needs root (network namespaces); builds //bench:lbcc_perf (and //python:lbcc for --torchrun).
 # Writes the summary with date, machine, command, the load at the start, at every round and at
-# the end, and how long the run took, to --results.
+# the end, and how long the run took, to --results; refuses to (exit 3, the reason printed,
+# --results left as it was) when a ucx_perftest run, the platform's baseline, is off its
+# expected range (bench/baselines.py: a starved run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
@@ -152,9 +154,12 @@ if ((FLAG_torchrun)); then
   torch_summary=$(grep -E "^rank [0-9]+ on|replicas|NET/Socket" "$MN_TMP/torchrun.out")
 fi
 
-summary=$(python3 - "$MN_TMP" "$FLAG_op" <<'PY'
+summary=$(python3 - "$MN_TMP" "$FLAG_op" "$FLAG_results" <<'PY'
 import collections, json, os, statistics, sys
+sys.path.insert(0, "bench")
+import baselines
 d, op = sys.argv[1], sys.argv[2]
+check = baselines.Checker(sys.argv[3])
 by = collections.defaultdict(list)  # (setting, layout) -> one {bytes: seconds} per run
 for r in open(os.path.join(d, "runs")).read().split():
     layout, *rest = r.split("_")
@@ -178,10 +183,13 @@ print("Load average (1 min) at the start of each round: " +
 platform = {}
 if os.path.getsize(os.path.join(d, "perftest")):
     rates = collections.defaultdict(list)
-    for line in open(os.path.join(d, "perftest")):
+    for n, line in enumerate(open(os.path.join(d, "perftest"))):
         label, size, mbps = line.split()
         if mbps != "failed":
             rates[(label, int(size))].append(float(mbps))
+            check("ucx_perftest_loopback" if label == "one" else "ucx_perftest_veth",
+                  float(mbps), where=f"ucx_perftest {label} namespace(s), {size} B, round {n // 6}")
+    check.refuse_if_off()
     for (label, size) in list(rates):
         if rates[("two", size)] and rates[("one", size)]:
             platform[size] = (statistics.median(rates[("one", size)]) /
