@@ -33,6 +33,8 @@
 # prediction, from the measured ones. hetero_training runs at 10 Gbit/s first (its compute per
 # step) and then at each rate.
 # Needs root (network namespaces); builds //bench:lbcc_perf, //tools:lbcc, //python:lbcc/_lbcc.so.
+# Refuses to write the report (exit 3, the reason printed, the file left as it was) when a probed
+# link rate is off its expected range against the nominal one (bench/baselines.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=25,100,400 ranks_list=4,8 bytes=16M tensors=16 iters=10 dense_iters=2 reps=3 window_rows=1
@@ -483,6 +485,15 @@ if "hetero" in parts:
             slow = (got["steps"] * (pipe["boundary_forward_bytes"] + pipe["boundary_backward_bytes"])
                     + outer * sum(p["sync"]["slow_up_bytes"]))
             hetero_rows.append((run, k, rate, cal, full_s, got, p, p["outer_s"] / H, slow))
+
+# The probed rates the probed predictions divide by: a shaper that let more through than its
+# rate, or a probe whose hosts never got a core, is refused (nothing written).
+sys.path.insert(0, "bench")
+import baselines
+check = baselines.Checker("bench/results/plan_validation.md")
+for n, rate, rep, pr in probes:
+    check("shaped_link_rate", pr["mbit"], reference=rate, where=f"probe, {n} ranks at {rate} Mbit/s")
+check.refuse_if_off()
 
 lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
 model = next((l.split(":", 1)[1].strip() for l in lscpu.splitlines() if l.startswith("Model name")), "?")
