@@ -20,7 +20,7 @@ while (($#)); do
     --filter) filter=$2; shift ;;
     --subspace) subspace=1 ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n "2,14p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n "2,12p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
