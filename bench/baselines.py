@@ -71,6 +71,18 @@ RANGES = {
         150, None, "MB/s", False,
         "Gloo's all-reduce of 16 MiB fp32, 4 ranks on one host's loopback (algorithm bandwidth)",
         "520-580 MB/s on an idle 2-core VM; under 150 MB/s Gloo was starved of CPU"),
+    "lbcc_plain_loopback": Range(
+        400, None, "MB/s", False,
+        "LBCC's plain (unauthenticated) UCX tcp link on loopback, 4 MiB messages, 8 in flight "
+        "(bench/secure_perf), the denominator of the security cost",
+        "1.5-2.3 GB/s on a 2-core VM at load 2-5; under 400 MB/s the run was starved of CPU and "
+        "every variant's ratio to it is noise"),
+    "cipher_one_thread": Range(
+        100, 100000, "MB/s", False,
+        "one thread's AES-256-GCM or ChaCha20-Poly1305 seal or open of 1 MiB chunks "
+        "(OpenSSL's EVP code)",
+        "OpenSSL seals over 100 MB/s on any x86-64 core, with AES-NI or not; under that the "
+        "run was starved, over 100 GB/s no cipher ran"),
     "triad": Range(
         0.1, 50, "G elements/s", False,
         "the streaming triad a[i] = b[i] + s*c[i] on arrays far beyond the caches "

@@ -20,6 +20,9 @@
 #      for the secret. Skipped with the reason without root / network namespaces.
 #
 #   bench/secure_bench.sh [--pairs 20] [--rounds 30] [--rate 100mbit] [--bytes 16M] [--iters 40] [--connects 400]
+#
+# Refuses to write (exit 3, the reason printed, --results left as it was) when the plain link or
+# a cipher limit, what the ratios divide by, is off its expected range (bench/baselines.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/flags.sh
@@ -134,6 +137,14 @@ conn = {m: med(us) for m, us in connects.items()}
 # The fastest tenth: a link's set-up spreads over a few ms (thread wake-ups, UCX's wire-up), so
 # the median moves by more than the AUTH step costs; the low decile shows the step itself.
 conn_p10 = {m: statistics.quantiles(us, n=10)[0] for m, us in connects.items()}
+# The baselines every ratio below divides by: the plain link and the cipher limits.
+sys.path.insert(0, "bench")
+import baselines
+check = baselines.Checker(results)
+check("lbcc_plain_loopback", bw["plain"] / 1e6, where="plain link, median of the rounds")
+for key in ("gcm_seal", "gcm_open", "mac_seal", "mac_open"):
+    check("cipher_one_thread", cipher[f"{key}_bytes_per_second_median"] / 1e6, where=key)
+check.refuse_if_off()
 rounds = p2p["plain"]["rounds"]
 lines = [
     "# Security cost (issue 24)", "",
