@@ -165,6 +165,29 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_vie
   }
 }
 
+// One connection attempt that gives up at `deadline`, whatever the kernel's SYN retries would
+// take: a non-blocking connect() waited for with poll(). Returns the connect errno (0: connected;
+// ETIMEDOUT: the deadline passed first, e.g. a firewall that drops packets).
+int ConnectBefore(int fd, const SockAddr& to, absl::Time deadline) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return errno;
+  int error = 0;
+  if (connect(fd, to.get(), to.len) != 0) {
+    error = errno;
+    if (error == EINPROGRESS || error == EINTR) {
+      const absl::Status ready = WaitFor(fd, POLLOUT, deadline, "connecting");
+      socklen_t len = sizeof(error);
+      if (!ready.ok()) {
+        error = absl::IsDeadlineExceeded(ready) ? ETIMEDOUT : EIO;
+      } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
+        error = errno;
+      }
+    }
+  }
+  if (error == 0 && fcntl(fd, F_SETFL, flags) < 0) error = errno;
+  return error;
+}
+
 absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
@@ -492,19 +515,24 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
   LBCC_ASSIGN_OR_RETURN(SockAddr root, ParseAddress(UniqueIdAddress(id)));
   const absl::Time deadline = absl::Now() + timeout;
 
-  // Connect, retrying while the root is not up yet.
+  // Connect, retrying while the root is not up yet; each attempt ends at the deadline, also
+  // against a root whose packets are dropped (no answer at all).
   Fd fd;
   absl::Duration backoff = absl::Milliseconds(10);
   while (true) {
     fd = Fd(socket(root.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) return Errno("socket");
-    if (connect(fd.get(), root.get(), root.len) == 0) break;
+    errno = ConnectBefore(fd.get(), root, deadline);
+    if (errno == 0) break;
     if (errno != ECONNREFUSED && errno != EINTR && errno != ETIMEDOUT) {
       return Errno(absl::StrCat("connect to ", UniqueIdAddress(id)));
     }
     if (absl::Now() + backoff > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "bootstrap: rank ", rank, " could not reach the root at ", UniqueIdAddress(id)));
+          "bootstrap: rank ", rank, " could not reach the root at ", UniqueIdAddress(id),
+          " within ", absl::FormatDuration(timeout),
+          errno == ETIMEDOUT ? " (no answer: a firewall dropping packets, or a wrong address?)"
+                             : " (connection refused: is the root running?)"));
     }
     absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
     backoff = std::min(backoff * 2, absl::Milliseconds(500));

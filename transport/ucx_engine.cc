@@ -79,6 +79,11 @@ absl::Status Engine::Init() {
     if (!options_.ucx_tcp_af_prio.empty()) {
       LBCC_RETURN_IF_ERROR(modify("AF_PRIO", options_.ucx_tcp_af_prio));
     }
+    // Non-blocking connects of UCX's tcp lanes: UCX 1.13's default (a blocking connect() on the
+    // progress thread, also when a server's accept connects back to the client) stalls every
+    // link of the worker for the kernel's SYN retries (over two minutes) toward a peer whose
+    // firewall drops packets, past any set-up timeout.
+    LBCC_RETURN_IF_ERROR(modify("CONN_NB", "y"));
     // One rendezvous rail: a fast and a slow device never carry parts of one message.
     LBCC_RETURN_IF_ERROR(modify("MAX_RNDV_RAILS", "1"));
     // A silent peer is noticed within about the peer timeout.

@@ -1,0 +1,32 @@
+"""One rank of tests/firewall_drop_test.sh: joins a job whose peer drops its packets and reports,
+as one JSON line, how long the failure took against the timeout it was given.
+
+  firewall_drop_timeout.py bootstrap ROOT_ADDR TIMEOUT    rank 1; the root's packets are dropped
+  firewall_drop_timeout.py links ROOT_ADDR TIMEOUT RANK   rank RANK of 2 whose links are dropped
+"""
+import json
+import sys
+import time
+
+import lbcc
+
+
+def main():
+    what, address, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    rank = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    if what == "links" and rank == 0:
+        lbcc.start_root(address, 2, session=7, timeout=timeout)
+    uid = lbcc.unique_id_from_address(address, 7)
+    started = time.monotonic()
+    error = ""
+    try:
+        comm = lbcc.Communicator.init(uid, 2, rank, timeout=timeout)
+        comm.barrier()
+    except Exception as e:  # The failure under test: any error, timed.
+        error = str(e)
+    print(json.dumps({"what": what, "rank": rank, "timeout": timeout,
+                      "elapsed": time.monotonic() - started, "error": error}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
