@@ -262,6 +262,23 @@ struct Joined {
   std::string blob;
 };
 
+// Whether a new connection to a root that has a job secret is a rank without one: its first
+// frame is a bootstrap hello ([u32 length][kHelloMagic]...) instead of a handshake. Peeks, so
+// the handshake still reads everything when it is not.
+bool SendsHelloWithoutSecret(int fd, absl::Time deadline) {
+  uint8_t head[8];
+  while (true) {
+    if (!WaitFor(fd, POLLIN, deadline, "").ok()) return false;
+    const ssize_t n = recv(fd, head, sizeof(head), MSG_PEEK);
+    if (n <= 0) return false;
+    if (n == static_cast<ssize_t>(sizeof(head))) break;
+    absl::SleepFor(absl::Milliseconds(1));  // The rest of 8 bytes is in flight: poll again.
+  }
+  uint32_t magic = 0;
+  std::memcpy(&magic, head + 4, sizeof(magic));
+  return magic == kHelloMagic;
+}
+
 // The root: accepts `nranks` hellos until `deadline`, then answers everyone. With nranks 0,
 // the first valid hello sets it.
 void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
@@ -273,7 +290,20 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
     from.len = sizeof(from.storage);
     Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from.storage), &from.len));
     if (conn.get() < 0) continue;
-    // With a job secret, only members get further (transport/secure.h; refusals are logged).
+    // With a job secret, only members get further (transport/secure.h; refusals are logged). A
+    // rank started without the secret is told so, rather than finding its connection reset.
+    const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(10));
+    if (secret.has_value() && SendsHelloWithoutSecret(conn.get(), hello_deadline)) {
+      LBCC_LOG(WARN) << "bootstrap: refused " << FormatAddress(from)
+                     << ": it has no job secret, and this job requires one";
+      (void)SendFrame(conn.get(),
+                      ErrorReply(absl::PermissionDeniedError(
+                          "bootstrap: this job requires a job secret and this rank has none: set "
+                          "LBCC_JOB_SECRET or LBCC_JOB_SECRET_FILE (the job's, on every rank), "
+                          "or join with a unique id that carries it (LBCC_SECRET_IN_ID)")),
+                      hello_deadline);
+      continue;
+    }
     if (!Authenticate(conn.get(), transport::HandshakeRole::kServer, secret,
                       absl::StrCat("bootstrap ", session), ~uint64_t{0},
                       std::min(deadline, absl::Now() + absl::Seconds(10)), FormatAddress(from))
@@ -537,9 +567,16 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
     absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
-  LBCC_RETURN_IF_ERROR(Authenticate(fd.get(), transport::HandshakeRole::kClient, secret,
-                                    absl::StrCat("bootstrap ", session),
-                                    static_cast<uint64_t>(rank), deadline, UniqueIdAddress(id)));
+  absl::Status authenticated =
+      Authenticate(fd.get(), transport::HandshakeRole::kClient, secret,
+                   absl::StrCat("bootstrap ", session), static_cast<uint64_t>(rank), deadline,
+                   UniqueIdAddress(id));
+  if (absl::IsUnavailable(authenticated)) {  // The root closed the handshake unanswered.
+    return absl::UnavailableError(absl::StrCat(
+        authenticated.message(), " (this rank has a job secret: does the root's process have the "
+        "same one? a root without a secret closes connections that try to authenticate)"));
+  }
+  LBCC_RETURN_IF_ERROR(authenticated);
   std::string hello;
   Append<uint32_t>(&hello, kHelloMagic);
   Append<uint64_t>(&hello, session);

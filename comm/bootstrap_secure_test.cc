@@ -32,6 +32,7 @@ namespace {
 
 using ::lbcc::testing::IsOk;
 using ::lbcc::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -169,6 +170,27 @@ TEST(SecretInIdTest, AnIdWithoutTheRightSecretIsRefused) {
   EXPECT_THAT(BootstrapExchange(plain, 1, 0, "impostor", absl::Seconds(5)), Not(IsOk()));
   // The job is unaffected.
   EXPECT_THAT(Exchange(id, 2), IsOk());
+}
+
+// A rank started without the job's secret learns that the job requires one, at once, instead of
+// finding its connection reset; a rank with a secret whose root has none is told to check it.
+TEST(SecretRefusalTest, ARankWithoutTheSecretIsToldTheJobRequiresOne) {
+  ScopedEnv no_secret("LBCC_JOB_SECRET", nullptr);
+  const transport::JobSecret secret = transport::JobSecret::Random();
+  LBCC_ASSERT_OK_AND_ASSIGN(
+      UniqueId id, CreateUniqueId("127.0.0.1", absl::Seconds(60), BootstrapSecurity{true, secret}));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(BootstrapExchange(id, 2, 1, "no-secret", absl::Seconds(30), BootstrapSecurity{true}),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("this job requires a job secret"),
+                             HasSubstr("LBCC_JOB_SECRET"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "refused at once, not at the timeout";
+
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId open,
+                            CreateUniqueId("127.0.0.1", absl::Seconds(60), BootstrapSecurity{true}));
+  EXPECT_THAT(
+      BootstrapExchange(open, 2, 1, "with-secret", absl::Seconds(5), BootstrapSecurity{true, secret}),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("does the root's process have the same")));
 }
 
 TEST(SecretInIdTest, TheEnvironmentsSecretWinsAndIsNeverPutInTheId) {
