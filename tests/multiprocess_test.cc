@@ -62,6 +62,9 @@ absl::Status RunRank(const std::string& role) {
     LBCC_ASSIGN_OR_RETURN(comm, comm::Communicator::InitFromEnvironment(options));
   }
   const int rank = comm->rank();
+  // Every rank's Init is over once a barrier completes anywhere: a rank that died before then
+  // would fail the others' Init (a set-up that lost a rank), not the operation under test.
+  absl::Status status = comm->Barrier()->Wait();
   if (std::getenv("MP_TEST_DIE") != nullptr && rank == kRanks - 1) {
     std::fflush(stdout);
     _exit(3);  // Dies right after joining, without closing anything.
@@ -71,7 +74,7 @@ absl::Status RunRank(const std::string& role) {
   codecs::TopKEfState state;
   LBCC_ASSIGN_OR_RETURN(TensorView in, TensorView::Host(delta.data(), kShape));
   LBCC_ASSIGN_OR_RETURN(TensorView outv, TensorView::Host(out.data(), kShape));
-  const absl::Status status = comm->SparseAllReduce({{in, outv, &state}}, codec.get())->Wait();
+  if (status.ok()) status = comm->SparseAllReduce({{in, outv, &state}}, codec.get())->Wait();
   if (!status.ok()) {
     std::printf("ERROR %d %s\n", static_cast<int>(status.code()), status.ToString().c_str());
     std::fflush(stdout);
@@ -200,6 +203,7 @@ TEST(MultiProcessTest, AKilledRankFailsTheOthersWithinTheTimeout) {
     EXPECT_EQ(codes[r], 0) << "rank " << r;
     // Unavailable (14) when the transport notices the dead peer, DeadlineExceeded (4) at worst.
     EXPECT_THAT(outputs[r], ::testing::MatchesRegex("ERROR (14|4|1) .*\n")) << "rank " << r;
+    EXPECT_THAT(outputs[r], ::testing::HasSubstr("rank 3")) << "rank " << r << " blames the dead";
   }
 }
 
