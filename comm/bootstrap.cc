@@ -165,29 +165,6 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_vie
   }
 }
 
-// One connection attempt that gives up at `deadline`, whatever the kernel's SYN retries would
-// take: a non-blocking connect() waited for with poll(). Returns the connect errno (0: connected;
-// ETIMEDOUT: the deadline passed first, e.g. a firewall that drops packets).
-int ConnectBefore(int fd, const SockAddr& to, absl::Time deadline) {
-  const int flags = fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return errno;
-  int error = 0;
-  if (connect(fd, to.get(), to.len) != 0) {
-    error = errno;
-    if (error == EINPROGRESS || error == EINTR) {
-      const absl::Status ready = WaitFor(fd, POLLOUT, deadline, "connecting");
-      socklen_t len = sizeof(error);
-      if (!ready.ok()) {
-        error = absl::IsDeadlineExceeded(ready) ? ETIMEDOUT : EIO;
-      } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
-        error = errno;
-      }
-    }
-  }
-  if (error == 0 && fcntl(fd, F_SETFL, flags) < 0) error = errno;
-  return error;
-}
-
 absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
@@ -552,7 +529,7 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
   while (true) {
     fd = Fd(socket(root.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) return Errno("socket");
-    errno = ConnectBefore(fd.get(), root, deadline);
+    errno = transport::ConnectBefore(fd.get(), root.get(), root.len, deadline);
     if (errno == 0) break;
     if (errno != ECONNREFUSED && errno != EINTR && errno != ETIMEDOUT) {
       return Errno(absl::StrCat("connect to ", UniqueIdAddress(id)));

@@ -1,14 +1,17 @@
 #include "transport/netif.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 
@@ -18,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -380,6 +384,33 @@ absl::StatusOr<NetChoice> SelectListenAddress(absl::string_view listen_override,
                                               absl::string_view root_host) {
   LBCC_ASSIGN_OR_RETURN(const std::string ifname, env::GetString("LBCC_SOCKET_IFNAME"));
   return SelectListenAddress(listen_override, ifname, root_host, ListNetInterfaces());
+}
+
+int ConnectBefore(int fd, const sockaddr* to, socklen_t length, absl::Time deadline) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return errno;
+  int error = 0;
+  if (connect(fd, to, length) != 0) {
+    error = errno;
+    while (error == EINPROGRESS || error == EINTR) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        error = ETIMEDOUT;
+        break;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000));
+      const int n = poll(&p, 1, ms);
+      if (n < 0 && errno != EINTR) {
+        error = errno;
+      } else if (n > 0) {
+        socklen_t len = sizeof(error);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) error = errno;
+      }
+    }
+  }
+  if (error == 0 && fcntl(fd, F_SETFL, flags) < 0) error = errno;
+  return error;
 }
 
 }  // namespace lbcc::transport

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace lbcc::transport {
 
@@ -113,6 +114,13 @@ absl::StatusOr<SocketAddress> NumericSocketAddress(absl::string_view host, int p
 // What the kernel or UCX reports (getsockname, a listener's or a connection's address).
 // InvalidArgument for a family other than IPv4 and IPv6.
 absl::StatusOr<SocketAddress> SocketAddressOf(const sockaddr_storage& storage);
+
+// One TCP connection attempt of `fd` (a fresh stream socket) to `to` that gives up at
+// `deadline`, whatever the kernel's SYN retries would take (a firewall that drops packets
+// answers nothing for over two minutes): a non-blocking connect() waited for with poll(), the
+// socket left blocking again. Returns the attempt's errno: 0 connected, ETIMEDOUT the deadline
+// passed first, ECONNREFUSED nobody listens, ...
+int ConnectBefore(int fd, const sockaddr* to, socklen_t length, absl::Time deadline);
 
 }  // namespace lbcc::transport
 

@@ -5,11 +5,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/scoped_env.h"
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
@@ -313,6 +315,30 @@ TEST(SocketAddressTest, FromWhatTheKernelReports) {
   EXPECT_EQ(a.host, "::1");
   EXPECT_GT(a.port, 0);
   EXPECT_EQ(a.ToString(), absl::StrCat("[::1]:", a.port));
+}
+
+// A listener: connected. A closed port: refused. (The firewall that drops everything, where
+// the deadline matters, is //tests:firewall_drop_test's.)
+TEST(ConnectBeforeTest, ConnectsOrSaysWhyBeforeTheDeadline) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  LBCC_ASSERT_OK_AND_ASSIGN(SocketAddress any, NumericSocketAddress("127.0.0.1", 0));
+  ASSERT_EQ(bind(listener, any.get(), any.length), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&bound), &bound_len), 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(ConnectBefore(fd, reinterpret_cast<const sockaddr*>(&bound), bound_len,
+                          absl::Now() + absl::Seconds(10)),
+            0);
+  close(fd);
+  close(listener);  // Nobody listens there now.
+  const int refused = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(ConnectBefore(refused, reinterpret_cast<const sockaddr*>(&bound), bound_len,
+                          absl::Now() + absl::Seconds(10)),
+            ECONNREFUSED);
+  close(refused);
 }
 
 }  // namespace
