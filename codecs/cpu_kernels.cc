@@ -114,16 +114,7 @@ void FinishBlockScalar(float* acc, uint16_t* count, int64_t h, int64_t w, float*
     uint16_t* n = count + r * w;
     float* o = out + r * stride;
     for (int64_t c = 0; c < w; ++c) {
-      if (n[c] == 0) {
-        if (!accumulate) o[c] = fill;
-        continue;
-      }
-      float agg = a[c];
-      if (rule == 0) agg = agg / static_cast<float>(n[c]);
-      if (rule == 1) agg = agg / replicas;
-      o[c] = accumulate ? o[c] + agg : agg;
-      a[c] = -0.0f;
-      n[c] = 0;
+      internal::FinishPositionScalar(a + c, n + c, o + c, rule, replicas, accumulate, fill);
     }
   }
 }

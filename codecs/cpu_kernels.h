@@ -123,6 +123,24 @@ const CpuKernels& KernelsFor(SimdLevel level);
 const CpuKernels& ActiveKernels();
 
 namespace internal {
+// One position of a chunk's finish (finalize_block, stage_block) in scalar code, for the scalar
+// kernels and the AVX2 kernels' row tails: where the count is > 0, out = agg (or out + agg),
+// agg by `rule` as in finalize_block, and the accumulator and count are reset; an untouched
+// position becomes `fill` unless accumulating.
+inline void FinishPositionScalar(float* a, uint16_t* n, float* o, int rule, float replicas,
+                                 bool accumulate, float fill) {
+  if (*n == 0) {
+    if (!accumulate) *o = fill;
+    return;
+  }
+  float agg = *a;
+  if (rule == 0) agg = agg / static_cast<float>(*n);
+  if (rule == 1) agg = agg / replicas;
+  *o = accumulate ? *o + agg : agg;
+  *a = -0.0f;
+  *n = 0;
+}
+
 // Defined in cpu_kernels_avx2.cc; only called when the CPU has AVX2 and FMA.
 const CpuKernels& Avx2Kernels();
 }  // namespace internal

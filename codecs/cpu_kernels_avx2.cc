@@ -268,7 +268,6 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes, uint3
   return scale;
 }
 
-// kRule as in cpu_kernels.h (0 sparseloco, 1 mean, 2 sum).
 // Non-temporal store of 8 floats at p: one 32-byte store (kStream 2: p is 32-byte aligned) or
 // two 16-byte ones (kStream 1: 16-byte aligned).
 template <int kStream>
@@ -285,115 +284,127 @@ LBCC_AVX2 inline void Stream8(float* p, __m256 v) {
 // non-temporally (1, 2) where the caller checked the alignment that Stream8 needs for out and
 // the stride; kStageStores (3): plain stores, untouched positions become -0 (stage_block).
 constexpr int kStageStores = 3;
-template <int kRule, bool kAccumulate, int kStream>
-LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
-                                  int64_t stride, float replicas) {
-  const __m256 neg_zero = _mm256_set1_ps(-0.0f);
-  const __m256i zero = _mm256_setzero_si256();
-  const __m256i mantissa = _mm256_set1_epi32(0x007FFFFF);
+
+#define LBCC_AVX2_STEP LBCC_AVX2 inline __attribute__((always_inline))
+
+// The constants of one finish (FinalizeBlockAvx2T), built once per block.
+struct FinishConstants {
+  __m256 neg_zero;
+  __m256i zero;
+  __m256i mantissa;
   // 0x7F000000 - bits(2^e) = bits(2^-e): the exact reciprocal of a power-of-two count, so the
   // product is the correctly rounded quotient, like the division. Counts are mostly 1 or 2;
   // other counts take the division.
-  const __m256i reciprocal_base = _mm256_set1_epi32(0x7F000000);
+  __m256i reciprocal_base;
+  bool replicas_pow2;
+  __m256 replicas;
+  __m256 replicas_reciprocal;
+};
+
+LBCC_AVX2_STEP FinishConstants MakeFinishConstants(float replicas) {
   uint32_t replicas_bits;
   std::memcpy(&replicas_bits, &replicas, sizeof(replicas_bits));
-  const bool replicas_pow2 = replicas >= 1.0f && (replicas_bits & 0x007FFFFF) == 0;
-  const __m256 vreplicas = _mm256_set1_ps(replicas);
-  const __m256 vreplicas_reciprocal = _mm256_set1_ps(1.0f / replicas);
+  return FinishConstants{_mm256_set1_ps(-0.0f),
+                         _mm256_setzero_si256(),
+                         _mm256_set1_epi32(0x007FFFFF),
+                         _mm256_set1_epi32(0x7F000000),
+                         replicas >= 1.0f && (replicas_bits & 0x007FFFFF) == 0,
+                         _mm256_set1_ps(replicas),
+                         _mm256_set1_ps(1.0f / replicas)};
+}
+
+// agg by kRule for 8 positions of counts `cnt` (kSparseLoCoMean: / count; kMean: / replicas).
+// `nb` is the counts as floats' bits; the caller tests whether they are all powers of two.
+template <int kRule>
+LBCC_AVX2_STEP __m256 DivideAggregate(const FinishConstants& k, __m256 agg, __m256i nb,
+                                      bool counts_pow2) {
+  if (kRule == 0) {
+    return counts_pow2
+               ? _mm256_mul_ps(agg, _mm256_castsi256_ps(_mm256_sub_epi32(k.reciprocal_base, nb)))
+               : _mm256_div_ps(agg, _mm256_castsi256_ps(nb));
+  }
+  if (kRule == 1) {
+    return k.replicas_pow2 ? _mm256_mul_ps(agg, k.replicas_reciprocal)
+                           : _mm256_div_ps(agg, k.replicas);
+  }
+  return agg;
+}
+
+// Writes 8 finished positions: out + agg where taken (kAccumulate), agg or -0 (kStageStores),
+// agg or +0 otherwise, non-temporally when kStream is 1 or 2 and `may_stream`.
+template <bool kAccumulate, int kStream>
+LBCC_AVX2_STEP void StoreFinished8(const FinishConstants& k, float* o, __m256 agg, __m256 taken,
+                                   bool may_stream) {
+  if (kAccumulate) {
+    const __m256 old = _mm256_loadu_ps(o);
+    _mm256_storeu_ps(o, _mm256_blendv_ps(old, _mm256_add_ps(old, agg), taken));
+  } else if (kStream == kStageStores) {
+    _mm256_storeu_ps(o, _mm256_blendv_ps(k.neg_zero, agg, taken));
+  } else if (kStream != 0 && may_stream) {
+    Stream8<kStream>(o, _mm256_and_ps(agg, taken));
+  } else {
+    _mm256_storeu_ps(o, _mm256_and_ps(agg, taken));
+  }
+}
+
+// 16 positions per step: one load and one reset of the counts, one test for the division.
+template <int kRule, bool kAccumulate, int kStream>
+LBCC_AVX2_STEP void FinishStep16(const FinishConstants& k, float* a, uint16_t* n, float* o) {
+  const __m256i cnt16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n));
+  const __m256i cnt0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(cnt16));
+  const __m256i cnt1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(cnt16, 1));
+  __m256 agg0 = _mm256_loadu_ps(a);
+  __m256 agg1 = _mm256_loadu_ps(a + 8);
+  if (kRule == 0 || kRule == 1) {
+    const __m256i nb0 = _mm256_castps_si256(_mm256_cvtepi32_ps(cnt0));
+    const __m256i nb1 = _mm256_castps_si256(_mm256_cvtepi32_ps(cnt1));
+    const bool pow2 = kRule == 0 && _mm256_testz_si256(_mm256_or_si256(nb0, nb1), k.mantissa);
+    agg0 = DivideAggregate<kRule>(k, agg0, nb0, pow2);
+    agg1 = DivideAggregate<kRule>(k, agg1, nb1, pow2);
+  }
+  const __m256 taken0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt0, k.zero));
+  const __m256 taken1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt1, k.zero));
+  StoreFinished8<kAccumulate, kStream>(k, o, agg0, taken0, true);
+  StoreFinished8<kAccumulate, kStream>(k, o + 8, agg1, taken1, true);
+  _mm256_storeu_ps(a, k.neg_zero);
+  _mm256_storeu_ps(a + 8, k.neg_zero);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(n), k.zero);
+}
+
+// 8 positions. No branch on `taken`: on dense chunks it would mispredict; untouched lanes are
+// rewritten with their own bits (or +0).
+template <int kRule, bool kAccumulate, int kStream>
+LBCC_AVX2_STEP void FinishStep8(const FinishConstants& k, float* a, uint16_t* n, float* o) {
+  const __m256i cnt =
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(n)));
+  const __m256 taken = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt, k.zero));
+  __m256 agg = _mm256_loadu_ps(a);
+  if (kRule == 0 || kRule == 1) {
+    const __m256i nb = _mm256_castps_si256(_mm256_cvtepi32_ps(cnt));
+    agg = DivideAggregate<kRule>(k, agg, nb, kRule == 0 && _mm256_testz_si256(nb, k.mantissa));
+  }
+  StoreFinished8<kAccumulate, kStream>(k, o, agg, taken, false);
+  _mm256_storeu_ps(a, k.neg_zero);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(n), _mm_setzero_si128());
+}
+
+#undef LBCC_AVX2_STEP
+
+// kRule as in cpu_kernels.h (0 sparseloco, 1 mean, 2 sum).
+template <int kRule, bool kAccumulate, int kStream>
+LBCC_AVX2 void FinalizeBlockAvx2T(float* acc, uint16_t* count, int64_t h, int64_t w, float* out,
+                                  int64_t stride, float replicas) {
+  const FinishConstants k = MakeFinishConstants(replicas);
+  const float fill = kStream == kStageStores ? -0.0f : 0.0f;
   for (int64_t r = 0; r < h; ++r) {
     float* a = acc + r * w;
     uint16_t* n = count + r * w;
     float* o = out + r * stride;
     int64_t c = 0;
-    // 16 positions per step (one load and one reset of the counts, one test for the division).
-    for (; c + 16 <= w; c += 16) {
-      const __m256i cnt16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n + c));
-      const __m256i cnt0 = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(cnt16));
-      const __m256i cnt1 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(cnt16, 1));
-      __m256 agg0 = _mm256_loadu_ps(a + c);
-      __m256 agg1 = _mm256_loadu_ps(a + c + 8);
-      if (kRule == 0) {
-        const __m256 nf0 = _mm256_cvtepi32_ps(cnt0);
-        const __m256 nf1 = _mm256_cvtepi32_ps(cnt1);
-        const __m256i nb0 = _mm256_castps_si256(nf0);
-        const __m256i nb1 = _mm256_castps_si256(nf1);
-        if (_mm256_testz_si256(_mm256_or_si256(nb0, nb1), mantissa)) {
-          agg0 = _mm256_mul_ps(agg0, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb0)));
-          agg1 = _mm256_mul_ps(agg1, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb1)));
-        } else {
-          agg0 = _mm256_div_ps(agg0, nf0);
-          agg1 = _mm256_div_ps(agg1, nf1);
-        }
-      }
-      if (kRule == 1) {
-        agg0 = replicas_pow2 ? _mm256_mul_ps(agg0, vreplicas_reciprocal)
-                             : _mm256_div_ps(agg0, vreplicas);
-        agg1 = replicas_pow2 ? _mm256_mul_ps(agg1, vreplicas_reciprocal)
-                             : _mm256_div_ps(agg1, vreplicas);
-      }
-      const __m256 taken0 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt0, zero));
-      const __m256 taken1 = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt1, zero));
-      if (kAccumulate) {
-        const __m256 old0 = _mm256_loadu_ps(o + c);
-        const __m256 old1 = _mm256_loadu_ps(o + c + 8);
-        _mm256_storeu_ps(o + c, _mm256_blendv_ps(old0, _mm256_add_ps(old0, agg0), taken0));
-        _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(old1, _mm256_add_ps(old1, agg1), taken1));
-      } else if (kStream == kStageStores) {
-        _mm256_storeu_ps(o + c, _mm256_blendv_ps(neg_zero, agg0, taken0));
-        _mm256_storeu_ps(o + c + 8, _mm256_blendv_ps(neg_zero, agg1, taken1));
-      } else if (kStream != 0) {
-        Stream8<kStream>(o + c, _mm256_and_ps(agg0, taken0));
-        Stream8<kStream>(o + c + 8, _mm256_and_ps(agg1, taken1));
-      } else {
-        _mm256_storeu_ps(o + c, _mm256_and_ps(agg0, taken0));
-        _mm256_storeu_ps(o + c + 8, _mm256_and_ps(agg1, taken1));
-      }
-      _mm256_storeu_ps(a + c, neg_zero);
-      _mm256_storeu_ps(a + c + 8, neg_zero);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(n + c), zero);
-    }
-    for (; c + 8 <= w; c += 8) {
-      const __m256i cnt =
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(n + c)));
-      const __m256 taken = _mm256_castsi256_ps(_mm256_cmpgt_epi32(cnt, zero));
-      // No branch on `taken`: on dense chunks it would mispredict; untouched lanes are rewritten
-      // with their own bits (or +0).
-      __m256 agg = _mm256_loadu_ps(a + c);
-      if (kRule == 0) {
-        const __m256 nf = _mm256_cvtepi32_ps(cnt);
-        const __m256i nb = _mm256_castps_si256(nf);
-        if (_mm256_testz_si256(nb, mantissa)) {
-          agg = _mm256_mul_ps(agg, _mm256_castsi256_ps(_mm256_sub_epi32(reciprocal_base, nb)));
-        } else {
-          agg = _mm256_div_ps(agg, nf);
-        }
-      }
-      if (kRule == 1) {
-        agg = replicas_pow2 ? _mm256_mul_ps(agg, vreplicas_reciprocal)
-                            : _mm256_div_ps(agg, vreplicas);
-      }
-      if (kAccumulate) {
-        const __m256 old = _mm256_loadu_ps(o + c);
-        _mm256_storeu_ps(o + c, _mm256_blendv_ps(old, _mm256_add_ps(old, agg), taken));
-      } else if (kStream == kStageStores) {
-        _mm256_storeu_ps(o + c, _mm256_blendv_ps(neg_zero, agg, taken));
-      } else {
-        _mm256_storeu_ps(o + c, _mm256_and_ps(agg, taken));
-      }
-      _mm256_storeu_ps(a + c, neg_zero);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(n + c), _mm_setzero_si128());
-    }
+    for (; c + 16 <= w; c += 16) FinishStep16<kRule, kAccumulate, kStream>(k, a + c, n + c, o + c);
+    for (; c + 8 <= w; c += 8) FinishStep8<kRule, kAccumulate, kStream>(k, a + c, n + c, o + c);
     for (; c < w; ++c) {
-      if (n[c] == 0) {
-        if (!kAccumulate) o[c] = kStream == kStageStores ? -0.0f : 0.0f;
-        continue;
-      }
-      float agg = a[c];
-      if (kRule == 0) agg = agg / static_cast<float>(n[c]);
-      if (kRule == 1) agg = agg / replicas;
-      o[c] = kAccumulate ? o[c] + agg : agg;
-      a[c] = -0.0f;
-      n[c] = 0;
+      internal::FinishPositionScalar(a + c, n + c, o + c, kRule, replicas, kAccumulate, fill);
     }
   }
 }

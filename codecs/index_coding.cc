@@ -242,27 +242,18 @@ namespace {
 
 enum class AdaptiveError { kNone, kCount, kTooMany, kBitmap, kOffset, kTotal, kTruncated, kEnd };
 
-// The adaptive decoder's inner loop, kept free of error formatting so the bit reader's state
-// stays in registers. Same reader logic as BitReader (bitstream.h).
-// kB is the sub-block log2 b; kP0 says p is 0 (the usual Rice parameter at top_k 64), so the
-// count is the unary quotient: constants shorten the loop's serial chain (window -> count ->
-// bits used -> window), which bounds its speed. Decodes chunks [first, last) from bit *bit on
-// (*bit <= 8 * bytes.size()) and leaves their end in *bit.
-template <int kB, bool kP0>
-AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
-                                 int p_in, int64_t first, int64_t last, uint64_t* bit,
-                                 uint16_t* out, int64_t* where) {
-  constexpr int b = kB;
-  const int p = kP0 ? 0 : p_in;
-  const uint8_t* ptr = bytes.data() + (*bit >> 3);
-  const uint8_t* const end = bytes.data() + bytes.size();
+#define LBCC_INLINE_STEP inline __attribute__((always_inline))
+
+// The adaptive decoder's bit window: the same reader logic as BitReader (bitstream.h), with its
+// four members held in registers once the always-inline steps below are inlined into the loop.
+struct AdaptiveWindow {
+  const uint8_t* ptr;
+  const uint8_t* end;
   uint64_t acc = 0;
   int fill = 0;
-  if ((*bit & 7) != 0) {
-    acc = *ptr++ >> (*bit & 7);
-    fill = 8 - static_cast<int>(*bit & 7);
-  }
-  auto refill = [&] {
+
+  // Tops the window up to 57..64 bits (fewer at the end of the bytes).
+  LBCC_INLINE_STEP void Refill() {
     if (end - ptr >= 8) {
       uint64_t word;
       std::memcpy(&word, ptr, 8);
@@ -275,129 +266,166 @@ AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLay
         fill += 8;
       }
     }
-  };
-  auto take = [&](int bits) {  // requires fill >= bits
+  }
+  LBCC_INLINE_STEP uint32_t Take(int bits) {  // requires fill >= bits
     const uint32_t v = static_cast<uint32_t>(acc & ((uint64_t{1} << bits) - 1));
     acc >>= bits;
     fill -= bits;
     return v;
-  };
-  const int64_t size = int64_t{1} << b;
-  const int64_t num_sub = NumSubBlocks(layout.chunk_len, b);
+  }
+};
+
+// Fast path for the common sub-block (at top_k 64 the counts are ~Poisson(1) or Poisson(2)):
+// tops the window up when it runs low (8 bytes must be left) and, when the count's quotient is
+// <= 2, the count <= 2 and its offsets are listed, decodes it with no data-dependent branch:
+// both offset slots are written (*written + 2 <= k keeps them inside the chunk) and checked as
+// far as the count says. Otherwise the general code takes the sub-block (same result or error).
+enum class FastPath { kDecoded, kGeneral, kBadOffset };
+template <int kB, bool kP0>
+LBCC_INLINE_STEP FastPath FastSubBlock(AdaptiveWindow& w, int p, int64_t s, uint32_t base,
+                                            int64_t k, uint16_t* o, int64_t* written) {
+  constexpr int kSlots = 2;
+  constexpr int kMaxUsed = kSlots + 1 + 7 + kSlots * kB;
+  if (!((w.fill >= kMaxUsed || w.end - w.ptr >= 8) && *written + kSlots <= k)) {
+    return FastPath::kGeneral;
+  }
+  if (w.fill < kMaxUsed) {
+    uint64_t word;
+    std::memcpy(&word, w.ptr, 8);
+    w.acc |= word << w.fill;
+    w.ptr += (63 - w.fill) >> 3;
+    w.fill |= 56;
+  }
+  const int q2 = __builtin_ctzll(~w.acc | (uint64_t{1} << 63));  // < 64: the window's ones
+  if (!(q2 <= kSlots && q2 <= (s >> p))) return FastPath::kGeneral;
+  const int head = q2 + 1 + p;
+  const int64_t n2 =
+      kP0 ? q2
+          : (static_cast<int64_t>(q2) << p) |
+                static_cast<int64_t>((w.acc >> (q2 + 1)) & ((uint64_t{1} << p) - 1));
+  if (!(n2 <= kSlots && n2 * kB <= s)) return FastPath::kGeneral;
+  const uint64_t bits = w.acc >> head;
+  constexpr uint64_t kMask = (uint64_t{1} << kB) - 1;
+  bool bad = false;
+  int64_t prev = -1;
+  for (int i = 0; i < kSlots; ++i) {
+    const int64_t off = static_cast<int64_t>((bits >> (i * kB)) & kMask);
+    o[*written + i] = static_cast<uint16_t>(base + off);
+    bad |= (i < n2) & ((off <= prev) | (off >= s));
+    prev = off;
+  }
+  if (bad) return FastPath::kBadOffset;
+  const int used = head + static_cast<int>(n2) * kB;  // <= kMaxUsed <= fill
+  w.acc >>= used;
+  w.fill -= used;
+  *written += n2;
+  return FastPath::kDecoded;
+}
+
+// The general code of one sub-block of s positions starting at `base`: the count (unary
+// quotient, then p low bits), then a bitmap of s bits or the n offsets of b bits, whichever the
+// encoder wrote (the shorter).
+template <int kB>
+LBCC_INLINE_STEP AdaptiveError GeneralSubBlock(AdaptiveWindow& w, int p, int64_t s, uint32_t base,
+                                               int64_t k, uint16_t* o, int64_t* written) {
+  constexpr int b = kB;
+  int64_t q = 0;
+  for (;;) {
+    if (w.fill == 0) {
+      w.Refill();
+      if (w.fill == 0) return AdaptiveError::kTruncated;
+    }
+    const uint64_t zeros = ~w.acc;
+    int ones = zeros == 0 ? 64 : __builtin_ctzll(zeros);
+    if (ones > w.fill) ones = w.fill;
+    q += ones;
+    if (q > (s >> p)) return AdaptiveError::kCount;
+    if (ones < w.fill) {
+      w.acc >>= ones + 1;
+      w.fill -= ones + 1;
+      break;
+    }
+    w.acc = 0;
+    w.fill = 0;
+  }
+  if (w.fill < p) {
+    w.Refill();
+    if (w.fill < p) return AdaptiveError::kTruncated;
+  }
+  const int64_t n = (q << p) | (p > 0 ? w.Take(p) : 0);
+  if (n > s) return AdaptiveError::kCount;
+  if (*written + n > k) return AdaptiveError::kTooMany;
+  if (s < n * b) {
+    int64_t seen = 0;
+    for (int64_t bit = 0; bit < s; bit += 32) {
+      const int width = static_cast<int>(std::min<int64_t>(32, s - bit));
+      if (w.fill < width) {
+        w.Refill();
+        if (w.fill < width) return AdaptiveError::kTruncated;
+      }
+      uint32_t word = w.Take(width);
+      seen += __builtin_popcount(word);
+      if (seen > n) return AdaptiveError::kBitmap;
+      while (word != 0) {
+        o[(*written)++] = static_cast<uint16_t>(base + bit + __builtin_ctz(word));
+        word &= word - 1;
+      }
+    }
+    if (seen != n) return AdaptiveError::kBitmap;
+    return AdaptiveError::kNone;
+  }
+  int64_t prev = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (w.fill < b) {
+      w.Refill();
+      if (w.fill < b) return AdaptiveError::kTruncated;
+    }
+    const int64_t off = w.Take(b);
+    if (off <= prev || off >= s) return AdaptiveError::kOffset;
+    prev = off;
+    o[(*written)++] = static_cast<uint16_t>(base + off);
+  }
+  return AdaptiveError::kNone;
+}
+
+// The adaptive decoder's inner loop, kept free of error formatting so the bit window stays in
+// registers. kB is the sub-block log2 b; kP0 says p is 0 (the usual Rice parameter at top_k
+// 64), so the count is the unary quotient: constants shorten the loop's serial chain (window ->
+// count -> bits used -> window), which bounds its speed. Decodes chunks [first, last) from bit
+// *bit on (*bit <= 8 * bytes.size()) and leaves their end in *bit.
+template <int kB, bool kP0>
+AdaptiveError DecodeAdaptiveLoop(absl::Span<const uint8_t> bytes, const IndexLayout& layout,
+                                 int p_in, int64_t first, int64_t last, uint64_t* bit,
+                                 uint16_t* out, int64_t* where) {
+  const int p = kP0 ? 0 : p_in;
+  AdaptiveWindow w{bytes.data() + (*bit >> 3), bytes.data() + bytes.size()};
+  if ((*bit & 7) != 0) {
+    w.acc = *w.ptr++ >> (*bit & 7);
+    w.fill = 8 - static_cast<int>(*bit & 7);
+  }
+  const int64_t size = int64_t{1} << kB;
+  const int64_t num_sub = NumSubBlocks(layout.chunk_len, kB);
   const int64_t k = layout.k;
   for (int64_t c = first; c < last; ++c) {
     *where = c;
     uint16_t* o = out + c * k;
     int64_t written = 0;
     for (int64_t j = 0; j < num_sub; ++j) {
-      const int64_t s = j + 1 < num_sub ? size : layout.chunk_len - (j << b);
-      const uint32_t base = static_cast<uint32_t>(j << b);
-      // Fast path for the common sub-block (at top_k 64 the counts are ~Poisson(1) or
-      // Poisson(2)): top the window up when it runs low (8 bytes must be left) and, when the
-      // count's quotient is <= 4, the count <= 4 and its offsets are listed, decode it with no
-      // data-dependent branch: all four offset slots are written (written + 4 <= k keeps them
-      // inside the chunk) and checked as far as the count says. Everything else takes the
-      // general code below, which gives the same result or error.
-      constexpr int kSlots = 2;
-      constexpr int kMaxUsed = kSlots + 1 + 7 + kSlots * kB;
-      if ((fill >= kMaxUsed || end - ptr >= 8) && written + kSlots <= k) {
-        if (fill < kMaxUsed) {
-          uint64_t word;
-          std::memcpy(&word, ptr, 8);
-          acc |= word << fill;
-          ptr += (63 - fill) >> 3;
-          fill |= 56;
-        }
-        const int q2 = __builtin_ctzll(~acc | (uint64_t{1} << 63));  // < 64: the window's ones
-        if (q2 <= kSlots && q2 <= (s >> p)) {
-          const int head = q2 + 1 + p;
-          const int64_t n2 =
-              kP0 ? q2
-                  : (static_cast<int64_t>(q2) << p) |
-                        static_cast<int64_t>((acc >> (q2 + 1)) & ((uint64_t{1} << p) - 1));
-          if (n2 <= kSlots && n2 * b <= s) {
-            const uint64_t bits = acc >> head;
-            constexpr uint64_t kMask = (uint64_t{1} << kB) - 1;
-            bool bad = false;
-            int64_t prev = -1;
-            for (int i = 0; i < kSlots; ++i) {
-              const int64_t off = static_cast<int64_t>((bits >> (i * kB)) & kMask);
-              o[written + i] = static_cast<uint16_t>(base + off);
-              bad |= (i < n2) & ((off <= prev) | (off >= s));
-              prev = off;
-            }
-            if (bad) return AdaptiveError::kOffset;
-            const int used = head + static_cast<int>(n2) * b;  // <= kMaxUsed <= fill
-            acc >>= used;
-            fill -= used;
-            written += n2;
-            continue;
-          }
-        }
-      }
-      // Count: unary quotient, then p low bits.
-      int64_t q = 0;
-      for (;;) {
-        if (fill == 0) {
-          refill();
-          if (fill == 0) return AdaptiveError::kTruncated;
-        }
-        const uint64_t zeros = ~acc;
-        int ones = zeros == 0 ? 64 : __builtin_ctzll(zeros);
-        if (ones > fill) ones = fill;
-        q += ones;
-        if (q > (s >> p)) return AdaptiveError::kCount;
-        if (ones < fill) {
-          acc >>= ones + 1;
-          fill -= ones + 1;
-          break;
-        }
-        acc = 0;
-        fill = 0;
-      }
-      if (fill < p) {
-        refill();
-        if (fill < p) return AdaptiveError::kTruncated;
-      }
-      const int64_t n = (q << p) | (p > 0 ? take(p) : 0);
-      if (n > s) return AdaptiveError::kCount;
-      if (written + n > k) return AdaptiveError::kTooMany;
-      if (s < n * b) {
-        int64_t seen = 0;
-        for (int64_t bit = 0; bit < s; bit += 32) {
-          const int width = static_cast<int>(std::min<int64_t>(32, s - bit));
-          if (fill < width) {
-            refill();
-            if (fill < width) return AdaptiveError::kTruncated;
-          }
-          uint32_t word = take(width);
-          seen += __builtin_popcount(word);
-          if (seen > n) return AdaptiveError::kBitmap;
-          while (word != 0) {
-            o[written++] = static_cast<uint16_t>(base + bit + __builtin_ctz(word));
-            word &= word - 1;
-          }
-        }
-        if (seen != n) return AdaptiveError::kBitmap;
-      } else {
-        int64_t prev = -1;
-        for (int64_t i = 0; i < n; ++i) {
-          if (fill < b) {
-            refill();
-            if (fill < b) return AdaptiveError::kTruncated;
-          }
-          const int64_t off = take(b);
-          if (off <= prev || off >= s) return AdaptiveError::kOffset;
-          prev = off;
-          o[written++] = static_cast<uint16_t>(base + off);
-        }
-      }
+      const int64_t s = j + 1 < num_sub ? size : layout.chunk_len - (j << kB);
+      const uint32_t base = static_cast<uint32_t>(j << kB);
+      const FastPath fast = FastSubBlock<kB, kP0>(w, p, s, base, k, o, &written);
+      if (fast == FastPath::kDecoded) continue;
+      if (fast == FastPath::kBadOffset) return AdaptiveError::kOffset;
+      const AdaptiveError e = GeneralSubBlock<kB>(w, p, s, base, k, o, &written);
+      if (e != AdaptiveError::kNone) return e;
     }
     if (written != k) return AdaptiveError::kTotal;
   }
-  *bit = static_cast<uint64_t>(ptr - bytes.data()) * 8 - static_cast<uint64_t>(fill);
+  *bit = static_cast<uint64_t>(w.ptr - bytes.data()) * 8 - static_cast<uint64_t>(w.fill);
   return AdaptiveError::kNone;
 }
+
+#undef LBCC_INLINE_STEP
 
 // Rice parameter 0 (the encoder's choice at top_k 64 per 4096): when every sub-block lists
 // its offsets, a chunk takes exactly num_sub + k * (b + 1) bits, so chunk c + 1 starts that

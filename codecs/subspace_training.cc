@@ -274,6 +274,121 @@ absl::StatusOr<SubspaceEnergy> MeasureSubspaceEnergy(std::shared_ptr<const Subsp
   return codec.MeasureEnergy(h, ids);
 }
 
+namespace {
+
+// A mixture of M subspaces fitted to blocks of rows (FitSubspaceBasis, M > 1): farthest-first
+// seeding, then rounds that assign each block to the component capturing most of its energy
+// and refit every component to its blocks.
+class MixtureFit {
+ public:
+  MixtureFit(const float* x, int64_t n, int64_t d, int64_t k, int64_t m, int64_t block)
+      : x_(x), n_(n), d_(d), k_(k), m_(m), ld_(m * k), block_(block),
+        blocks_((n + block - 1) / block), u_(static_cast<size_t>(d * ld_)),
+        total_(static_cast<size_t>(blocks_), 0.0), coef_(static_cast<size_t>(n * ld_)),
+        captured_(static_cast<size_t>(blocks_ * m)) {
+    for (int64_t r = 0; r < n_; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < d_; ++i) s += static_cast<double>(x_[r * d_ + i]) * x_[r * d_ + i];
+      total_[r / block_] += s;
+    }
+  }
+
+  // Farthest-first seeding: each new component is the principal subspace of the block the
+  // components so far capture worst (the first block drawn from `seed`).
+  absl::Status Seed(uint64_t seed) {
+    std::vector<int64_t> seeds = {static_cast<int64_t>(subspace_internal::Random64(seed, 0, 0) %
+                                                       static_cast<uint64_t>(blocks_))};
+    LBCC_RETURN_IF_ERROR(FitComponent(x_, d_, n_, seeds, block_, k_, u_.data(), ld_));
+    for (int64_t c = 1; c < m_; ++c) {
+      Measure(c);
+      const int64_t b = WorstBlock(c, seeds);
+      seeds.push_back(b);
+      LBCC_RETURN_IF_ERROR(FitComponent(x_, d_, n_, {b}, block_, k_, u_.data() + c * k_, ld_));
+    }
+    return absl::OkStatus();
+  }
+
+  // Up to `iterations` (at least 1) rounds of assignment and refit, until no block moves; a
+  // component left without blocks is refitted to the worst-captured block.
+  absl::Status Refine(int iterations) {
+    std::vector<int64_t> assignment(static_cast<size_t>(blocks_), -1);
+    for (int round = 0; round < std::max(1, iterations); ++round) {
+      Measure(m_);
+      bool changed = false;
+      std::vector<std::vector<int64_t>> members(static_cast<size_t>(m_));
+      for (int64_t b = 0; b < blocks_; ++b) {
+        int64_t best = 0;
+        for (int64_t c = 1; c < m_; ++c) {
+          if (captured_[b * m_ + c] > captured_[b * m_ + best]) best = c;
+        }
+        changed |= assignment[b] != best;
+        assignment[b] = best;
+        members[best].push_back(b);
+      }
+      if (!changed) break;
+      std::vector<int64_t> reseeded;
+      for (int64_t c = 0; c < m_; ++c) {
+        if (members[c].empty()) {
+          const int64_t b = WorstBlock(m_, reseeded);
+          reseeded.push_back(b);
+          members[c].push_back(b);
+        }
+        LBCC_RETURN_IF_ERROR(
+            FitComponent(x_, d_, n_, members[c], block_, k_, u_.data() + c * k_, ld_));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<float> TakeMatrices() { return std::move(u_); }
+
+ private:
+  // captured_[b * m + c]: the energy of block b in component c, for components [0, upto).
+  void Measure(int64_t upto) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n_),
+                static_cast<int>(upto * k_), static_cast<int>(d_), 1.0f, x_, static_cast<int>(d_),
+                u_.data(), static_cast<int>(ld_), 0.0f, coef_.data(), static_cast<int>(ld_));
+    std::fill(captured_.begin(), captured_.end(), 0.0);
+    for (int64_t r = 0; r < n_; ++r) {
+      for (int64_t c = 0; c < upto; ++c) {
+        double s = 0;
+        for (int64_t j = 0; j < k_; ++j) {
+          const double v = coef_[r * ld_ + c * k_ + j];
+          s += v * v;
+        }
+        captured_[(r / block_) * m_ + c] += s;
+      }
+    }
+  }
+
+  // The block (not in `exclude`) whose energy components [0, upto) capture the smallest best
+  // fraction of.
+  int64_t WorstBlock(int64_t upto, const std::vector<int64_t>& exclude) const {
+    int64_t worst = -1;
+    double worst_fraction = 2;
+    for (int64_t b = 0; b < blocks_; ++b) {
+      if (std::find(exclude.begin(), exclude.end(), b) != exclude.end()) continue;
+      double best = 0;
+      for (int64_t c = 0; c < upto; ++c) best = std::max(best, captured_[b * m_ + c]);
+      const double fraction = total_[b] > 0 ? best / total_[b] : 1.0;
+      if (fraction < worst_fraction) {
+        worst_fraction = fraction;
+        worst = b;
+      }
+    }
+    return worst;
+  }
+
+  const float* x_;
+  const int64_t n_, d_, k_, m_, ld_, block_, blocks_;
+  std::vector<float> u_;            // d x (m k), the components side by side
+  std::vector<double> total_;       // per block: its energy
+  std::vector<float> coef_;         // n x (m k) projections
+  std::vector<double> captured_;    // per block and component
+};
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const SubspaceBasis>> FitSubspaceBasis(
     const TensorView& samples, const SubspaceFitOptions& options) {
   LBCC_RETURN_IF_ERROR(CheckMatrix(samples, "samples"));
@@ -289,94 +404,17 @@ absl::StatusOr<std::shared_ptr<const SubspaceBasis>> FitSubspaceBasis(
                                                    " rows, have ", n, " rows"));
   }
   const float* x = samples.data_as<float>();
-  const int64_t ld = m * k;
-  std::vector<float> u(static_cast<size_t>(d * ld));
   if (m == 1) {
-    LBCC_RETURN_IF_ERROR(FitComponent(x, d, n, {}, block, k, u.data(), ld));
+    std::vector<float> u(static_cast<size_t>(d * k));
+    LBCC_RETURN_IF_ERROR(FitComponent(x, d, n, {}, block, k, u.data(), k));
     return SubspaceBasis::FromMatrices(d, k, 1, options.vocab_size, std::move(u), options.table,
                                        options.version);
   }
-  const int64_t blocks = (n + block - 1) / block;
-  // captured[b * m + c]: energy of block b in component c; total[b]: energy of block b.
-  std::vector<double> total(static_cast<size_t>(blocks), 0.0);
-  for (int64_t r = 0; r < n; ++r) {
-    double s = 0;
-    for (int64_t i = 0; i < d; ++i) s += static_cast<double>(x[r * d + i]) * x[r * d + i];
-    total[r / block] += s;
-  }
-  std::vector<float> coef(static_cast<size_t>(n * ld));
-  std::vector<double> captured(static_cast<size_t>(blocks * m));
-  auto measure = [&](int64_t upto) {  // components [0, upto)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
-                static_cast<int>(upto * k), static_cast<int>(d), 1.0f, x, static_cast<int>(d),
-                u.data(), static_cast<int>(ld), 0.0f, coef.data(), static_cast<int>(ld));
-    std::fill(captured.begin(), captured.end(), 0.0);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < upto; ++c) {
-        double s = 0;
-        for (int64_t j = 0; j < k; ++j) {
-          const double v = coef[r * ld + c * k + j];
-          s += v * v;
-        }
-        captured[(r / block) * m + c] += s;
-      }
-    }
-  };
-  // Best fraction of each block's energy captured by components [0, upto); the worst block.
-  auto worst_block = [&](int64_t upto, const std::vector<int64_t>& exclude) {
-    int64_t worst = -1;
-    double worst_fraction = 2;
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (std::find(exclude.begin(), exclude.end(), b) != exclude.end()) continue;
-      double best = 0;
-      for (int64_t c = 0; c < upto; ++c) best = std::max(best, captured[b * m + c]);
-      const double fraction = total[b] > 0 ? best / total[b] : 1.0;
-      if (fraction < worst_fraction) {
-        worst_fraction = fraction;
-        worst = b;
-      }
-    }
-    return worst;
-  };
-  // Farthest-first seeding: each new component is the principal subspace of the block the
-  // components so far capture worst.
-  std::vector<int64_t> seeds = {
-      static_cast<int64_t>(subspace_internal::Random64(options.seed, 0, 0) %
-                           static_cast<uint64_t>(blocks))};
-  LBCC_RETURN_IF_ERROR(FitComponent(x, d, n, seeds, block, k, u.data(), ld));
-  for (int64_t c = 1; c < m; ++c) {
-    measure(c);
-    const int64_t b = worst_block(c, seeds);
-    seeds.push_back(b);
-    LBCC_RETURN_IF_ERROR(FitComponent(x, d, n, {b}, block, k, u.data() + c * k, ld));
-  }
-  std::vector<int64_t> assignment(static_cast<size_t>(blocks), -1);
-  for (int round = 0; round < std::max(1, options.iterations); ++round) {
-    measure(m);
-    bool changed = false;
-    std::vector<std::vector<int64_t>> members(static_cast<size_t>(m));
-    for (int64_t b = 0; b < blocks; ++b) {
-      int64_t best = 0;
-      for (int64_t c = 1; c < m; ++c) {
-        if (captured[b * m + c] > captured[b * m + best]) best = c;
-      }
-      changed |= assignment[b] != best;
-      assignment[b] = best;
-      members[best].push_back(b);
-    }
-    if (!changed) break;
-    std::vector<int64_t> reseeded;
-    for (int64_t c = 0; c < m; ++c) {
-      if (members[c].empty()) {
-        const int64_t b = worst_block(m, reseeded);
-        reseeded.push_back(b);
-        members[c].push_back(b);
-      }
-      LBCC_RETURN_IF_ERROR(FitComponent(x, d, n, members[c], block, k, u.data() + c * k, ld));
-    }
-  }
-  return SubspaceBasis::FromMatrices(d, k, m, options.vocab_size, std::move(u), options.table,
-                                     options.version);
+  MixtureFit fit(x, n, d, k, m, block);
+  LBCC_RETURN_IF_ERROR(fit.Seed(options.seed));
+  LBCC_RETURN_IF_ERROR(fit.Refine(options.iterations));
+  return SubspaceBasis::FromMatrices(d, k, m, options.vocab_size, fit.TakeMatrices(),
+                                     options.table, options.version);
 }
 
 }  // namespace lbcc::codecs

@@ -240,62 +240,12 @@ struct TopKEncoder {
     return absl::OkStatus();
   }
 
-  static absl::StatusOr<size_t> Encode(const codecs::TopKEfCodec& codec, const float* delta,
-                                       absl::Span<const int64_t> shape, DeviceTopKEfState& st,
-                                       absl::Span<uint8_t> out, Stream stream) {
-    const codecs::TopKEfOptions& o = codec.options();
-    if (o.ChunkingFor(shape) != codecs::Chunking::kShapeAware) {
-      return absl::UnimplementedError(
-          "topk_ef: the device encoder chunks 1-D tensors as chunk_1d lbcc/templar only "
-          "(flat4096: encode on the host)");
-    }
-    LBCC_RETURN_IF_ERROR(codecs::PrepareTopKEfState(codec, st, shape, out.size()));
-    Backend& be = *st.backend_;
-    LBCC_RETURN_IF_ERROR(be.SetDevice(st.device_));
-    const codecs::ChunkGeometry& g = st.geometry_;
-    const int64_t k = o.KFor(g);
-    const codecs::IndexLayout layout{g.num_chunks, k, g.chunk_len};
-    const int64_t count = layout.count();
-    const int coding = static_cast<int>(o.values);
-    const int bits = BinMeanBits(coding);
-    const size_t value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
-    const size_t packed_bytes = codecs::Packed12Bytes(count);
-    IndexPlanArgs plan;
-    plan.requested = static_cast<int>(o.indices);
-    plan.count = count;
-    plan.rice6 = codecs::AdaptiveRice(layout, 6);
-    plan.rice7 = codecs::AdaptiveRice(layout, 7);
-
-    // Staging: the summary, then the index section, then the value section.
-    const size_t summary_at = 0;
-    const size_t index_at = AlignUp(sizeof(EncodeSummary));
-    size_t index_room = packed_bytes;
-    LBCC_RETURN_IF_ERROR(GrowHost(st, index_at + AlignUp(index_room) + AlignUp(value_bytes)));
-    auto* summary = reinterpret_cast<EncodeSummary*>(st.host_ + summary_at);
-    std::memset(summary, 0, sizeof(EncodeSummary));
-    summary->bad_chunk = INT32_MAX;
-
-    if (count == 0) {
-      // An empty tensor: nothing to select; the CPU codec's parameters for no values.
-      PlanIndexCoding(plan, 0, 0, summary);
-      st.pending_ = true;
-      return Assemble(codec, shape, k, *summary, st.host_ + index_at,
-                      st.host_ + index_at + AlignUp(index_room), out, &st);
-    }
-
-    LBCC_RETURN_IF_ERROR(Prepare(st, o, k));
+  // Steps 1-2: the EF update into st.next_ and the selection.
+  static absl::Status Select(DeviceTopKEfState& st, const codecs::TopKEfOptions& o, int64_t k,
+                             const IndexPlanArgs& plan, const float* delta, Stream stream) {
     DeviceTopKEfState::Buffers& b = *st.buffers_;
-    LBCC_RETURN_IF_ERROR(be.CopyToDevice(b.summary, summary, sizeof(EncodeSummary), stream));
-    if (st.timing_ && st.events_[0] == nullptr) {
-      for (void*& e : st.events_) {
-        LBCC_ASSIGN_OR_RETURN(e, be.CreateEvent());
-      }
-    }
-    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[0], stream));
-
-    // 1-2. EF update and selection.
     SelectArgs sa;
-    sa.g = ToKernelGeometry(g);
+    sa.g = ToKernelGeometry(st.geometry_);
     sa.k = k;
     sa.beta = o.beta;
     sa.lr = o.lr;
@@ -310,9 +260,15 @@ struct TopKEncoder {
     sa.bits6 = b.bits6;
     sa.bits7 = b.bits7;
     sa.bad_chunk = &b.summary->bad_chunk;
-    LBCC_RETURN_IF_ERROR(be.Select(sa, stream));
+    return st.backend_->Select(sa, stream);
+  }
 
-    // 3. Index coding.
+  // Step 3a: the index coding's choice and the index section.
+  static absl::Status CodeIndices(DeviceTopKEfState& st, const codecs::TopKEfOptions& o,
+                                  int64_t k, const IndexPlanArgs& plan, Stream stream) {
+    Backend& be = *st.backend_;
+    DeviceTopKEfState::Buffers& b = *st.buffers_;
+    const codecs::ChunkGeometry& g = st.geometry_;
     PlanArgs pa;
     pa.plan = plan;
     pa.num_chunks = g.num_chunks;
@@ -338,9 +294,16 @@ struct TopKEncoder {
     ia.offsets7 = b.offsets7;
     ia.summary = b.summary;
     ia.out = b.index;
-    LBCC_RETURN_IF_ERROR(be.WriteIndices(ia, stream));
+    return be.WriteIndices(ia, stream);
+  }
 
-    // 3. Values; sel_value then holds the reconstructions.
+  // Step 3b: the value section; sel_value then holds the reconstructions.
+  static absl::Status CodeValues(DeviceTopKEfState& st, const codecs::TopKEfOptions& o,
+                                 int64_t count, Stream stream) {
+    Backend& be = *st.backend_;
+    DeviceTopKEfState::Buffers& b = *st.buffers_;
+    const int coding = static_cast<int>(o.values);
+    const int bits = BinMeanBits(coding);
     if (bits > 0) {
       BinMeanArgs ba;
       ba.n = count;
@@ -353,73 +316,147 @@ struct TopKEncoder {
       ba.summary = b.summary;
       ba.partials = b.partials;
       ba.bin_partials = b.bin_partials;
-      LBCC_RETURN_IF_ERROR(be.EncodeBinMean(ba, stream));
-    } else if (coding == kValueAbsmax8 || coding == kValueAbsmax4) {
+      return be.EncodeBinMean(ba, stream);
+    }
+    if (coding == kValueAbsmax8 || coding == kValueAbsmax4) {
       AbsmaxArgs aa;
       aa.coding = coding;
       aa.n = count;
       aa.block = o.value_block;
       aa.values = b.sel_value;
       aa.section = b.values;
-      LBCC_RETURN_IF_ERROR(be.EncodeAbsmax(aa, stream));
-    } else {
-      LBCC_RETURN_IF_ERROR(be.EncodeFloatValues(coding, b.sel_value, count, b.values, stream));
+      return be.EncodeAbsmax(aa, stream);
     }
+    return be.EncodeFloatValues(coding, b.sel_value, count, b.values, stream);
+  }
 
-    // 4. e_new = e' - v_hat at the selected positions.
+  // Step 4: e_new = e' - v_hat at the selected positions.
+  static absl::Status Subtract(DeviceTopKEfState& st, int64_t k, int64_t count, Stream stream) {
     SubtractArgs xa;
-    xa.g = sa.g;
+    xa.g = ToKernelGeometry(st.geometry_);
     xa.k = k;
     xa.count = count;
-    xa.sel_local = b.sel_local;
-    xa.v_hat = b.sel_value;
+    xa.sel_local = st.buffers_->sel_local;
+    xa.v_hat = st.buffers_->sel_value;
     xa.next = st.next_;
-    LBCC_RETURN_IF_ERROR(be.SubtractReconstruction(xa, stream));
-    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[1], stream));
+    return st.backend_->SubtractReconstruction(xa, stream);
+  }
 
-    // Only the payload's sections come back.
-    uint8_t* index_host = st.host_ + index_at;
-    uint8_t* values_host = st.host_ + index_at + AlignUp(index_room);
-    LBCC_RETURN_IF_ERROR(be.CopyToHost(summary, b.summary, sizeof(EncodeSummary), stream));
-    if (o.indices != codecs::IndexCoding::kAdaptive) {
-      LBCC_RETURN_IF_ERROR(be.CopyToHost(index_host, b.index, packed_bytes, stream));
+  // Where the host staging holds the summary, the index section (index_room bytes) and the
+  // value section.
+  struct Staging {
+    size_t index_at = AlignUp(sizeof(EncodeSummary));
+    size_t index_room = 0;
+    size_t value_bytes = 0;
+    size_t bytes() const { return index_at + AlignUp(index_room) + AlignUp(value_bytes); }
+    EncodeSummary* summary(const DeviceTopKEfState& st) const {
+      return reinterpret_cast<EncodeSummary*>(st.host_);
     }
-    LBCC_RETURN_IF_ERROR(be.CopyToHost(values_host, b.values, value_bytes, stream));
+    uint8_t* index(const DeviceTopKEfState& st) const { return st.host_ + index_at; }
+    uint8_t* values(const DeviceTopKEfState& st) const {
+      return st.host_ + index_at + AlignUp(index_room);
+    }
+  };
+
+  // Brings the summary and the payload's sections back into the staging (only they cross) and
+  // reports a bad chunk as the CPU codec does; an adaptive index section's length is known
+  // only then, so the staging may grow (keeping the values).
+  static absl::Status Fetch(DeviceTopKEfState& st, const codecs::TopKEfOptions& o,
+                            size_t packed_bytes, Staging& at, Stream stream) {
+    Backend& be = *st.backend_;
+    DeviceTopKEfState::Buffers& b = *st.buffers_;
+    const codecs::ChunkGeometry& g = st.geometry_;
+    LBCC_RETURN_IF_ERROR(
+        be.CopyToHost(at.summary(st), b.summary, sizeof(EncodeSummary), stream));
+    if (o.indices != codecs::IndexCoding::kAdaptive) {
+      LBCC_RETURN_IF_ERROR(be.CopyToHost(at.index(st), b.index, packed_bytes, stream));
+    }
+    LBCC_RETURN_IF_ERROR(be.CopyToHost(at.values(st), b.values, at.value_bytes, stream));
     LBCC_RETURN_IF_ERROR(be.Synchronize(stream));
-    if (summary->bad_chunk != INT32_MAX) {
-      const int64_t y = summary->bad_chunk / g.chunks_x;
+    if (at.summary(st)->bad_chunk != INT32_MAX) {
+      const int64_t y = at.summary(st)->bad_chunk / g.chunks_x;
       return absl::InvalidArgumentError(absl::StrCat(
           "topk_ef: delta has a NaN or infinite entry, or |beta * e + lr * delta| exceeds 2^100, "
           "in rows ",
           y * g.h, "..", y * g.h + g.h - 1, "; the state is unchanged"));
     }
-    if (o.indices == codecs::IndexCoding::kAdaptive) {
-      // The length is known only now; the staging may need to grow (keep the values).
-      const size_t index_bytes = static_cast<size_t>(summary->index_bytes);
-      if (index_bytes > index_room) {
-        const EncodeSummary saved = *summary;
-        std::vector<uint8_t> values(values_host, values_host + value_bytes);
-        index_room = index_bytes;
-        LBCC_RETURN_IF_ERROR(GrowHost(st, index_at + AlignUp(index_room) + AlignUp(value_bytes)));
-        summary = reinterpret_cast<EncodeSummary*>(st.host_ + summary_at);
-        *summary = saved;
-        index_host = st.host_ + index_at;
-        values_host = st.host_ + index_at + AlignUp(index_room);
-        if (value_bytes > 0) std::memcpy(values_host, values.data(), value_bytes);
-      }
-      LBCC_RETURN_IF_ERROR(be.CopyToHost(index_host, b.index, index_bytes, stream));
-      LBCC_RETURN_IF_ERROR(be.Synchronize(stream));
+    if (o.indices != codecs::IndexCoding::kAdaptive) return absl::OkStatus();
+    const size_t index_bytes = static_cast<size_t>(at.summary(st)->index_bytes);
+    if (index_bytes > at.index_room) {
+      const EncodeSummary saved = *at.summary(st);
+      std::vector<uint8_t> values(at.values(st), at.values(st) + at.value_bytes);
+      at.index_room = index_bytes;
+      LBCC_RETURN_IF_ERROR(GrowHost(st, at.bytes()));
+      *at.summary(st) = saved;
+      if (at.value_bytes > 0) std::memcpy(at.values(st), values.data(), at.value_bytes);
     }
+    LBCC_RETURN_IF_ERROR(be.CopyToHost(at.index(st), b.index, index_bytes, stream));
+    return be.Synchronize(stream);
+  }
+
+  static absl::StatusOr<size_t> Encode(const codecs::TopKEfCodec& codec, const float* delta,
+                                       absl::Span<const int64_t> shape, DeviceTopKEfState& st,
+                                       absl::Span<uint8_t> out, Stream stream) {
+    const codecs::TopKEfOptions& o = codec.options();
+    if (o.ChunkingFor(shape) != codecs::Chunking::kShapeAware) {
+      return absl::UnimplementedError(
+          "topk_ef: the device encoder chunks 1-D tensors as chunk_1d lbcc/templar only "
+          "(flat4096: encode on the host)");
+    }
+    LBCC_RETURN_IF_ERROR(codecs::PrepareTopKEfState(codec, st, shape, out.size()));
+    Backend& be = *st.backend_;
+    LBCC_RETURN_IF_ERROR(be.SetDevice(st.device_));
+    const codecs::ChunkGeometry& g = st.geometry_;
+    const int64_t k = o.KFor(g);
+    const codecs::IndexLayout layout{g.num_chunks, k, g.chunk_len};
+    const int64_t count = layout.count();
+    const size_t packed_bytes = codecs::Packed12Bytes(count);
+    IndexPlanArgs plan;
+    plan.requested = static_cast<int>(o.indices);
+    plan.count = count;
+    plan.rice6 = codecs::AdaptiveRice(layout, 6);
+    plan.rice7 = codecs::AdaptiveRice(layout, 7);
+
+    Staging at;
+    at.index_room = packed_bytes;
+    at.value_bytes = codecs::ValueSectionBytes(o.values, count, o.value_block);
+    LBCC_RETURN_IF_ERROR(GrowHost(st, at.bytes()));
+    std::memset(at.summary(st), 0, sizeof(EncodeSummary));
+    at.summary(st)->bad_chunk = INT32_MAX;
+
+    if (count == 0) {
+      // An empty tensor: nothing to select; the CPU codec's parameters for no values.
+      PlanIndexCoding(plan, 0, 0, at.summary(st));
+      st.pending_ = true;
+      return Assemble(codec, shape, k, *at.summary(st), at.index(st), at.values(st), out, &st);
+    }
+
+    LBCC_RETURN_IF_ERROR(Prepare(st, o, k));
+    LBCC_RETURN_IF_ERROR(
+        be.CopyToDevice(st.buffers_->summary, at.summary(st), sizeof(EncodeSummary), stream));
+    if (st.timing_ && st.events_[0] == nullptr) {
+      for (void*& e : st.events_) {
+        LBCC_ASSIGN_OR_RETURN(e, be.CreateEvent());
+      }
+    }
+    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[0], stream));
+    LBCC_RETURN_IF_ERROR(Select(st, o, k, plan, delta, stream));
+    LBCC_RETURN_IF_ERROR(CodeIndices(st, o, k, plan, stream));
+    LBCC_RETURN_IF_ERROR(CodeValues(st, o, count, stream));
+    LBCC_RETURN_IF_ERROR(Subtract(st, k, count, stream));
+    if (st.timing_) LBCC_RETURN_IF_ERROR(be.RecordEvent(st.events_[1], stream));
+    LBCC_RETURN_IF_ERROR(Fetch(st, o, packed_bytes, at, stream));
     if (st.timing_) {
       LBCC_ASSIGN_OR_RETURN(st.stats_.last_device_seconds,
                             be.ElapsedSeconds(st.events_[0], st.events_[1]));
     }
+    const EncodeSummary& summary = *at.summary(st);
     ++st.stats_.encodes;
-    if (summary->fallbacks & kFallbackShift) ++st.stats_.shift_fallbacks;
-    if (summary->fallbacks & kFallbackNorm) ++st.stats_.norm_fallbacks;
-    if (summary->fallbacks & kFallbackBins) ++st.stats_.bin_fallbacks;
+    if (summary.fallbacks & kFallbackShift) ++st.stats_.shift_fallbacks;
+    if (summary.fallbacks & kFallbackNorm) ++st.stats_.norm_fallbacks;
+    if (summary.fallbacks & kFallbackBins) ++st.stats_.bin_fallbacks;
     st.pending_ = true;
-    return Assemble(codec, shape, k, *summary, index_host, values_host, out, &st);
+    return Assemble(codec, shape, k, summary, at.index(st), at.values(st), out, &st);
   }
 
   // Writes the payload from the staged sections, exactly as codecs/topk_ef.cc does.
