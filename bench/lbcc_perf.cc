@@ -456,6 +456,9 @@ void Store(DType dtype, double v, void* data, int64_t i) {
     case DType::kU8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); break;
     case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
     case DType::kI64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
+    case DType::kF64: static_cast<double*>(data)[i] = v; break;
+    case DType::kI16: static_cast<int16_t*>(data)[i] = static_cast<int16_t>(v); break;
+    case DType::kBool: static_cast<uint8_t*>(data)[i] = v != 0; break;
   }
 }
 
@@ -468,6 +471,9 @@ double Load(DType dtype, const void* data, int64_t i) {
     case DType::kU8: return static_cast<const uint8_t*>(data)[i];
     case DType::kI32: return static_cast<const int32_t*>(data)[i];
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::kF64: return static_cast<const double*>(data)[i];
+    case DType::kI16: return static_cast<const int16_t*>(data)[i];
+    case DType::kBool: return static_cast<const uint8_t*>(data)[i];
   }
   return 0;
 }

@@ -9,33 +9,6 @@ namespace lbcc::comm {
 namespace {
 
 using Links = SelectionRule::Links;
-constexpr size_t kMax = ~size_t{0};
-
-// The table. Reasoning per row:
-// - Payload exchange with slow links and islands of several ranks: hierarchical, so each
-//   payload crosses each slow link once and island members share their leader's download.
-// - Payload exchange otherwise: small messages direct (one step of latency, and on slow links
-//   every rank receives each payload once either way); large ones on fast links by ring.
-// - Dense all-gather: the payload exchange's rows (it is one, of equal sizes).
-// - Dense all-reduce: up to 64 KiB per rank direct (one latency-bound round that also carries
-//   the operation header, instead of the ring's 2(N-1) rounds after a header round); larger
-//   by ring (bandwidth-optimal: 2(N-1)/N of the data per rank).
-// - Broadcast: direct from the root (groups are small; the root's up-link carries N-1 copies).
-// - Barrier: direct (an all-gather of nothing: one step, whatever the links).
-constexpr SelectionRule kTable[] = {
-    {Collective::kAllGatherV, Links::kSomeSlow, true, 0, kMax, Algorithm::kHierarchical},
-    {Collective::kAllGatherV, Links::kSomeSlow, false, 0, kMax, Algorithm::kDirect},
-    {Collective::kAllGatherV, Links::kAllFast, false, 0, 1 << 20, Algorithm::kDirect},
-    {Collective::kAllGatherV, Links::kAllFast, false, 1 << 20, kMax, Algorithm::kRing},
-    {Collective::kAllGather, Links::kSomeSlow, true, 0, kMax, Algorithm::kHierarchical},
-    {Collective::kAllGather, Links::kSomeSlow, false, 0, kMax, Algorithm::kDirect},
-    {Collective::kAllGather, Links::kAllFast, false, 0, 1 << 20, Algorithm::kDirect},
-    {Collective::kAllGather, Links::kAllFast, false, 1 << 20, kMax, Algorithm::kRing},
-    {Collective::kAllReduce, Links::kAny, false, 0, (64 << 10) + 1, Algorithm::kDirect},
-    {Collective::kAllReduce, Links::kAny, false, (64 << 10) + 1, kMax, Algorithm::kRing},
-    {Collective::kBroadcast, Links::kAny, false, 0, kMax, Algorithm::kDirect},
-    {Collective::kBarrier, Links::kAny, false, 0, kMax, Algorithm::kDirect},
-};
 
 }  // namespace
 
@@ -86,22 +59,6 @@ absl::StatusOr<Collective> ParseCollective(absl::string_view name) {
       "unknown collective '", name, "' (allgatherv, allreduce, broadcast, allgather, barrier)"));
 }
 
-// Which implementations exist (collectives.h): the all-gathers, and the barrier built on
-// AllGatherV, have all three; all-reduce has ring, broadcast direct.
-bool HasAlgorithm(Collective collective, Algorithm algorithm) {
-  if (algorithm == Algorithm::kAuto) return false;
-  switch (collective) {
-    case Collective::kAllGatherV:
-    case Collective::kAllGather:
-    case Collective::kBarrier:
-      return true;
-    case Collective::kAllReduce:
-      return algorithm == Algorithm::kRing || algorithm == Algorithm::kDirect;
-    case Collective::kBroadcast:
-      return algorithm == Algorithm::kDirect;
-  }
-  return false;
-}
 
 GroupShape ShapeOf(const Topology& topology, absl::Span<const int> ranks) {
   GroupShape shape;
@@ -117,14 +74,13 @@ GroupShape ShapeOf(const Topology& topology, absl::Span<const int> ranks) {
   return shape;
 }
 
-absl::Span<const SelectionRule> SelectionTable() { return kTable; }
 
 absl::StatusOr<Algorithm> SelectAlgorithm(Collective collective, const GroupShape& shape,
                                           size_t bytes_per_rank, Algorithm requested,
                                           Algorithm configured) {
   Algorithm chosen = requested != Algorithm::kAuto ? requested : configured;
   if (chosen == Algorithm::kAuto) {
-    for (const SelectionRule& rule : kTable) {
+    for (const SelectionRule& rule : SelectionTable()) {
       if (rule.collective != collective) continue;
       if (rule.links == Links::kAllFast && shape.any_slow) continue;
       if (rule.links == Links::kSomeSlow && !shape.any_slow) continue;

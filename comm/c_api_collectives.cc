@@ -39,24 +39,12 @@ absl::StatusOr<lbcc::codecs::TopKEfOptions> TopKOptions(const lbccTopKConfig_t* 
   options.beta = config->beta;
   options.lr = config->lr;
   switch (config->values) {
-    case lbccValues2Bit:
-      options.values = lbcc::codecs::ValueCoding::kBinMean2;
-      break;
-    case lbccValues4Bit:
-      options.values = lbcc::codecs::ValueCoding::kBinMean4;
-      break;
-    case lbccValues8Bit:
-      options.values = lbcc::codecs::ValueCoding::kBinMean8;
-      break;
-    case lbccValuesBf16:
-      options.values = lbcc::codecs::ValueCoding::kBf16;
-      break;
-    case lbccValuesFp16:
-      options.values = lbcc::codecs::ValueCoding::kF16;
-      break;
-    case lbccValuesFp32:
-      options.values = lbcc::codecs::ValueCoding::kF32;
-      break;
+    case lbccValues2Bit: options.values = lbcc::codecs::ValueCoding::kBinMean2; break;
+    case lbccValues4Bit: options.values = lbcc::codecs::ValueCoding::kBinMean4; break;
+    case lbccValues8Bit: options.values = lbcc::codecs::ValueCoding::kBinMean8; break;
+    case lbccValuesBf16: options.values = lbcc::codecs::ValueCoding::kBf16; break;
+    case lbccValuesFp16: options.values = lbcc::codecs::ValueCoding::kF16; break;
+    case lbccValuesFp32: options.values = lbcc::codecs::ValueCoding::kF32; break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown lbccValueCoding_t ", static_cast<int>(config->values)));
@@ -76,12 +64,10 @@ lbccResult_t Finish(lbcc::comm::RequestPtr request, lbccComm* comm, lbccRequest_
   return lbccSuccess;
 }
 
-
 absl::StatusOr<SparseCall> ParseSparseCall(const char* name, int ntensors,
                                            const float* const* deltas, float* const* outs,
                                            const int* ranks, const int64_t* const* dims,
-                                           lbccTopKState_t* states,
-                                           const lbccTopKConfig_t* config,
+                                           lbccTopKState_t* states, const lbccTopKConfig_t* config,
                                            lbccAggregation_t aggregation) {
   if (ntensors < 0) return absl::InvalidArgumentError("ntensors < 0");
   if (ntensors > 0) {
@@ -90,7 +76,8 @@ absl::StatusOr<SparseCall> ParseSparseCall(const char* name, int ntensors,
                                     {ranks, "ranks"},
                                     {dims, "dims"},
                                     {states, "states"}}) {
-      if (ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " is NULL"));
+      if (ptr == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " is NULL"));
     }
   }
   LBCC_ASSIGN_OR_RETURN(lbcc::codecs::TopKEfOptions options, TopKOptions(config));
@@ -101,12 +88,8 @@ absl::StatusOr<SparseCall> ParseSparseCall(const char* name, int ntensors,
     case lbccAggSparseLoCo:
       call.decode.aggregation = lbcc::codecs::Aggregation::kSparseLoCoMean;
       break;
-    case lbccAggMean:
-      call.decode.aggregation = lbcc::codecs::Aggregation::kMean;
-      break;
-    case lbccAggSum:
-      call.decode.aggregation = lbcc::codecs::Aggregation::kSum;
-      break;
+    case lbccAggMean: call.decode.aggregation = lbcc::codecs::Aggregation::kMean; break;
+    case lbccAggSum: call.decode.aggregation = lbcc::codecs::Aggregation::kSum; break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown lbccAggregation_t ", static_cast<int>(aggregation)));
@@ -132,7 +115,7 @@ absl::StatusOr<SparseCall> ParseSparseCall(const char* name, int ntensors,
 
 extern "C" {
 
-// ---- Collectives over raw buffers (comm/dense_collectives.h): lbccReduce, lbccReduceScatter,
+// ---- Collectives over raw buffers (comm/collectives.h): lbccReduce, lbccReduceScatter,
 // lbccAllToAll, and lbccAllReduce for integer types and lbccProd/lbccMin/lbccMax.
 namespace {
 
@@ -148,21 +131,19 @@ absl::StatusOr<lbcc::comm::ReduceOp> ToReduceOp(lbccRedOp_t op) {
 }
 
 lbccResult_t RawAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                             lbccDataType_t datatype, lbccRedOp_t op, lbccComm* comm,
-                             lbccRequest_t* request) {
+                          lbccDataType_t datatype, lbccRedOp_t op, lbccComm* comm,
+                          lbccRequest_t* request) {
   absl::StatusOr<lbcc::DType> type = ToDType(datatype);
   if (!type.ok()) return Reject("lbccAllReduce", type.status(), comm);
   absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
   if (!reduce_op.ok()) return Reject("lbccAllReduce", reduce_op.status(), comm);
-  return Finish(comm->comm->AllReduce(sendbuff, recvbuff, count, *type, *reduce_op), comm,
-                request);
+  return Finish(comm->comm->AllReduce(sendbuff, recvbuff, count, *type, *reduce_op), comm, request);
 }
 
 }  // namespace
 
-lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count,
-                        lbccDataType_t datatype, lbccRedOp_t op, int root, lbccComm_t comm,
-                        lbccRequest_t* request) {
+lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count, lbccDataType_t datatype,
+                        lbccRedOp_t op, int root, lbccComm_t comm, lbccRequest_t* request) {
   LBCC_C_CHECK_PTR("lbccReduce", comm);
   LBCC_C_CHECK_PTR("lbccReduce", request);
   if (count > 0) LBCC_C_CHECK_BUF("lbccReduce", sendbuff, comm);
@@ -187,9 +168,8 @@ lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   if (!type.ok()) return Reject("lbccReduceScatter", type.status(), comm);
   absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
   if (!reduce_op.ok()) return Reject("lbccReduceScatter", reduce_op.status(), comm);
-  return Finish(
-      comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, *type, *reduce_op), comm,
-      request);
+  return Finish(comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, *type, *reduce_op), comm,
+                request);
 }
 
 lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
@@ -233,10 +213,10 @@ lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   if (!in.ok()) return Reject("lbccAllReduce", in.status(), comm);
   absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Create(recvbuff, *dtype, {n});
   if (!out.ok()) return Reject("lbccAllReduce", out.status(), comm);
-  return Finish(comm->comm->AllReduce(*in, *out,
-                                      op == lbccSum ? lbcc::comm::ReduceOp::kSum
-                                                    : lbcc::comm::ReduceOp::kAvg),
-                comm, request);
+  return Finish(
+      comm->comm->AllReduce(
+          *in, *out, op == lbccSum ? lbcc::comm::ReduceOp::kSum : lbcc::comm::ReduceOp::kAvg),
+      comm, request);
 }
 
 lbccResult_t lbccAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
@@ -301,9 +281,9 @@ lbccResult_t lbccSparseAllReduce(int ntensors, const float* const* deltas, float
   absl::StatusOr<SparseCall> call =
       ParseSparseCall(kName, ntensors, deltas, outs, ranks, dims, states, config, aggregation);
   if (!call.ok()) return Reject(kName, call.status(), comm);
-  return Finish(comm->comm->SparseAllReduce(std::move(call->tensors), call->codec.get(),
-                                            call->decode),
-                comm, request, call->codec);
+  return Finish(
+      comm->comm->SparseAllReduce(std::move(call->tensors), call->codec.get(), call->decode), comm,
+      request, call->codec);
 }
 
 lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dims,
@@ -321,21 +301,13 @@ lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dim
                   comm);
     }
     switch (config->format) {
-      case lbccDenseInt8:
-        options.format = lbcc::codecs::DenseFormat::kInt8;
-        break;
-      case lbccDenseInt4:
-        options.format = lbcc::codecs::DenseFormat::kInt4;
-        break;
-      case lbccDenseFp16:
-        options.format = lbcc::codecs::DenseFormat::kF16;
-        break;
-      case lbccDenseBf16:
-        options.format = lbcc::codecs::DenseFormat::kBf16;
-        break;
+      case lbccDenseInt8: options.format = lbcc::codecs::DenseFormat::kInt8; break;
+      case lbccDenseInt4: options.format = lbcc::codecs::DenseFormat::kInt4; break;
+      case lbccDenseFp16: options.format = lbcc::codecs::DenseFormat::kF16; break;
+      case lbccDenseBf16: options.format = lbcc::codecs::DenseFormat::kBf16; break;
       default:
-        return Fail(absl::InvalidArgumentError(absl::StrCat(
-                        "unknown lbccDenseFormat_t ", static_cast<int>(config->format))),
+        return Fail(absl::InvalidArgumentError(absl::StrCat("unknown lbccDenseFormat_t ",
+                                                            static_cast<int>(config->format))),
                     comm);
     }
     options.block = config->block;
@@ -345,12 +317,12 @@ lbccResult_t lbccSendCompressed(const float* buff, int ndims, const int64_t* dim
       lbcc::codecs::DenseQuantCodec::Create(options);
   if (!codec.ok()) return Fail(codec.status(), comm);
   std::shared_ptr<lbcc::codecs::DenseQuantCodec> shared(std::move(*codec));
-  return Finish(comm->comm->SendCompressed(*view, shared.get(), nullptr, peer, tag), comm,
-                request, shared);
+  return Finish(comm->comm->SendCompressed(*view, shared.get(), nullptr, peer, tag), comm, request,
+                shared);
 }
 
-lbccResult_t lbccRecvCompressed(float* buff, int ndims, const int64_t* dims, int peer,
-                                uint32_t tag, lbccComm_t comm, lbccRequest_t* request) {
+lbccResult_t lbccRecvCompressed(float* buff, int ndims, const int64_t* dims, int peer, uint32_t tag,
+                                lbccComm_t comm, lbccRequest_t* request) {
   LBCC_C_CHECK_PTR("lbccRecvCompressed", comm);
   LBCC_C_CHECK_PTR("lbccRecvCompressed", request);
   absl::StatusOr<lbcc::TensorView> view = HostView(buff, ndims, dims);

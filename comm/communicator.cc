@@ -11,6 +11,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "base/version.h"
+#include "comm/algorithms/registry.h"
 #include "comm/rendezvous.h"
 
 namespace lbcc::comm {
@@ -371,36 +372,39 @@ RequestPtr Communicator::AllReduce(const TensorView& in, const TensorView& out, 
       .Add("count", in.num_elements())
       .Add("reduce op", op == ReduceOp::kSum ? "sum" : "mean")
       .Add("algorithm", AlgorithmName(*chosen));
-  if (*chosen == Algorithm::kDirect && in.num_bytes() > kMaxHeaderData) {
-    return PostRejected("AllReduce", absl::InvalidArgumentError(absl::StrCat(
-                                         "AllReduce: the direct algorithm takes at most ",
-                                         kMaxHeaderData, " bytes per rank, not ", in.num_bytes(),
-                                         " (use ring or auto)")));
-  }
-  if (*chosen == Algorithm::kDirect) {
+  // The algorithm's row (comm/algorithms/registry.h): ChooseAlgorithm checked that it has one.
+  const AlgorithmEntry& entry = *FindAlgorithm(*chosen);
+  if (entry.all_reduce_with_header != nullptr) {
+    if (in.num_bytes() > kMaxHeaderData) {
+      return PostRejected(
+          "AllReduce",
+          absl::InvalidArgumentError(absl::StrCat(
+              "AllReduce: the ", AlgorithmName(*chosen), " algorithm takes at most ",
+              kMaxHeaderData, " bytes per rank, not ", in.num_bytes(), " (use ring or auto)")));
+    }
     // One round, the operation header in it (ExchangeWithHeader).
     return PostWithHeader(
         std::move(signature),
-        [in, out, op](const Group& group, transport::Tag tag, uint64_t sequence,
-                      const Signature& signature, absl::Time deadline) {
-          return AllReduceDirectWithHeader(group, tag, sequence, signature, in.data(),
-                                           out.data(), static_cast<size_t>(in.num_elements()),
-                                           in.dtype(), op, deadline);
+        [in, out, op, run = entry.all_reduce_with_header](
+            const Group& group, transport::Tag tag, uint64_t sequence, const Signature& signature,
+            absl::Time deadline) {
+          return run(group, tag, sequence, signature, in.data(), out.data(),
+                     static_cast<size_t>(in.num_elements()), in.dtype(), op, deadline);
         },
         options.timeout);
   }
-  return Post(std::move(signature), [in, out, op, options, chosen = *chosen](
-                                        const Group& group, transport::Tag tag,
-                                        absl::Time deadline) {
-    switch (chosen) {
-      case Algorithm::kRing:
-        return FloatAllReduceRing(group, tag, in.data(), out.data(), in.num_elements(),
-                                  in.dtype(), op, options.priority, deadline);
-      default:  // HasAlgorithm lists what exists; a row or override beyond it is our bug.
-        return absl::InternalError(
-            absl::StrCat("AllReduce: no ", AlgorithmName(chosen), " implementation"));
-    }
-  }, options.timeout);
+  return Post(
+      std::move(signature),
+      [in, out, op, options, chosen = *chosen, run = entry.tensor_all_reduce](
+          const Group& group, transport::Tag tag, absl::Time deadline) {
+        if (run == nullptr) {  // a row without a tensor-view all-reduce is our bug
+          return absl::InternalError(
+              absl::StrCat("AllReduce: no ", AlgorithmName(chosen), " implementation"));
+        }
+        return run(group, tag, in.data(), out.data(), static_cast<size_t>(in.num_elements()),
+                   in.dtype(), op, options.priority, deadline);
+      },
+      options.timeout);
 }
 
 RequestPtr Communicator::AllGather(const TensorView& in, const TensorView& out,
@@ -455,16 +459,9 @@ RequestPtr Communicator::Broadcast(const TensorView& buffer, int root, OpOptions
       .Add("algorithm", AlgorithmName(*chosen));
   return Post(
       std::move(signature),
-      [buffer, root, options, chosen = *chosen](const Group& group, transport::Tag tag,
-                                                absl::Time deadline) -> absl::Status {
-        switch (chosen) {
-          case Algorithm::kDirect:
-            return comm::Broadcast(group, tag, buffer.data(), buffer.num_bytes(), root,
-                                   options.priority, deadline);
-          default:  // HasAlgorithm lists what exists; a row or override beyond it is our bug.
-            return absl::InternalError(
-                absl::StrCat("Broadcast: no ", AlgorithmName(chosen), " implementation"));
-        }
+      [buffer, root, options, run = FindAlgorithm(*chosen)->broadcast](
+          const Group& group, transport::Tag tag, absl::Time deadline) -> absl::Status {
+        return run(group, tag, buffer.data(), buffer.num_bytes(), root, options.priority, deadline);
       },
       options.timeout);
 }

@@ -43,16 +43,15 @@
 #include "absl/status/statusor.h"
 #include "base/mutex.h"
 #include "base/tensor_view.h"
+#include "codecs/codec.h"
 #include "comm/algorithms.h"
 #include "comm/bootstrap.h"
 #include "comm/collectives.h"
-#include "comm/dense_collectives.h"
 #include "comm/config.h"
 #include "comm/fabric.h"
 #include "comm/request.h"
 #include "comm/signature.h"
 #include "comm/thread_pool.h"
-#include "codecs/codec.h"
 
 namespace lbcc::comm {
 
@@ -182,9 +181,10 @@ class Communicator {
 
   // The same collectives over raw host buffers of every DType (f64, i16 and bool included) and
   // every ReduceOp: `count` elements of `type` (or `bytes`), which must outlive the request.
-  // Reductions check CheckReduceOp (comm/reduce.h); the algorithms are dense_collectives.h's
-  // (all-reduce: direct or ring from the selection table). Ordered with the collectives above;
-  // Send/Recv/RecvAny are not (like SendCompressed). Errors: dense_collectives.h's.
+  // Reductions check CheckReduceOp (comm/reduce.h); the algorithms are collectives.h's, one file
+  // each under comm/algorithms/ (all-reduce: direct or ring from the selection table). Ordered
+  // with the collectives above; Send/Recv/RecvAny are not (like SendCompressed). Errors:
+  // collectives.h's.
   RequestPtr AllReduce(const void* in, void* out, size_t count, DType type, ReduceOp op,
                        OpOptions options = {});
   RequestPtr Reduce(const void* in, void* out, size_t count, DType type, ReduceOp op, int root,

@@ -1,6 +1,6 @@
 // Communicator's dense methods (declared in communicator.h's dense block) and the any-source
 // receives behind RecvAny. Each method checks what it can before posting, then runs the
-// group-level function of dense_collectives.h on the worker thread.
+// group-level function of collectives.h (comm/algorithms/) on the worker thread.
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -12,16 +12,13 @@
 #include "base/check.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
+#include "comm/algorithms/registry.h"
+#include "comm/collectives.h"
 #include "comm/communicator.h"
-#include "comm/dense_collectives.h"
 
 namespace lbcc::comm {
 namespace {
 
-using collective_internal::AllGatherLayout;
-using collective_internal::CheckRoot;
-using collective_internal::ConstSpan;
-using collective_internal::Span;
 using transport::Priority;
 using transport::Tag;
 
@@ -110,7 +107,7 @@ class AnySourceReceives : public std::enable_shared_from_this<AnySourceReceives>
   };
   struct TagState {
     std::map<int, std::deque<std::shared_ptr<Slot>>> by_peer;  // in each peer's message order
-    std::deque<Receiver> waiting;                               // RecvAny, in call order
+    std::deque<Receiver> waiting;                              // RecvAny, in call order
   };
 
   void Completed(const std::shared_ptr<Slot>& slot, uint32_t tag, absl::Status status) {
@@ -188,7 +185,7 @@ constexpr uint32_t kVerifiedStepBase = 0x100;
 
 // The signature checked on every rank before the operation runs (comm/signature.h).
 Signature ReduceSignature(const Communicator& comm, absl::string_view name, size_t count,
-                         DType type, ReduceOp op, int root) {
+                          DType type, ReduceOp op, int root) {
   Signature signature = comm.NewSignature(name);
   signature.Add("dtype", TorchDTypeName(type))
       .Add("count", static_cast<int64_t>(count))
@@ -204,8 +201,7 @@ Signature BytesSignature(const Communicator& comm, absl::string_view name, size_
   return signature;
 }
 
-std::string Fingerprint(absl::string_view name, size_t count, DType type, ReduceOp op,
-                        int root) {
+std::string Fingerprint(absl::string_view name, size_t count, DType type, ReduceOp op, int root) {
   return absl::StrCat(name, "(count=", count, ", dtype=", TorchDTypeName(type),
                       ", op=", ReduceOpName(op), ", root=", root, ")");
 }
@@ -233,8 +229,8 @@ absl::Status CheckPointers(absl::string_view name, const void* in, const void* o
 }
 }  // namespace
 
-RequestPtr Communicator::AllReduce(const void* in, void* out, size_t count, DType type,
-                                        ReduceOp op, OpOptions options) {
+RequestPtr Communicator::AllReduce(const void* in, void* out, size_t count, DType type, ReduceOp op,
+                                   OpOptions options) {
   absl::Status check = CheckReduceOp(type, op);
   if (check.ok()) check = CheckPointers("DenseAllReduce", in, out, count);
   if (!check.ok()) return PostRejected("DenseAllReduce", check);
@@ -243,35 +239,30 @@ RequestPtr Communicator::AllReduce(const void* in, void* out, size_t count, DTyp
   absl::StatusOr<Algorithm> chosen =
       ChooseAlgorithm(Collective::kAllReduce, group_, bytes, options.algorithm);
   if (!chosen.ok()) return PostRejected("DenseAllReduce", chosen.status());
-  const bool direct = *chosen == Algorithm::kDirect;
+  // The algorithm's row (comm/algorithms/registry.h): ChooseAlgorithm checked that it has one.
+  const AlgorithmEntry& entry = *FindAlgorithm(*chosen);
   Signature signature = ReduceSignature(*this, "DenseAllReduce", count, type, op, -1);
   signature.Add("algorithm", AlgorithmName(*chosen));
-  if (direct && !options.verify && bytes <= kMaxHeaderData) {
+  if (entry.all_reduce_with_header != nullptr && !options.verify && bytes <= kMaxHeaderData) {
     // One round, the operation header in it.
-    return PostWithHeader(std::move(signature),
-                          [=](const Group& g, Tag tag, uint64_t sequence,
-                              const Signature& signature, absl::Time deadline) {
-                            return AllReduceDirectWithHeader(g, tag, sequence, signature, in,
-                                                                  out, count, type, op,
-                                                                  deadline);
-                          },
-                          options.timeout);
+    return PostWithHeader(
+        std::move(signature),
+        [=, run = entry.all_reduce_with_header](const Group& g, Tag tag, uint64_t sequence,
+                                                const Signature& signature, absl::Time deadline) {
+          return run(g, tag, sequence, signature, in, out, count, type, op, deadline);
+        },
+        options.timeout);
   }
   return Post(std::move(signature),
               Verified(options.verify, Fingerprint("allreduce", count, type, op, -1),
-                       [=](const Group& g, Tag tag, absl::Time deadline) {
-                         if (direct) {
-                           return AllReduceDirect(g, tag, in, out, count, type, op,
-                                                       options.priority, deadline);
-                         }
-                         return AllReduceRing(g, tag, in, out, count, type, op,
-                                                   options.priority, deadline);
+                       [=, run = entry.all_reduce](const Group& g, Tag tag, absl::Time deadline) {
+                         return run(g, tag, in, out, count, type, op, options.priority, deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::Reduce(const void* in, void* out, size_t count, DType type,
-                                     ReduceOp op, int root, OpOptions options) {
+RequestPtr Communicator::Reduce(const void* in, void* out, size_t count, DType type, ReduceOp op,
+                                int root, OpOptions options) {
   absl::Status check = CheckReduceOp(type, op);
   if (check.ok()) check = CheckRoot(root, nranks(), "DenseReduce");
   if (check.ok()) check = CheckPointers("DenseReduce", in, rank() == root ? out : in, count);
@@ -279,14 +270,14 @@ RequestPtr Communicator::Reduce(const void* in, void* out, size_t count, DType t
   return Post(ReduceSignature(*this, "DenseReduce", count, type, op, root),
               Verified(options.verify, Fingerprint("reduce", count, type, op, root),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return ReduceRing(g, tag, in, out, count, type, op, root,
-                                                options.priority, deadline);
+                         return ReduceRing(g, tag, in, out, count, type, op, root, options.priority,
+                                           deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::ReduceScatter(const void* in, void* out, size_t count,
-                                            DType type, ReduceOp op, OpOptions options) {
+RequestPtr Communicator::ReduceScatter(const void* in, void* out, size_t count, DType type,
+                                       ReduceOp op, OpOptions options) {
   absl::Status check = CheckReduceOp(type, op);
   if (check.ok()) check = CheckPointers("DenseReduceScatter", in, out, count);
   if (!check.ok()) return PostRejected("DenseReduceScatter", check);
@@ -294,26 +285,25 @@ RequestPtr Communicator::ReduceScatter(const void* in, void* out, size_t count,
               Verified(options.verify, Fingerprint("reduce_scatter", count, type, op, -1),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return ReduceScatterRing(g, tag, in, out, count, type, op,
-                                                       options.priority, deadline);
+                                                  options.priority, deadline);
                        }),
               options.timeout);
 }
 
 RequestPtr Communicator::AllToAll(const void* in, void* out, AllToAllLayout layout,
-                                       OpOptions options) {
+                                  OpOptions options) {
   auto shared = std::make_shared<AllToAllLayout>(std::move(layout));
   // Ranks may send different sizes to different peers, so the fingerprint holds only the name.
   return Post(NewSignature("DenseAllToAll"),
               Verified(options.verify, "alltoall",
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return AllToAllDirect(g, tag, in, out, *shared, options.priority,
-                                                    deadline);
+                                               deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::AllGather(const void* in, void* out, size_t bytes,
-                                        OpOptions options) {
+RequestPtr Communicator::AllGather(const void* in, void* out, size_t bytes, OpOptions options) {
   absl::Status check = CheckPointers("DenseAllGather", in, out, bytes);
   if (!check.ok()) return PostRejected("DenseAllGather", check);
   auto shared = std::make_shared<AllToAllLayout>(AllGatherLayout(nranks(), bytes));
@@ -321,13 +311,13 @@ RequestPtr Communicator::AllGather(const void* in, void* out, size_t bytes,
               Verified(options.verify, absl::StrCat("allgather(bytes=", bytes, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return AllToAllDirect(g, tag, in, out, *shared, options.priority,
-                                                    deadline);
+                                               deadline);
                        }),
               options.timeout);
 }
 
 RequestPtr Communicator::Gather(const void* in, void* out, size_t bytes, int root,
-                                     OpOptions options) {
+                                OpOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseGather");
   if (check.ok()) check = CheckPointers("DenseGather", in, rank() == root ? out : in, bytes);
   if (!check.ok()) return PostRejected("DenseGather", check);
@@ -335,27 +325,26 @@ RequestPtr Communicator::Gather(const void* in, void* out, size_t bytes, int roo
               Verified(options.verify, absl::StrCat("gather(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
                          return GatherDirect(g, tag, in, out, bytes, root, options.priority,
-                                                  deadline);
+                                             deadline);
                        }),
               options.timeout);
 }
 
 RequestPtr Communicator::Scatter(const void* in, void* out, size_t bytes, int root,
-                                      OpOptions options) {
+                                 OpOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseScatter");
   if (check.ok()) check = CheckPointers("DenseScatter", rank() == root ? in : out, out, bytes);
   if (!check.ok()) return PostRejected("DenseScatter", check);
   return Post(BytesSignature(*this, "DenseScatter", bytes, root),
               Verified(options.verify, absl::StrCat("scatter(bytes=", bytes, ", root=", root, ")"),
                        [=](const Group& g, Tag tag, absl::Time deadline) {
-                         return ScatterDirect(g, tag, in, out, bytes, root,
-                                                   options.priority, deadline);
+                         return ScatterDirect(g, tag, in, out, bytes, root, options.priority,
+                                              deadline);
                        }),
               options.timeout);
 }
 
-RequestPtr Communicator::Broadcast(void* buffer, size_t bytes, int root,
-                                        OpOptions options) {
+RequestPtr Communicator::Broadcast(void* buffer, size_t bytes, int root, OpOptions options) {
   absl::Status check = CheckRoot(root, nranks(), "DenseBroadcast");
   if (check.ok()) check = CheckPointers("DenseBroadcast", buffer, buffer, bytes);
   if (!check.ok()) return PostRejected("DenseBroadcast", check);
@@ -382,7 +371,7 @@ RequestPtr Communicator::Send(const void* data, size_t bytes, int peer, uint32_t
   }
   auto request = std::make_shared<Request>();
   fabric_->out(group_.ranks[peer])
-      ->Send(MakeTag(comm_id_, tag, kDenseP2pStep), ConstSpan(data, bytes),
+      ->Send(MakeTag(comm_id_, tag, kDenseP2pStep), RawBytes(data, bytes),
              {transport::Priority::kNormal},
              [request, abort = fabric_->abort_record()](absl::Status status) {
                status = abort->Explain(std::move(status));
@@ -416,7 +405,7 @@ RequestPtr Communicator::Recv(void* data, size_t bytes, int peer, uint32_t tag) 
               return absl::DataLossError(absl::StrCat("DenseRecv: the peer sent ", size,
                                                       " bytes, the buffer holds ", bytes));
             }
-            return Span(data, bytes);
+            return RawBytes(data, bytes);
           },
           [request, abort = fabric_->abort_record()](absl::StatusOr<size_t> n) {
             absl::Status status = abort->Explain(n.status());

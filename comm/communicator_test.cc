@@ -427,7 +427,7 @@ std::vector<PendingCase> PendingCases() {
                      }});
     cases.push_back({"DenseAllReduce", backend, [](Communicator& comm, std::vector<float>& b) {
                        return comm.AllReduce(b.data(), b.data(), b.size(), DType::kF32,
-                                                  ReduceOp::kSum);
+                                             ReduceOp::kSum);
                      }});
     cases.push_back({"DenseRecv", backend,
                      [](Communicator& comm, std::vector<float>& b) {

@@ -1,18 +1,17 @@
 // Dense collectives: every op x type against a reference computed here, 4 ranks as threads over
 // loopback; layouts (all-to-all, gather, scatter, all-gather), point-to-point, and bad input.
-#include "comm/dense_collectives.h"
-
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/dtype.h"
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
+#include "comm/collectives.h"
 #include "comm/communicator.h"
 #include "comm/testing.h"
 #include "gmock/gmock.h"
@@ -108,8 +107,8 @@ absl::Status Expect(const void* data, size_t count, DType type, ReduceOp op, siz
   return absl::OkStatus();
 }
 
-constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin,
-                            ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,
+                             ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
 
 class DenseReductionTest : public ::testing::TestWithParam<DType> {};
 
@@ -122,8 +121,7 @@ TEST_P(DenseReductionTest, EveryOpMatchesTheReference) {
         const size_t bytes = count * DTypeSize(type);
         // All-reduce, in place.
         std::vector<uint8_t> data = Filled(rank, count, type);
-        LBCC_RETURN_IF_ERROR(
-            comm.AllReduce(data.data(), data.data(), count, type, op)->Wait());
+        LBCC_RETURN_IF_ERROR(comm.AllReduce(data.data(), data.data(), count, type, op)->Wait());
         LBCC_RETURN_IF_ERROR(Expect(data.data(), count, type, op, 0, "allreduce"));
         // Reduce to rank 1 (verified).
         std::vector<uint8_t> in = Filled(rank, count, type);
@@ -147,10 +145,9 @@ TEST_P(DenseReductionTest, EveryOpMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DenseReductionTest,
-                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16,
-                                           DType::kF64, DType::kI8, DType::kU8,
-                                           DType::kI16, DType::kI32, DType::kI64,
-                                           DType::kBool),
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kF64,
+                                           DType::kI8, DType::kU8, DType::kI16, DType::kI32,
+                                           DType::kI64, DType::kBool),
                          [](const auto& info) { return std::string(TorchDTypeName(info.param)); });
 
 // ReduceCombine element by element against a scalar reference, over lengths that cover its
@@ -296,16 +293,14 @@ TEST_P(PipelinedRingTest, SegmentsCoverEveryElement) {
     }
     const size_t bytes = 2 * kRingSegmentBytes + 3;  // int8: elements are bytes
     std::vector<uint8_t> data = Filled(rank, bytes, DType::kI8);
-    LBCC_RETURN_IF_ERROR(comm.AllReduce(data.data(), data.data(), bytes, DType::kI8,
-                                             ReduceOp::kBxor)
-                             ->Wait());
+    LBCC_RETURN_IF_ERROR(
+        comm.AllReduce(data.data(), data.data(), bytes, DType::kI8, ReduceOp::kBxor)->Wait());
     LBCC_RETURN_IF_ERROR(Expect(data.data(), bytes, DType::kI8, ReduceOp::kBxor, 0, "bxor"));
     const size_t block = kRingSegmentBytes / sizeof(float) + 7;  // 2 segments per block
     std::vector<uint8_t> blocks = Filled(rank, block * kRanks, DType::kF32);
     std::vector<uint8_t> out(block * sizeof(float));
-    LBCC_RETURN_IF_ERROR(comm.ReduceScatter(blocks.data(), out.data(), block,
-                                                 DType::kF32, ReduceOp::kMax)
-                             ->Wait());
+    LBCC_RETURN_IF_ERROR(
+        comm.ReduceScatter(blocks.data(), out.data(), block, DType::kF32, ReduceOp::kMax)->Wait());
     LBCC_RETURN_IF_ERROR(
         Expect(out.data(), block, DType::kF32, ReduceOp::kMax, rank * block, "reduce_scatter"));
     // The f32/f16/bf16 all-reduce of Communicator::AllReduce runs the same pipelined ring.
@@ -417,9 +412,9 @@ TEST(DenseCollectivesTest, VerifyNamesTheDisagreeingRankAndKeepsTheCommunicator)
     std::vector<float> data(rank == 2 ? 5 : 4, 1.0f);
     OpOptions verify;
     verify.verify = true;
-    absl::Status status = comm.AllReduce(data.data(), data.data(), data.size(),
-                                              DType::kF32, ReduceOp::kSum, verify)
-                              ->Wait();
+    absl::Status status =
+        comm.AllReduce(data.data(), data.data(), data.size(), DType::kF32, ReduceOp::kSum, verify)
+            ->Wait();
     // The signature check (comm/signature.h) runs first, always, and names the field.
     EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition,
                                  HasSubstr("rank 0 and rank 2 disagree on op 0's count: 4 vs 5")));
@@ -437,8 +432,7 @@ TEST(DenseCollectivesTest, UnverifiedSizeMismatchFailsEveryRank) {
   // Without verify too: every rank fails, naming the two ranks and the field.
   auto results = RunRanks(kRanks, RankOptions(), [](int rank, Communicator& comm) {
     std::vector<float> data(rank == 0 ? 8 : 12, 1.0f);
-    return comm.AllReduce(data.data(), data.data(), data.size(), DType::kF32,
-                               ReduceOp::kSum)
+    return comm.AllReduce(data.data(), data.data(), data.size(), DType::kF32, ReduceOp::kSum)
         ->Wait();
   });
   for (const absl::Status& status : results) {
@@ -458,11 +452,11 @@ TEST(DenseCollectivesTest, AllReduceAlgorithmComesFromTheSelection) {
       std::vector<uint8_t> data = Filled(rank, count, DType::kI32);
       OpOptions options;
       options.algorithm = algorithm;
-      LBCC_RETURN_IF_ERROR(comm.AllReduce(data.data(), data.data(), count, DType::kI32,
-                                               ReduceOp::kSum, options)
-                               ->Wait());
-      LBCC_RETURN_IF_ERROR(Expect(data.data(), count, DType::kI32, ReduceOp::kSum, 0,
-                                  AlgorithmName(algorithm)));
+      LBCC_RETURN_IF_ERROR(
+          comm.AllReduce(data.data(), data.data(), count, DType::kI32, ReduceOp::kSum, options)
+              ->Wait());
+      LBCC_RETURN_IF_ERROR(
+          Expect(data.data(), count, DType::kI32, ReduceOp::kSum, 0, AlgorithmName(algorithm)));
     }
     return absl::OkStatus();
   });
@@ -471,8 +465,8 @@ TEST(DenseCollectivesTest, AllReduceAlgorithmComesFromTheSelection) {
     std::vector<float> data(40000, 1.0f);  // beyond the header's data: both post a header round
     OpOptions options;
     options.algorithm = rank == 2 ? Algorithm::kDirect : Algorithm::kRing;
-    return comm.AllReduce(data.data(), data.data(), data.size(), DType::kF32,
-                               ReduceOp::kSum, options)
+    return comm
+        .AllReduce(data.data(), data.data(), data.size(), DType::kF32, ReduceOp::kSum, options)
         ->Wait();
   });
   for (const absl::Status& status : mixed) {
@@ -491,8 +485,8 @@ TEST(DenseCollectivesTest, RanksChoosingDifferentAlgorithmsOnASmallBufferFailTog
       std::vector<float> data(37, 1.0f);  // within the header's data: the direct rank's one round
       OpOptions options;
       options.algorithm = rank == 2 ? Algorithm::kDirect : Algorithm::kRing;
-      return comm.AllReduce(data.data(), data.data(), data.size(), DType::kF32,
-                                 ReduceOp::kSum, options)
+      return comm
+          .AllReduce(data.data(), data.data(), data.size(), DType::kF32, ReduceOp::kSum, options)
           ->Wait();
     });
     for (const absl::Status& status : mixed) {

@@ -75,7 +75,7 @@ typedef enum {
 typedef enum {
   lbccSum = 0,
   lbccAvg = 1,
-  /* Dense reductions (comm/dense_collectives.h): any data type. */
+  /* Dense reductions (comm/collectives.h): any data type. */
   lbccProd = 2,
   lbccMin = 3,
   lbccMax = 4
@@ -203,7 +203,7 @@ lbccResult_t lbccBroadcast(void* buff, size_t count, lbccDataType_t datatype, in
 lbccResult_t lbccBarrier(lbccComm_t comm, lbccRequest_t* request);
 
 /* Dense reduce, reduce-scatter and all-to-all of every data type (integers too) with every
- * lbccRedOp_t (lbccAvg: floating types only); see comm/dense_collectives.h.
+ * lbccRedOp_t (lbccAvg: floating types only); see comm/collectives.h.
  * lbccReduce: the reduction of count elements lands in recvbuff on root only.
  * lbccReduceScatter: sendbuff holds nranks * recvcount elements; block r, reduced, lands in
  * rank r's recvbuff. lbccAllToAll: block j (count elements) of sendbuff goes to rank j, whose

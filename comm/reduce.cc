@@ -65,14 +65,10 @@ void CombineAll(void* dst, const void* src, size_t count, ReduceOp op) {
   const T* s = static_cast<const T*>(src);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return CombineLoop<ReduceOp::kSum>(d, s, count);
-    case ReduceOp::kProduct:
-      return CombineLoop<ReduceOp::kProduct>(d, s, count);
-    case ReduceOp::kMin:
-      return CombineLoop<ReduceOp::kMin>(d, s, count);
-    case ReduceOp::kMax:
-      return CombineLoop<ReduceOp::kMax>(d, s, count);
+    case ReduceOp::kAvg: return CombineLoop<ReduceOp::kSum>(d, s, count);
+    case ReduceOp::kProduct: return CombineLoop<ReduceOp::kProduct>(d, s, count);
+    case ReduceOp::kMin: return CombineLoop<ReduceOp::kMin>(d, s, count);
+    case ReduceOp::kMax: return CombineLoop<ReduceOp::kMax>(d, s, count);
     case ReduceOp::kBand:
     case ReduceOp::kBor:
     case ReduceOp::kBxor:
@@ -98,16 +94,12 @@ void CombineHalf(void* dst, const void* src, size_t count, ReduceOp op) {
   const uint16_t* s = static_cast<const uint16_t*>(src);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return CombineHalfLoop<ReduceOp::kSum, ToF32, FromF32>(d, s, count);
+    case ReduceOp::kAvg: return CombineHalfLoop<ReduceOp::kSum, ToF32, FromF32>(d, s, count);
     case ReduceOp::kProduct:
       return CombineHalfLoop<ReduceOp::kProduct, ToF32, FromF32>(d, s, count);
-    case ReduceOp::kMin:
-      return CombineHalfLoop<ReduceOp::kMin, ToF32, FromF32>(d, s, count);
-    case ReduceOp::kMax:
-      return CombineHalfLoop<ReduceOp::kMax, ToF32, FromF32>(d, s, count);
-    default:
-      LBCC_CHECK(false) << "ReduceCombine: op not checked";
+    case ReduceOp::kMin: return CombineHalfLoop<ReduceOp::kMin, ToF32, FromF32>(d, s, count);
+    case ReduceOp::kMax: return CombineHalfLoop<ReduceOp::kMax, ToF32, FromF32>(d, s, count);
+    default: LBCC_CHECK(false) << "ReduceCombine: op not checked";
   }
 }
 
@@ -119,12 +111,8 @@ void CombineBool(void* dst, const void* src, size_t count, ReduceOp op) {
     switch (op) {
       case ReduceOp::kProduct:
       case ReduceOp::kMin:
-      case ReduceOp::kBand:
-        d[i] = a && b;
-        break;
-      case ReduceOp::kBxor:
-        d[i] = a != b;
-        break;
+      case ReduceOp::kBand: d[i] = a && b; break;
+      case ReduceOp::kBxor: d[i] = a != b; break;
       default:  // sum, max, bor
         d[i] = a || b;
     }
@@ -165,16 +153,15 @@ absl::string_view ReduceOpName(ReduceOp op) {
 
 absl::Status CheckReduceOp(DType type, ReduceOp op) {
   if (DTypeSize(type) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown dense type ", static_cast<int>(type)));
+    return absl::InvalidArgumentError(absl::StrCat("unknown dense type ", static_cast<int>(type)));
   }
   if (ReduceOpName(op) == "invalid") {
     return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", static_cast<int>(op)));
   }
   const bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
   if (bitwise && IsFloating(type)) {
-    return absl::InvalidArgumentError(absl::StrCat("reduction ", ReduceOpName(op),
-                                                   " does not apply to ", TorchDTypeName(type)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduction ", ReduceOpName(op), " does not apply to ", TorchDTypeName(type)));
   }
   if (op == ReduceOp::kAvg && !IsFloating(type)) {
     return absl::InvalidArgumentError(
@@ -221,8 +208,7 @@ void ReduceFinish(void* data, size_t count, DType type, ReduceOp op, int n) {
       for (size_t i = 0; i < count; ++i) d[i] = F32ToBf16(Bf16ToF32(d[i]) / n);
       return;
     }
-    default:
-      LBCC_CHECK(false) << "ReduceFinish: avg on a non-floating type";
+    default: LBCC_CHECK(false) << "ReduceFinish: avg on a non-floating type";
   }
 }
 

@@ -135,8 +135,7 @@ std::vector<MismatchCase> MismatchCases() {
       {"dense_direct_vs_ring",
        [](int rank, Communicator& comm) {
          static int32_t big[16385];
-         return comm.AllReduce(big, big, rank == 2 ? 16385 : 16384, DType::kI32,
-                                    ReduceOp::kMax);
+         return comm.AllReduce(big, big, rank == 2 ? 16385 : 16384, DType::kI32, ReduceOp::kMax);
        },
        "op 0's count: 16384 vs 16385"},
       {"operation",
@@ -224,8 +223,7 @@ TEST(SignatureTest, ASmallAllReduceIsOneMessagePerPeerWithTheHeaderInside) {
       auto v = *TensorView::Host(x, {2});
       LBCC_RETURN_IF_ERROR(comm.AllReduce(v, v, ReduceOp::kSum)->Wait());
       int64_t y = rank;
-      LBCC_RETURN_IF_ERROR(
-          comm.AllReduce(&y, &y, 1, DType::kI64, ReduceOp::kMax)->Wait());
+      LBCC_RETURN_IF_ERROR(comm.AllReduce(&y, &y, 1, DType::kI64, ReduceOp::kMax)->Wait());
       const auto after = sent();
       if (x[0] != 6.0f || x[1] != 3.0f || y != 2) {
         return absl::InternalError(absl::StrCat("rank ", rank, ": wrong result"));
@@ -349,10 +347,10 @@ TEST(SignatureTest, NoCollectiveLeavesTagStateBehind) {
       LBCC_RETURN_IF_ERROR(comm.AllGatherV(&mine, &all)->Wait());
       LBCC_RETURN_IF_ERROR(
           comm.AllReduce(ints.data(), ints.data(), 6, DType::kI32, ReduceOp::kMax)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.Reduce(ints.data(), ints.data(), 6, DType::kI32,
-                                            ReduceOp::kSum, 1)->Wait());
-      LBCC_RETURN_IF_ERROR(comm.ReduceScatter(x.data(), scattered.data(), 2,
-                                                   DType::kF32, ReduceOp::kSum)->Wait());
+      LBCC_RETURN_IF_ERROR(
+          comm.Reduce(ints.data(), ints.data(), 6, DType::kI32, ReduceOp::kSum, 1)->Wait());
+      LBCC_RETURN_IF_ERROR(
+          comm.ReduceScatter(x.data(), scattered.data(), 2, DType::kF32, ReduceOp::kSum)->Wait());
       LBCC_RETURN_IF_ERROR(comm.AllGather(x.data(), gathered.data(), 24)->Wait());
       LBCC_RETURN_IF_ERROR(comm.Gather(x.data(), gathered.data(), 24, 2)->Wait());
       LBCC_RETURN_IF_ERROR(comm.Scatter(gathered.data(), x.data(), 8, 0)->Wait());

@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "base/env.h"
 #include "comm/bootstrap.h"
-#include "comm/dense_collectives.h"
+#include "comm/collectives.h"
 
 namespace lbcc::torch_backend {
 namespace {
@@ -307,7 +307,7 @@ Work ProcessGroupLBCC::allreduce(std::vector<at::Tensor>& tensors,
   // Small tensors go in one round (comm's AllReduceDirect), larger ones by the ring.
   at::Tensor buf = Contiguous(t);
   auto request = comm_->AllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
-                                       OpOf(opts.reduceOp), Options(opts.timeout));
+                                  OpOf(opts.reduceOp), Options(opts.timeout));
   return Track(MakeWork(OpType::ALLREDUCE, request, tensors, {buf}, CopyBack(t, buf)), false);
 }
 
@@ -321,8 +321,8 @@ Work ProcessGroupLBCC::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     }
   }
   at::Tensor flat = Flatten(tensors);
-  auto request = comm_->AllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
-                                       TypeOf(flat), OpOf(opts.reduceOp), Options(opts.timeout));
+  auto request = comm_->AllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), TypeOf(flat),
+                                  OpOf(opts.reduceOp), Options(opts.timeout));
   std::vector<at::Tensor> targets = tensors;
   return Track(MakeWork(OpType::ALLREDUCE_COALESCED, request, tensors, {flat},
                         [flat, targets] { Unflatten(flat, targets); }),
@@ -334,7 +334,7 @@ Work ProcessGroupLBCC::reduce(std::vector<at::Tensor>& tensors, const c10d::Redu
   const int root = CheckRank(opts.rootRank, getSize(), "reduce");
   at::Tensor buf = Contiguous(t);
   auto request = comm_->Reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), TypeOf(buf),
-                                    OpOf(opts.reduceOp), root, Options(opts.timeout));
+                               OpOf(opts.reduceOp), root, Options(opts.timeout));
   return Track(MakeWork(OpType::REDUCE, request, tensors, {buf},
                         getRank() == root ? CopyBack(t, buf) : nullptr),
                false);
@@ -400,7 +400,7 @@ Work ProcessGroupLBCC::gather(std::vector<std::vector<at::Tensor>>& outputs,
     ThrowInvalid("gather: only the root passes output tensors");
   }
   auto request = comm_->Gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
-                                    Bytes(src), root, Options(opts.timeout));
+                               Bytes(src), root, Options(opts.timeout));
   std::function<void()> finish;
   if (flat.defined()) finish = [flat, targets] { Unflatten(flat, targets); };
   return Track(MakeWork(OpType::GATHER, request, targets, {src, flat}, finish), false);
@@ -426,7 +426,7 @@ Work ProcessGroupLBCC::scatter(std::vector<at::Tensor>& outputs,
   }
   at::Tensor dst = Contiguous(out);
   auto request = comm_->Scatter(flat.defined() ? flat.data_ptr() : nullptr, dst.data_ptr(),
-                                     Bytes(dst), root, Options(opts.timeout));
+                                Bytes(dst), root, Options(opts.timeout));
   return Track(MakeWork(OpType::SCATTER, request, outputs, {flat, dst}, CopyBack(out, dst)),
                false);
 }
@@ -444,9 +444,8 @@ Work ProcessGroupLBCC::reduce_scatter(std::vector<at::Tensor>& outputs,
   }
   at::Tensor flat = Flatten(inputs[0]);
   at::Tensor dst = Contiguous(out);
-  auto request = comm_->ReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(),
-                                           TypeOf(dst), OpOf(opts.reduceOp),
-                                           Options(opts.timeout));
+  auto request = comm_->ReduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), TypeOf(dst),
+                                      OpOf(opts.reduceOp), Options(opts.timeout));
   return Track(
       MakeWork(OpType::REDUCE_SCATTER, request, outputs, {flat, dst}, CopyBack(out, dst)),
       false);
@@ -463,9 +462,8 @@ Work ProcessGroupLBCC::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
                               input.numel()));
   }
   at::Tensor src = Contiguous(input), dst = Contiguous(output);
-  auto request = comm_->ReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(),
-                                           TypeOf(dst), OpOf(opts.reduceOp),
-                                           Options(opts.timeout));
+  auto request = comm_->ReduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), TypeOf(dst),
+                                      OpOf(opts.reduceOp), Options(opts.timeout));
   return Track(MakeWork(OpType::_REDUCE_SCATTER_BASE, request, {output}, {src, dst},
                         CopyBack(output, dst)),
                false);
@@ -508,8 +506,8 @@ Work ProcessGroupLBCC::alltoall_base(at::Tensor& output, at::Tensor& input,
   layout_of(input, input_splits, &layout.send_offsets, &layout.send_bytes);
   layout_of(output, output_splits, &layout.recv_offsets, &layout.recv_bytes);
   at::Tensor src = Contiguous(input), dst = Contiguous(output);
-  auto request = comm_->AllToAll(src.data_ptr(), dst.data_ptr(), std::move(layout),
-                                      Options(opts.timeout));
+  auto request =
+      comm_->AllToAll(src.data_ptr(), dst.data_ptr(), std::move(layout), Options(opts.timeout));
   return Track(
       MakeWork(OpType::ALLTOALL_BASE, request, {output}, {src, dst}, CopyBack(output, dst)),
       false);
@@ -542,8 +540,8 @@ Work ProcessGroupLBCC::alltoall(std::vector<at::Tensor>& outputs,
   int64_t out_elements = 0;
   for (const at::Tensor& o : outputs) out_elements += o.numel();
   at::Tensor flat = at::empty({out_elements}, outputs[0].options());
-  auto request = comm_->AllToAll(src.data_ptr(), flat.data_ptr(), std::move(layout),
-                                      Options(opts.timeout));
+  auto request =
+      comm_->AllToAll(src.data_ptr(), flat.data_ptr(), std::move(layout), Options(opts.timeout));
   std::vector<at::Tensor> targets = outputs;
   return Track(MakeWork(OpType::ALLTOALL, request, targets, {src, flat},
                         [flat, targets] { Unflatten(flat, targets); }),
