@@ -365,6 +365,92 @@ int FirstRankNamed(absl::string_view message) {
   return -1;
 }
 
+// Why `peer` aborted, as its abort vote or its answer to this rank's query said; null if it said
+// neither.
+const absl::Status* AbortReason(const StatePtr& state, const VoteAgreement::Round& votes,
+                                const VoteAgreement::Round* queries, int peer)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  for (const VoteAgreement::Round* round : {&votes, queries}) {
+    if (round != nullptr && round->received[peer].has_value() &&
+        IsAbortKind(round->received[peer]->kind)) {
+      return &round->received[peer]->reason;
+    }
+  }
+  return nullptr;
+}
+
+// A peer that sent anything (a vote, an answer) is alive.
+bool Alive(const StatePtr& state, const VoteAgreement::Round& votes,
+           const VoteAgreement::Round* queries, int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  return votes.received[peer].has_value() ||
+         (queries != nullptr && queries->received[peer].has_value());
+}
+
+// Why nothing came from `peer` (its vote's or its answer's failure); null if nothing failed.
+const absl::Status* RoundFailure(const StatePtr& state, const VoteAgreement::Round& votes,
+                                 const VoteAgreement::Round* queries, int peer)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  for (const VoteAgreement::Round* round : {&votes, queries}) {
+    if (round != nullptr && !round->failure[peer].ok()) return &round->failure[peer];
+  }
+  return nullptr;
+}
+
+// Follows the blame from `blamed` (-1: none) through the aborted peers' reasons, each naming whom
+// that peer lost, into *chain; returns the origin, or -1 where the blame names nobody further.
+int FollowBlame(const StatePtr& state, const VoteAgreement::Round& votes,
+                const VoteAgreement::Round* queries, const std::vector<int>& peers, int blamed,
+                std::vector<int>* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  auto is_peer = [&](int rank) {
+    return std::find(peers.begin(), peers.end(), rank) != peers.end();
+  };
+  if (blamed >= 0) chain->push_back(blamed);
+  while (!chain->empty()) {
+    const int at = chain->back();
+    const absl::Status* reason = AbortReason(state, votes, queries, at);
+    const bool alive = Alive(state, votes, queries, at);
+    if (!alive || reason == nullptr) {
+      // Silent (lost), or alive without a reason: a rank whose links failed after its commit
+      // vote is the origin only at the end of someone's blame.
+      if (!alive || chain->size() > 1) return at;
+      return -1;
+    }
+    const int next = FirstRankNamed(reason->message());
+    if (!is_peer(next) || std::find(chain->begin(), chain->end(), next) != chain->end()) break;
+    chain->push_back(next);
+  }
+  return -1;
+}
+
+// The message that names `origin` first and quotes the blame `chain`.
+std::string DescribeOrigin(const StatePtr& state, const VoteAgreement::Round& votes,
+                           const VoteAgreement::Round* queries, int origin, int blamed,
+                           const std::vector<int>& chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+  const absl::Status* lost_because = RoundFailure(state, votes, queries, origin);
+  std::string text = absl::StrCat("rank ", origin);
+  if (lost_because != nullptr) {
+    absl::StrAppend(&text, " is lost (nothing from it: ", lost_because->message(), ")");
+  } else if (!Alive(state, votes, queries, origin)) {
+    absl::StrAppend(&text, " did not vote in time");
+  } else {
+    absl::StrAppend(&text, " voted commit, then its connections failed");
+  }
+  absl::StrAppend(&text, "; every survivor aborts the step.",
+                  chain.size() > 1 ? " Blame as the voters gave it: " : "");
+  for (size_t k = 0; k + 1 < chain.size(); ++k) {
+    absl::StrAppend(&text, k == 0 ? "" : ", ", "rank ", chain[k], " (alive) ",
+                    AbortReason(state, votes, queries, chain[k]) != nullptr ? "lost"
+                                                                            : "did not blame",
+                    " rank ", chain[k + 1]);
+  }
+  const absl::Status* blamed_reason =
+      blamed >= 0 ? AbortReason(state, votes, queries, blamed) : nullptr;
+  if (blamed_reason != nullptr) {
+    absl::StrAppend(&text, "; rank ", blamed, "'s reason: ", blamed_reason->ToString());
+  }
+  return text;
+}
+
 // A rank that aborts because its own peer died closes its data connections without saying why,
 // so its neighbours' errors blame it although it lives. A rank that took part in the vote is
 // alive: when `why` blames a peer that voted abort, follow the blame through the voters'
@@ -389,29 +475,12 @@ absl::Status NameTheLost(const StatePtr& state, const VoteAgreement::Round& vote
   auto settled = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
     return votes.received[peer].has_value() || !votes.failure[peer].ok();
   };
-  // Why `peer` aborted, as its abort vote or its answer to this rank's query said; null if it
-  // said neither.
-  auto abort_reason = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu)
-      -> const absl::Status* {
-    for (const VoteAgreement::Round* round : {&votes, queries}) {
-      if (round != nullptr && round->received[peer].has_value() &&
-          IsAbortKind(round->received[peer]->kind)) {
-        return &round->received[peer]->reason;
-      }
-    }
-    return nullptr;
-  };
-  // A peer that sent anything (a vote, an answer) is alive.
-  auto alive = [&](int peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-    return votes.received[peer].has_value() ||
-           (queries != nullptr && queries->received[peer].has_value());
-  };
   if (blamed >= 0 && (!state->mu.AwaitWithDeadline(
                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
                             return settled(blamed) || state->stopped;
                           },
                           until) ||
-                      !alive(blamed))) {
+                      !Alive(state, votes, queries, blamed))) {
     return why;  // the blamed peer said nothing: it is the origin as far as this rank can tell
   }
   state->mu.AwaitWithDeadline([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
@@ -420,32 +489,11 @@ absl::Status NameTheLost(const StatePtr& state, const VoteAgreement::Round& vote
   }, until);
   // Follow the blame: an aborted peer's reason names whom it lost.
   std::vector<int> chain;
-  if (blamed >= 0) chain.push_back(blamed);
-  int origin = -1;
-  while (!chain.empty()) {
-    const int at = chain.back();
-    const absl::Status* reason = abort_reason(at);
-    if (!alive(at) || reason == nullptr) {
-      // Silent (lost), or alive without a reason: a rank whose links failed after its commit
-      // vote is the origin only at the end of someone's blame.
-      if (!alive(at) || chain.size() > 1) origin = at;
-      break;
-    }
-    const int next = FirstRankNamed(reason->message());
-    if (!is_peer(next) || std::find(chain.begin(), chain.end(), next) != chain.end()) break;
-    chain.push_back(next);
-  }
-  const absl::Status* lost_because = nullptr;  // why nothing came from the origin, if it is lost
-  auto failure = [&](int peer) -> const absl::Status* {
-    for (const VoteAgreement::Round* round : {&votes, queries}) {
-      if (round != nullptr && !round->failure[peer].ok()) return &round->failure[peer];
-    }
-    return nullptr;
-  };
+  int origin = FollowBlame(state, votes, queries, peers, blamed, &chain);
   if (origin < 0) {
     // The blame names nobody further: a peer whose vote or answer failed, if any.
     for (int peer : peers) {
-      if (failure(peer) != nullptr) {
+      if (RoundFailure(state, votes, queries, peer) != nullptr) {
         origin = peer;
         break;
       }
@@ -454,27 +502,9 @@ absl::Status NameTheLost(const StatePtr& state, const VoteAgreement::Round& vote
     if (!chain.empty()) chain.push_back(origin);
   }
   if (origin == blamed) return why;
-  lost_because = failure(origin);
-  std::string text = absl::StrCat("rank ", origin);
-  if (lost_because != nullptr) {
-    absl::StrAppend(&text, " is lost (nothing from it: ", lost_because->message(), ")");
-  } else if (!alive(origin)) {
-    absl::StrAppend(&text, " did not vote in time");
-  } else {
-    absl::StrAppend(&text, " voted commit, then its connections failed");
-  }
-  absl::StrAppend(&text, "; every survivor aborts the step.",
-                  chain.size() > 1 ? " Blame as the voters gave it: " : "");
-  for (size_t k = 0; k + 1 < chain.size(); ++k) {
-    absl::StrAppend(&text, k == 0 ? "" : ", ", "rank ", chain[k], " (alive) ",
-                    abort_reason(chain[k]) != nullptr ? "lost" : "did not blame", " rank ",
-                    chain[k + 1]);
-  }
-  const absl::Status* blamed_reason = blamed >= 0 ? abort_reason(blamed) : nullptr;
-  if (blamed_reason != nullptr) {
-    absl::StrAppend(&text, "; rank ", blamed, "'s reason: ", blamed_reason->ToString());
-  }
-  absl::Status named(why.code(), absl::StrCat(text, "; this rank saw: ", why.message()));
+  absl::Status named(why.code(),
+                     absl::StrCat(DescribeOrigin(state, votes, queries, origin, blamed, chain),
+                                  "; this rank saw: ", why.message()));
   auto it = state->board.find(votes.op);
   if (it != state->board.end() && it->second.phase == Entry::kAborted) {
     it->second.reason = named;  // what a peer that asks later hears
@@ -503,45 +533,54 @@ absl::Status VoteAgreement::Decide(const Group& group, uint64_t op_seq, absl::St
 
 namespace {
 
-absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
-                      absl::Status local, absl::Time deadline, const std::vector<int>& peers,
-                      RoundPtr* votes_out, RoundPtr* queries_out) {
-  // Round 1: the vote.
-  auto votes = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
-  votes->op = op_seq;
-  *votes_out = votes;
-  absl::Status result = local;
-  bool vote_commit = false;
-  {
-    MutexLock lock(&state->mu);
-    if (state->stopped) {
-      return local.ok() ? absl::CancelledError("agreement: the control connections are closed")
-                        : local;
-    }
-    state->askable_until =
-        std::max(state->askable_until, std::max(deadline, absl::Now()) + 2 * state->grace);
-    if (result.ok() && absl::Now() > deadline) {
-      // Late (this rank was frozen or starved): the peers may have given up on its vote already,
-      // and abort is the one vote that agrees with whatever they decided without it.
-      result = absl::DeadlineExceededError(
-          absl::StrCat("rank ", state->rank, " reached its vote after the deadline"));
-    }
-    auto it = state->board.find(op_seq);
-    if (!result.ok() && it == state->board.end()) {
-      Entry entry;
-      entry.phase = Entry::kAborted;
-      entry.reason = result;
-      state->RememberLocked(op_seq, entry);
-    } else if (it != state->board.end()) {
-      // A peer asked before this rank got here: it promised not to vote commit.
-      if (result.ok()) result = it->second.reason;
-    } else {
-      state->RememberLocked(op_seq, Entry());  // voted commit
-      vote_commit = true;
-    }
+// This rank's vote on `op_seq`: the status it votes with (`local`, or why it must abort), and
+// whether that is a commit vote (recorded on the board either way). Cancelled with `closed` set
+// when the control connections are closed (nothing voted).
+struct OwnVote {
+  absl::Status result;
+  bool commit = false;
+  bool closed = false;
+};
+OwnVote ChooseVote(const StatePtr& state, uint64_t op_seq, absl::Status local,
+                   absl::Time deadline) {
+  OwnVote vote;
+  vote.result = local;
+  MutexLock lock(&state->mu);
+  if (state->stopped) {
+    vote.closed = true;
+    vote.result = local.ok() ? absl::CancelledError("agreement: the control connections are closed")
+                             : local;
+    return vote;
   }
-  votes->mine = EncodeControl(vote_commit ? ControlKind::kVoteCommit : ControlKind::kVoteAbort,
-                              op_seq, result);
+  state->askable_until =
+      std::max(state->askable_until, std::max(deadline, absl::Now()) + 2 * state->grace);
+  if (vote.result.ok() && absl::Now() > deadline) {
+    // Late (this rank was frozen or starved): the peers may have given up on its vote already,
+    // and abort is the one vote that agrees with whatever they decided without it.
+    vote.result = absl::DeadlineExceededError(
+        absl::StrCat("rank ", state->rank, " reached its vote after the deadline"));
+  }
+  auto it = state->board.find(op_seq);
+  if (!vote.result.ok() && it == state->board.end()) {
+    Entry entry;
+    entry.phase = Entry::kAborted;
+    entry.reason = vote.result;
+    state->RememberLocked(op_seq, entry);
+  } else if (it != state->board.end()) {
+    // A peer asked before this rank got here: it promised not to vote commit.
+    if (vote.result.ok()) vote.result = it->second.reason;
+  } else {
+    state->RememberLocked(op_seq, Entry());  // voted commit
+    vote.commit = true;
+  }
+  return vote;
+}
+
+// Sends this rank's vote to the peers (fewer where a test's fault hook cuts it short).
+void SendVote(const StatePtr& state, const Group& group, const RoundPtr& votes, uint64_t op_seq,
+              const OwnVote& vote, const std::vector<int>& peers) {
+  votes->mine = EncodeControl(vote.commit ? ControlKind::kVoteCommit : ControlKind::kVoteAbort,
+                              op_seq, vote.result);
   const int reach = MaybeFault(group, FaultPoint::kVote);
   std::vector<int> voted_to = peers;
   if (reach >= 0 && reach < static_cast<int>(peers.size())) voted_to.resize(reach);
@@ -555,39 +594,65 @@ absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq
     }
     MaybeFault(group, FaultPoint::kAfterVote);
   }
-  // An abort vote decides at once: nobody can commit without this rank's commit vote.
-  if (!vote_commit) return result;
+}
 
+// Round 1's end for a commit vote: the decision once every vote is in or one is abort; none
+// (*missing: the first peer without a vote, or -1 where a peer asked first) when round 2 must
+// ask, the op then frozen (commit only if some rank says it committed).
+std::optional<absl::Status> AwaitVotes(const StatePtr& state, const RoundPtr& votes,
+                                       uint64_t op_seq, absl::Time deadline,
+                                       const std::vector<int>& peers, int* missing,
+                                       bool* voted_in_time) {
   const absl::Time vote_deadline = std::max(deadline, absl::Now() + state->grace);
-  int missing = -1;
-  bool voted_in_time = true;
-  {
-    MutexLock lock(&state->mu);
-    voted_in_time = state->mu.AwaitWithDeadline(
-        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-          return votes->receives_pending == 0 || votes->first_abort >= 0 ||
-                 state->FrozenLocked(op_seq) || state->stopped;
-        },
-        vote_deadline);
-    if (votes->first_abort >= 0) {
-      return state->DecideLocked(op_seq, AbortedBy(*votes, votes->first_abort));
-    }
-    for (int peer : peers) {
-      if (!votes->received[peer].has_value() && missing < 0) missing = peer;
-    }
-    if (missing < 0 && !state->FrozenLocked(op_seq) && !state->stopped) {
-      return state->DecideLocked(op_seq, absl::OkStatus());
-    }
-    if (state->stopped) {
-      return state->DecideLocked(
-          op_seq, absl::CancelledError("agreement: the control connections are closed"));
-    }
-    // A vote is missing (or a peer asked first): from now on this rank commits only if some
-    // rank says it committed.
-    state->board[op_seq].frozen = true;
+  MutexLock lock(&state->mu);
+  *voted_in_time = state->mu.AwaitWithDeadline(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return votes->receives_pending == 0 || votes->first_abort >= 0 ||
+               state->FrozenLocked(op_seq) || state->stopped;
+      },
+      vote_deadline);
+  if (votes->first_abort >= 0) {
+    return state->DecideLocked(op_seq, AbortedBy(*votes, votes->first_abort));
   }
+  for (int peer : peers) {
+    if (!votes->received[peer].has_value() && *missing < 0) *missing = peer;
+  }
+  if (*missing < 0 && !state->FrozenLocked(op_seq) && !state->stopped) {
+    return state->DecideLocked(op_seq, absl::OkStatus());
+  }
+  if (state->stopped) {
+    return state->DecideLocked(
+        op_seq, absl::CancelledError("agreement: the control connections are closed"));
+  }
+  // A vote is missing (or a peer asked first): from now on this rank commits only if some
+  // rank says it committed.
+  state->board[op_seq].frozen = true;
+  return std::nullopt;
+}
 
-  // Round 2: ask every peer.
+// Why this rank aborts when nobody reachable committed (docs/agreement.md says why not commit).
+absl::Status NoCommitReason(const VoteAgreement::Round& votes, int missing, bool voted_in_time) {
+  if (missing < 0) {
+    return absl::UnavailableError(
+        "a peer asked before every vote was in and no reachable rank committed");
+  }
+  if (!votes.failure[missing].ok()) {
+    return absl::Status(absl::IsDeadlineExceeded(votes.failure[missing])
+                            ? absl::StatusCode::kDeadlineExceeded
+                            : absl::StatusCode::kUnavailable,
+                        absl::StrCat("no vote from ", votes.failure[missing].message(),
+                                     "; no reachable rank committed, so every survivor aborts"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "rank ", missing, voted_in_time ? " had not voted when this rank asked" :
+                                        " did not vote before the deadline",
+      "; no reachable rank committed, so every survivor aborts"));
+}
+
+// Round 2: asks every peer what it decided; commits if one committed, else aborts.
+absl::Status AskPeers(const StatePtr& state, const RoundPtr& votes, uint64_t op_seq,
+                      const std::vector<int>& peers, int missing, bool voted_in_time,
+                      RoundPtr* queries_out) {
   auto queries = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
   queries->mine = EncodeControl(ControlKind::kQuery, op_seq, absl::OkStatus());
   queries->op = op_seq;
@@ -607,24 +672,28 @@ absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq
   if (votes->first_abort >= 0) {
     return state->DecideLocked(op_seq, AbortedBy(*votes, votes->first_abort));
   }
-  // Nobody reachable committed: abort (docs/agreement.md says why not commit).
-  absl::Status why;
-  if (missing < 0) {
-    why = absl::UnavailableError(
-        "a peer asked before every vote was in and no reachable rank committed");
-  } else if (!votes->failure[missing].ok()) {
-    why = absl::Status(absl::IsDeadlineExceeded(votes->failure[missing])
-                           ? absl::StatusCode::kDeadlineExceeded
-                           : absl::StatusCode::kUnavailable,
-                       absl::StrCat("no vote from ", votes->failure[missing].message(),
-                                    "; no reachable rank committed, so every survivor aborts"));
-  } else {
-    why = absl::DeadlineExceededError(absl::StrCat(
-        "rank ", missing, voted_in_time ? " had not voted when this rank asked" :
-                                          " did not vote before the deadline",
-        "; no reachable rank committed, so every survivor aborts"));
-  }
-  return state->DecideLocked(op_seq, why);
+  return state->DecideLocked(op_seq, NoCommitReason(*votes, missing, voted_in_time));
+}
+
+absl::Status DecideOn(const StatePtr& state, const Group& group, uint64_t op_seq,
+                      absl::Status local, absl::Time deadline, const std::vector<int>& peers,
+                      RoundPtr* votes_out, RoundPtr* queries_out) {
+  // Round 1: the vote.
+  auto votes = std::make_shared<VoteAgreement::Round>(static_cast<int>(state->out.size()));
+  votes->op = op_seq;
+  *votes_out = votes;
+  const OwnVote vote = ChooseVote(state, op_seq, std::move(local), deadline);
+  if (vote.closed) return vote.result;
+  SendVote(state, group, votes, op_seq, vote, peers);
+  // An abort vote decides at once: nobody can commit without this rank's commit vote.
+  if (!vote.commit) return vote.result;
+  int missing = -1;
+  bool voted_in_time = true;
+  std::optional<absl::Status> decided =
+      AwaitVotes(state, votes, op_seq, deadline, peers, &missing, &voted_in_time);
+  if (decided.has_value()) return *std::move(decided);
+  // Round 2: ask every peer.
+  return AskPeers(state, votes, op_seq, peers, missing, voted_in_time, queries_out);
 }
 
 }  // namespace
