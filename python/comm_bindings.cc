@@ -1,4 +1,4 @@
-// Communicator, requests, topology and bootstrap.
+// Communicator and requests (the bootstrap functions and Topology: topology_bindings.cc).
 //
 // Lifetimes: every operation keeps the Python objects it reads or writes (tensors, codecs,
 // states) referenced until the C++ request has finished, whether the caller waits or drops the
@@ -27,6 +27,7 @@
 #include "comm/communicator.h"
 #include "comm/topology.h"
 #include "python/bindings.h"
+#include "python/comm_bindings.h"
 
 namespace lbcc::python {
 namespace {
@@ -177,23 +178,8 @@ comm::OpOptions MakeOptions(std::optional<double> timeout_s, const std::string& 
   return o;
 }
 
-comm::UniqueId IdFromBytes(const py::bytes& b) {
-  absl::Span<const uint8_t> s = BytesSpan(b);
-  if (s.size() != sizeof(comm::UniqueId)) {
-    throw StatusError(absl::InvalidArgumentError(
-        absl::StrCat("unique id: expected ", sizeof(comm::UniqueId), " bytes, got ", s.size())));
-  }
-  comm::UniqueId id;
-  std::memcpy(id.internal, s.data(), sizeof(id.internal));
-  return id;
-}
 
-py::bytes IdBytes(const comm::UniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
 
-// lbcc.Topology: an immutable value (mark_slow_ranks returns a copy).
-struct PyTopology {
-  comm::Topology topology;
-};
 
 comm::FabricOptions MakeFabricOptions(std::optional<std::string> backend,
                                       std::optional<std::string> listen_host,
@@ -212,13 +198,6 @@ comm::FabricOptions MakeFabricOptions(std::optional<std::string> backend,
   return o;
 }
 
-py::dict RoleDict(const comm::RankRole& role) {
-  py::dict d;
-  d["kind"] = role.kind == comm::RankRole::Kind::kFull ? "full" : "pipeline";
-  d["replica"] = role.replica;
-  d["stage"] = role.stage;
-  return d;
-}
 
 py::dict CountersDict(const transport::LinkCounters& c) {
   py::dict d;
@@ -623,157 +602,81 @@ py::object RecvTableUpdate(PyComm& self, py::object table, int peer, uint32_t ta
                       [bytes](Core&) { return py::int_(*bytes); });
 }
 
+std::unique_ptr<PyComm> InitComm(const py::bytes& unique_id, int nranks, int rank,
+                                 std::optional<std::string> backend,
+                                 std::optional<std::string> listen_host,
+                                 std::optional<double> timeout, py::object topology) {
+  comm::UniqueId id = IdFromBytes(unique_id);
+  comm::FabricOptions options = MakeFabricOptions(backend, listen_host, timeout, topology);
+  absl::StatusOr<std::unique_ptr<Communicator>> c;
+  {
+    py::gil_scoped_release release;
+    c = Communicator::Init(id, nranks, rank, std::move(options));
+  }
+  return std::make_unique<PyComm>(Share(ValueOrThrow(std::move(c))));
+}
+
+std::unique_ptr<PyComm> InitCommFromEnvironment(std::optional<std::string> backend,
+                                                std::optional<std::string> listen_host,
+                                                std::optional<double> timeout,
+                                                py::object topology) {
+  comm::FabricOptions options = MakeFabricOptions(backend, listen_host, timeout, topology);
+  absl::StatusOr<std::unique_ptr<Communicator>> c;
+  {
+    py::gil_scoped_release release;
+    c = Communicator::InitFromEnvironment(std::move(options));
+  }
+  return std::make_unique<PyComm>(Share(ValueOrThrow(std::move(c))));
+}
+
+void TakePartRejected(PyComm& c, const std::string& op, const std::string& message) {
+  (void)c.get().PostRejected(op, absl::InvalidArgumentError(message));
+}
+
+py::dict LinkCounters(const PyComm& c, int peer) {
+  Communicator& comm = c.get();
+  if (peer < 0 || peer >= comm.nranks() || peer == comm.rank()) {
+    throw StatusError(absl::InvalidArgumentError(absl::StrCat("link_counters: bad peer ", peer)));
+  }
+  return CountersDict(comm.fabric()->Counters(comm.global_ranks()[peer]));
+}
+
+py::dict BytesByClass(const PyComm& c) {
+  comm::Fabric::ClassBytes b = c.get().fabric()->BytesByClass();
+  py::dict d;
+  d["fast_sent"] = b.fast_sent;
+  d["fast_received"] = b.fast_received;
+  d["slow_sent"] = b.slow_sent;
+  d["slow_received"] = b.slow_received;
+  return d;
+}
+
 }  // namespace
 
-void BindComm(py::module_& m) {
-  m.def(
-      "create_unique_id",
-      [](std::optional<std::string> listen_host, std::optional<double> timeout_s) {
-        comm::CommConfig config;
-        config.listen_host = std::move(listen_host);
-        if (timeout_s.has_value()) config.timeout = absl::Seconds(*timeout_s);
-        absl::StatusOr<comm::UniqueId> id;
-        {
-          py::gil_scoped_release release;
-          id = comm::CreateUniqueId(config);
-        }
-        return IdBytes(ValueOrThrow(std::move(id)));
-      },
-      py::arg("listen_host") = py::none(), py::arg("timeout") = py::none(),
-      "Starts a bootstrap root (this process, a background thread) and returns its unique id "
-      "(bytes): send it to every rank, then each calls Communicator.init. Unset: "
-      "LBCC_LISTEN_ADDR, LBCC_TIMEOUT_S.");
-  m.def(
-      "unique_id_from_address",
-      [](const std::string& address, uint64_t session) {
-        return IdBytes(ValueOrThrow(comm::UniqueIdFromAddress(address, session)));
-      },
-      py::arg("address"), py::arg("session") = 0);
-  m.def(
-      "start_root",
-      [](const std::string& address, int nranks, uint64_t session, double timeout_s) {
-        py::gil_scoped_release release;
-        ThrowIfError(comm::StartRoot(address, nranks, session, absl::Seconds(timeout_s)));
-      },
-      py::arg("address"), py::arg("nranks"), py::arg("session") = 0, py::arg("timeout") = 300.0);
-  m.def(
-      "unique_id_address",
-      [](const py::bytes& id) { return comm::UniqueIdAddress(IdFromBytes(id)); },
-      py::arg("unique_id"));
+namespace {
 
-  py::class_<PyTopology>(
-      m, "Topology", "Fast islands, full and pipeline replicas, link classes (comm/topology.h).")
-      .def_static(
-          "flat", [](int nranks) { return PyTopology{comm::Topology::Flat(nranks)}; },
-          py::arg("nranks"))
-      .def_static(
-          "from_json",
-          [](const std::string& json) {
-            return PyTopology{ValueOrThrow(comm::Topology::FromJson(json))};
-          },
-          py::arg("json"))
-      .def_static(
-          "from_file",
-          [](const std::string& path) {
-            return PyTopology{ValueOrThrow(comm::Topology::FromFile(path))};
-          },
-          py::arg("path"))
-      .def("to_json", [](const PyTopology& t) { return t.topology.ToJson(); })
-      .def_property_readonly("nranks", [](const PyTopology& t) { return t.topology.nranks(); })
-      .def_property_readonly("num_shards",
-                             [](const PyTopology& t) { return t.topology.num_shards(); })
-      .def_property_readonly("islands", [](const PyTopology& t) { return t.topology.islands(); })
-      .def_property_readonly("replicas",
-                             [](const PyTopology& t) {
-                               py::list out;
-                               for (const auto& r : t.topology.replicas()) {
-                                 py::dict d;
-                                 d["kind"] =
-                                     r.kind == comm::RankRole::Kind::kFull ? "full" : "pipeline";
-                                 d["ranks"] = r.ranks;
-                                 out.append(d);
-                               }
-                               return out;
-                             })
-      .def(
-          "shard_ranks", [](const PyTopology& t, int s) { return t.topology.ShardRanks(s); },
-          py::arg("shard"))
-      .def(
-          "role",
-          [](const PyTopology& t, int rank) {
-            if (rank < 0 || rank >= t.topology.nranks()) throw py::index_error("rank out of range");
-            return RoleDict(t.topology.role(rank));
-          },
-          py::arg("rank"))
-      .def(
-          "link",
-          [](const PyTopology& t, int a, int b) {
-            if (a < 0 || b < 0 || a >= t.topology.nranks() || b >= t.topology.nranks()) {
-              throw py::index_error("rank out of range");
-            }
-            return std::string(comm::LinkClassName(t.topology.link(a, b)));
-          },
-          py::arg("a"), py::arg("b"))
-      .def(
-          "with_slow_ranks",
-          [](const PyTopology& t, std::vector<int> ranks) {
-            PyTopology copy = t;
-            ThrowIfError(copy.topology.MarkSlowRanks(ranks));
-            return copy;
-          },
-          py::arg("ranks"), "A copy in which every link touching `ranks` is slow.")
-      .def(py::pickle([](const PyTopology& t) { return py::make_tuple(t.topology.ToJson()); },
-                      [](const py::tuple& t) {
-                        if (t.size() != 1) throw py::value_error("Topology: bad pickle");
-                        return PyTopology{
-                            ValueOrThrow(comm::Topology::FromJson(t[0].cast<std::string>()))};
-                      }))
-      .def("__repr__", [](const PyTopology& t) { return "Topology(" + t.topology.ToJson() + ")"; });
-
+void BindRequest(py::module_& m) {
   py::class_<PyRequest>(m, "Request", "A pending operation (async_op=True).")
       .def("test", &PyRequest::Test, "True once the operation finished (successfully or not).")
       .def("wait", &PyRequest::Wait, py::arg("timeout") = py::none(),
            "Waits (GIL released) and returns the result; raises the operation's error, or "
            "DeadlineExceededError when `timeout` seconds pass first (the operation goes on).");
+}
 
+void BindCommunicator(py::module_& m) {
   py::class_<PyComm>(m, "Communicator",
                      "A group of ranks running collectives together (comm/communicator.h). "
                      "Ranks must post operations in the same order.")
       .def_static(
-          "init",
-          [](const py::bytes& unique_id, int nranks, int rank, std::optional<std::string> backend,
-             std::optional<std::string> listen_host, std::optional<double> timeout,
-             py::object topology) {
-            comm::UniqueId id = IdFromBytes(unique_id);
-            comm::FabricOptions options =
-                MakeFabricOptions(backend, listen_host, timeout, topology);
-            absl::StatusOr<std::unique_ptr<Communicator>> c;
-            {
-              py::gil_scoped_release release;
-              c = Communicator::Init(id, nranks, rank, std::move(options));
-            }
-            return std::make_unique<PyComm>(Share(ValueOrThrow(std::move(c))));
-          },
-          py::arg("unique_id"), py::arg("nranks"), py::arg("rank"), py::arg("backend") = py::none(),
-          py::arg("listen_host") = py::none(), py::arg("timeout") = py::none(),
-          py::arg("topology") = py::none(),
+          "init", &InitComm, py::arg("unique_id"), py::arg("nranks"), py::arg("rank"),
+          py::arg("backend") = py::none(), py::arg("listen_host") = py::none(),
+          py::arg("timeout") = py::none(), py::arg("topology") = py::none(),
           "Joins the job named by `unique_id` (blocks until every rank joined). Unset options "
           "come from LBCC_TRANSPORT, LBCC_LISTEN_ADDR, LBCC_TIMEOUT_S, LBCC_TOPO_FILE.")
       .def_static(
-          "init_from_environment",
-          [](std::optional<std::string> backend, std::optional<std::string> listen_host,
-             std::optional<double> timeout, py::object topology) {
-            comm::FabricOptions options =
-                MakeFabricOptions(backend, listen_host, timeout, topology);
-            absl::StatusOr<std::unique_ptr<Communicator>> c;
-            {
-              py::gil_scoped_release release;
-              c = Communicator::InitFromEnvironment(std::move(options));
-            }
-            return std::make_unique<PyComm>(Share(ValueOrThrow(std::move(c))));
-          },
-          py::arg("backend") = py::none(), py::arg("listen_host") = py::none(),
-          py::arg("timeout") = py::none(), py::arg("topology") = py::none(),
+          "init_from_environment", &InitCommFromEnvironment, py::arg("backend") = py::none(),
+          py::arg("listen_host") = py::none(), py::arg("timeout") = py::none(),
+          py::arg("topology") = py::none(),
           "Joins from torchrun's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT + 1) or mpirun's "
           "environment.")
       .def_property_readonly("rank", [](const PyComm& c) { return c.get().rank(); })
@@ -791,14 +694,9 @@ void BindComm(py::module_& m) {
           "Aborts the connections: running and queued operations fail on every rank.")
       .def("close", &PyComm::Close,
            "Destroys the communicator (queued operations fail with Cancelled). Idempotent.")
-      .def(
-          "_take_part_rejected",
-          [](PyComm& c, const std::string& op, const std::string& message) {
-            (void)c.get().PostRejected(op, absl::InvalidArgumentError(message));
-          },
-          py::arg("op"), py::arg("message"),
-          "For wrappers that reject a collective's arguments in Python: posts an error "
-          "contribution in its place, so every rank fails that operation and stays in step.")
+      .def("_take_part_rejected", &TakePartRejected, py::arg("op"), py::arg("message"),
+           "For wrappers that reject a collective's arguments in Python: posts an error "
+           "contribution in its place, so every rank fails that operation and stays in step.")
       .def("split", &Split, py::arg("color"), py::arg("key") = 0,
            "Ranks passing the same color form a new communicator ordered by (key, rank); a "
            "negative color returns None. Collective and blocking.")
@@ -849,29 +747,21 @@ void BindComm(py::module_& m) {
            "holds the sender's `after` if it held its `before`); returns the message's bytes. "
            "DataLossError for a corrupt or foreign message, InvalidArgumentError (a ValueError) "
            "for another table size; `table` is untouched then. `timeout` as send_table_update.")
-      .def(
-          "link_counters",
-          [](const PyComm& c, int peer) {
-            Communicator& comm = c.get();
-            if (peer < 0 || peer >= comm.nranks() || peer == comm.rank()) {
-              throw StatusError(
-                  absl::InvalidArgumentError(absl::StrCat("link_counters: bad peer ", peer)));
-            }
-            return CountersDict(comm.fabric()->Counters(comm.global_ranks()[peer]));
-          },
-          py::arg("peer"), "Counters of the link to `peer` (a rank of this communicator).")
-      .def(
-          "bytes_by_class",
-          [](const PyComm& c) {
-            comm::Fabric::ClassBytes b = c.get().fabric()->BytesByClass();
-            py::dict d;
-            d["fast_sent"] = b.fast_sent;
-            d["fast_received"] = b.fast_received;
-            d["slow_sent"] = b.slow_sent;
-            d["slow_received"] = b.slow_received;
-            return d;
-          },
-          "Bytes sent and received on fast and slow links by every communicator of the job.");
+      .def("link_counters", &LinkCounters, py::arg("peer"),
+           "Counters of the link to `peer` (a rank of this communicator).")
+      .def("bytes_by_class", &BytesByClass,
+           "Bytes sent and received on fast and slow links by every communicator of the job.");
+}
+
+}  // namespace
+
+// The communicator's part of the module: bootstrap functions and Topology
+// (topology_bindings.cc), Request, Communicator.
+void BindComm(py::module_& m) {
+  BindUniqueIdFunctions(m);
+  BindTopology(m);
+  BindRequest(m);
+  BindCommunicator(m);
 }
 
 }  // namespace lbcc::python
