@@ -144,6 +144,19 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::EncodeBackward(
                 m > 1 ? selectors.values.data() : nullptr, block, out, nullptr, stream);
 }
 
+absl::Status DeviceSubspaceCodec::ProjectBackward(const float* x, int64_t tokens,
+                                                  const uint8_t* selectors, int64_t block,
+                                                  float* coef, void* stream) {
+  const codecs::SubspaceBasis& b = *basis_;
+  const int64_t d = b.model_dim(), k = b.rank(), ld = b.ld();
+  return codecs::ForEachSelectorRun(tokens, selectors, block, [&](int64_t t0, int64_t t1, int c) {
+    return backend_->Gemm(blas_, stream, false, false, static_cast<int>(k),
+                          static_cast<int>(t1 - t0), static_cast<int>(d), 1.0f, u_ + c * k,
+                          static_cast<int>(ld), x + t0 * d, static_cast<int>(d), 0.0f,
+                          coef + t0 * k, static_cast<int>(k));
+  });
+}
+
 absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x, int64_t tokens,
                                                    absl::Span<const int32_t> ids,
                                                    const uint8_t* selectors, int64_t block,
@@ -202,13 +215,7 @@ absl::StatusOr<size_t> DeviceSubspaceCodec::Encode(bool forward, const float* x,
       }
       LBCC_RETURN_IF_ERROR(backend_->SubspaceForwardPrep(fa, stream));
     } else {
-      LBCC_RETURN_IF_ERROR(codecs::ForEachSelectorRun(
-          tokens, selectors, block, [&](int64_t t0, int64_t t1, int c) {
-            return backend_->Gemm(blas_, stream, false, false, static_cast<int>(k),
-                                  static_cast<int>(t1 - t0), static_cast<int>(d), 1.0f,
-                                  u_ + c * k, static_cast<int>(ld), x + t0 * d,
-                                  static_cast<int>(d), 0.0f, coef + t0 * k, static_cast<int>(k));
-          }));
+      LBCC_RETURN_IF_ERROR(ProjectBackward(x, tokens, selectors, block, coef, stream));
     }
     SubspaceQuantizeArgs qa;
     qa.tokens = tokens;

@@ -77,6 +77,9 @@ class DeviceSubspaceCodec {
                                 absl::Span<const int32_t> ids, const uint8_t* selectors,
                                 int64_t block, absl::Span<uint8_t> out,
                                 codecs::SubspaceSelectors* selectors_out, void* stream);
+  // coef [tokens x k] = g_h x with each run of blocks' chosen component (backward encode).
+  absl::Status ProjectBackward(const float* x, int64_t tokens, const uint8_t* selectors,
+                               int64_t block, float* coef, void* stream);
   absl::Status Decode(bool forward, absl::Span<const uint8_t> payload, const TensorView& out,
                       absl::Span<int32_t> ids_out, codecs::SubspaceSelectors* selectors_out,
                       void* stream);

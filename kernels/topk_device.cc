@@ -505,6 +505,28 @@ namespace {
 
 constexpr int64_t kMaxPayloads = 65535;  // codecs/topk_ef.cc: selection counts are 16-bit
 
+// templar's median-norm clip: factors from the payloads on the host (codecs/topk_ef.h), applied
+// to the bin-mean tables, so the device adds exactly the CPU decoder's v_hat * factor.
+absl::Status MedianNormClip(absl::Span<const codecs::TopKEfHeader> headers,
+                            absl::Span<float> clip) {
+  std::vector<float> norms(headers.size()), buffer(codecs::kTopKReferenceChunk);
+  for (size_t r = 0; r < headers.size(); ++r) {
+    const codecs::TopKEfHeader& h = headers[r];
+    if (!codecs::IsBinMean(h.values)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "topk_ef: the device decoder clips bin-mean payloads only (payload ", r, " is ",
+          codecs::ValueCodingName(h.values), "): decode on the host"));
+    }
+    codecs::ValueDecoder values;
+    LBCC_RETURN_IF_ERROR(
+        Annotate(values.Init(h.values, h.value_params, h.value_section, h.layout.count()),
+                 absl::StrCat("payload ", r)));
+    norms[r] = codecs::DecodedNorm(values, h.layout.count(), buffer.data());
+  }
+  codecs::MedianNormClipFactors(norms, clip);
+  return absl::OkStatus();
+}
+
 absl::Status DecodeTopK(Backend& be, absl::Span<const codecs::PayloadInfo> infos,
                         const codecs::DecodeOptions& options, float* out, Stream stream,
                         DeviceScratch& scratch) {
@@ -531,25 +553,9 @@ absl::Status DecodeTopK(Backend& be, absl::Span<const codecs::PayloadInfo> infos
     if (codecs::IsBinMean(headers[r].values)) table_at[r] = image.Add(256 * sizeof(float));
     values_at[r] = image.Add(headers[r].value_section.size());
   }
-  // templar's median-norm clip: factors from the payloads on the host (codecs/topk_ef.h), applied
-  // to the bin-mean tables, so the device adds exactly the CPU decoder's v_hat * factor.
   std::vector<float> clip(infos.size(), 1.0f);
   if (options.clip_to_median_norm) {
-    std::vector<float> norms(infos.size()), buffer(codecs::kTopKReferenceChunk);
-    for (size_t r = 0; r < infos.size(); ++r) {
-      const codecs::TopKEfHeader& h = headers[r];
-      if (!codecs::IsBinMean(h.values)) {
-        return absl::UnimplementedError(absl::StrCat(
-            "topk_ef: the device decoder clips bin-mean payloads only (payload ", r, " is ",
-            codecs::ValueCodingName(h.values), "): decode on the host"));
-      }
-      codecs::ValueDecoder values;
-      LBCC_RETURN_IF_ERROR(
-          Annotate(values.Init(h.values, h.value_params, h.value_section, h.layout.count()),
-                   absl::StrCat("payload ", r)));
-      norms[r] = codecs::DecodedNorm(values, h.layout.count(), buffer.data());
-    }
-    codecs::MedianNormClipFactors(norms, absl::MakeSpan(clip));
+    LBCC_RETURN_IF_ERROR(MedianNormClip(headers, absl::MakeSpan(clip)));
   }
   LBCC_ASSIGN_OR_RETURN(uint8_t * host, scratch.Host(image.size()));
   LBCC_ASSIGN_OR_RETURN(uint8_t * device, scratch.Device(image.size()));
@@ -591,13 +597,7 @@ absl::Status DecodeTopK(Backend& be, absl::Span<const codecs::PayloadInfo> infos
   // Phase 2 (device): upload, aggregate chunk by chunk.
   LBCC_RETURN_IF_ERROR(be.CopyToDevice(device, host, image.size(), stream));
   AggregateArgs a;
-  a.g.rows = g.rows;
-  a.g.cols = g.cols;
-  a.g.h = g.h;
-  a.g.w = g.w;
-  a.g.chunk_len = g.chunk_len;
-  a.g.chunks_x = g.chunks_x;
-  a.g.num_chunks = g.num_chunks;
+  a.g = ToKernelGeometry(g);
   a.payloads = reinterpret_cast<const TopKPayloadDesc*>(device + descs_at);
   a.num_payloads = static_cast<int32_t>(infos.size());
   a.indices = reinterpret_cast<const uint16_t*>(device + indices_at);

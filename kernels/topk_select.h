@@ -108,18 +108,18 @@ struct SelectLocal {
   float v[kSelectPerThread];
 };
 
-// Runs the chunk `c` on block `b` (kSelectThreads threads).
+// The steps of SelectChunk, each a sequence of phases of block `b` on chunk `c`.
+
+// EF update and load: e' = beta * e + lr * delta into a.next and each thread's 16 values; a
+// chunk with an entry above kMaxEncodableAbsBits (or NaN) lowers *a.bad_chunk to c.
 LBCC_BLOCK_TEMPLATE
 template <typename Block>
-LBCC_HD void SelectChunk(Block& b, const SelectArgs& a, int64_t c) {
+LBCC_HD void SelectLoad(Block& b, const SelectArgs& a, int64_t c) {
   SelectShared& sh = b.shared();
   const Geometry& g = a.g;
   const int64_t n = g.chunk_len;
   const int64_t k = a.k;
   const int64_t corner = ChunkCorner(g, c);
-  const bool take_all = k >= n;
-
-  // EF update and load.
   b.Phase([&](int t, SelectLocal& mine) {
     if (t == 0) {
       sh.prefix = 0;
@@ -187,42 +187,58 @@ LBCC_UNROLL
     if (bad) hd::AtomicMinI32(a.bad_chunk, static_cast<int32_t>(c));
   });
 
+}
+
+// sh.prefix = T, the k-th largest |e'| bits, and sh.remaining = how many entries equal to T
+// the selection takes (radix select).
+LBCC_BLOCK_TEMPLATE
+template <typename Block>
+LBCC_HD void SelectThreshold(Block& b, const SelectArgs& a) {
+  SelectShared& sh = b.shared();
+  const int64_t n = a.g.chunk_len;
   // Radix select of T, the k-th largest |e'| bits (bit 31 is 0): the exponent first (bits
   // 30..23, so the first pass already separates the few large entries), then the mantissa in
   // 8, 8 and 7 bits.
-  if (!take_all) {
-    for (int pass = 0; pass < 4; ++pass) {
-      const int shift = pass == 3 ? 0 : 23 - 8 * pass;
-      const uint32_t width = pass == 3 ? 0x7Fu : 0xFFu;
-      b.Phase([&](int t, SelectLocal&) { sh.hist[t] = 0; });
-      b.Phase([&](int t, SelectLocal& mine) {
-        const uint32_t mask = sh.mask, prefix = sh.prefix;
-        const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
+  for (int pass = 0; pass < 4; ++pass) {
+    const int shift = pass == 3 ? 0 : 23 - 8 * pass;
+    const uint32_t width = pass == 3 ? 0x7Fu : 0xFFu;
+    b.Phase([&](int t, SelectLocal&) { sh.hist[t] = 0; });
+    b.Phase([&](int t, SelectLocal& mine) {
+      const uint32_t mask = sh.mask, prefix = sh.prefix;
+      const int64_t first = static_cast<int64_t>(t) * kSelectPerThread;
 LBCC_UNROLL
-        for (int i = 0; i < kSelectPerThread; ++i) {
-          const uint32_t key = hd::AbsBits(mine.v[i]);
-          b.CountDigit(sh.hist, (key >> shift) & width, first + i < n && (key & mask) == prefix);
-        }
-      });
-      b.InclusiveSuffixSum(sh.hist, sh.suffix);
-      b.Phase([&](int t, SelectLocal&) {
-        // Exactly one digit d has suffix(d + 1) < remaining <= suffix(d).
-        const uint32_t incl = sh.suffix[t], excl = incl - sh.hist[t], rem = sh.remaining;
-        if (excl < rem && incl >= rem) {
-          sh.next_prefix = sh.prefix | (static_cast<uint32_t>(t) << shift);
-          sh.next_remaining = rem - excl;
-        }
-      });
-      b.Phase([&](int t, SelectLocal&) {
-        if (t == 0) {
-          sh.prefix = sh.next_prefix;
-          sh.remaining = sh.next_remaining;
-          sh.mask |= width << shift;
-        }
-      });
-    }
+      for (int i = 0; i < kSelectPerThread; ++i) {
+        const uint32_t key = hd::AbsBits(mine.v[i]);
+        b.CountDigit(sh.hist, (key >> shift) & width, first + i < n && (key & mask) == prefix);
+      }
+    });
+    b.InclusiveSuffixSum(sh.hist, sh.suffix);
+    b.Phase([&](int t, SelectLocal&) {
+      // Exactly one digit d has suffix(d + 1) < remaining <= suffix(d).
+      const uint32_t incl = sh.suffix[t], excl = incl - sh.hist[t], rem = sh.remaining;
+      if (excl < rem && incl >= rem) {
+        sh.next_prefix = sh.prefix | (static_cast<uint32_t>(t) << shift);
+        sh.next_remaining = rem - excl;
+      }
+    });
+    b.Phase([&](int t, SelectLocal&) {
+      if (t == 0) {
+        sh.prefix = sh.next_prefix;
+        sh.remaining = sh.next_remaining;
+        sh.mask |= width << shift;
+      }
+    });
   }
+}
 
+// Writes the selection (local positions ascending, values) into slots c * k ... and counts
+// the selected entries per sub-block of 64 positions.
+LBCC_BLOCK_TEMPLATE
+template <typename Block>
+LBCC_HD void SelectSlots(Block& b, const SelectArgs& a, int64_t c, bool take_all) {
+  SelectShared& sh = b.shared();
+  const int64_t n = a.g.chunk_len;
+  const int64_t k = a.k;
   // Slots: entries > T first-come in local order, plus the first `remaining` entries == T.
   b.Phase([&](int t, SelectLocal& mine) {
     const uint32_t thr = sh.prefix;
@@ -262,7 +278,14 @@ LBCC_UNROLL
     }
   });
 
-  // The chunk's adaptive index length for sub-blocks of 64 (b = 6) and 128 (b = 7) positions.
+}
+
+// a.bits6[c], a.bits7[c]: the chunk's adaptive index length for b = 6 and b = 7.
+LBCC_BLOCK_TEMPLATE
+template <typename Block>
+LBCC_HD void SelectIndexBits(Block& b, const SelectArgs& a, int64_t c) {
+  SelectShared& sh = b.shared();
+  const int64_t n = a.g.chunk_len;
   b.Phase([&](int t, SelectLocal&) {
     const int64_t num6 = (n + 63) >> 6, num7 = (n + 127) >> 7;
     if (t < 64) {
@@ -293,6 +316,17 @@ LBCC_UNROLL
       a.bits7[c] = b7;
     }
   });
+}
+
+// Runs the chunk `c` on block `b` (kSelectThreads threads).
+LBCC_BLOCK_TEMPLATE
+template <typename Block>
+LBCC_HD void SelectChunk(Block& b, const SelectArgs& a, int64_t c) {
+  const bool take_all = a.k >= a.g.chunk_len;
+  SelectLoad(b, a, c);
+  if (!take_all) SelectThreshold(b, a);
+  SelectSlots(b, a, c, take_all);
+  SelectIndexBits(b, a, c);
 }
 
 }  // namespace lbcc::kernels
