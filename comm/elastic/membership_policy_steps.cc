@@ -43,7 +43,9 @@ void MembershipPolicy::DecidePhase() {
     }
     if (!rep.ok) {
       all_ok = false;
-      if (why.empty()) why = absl::StrCat("rank ", r, " (", conns_.at(members_[r])->name, "): ", rep.text);
+      if (why.empty()) {
+        why = absl::StrCat("rank ", r, " (", conns_.at(members_[r])->name, "): ", rep.text);
+      }
     }
     broken |= rep.broken;
   }

@@ -88,7 +88,8 @@ absl::StatusOr<std::vector<SharedState::Record>> SharedState::GatherRecords(Comm
   std::vector<Record> records(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].size() != sizeof(Record)) {
-      return absl::DataLossError(absl::StrCat("ElasticGroup: rank ", r, " sent a bad state record"));
+      return absl::DataLossError(
+          absl::StrCat("ElasticGroup: rank ", r, " sent a bad state record"));
     }
     std::memcpy(&records[r], all[r].data(), sizeof(Record));
   }
@@ -105,7 +106,8 @@ absl::StatusOr<StateTraffic> SharedState::Sync(Communicator& comm, int rank,
     if (records[r].synced) reference = static_cast<int>(r);
   }
   if (reference < 0) {
-    return absl::FailedPreconditionError("ElasticGroup: no member of the epoch holds the shared state");
+    return absl::FailedPreconditionError(
+        "ElasticGroup: no member of the epoch holds the shared state");
   }
   const Record& ref = records[reference];
   for (size_t r = 0; r < records.size(); ++r) {
