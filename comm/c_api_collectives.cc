@@ -130,14 +130,24 @@ absl::StatusOr<lbcc::comm::ReduceOp> ToReduceOp(lbccRedOp_t op) {
   return absl::InvalidArgumentError(absl::StrCat("unknown lbccRedOp_t ", static_cast<int>(op)));
 }
 
+// A reducing call's element type and reduction, converted.
+struct ReduceArgs {
+  lbcc::DType type;
+  lbcc::comm::ReduceOp op;
+};
+absl::StatusOr<ReduceArgs> ToReduceArgs(lbccDataType_t datatype, lbccRedOp_t op) {
+  LBCC_ASSIGN_OR_RETURN(lbcc::DType type, ToDType(datatype));
+  LBCC_ASSIGN_OR_RETURN(lbcc::comm::ReduceOp reduce_op, ToReduceOp(op));
+  return ReduceArgs{type, reduce_op};
+}
+
 lbccResult_t RawAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                           lbccDataType_t datatype, lbccRedOp_t op, lbccComm* comm,
                           lbccRequest_t* request) {
-  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
-  if (!type.ok()) return Reject("lbccAllReduce", type.status(), comm);
-  absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
-  if (!reduce_op.ok()) return Reject("lbccAllReduce", reduce_op.status(), comm);
-  return Finish(comm->comm->AllReduce(sendbuff, recvbuff, count, *type, *reduce_op), comm, request);
+  absl::StatusOr<ReduceArgs> args = ToReduceArgs(datatype, op);
+  if (!args.ok()) return Reject("lbccAllReduce", args.status(), comm);
+  return Finish(comm->comm->AllReduce(sendbuff, recvbuff, count, args->type, args->op), comm,
+                request);
 }
 
 }  // namespace
@@ -147,11 +157,9 @@ lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count, lbcc
   LBCC_C_CHECK_PTR("lbccReduce", comm);
   LBCC_C_CHECK_PTR("lbccReduce", request);
   if (count > 0) LBCC_C_CHECK_BUF("lbccReduce", sendbuff, comm);
-  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
-  if (!type.ok()) return Reject("lbccReduce", type.status(), comm);
-  absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
-  if (!reduce_op.ok()) return Reject("lbccReduce", reduce_op.status(), comm);
-  return Finish(comm->comm->Reduce(sendbuff, recvbuff, count, *type, *reduce_op, root), comm,
+  absl::StatusOr<ReduceArgs> args = ToReduceArgs(datatype, op);
+  if (!args.ok()) return Reject("lbccReduce", args.status(), comm);
+  return Finish(comm->comm->Reduce(sendbuff, recvbuff, count, args->type, args->op, root), comm,
                 request);
 }
 
@@ -164,12 +172,10 @@ lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
     LBCC_C_CHECK_BUF("lbccReduceScatter", sendbuff, comm);
     LBCC_C_CHECK_BUF("lbccReduceScatter", recvbuff, comm);
   }
-  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
-  if (!type.ok()) return Reject("lbccReduceScatter", type.status(), comm);
-  absl::StatusOr<lbcc::comm::ReduceOp> reduce_op = ToReduceOp(op);
-  if (!reduce_op.ok()) return Reject("lbccReduceScatter", reduce_op.status(), comm);
-  return Finish(comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, *type, *reduce_op), comm,
-                request);
+  absl::StatusOr<ReduceArgs> args = ToReduceArgs(datatype, op);
+  if (!args.ok()) return Reject("lbccReduceScatter", args.status(), comm);
+  return Finish(comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, args->type, args->op),
+                comm, request);
 }
 
 lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,

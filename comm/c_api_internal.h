@@ -1,5 +1,5 @@
 // The C API's one internal header, shared by its sections (c_api_communicator.cc,
-// c_api_collectives.cc, c_api_activations.cc, c_api_elastic.cc): the handles behind lbcc.h's
+// c_api_collectives.cc, c_api_activations.cc, comm/elastic/c_api.cc): the handles behind lbcc.h's
 // opaque types, the one conversion from Status (Fail), argument checks, and the converters more
 // than one section uses. Not installed; nothing outside the C API includes it.
 //

@@ -99,7 +99,7 @@ class AllGatherTask {
   // The payloads, in group order; complete once WaitGathered() or Wait() returned OK.
   std::vector<std::string>& result();
 
-  class State;  // The algorithm's state machine (collectives.cc).
+  class State;  // The algorithm's state machine (comm/algorithms/all_gather_task.h).
 
  private:
   explicit AllGatherTask(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -136,6 +136,9 @@ struct RingSchedule {
 absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t> offsets,
                       size_t element, const RingSchedule& schedule,
                       transport::Priority priority, absl::Time deadline);
+// RingPass's offsets for `count` elements of `element` bytes in n even chunks: chunk c covers
+// elements [count * c / n, count * (c + 1) / n).
+std::vector<size_t> EvenChunkOffsets(size_t count, int n, size_t element);
 
 // The ring of Communicator::AllReduce over tensor views: reduce-scatter + all-gather over
 // `count` elements of f32, f16 or bf16, op kSum or kAvg (a multiplication by 1 / n). `in` and

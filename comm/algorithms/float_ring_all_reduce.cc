@@ -69,9 +69,7 @@ absl::Status FloatAllReduceRing(const Group& group, Tag tag, const void* in, voi
   if (in != out) std::memmove(out, in, count * element);
   const int n = group.size();
   if (n == 1) return absl::OkStatus();
-  // Chunk c covers elements [count * c / n, count * (c + 1) / n).
-  std::vector<size_t> offsets(n + 1);
-  for (int c = 0; c <= n; ++c) offsets[c] = count * static_cast<size_t>(c) / n * element;
+  const std::vector<size_t> offsets = EvenChunkOffsets(count, n, element);
   const int me = group.me;
   // Reduce-scatter (steps 0 .. n-2, tags tag + s): rank r ends owning the full sum of chunk
   // (r + 1) % n; then the all-gather of the owned chunks (tags tag + n + s).

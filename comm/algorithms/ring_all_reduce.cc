@@ -19,9 +19,7 @@ absl::Status AllReduceRing(const Group& group, Tag tag, const void* in, void* ou
   if (in != out) std::memmove(out, in, count * element);
   const int n = group.size();
   if (n == 1) return absl::OkStatus();
-  std::vector<size_t> offsets(n + 1);
-  for (int c = 0; c <= n; ++c) offsets[c] = count * static_cast<size_t>(c) / n * element;
-  return RingPass(group, static_cast<uint8_t*>(out), offsets, element,
+  return RingPass(group, static_cast<uint8_t*>(out), EvenChunkOffsets(count, n, element), element,
                   ReduceRingSchedule(group, tag, type, op, /*all_gather=*/true), priority,
                   deadline);
 }

@@ -131,6 +131,12 @@ absl::Status RingPass(const Group& group, uint8_t* data, absl::Span<const size_t
   return absl::OkStatus();
 }
 
+std::vector<size_t> EvenChunkOffsets(size_t count, int n, size_t element) {
+  std::vector<size_t> offsets(n + 1);
+  for (int c = 0; c <= n; ++c) offsets[c] = count * static_cast<size_t>(c) / n * element;
+  return offsets;
+}
+
 RingSchedule ReduceRingSchedule(const Group& g, Tag tag, DType type, ReduceOp op, bool all_gather) {
   const int n = g.size();
   const int me = g.me;
