@@ -15,15 +15,7 @@ inline uint32_t AbsBits(float x) {
 
 uint32_t EfUpdateScalar(const float* e, const float* d, float* out, int64_t n, float beta,
                         float lr) {
-  uint32_t max_bits = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float u = beta * e[i];
-    const float v = lr * d[i];
-    const float r = u + v;
-    out[i] = r;
-    max_bits = std::max(max_bits, AbsBits(r));
-  }
-  return max_bits;
+  return internal::EfUpdateRange(e, d, out, 0, n, beta, lr, 0);
 }
 
 int64_t CompactScalar(const float* block, int64_t stride, int64_t h, int64_t w, uint32_t thr,
@@ -66,14 +58,7 @@ uint32_t KthLargestScalar(const uint32_t* bits, int64_t m, int64_t k, uint32_t l
                           int64_t* count_lo, int64_t* count_hi) {
   while (hi - lo > 1) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    const int64_t count = CountGeScalar(bits, m, mid);
-    if (count >= k) {
-      lo = mid;
-      *count_lo = count;
-    } else {
-      hi = mid;
-      *count_hi = count;
-    }
+    internal::BisectKth(CountGeScalar(bits, m, mid), k, mid, &lo, &hi, count_lo, count_hi);
   }
   return lo;
 }

@@ -123,6 +123,33 @@ const CpuKernels& KernelsFor(SimdLevel level);
 const CpuKernels& ActiveKernels();
 
 namespace internal {
+// ef_update over [i, n) in scalar code (the scalar kernel, and the AVX2 kernel's tail): returns
+// the larger of max_bits and the largest |out| bits written.
+inline uint32_t EfUpdateRange(const float* e, const float* d, float* out, int64_t i, int64_t n,
+                              float beta, float lr, uint32_t max_bits) {
+  for (; i < n; ++i) {
+    const float u = beta * e[i];
+    const float v = lr * d[i];
+    const float r = u + v;
+    out[i] = r;
+    const uint32_t bits = hd::Bits(r) & kAbsMask;
+    max_bits = max_bits < bits ? bits : max_bits;
+  }
+  return max_bits;
+}
+
+// One step of kth_largest's bisection: `count` entries are >= mid.
+inline void BisectKth(int64_t count, int64_t k, uint32_t mid, uint32_t* lo, uint32_t* hi,
+                      int64_t* count_lo, int64_t* count_hi) {
+  if (count >= k) {
+    *lo = mid;
+    *count_lo = count;
+  } else {
+    *hi = mid;
+    *count_hi = count;
+  }
+}
+
 // One position of a chunk's finish (finalize_block, stage_block) in scalar code, for the scalar
 // kernels and the AVX2 kernels' row tails: where the count is > 0, out = agg (or out + agg),
 // agg by `rule` as in finalize_block, and the accumulator and count are reset; an untouched

@@ -67,15 +67,8 @@ LBCC_AVX2 uint32_t EfUpdateAvx2(const float* e, const float* d, float* out, int6
     _mm256_storeu_ps(out + i, r);
     vmax0 = _mm256_max_epu32(vmax0, _mm256_and_si256(_mm256_castps_si256(r), mask));
   }
-  uint32_t max_bits = HorizontalMaxU32(_mm256_max_epu32(vmax0, vmax1));
-  for (; i < n; ++i) {
-    const float u = beta * e[i];
-    const float v = lr * d[i];
-    const float r = u + v;
-    out[i] = r;
-    max_bits = std::max(max_bits, AbsBits(r));
-  }
-  return max_bits;
+  const uint32_t max_bits = HorizontalMaxU32(_mm256_max_epu32(vmax0, vmax1));
+  return internal::EfUpdateRange(e, d, out, i, n, beta, lr, max_bits);
 }
 
 LBCC_AVX2 int64_t CompactAvx2(const float* block, int64_t stride, int64_t h, int64_t w,
@@ -191,13 +184,7 @@ LBCC_AVX2 uint32_t KthLargestAvx2(const uint32_t* bits, int64_t m, int64_t k, ui
     sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
     int64_t count = _mm_cvtsi128_si32(sum);
     for (; i < m; ++i) count += (bits[i] & kAbsMask) >= mid;
-    if (count >= k) {
-      lo = mid;
-      *count_lo = count;
-    } else {
-      hi = mid;
-      *count_hi = count;
-    }
+    internal::BisectKth(count, k, mid, &lo, &hi, count_lo, count_hi);
   }
   return lo;
 }

@@ -6,25 +6,12 @@
 
 #include "kernels/dense_encode.h"
 #include "kernels/device_block.cuh"
+#include "kernels/grid.cuh"
 #include "kernels/launch.h"
 #include "kernels/subspace_kernels.h"
 
 namespace lbcc::kernels {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = 1 << 20;
-
-cudaStream_t S(Stream stream) { return static_cast<cudaStream_t>(stream); }
-
-unsigned Grid(int64_t items, int64_t per_block = kThreads) {
-  int64_t blocks = (items + per_block - 1) / per_block;
-  if (blocks < 1) blocks = 1;
-  if (blocks > kMaxGrid) blocks = kMaxGrid;
-  return static_cast<unsigned>(blocks);
-}
-
-int LastError() { return static_cast<int>(cudaGetLastError()); }
 
 #define LBCC_GRID_STRIDE(i, n)                                                      \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n);         \

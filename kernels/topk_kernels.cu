@@ -14,26 +14,13 @@
 #include "kernels/binmean_kernels.h"
 #include "kernels/binmean_stats.h"
 #include "kernels/device_block.cuh"
+#include "kernels/grid.cuh"
 #include "kernels/launch.h"
 #include "kernels/topk_encode.h"
 #include "kernels/topk_select.h"
 
 namespace lbcc::kernels {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = 1 << 20;  // grid-stride loops cover the rest
-
-cudaStream_t S(Stream stream) { return static_cast<cudaStream_t>(stream); }
-
-unsigned Grid(int64_t items, int64_t per_block = kThreads) {
-  int64_t blocks = (items + per_block - 1) / per_block;
-  if (blocks < 1) blocks = 1;
-  if (blocks > kMaxGrid) blocks = kMaxGrid;
-  return static_cast<unsigned>(blocks);
-}
-
-int LastError() { return static_cast<int>(cudaGetLastError()); }
 
 // ---------------------------------------------------------------------------------------------
 // Selection: one block of 256 threads per chunk.
