@@ -130,6 +130,34 @@ absl::StatusOr<lbcc::comm::ReduceOp> ToReduceOp(lbccRedOp_t op) {
   return absl::InvalidArgumentError(absl::StrCat("unknown lbccRedOp_t ", static_cast<int>(op)));
 }
 
+// The checks of a collective with a send and a receive buffer: `comm` and `request` set, both
+// buffers too when `count` > 0, a known `datatype` (into *type); a NULL buffer or an unknown
+// type is rejected on a valid communicator. lbccSuccess: the call goes on.
+lbccResult_t CheckBuffers(const char* name, lbccComm* comm, lbccRequest_t* request, size_t count,
+                          const void* sendbuff, const void* recvbuff, lbccDataType_t datatype,
+                          lbcc::DType* type) {
+  LBCC_C_CHECK_PTR(name, comm);
+  LBCC_C_CHECK_PTR(name, request);
+  if (count > 0) {
+    LBCC_C_CHECK_BUF(name, sendbuff, comm);
+    LBCC_C_CHECK_BUF(name, recvbuff, comm);
+  }
+  absl::StatusOr<lbcc::DType> converted = ToDType(datatype);
+  if (!converted.ok()) return Reject(name, converted.status(), comm);
+  *type = *converted;
+  return lbccSuccess;
+}
+
+// Host views of a collective's send (`in_count` elements) and receive buffers.
+absl::StatusOr<std::pair<lbcc::TensorView, lbcc::TensorView>> BufferViews(
+    const void* sendbuff, int64_t in_count, void* recvbuff, int64_t out_count, lbcc::DType type) {
+  LBCC_ASSIGN_OR_RETURN(lbcc::TensorView in,
+                        lbcc::TensorView::Create(const_cast<void*>(sendbuff), type, {in_count}));
+  LBCC_ASSIGN_OR_RETURN(lbcc::TensorView out,
+                        lbcc::TensorView::Create(recvbuff, type, {out_count}));
+  return std::make_pair(in, out);
+}
+
 // A reducing call's element type and reduction, converted.
 struct ReduceArgs {
   lbcc::DType type;
@@ -166,12 +194,10 @@ lbccResult_t lbccReduce(const void* sendbuff, void* recvbuff, size_t count, lbcc
 lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                lbccDataType_t datatype, lbccRedOp_t op, lbccComm_t comm,
                                lbccRequest_t* request) {
-  LBCC_C_CHECK_PTR("lbccReduceScatter", comm);
-  LBCC_C_CHECK_PTR("lbccReduceScatter", request);
-  if (recvcount > 0) {
-    LBCC_C_CHECK_BUF("lbccReduceScatter", sendbuff, comm);
-    LBCC_C_CHECK_BUF("lbccReduceScatter", recvbuff, comm);
-  }
+  lbcc::DType type;
+  const lbccResult_t checked = CheckBuffers("lbccReduceScatter", comm, request, recvcount, sendbuff,
+                                            recvbuff, datatype, &type);
+  if (checked != lbccSuccess) return checked;
   absl::StatusOr<ReduceArgs> args = ToReduceArgs(datatype, op);
   if (!args.ok()) return Reject("lbccReduceScatter", args.status(), comm);
   return Finish(comm->comm->ReduceScatter(sendbuff, recvbuff, recvcount, args->type, args->op),
@@ -180,15 +206,11 @@ lbccResult_t lbccReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 
 lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                           lbccDataType_t datatype, lbccComm_t comm, lbccRequest_t* request) {
-  LBCC_C_CHECK_PTR("lbccAllToAll", comm);
-  LBCC_C_CHECK_PTR("lbccAllToAll", request);
-  if (count > 0) {
-    LBCC_C_CHECK_BUF("lbccAllToAll", sendbuff, comm);
-    LBCC_C_CHECK_BUF("lbccAllToAll", recvbuff, comm);
-  }
-  absl::StatusOr<lbcc::DType> type = ToDType(datatype);
-  if (!type.ok()) return Reject("lbccAllToAll", type.status(), comm);
-  const size_t block = count * lbcc::DTypeSize(*type);
+  lbcc::DType type;
+  const lbccResult_t checked =
+      CheckBuffers("lbccAllToAll", comm, request, count, sendbuff, recvbuff, datatype, &type);
+  if (checked != lbccSuccess) return checked;
+  const size_t block = count * lbcc::DTypeSize(type);
   lbcc::comm::AllToAllLayout layout;
   for (int i = 0; i < comm->comm->nranks(); ++i) {
     layout.send_offsets.push_back(i * block);
@@ -202,47 +224,34 @@ lbccResult_t lbccAllToAll(const void* sendbuff, void* recvbuff, size_t count,
 lbccResult_t lbccAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            lbccDataType_t datatype, lbccRedOp_t op, lbccComm_t comm,
                            lbccRequest_t* request) {
-  LBCC_C_CHECK_PTR("lbccAllReduce", comm);
-  LBCC_C_CHECK_PTR("lbccAllReduce", request);
-  if (count > 0) {
-    LBCC_C_CHECK_BUF("lbccAllReduce", sendbuff, comm);
-    LBCC_C_CHECK_BUF("lbccAllReduce", recvbuff, comm);
-  }
-  absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
-  if (!dtype.ok()) return Reject("lbccAllReduce", dtype.status(), comm);
+  lbcc::DType dtype;
+  const lbccResult_t checked =
+      CheckBuffers("lbccAllReduce", comm, request, count, sendbuff, recvbuff, datatype, &dtype);
+  if (checked != lbccSuccess) return checked;
   if (op == lbccProd || op == lbccMin || op == lbccMax) {
     return RawAllReduce(sendbuff, recvbuff, count, datatype, op, comm, request);
   }
   const int64_t n = static_cast<int64_t>(count);
-  absl::StatusOr<lbcc::TensorView> in =
-      lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});
-  if (!in.ok()) return Reject("lbccAllReduce", in.status(), comm);
-  absl::StatusOr<lbcc::TensorView> out = lbcc::TensorView::Create(recvbuff, *dtype, {n});
-  if (!out.ok()) return Reject("lbccAllReduce", out.status(), comm);
-  return Finish(
-      comm->comm->AllReduce(
-          *in, *out, op == lbccSum ? lbcc::comm::ReduceOp::kSum : lbcc::comm::ReduceOp::kAvg),
-      comm, request);
+  absl::StatusOr<std::pair<lbcc::TensorView, lbcc::TensorView>> views =
+      BufferViews(sendbuff, n, recvbuff, n, dtype);
+  if (!views.ok()) return Reject("lbccAllReduce", views.status(), comm);
+  return Finish(comm->comm->AllReduce(
+                    views->first, views->second,
+                    op == lbccSum ? lbcc::comm::ReduceOp::kSum : lbcc::comm::ReduceOp::kAvg),
+                comm, request);
 }
 
 lbccResult_t lbccAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            lbccDataType_t datatype, lbccComm_t comm, lbccRequest_t* request) {
-  LBCC_C_CHECK_PTR("lbccAllGather", comm);
-  LBCC_C_CHECK_PTR("lbccAllGather", request);
-  if (sendcount > 0) {
-    LBCC_C_CHECK_BUF("lbccAllGather", sendbuff, comm);
-    LBCC_C_CHECK_BUF("lbccAllGather", recvbuff, comm);
-  }
-  absl::StatusOr<lbcc::DType> dtype = ToDType(datatype);
-  if (!dtype.ok()) return Reject("lbccAllGather", dtype.status(), comm);
+  lbcc::DType dtype;
+  const lbccResult_t checked =
+      CheckBuffers("lbccAllGather", comm, request, sendcount, sendbuff, recvbuff, datatype, &dtype);
+  if (checked != lbccSuccess) return checked;
   const int64_t n = static_cast<int64_t>(sendcount);
-  absl::StatusOr<lbcc::TensorView> in =
-      lbcc::TensorView::Create(const_cast<void*>(sendbuff), *dtype, {n});
-  if (!in.ok()) return Reject("lbccAllGather", in.status(), comm);
-  absl::StatusOr<lbcc::TensorView> out =
-      lbcc::TensorView::Create(recvbuff, *dtype, {n * comm->comm->nranks()});
-  if (!out.ok()) return Reject("lbccAllGather", out.status(), comm);
-  return Finish(comm->comm->AllGather(*in, *out), comm, request);
+  absl::StatusOr<std::pair<lbcc::TensorView, lbcc::TensorView>> views =
+      BufferViews(sendbuff, n, recvbuff, n * comm->comm->nranks(), dtype);
+  if (!views.ok()) return Reject("lbccAllGather", views.status(), comm);
+  return Finish(comm->comm->AllGather(views->first, views->second), comm, request);
 }
 
 lbccResult_t lbccBroadcast(void* buff, size_t count, lbccDataType_t datatype, int root,
