@@ -5,7 +5,9 @@
 #   1. bootstrap: host 0 drops every packet to the root's port; rank 1 on host 1 joins with
 #      timeout T and must fail within T + 1 s, saying it could not reach the root;
 #   2. links: host 1 drops every new inbound connection; the root and rank 0 on host 0, rank 1
-#      on host 1 (its own connections out pass): both ranks fail within T + 1 s of their start.
+#      on host 1 (its own connections out pass): both ranks fail within T + 1 s of their start;
+#   3. membership: host 0 drops everything to the membership service's port; an elastic member
+#      on host 1 with join timeout T fails within T + 1 s, saying it cannot reach the service.
 # Skips without root / network namespaces / nft.
 #   firewall_drop_test.sh SCRIPT   (firewall_drop_timeout.py; PYTHONPATH: the lbcc package)
 set -euo pipefail
@@ -68,4 +70,15 @@ mn_exec 1 env LBCC_LISTEN_ADDR=eth0 "$python" "$script" links "$root_host:$port"
 wait "$pid0" || true
 check "$tmp/links0.out" "rank 1"
 check "$tmp/links1.out" ""
+mn_exec 1 "$nft" delete table inet lbcc_fw
+
+echo "== 3. membership: host 0 drops everything to port $port"
+mn_exec 0 "$nft" -f - <<NFT
+table inet lbcc_fw {
+  chain input { type filter hook input priority 0; policy accept; tcp dport $port drop; }
+}
+NFT
+mn_exec 1 env LBCC_LISTEN_ADDR=eth0 "$python" "$script" member "$root_host:$port" "$timeout_s" \
+  >"$tmp/member.out" 2>&1 || true
+check "$tmp/member.out" "membership service"
 echo "PASS"

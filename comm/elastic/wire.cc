@@ -261,12 +261,13 @@ absl::StatusOr<std::unique_ptr<Socket>> Socket::Connect(absl::string_view addres
   while (true) {
     const int fd = socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Errno("socket");
-    if (connect(fd, addr.get(), addr.length) == 0) {
+    // Ends at the deadline also against a firewall that drops packets (no SYN retries).
+    const int err = transport::ConnectBefore(fd, addr.get(), addr.length, deadline);
+    if (err == 0) {
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return std::make_unique<Socket>(fd);
     }
-    const int err = errno;
     close(fd);
     if (absl::Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat("elastic: cannot reach the membership service at ",
