@@ -8,7 +8,7 @@
 //     the Fabric's abort, then on a missing vote a bounded query of the reachable ranks. The
 //     protocol, why it is safe when ranks crash and what a partition can still do:
 //     docs/agreement.md.
-//   - a membership-service decision (comm/elastic.h, later) can implement the same interface.
+//   - a membership-service decision (comm/elastic/elastic.h) can implement the same interface.
 //
 // Thread-safety: Decide() may be called from any thread, for different operations concurrently;
 // one call per (operation, rank).

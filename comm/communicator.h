@@ -116,7 +116,7 @@ class Communicator {
   // A communicator over `ranks` (ascending ranks of this one, this rank among them) on this
   // one's connections, made without communicating, unlike Split: every member calls it with
   // the same `ranks` and `id` (2..65535, unused by the job's other communicators). The elastic
-  // group's epochs after a departure (comm/elastic.h).
+  // group's epochs after a departure (comm/elastic/elastic.h).
   absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks,
                                                          uint32_t id) const;
 

@@ -119,7 +119,7 @@ class Fabric {
   // Abort(), and the control connections too: no outcome agreement runs or answers here any
   // more, so a peer waiting in one for this rank's vote (this rank never ran that operation,
   // or gave up on it) stops at once instead of after a grace period. For a communicator whose
-  // outcomes another service decides (an elastic epoch that was superseded, comm/elastic.h).
+  // outcomes another service decides (a superseded elastic epoch, comm/elastic/elastic.h).
   void AbortWithControl(absl::Status why);
   // Tests: as if the process died: every endpoint closed, control ones too, no more answers.
   void CrashForTesting();

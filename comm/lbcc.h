@@ -136,7 +136,7 @@ typedef struct {
                                   LBCC_SPARSE_GROUP_ELEMENTS. */
   int strictEnv;            /* 1: unknown LBCC_* variables or invalid values fail init, 0: they
                                are logged; LBCC_CONFIG_UNDEF_INT: LBCC_STRICT_ENV. */
-  /* Since LBCC_CONFIG_SIZE_V1 (a caller built with the older, shorter struct leaves these unset). */
+  /* Since LBCC_CONFIG_SIZE_V1 (a caller built with the older, shorter struct leaves them unset). */
   const char* jobSecret;     /* The job secret, 64 hex digits; NULL: LBCC_JOB_SECRET or
                                 LBCC_JOB_SECRET_FILE. Set jobSecret or jobSecretFile, not both. */
   const char* jobSecretFile; /* A file holding it; NULL: as above. */
@@ -364,7 +364,7 @@ lbccResult_t lbccSendTableUpdate(const float* before, const float* after, size_t
 lbccResult_t lbccRecvTableUpdate(float* table, size_t count, int peer, uint32_t tag,
                                  lbccComm_t comm, size_t* bytes, lbccRequest_t* request);
 
-/* ---- Elastic membership (comm/elastic.h, docs/elastic.md) ----
+/* ---- Elastic membership (comm/elastic/elastic.h, docs/elastic.md) ----
  * Members join and leave a running SparseLoCo job without stopping it. A membership service
  * (lbcc-master, or lbccElasticMasterCreate in one process) keeps the member list and an epoch;
  * every collective runs over the members of one epoch. The loop of a member:

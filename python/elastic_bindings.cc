@@ -1,5 +1,5 @@
-// lbcc.ElasticMaster and lbcc._ElasticGroup over comm/elastic.h (python/lbcc/elastic.py wraps
-// the group with the retry loop).
+// lbcc.ElasticMaster and lbcc._ElasticGroup over comm/elastic/elastic.h (python/lbcc/elastic.py
+// wraps the group with the retry loop).
 //
 // Lifetimes: a group keeps its shared-state arrays referenced for its whole life (the C++ group
 // writes them in Boundary()). Blocking calls (joining, Boundary, SparseAllReduce, Leave, Stop)
@@ -20,7 +20,7 @@ struct PyElasticGroup {
   std::unique_ptr<comm::ElasticGroup> group;
   py::tuple shared;  // the arrays the group reads and writes
   // The outputs of the last successful exchange, kept alive until the next call: the group
-  // may forward them from there to a member whose exchange failed (comm/elastic.h).
+  // may forward them from there to a member whose exchange failed (comm/elastic/elastic.h).
   py::list held_outs;
 };
 
@@ -135,7 +135,7 @@ void BindElasticUnits(py::module_& m) {
   py::class_<PyElasticUnits>(
       m, "ElasticUnits",
       "Shared by the ElasticMasters of one model's shard jobs (in one process): pipeline "
-      "replicas leave and join as units across them (comm/elastic.h).")
+      "replicas leave and join as units across them (comm/elastic/elastic.h).")
       .def(py::init([] { return PyElasticUnits{comm::NewElasticUnits()}; }));
 }
 

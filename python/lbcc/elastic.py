@@ -1,4 +1,4 @@
-"""Elastic membership (comm/elastic.h, docs/elastic.md): members join and leave a running
+"""Elastic membership (comm/elastic/elastic.h, docs/elastic.md): members join and leave a running
 SparseLoCo job. `ElasticMaster` is the membership service (also the `lbcc-master` binary);
 `ElasticGroup` is one member, whose calls retry over the new epoch when the membership changed.
 
