@@ -42,6 +42,7 @@
 #include "absl/types/span.h"
 #include "base/tensor_view.h"
 #include "codecs/payload.h"
+#include "codecs/wire_values.h"
 
 namespace lbcc::codecs {
 
@@ -54,7 +55,7 @@ namespace lbcc::codecs {
 //   kMean            agg / n_payloads   (plain mean over all replicas)
 //   kSum             agg
 // For dense payloads every payload carries every coordinate, so the two means agree.
-enum class Aggregation : uint8_t { kSparseLoCoMean = 0, kMean = 1, kSum = 2 };
+// Aggregation (wire values): wire_values.h.
 
 absl::string_view AggregationName(Aggregation aggregation);  // "sparseloco", "mean", "sum"
 absl::StatusOr<Aggregation> ParseAggregation(absl::string_view name);

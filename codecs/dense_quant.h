@@ -32,13 +32,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "codecs/codec.h"
+#include "codecs/wire_values.h"
 
 namespace lbcc::codecs {
 
 inline constexpr uint8_t kDenseQuantVersion = 1;
 
-// Wire values; never renumber.
-enum class DenseFormat : uint8_t { kInt8 = 1, kInt4 = 2, kF16 = 3, kBf16 = 4 };
+// DenseFormat (wire values): wire_values.h.
 
 absl::string_view DenseFormatName(DenseFormat format);  // "int8", "int4", "fp16", "bf16"
 absl::StatusOr<DenseFormat> ParseDenseFormat(absl::string_view name);

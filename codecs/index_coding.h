@@ -29,15 +29,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "codecs/bitstream.h"
+#include "codecs/wire_values.h"
 
 namespace lbcc::codecs {
 
-// Wire values (TopK-EF params); never renumber.
-enum class IndexCoding : uint8_t {
-  kAuto = 0,  // encoder option only; never on the wire
-  kPacked12 = 1,
-  kAdaptive = 2,
-};
+// IndexCoding (wire values): wire_values.h.
 
 absl::string_view IndexCodingName(IndexCoding coding);  // "auto", "packed12", "adaptive"
 

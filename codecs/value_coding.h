@@ -48,20 +48,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "codecs/wire_values.h"
 
 namespace lbcc::codecs {
 
-// Wire values (TopK-EF params); never renumber.
-enum class ValueCoding : uint8_t {
-  kF32 = 1,
-  kBf16 = 2,
-  kF16 = 3,
-  kBinMean2 = 4,
-  kBinMean4 = 5,
-  kBinMean8 = 6,
-  kAbsmax8 = 7,
-  kAbsmax4 = 8,
-};
+// ValueCoding (wire values): wire_values.h.
 
 // "fp32", "bf16", "fp16", "binmean2", "binmean4", "binmean8", "absmax8", "absmax4".
 absl::string_view ValueCodingName(ValueCoding coding);

@@ -15,16 +15,17 @@
 
 #include <cstdint>
 
+#include "codecs/wire_values.h"
 #include "kernels/hd.h"
 #include "kernels/topk_encode.h"
 #include "kernels/topk_select.h"
 
 namespace lbcc::kernels {
 
-// codecs::Aggregation wire values.
-inline constexpr int kAggSparseLoCoMean = 0;
-inline constexpr int kAggMean = 1;
-inline constexpr int kAggSum = 2;
+// codecs::Aggregation (codecs/wire_values.h) as the kernels' int fields hold it.
+inline constexpr int kAggSparseLoCoMean = static_cast<int>(codecs::Aggregation::kSparseLoCoMean);
+inline constexpr int kAggMean = static_cast<int>(codecs::Aggregation::kMean);
+inline constexpr int kAggSum = static_cast<int>(codecs::Aggregation::kSum);
 
 // One validated TopK-EF payload as the device sees it.
 struct TopKPayloadDesc {
@@ -143,10 +144,10 @@ LBCC_HD void AggregateChunk(Block& b, const AggregateArgs& a, int64_t c) {
 }
 
 // Dense quantizer payloads (codecs/dense_quant.h), validated by the host.
-inline constexpr int kDenseInt8 = 1;
-inline constexpr int kDenseInt4 = 2;
-inline constexpr int kDenseF16 = 3;
-inline constexpr int kDenseBf16 = 4;
+inline constexpr int kDenseInt8 = static_cast<int>(codecs::DenseFormat::kInt8);
+inline constexpr int kDenseInt4 = static_cast<int>(codecs::DenseFormat::kInt4);
+inline constexpr int kDenseF16 = static_cast<int>(codecs::DenseFormat::kF16);
+inline constexpr int kDenseBf16 = static_cast<int>(codecs::DenseFormat::kBf16);
 
 struct DensePayloadDesc {
   int32_t format = kDenseInt8;

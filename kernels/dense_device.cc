@@ -14,11 +14,6 @@
 
 namespace lbcc::kernels {
 
-static_assert(kDenseInt8 == static_cast<int>(codecs::DenseFormat::kInt8));
-static_assert(kDenseInt4 == static_cast<int>(codecs::DenseFormat::kInt4));
-static_assert(kDenseF16 == static_cast<int>(codecs::DenseFormat::kF16));
-static_assert(kDenseBf16 == static_cast<int>(codecs::DenseFormat::kBf16));
-
 namespace {
 
 bool IsInt(codecs::DenseFormat f) {

@@ -16,10 +16,6 @@
 
 namespace lbcc::kernels {
 
-static_assert(kAggSparseLoCoMean == static_cast<int>(codecs::Aggregation::kSparseLoCoMean));
-static_assert(kAggMean == static_cast<int>(codecs::Aggregation::kMean));
-static_assert(kAggSum == static_cast<int>(codecs::Aggregation::kSum));
-
 DeviceScratch::DeviceScratch() : backend_(CudaBackend()) {}
 DeviceScratch::DeviceScratch(Backend& backend) : backend_(&backend) {}
 DeviceScratch::~DeviceScratch() {

@@ -19,18 +19,6 @@
 
 namespace lbcc::kernels {
 
-static_assert(kValueF32 == static_cast<int>(codecs::ValueCoding::kF32));
-static_assert(kValueBf16 == static_cast<int>(codecs::ValueCoding::kBf16));
-static_assert(kValueF16 == static_cast<int>(codecs::ValueCoding::kF16));
-static_assert(kValueBinMean2 == static_cast<int>(codecs::ValueCoding::kBinMean2));
-static_assert(kValueBinMean4 == static_cast<int>(codecs::ValueCoding::kBinMean4));
-static_assert(kValueBinMean8 == static_cast<int>(codecs::ValueCoding::kBinMean8));
-static_assert(kValueAbsmax8 == static_cast<int>(codecs::ValueCoding::kAbsmax8));
-static_assert(kValueAbsmax4 == static_cast<int>(codecs::ValueCoding::kAbsmax4));
-static_assert(kIndexAuto == static_cast<int>(codecs::IndexCoding::kAuto));
-static_assert(kIndexPacked12 == static_cast<int>(codecs::IndexCoding::kPacked12));
-static_assert(kIndexAdaptive == static_cast<int>(codecs::IndexCoding::kAdaptive));
-
 namespace {
 
 Geometry ToKernelGeometry(const codecs::ChunkGeometry& g) {

@@ -10,25 +10,25 @@
 
 #include <cstdint>
 
+#include "codecs/wire_values.h"
 #include "kernels/binmean_stats.h"
 #include "kernels/hd.h"
 #include "kernels/topk_select.h"
 
 namespace lbcc::kernels {
 
-// Wire values of codecs/value_coding.h and codecs/index_coding.h (checked against the codecs'
-// enums in kernels/topk_device.cc).
-inline constexpr int kValueF32 = 1;
-inline constexpr int kValueBf16 = 2;
-inline constexpr int kValueF16 = 3;
-inline constexpr int kValueBinMean2 = 4;
-inline constexpr int kValueBinMean4 = 5;
-inline constexpr int kValueBinMean8 = 6;
-inline constexpr int kValueAbsmax8 = 7;
-inline constexpr int kValueAbsmax4 = 8;
-inline constexpr int kIndexAuto = 0;
-inline constexpr int kIndexPacked12 = 1;
-inline constexpr int kIndexAdaptive = 2;
+// The codecs' value and index codings (codecs/wire_values.h) as the kernels' int fields hold them.
+inline constexpr int kValueF32 = static_cast<int>(codecs::ValueCoding::kF32);
+inline constexpr int kValueBf16 = static_cast<int>(codecs::ValueCoding::kBf16);
+inline constexpr int kValueF16 = static_cast<int>(codecs::ValueCoding::kF16);
+inline constexpr int kValueBinMean2 = static_cast<int>(codecs::ValueCoding::kBinMean2);
+inline constexpr int kValueBinMean4 = static_cast<int>(codecs::ValueCoding::kBinMean4);
+inline constexpr int kValueBinMean8 = static_cast<int>(codecs::ValueCoding::kBinMean8);
+inline constexpr int kValueAbsmax8 = static_cast<int>(codecs::ValueCoding::kAbsmax8);
+inline constexpr int kValueAbsmax4 = static_cast<int>(codecs::ValueCoding::kAbsmax4);
+inline constexpr int kIndexAuto = static_cast<int>(codecs::IndexCoding::kAuto);
+inline constexpr int kIndexPacked12 = static_cast<int>(codecs::IndexCoding::kPacked12);
+inline constexpr int kIndexAdaptive = static_cast<int>(codecs::IndexCoding::kAdaptive);
 
 LBCC_HD int BinMeanBits(int coding) {
   return coding == kValueBinMean2 ? 2 : coding == kValueBinMean4 ? 4 : coding == kValueBinMean8 ? 8 : 0;
