@@ -76,13 +76,8 @@ float Absmax8BlockScalar(const float* x, int64_t n, int8_t* codes, uint32_t* max
   uint32_t max_bits = 0;
   for (int64_t i = 0; i < n; ++i) max_bits = std::max(max_bits, AbsBits(x[i]));
   *max_abs_bits = max_bits;
-  float absmax;
-  std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = std::min(absmax / 127.0f, kMaxScale8);
-  if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
-    std::memset(codes, 0, static_cast<size_t>(n));
-    return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
-  }
+  float scale;
+  if (!internal::Absmax8Scale(max_bits, n, codes, &scale)) return scale;
   for (int64_t i = 0; i < n; ++i) {
     const float q = std::min(std::max(RoundHalfEvenF(x[i] / scale), -127.0f), 127.0f);
     codes[i] = static_cast<int8_t>(q);

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "base/cpu.h"
 #include "codecs/rounding.h"
@@ -136,6 +137,21 @@ inline uint32_t EfUpdateRange(const float* e, const float* d, float* out, int64_
     max_bits = max_bits < bits ? bits : max_bits;
   }
   return max_bits;
+}
+
+// absmax8_block's scale for a block of n values whose largest |x| bits are max_bits:
+// min(absmax / 127, kMaxScale8). Returns false when nothing is left to code (an all-zero or
+// non-finite block): the codes are then zeroed and *scale is the block's result (0 when
+// non-finite).
+inline bool Absmax8Scale(uint32_t max_bits, int64_t n, int8_t* codes, float* scale) {
+  const float s = hd::MinF(hd::Float(max_bits) / 127.0f, kMaxScale8);
+  if (max_bits > kMaxFiniteAbsBits || s == 0.0f) {
+    std::memset(codes, 0, static_cast<size_t>(n));
+    *scale = max_bits > kMaxFiniteAbsBits ? 0.0f : s;
+    return false;
+  }
+  *scale = s;
+  return true;
 }
 
 // One step of kth_largest's bisection: `count` entries are >= mid.

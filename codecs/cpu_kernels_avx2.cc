@@ -224,13 +224,8 @@ LBCC_AVX2 float Absmax8BlockAvx2(const float* x, int64_t n, int8_t* codes, uint3
   uint32_t max_bits = HorizontalMaxU32(_mm256_max_epu32(vmax0, vmax1));
   for (; i < n; ++i) max_bits = std::max(max_bits, AbsBits(x[i]));
   *max_abs_bits = max_bits;
-  float absmax;
-  std::memcpy(&absmax, &max_bits, sizeof(absmax));
-  const float scale = std::min(absmax / 127.0f, kMaxScale8);
-  if (max_bits > kMaxFiniteAbsBits || scale == 0.0f) {
-    std::memset(codes, 0, static_cast<size_t>(n));
-    return max_bits > kMaxFiniteAbsBits ? 0.0f : scale;
-  }
+  float scale;
+  if (!internal::Absmax8Scale(max_bits, n, codes, &scale)) return scale;
   const __m256 vs = _mm256_set1_ps(scale);
   const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
