@@ -76,46 +76,6 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
       "unknown dtype '", name, "' (expected f32, f16, bf16, i8, u8, i32 or i64)"));
 }
 
-uint16_t F32ToF16(float value) {
-  const uint32_t bits = FloatBits(value);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to infinity (or is inf).
-  if (abs >= 0x38800000u) {
-    // Normal f16: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits.
-    const uint32_t rebased = abs - 0x38000000u;
-    const uint32_t rounding = 0xfffu + ((rebased >> 13) & 1u);
-    return sign | static_cast<uint16_t>((rebased + rounding) >> 13);
-  }
-  if (abs < 0x33000000u) return sign;  // Below half the smallest subnormal: +-0.
-  // Subnormal f16 (value = m * 2^-24): shift the full significand into place and round.
-  const uint32_t exponent = abs >> 23;
-  const uint32_t significand = (abs & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126u - exponent;  // 14..24 for exponents 112..102.
-  uint32_t half = significand >> shift;
-  const uint32_t remainder = significand & ((1u << shift) - 1u);
-  const uint32_t halfway = 1u << (shift - 1u);
-  if (remainder > halfway || (remainder == halfway && (half & 1u))) ++half;
-  return sign | static_cast<uint16_t>(half);
-}
-
-float F16ToF32(uint16_t value) {
-  const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
-  const uint32_t exponent = (value >> 10) & 0x1fu;
-  uint32_t mantissa = value & 0x3ffu;
-  if (exponent == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) return BitsToFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  if (mantissa == 0) return BitsToFloat(sign);
-  // Subnormal: normalise.
-  int e = -1;
-  do {
-    ++e;
-    mantissa <<= 1;
-  } while ((mantissa & 0x400u) == 0);
-  return BitsToFloat(sign | ((112u - e) << 23) | ((mantissa & 0x3ffu) << 13));
-}
-
 namespace {
 
 __attribute__((target("avx2,f16c"))) void F32ToF16F16c(const float* in, uint16_t* out,

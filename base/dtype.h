@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/host_device.h"
 
 namespace lbcc {
 
@@ -59,16 +60,11 @@ inline float BitsToFloat(uint32_t bits) {
   return value;
 }
 
-inline uint16_t F32ToBf16(float value) {
-  const uint32_t bits = FloatBits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-inline float Bf16ToF32(uint16_t value) { return BitsToFloat(static_cast<uint32_t>(value) << 16); }
-
-uint16_t F32ToF16(float value);
-float F16ToF32(uint16_t value);
+// One definition for host code and CUDA kernels (base/host_device.h).
+using hd::Bf16ToF32;
+using hd::F16ToF32;
+using hd::F32ToBf16;
+using hd::F32ToF16;
 
 // Bulk conversions; `out.size()` must equal `in.size()` (checked).
 void ConvertF32ToBf16(absl::Span<const float> in, absl::Span<uint16_t> out);
