@@ -59,8 +59,9 @@ def lbcc_cuda_library(name, cu_srcs, hdrs, host_fallback_srcs, deps = [], cuda_h
     `host_fallback_srcs`, which must implement the same header and report Unimplemented for
     device work.
 
-    nvcc sees only the package's own headers (and CUDA's), so .cu files include nothing from
-    other packages.
+    nvcc sees the package's own headers, the files listed in `hdrs` (kernels/ lists there the
+    nvcc-clean headers it shares with base/ and codecs/: host_device.h, rounding.h, ...) and
+    CUDA's; .cu files include nothing else from other packages.
     """
     objects = []
     for src in cu_srcs:
