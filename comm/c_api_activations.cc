@@ -57,6 +57,20 @@ absl::StatusOr<std::vector<lbcc::comm::SubspaceBasisPtr>> AcceptedBases(const lb
   return accepted;
 }
 
+// The receiving calls' checks: the handles, then the bases a payload may name (newest first)
+// into `accepted`.
+lbccResult_t CheckReceive(const char* kName, lbccComm_t comm, lbccRequest_t* request,
+                          const lbccBasis_t* bases, int nbases,
+                          std::vector<lbcc::comm::SubspaceBasisPtr>* accepted) {
+  LBCC_C_CHECK_PTR(kName, comm);
+  LBCC_C_CHECK_PTR(kName, request);
+  LBCC_C_CHECK_PTR(kName, bases);
+  absl::StatusOr<std::vector<lbcc::comm::SubspaceBasisPtr>> found = AcceptedBases(bases, nbases);
+  if (!found.ok()) return Fail(lbcc::Annotate(found.status(), kName), comm);
+  *accepted = *std::move(found);
+  return lbccSuccess;
+}
+
 // A host f32 view of [tokens, d].
 absl::StatusOr<lbcc::TensorView> TokensView(const float* data, int64_t tokens,
                                             const lbcc::codecs::SubspaceBasis& basis) {
@@ -157,18 +171,15 @@ lbccResult_t lbccRecvActivations(float* h, int32_t* ids, int64_t tokens, const l
                                  int nbases, int peer, uint32_t tag, lbccComm_t comm,
                                  lbccRequest_t* request) {
   const char* kName = "lbccRecvActivations";
-  LBCC_C_CHECK_PTR(kName, comm);
-  LBCC_C_CHECK_PTR(kName, request);
-  LBCC_C_CHECK_PTR(kName, bases);
-  absl::StatusOr<std::vector<lbcc::comm::SubspaceBasisPtr>> accepted =
-      AcceptedBases(bases, nbases);
-  if (!accepted.ok()) return Fail(lbcc::Annotate(accepted.status(), kName), comm);
-  const lbcc::codecs::SubspaceBasis& newest = *accepted->front();
+  std::vector<lbcc::comm::SubspaceBasisPtr> accepted;
+  const lbccResult_t checked = CheckReceive(kName, comm, request, bases, nbases, &accepted);
+  if (checked != lbccSuccess) return checked;
+  const lbcc::codecs::SubspaceBasis& newest = *accepted.front();
   absl::StatusOr<lbcc::TensorView> view = TokensView(h, tokens, newest);
   if (!view.ok()) return Fail(lbcc::Annotate(view.status(), kName), comm);
   absl::StatusOr<absl::Span<int32_t>> id_span = IdSpan(ids, tokens, newest, false);
   if (!id_span.ok()) return Fail(lbcc::Annotate(id_span.status(), kName), comm);
-  return Finish(lbcc::comm::RecvActivations(*comm->comm, *view, *id_span, *std::move(accepted),
+  return Finish(lbcc::comm::RecvActivations(*comm->comm, *view, *id_span, std::move(accepted),
                                             peer, tag),
                 comm, request);
 }
@@ -193,15 +204,12 @@ lbccResult_t lbccRecvActivationGrads(float* grads, int64_t tokens, const lbccBas
                                      int nbases, int peer, uint32_t tag, lbccComm_t comm,
                                      lbccRequest_t* request) {
   const char* kName = "lbccRecvActivationGrads";
-  LBCC_C_CHECK_PTR(kName, comm);
-  LBCC_C_CHECK_PTR(kName, request);
-  LBCC_C_CHECK_PTR(kName, bases);
-  absl::StatusOr<std::vector<lbcc::comm::SubspaceBasisPtr>> accepted =
-      AcceptedBases(bases, nbases);
-  if (!accepted.ok()) return Fail(lbcc::Annotate(accepted.status(), kName), comm);
-  absl::StatusOr<lbcc::TensorView> view = TokensView(grads, tokens, *accepted->front());
+  std::vector<lbcc::comm::SubspaceBasisPtr> accepted;
+  const lbccResult_t checked = CheckReceive(kName, comm, request, bases, nbases, &accepted);
+  if (checked != lbccSuccess) return checked;
+  absl::StatusOr<lbcc::TensorView> view = TokensView(grads, tokens, *accepted.front());
   if (!view.ok()) return Fail(lbcc::Annotate(view.status(), kName), comm);
-  return Finish(lbcc::comm::RecvActivationGrads(*comm->comm, *view, *std::move(accepted), peer,
+  return Finish(lbcc::comm::RecvActivationGrads(*comm->comm, *view, std::move(accepted), peer,
                                                 tag),
                 comm, request);
 }
