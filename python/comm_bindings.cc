@@ -28,6 +28,7 @@
 #include "comm/topology.h"
 #include "python/bindings.h"
 #include "python/comm_bindings.h"
+#include "python/torch_backend/link_bytes.h"
 
 namespace lbcc::python {
 namespace {
@@ -642,13 +643,7 @@ py::dict LinkCounters(const PyComm& c, int peer) {
 }
 
 py::dict BytesByClass(const PyComm& c) {
-  comm::Fabric::ClassBytes b = c.get().fabric()->BytesByClass();
-  py::dict d;
-  d["fast_sent"] = b.fast_sent;
-  d["fast_received"] = b.fast_received;
-  d["slow_sent"] = b.slow_sent;
-  d["slow_received"] = b.slow_received;
-  return d;
+  return python_common::LinkBytesDict(c.get().fabric()->BytesByClass());
 }
 
 }  // namespace

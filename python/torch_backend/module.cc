@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "python/torch_backend/link_bytes.h"
 #include "python/torch_backend/process_group_lbcc.h"
 
 namespace py = pybind11;
@@ -25,13 +26,7 @@ PYBIND11_MODULE(_c10d_lbcc, m) {
       .def(
           "link_bytes",
           [](ProcessGroupLBCC& pg) {
-            const auto b = pg.communicator().fabric()->BytesByClass();
-            py::dict d;
-            d["fast_sent"] = b.fast_sent;
-            d["fast_received"] = b.fast_received;
-            d["slow_sent"] = b.slow_sent;
-            d["slow_received"] = b.slow_received;
-            return d;
+            return lbcc::python_common::LinkBytesDict(pg.communicator().fabric()->BytesByClass());
           },
           "Bytes this rank sent and received on fast and slow links (LBCC's link counters).");
 }
