@@ -12,5 +12,10 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:absl::debian3::Status::UnrefNonInlined\n"
          // The same, where the uninstrumented UnrefNonInlined frame is missing from the stack
          // and the delete shows under the inline Status::Unref that called it.
-         "race:absl::debian3::Status::Unref\n";
+         "race:absl::debian3::Status::Unref\n"
+         // glibc's dynamic TLS blocks (the thread-locals of UCX, loaded with dlmopen into a
+         // namespace of its own) are allocated and freed by ld.so under its own lock, which TSan
+         // does not see: a thread's exit freeing its block and another thread's first access
+         // allocating one at the same address are reported as a race.
+         "race:_dl_deallocate_tls\n";
 }
