@@ -6,6 +6,16 @@ step; `join(sparseloco, ...)` makes the group from the optimizer's outer paramet
 
     opt = lbcc.torch.SparseLoCo(inner, comm=None, elastic=True, sync_initial=False)
     group = lbcc.torch.elastic.join(opt, master_address=..., job_id=...)
+
+With overlap="delayed" (delay = H) the group's blocking exchange runs on the optimizer's one
+exchange thread while the next inner steps compute, and the boundary runs after each merge,
+before the next post, so a member's group calls still alternate boundary, exchange, boundary
+(no two calls of one group at once). Failure rule (docs/overlap.md): an exchange in flight when
+a member dies is retried by the group over the next epoch with the same deltas (every failed
+try rolled its error feedback back on every member); a failure that is not a membership change
+(this member's pipeline replica left, the master lost) drops the exchange on every member of
+its epoch alike (the commit is agreed) and raises at its merge; the member then joins again and
+takes the members' outer parameters. No member applies a round the others did not.
 """
 
 import torch
@@ -26,6 +36,8 @@ def _groups(opt):
 def _adopt_outer(group):
     for p, saved in zip(group["params"], group["outer"]):
         p.copy_(saved)
+    for start, saved in zip(group.get("start", ()), group["outer"]):
+        start.copy_(saved)  # overlap: the local progress is measured from here
 
 
 def join(opt, **options):
@@ -35,6 +47,7 @@ def join(opt, **options):
     group = _groups(opt)
     elastic = ElasticGroup(group["outer"], **options)
     group["comm"] = elastic
+    opt._joined_once = False
     boundary(opt)
     return elastic
 
@@ -44,9 +57,15 @@ def boundary(opt):
     model); a newcomer's error feedback starts at zero."""
     group = _groups(opt)
     elastic = group["comm"]
+    received = elastic.stats["state_bytes_received"]
     elastic.boundary()
-    if elastic.stats["state_bytes_received"]:
-        _adopt_outer(group)
+    # Only at the boundary that brought the state: later ones must keep the local progress
+    # (with overlap, theta_local differs from the outer parameters between merges).
+    if elastic.stats["state_bytes_received"] != received or not getattr(
+            opt, "_joined_once", False):
+        if elastic.stats["state_bytes_received"]:
+            _adopt_outer(group)
+    opt._joined_once = True
 
 
 def outer_step(opt):
