@@ -329,3 +329,35 @@ def test_elastic_exchange_in_flight_when_a_member_leaves_is_retried_without_it()
     assert not torch.equal(o0[0], r0[0])  # rounds 2-4 moved the survivors on
     assert master.members == 0
     master.stop()
+
+
+def test_streaming_between_processes_over_ucx_matches_the_replay(tmp_path):
+    """The same check with 3 processes over UCX (each rank's exchanges on its own
+    communicator's worker thread and the UCX transport, inner steps in its own process)."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    steps = 2 * H + H // 2
+    uid = lbcc.create_unique_id("127.0.0.1", timeout=120)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    procs = [subprocess.Popen([sys.executable, os.path.join(here, "sparseloco_overlap_worker.py"),
+                               uid.hex(), "3", str(r), str(tmp_path), "streaming", "2",
+                               str(steps)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for r in range(3)]
+    logs = [p.communicate(timeout=240)[0].decode(errors="replace") for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{logs[r]}"
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
+    replay = Replay(3, FRAGMENTS_OF_2, H // 2, results[0]["initial"])
+    for _ in range(steps):
+        replay.step(lambda r: r)
+    for r, res in enumerate(results):
+        assert res["posted"] == sorted({s for s, _ in replay.posts})
+        for a, b in zip(res["params"], replay.models[r].parameters()):
+            assert torch.equal(a, b.detach()), f"rank {r}"
+        for a, b in zip(res["outer"], replay.theta):
+            assert torch.equal(a, b), f"rank {r}"
+        for a, st in zip(res["ef"], replay.states[r]):
+            assert torch.equal(a, torch.from_numpy(st.error)), f"rank {r}"
