@@ -113,6 +113,10 @@ ABSL_FLAG(bool, lbcc_columns, true,
           "print LBCC's columns after nccl-tests' on each row (--nolbcc_columns: nccl-tests' "
           "13 columns only, for parsers that index rows from the end; JSON keeps them)");
 ABSL_FLAG(bool, quiet, false, "no progress lines on stderr");
+ABSL_FLAG(bool, profile, false,
+          "sparse_allreduce: also print where each rank's time went per call (header round, "
+          "encode, wait for the wire, agreement, decode; validation overlaps them) for the "
+          "out-of-place runs, and add it to --json as \"profile\"");
 
 namespace lbcc {
 namespace {
@@ -537,7 +541,24 @@ struct Measure {
   double error = -1;       // vs the dense result (rank 0's); -1: not checked.
   double fast_bytes = 0, slow_bytes = 0;  // Received by this rank per operation.
   double fast_total = 0, slow_total = 0;  // Received by all ranks together.
+  // Per rank, SparseAllReduce's phases per call in seconds (kProfileFields order); empty when
+  // not a SparseAllReduce.
+  std::vector<std::vector<double>> profile;
 };
+
+constexpr const char* kProfileFields[] = {"header", "encode", "wire_wait", "agreement",
+                                          "decode", "total",  "validate"};
+constexpr int kProfileCount = 7;
+
+std::vector<double> ProfileSeconds(const comm::SparseAllReduceProfile& p) {
+  const double calls = std::max<int64_t>(p.calls, 1);
+  std::vector<double> out;
+  for (absl::Duration d : {p.header, p.encode, p.wire_wait, p.agreement, p.decode, p.total,
+                           p.validate}) {
+    out.push_back(absl::ToDoubleSeconds(d) / calls);
+  }
+  return out;
+}
 
 // The buffers and callbacks of one variant.
 struct Variant {
@@ -560,10 +581,13 @@ class Bench {
     for (int i = 0; i < s_.warmup; ++i) LBCC_RETURN_IF_ERROR(Once(v));
     LBCC_RETURN_IF_ERROR(comm_.Barrier()->Wait());
     const comm::Fabric::ClassBytes before = comm_.fabric()->BytesByClass();
+    const comm::SparseAllReduceProfile profile_before = comm_.sparse_profile();
     const absl::Time start = absl::Now();
     for (int i = 0; i < s_.iters; ++i) LBCC_RETURN_IF_ERROR(Once(v));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start) / s_.iters;
     const comm::Fabric::ClassBytes after = comm_.fabric()->BytesByClass();
+    const std::vector<double> profile =
+        ProfileSeconds(comm_.sparse_profile() - profile_before);
     m.fast_bytes = static_cast<double>(after.fast_received - before.fast_received) / s_.iters;
     m.slow_bytes = static_cast<double>(after.slow_received - before.slow_received) / s_.iters;
 
@@ -581,13 +605,27 @@ class Bench {
       if (wrong > 0) break;
     }
     // Every rank's time, wire bytes and #wrong (AllGather of int64s).
-    int64_t mine[4] = {static_cast<int64_t>(m.fast_bytes), static_cast<int64_t>(m.slow_bytes),
-                       static_cast<int64_t>(seconds * 1e9), wrong};
-    std::vector<int64_t> all(4 * comm_.nranks());
-    LBCC_ASSIGN_OR_RETURN(TensorView mine_view, TensorView::Create(mine, DType::kI64, {4}));
-    LBCC_ASSIGN_OR_RETURN(TensorView all_view,
-                          TensorView::Create(all.data(), DType::kI64, {4 * comm_.nranks()}));
+    // ... and, for SparseAllReduce, its phases' nanoseconds per call.
+    constexpr int kFields = 4 + kProfileCount;
+    int64_t mine[kFields] = {static_cast<int64_t>(m.fast_bytes),
+                             static_cast<int64_t>(m.slow_bytes),
+                             static_cast<int64_t>(seconds * 1e9), wrong};
+    for (int f = 0; f < kProfileCount; ++f) mine[4 + f] = static_cast<int64_t>(profile[f] * 1e9);
+    std::vector<int64_t> all_fields(kFields * comm_.nranks());
+    LBCC_ASSIGN_OR_RETURN(TensorView mine_view, TensorView::Create(mine, DType::kI64, {kFields}));
+    LBCC_ASSIGN_OR_RETURN(TensorView all_view, TensorView::Create(all_fields.data(), DType::kI64,
+                                                                  {kFields * comm_.nranks()}));
     LBCC_RETURN_IF_ERROR(comm_.AllGather(mine_view, all_view)->Wait());
+    std::vector<int64_t> all(4 * comm_.nranks());
+    for (int r = 0; r < comm_.nranks(); ++r) {
+      std::copy_n(&all_fields[kFields * r], 4, &all[4 * r]);
+      if (c.op == Op::kSparseAllReduce) {
+        m.profile.emplace_back();
+        for (int f = 0; f < kProfileCount; ++f) {
+          m.profile.back().push_back(static_cast<double>(all_fields[kFields * r + 4 + f]) / 1e9);
+        }
+      }
+    }
     double combined = s_.average == 2 ? 1e300 : 0;
     int64_t wrong_all = 0;
     for (int r = 0; r < comm_.nranks(); ++r) {
@@ -1090,6 +1128,23 @@ int Run(const Settings& s) {
                                 o.slow_bytes, o.slow_total);
         }
         std::printf("%s\n", line.c_str());
+        nlohmann::json profile = nullptr;
+        if (absl::GetFlag(FLAGS_profile) && !o.profile.empty()) {
+          profile = nlohmann::json::array();
+          std::printf("#  profile per call (ms):  rank");
+          for (const char* f : kProfileFields) std::printf(" %9s", f);
+          std::printf("\n");
+          for (size_t r = 0; r < o.profile.size(); ++r) {
+            std::printf("#                          %4zu", r);
+            nlohmann::json row = {{"rank", r}};
+            for (int f = 0; f < kProfileCount; ++f) {
+              std::printf(" %9.3f", o.profile[r][f] * 1e3);
+              row[kProfileFields[f]] = o.profile[r][f];
+            }
+            std::printf("\n");
+            profile.push_back(row);
+          }
+        }
         std::fflush(stdout);
         rows.push_back({{"op", s.op_name},
                         {"ranks", n},
@@ -1109,7 +1164,8 @@ int Run(const Settings& s) {
                         {"fast_recv_bytes", o.fast_bytes},
                         {"slow_recv_bytes", o.slow_bytes},
                         {"fast_recv_bytes_all_ranks", o.fast_total},
-                        {"slow_recv_bytes_all_ranks", o.slow_total}});
+                        {"slow_recv_bytes_all_ranks", o.slow_total},
+                        {"profile", profile}});
       }
     }
   }

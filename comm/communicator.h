@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "base/mutex.h"
 #include "base/tensor_view.h"
 #include "codecs/codec.h"
@@ -75,6 +76,20 @@ absl::StatusOr<FabricOptions> FabricOptionsFromEnv();
 
 class AnySourceReceives;
 std::shared_ptr<AnySourceReceives> NewAnySourceReceives();
+
+// Where this rank's SparseAllReduce time went, summed over calls (Communicator::
+// sparse_profile()). The phases of one call, in order on the worker thread: the operation-header
+// round (signatures, before any data), the encode (and posting) of every group, the wait for the
+// last group to arrive and be validated after the encode ended, the commit-or-abort decision,
+// and the decode of the outputs and commit of the states; `total` is the whole call. `validate`
+// is the exchange thread's payload checking, which runs while the wire and the encode do (so it
+// is not part of the sum). bench/lbcc_perf --profile prints it per rank.
+struct SparseAllReduceProfile {
+  int64_t calls = 0;
+  absl::Duration header, encode, wire_wait, agreement, decode, total, validate;
+  SparseAllReduceProfile& operator+=(const SparseAllReduceProfile& o);
+  SparseAllReduceProfile operator-(const SparseAllReduceProfile& o) const;
+};
 
 class Communicator {
  public:
@@ -155,6 +170,8 @@ class Communicator {
   // options.priority defaults to kBulk here (data-parallel sync yields to pipeline traffic).
   RequestPtr SparseAllReduce(std::vector<SparseTensor> tensors, const codecs::Codec* codec,
                              codecs::DecodeOptions decode = {}, OpOptions options = BulkOptions());
+  // The phases' times of every SparseAllReduce that ran so far (thread-safe copy).
+  SparseAllReduceProfile sparse_profile() const;
   static OpOptions BulkOptions() {
     OpOptions options;
     options.priority = transport::Priority::kBulk;
@@ -286,6 +303,8 @@ class Communicator {
   // SparseAllReduce's exchange phase runs here while the worker encodes (sparse_allreduce.h);
   // one thread, since operations run one at a time.
   ThreadPool pool_{1, "lbcc-exchange"};
+  mutable Mutex profile_mu_;
+  SparseAllReduceProfile profile_ ABSL_GUARDED_BY(profile_mu_);
 
   Mutex mu_;
   CondVar cv_;

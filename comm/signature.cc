@@ -77,21 +77,31 @@ uint64_t Fnv(uint64_t h, absl::string_view s) {
   return h;
 }
 
-// One round: `message` to every peer of the group, every peer's message into (*in)[i], at `tag`.
-// A peer that does not answer by `deadline` is named in the DeadlineExceeded (the Fabric is then
-// aborted, so every rank fails fast); a transport failure aborts the Fabric too.
-absl::Status Exchange(const Group& group, Tag tag, const std::string& message,
-                      std::vector<std::string>* in, absl::Time deadline, absl::string_view what) {
-  struct State {
-    Mutex mu;
-    CondVar cv;
-    int pending ABSL_GUARDED_BY(mu) = 0;
-    std::vector<bool> received ABSL_GUARDED_BY(mu);
-    absl::Status first_error ABSL_GUARDED_BY(mu);
-  };
-  auto state = std::make_shared<State>();
+}  // namespace
+
+// One round: `message` to every peer of the group, every peer's message into in[i], at `tag`.
+// Posted by PostRound, waited for by WaitRound: a peer that does not answer by `deadline` is
+// named in the DeadlineExceeded (the Fabric is then aborted, so every rank fails fast); a
+// transport failure aborts the Fabric too.
+struct SignatureCheck::Round {
+  Mutex mu;
+  CondVar cv;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+  std::vector<bool> received ABSL_GUARDED_BY(mu);
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+  std::string message;          // this rank's, alive until every send completed
+  std::vector<std::string> in;  // every peer's, written by the receives
+};
+
+namespace {
+
+using Round = SignatureCheck::Round;
+
+std::shared_ptr<Round> PostRound(const Group& group, Tag tag, std::string message) {
+  auto state = std::make_shared<Round>();
   const int n = group.size();
-  in->assign(n, std::string());
+  state->message = std::move(message);
+  state->in.assign(n, std::string());
   {
     MutexLock lock(&state->mu);
     state->pending = 2 * (n - 1);
@@ -104,12 +114,12 @@ absl::Status Exchange(const Group& group, Tag tag, const std::string& message,
     --state->pending;
     state->cv.SignalAll();
   };
-  const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(message.data()),
-                                        message.size());
+  const absl::Span<const uint8_t> bytes(
+      reinterpret_cast<const uint8_t*>(state->message.data()), state->message.size());
   for (int i = 0; i < n; ++i) {
     if (i == group.me) continue;
     const int peer = group.ranks[i];  // ranks are named by their number in the communicator
-    std::string* into = &(*in)[i];
+    std::string* into = &state->in[i];
     group.fabric->in(peer)->Recv(
         tag,
         [into](size_t size) -> absl::StatusOr<absl::Span<uint8_t>> {
@@ -131,15 +141,21 @@ absl::Status Exchange(const Group& group, Tag tag, const std::string& message,
                                     done(Annotate(status, absl::StrCat("send to rank ", i)));
                                   });
   }
+  return state;
+}
+
+absl::Status WaitRound(const Group& group, Round& state, absl::Time deadline,
+                       absl::string_view what) {
+  const int n = group.size();
   absl::Status status;
   {
-    MutexLock lock(&state->mu);
-    while (state->pending > 0 && state->first_error.ok()) {
-      if (state->cv.WaitWithDeadline(&state->mu, deadline) && state->pending > 0 &&
-          state->first_error.ok()) {
+    MutexLock lock(&state.mu);
+    while (state.pending > 0 && state.first_error.ok()) {
+      if (state.cv.WaitWithDeadline(&state.mu, deadline) && state.pending > 0 &&
+          state.first_error.ok()) {
         std::vector<int> silent;
         for (int i = 0; i < n; ++i) {
-          if (!state->received[i]) silent.push_back(i);
+          if (!state.received[i]) silent.push_back(i);
         }
         status = absl::DeadlineExceededError(absl::StrCat(
             what, ": no answer from rank", silent.size() == 1 ? " " : "s ",
@@ -147,14 +163,23 @@ absl::Status Exchange(const Group& group, Tag tag, const std::string& message,
         break;
       }
     }
-    if (status.ok()) status = state->first_error;
+    if (status.ok()) status = state.first_error;
   }
   if (!status.ok()) {
     // Fail fast everywhere; closing the endpoints completes what is pending here.
     group.fabric->Abort(status);
-    MutexLock lock(&state->mu);
-    while (state->pending > 0) state->cv.Wait(&state->mu);
+    MutexLock lock(&state.mu);
+    while (state.pending > 0) state.cv.Wait(&state.mu);
   }
+  return status;
+}
+
+// PostRound then WaitRound; every peer's message into (*in)[i].
+absl::Status Exchange(const Group& group, Tag tag, const std::string& message,
+                      std::vector<std::string>* in, absl::Time deadline, absl::string_view what) {
+  std::shared_ptr<Round> round = PostRound(group, tag, message);
+  absl::Status status = WaitRound(group, *round, deadline, what);
+  *in = std::move(round->in);
   return status;
 }
 
@@ -391,6 +416,37 @@ absl::Status CheckSignatures(const Group& group, Tag tag, uint64_t sequence,
   return Verdict(group, tag, sequence, mine, hash, rejection, Kind::kHash, 0, in, deadline,
                  what);
 #endif
+}
+
+SignatureCheck::SignatureCheck(const Group& group, Tag tag, uint64_t sequence,
+                               const Signature& mine, absl::Time deadline)
+    : group_(group), tag_(tag), sequence_(sequence), mine_(mine), deadline_(deadline) {}
+
+std::unique_ptr<SignatureCheck> SignatureCheck::Start(const Group& group, Tag tag,
+                                                      uint64_t sequence, const Signature& mine,
+                                                      absl::Time deadline) {
+  std::unique_ptr<SignatureCheck> check(new SignatureCheck(group, tag, sequence, mine, deadline));
+#ifndef LBCC_MEASURE_WITHOUT_HEADER
+  if (group.size() > 1) {
+    check->round_ = PostRound(group, tag + kSignatureStep,
+                              EncodeHeader(Kind::kHash, sequence, mine.Hash(), ""));
+  }
+#endif
+  return check;
+}
+
+SignatureCheck::~SignatureCheck() { (void)Finish(); }
+
+absl::Status SignatureCheck::Finish() {
+  if (round_ == nullptr) return verdict_;
+  std::shared_ptr<Round> round = std::move(round_);
+  const std::string what = absl::StrCat(mine_.op(), " (op ", sequence_, ")");
+  verdict_ = WaitRound(group_, *round, deadline_, what);
+  if (verdict_.ok()) {
+    verdict_ = Verdict(group_, tag_, sequence_, mine_, mine_.Hash(), absl::OkStatus(), Kind::kHash,
+                       0, round->in, deadline_, what);
+  }
+  return verdict_;
 }
 
 absl::Status ExchangeWithHeader(const Group& group, Tag tag, uint64_t sequence,

@@ -114,6 +114,35 @@ absl::Status CheckSignatures(const Group& group, transport::Tag tag, uint64_t se
                              const Signature& mine, const absl::Status& rejection,
                              absl::Time deadline);
 
+// CheckSignatures in two halves, so that an operation can prepare its first data while the
+// headers travel (SparseAllReduce encodes its first group meanwhile): Start() sends this rank's
+// header and posts the receives, Finish() waits for every peer's and returns CheckSignatures'
+// verdict (the same errors, on every rank alike). The operation sends none of its data before
+// Finish() returned OK. Finish() is called once; the destructor calls it when the caller did not
+// (an early return), so no receive outlives the check.
+class SignatureCheck {
+ public:
+  struct Round;  // signature.cc
+
+  static std::unique_ptr<SignatureCheck> Start(const Group& group, transport::Tag tag,
+                                               uint64_t sequence, const Signature& mine,
+                                               absl::Time deadline);
+  ~SignatureCheck();
+  absl::Status Finish();
+
+ private:
+  SignatureCheck(const Group& group, transport::Tag tag, uint64_t sequence, const Signature& mine,
+                 absl::Time deadline);
+
+  const Group& group_;
+  const transport::Tag tag_;
+  const uint64_t sequence_;
+  const Signature& mine_;
+  const absl::Time deadline_;
+  std::shared_ptr<Round> round_;  // null: nothing to wait for (one rank, or finished)
+  absl::Status verdict_;
+};
+
 // The operation header's size, and the most data ExchangeWithHeader carries after it.
 inline constexpr size_t kOperationHeaderBytes = 24;
 inline constexpr size_t kMaxHeaderData = size_t{64} << 10;

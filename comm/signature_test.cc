@@ -202,6 +202,53 @@ TEST_P(MismatchTest, FailsEveryRankNamingTheFieldAndStaysUsable) {
 INSTANTIATE_TEST_SUITE_P(Fields, MismatchTest, ::testing::ValuesIn(MismatchCases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// SparseAllReduce's header round overlaps its first encode (SignatureCheck): on a mismatch no
+// rank sends data, every rank's error feedback is as before the call (the encode's pending
+// update dropped), no output is written, and the next matching call runs as on a fresh state.
+TEST(SignatureTest, AMismatchedSparseAllReduceKeepsTheStateAndWritesNothing) {
+  auto codec = [] {
+    codecs::TopKEfOptions options;
+    options.top_k = 64;
+    return *codecs::TopKEfCodec::Create(options);
+  }();
+  constexpr int kCount = 64 * 64 * 4;
+  auto results = RunRanks(4, {}, [&](int rank, Communicator& comm) -> absl::Status {
+    std::vector<float> delta(kCount), out(kCount, 7.0f), clean_out(kCount);
+    for (int i = 0; i < kCount; ++i) delta[i] = static_cast<float>((i * 37 + rank * 11) % 101) - 50;
+    codecs::TopKEfState state, fresh;
+    auto call = [&](codecs::TopKEfState* s, std::vector<float>* o,
+                    codecs::Aggregation aggregation) {
+      codecs::DecodeOptions decode;
+      decode.aggregation = aggregation;
+      return comm.SparseAllReduce({{*TensorView::Host(delta.data(), {kCount}),
+                                    *TensorView::Host(o->data(), {kCount}), s}},
+                                  codec.get(), decode)->Wait();
+    };
+    const absl::Status mismatched = call(
+        &state, &out,
+        rank == 2 ? codecs::Aggregation::kSum : codecs::Aggregation::kSparseLoCoMean);
+    if (!absl::IsFailedPrecondition(mismatched)) {
+      return absl::InternalError(absl::StrCat("rank ", rank, ": ", mismatched.ToString()));
+    }
+    if (state.has_pending()) {
+      return absl::InternalError(absl::StrCat("rank ", rank, ": an update is still pending"));
+    }
+    for (float e : state.error()) {  // a fresh state's error feedback is zero
+      if (e != 0.0f) return absl::InternalError(absl::StrCat("rank ", rank, ": the state changed"));
+    }
+    for (float v : out) {
+      if (v != 7.0f) return absl::InternalError(absl::StrCat("rank ", rank, ": out written"));
+    }
+    LBCC_RETURN_IF_ERROR(call(&state, &out, codecs::Aggregation::kSparseLoCoMean));
+    LBCC_RETURN_IF_ERROR(call(&fresh, &clean_out, codecs::Aggregation::kSparseLoCoMean));
+    if (out != clean_out) {
+      return absl::InternalError(absl::StrCat("rank ", rank, ": unlike a fresh state's result"));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(results, Each(IsOk()));
+}
+
 // The small all-reduces carry the header in their one round: each rank sends each peer exactly
 // one message of header and data per operation, and the result is right.
 TEST(SignatureTest, ASmallAllReduceIsOneMessagePerPeerWithTheHeaderInside) {

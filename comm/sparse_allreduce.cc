@@ -135,13 +135,17 @@ SparseAllReduceSchedule::SparseAllReduceSchedule(
       options_(options),
       configured_(resources.configured),
       agreement_(resources.agreement),
+      profile_(resources.profile),
+      header_(resources.header),
       min_elements_(min_elements) {}
 
 SparseAllReduceSchedule::~SparseAllReduceSchedule() = default;
 
 absl::Status SparseAllReduceSchedule::Run() {
   const absl::Time t0 = absl::Now();
-  LBCC_RETURN_IF_ERROR(Plan());
+  if (absl::Status planned = Plan(); !planned.ok()) {
+    return PassHeader() ? planned : header_status_;  // a mismatch explains more than the plan
+  }
   PrepareDecodeScratch();
   MaybeFault(group_, FaultPoint::kBeforeSend);
   pool_->Submit([this] { ExchangeAndValidate(); });
@@ -155,13 +159,28 @@ absl::Status SparseAllReduceSchedule::Run() {
   if (!sent.ok() && exchanged_.ok()) exchanged_ = sent;
   MaybeFault(group_, FaultPoint::kAfterLastSend);
   const absl::Time t2 = absl::Now();
-  LBCC_RETURN_IF_ERROR(Conclude());
+  concluded_ = t2;
+  // A failed header round posted nothing: the states' pending encodes are dropped, and the
+  // caller reports the verdict as CheckSignatures would have.
+  const absl::Status concluded = header_status_.ok() ? Conclude() : header_status_;
+  if (!header_status_.ok()) AbortStates();
+  const absl::Time t3 = absl::Now();
+  if (profile_ != nullptr) {
+    profile_->header += header_wait_;
+    profile_->encode += t1 - t0 - header_wait_;
+    profile_->wire_wait += t2 - t1;
+    profile_->agreement += concluded_ - t2;
+    profile_->decode += t3 - concluded_;
+    profile_->validate += validating_;
+  }
+  LBCC_RETURN_IF_ERROR(concluded);
   LBCC_LOG(TRACE) << "SparseAllReduce rank " << group_.me << ": " << tensors_.size()
                   << " tensors in " << plan_.size() << " groups, algorithm "
                   << AlgorithmName(algorithms_[0]) << ", encode "
                   << absl::ToDoubleMilliseconds(t1 - t0) << " ms, then exchange and validation "
-                  << absl::ToDoubleMilliseconds(t2 - t1) << " ms, decode "
-                  << absl::ToDoubleMilliseconds(absl::Now() - t2) << " ms";
+                  << absl::ToDoubleMilliseconds(t2 - t1) << " ms, agreement "
+                  << absl::ToDoubleMilliseconds(concluded_ - t2) << " ms, decode "
+                  << absl::ToDoubleMilliseconds(t3 - concluded_) << " ms";
   return absl::OkStatus();
 }
 
@@ -252,7 +271,8 @@ void SparseAllReduceSchedule::EncodeGroup(int g, bool placeholder) {
   std::string blob(1, '\1');
   const uint32_t count = static_cast<uint32_t>(plan_[g].second - plan_[g].first);
   blob.append(reinterpret_cast<const char*>(&count), 4);
-  for (size_t i = plan_[g].first; i < plan_[g].second && local_.ok() && !placeholder; ++i) {
+  for (size_t i = plan_[g].first;
+       i < plan_[g].second && local_.ok() && !placeholder && header_status_.ok(); ++i) {
     local_ = EncodeTensorInto(i, piece_sender.get(), &blob, &stream_prefix);
   }
   if (!local_.ok()) blob = ErrorBlob(local_);
@@ -301,7 +321,30 @@ absl::Status SparseAllReduceSchedule::EncodeTensorInto(size_t i, PieceSender* pi
 // Message j of group g. With the direct algorithm every message of a group travels on the
 // group's tag (matched in order); otherwise each is an all-gather with tag steps of its own (a
 // hierarchical leader forwards a member's piece as soon as it has it).
+// The header round's verdict, waited for before this rank's first message goes out (the encode
+// of the first piece ran meanwhile). On failure nothing is posted: the encode stops, and so does
+// the pool's exchange.
+bool SparseAllReduceSchedule::PassHeader() {
+  if (header_passed_) return true;
+  if (!header_status_.ok()) return false;
+  if (header_ != nullptr) {
+    const absl::Time start = absl::Now();
+    absl::Status verdict = header_->Finish();
+    header_wait_ += absl::Now() - start;
+    if (!verdict.ok()) {
+      header_status_ = std::move(verdict);
+      MutexLock lock(&mu_);
+      header_failed_ = true;
+      exchange_failed_ = true;  // the encoder posts no later group
+      return false;
+    }
+  }
+  header_passed_ = true;
+  return true;
+}
+
 void SparseAllReduceSchedule::PostMessage(int g, std::string message) {
+  if (!PassHeader()) return;
   std::vector<std::unique_ptr<AllGatherTask>>& messages = groups_[g].messages;
   const uint32_t j = static_cast<uint32_t>(messages.size());
   const transport::Tag tag = tag_ + first_step_[g] + (direct_ ? 0 : j * steps_);
@@ -317,7 +360,10 @@ void SparseAllReduceSchedule::ExchangeAndValidate() {
   for (int g = 0; g < static_cast<int>(plan_.size()); ++g) {
     {
       MutexLock lock(&mu_);
-      mu_.Await([this, g]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return encoded_ > g; });
+      mu_.Await([this, g]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return encoded_ > g || header_failed_;
+      });
+      if (header_failed_) break;  // nothing was posted
     }
     absl::Status status = Receive(g);
     if (!status.ok()) {
@@ -334,7 +380,11 @@ void SparseAllReduceSchedule::ExchangeAndValidate() {
       stop_encoding_ = true;
       continue;
     }
-    if (invalid_.ok()) invalid_ = Validate(g);
+    if (invalid_.ok()) {
+      const absl::Time start = absl::Now();
+      invalid_ = Validate(g);
+      validating_ += absl::Now() - start;
+    }
   }
   MutexLock lock(&mu_);
   exchange_done_ = true;
@@ -457,6 +507,7 @@ absl::Status SparseAllReduceSchedule::Conclude() {
 #ifndef LBCC_MEASURE_WITHOUT_AGREEMENT  // bench/agreement_overhead.sh's baseline only
   if (agreement_ != nullptr) failure = Decide(*agreement_, group_, tag_, failure, deadline_);
 #endif
+  concluded_ = absl::Now();
   if (!failure.ok()) {
     AbortStates();
     return failure;
@@ -504,6 +555,36 @@ void SparseAllReduceSchedule::AbortStates() {
 
 }  // namespace internal
 
+SparseAllReduceProfile& SparseAllReduceProfile::operator+=(const SparseAllReduceProfile& o) {
+  calls += o.calls;
+  header += o.header;
+  encode += o.encode;
+  wire_wait += o.wire_wait;
+  agreement += o.agreement;
+  decode += o.decode;
+  total += o.total;
+  validate += o.validate;
+  return *this;
+}
+
+SparseAllReduceProfile SparseAllReduceProfile::operator-(const SparseAllReduceProfile& o) const {
+  SparseAllReduceProfile d = *this;
+  d.calls -= o.calls;
+  d.header -= o.header;
+  d.encode -= o.encode;
+  d.wire_wait -= o.wire_wait;
+  d.agreement -= o.agreement;
+  d.decode -= o.decode;
+  d.total -= o.total;
+  d.validate -= o.validate;
+  return d;
+}
+
+SparseAllReduceProfile Communicator::sparse_profile() const {
+  MutexLock lock(&profile_mu_);
+  return profile_;
+}
+
 RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
                                          const codecs::Codec* codec, codecs::DecodeOptions decode,
                                          OpOptions options) {
@@ -516,23 +597,21 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
   AddSparseAllReduceFields(signature, *codec, decode,
                            internal::ResolveSparseGroupElements(options, config_),
                            options.algorithm, shapes);
-  // The header round runs inside the operation, so that a peer lost during it goes through the
-  // outcome agreement too: every survivor aborts alike, and the error names the lost rank
-  // instead of the survivor whose closed links this rank noticed first (agreement.h).
+  // The header round runs inside the operation, overlapping the first group's encode (no data
+  // goes out before its verdict), so that a peer lost during it goes through the outcome
+  // agreement too: every survivor aborts alike, and the error names the lost rank instead of the
+  // survivor whose closed links this rank noticed first (agreement.h).
   return PostWithHeader(
       std::move(signature),
       [this, tensors = std::move(tensors), codec, decode, options](
           const Group& group, transport::Tag tag, uint64_t sequence, const Signature& signature,
           absl::Time deadline) -> absl::Status {
-        const absl::Status checked =
-            CheckSignatures(group, tag, sequence, signature, absl::OkStatus(), deadline);
-        if (!checked.ok()) {
-          OutcomeAgreement* agreement = group.fabric->agreement();
-          const bool peer_lost = absl::IsUnavailable(checked) ||
-                                 absl::IsDeadlineExceeded(checked) || absl::IsCancelled(checked);
-          if (!peer_lost || agreement == nullptr) return checked;
-          return internal::Decide(*agreement, group, tag, checked, deadline);
-        }
+        const absl::Time start = absl::Now();
+        // The header round travels while the first group encodes (SignatureCheck).
+        std::unique_ptr<SignatureCheck> header =
+            SignatureCheck::Start(group, tag, sequence, signature, deadline);
+        SparseAllReduceProfile profile;
+        profile.calls = 1;
         const int64_t min_elements = internal::ResolveSparseGroupElements(options, config_);
         internal::SparseAllReduceSchedule::Resources resources;
         resources.group = &group;
@@ -544,9 +623,26 @@ RequestPtr Communicator::SparseAllReduce(std::vector<SparseTensor> tensors,
         resources.decode_scratch = &decode_scratch_;
         resources.configured = config_.algorithm(Collective::kAllGatherV);
         resources.agreement = group.fabric->agreement();
+        resources.profile = &profile;
+        resources.header = header.get();
         internal::SparseAllReduceSchedule schedule(resources, tensors, *codec, decode, options,
                                                    min_elements);
-        return schedule.Run();
+        absl::Status status = schedule.Run();
+        profile.total = absl::Now() - start;
+        {
+          MutexLock lock(&profile_mu_);
+          profile_ += profile;
+        }
+        if (schedule.header_failed()) {
+          // A peer lost during the header round goes through the outcome agreement too: every
+          // survivor aborts alike, naming the lost rank (agreement.h).
+          OutcomeAgreement* agreement = group.fabric->agreement();
+          const bool peer_lost = absl::IsUnavailable(status) ||
+                                 absl::IsDeadlineExceeded(status) || absl::IsCancelled(status);
+          if (!peer_lost || agreement == nullptr) return status;
+          return internal::Decide(*agreement, group, tag, status, deadline);
+        }
+        return status;
       },
       options.timeout);
 }

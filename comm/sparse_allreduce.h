@@ -2,6 +2,9 @@
 // is the API; this is how one call runs). One SparseAllReduceSchedule object per call holds the
 // call's state as members; its phases run in this order:
 //
+//   0. Header        worker thread  the operation header round (signature.h) is in flight
+//                                   from the start; its verdict is waited for before the first
+//                                   message is posted, so it overlaps the first encode
 //   1. Plan          worker thread  exchange groups of consecutive tensors, each group's
 //                                   all-gather algorithm and tag steps, which groups stream in
 //                                   pieces: the same on every rank (shapes, codec, topology only)
@@ -41,6 +44,7 @@
 #include "comm/algorithms.h"
 #include "comm/collectives.h"
 #include "comm/communicator.h"
+#include "comm/signature.h"
 #include "comm/thread_pool.h"
 #include "comm/topology.h"
 #include "kernels/device_codec.h"
@@ -74,6 +78,12 @@ class SparseAllReduceSchedule {
     // Makes the outcome the same on every surviving rank before anything is written (the
     // Fabric's vote agreement); null: each rank concludes on its own.
     OutcomeAgreement* agreement = nullptr;
+    // Where the phases' times are added (encode, wire_wait, agreement, decode, validate); null:
+    // not measured.
+    SparseAllReduceProfile* profile = nullptr;
+    // The operation's header round, started by the caller: finished before this rank's first
+    // message is posted (the encode of the first piece overlaps it). Null: already checked.
+    SignatureCheck* header = nullptr;
   };
 
   SparseAllReduceSchedule(const Resources& resources,
@@ -84,6 +94,9 @@ class SparseAllReduceSchedule {
 
   // Runs every phase; returns when the pool's part is over and every task drained.
   absl::Status Run();
+  // Whether Run() failed in the header round (its verdict, before any data was sent: every
+  // state aborted).
+  bool header_failed() const { return !header_status_.ok(); }
 
  private:
   // One exchange group's traffic: its messages (one, or kStreamPieces pieces and a final one).
@@ -102,6 +115,7 @@ class SparseAllReduceSchedule {
   void EncodeGroup(int g, bool placeholder);
   absl::Status EncodeTensorInto(size_t i, PieceSender* pieces, std::string* blob,
                                 size_t* stream_prefix);
+  bool PassHeader();
   void PostMessage(int g, std::string message);
   // 3-4. (pool)
   void ExchangeAndValidate();
@@ -127,6 +141,8 @@ class SparseAllReduceSchedule {
   const OpOptions options_;
   const Algorithm configured_;
   OutcomeAgreement* const agreement_;
+  SparseAllReduceProfile* const profile_;
+  SignatureCheck* const header_;
   const int64_t min_elements_;
 
   // Plan (written before the pool starts, then read-only).
@@ -141,6 +157,9 @@ class SparseAllReduceSchedule {
 
   // Encoder only.
   absl::Status local_;  // why this rank gave up
+  bool header_passed_ = false;
+  absl::Status header_status_;  // the header round's verdict when it failed (then read by Run)
+  absl::Duration header_wait_;  // blocked in the header round's Finish
   std::unique_ptr<kernels::DeviceScratch> encode_scratch_;
 
   Mutex mu_;
@@ -148,11 +167,14 @@ class SparseAllReduceSchedule {
   bool stop_encoding_ ABSL_GUARDED_BY(mu_) = false;  // someone gave up: placeholders from now
   bool exchange_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool exchange_done_ ABSL_GUARDED_BY(mu_) = false;  // the pool's part is over
+  bool header_failed_ ABSL_GUARDED_BY(mu_) = false;  // nothing is posted, the pool stops
 
   // Pool only until exchange_done_.
   absl::Status exchanged_;  // the first group whose all-gather failed
   absl::Status invalid_;    // the first bad payload, or the first rank that gave up
   int groups_exchanged_ = 0;
+  absl::Duration validating_;  // time spent in Validate
+  absl::Time concluded_;       // Conclude: the agreement's end
   // per_rank_[r]: rank r's payloads, tensor by tensor (spans into the groups' blobs).
   std::vector<std::vector<absl::Span<const uint8_t>>> per_rank_;
 };
