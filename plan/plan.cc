@@ -254,7 +254,8 @@ absl::Status ParseCpu(const Json& c, CpuModel* cpu, Network* net) {
 absl::Status ParseJob(const Json& j, const comm::Topology& topology, JobSpec* job) {
   LBCC_RETURN_IF_ERROR(CheckKeys(j,
                                  {"H", "top_k", "values", "indices", "group_elements", "algo",
-                                  "boundary", "coefficients", "target_utilization"},
+                                  "boundary", "coefficients", "target_utilization",
+                                  "overlap_fragments"},
                                  "job"));
   LBCC_ASSIGN_OR_RETURN(const int64_t h, Integer(j, "H", "job", int64_t{30}));
   job->H = static_cast<int>(h);
@@ -304,6 +305,12 @@ absl::Status ParseJob(const Json& j, const comm::Topology& topology, JobSpec* jo
   LBCC_ASSIGN_OR_RETURN(job->target_utilization,
                         Number(j, "target_utilization", "job", job->target_utilization));
   if (job->target_utilization >= 1) return Bad("job.target_utilization", "must be below 1");
+  LBCC_ASSIGN_OR_RETURN(const int64_t fragments,
+                        Integer(j, "overlap_fragments", "job", int64_t{2}, true));
+  if (fragments < 1 || fragments > job->H) {
+    return Bad("job.overlap_fragments", "must be in 1..H");
+  }
+  job->overlap_fragments = static_cast<int>(fragments);
   job->boundary_k.assign(topology.replicas().size(), 0);
   if (j.contains("boundary")) {
     if (!j["boundary"].is_array()) return Bad("job.boundary", "must be a list");
@@ -814,6 +821,16 @@ absl::StatusOr<Prediction> Predict(const PlanInput& in) {
     r.comm_s = H * (r.inner_s - r.compute_s) + p.sync.seconds;
     r.wait_s = H * (slowest - r.inner_s);
     r.utilization = H * r.compute_s / (H * r.compute_s + r.comm_s);
+    // Overlapped outer exchanges (ReplicaPrediction's comment): only the part of the sync
+    // that the inner steps between post and merge do not cover is exposed.
+    const double F = in.job.overlap_fragments;
+    const double fragment_steps = std::max(1, in.job.H / in.job.overlap_fragments);
+    const double t_fragment = p.sync.latency_s + (p.sync.seconds - p.sync.latency_s) / F;
+    const double exposed_delayed = std::max(0.0, p.sync.seconds - H * r.inner_s);
+    const double exposed_streaming =
+        F * std::max(0.0, t_fragment - fragment_steps * r.inner_s);
+    r.utilization_delayed = H * r.compute_s / (H * r.inner_s + exposed_delayed);
+    r.utilization_streaming = H * r.compute_s / (H * r.inner_s + exposed_streaming);
     compute += H * r.compute_s;
     total += p.outer_s;
   }
@@ -980,6 +997,8 @@ Json ToJson(const Prediction& p) {
                         {"comm_s", r.comm_s},
                         {"wait_s", r.wait_s},
                         {"utilization", r.utilization},
+                        {"utilization_delayed", r.utilization_delayed},
+                        {"utilization_streaming", r.utilization_streaming},
                         {"limit", r.limit}});
   }
   Json algorithms = Json::array();
@@ -1060,6 +1079,13 @@ std::string FormatPrediction(const Prediction& p) {
   }
   absl::StrAppendFormat(&s, "outer step (H = %d): %.4g s, job utilization %.1f %%\n", p.H,
                         p.outer_s, 100 * p.utilization);
+  absl::StrAppendFormat(&s, "overlapped outer steps (docs/overlap.md), utilization per replica:");
+  for (const ReplicaPrediction& r : p.replicas) {
+    absl::StrAppendFormat(&s, " %d: blocking %.1f %%, delayed %.1f %%, streaming %.1f %%;",
+                          r.replica, 100 * r.utilization, 100 * r.utilization_delayed,
+                          100 * r.utilization_streaming);
+  }
+  s.back() = '\n';
   absl::StrAppendFormat(&s, "critical path: %s\n", p.critical_path);
   return s;
 }

@@ -75,6 +75,8 @@ struct JobSpec {
   std::vector<int64_t> boundary_k;  // per replica: subspace k (0: dense bf16 boundary)
   DType coefficient_dtype = DType::kBF16;
   double target_utilization = 0.95;
+  // SparseLoCo(overlap="streaming")'s fragments F (docs/overlap.md), for the overlap columns.
+  int overlap_fragments = 2;
 };
 
 // One collective alone (what bench/lbcc_perf measures): validation mode.
@@ -131,6 +133,15 @@ struct ReplicaPrediction {
   double comm_s = 0;          // t_comm per outer step: exposed boundary time x H + t_sync
   double wait_s = 0;          // idle for slower replicas per outer step
   double utilization = 0;     // H t_compute / (H t_compute + t_comm)
+  // With the outer exchange overlapped (docs/overlap.md): only the part of t_sync that the
+  // inner steps between post and merge do not cover is exposed.
+  //   delayed (delay H):        exposed = max(0, t_sync - H t_inner)
+  //   streaming (F fragments, delay H/F, each fragment's exchange t_f = latency part of t_sync
+  //   + the rest / F):          exposed = F max(0, t_f - (H/F) t_inner)
+  // utilization = H t_compute / (H t_inner + exposed). The exchange's encode and decode are
+  // taken to run on a core the inner steps do not need (LBCC's worker thread).
+  double utilization_delayed = 0;
+  double utilization_streaming = 0;
   std::string limit;          // what bounds its inner step
 };
 

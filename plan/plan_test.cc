@@ -454,6 +454,44 @@ TEST(Predict, PipelineTermsAndUtilization) {
                        compressed->sync.seconds);
 }
 
+// Overlapped outer steps (docs/overlap.md): delayed hides t_sync behind the H inner steps,
+// streaming each fragment's exchange behind H / F of them; both are never below blocking, and
+// streaming with one fragment is delayed.
+TEST(Predict, OverlapHidesTheSyncBehindTheInnerSteps) {
+  std::string job = kPipelineJob;
+  job.replace(job.find(R"("job": {"H": 30})"), std::string(R"("job": {"H": 30})").size(),
+              R"("job": {"H": 4, "overlap_fragments": 2})");
+  auto in = ParsePlanInput(job);
+  ASSERT_THAT(in.status(), IsOk());
+  auto p = Predict(*in);
+  ASSERT_THAT(p.status(), IsOk());
+  const double t_sync = p->sync.seconds, lat = p->sync.latency_s;
+  for (const ReplicaPrediction& r : p->replicas) {
+    const double exposed_delayed = std::max(0.0, t_sync - 4 * r.inner_s);
+    const double t_fragment = lat + (t_sync - lat) / 2;
+    const double exposed_streaming = 2 * std::max(0.0, t_fragment - 2 * r.inner_s);
+    EXPECT_DOUBLE_EQ(r.utilization_delayed,
+                     4 * r.compute_s / (4 * r.inner_s + exposed_delayed));
+    EXPECT_DOUBLE_EQ(r.utilization_streaming,
+                     4 * r.compute_s / (4 * r.inner_s + exposed_streaming));
+    EXPECT_GE(r.utilization_delayed, r.utilization);
+    EXPECT_GE(r.utilization_streaming, r.utilization * (1 - 1e-12));
+  }
+  // A full replica whose sync is shorter than its H inner steps computes all the time.
+  const ReplicaPrediction& full = p->replicas[0];
+  if (t_sync < 4 * full.inner_s) EXPECT_DOUBLE_EQ(full.utilization_delayed, 1.0);
+  EXPECT_LT(full.utilization, 1.0);
+  in->job.overlap_fragments = 1;
+  auto one = Predict(*in);
+  ASSERT_THAT(one.status(), IsOk());
+  for (const ReplicaPrediction& r : one->replicas) {
+    EXPECT_DOUBLE_EQ(r.utilization_streaming, r.utilization_delayed);
+  }
+  job.replace(job.find(R"("overlap_fragments": 2)"), 22, R"("overlap_fragments": 5)");
+  EXPECT_THAT(ParsePlanInput(job).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job.overlap_fragments")));
+}
+
 TEST(Recommend, LeastCompressionReachesTheTargetAndCompressAllIsNoWeaker) {
   auto in = ParsePlanInput(kPipelineJob);
   ASSERT_THAT(in.status(), IsOk());

@@ -2,6 +2,7 @@
 """Heterogeneous low-bandwidth pre-training at toy scale: runs, CSVs, plots, summary table.
 
     hetero.py --preset demo|full|smoke|grid [--runs a,b] [--out DIR] [--no-testbed] [--readme PATH]
+              [--overlap none|delayed|streaming [--fragments F]]
 
 Run names: ddp | diloco | sparseloco | {hetero,allpipe}_k<D>[_<mode>] | control_k<D>, each
 optionally suffixed _s<seed>. k/d = 1/D is the compressed boundaries' rank; mode is the boundary
@@ -16,6 +17,11 @@ namespaces; with --no-testbed or without root: 127.0.0.1 with those links marked
 topology and paced by LBCC_SLOW_PACE_MBITS). Layout "allpipe": three pipeline replicas (ranks
 0-3 on the fast island, 4-5 behind slow links), every boundary compressed ("compress-all").
 Every rank is a process (torch, one thread).
+
+--overlap delayed|streaming: SparseLoCo runs with an uncompressed boundary ("sparseloco") post
+their outer exchange and merge it later (lbcc.torch.SparseLoCo(overlap=), docs/overlap.md);
+the table's utilization column is each rank's inner-step time over its training wall time
+(outer steps, DDP all-reduces and identity checks excluded from the inner steps), per replica.
 """
 
 import argparse
@@ -246,6 +252,8 @@ def run_group(names, cfg, net, args, pkg, out):
             argv.append("--constrain-all")
         if args.account:
             argv.append("--account")
+        if args.overlap != "none":
+            argv += ["--overlap", args.overlap, "--fragments", str(args.fragments)]
         batch.append(argv)
     logdir = os.path.join(out, f"{names[0]}.ranks")
     shutil.rmtree(logdir, ignore_errors=True)
@@ -639,7 +647,14 @@ def summarize(name, rundir, n, wall):
         "stage_link": {r: lg.get("stage_link") for r, lg in enumerate(logs) if lg.get("stage_link")},
         "slow_sent_by_rank": {r: lg["final_counters"]["slow_sent"] for r, lg in enumerate(logs)},
         "kinds": {r: (lg["kind"], lg["stage"]) for r, lg in enumerate(logs)},
+        "overlap": logs[0].get("overlap", "none"),
+        # Per replica: its ranks' compute utilization (inner-step time / wall time).
+        "utilization": {lg["replica"]: [] for lg in logs},
     }
+    for r, lg in enumerate(logs):
+        if lg.get("utilization"):
+            summary["utilization"][lg["replica"]].append(
+                [r, lg["utilization"]["util"], lg["utilization"]["cpu_util"]])
     with open(os.path.join(rundir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
@@ -887,12 +902,24 @@ def plot(results, out):
     return path
 
 
+def utilization_cell(s):
+    """"replica 0: r0 0.97; replica 2: r2 0.81, r3 0.80" from a summary."""
+    parts = []
+    for replica, ranks in sorted(s.get("utilization", {}).items(), key=lambda kv: int(kv[0])):
+        if ranks:
+            parts.append(f"replica {replica}: " +
+                         ", ".join(f"r{r} {u:.2f}" for r, u, _ in ranks))
+    return "; ".join(parts) or "-"
+
+
 def table(results, cfg, missing, net_desc):
     lines = [f"Preset: {cfg['steps']} steps, H = {cfg['inner_steps']}, d = {cfg['d']}, "
-             f"{cfg['layers']} layers, context {cfg['seq']}, {net_desc}.", "",
+             f"{cfg['layers']} layers, context {cfg['seq']}, {net_desc}; SparseLoCo's outer "
+             f"steps: {cfg.get('overlap', 'none')} (--overlap).", "",
              "| run | what | final train loss | held-out loss | slow-link MB | of which data-parallel MB "
-             "| fast-link MB | data-parallel slow vs ddp | train s | replicas identical |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| fast-link MB | data-parallel slow vs ddp | train s | compute utilization per "
+             "replica (rank: inner steps / wall) | replicas identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     ddp = results.get("ddp")
     for name, s in results.items():
         ratio = (f"{ddp['dp_slow_bytes'] / s['dp_slow_bytes']:.0f}x less"
@@ -903,10 +930,10 @@ def table(results, cfg, missing, net_desc):
             f"| {name} | {spec(name)[6]} | {s['train_loss']:.3f} | {s['eval_loss']:.3f} "
             f"| {s['slow_bytes'] / 1e6:.2f} | {s['dp_slow_bytes'] / 1e6:.2f} "
             f"| {s['fast_bytes'] / 1e6:.2f} | {ratio} "
-            f"| {s['train_seconds']:.0f} | {'yes' if s['identical'] else 'NO'} "
-            f"({s['outer_checks']} checks) |")
+            f"| {s['train_seconds']:.0f} | {utilization_cell(s)} "
+            f"| {'yes' if s['identical'] else 'NO'} ({s['outer_checks']} checks) |")
     for name, why in missing.items():
-        lines.append(f"| {name} | {spec(name)[6]} | not run: {why} | | | | | | | |")
+        lines.append(f"| {name} | {spec(name)[6]} | not run: {why} | | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -976,6 +1003,10 @@ def main():
     ap.add_argument("--d", type=int, help="model dimension (default: the preset's)")
     ap.add_argument("--layers", type=int, help="transformer blocks, split evenly over 2 stages")
     ap.add_argument("--seq", type=int, help="context length")
+    ap.add_argument("--overlap", choices=["none", "delayed", "streaming"], default="none",
+                    help="SparseLoCo runs with an uncompressed boundary: overlap the outer "
+                         "exchange with the next inner steps (docs/overlap.md)")
+    ap.add_argument("--fragments", type=int, default=2, help="--overlap streaming: fragments")
     ap.add_argument("--churn", action="store_true",
                     help="one run (the first of --runs, default sparseloco) over elastic groups "
                          "in which a pipeline stage is killed at random steps and restarted a "
@@ -990,6 +1021,7 @@ def main():
         if getattr(args, key):
             cfg[key] = getattr(args, key)
     D_MODEL = cfg["d"]
+    cfg["overlap"] = args.overlap
     if args.modes:
         modes = args.modes.split(",")
         bad = [mo for mo in modes if mo not in MODES]
@@ -1019,6 +1051,11 @@ def main():
                 f"127.0.0.1 (no testbed): slow links marked in the topology, paced to {args.rate}")
     for name in cfg["runs"]:
         spec(name)  # fails early on a bad name
+        if args.overlap != "none" and (spec(name)[1] != "sparseloco" or spec(name)[2]):
+            sys.exit(f"hetero.py: --overlap {args.overlap}: {name} is not uncompressed "
+                     "SparseLoCo (run --runs sparseloco[_s<seed>])")
+    if args.overlap != "none" and (args.churn or args.account):
+        sys.exit("hetero.py: --overlap takes neither --churn nor --account")
     if args.churn:
         name = args.runs.split(",")[0] if args.runs else "sparseloco"
         print(f"== hetero_training --churn: {name}, {cfg['steps']} steps, H = "
@@ -1045,7 +1082,8 @@ def main():
         ok = (not s["failed"] and s["identical"] and s["final_identical"] and s["rejoined"])
         return 0 if ok else 1
     print(f"== hetero_training: {len(cfg['runs'])} runs, {cfg['steps']} steps each, "
-          f"H = {cfg['inner_steps']}; {net_desc}; results in {args.out}", flush=True)
+          f"H = {cfg['inner_steps']}, overlap {args.overlap}; {net_desc}; results in "
+          f"{args.out}", flush=True)
     results, missing = {}, {}
     groups = []  # consecutive runs of one layout share their rank processes
     for name in cfg["runs"]:

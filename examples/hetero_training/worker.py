@@ -105,6 +105,10 @@ def parser():
     ap.add_argument("--topology", required=True)
     ap.add_argument("--outdir", required=True)
     ap.add_argument("--account", action="store_true", help="payload accounting (smoke test)")
+    ap.add_argument("--overlap", choices=["none", "delayed", "streaming"], default="none",
+                    help="sparseloco: the outer exchange overlapped with the next inner steps "
+                         "(docs/overlap.md); uncompressed boundaries only")
+    ap.add_argument("--fragments", type=int, default=2, help="--overlap streaming: fragments")
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("LBCC_TIMEOUT_S", 300)))
     ap.add_argument("--bootstrap-port", type=int,
                     help="run on LBCC_BOOTSTRAP_ADDR's host at this port (batch runs)")
@@ -126,6 +130,12 @@ def main():
 
 
 def run(a):
+    overlap = None if a.overlap == "none" else a.overlap
+    if overlap and (a.method != "sparseloco" or a.k or a.account):
+        # The compressed boundary's table refresh and the constrained design's projections run
+        # after each blocking outer step; the payload accounting assumes one too.
+        raise SystemExit(f"worker.py: --overlap {a.overlap} takes --method sparseloco with an "
+                         "uncompressed boundary (--k 0) and no --account")
     if a.bootstrap_port:
         host = os.environ["LBCC_BOOTSTRAP_ADDR"].rsplit(":", 1)[0]
         os.environ["LBCC_BOOTSTRAP_ADDR"] = f"{host}:{a.bootstrap_port}"
@@ -199,7 +209,8 @@ def run(a):
                                          coefficient_dtype="f32", timeout=a.timeout)
     if a.method == "sparseloco":
         opt = SparseLoCo(inner, groups, inner_steps=a.inner_steps, top_k=a.top_k, beta=0.95,
-                         outer_lr=1.0, value_bits=2, timeout=a.timeout)
+                         outer_lr=1.0, value_bits=2, timeout=a.timeout, overlap=overlap,
+                         fragments=a.fragments if overlap == "streaming" else None)
     elif a.method == "diloco":
         opt = DiLoCo(inner, groups, a.inner_steps, timeout=a.timeout)
     else:
@@ -289,7 +300,13 @@ def run(a):
             slow_peers[r] = topo.link(rank, r) == "slow"
     t_train = time.time()
     cpu_train = time.process_time()
+    # Compute utilization: the inner steps' wall time (batch, forward, backward with the
+    # pipeline boundary's messages, inner optimizer, projections) and the training thread's CPU
+    # time in them, over the training's wall time; the outer steps (exchanges and waits), DDP's
+    # all-reduces and the identity checks count as not computing.
+    compute_s = compute_cpu_s = checks_s = 0.0
     for step in range(1, a.steps + 1):
+        t_step, cpu_step = time.perf_counter(), time.thread_time()
         lr = a.lr * min(1.0, step / 20)
         for g in inner.param_groups:
             g["lr"] = lr
@@ -315,6 +332,8 @@ def run(a):
             log["payload"]["boundary_sent"] += boundary.codec.backward_payload_bytes(tokens)
         outer_now = step % a.inner_steps == 0
         if opt is None:  # dense DDP: mean gradient per shard every step
+            compute_s += time.perf_counter() - t_step
+            compute_cpu_s += time.thread_time() - cpu_step
             with torch.no_grad():
                 for ps, c in groups:
                     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
@@ -323,12 +342,22 @@ def run(a):
                     unflat(buf, grads)
                     for p, gr in zip(ps, grads):
                         p.grad = gr
+            t_step, cpu_step = time.perf_counter(), time.thread_time()
             inner.step()
+            compute_s += time.perf_counter() - t_step
+            compute_cpu_s += time.thread_time() - cpu_step
+        elif overlap:
+            inner.step()
+            compute_s += time.perf_counter() - t_step
+            compute_cpu_s += time.thread_time() - cpu_step
+            opt.after_inner_step()  # posts and merges; waits only for a late exchange
         else:
             inner.step()
-            opt.inner_step_count += 1
             if project_inner:
                 project_stage0(s0, basis)  # every inner step, the H-th included
+            compute_s += time.perf_counter() - t_step
+            compute_cpu_s += time.thread_time() - cpu_step
+            opt.inner_step_count += 1
             if outer_now:
                 if a.account and a.method == "sparseloco":
                     log["payload"]["sparse_sent"] += sparse_payload(opt, groups, slow_peers)
@@ -337,8 +366,12 @@ def run(a):
                     update = after_outer()
                     log["payload"]["boundary_sent"] += update
                     log["payload"]["table_sent"] += update
-        if outer_now:
+        if outer_now and not overlap:
+            # (With overlap an exchange is in flight here: a check on the same communicator
+            # would queue behind it and wait. The outer parameters are checked after flush().)
+            t_check = time.perf_counter()
             log["identical"].append([step, bool(excluding(identical))])
+            checks_s += time.perf_counter() - t_check
         c = counters()
         log["steps"].append([step, None if loss is None else float(loss),
                              c["fast_sent"] - base["fast_sent"], c["slow_sent"] - base["slow_sent"]])
@@ -346,8 +379,21 @@ def run(a):
             print(f"  step {step}/{a.steps} loss {float(loss) if loss is not None else float('nan'):.3f} "
                   f"rank-0 slow-link MB {(c['slow_sent'] - base['slow_sent']) / 1e6:.2f} "
                   f"({time.time() - t_train:.0f} s)", flush=True)
+    if overlap:
+        opt.flush()  # the exchanges in flight, merged
+        with torch.no_grad():
+            for p, o in zip(params, opt.outer_parameters()):
+                p.copy_(o)  # the global model (each replica's own progress since its last post
+                # is not in it), for the checks and the evaluation
     log["train_seconds"] = time.time() - t_train
     log["train_cpu_seconds"] = time.process_time() - cpu_train
+    wall = log["train_seconds"] - checks_s
+    log["utilization"] = {"compute_seconds": compute_s, "compute_cpu_seconds": compute_cpu_s,
+                          "wall_seconds": wall, "util": compute_s / wall if wall > 0 else None,
+                          "cpu_util": compute_cpu_s / wall if wall > 0 else None}
+    log["overlap"] = a.overlap
+    if overlap:
+        log["identical"].append([a.steps, bool(excluding(identical))])
     log["basis"] = [basis.hash, basis.version]
     # What the authors' code would have moved for the same refreshes: the dense V x d fp32
     # table to the later stage after every outer step.

@@ -244,12 +244,18 @@ class SparseLoCo(torch.optim.Optimizer):
     def step(self, closure=None):
         """One inner step; every `inner_steps`-th call also runs the outer step."""
         loss = self.inner.step(closure)
+        self.after_inner_step()
+        return loss
+
+    def after_inner_step(self):
+        """What step() runs after the inner optimizer's step: counts it, then the outer work
+        due (the outer step; with overlap the posts and merges). For trainers that step the
+        inner optimizer themselves (to time it, or to project weights in between)."""
         self.inner_step_count += 1
         if self.options["overlap"] is not None:
             self._overlap_step()
         elif self.inner_step_count % self.options["inner_steps"] == 0:
             self.outer_step()
-        return loss
 
     def _exchange(self, group, deltas, aggregates):
         """The compressed all-reduce of one communicator's pseudo-gradients into `aggregates`.
@@ -376,8 +382,11 @@ class SparseLoCo(torch.optim.Optimizer):
                 saved.sub_(torch.sign(g).mul_(o["outer_lr"]))
             else:
                 saved.sub_(g)
-            local = p.detach().to("cpu", torch.float32)
-            p.copy_(saved + (local - start))
+            local = p.detach()
+            if local.dtype == torch.float32 and local.device.type == "cpu":
+                local.sub_(start).add_(saved)  # the same bits as saved + (local - start)
+            else:
+                p.copy_(saved + (local.to("cpu", torch.float32) - start))
             start.copy_(saved)
         self.exchanges_merged += 1
         if entry["fragment"] == len(group["fragments"]) - 1 and entry["group"] == len(
@@ -387,9 +396,13 @@ class SparseLoCo(torch.optim.Optimizer):
     @torch.no_grad()
     def flush(self):
         """Merges every exchange in flight now (e.g. at the end of training, so the model holds
-        every posted round); no-op without overlap. Every replica must flush at the same step."""
+        every posted round); no-op without overlap. Every replica must flush at the same step.
+        Elastic: the group's boundary follows, as after every merge."""
+        merged = bool(self._pending)
         for entry in list(self._pending):
             self._merge(entry)
+        if self.elastic and merged:
+            elastic_glue.after_outer_step(self)
 
     def outer_parameters(self):
         """The fp32 outer parameters (theta_saved), in parameter order over all groups."""
