@@ -361,3 +361,37 @@ def test_streaming_between_processes_over_ucx_matches_the_replay(tmp_path):
             assert torch.equal(a, b), f"rank {r}"
         for a, st in zip(res["ef"], replay.states[r]):
             assert torch.equal(a, torch.from_numpy(st.error)), f"rank {r}"
+
+
+def test_a_failed_exchange_in_flight_is_dropped_by_every_rank():
+    """Rank 0 posts its round-1 exchange; rank 1 aborts its communicator instead of posting (as
+    a dying member would), so rank 0's exchange, in flight, can only fail. Every rank raises
+    (rank 0 at the merge), and no rank applies the round: the outer parameters are the
+    initial ones everywhere and rank 0's error feedback was rolled back (never committed)."""
+
+    def body(rank, comm):
+        torch.set_num_threads(1)
+        model = common.build_model(SEED)
+        opt = _optimizer(model, comm, overlap="delayed")
+        initial = [t.clone() for t in opt.outer_parameters()]
+        raised = None
+        try:
+            for s in range(1, 2 * H + 1):
+                common.inner_step(model, opt, SEED, rank, (s - 1) // H, (s - 1) % H)
+                if rank == 1 and s == H:
+                    comm.abort()
+                opt.step()
+            opt.flush()
+        except lbcc.Error as e:
+            raised = e
+        assert raised is not None, f"rank {rank}: the failed exchange did not raise"
+        assert opt.exchanges_merged == 0 and not opt._pending
+        for a, b in zip(opt.outer_parameters(), initial):
+            assert torch.equal(a, b), f"rank {rank} applied a failed round"
+        if rank == 0:
+            assert opt.exchanges_posted == 1
+            assert all(e is None for e in opt.error_feedback())
+        return raised.code
+
+    codes = run_ranks(2, body)
+    assert codes[0] in ("UNAVAILABLE", "CANCELLED", "ABORTED"), codes
