@@ -124,6 +124,9 @@ def settings(name, rate):
     if name == "tight":
         return {"LBCC_SLOW_CHUNK_BYTES": "8K", "LBCC_SLOW_WINDOW_BYTES": "16K",
                 "LBCC_SLOW_PACE_MBITS": f"{0.9 * mbit:g}"}
+    if name == "headroom":  # tight, paced further below the rate: tbf's bucket refills
+        return {"LBCC_SLOW_CHUNK_BYTES": "8K", "LBCC_SLOW_WINDOW_BYTES": "16K",
+                "LBCC_SLOW_PACE_MBITS": f"{0.7 * mbit:g}"}
     if name == "latency":
         return {"LBCC_SLOW_CHUNK_BYTES": "16K", "LBCC_SLOW_WINDOW_BYTES": "64K",
                 "LBCC_SLOW_PACE_MBITS": f"{0.9 * mbit:g}"}
@@ -171,8 +174,8 @@ def main():
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="25mbit,100mbit")
-    ap.add_argument("--settings", default="default,latency,tight",
-                    help="transport settings to compare (default, latency, tight)")
+    ap.add_argument("--settings", default="default,latency,tight,headroom",
+                    help="transport settings to compare (default, latency, tight, headroom)")
     ap.add_argument("--pings", type=int, default=40, help="idle pings per block")
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--interval-ms", type=float, default=20.0,
