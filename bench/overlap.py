@@ -95,14 +95,16 @@ def worker(a):
             with torch.no_grad():
                 held = [float(s1(s0(xe), ye)) for xe, ye in data.held_out(16)]
             rec = {"seed": seed, "mode": mode, "rank": rank, "compute_s": compute,
-                   "wall_s": wall, "cpu_s": cpu, "outer_s": outer, "flush_s": flush, "util": compute / wall, "cpu_util": cpu / wall,
+                   "wall_s": wall, "cpu_s": cpu, "outer_s": outer, "flush_s": flush,
+                   "wait_s": opt.exchange_wait_seconds if overlap else outer, "util": compute / wall, "cpu_util": cpu / wall,
                    "held_out": sum(held) / len(held), "train_tail": sum(losses[-10:]) / 10,
                    "identical": identical, "exchanges": opt.exchanges_posted
                    if overlap else opt.outer_step_count}
             records.append(rec)
             if rank == 0:
                 print(f"  seed {seed} {mode:9s}: utilization {rec['util']:.3f} (wall "
-                      f"{wall:.1f} s, compute {compute:.1f} s, in outer steps {outer:.2f} s, "
+                      f"{wall:.1f} s, compute {compute:.1f} s, in outer steps {outer:.2f} s "
+                      f"(waiting {rec['wait_s']:.2f} s), "
                       f"final flush {flush:.2f} s), held-out {rec['held_out']:.3f}, "
                       f"identical {identical}", flush=True)
     gathered = comm.all_gather_bytes(json.dumps(records).encode())

@@ -52,6 +52,7 @@ each fragment with its own start, posts and merges, so the link carries a fragme
 
 import collections
 import concurrent.futures
+import time
 
 import torch
 
@@ -196,6 +197,9 @@ class SparseLoCo(torch.optim.Optimizer):
                 group["fragments"] = _fragment_ranges(group["params"], fragments)
         self.exchanges_posted = 0
         self.exchanges_merged = 0
+        # Seconds spent waiting for exchanges in flight (at merges, flush() and the accessors):
+        # the part of the overlapped exchanges the inner steps did not hide.
+        self.exchange_wait_seconds = 0.0
 
     @property
     def param_groups(self):
@@ -353,7 +357,11 @@ class SparseLoCo(torch.optim.Optimizer):
         request = entry.get("request")
         if request is not None:
             entry["request"] = None
-            request.wait()
+            t0 = time.perf_counter()
+            try:
+                request.wait()
+            finally:
+                self.exchange_wait_seconds += time.perf_counter() - t0
             entry["deltas"] = None
 
     def _drain(self):
