@@ -226,13 +226,7 @@ bool Take(absl::string_view* in, T* value) {
   return true;
 }
 
-// Reply: u8 ok; then either u32 count + frames of blobs, or the error code + message.
-std::string ErrorReply(const absl::Status& status) {
-  std::string reply(1, '\0');
-  Append<uint32_t>(&reply, static_cast<uint32_t>(status.code()));
-  reply.append(status.message().data(), status.message().size());
-  return reply;
-}
+std::string ErrorReply(const absl::Status& status) { return internal::EncodeErrorReply(status); }
 
 struct Joined {
   Fd fd;
@@ -291,13 +285,10 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
     absl::StatusOr<std::string> hello =
         RecvFrame(conn.get(), std::min(deadline, absl::Now() + absl::Seconds(10)), kMaxBlobBytes + 64);
     if (!hello.ok()) continue;
-    absl::string_view in = *hello;
-    uint32_t magic = 0, their_nranks = 0, rank = 0;
-    uint64_t their_session = 0;
-    if (!Take(&in, &magic) || !Take(&in, &their_session) || !Take(&in, &their_nranks) ||
-        !Take(&in, &rank) || magic != kHelloMagic) {
-      continue;  // Not an LBCC rank.
-    }
+    absl::StatusOr<internal::BootstrapHello> decoded = internal::DecodeHello(*hello);
+    if (!decoded.ok()) continue;  // Not an LBCC rank.
+    const uint32_t their_nranks = decoded->nranks, rank = decoded->rank;
+    const uint64_t their_session = decoded->session;
     absl::Status problem;
     if (nranks == 0 && their_session == session && their_nranks > 0) {
       nranks = static_cast<int>(their_nranks);
@@ -317,7 +308,7 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
       (void)SendFrame(conn.get(), ErrorReply(problem), absl::Now() + absl::Seconds(5));
       continue;
     }
-    joined[static_cast<int>(rank)] = Joined{std::move(conn), std::string(in)};
+    joined[static_cast<int>(rank)] = Joined{std::move(conn), std::move(decoded->blob)};
   }
   const absl::Time reply_deadline = absl::Now() + absl::Seconds(30);
   if (nranks == 0) return;  // Nobody came.
@@ -333,12 +324,9 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
     for (auto& [rank, j] : joined) (void)SendFrame(j.fd.get(), ErrorReply(status), reply_deadline);
     return;
   }
-  std::string table(1, '\1');
-  Append<uint32_t>(&table, static_cast<uint32_t>(nranks));
-  for (auto& [rank, j] : joined) {
-    Append<uint32_t>(&table, static_cast<uint32_t>(j.blob.size()));
-    table += j.blob;
-  }
+  std::vector<std::string> blobs;
+  for (auto& [rank, j] : joined) blobs.push_back(std::move(j.blob));
+  const std::string table = internal::EncodeTable(blobs);
   for (auto& [rank, j] : joined) (void)SendFrame(j.fd.get(), table, reply_deadline);
   LBCC_LOG(INFO) << "bootstrap: all " << nranks << " ranks joined";
 }
@@ -512,13 +500,8 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in [0, ", nranks, ")"));
   }
   if (blob.size() > kMaxBlobBytes) return absl::InvalidArgumentError("bootstrap blob too large");
-  const uint32_t version = IdVersion(id);
-  if (std::memcmp(id.internal, kIdMagic, 4) != 0 ||
-      (version != kIdVersion && version != kIdVersionSecret)) {
-    return absl::InvalidArgumentError("not an LBCC unique id (or from another LBCC version)");
-  }
-  uint64_t session = 0;
-  std::memcpy(&session, id.internal + 8, 8);
+  LBCC_ASSIGN_OR_RETURN(const internal::DecodedUniqueId decoded, internal::DecodeUniqueId(id));
+  const uint64_t session = decoded.session;
   LBCC_ASSIGN_OR_RETURN(SockAddr root, ParseAddress(UniqueIdAddress(id)));
   const absl::Time deadline = absl::Now() + timeout;
 
@@ -554,24 +537,71 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
         "same one? a root without a secret closes connections that try to authenticate)"));
   }
   LBCC_RETURN_IF_ERROR(authenticated);
-  std::string hello;
-  Append<uint32_t>(&hello, kHelloMagic);
-  Append<uint64_t>(&hello, session);
-  Append<uint32_t>(&hello, static_cast<uint32_t>(nranks));
-  Append<uint32_t>(&hello, static_cast<uint32_t>(rank));
-  hello.append(blob.data(), blob.size());
+  const std::string hello = internal::EncodeHello(internal::BootstrapHello{
+      session, static_cast<uint32_t>(nranks), static_cast<uint32_t>(rank), std::string(blob)});
   LBCC_RETURN_IF_ERROR(SendFrame(fd.get(), hello, deadline));
   // The root answers at its own deadline at the latest; allow it a little longer to say why.
   LBCC_ASSIGN_OR_RETURN(std::string reply,
                         RecvFrame(fd.get(), deadline + absl::Seconds(5),
                                   static_cast<uint32_t>(nranks) * (kMaxBlobBytes + 4) + 5),
                         _.Prepend(absl::StrCat("bootstrap: rank ", rank, " waiting for all ranks")));
+  return internal::DecodeReply(reply, nranks);
+}
+
+namespace internal {
+
+std::string EncodeHello(const BootstrapHello& hello) {
+  std::string out;
+  Append<uint32_t>(&out, kHelloMagic);
+  Append<uint64_t>(&out, hello.session);
+  Append<uint32_t>(&out, hello.nranks);
+  Append<uint32_t>(&out, hello.rank);
+  out += hello.blob;
+  return out;
+}
+
+absl::StatusOr<BootstrapHello> DecodeHello(absl::string_view frame) {
+  absl::string_view in = frame;
+  uint32_t magic = 0;
+  BootstrapHello hello;
+  if (!Take(&in, &magic) || !Take(&in, &hello.session) || !Take(&in, &hello.nranks) ||
+      !Take(&in, &hello.rank) || magic != kHelloMagic) {
+    return absl::DataLossError("bootstrap: not an LBCC rank's hello");
+  }
+  hello.blob = std::string(in);
+  return hello;
+}
+
+std::string EncodeTable(const std::vector<std::string>& blobs) {
+  std::string table(1, '\1');
+  Append<uint32_t>(&table, static_cast<uint32_t>(blobs.size()));
+  for (const std::string& blob : blobs) {
+    Append<uint32_t>(&table, static_cast<uint32_t>(blob.size()));
+    table += blob;
+  }
+  return table;
+}
+
+// Reply: u8 ok; then either u32 count + frames of blobs, or the error code + message.
+std::string EncodeErrorReply(const absl::Status& status) {
+  std::string reply(1, '\0');
+  Append<uint32_t>(&reply, static_cast<uint32_t>(status.code()));
+  reply.append(status.message().data(), status.message().size());
+  return reply;
+}
+
+absl::StatusOr<std::vector<std::string>> DecodeReply(absl::string_view reply, int nranks) {
   absl::string_view in = reply;
   uint8_t ok = 0;
   if (!Take(&in, &ok)) return absl::UnavailableError("bootstrap: empty reply from the root");
   if (!ok) {
     uint32_t code = 0;
-    if (!Take(&in, &code)) return absl::UnavailableError("bootstrap: malformed error reply");
+    // The code comes from the network: OK (an error reply that would read as success) and
+    // numbers absl does not know are not an error the root sends.
+    if (!Take(&in, &code) || code == 0 ||
+        code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::UnavailableError("bootstrap: malformed error reply");
+    }
     return absl::Status(static_cast<absl::StatusCode>(code), in);
   }
   uint32_t count = 0;
@@ -589,5 +619,21 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
   }
   return blobs;
 }
+
+absl::StatusOr<DecodedUniqueId> DecodeUniqueId(const UniqueId& id) {
+  const uint32_t version = IdVersion(id);
+  if (std::memcmp(id.internal, kIdMagic, 4) != 0 ||
+      (version != kIdVersion && version != kIdVersionSecret)) {
+    return absl::InvalidArgumentError("not an LBCC unique id (or from another LBCC version)");
+  }
+  DecodedUniqueId decoded;
+  decoded.version = version;
+  std::memcpy(&decoded.session, id.internal + 8, 8);
+  decoded.address = UniqueIdAddress(id);
+  decoded.secret = UniqueIdSecret(id);
+  return decoded;
+}
+
+}  // namespace internal
 
 }  // namespace lbcc::comm

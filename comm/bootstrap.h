@@ -95,6 +95,40 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(
     const UniqueId& id, int nranks, int rank, absl::string_view blob, absl::Duration timeout,
     const BootstrapSecurity& security = BootstrapSecurity{});
 
+// The pure decoders of the bytes a bootstrap socket carries, for tests and fuzzers
+// (comm/bootstrap_fuzz.cc, comm/unique_id_fuzz.cc); the functions above do the I/O around them.
+namespace internal {
+
+// A rank's hello as the root reads it: u32 magic, u64 session, u32 nranks, u32 rank, the blob.
+struct BootstrapHello {
+  uint64_t session = 0;
+  uint32_t nranks = 0;
+  uint32_t rank = 0;
+  std::string blob;
+};
+std::string EncodeHello(const BootstrapHello& hello);
+// DataLoss when the frame is not an LBCC rank's hello (too short, wrong magic).
+absl::StatusOr<BootstrapHello> DecodeHello(absl::string_view frame);
+
+// The root's reply: u8 ok; then u32 count and per rank u32 size + blob, or u32 code + message.
+std::string EncodeTable(const std::vector<std::string>& blobs);
+std::string EncodeErrorReply(const absl::Status& status);
+// Every rank's blob for a rank of `nranks`; the root's error as it sent it (a code that is not
+// an absl::StatusCode other than OK is Unavailable "malformed error reply"); Unavailable for a
+// reply that does not parse or lists another number of ranks.
+absl::StatusOr<std::vector<std::string>> DecodeReply(absl::string_view reply, int nranks);
+
+// A unique id's fields. InvalidArgument "not an LBCC unique id" for another magic or version.
+struct DecodedUniqueId {
+  uint32_t version = 0;
+  uint64_t session = 0;
+  std::string address;  // UniqueIdAddress
+  std::optional<transport::JobSecret> secret;  // UniqueIdSecret
+};
+absl::StatusOr<DecodedUniqueId> DecodeUniqueId(const UniqueId& id);
+
+}  // namespace internal
+
 }  // namespace lbcc::comm
 
 #endif  // LBCC_COMM_BOOTSTRAP_H_

@@ -175,5 +175,43 @@ TEST(BootstrapTest, LoopbackAdvertisedToRemotePeersIsNamed) {
                                 HasSubstr("LBCC_SOCKET_IFNAME"))));
 }
 
+// bootstrap_fuzz's finding: an error reply carrying the code OK read as success (a StatusOr
+// built from an OK status: a process abort in debug builds), and unknown codes passed through.
+TEST(BootstrapTest, ARootReplyWithoutARealErrorCodeIsMalformed) {
+  const std::string ok_code = std::string("\0\0\0\0\0bad", 8);
+  EXPECT_THAT(internal::DecodeReply(ok_code, 2),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("malformed error reply")));
+  std::string unknown(1, '\0');
+  unknown += std::string("\x63\0\0\0", 4);  // code 99
+  EXPECT_THAT(internal::DecodeReply(unknown, 2),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("malformed error reply")));
+  EXPECT_THAT(internal::DecodeReply(
+                  internal::EncodeErrorReply(absl::PermissionDeniedError("no secret")), 2),
+              StatusIs(absl::StatusCode::kPermissionDenied, "no secret"));
+  EXPECT_THAT(internal::DecodeReply(internal::EncodeTable({"a", "bc"}), 2),
+              ::lbcc::testing::IsOkAndHolds(ElementsAreArray({"a", "bc"})));
+  EXPECT_THAT(internal::DecodeReply(internal::EncodeTable({"a"}), 2),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("malformed table")));
+}
+
+TEST(BootstrapTest, HelloAndUniqueIdDecodersRoundTrip) {
+  const internal::BootstrapHello hello{42, 4, 3, "blob"};
+  LBCC_ASSERT_OK_AND_ASSIGN(internal::BootstrapHello back,
+                            internal::DecodeHello(internal::EncodeHello(hello)));
+  EXPECT_EQ(back.session, 42u);
+  EXPECT_EQ(back.nranks, 4u);
+  EXPECT_EQ(back.rank, 3u);
+  EXPECT_EQ(back.blob, "blob");
+  EXPECT_THAT(internal::DecodeHello("short"), StatusIs(absl::StatusCode::kDataLoss));
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, UniqueIdFromAddress("10.0.0.1:29500", 7));
+  LBCC_ASSERT_OK_AND_ASSIGN(internal::DecodedUniqueId decoded, internal::DecodeUniqueId(id));
+  EXPECT_EQ(decoded.session, 7u);
+  EXPECT_EQ(decoded.address, "10.0.0.1:29500");
+  EXPECT_FALSE(decoded.secret.has_value());
+  id.internal[0] = 'X';
+  EXPECT_THAT(internal::DecodeUniqueId(id),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not an LBCC unique id")));
+}
+
 }  // namespace
 }  // namespace lbcc::comm

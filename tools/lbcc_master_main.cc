@@ -15,6 +15,12 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:29400", "host:port to listen on (port 0:
 ABSL_FLAG(std::string, job_id, "", "the job's id; members must present it (required)");
 ABSL_FLAG(int, peer_timeout_ms, 0, "a member silent this long is dropped; 0: LBCC_PEER_TIMEOUT_MS");
 ABSL_FLAG(int, min_members, 1, "the first epoch forms once this many members joined");
+ABSL_FLAG(int, handshake_timeout_ms, 10000,
+          "a connection that has not sent its join this long is closed (README, Security)");
+ABSL_FLAG(int, max_handshakes, 1024, "connections waiting for their join at once (the oldest "
+          "is closed for a new one)");
+ABSL_FLAG(int, max_connections_per_address, 64,
+          "connections one peer address may hold, joining or joined");
 ABSL_FLAG(std::string, bootstrap_host, "", "address (IPv4, IPv6) or host name of the per-epoch "
           "bootstrap roots; empty: the listen host (0.0.0.0 or [::] needs this set to an address "
           "members reach)");
@@ -30,6 +36,9 @@ int main(int argc, char** argv) {
   options.peer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_peer_timeout_ms));
   options.min_members = absl::GetFlag(FLAGS_min_members);
   options.bootstrap_host = absl::GetFlag(FLAGS_bootstrap_host);
+  options.handshake_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_handshake_timeout_ms));
+  options.max_handshakes = absl::GetFlag(FLAGS_max_handshakes);
+  options.max_connections_per_address = absl::GetFlag(FLAGS_max_connections_per_address);
   if (options.bootstrap_host.empty() && (options.listen_address.rfind("0.0.0.0:", 0) == 0 ||
                                          options.listen_address.rfind("[::]:", 0) == 0)) {
     std::fprintf(stderr, "lbcc-master: --bootstrap_host is needed with --listen 0.0.0.0:PORT "

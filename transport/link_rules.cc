@@ -42,7 +42,8 @@ std::string RuleKey(absl::string_view host, int port) {
 // Peers: "10.0.0.3", "10.0.0.3:5000", "fd77::3", "[fd77::3]", "[fd77::3]:5000", "node3",
 // "node3:5000".
 absl::StatusOr<std::vector<std::string>> RuleKeys(absl::string_view peer,
-                                                  const std::string& where) {
+                                                  const std::string& where,
+                                                  LinkRules::Resolver resolve) {
   if (peer == "*") return std::vector<std::string>{"*"};
   absl::string_view host = peer;
   int port = 0;
@@ -90,7 +91,7 @@ absl::StatusOr<std::vector<std::string>> RuleKeys(absl::string_view peer,
   // A host name: the name itself (the loopback backend's peers are names) and its addresses
   // (UCX's peers are numeric).
   LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> addresses,
-                        ResolveHost(host, absl::StrCat(where, " '", peer, "'")));
+                        resolve(host, absl::StrCat(where, " '", peer, "'")));
   keys.push_back(RuleKey(host, port));
   for (const std::string& address : addresses) keys.push_back(RuleKey(address, port));
   return keys;
@@ -99,6 +100,11 @@ absl::StatusOr<std::vector<std::string>> RuleKeys(absl::string_view peer,
 }  // namespace
 
 absl::StatusOr<LinkRules> LinkRules::Parse(absl::string_view text, absl::string_view source) {
+  return ParseWith(text, source, ResolveHost);
+}
+
+absl::StatusOr<LinkRules> LinkRules::ParseWith(absl::string_view text, absl::string_view source,
+                                               Resolver resolve) {
   LinkRules rules;
   const std::string where =
       source.empty() ? std::string("link rules") : absl::StrCat("link rules file ", source);
@@ -120,7 +126,7 @@ absl::StatusOr<LinkRules> LinkRules::Parse(absl::string_view text, absl::string_
           absl::StrCat(where, " line ", line_number, ": ", link_class.status().message()));
     }
     LBCC_ASSIGN_OR_RETURN(const std::vector<std::string> keys,
-                          RuleKeys(words[0], absl::StrCat(where, " line ", line_number)));
+                          RuleKeys(words[0], absl::StrCat(where, " line ", line_number), resolve));
     for (const std::string& key : keys) rules.rules_[key] = *link_class;
   }
   return rules;

@@ -11,6 +11,9 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -28,6 +31,12 @@ class LinkRules {
   // Parses the rules format. `source` names the text in errors ("link rules file <source>
   // line N: ..."); InvalidArgument for a bad line.
   static absl::StatusOr<LinkRules> Parse(absl::string_view text, absl::string_view source = "");
+  // Parse with `resolve` standing for ResolveHost (transport/netif.h) on the host names in the
+  // rules: the pure parser, for fuzzing without name look-ups.
+  using Resolver = absl::FunctionRef<absl::StatusOr<std::vector<std::string>>(
+      absl::string_view host, absl::string_view what)>;
+  static absl::StatusOr<LinkRules> ParseWith(absl::string_view text, absl::string_view source,
+                                             Resolver resolve);
   // Reads and parses `path`. InvalidArgument "cannot read link rules file <path>: <reason>" when
   // it cannot be read, or the parse error naming the path and line.
   static absl::StatusOr<LinkRules> Load(const std::string& path);

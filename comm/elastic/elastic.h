@@ -90,6 +90,13 @@ struct ElasticMasterOptions {
   // How long an epoch's members have to build its communicator; zero: peer_timeout + 5 s.
   absl::Duration setup_timeout = absl::ZeroDuration();
   int min_members = 1;  // the first epoch forms once this many joined
+  // Limits against clients that are not members (README, Security): a connection that has not
+  // sent its join within handshake_timeout is closed; at most max_handshakes connections wait
+  // for their join at once (the oldest is closed for a new one); a peer address holds at most
+  // max_connections_per_address connections, joining or joined (more are closed at accept).
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  int max_handshakes = 1024;
+  int max_connections_per_address = 64;
   // Shared by the masters of one model's shard jobs: pipeline replicas leave and join as units
   // across them (NewElasticUnits). Null: this master's own.
   std::shared_ptr<ElasticUnits> units;

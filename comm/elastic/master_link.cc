@@ -17,12 +17,7 @@ absl::StatusOr<std::unique_ptr<MasterLink>> MasterLink::Connect(const std::strin
   LBCC_ASSIGN_OR_RETURN(std::unique_ptr<Socket> sock, Socket::Connect(address, connect_deadline));
   LBCC_RETURN_IF_ERROR(sock->Send(join, absl::Now() + absl::Seconds(5)));
   LBCC_ASSIGN_OR_RETURN(*welcome, sock->Receive(absl::Now() + answer_timeout));
-  if (welcome->type == MsgType::kRefuse) {
-    return absl::Status(static_cast<absl::StatusCode>(welcome->code), welcome->text);
-  }
-  if (welcome->type != MsgType::kWelcome) {
-    return absl::DataLossError("ElasticGroup: the master did not answer the join");
-  }
+  LBCC_RETURN_IF_ERROR(JoinAnswerStatus(*welcome));
   return std::unique_ptr<MasterLink>(new MasterLink(std::move(sock)));
 }
 

@@ -1,9 +1,22 @@
 // ElasticMaster (elastic.h): the membership service's socket server around MembershipPolicy
-// (membership_policy.h). One acceptor thread, one reader thread per connection, one ticker
+// (membership_policy.h). One acceptor thread, one reader thread per joined member, one ticker
 // thread (heartbeats, silence checks); each feeds its events to the policy under the mutex the
 // masters of one model share (ElasticUnits::mu), and the policy's decisions are carried out on
 // the members' sockets before the mutex is released.
+//
+// The service faces whoever can reach it (README, Security). A new connection is not a member
+// until its first frame, a join, has arrived: until then the acceptor alone holds it (one
+// poll() over the listener and every such connection; no thread, nothing in the policy), for
+// at most handshake_timeout, with at most kMaxMemberFrame bytes in its frame, and at most
+// max_handshakes of them at once (the oldest is closed to make room for a new one). Every peer
+// address holds at most max_connections_per_address connections, joining or joined. Members'
+// later frames are bounded by kMaxMemberFrame too.
+#include <poll.h>
+
 #include <algorithm>
+#include <atomic>
+#include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <thread>
@@ -88,9 +101,33 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
     return mu_.AwaitWithTimeout(pred, timeout);
   }
 
+  // A connection that has not sent its join yet (the acceptor's own).
+  struct Pending {
+    std::shared_ptr<Socket> sock;
+    std::string peer;     // "host:port"
+    std::string address;  // the host: what max_connections_per_address counts
+    absl::Time deadline;  // handshake_timeout after it was accepted
+    elastic::FrameReader frames{elastic::kMaxMemberFrame};
+  };
+  // A reader thread and whether it ended (the acceptor joins ended ones).
+  struct Reader {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
   void AcceptLoop();
-  void ReadLoop(uint64_t id, std::shared_ptr<Socket> sock);
+  // Accepts every pending connection; false when the listener failed (out of descriptors).
+  bool AcceptPending(std::deque<Pending>& pending);
+  // Reads what arrived on `p`; true when it is finished with (joined, refused or failed).
+  bool ReadPending(Pending& p);
+  // Closes a connection that never joined, saying why in the log (at most one line per second
+  // per reason; the others are counted in the next line).
+  void Reject(Pending& p, const std::string& why);
+  void Admit(Pending& p, const Message& join);
+  void ReadLoop(uint64_t id, std::shared_ptr<Socket> sock, std::string address);
   void TickLoop();
+  void ReleaseAddress(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JoinEndedReaders();
 
   // PolicyOutput, called by the policy with mu_ held.
   bool Send(uint64_t member, const Message& message, absl::Duration timeout) override
@@ -118,12 +155,27 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
   Mutex& mu_;  // units_->mu: shared with the masters of the other shards
   std::unique_ptr<MembershipPolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
+  std::list<Reader> readers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Socket>> socks_ ABSL_GUARDED_BY(mu_);  // open connections
+  // Open connections (joining or joined) per peer host.
+  std::map<std::string, int> per_address_ ABSL_GUARDED_BY(mu_);
+  // Rejections of connections that never joined, for the rate-limited log (acceptor only).
+  struct RejectLog {
+    absl::Time last = absl::InfinitePast();
+    int64_t unlogged = 0;
+  };
+  std::map<std::string, RejectLog> reject_log_;
 };
 
 absl::Status ElasticMaster::Impl::Start() {
   if (options_.job_id.empty()) return absl::InvalidArgumentError("ElasticMaster: job_id is empty");
+  if (options_.handshake_timeout <= absl::ZeroDuration() ||
+      options_.max_connections_per_address < 1 || options_.max_handshakes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ElasticMaster: handshake_timeout ", absl::FormatDuration(options_.handshake_timeout),
+        ", max_connections_per_address ", options_.max_connections_per_address,
+        " and max_handshakes ", options_.max_handshakes, " must be positive"));
+  }
   if (options_.min_members < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("ElasticMaster: min_members ", options_.min_members, " < 1"));
@@ -162,35 +214,218 @@ void ElasticMaster::Impl::Stop() {
   if (listener_) listener_->Shutdown();
   if (acceptor_.joinable()) acceptor_.join();
   if (ticker_.joinable()) ticker_.join();
-  std::vector<std::thread> readers;
+  std::list<Reader> readers;
   {
     MutexLock lock(&mu_);
     readers.swap(readers_);
   }
-  for (std::thread& t : readers) t.join();
+  for (Reader& r : readers) r.thread.join();
 }
 
 void ElasticMaster::Impl::AcceptLoop() {
+  std::deque<Pending> pending;  // oldest first
+  absl::Time listener_paused_until = absl::InfinitePast();
+  std::vector<pollfd> fds;
   while (true) {
-    absl::StatusOr<std::unique_ptr<Socket>> sock =
-        listener_->Accept(absl::Now() + absl::Milliseconds(200));
-    MutexLock lock(&mu_);
-    if (stopping_) return;
-    if (!sock.ok()) continue;
-    std::shared_ptr<Socket> shared = std::move(*sock);
-    const uint64_t id = policy_->Connected(shared->peer(), absl::Now());
-    socks_[id] = shared;
-    readers_.emplace_back([this, id, shared] { ReadLoop(id, shared); });
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) break;
+    }
+    JoinEndedReaders();
+    const absl::Time now = absl::Now();
+    // Connections that did not join in time.
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->deadline > now) {
+        ++it;
+        continue;
+      }
+      Reject(*it, absl::StrCat("no join within ",
+                               absl::FormatDuration(options_.handshake_timeout),
+                               " (handshake_timeout; ", it->frames.buffered(),
+                               " bytes received)"));
+      it = pending.erase(it);
+    }
+    absl::Time wake = now + absl::Milliseconds(elastic::kPollSliceMs);
+    for (const Pending& p : pending) wake = std::min(wake, p.deadline);
+    fds.clear();
+    const bool listen = now >= listener_paused_until;
+    fds.push_back(pollfd{listen ? listener_->fd() : -1, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back(pollfd{p.sock->fd(), POLLIN, 0});
+    const int n = poll(fds.data(), fds.size(), elastic::PollSliceMs(wake - now));
+    if (n <= 0) continue;
+    // Pending connections first (their indices are fds[1..]), then new ones.
+    std::vector<bool> finished(pending.size(), false);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (fds[i + 1].revents != 0) finished[i] = ReadPending(pending[i]);
+    }
+    std::deque<Pending> left;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (!finished[i]) left.push_back(std::move(pending[i]));
+    }
+    pending.swap(left);
+    if (fds[0].revents != 0 && !AcceptPending(pending)) {
+      // Out of descriptors (EMFILE) or another listener failure: poll() would report the
+      // listener ready at once again; leave it a poll slice for connections to close.
+      listener_paused_until = absl::Now() + absl::Milliseconds(elastic::kPollSliceMs);
+    }
+  }
+  for (Pending& p : pending) p.sock->Shutdown();
+  MutexLock lock(&mu_);
+  for (Pending& p : pending) ReleaseAddress(p.address);
+}
+
+bool ElasticMaster::Impl::AcceptPending(std::deque<Pending>& pending) {
+  while (true) {
+    absl::StatusOr<std::unique_ptr<Socket>> sock = listener_->AcceptNow();
+    if (!sock.ok()) {
+      if (!absl::IsCancelled(sock.status())) {
+        LBCC_LOG(WARN) << "lbcc-master: accept failed: " << sock.status();
+      }
+      return false;
+    }
+    if (*sock == nullptr) return true;
+    Pending p;
+    p.sock = std::move(*sock);
+    p.peer = p.sock->peer();
+    absl::StatusOr<transport::HostAndPort> hp = transport::ParseHostPort(p.peer, "peer");
+    p.address = hp.ok() ? hp->host : p.peer;
+    p.deadline = absl::Now() + options_.handshake_timeout;
+    int open = 0;
+    {
+      MutexLock lock(&mu_);
+      open = ++per_address_[p.address];
+    }
+    if (open > options_.max_connections_per_address) {
+      Reject(p, absl::StrCat("its address has ", options_.max_connections_per_address,
+                             " connections open already (max_connections_per_address)"));
+      continue;
+    }
+    if (static_cast<int>(pending.size()) >= options_.max_handshakes) {
+      // The oldest has had the longest to send its join; a member sends it at once.
+      Reject(pending.front(),
+             absl::StrCat(options_.max_handshakes,
+                          " connections are waiting to join (max_handshakes), and it is the "
+                          "oldest without a join"));
+      pending.pop_front();
+    }
+    pending.push_back(std::move(p));
   }
 }
 
-void ElasticMaster::Impl::ReadLoop(uint64_t id, std::shared_ptr<Socket> sock) {
+bool ElasticMaster::Impl::ReadPending(Pending& p) {
+  char buffer[4096];
   while (true) {
-    absl::StatusOr<Message> m = sock->Receive(absl::InfiniteFuture());
+    absl::StatusOr<size_t> n = p.sock->ReadSome(buffer, sizeof(buffer));
+    if (!n.ok()) {
+      Reject(p, absl::StrCat("closed before it joined (", n.status().message(), ")"));
+      return true;
+    }
+    if (*n == 0) return false;
+    p.frames.Append(absl::string_view(buffer, *n));
+    absl::StatusOr<std::optional<std::string>> frame = p.frames.Next();
+    if (!frame.ok()) {
+      Reject(p, std::string(frame.status().message()));
+      return true;
+    }
+    if (!frame->has_value()) continue;
+    absl::StatusOr<Message> m = elastic::Decode(**frame);
+    if (!m.ok()) {
+      Reject(p, std::string(m.status().message()));
+      return true;
+    }
+    if (m->type != elastic::MsgType::kJoin) {
+      Message refuse;
+      refuse.type = elastic::MsgType::kRefuse;
+      refuse.code = static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition);
+      refuse.text = absl::StrCat("lbcc-master at ", address_,
+                                 ": the first message must be a join, not type ",
+                                 static_cast<int>(m->type));
+      (void)p.sock->Send(refuse, absl::Now() + absl::Milliseconds(100));
+      Reject(p, refuse.text);
+      return true;
+    }
+    // Whatever followed the join (heartbeats sent before the answer) is the reader's.
+    p.sock->Unread(p.frames.TakeBuffered());
+    Admit(p, *m);
+    return true;
+  }
+}
+
+void ElasticMaster::Impl::Reject(Pending& p, const std::string& why) {
+  p.sock->Shutdown();
+  {
     MutexLock lock(&mu_);
-    if (stopping_ || !policy_->connected(id)) return;
+    ReleaseAddress(p.address);
+  }
+  // The reason without numbers that differ per connection keys the rate limit.
+  std::string key = why.substr(0, why.find_first_of("0123456789("));
+  RejectLog& log = reject_log_[key];
+  const absl::Time now = absl::Now();
+  if (now - log.last < absl::Seconds(1)) {
+    ++log.unlogged;
+    return;
+  }
+  LBCC_LOG(WARN) << "lbcc-master: closed the connection from " << p.peer << ": " << why
+                 << (log.unlogged > 0
+                         ? absl::StrCat(" (and ", log.unlogged, " more for this reason since)")
+                         : std::string());
+  log.last = now;
+  log.unlogged = 0;
+}
+
+void ElasticMaster::Impl::Admit(Pending& p, const Message& join) {
+  MutexLock lock(&mu_);
+  if (stopping_) {
+    p.sock->Shutdown();
+    ReleaseAddress(p.address);
+    return;
+  }
+  const uint64_t id = policy_->Connected(p.peer, absl::Now());
+  socks_[id] = p.sock;
+  policy_->Received(id, join, absl::Now());
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  readers_.push_back(Reader{
+      std::thread([this, id, sock = p.sock, address = p.address, done] {
+        ReadLoop(id, sock, address);
+        done->store(true);
+      }),
+      done});
+}
+
+void ElasticMaster::Impl::ReleaseAddress(const std::string& address) {
+  auto it = per_address_.find(address);
+  if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
+}
+
+void ElasticMaster::Impl::JoinEndedReaders() {
+  std::list<Reader> ended;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = readers_.begin(); it != readers_.end();) {
+      if (it->done->load()) {
+        ended.splice(ended.end(), readers_, it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Reader& r : ended) r.thread.join();
+}
+
+void ElasticMaster::Impl::ReadLoop(uint64_t id, std::shared_ptr<Socket> sock,
+                                   std::string address) {
+  while (true) {
+    absl::StatusOr<Message> m = sock->Receive(absl::InfiniteFuture(), elastic::kMaxMemberFrame);
+    MutexLock lock(&mu_);
+    if (stopping_ || !policy_->connected(id)) {
+      sock->Shutdown();  // the policy closed it, or the master stops
+      ReleaseAddress(address);
+      return;
+    }
     if (!m.ok()) {
       policy_->Lost(id, m.status().message());
+      sock->Shutdown();
+      ReleaseAddress(address);
       return;
     }
     policy_->Received(id, *m, absl::Now());

@@ -125,10 +125,20 @@ void MembershipPolicy::Handle(Conn& conn, const Message& m) {
       return OnEnter(conn, m.epoch);
     case MsgType::kSetupFailed:
       return OnSetupFailed(conn, m);
-    default:
-      return Refuse(conn, absl::DataLossError(absl::StrCat(
-                              "lbcc-master: unexpected message type ",
-                              static_cast<int>(m.type), " from a member")));
+    default: {
+      const absl::Status why = absl::DataLossError(absl::StrCat(
+          "lbcc-master: unexpected message type ", static_cast<int>(m.type), " from a member"));
+      if (!conn.joined) return Refuse(conn, why);
+      // A member (or a joiner) leaves the job the way a lost one does: Refuse only closed its
+      // connection and left it in the member list, and the next epoch aborted the master on
+      // the missing connection (wire_master_fuzz's finding).
+      Message refusal;
+      refusal.type = MsgType::kRefuse;
+      refusal.code = static_cast<uint32_t>(why.code());
+      refusal.text = std::string(why.message());
+      (void)output_->Send(conn.id, refusal, kLastWordTimeout);
+      return Drop(conn.id, absl::StrCat("was refused: ", why.message()), false);
+    }
   }
 }
 

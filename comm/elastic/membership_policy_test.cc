@@ -286,6 +286,28 @@ TEST_F(MembershipPolicyTest, TwoMembersLeavingAtOnceEachStartAnEpochOfTheOthers)
   EXPECT_EQ(job.policy.committed_steps(), 1u);
 }
 
+// wire_master_fuzz's finding: a member that sent a message only the master sends (here a
+// refusal) was refused by closing its connection only; it stayed in the member list, and the
+// next epoch (another member lost) threw on its missing connection: the master aborted. It is
+// now refused and dropped like a lost member, and the job goes on without it.
+TEST_F(MembershipPolicyTest, AMemberSendingAMastersMessageIsRefusedAndDropped) {
+  Job job(&units_, 3);
+  const uint64_t a = job.Join("a"), b = job.Join("b"), c = job.Join("c");
+  ASSERT_EQ(job.policy.epoch(), 1u);
+  Message bogus;
+  bogus.type = MsgType::kRefuse;
+  job.policy.Received(b, bogus, job.now);
+  EXPECT_EQ(job.out.Last(b, MsgType::kRefuse).code,
+            static_cast<uint32_t>(absl::StatusCode::kDataLoss));
+  EXPECT_FALSE(job.policy.connected(b));
+  EXPECT_EQ(job.policy.epoch(), 2u);
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(a, c));
+  job.policy.Lost(c, "connection reset");  // threw std::out_of_range before the fix
+  EXPECT_EQ(job.policy.epoch(), 3u);
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(a));
+  EXPECT_THAT(job.out.closed, UnorderedElementsAre(b, c));
+}
+
 TEST_F(MembershipPolicyTest, ASilentMemberIsEvictedAndTheOthersHeartbeated) {
   Job job(&units_, 2);
   const uint64_t a = job.Join("a"), b = job.Join("b");

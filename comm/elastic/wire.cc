@@ -1,5 +1,6 @@
 #include "comm/elastic/wire.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -29,7 +30,6 @@ namespace {
 
 constexpr uint32_t kMagic = 0x4d45424c;  // "LBEM"
 constexpr uint8_t kVersion = 3;
-constexpr uint32_t kMaxFrame = 1 << 20;
 
 class Writer {
  public:
@@ -71,6 +71,12 @@ class Reader {
     return true;
   }
   bool ok() const { return ok_; }
+  // Whether `count` elements of at least `size` bytes each can still follow (a count from the
+  // network sizes nothing it cannot back with bytes); false marks the message truncated.
+  bool Fits(uint32_t count, size_t size) {
+    if (count > in_.size() / size) return ok_ = false;
+    return true;
+  }
 
  private:
   absl::string_view in_;
@@ -189,17 +195,17 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
       break;
     case MsgType::kEpoch:
       if (r.Get(&m.epoch) && r.Get(&m.step) && r.Get(&m.rank) && r.Get(&m.nranks) &&
-          r.GetString(&m.unique_id) && r.Get(&count) && count <= kMaxFrame / 4) {
+          r.GetString(&m.unique_id) && r.Get(&count) && r.Fits(count, 4)) {
         m.needs_state.resize(count);
         for (uint32_t& v : m.needs_state) r.Get(&v);
-        if (r.Get(&count) && count <= kMaxFrame / 4) {
+        if (r.Get(&count) && r.Fits(count, 4)) {
           m.names.resize(count);
           for (std::string& n : m.names) r.GetString(&n);
           if (r.GetBool(&m.forward) && r.Get(&m.forward_step) && r.Get(&m.forward_source) &&
-              r.Get(&count) && count <= kMaxFrame / 4) {
+              r.Get(&count) && r.Fits(count, 4)) {
             m.forward_to.resize(count);
             for (uint32_t& v : m.forward_to) r.Get(&v);
-            if (r.Get(&m.parent_epoch) && r.Get(&count) && count <= kMaxFrame / 4) {
+            if (r.Get(&m.parent_epoch) && r.Get(&count) && r.Fits(count, 4)) {
               m.parent_ranks.resize(count);
               for (uint32_t& v : m.parent_ranks) r.Get(&v);
             }
@@ -252,6 +258,37 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
   return m;
 }
 
+absl::Status JoinAnswerStatus(const Message& answer) {
+  if (answer.type == MsgType::kRefuse) {
+    // The code comes from the network: OK (which would read as success) and numbers absl does
+    // not know are not a refusal LBCC sends.
+    if (answer.code == 0 || answer.code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::DataLossError(absl::StrCat("ElasticGroup: the master refused the join with ",
+                                              "an unknown status code ", answer.code, ": ",
+                                              answer.text));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(answer.code), answer.text);
+  }
+  if (answer.type != MsgType::kWelcome) {
+    return absl::DataLossError("ElasticGroup: the master did not answer the join");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<std::string>> FrameReader::Next() {
+  uint32_t size = 0;
+  if (buffer_.size() < sizeof(size)) return std::optional<std::string>();
+  std::memcpy(&size, buffer_.data(), sizeof(size));
+  if (size > max_body_) {
+    return absl::DataLossError(absl::StrCat("elastic: membership frame of ", size,
+                                            " bytes (at most ", max_body_, ")"));
+  }
+  if (buffer_.size() - sizeof(size) < size) return std::optional<std::string>();
+  std::string body = buffer_.substr(sizeof(size), size);
+  buffer_.erase(0, sizeof(size) + size);
+  return std::optional<std::string>(std::move(body));
+}
+
 Socket::~Socket() { close(fd_); }
 
 absl::StatusOr<std::unique_ptr<Socket>> Socket::Connect(absl::string_view address,
@@ -289,7 +326,12 @@ absl::StatusOr<std::unique_ptr<Socket>> Socket::Listen(absl::string_view address
   if (bind(fd, addr.get(), addr.length) != 0) {
     return Errno(absl::StrCat("bind ", address));
   }
-  if (listen(fd, 128) != 0) return Errno("listen");
+  // A deep backlog: a burst of connections (members of a large job starting together, or
+  // clients that are not members) must not make the kernel drop a member's SYN, which costs it
+  // a retransmission (1 s, then more).
+  if (listen(fd, 4096) != 0) return Errno("listen");
+  // Non-blocking: the master accepts everything that is pending after each poll (AcceptNow).
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   sockaddr_storage local{};
   socklen_t len = sizeof(local);
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return Errno("getsockname");
@@ -319,12 +361,26 @@ absl::Status Socket::WaitFor(short events, absl::Time deadline) {
 }
 
 absl::StatusOr<std::unique_ptr<Socket>> Socket::Accept(absl::Time deadline) {
-  LBCC_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
-  const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return Errno("accept");
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return std::make_unique<Socket>(fd);
+  while (true) {
+    LBCC_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
+    LBCC_ASSIGN_OR_RETURN(std::unique_ptr<Socket> sock, AcceptNow());
+    if (sock != nullptr) return sock;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Socket>> Socket::AcceptNow() {
+  while (true) {
+    if (shut_.load()) return absl::CancelledError("elastic: connection shut down");
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return std::make_unique<Socket>(fd);
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return std::unique_ptr<Socket>();
+    return Errno("accept");
+  }
 }
 
 absl::Status Socket::Send(const Message& message, absl::Time deadline) {
@@ -351,6 +407,13 @@ absl::Status Socket::Send(const Message& message, absl::Time deadline) {
 }
 
 absl::Status Socket::ReadExactly(char* data, size_t size, absl::Time deadline) {
+  if (!unread_.empty()) {
+    const size_t n = std::min(size, unread_.size());
+    std::memcpy(data, unread_.data(), n);
+    unread_.erase(0, n);
+    data += n;
+    size -= n;
+  }
   while (size > 0) {
     LBCC_RETURN_IF_ERROR(WaitFor(POLLIN, deadline));
     const ssize_t n = recv(fd_, data, size, MSG_DONTWAIT);
@@ -365,11 +428,30 @@ absl::Status Socket::ReadExactly(char* data, size_t size, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Message> Socket::Receive(absl::Time deadline) {
+absl::StatusOr<size_t> Socket::ReadSome(char* data, size_t size) {
+  if (!unread_.empty() && size > 0) {
+    const size_t n = std::min(size, unread_.size());
+    std::memcpy(data, unread_.data(), n);
+    unread_.erase(0, n);
+    return n;
+  }
+  while (true) {
+    if (shut_.load()) return absl::CancelledError("elastic: connection shut down");
+    const ssize_t n = recv(fd_, data, size, MSG_DONTWAIT);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) return absl::UnavailableError("elastic: connection closed by the other side");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+    return Errno("recv");
+  }
+}
+
+absl::StatusOr<Message> Socket::Receive(absl::Time deadline, uint32_t max_body) {
   uint32_t size = 0;
   LBCC_RETURN_IF_ERROR(ReadExactly(reinterpret_cast<char*>(&size), sizeof(size), deadline));
-  if (size > kMaxFrame) {
-    return absl::DataLossError(absl::StrCat("elastic: membership frame of ", size, " bytes"));
+  if (size > max_body) {
+    return absl::DataLossError(absl::StrCat("elastic: membership frame of ", size,
+                                            " bytes (at most ", max_body, ")"));
   }
   std::string body(size, '\0');
   LBCC_RETURN_IF_ERROR(ReadExactly(body.data(), size, deadline));

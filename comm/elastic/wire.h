@@ -4,7 +4,9 @@
 //
 // Frame: u32 length, then the body: u32 magic "LBEM", u8 version, u8 type, fields (u64/u32/u8
 // little-endian, strings as u32 length + bytes). Decoders reject unknown magic, versions, types
-// and truncated bodies with DataLoss (the bytes come from the network).
+// and truncated bodies with DataLoss (the bytes come from the network). Frame sizes are bounded
+// per direction: kMaxFrame from the master (an epoch lists every member), kMaxMemberFrame from
+// a member (the master faces whoever can reach it).
 //
 // Thread-safety: a Socket may be written by several threads under its own mutex; one thread
 // reads it. Shutdown() may be called from any thread and makes a blocked reader return.
@@ -14,7 +16,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -85,8 +89,36 @@ struct Message {
 // The peer timeout: `given` when positive, else LBCC_PEER_TIMEOUT_MS (master and members).
 absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given);
 
+// The largest frame body a member accepts from the master, and the largest the master accepts
+// from a member (a join, a report and their texts; member-chosen strings are short).
+inline constexpr uint32_t kMaxFrame = 1 << 20;
+inline constexpr uint32_t kMaxMemberFrame = 64 << 10;
+
 std::string Encode(const Message& message);
 absl::StatusOr<Message> Decode(absl::string_view body);
+
+// The member's side of the join: the master's answer (`answer`, decoded) as the join's outcome.
+// OK for kWelcome; a kRefuse as the status the master sent (a code that is not an
+// absl::StatusCode other than OK is DataLoss naming it); DataLoss for any other message.
+absl::Status JoinAnswerStatus(const Message& answer);
+
+// Cuts frames out of a byte stream that arrives in pieces (the master reads a newcomer's join
+// this way, without a thread per connection). Pure: no I/O.
+class FrameReader {
+ public:
+  explicit FrameReader(uint32_t max_body) : max_body_(max_body) {}
+  void Append(absl::string_view bytes) { buffer_.append(bytes.data(), bytes.size()); }
+  // The next whole frame's body, nullopt while it is incomplete, DataLoss naming the size when
+  // the frame announces more than `max_body` bytes (the stream is then unusable).
+  absl::StatusOr<std::optional<std::string>> Next();
+  size_t buffered() const { return buffer_.size(); }
+  // The bytes not cut into a frame yet (the reader is empty afterwards).
+  std::string TakeBuffered() { return std::exchange(buffer_, std::string()); }
+
+ private:
+  uint32_t max_body_;
+  std::string buffer_;
+};
 
 // A Socket waits in poll() slices of at most this many ms, so that Shutdown() is noticed
 // promptly even where shutdown() does not wake poll.
@@ -115,11 +147,23 @@ class Socket {
                                                         std::string* bound);
   // The next connection, or DeadlineExceeded at `deadline`, Cancelled after Shutdown().
   absl::StatusOr<std::unique_ptr<Socket>> Accept(absl::Time deadline);
+  // A connection that is already pending, or null when none is (never blocks). Unavailable
+  // when the listener failed (EMFILE: out of descriptors), Cancelled after Shutdown().
+  absl::StatusOr<std::unique_ptr<Socket>> AcceptNow();
 
   // Thread-safe. Unavailable when the other side is gone or not reading before `deadline`.
   absl::Status Send(const Message& message, absl::Time deadline);
-  // One reader. DeadlineExceeded at `deadline`, Unavailable when closed, DataLoss when corrupt.
-  absl::StatusOr<Message> Receive(absl::Time deadline);
+  // One reader. DeadlineExceeded at `deadline`, Unavailable when closed, DataLoss when corrupt
+  // or when the frame announces more than `max_body` bytes.
+  absl::StatusOr<Message> Receive(absl::Time deadline, uint32_t max_body = kMaxFrame);
+  // One reader, never blocks: reads what has arrived (at most `size` bytes) into `data`; 0 when
+  // nothing has. Unavailable when the other side closed or the socket failed.
+  absl::StatusOr<size_t> ReadSome(char* data, size_t size);
+  // Bytes read from the socket elsewhere (a FrameReader's rest) that the next reads return
+  // first. The reader's thread only.
+  void Unread(std::string bytes) { unread_ = std::move(bytes) + unread_; }
+  // The descriptor, for poll() over many sockets; owned by the Socket.
+  int fd() const { return fd_; }
   // Wakes a blocked Receive/Accept (they fail) and makes later calls fail. Idempotent.
   void Shutdown();
   std::string peer() const;
@@ -129,6 +173,7 @@ class Socket {
   absl::Status ReadExactly(char* data, size_t size, absl::Time deadline);
 
   const int fd_;
+  std::string unread_;  // reader only
   Mutex send_mu_;
   std::atomic<bool> shut_{false};
 };
