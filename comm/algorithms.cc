@@ -24,6 +24,8 @@ absl::string_view CollectiveName(Collective collective) {
       return "allgather";
     case Collective::kBarrier:
       return "barrier";
+    case Collective::kContextRing:
+      return "contextring";
   }
   return "unknown";
 }
@@ -56,7 +58,8 @@ absl::StatusOr<Collective> ParseCollective(absl::string_view name) {
     if (name == CollectiveName(c)) return c;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown collective '", name, "' (allgatherv, allreduce, broadcast, allgather, barrier)"));
+      "unknown collective '", name,
+      "' (allgatherv, allreduce, broadcast, allgather, barrier, contextring)"));
 }
 
 

@@ -31,11 +31,12 @@ enum class Collective : uint8_t {
   kBroadcast = 2,   // "broadcast"
   kAllGather = 3,   // "allgather": dense, equal sizes.
   kBarrier = 4,     // "barrier"
+  kContextRing = 5,  // "contextring": comm/context_ring.h's K/V ring (forward and backward).
 };
-inline constexpr int kNumCollectives = 5;
+inline constexpr int kNumCollectives = 6;
 inline constexpr Collective kAllCollectives[kNumCollectives] = {
     Collective::kAllGatherV, Collective::kAllReduce, Collective::kBroadcast,
-    Collective::kAllGather, Collective::kBarrier};
+    Collective::kAllGather, Collective::kBarrier, Collective::kContextRing};
 
 enum class Algorithm : uint8_t {
   kAuto = 0,       // Let the table decide.

@@ -126,7 +126,7 @@ typedef struct {
   size_t size;              /* sizeof(lbccConfig_t). */
   unsigned int magic;       /* LBCC_CONFIG_MAGIC. */
   unsigned int version;     /* LBCC_VERSION_CODE of the header the caller was built with. */
-  const char* transport;    /* "ucx" or "loopback"; NULL: LBCC_TRANSPORT. */
+  const char* transport;    /* "ucx", "socket" or "loopback"; NULL: LBCC_TRANSPORT. */
   const char* listenAddr;   /* IPv4 address to listen on; NULL: LBCC_LISTEN_ADDR. */
   const char* topologyFile; /* Topology JSON; NULL: LBCC_TOPO_FILE or derived. */
   double timeoutSeconds;    /* > 0; LBCC_CONFIG_UNDEF_DOUBLE: LBCC_TIMEOUT_S. */
@@ -504,6 +504,68 @@ lbccResult_t lbccElasticMasterQuery(const lbccElasticMaster_t master, uint64_t* 
 /* Stops the service (members fail with lbccSystemError naming it) and frees it. */
 lbccResult_t lbccElasticMasterDestroy(lbccElasticMaster_t master);
 /* ---- end of Elastic membership ---- */
+
+/* ---- Context parallelism: the K/V ring of ring attention (comm/context_ring.h) ----
+ *
+ * Every rank holds one chunk of a sequence and its block of K and V (and any further tensors),
+ * each float [tokens x dim]. Forward, for rounds r = 1 .. nranks-1, lbccContextRingNextForward
+ * hands out the block of rank (rank - r) mod nranks while the ring already relays it to the
+ * successor (compute on it meanwhile). Backward, lbccContextRingPassGradient(r) adds this rank's
+ * gradient for block (rank + r) mod nranks to the partial sum from the successor and sends it
+ * to the predecessor; lbccContextRingEndBackward gives every other rank's gradient for this
+ * rank's block, summed. Each pass is a collective (ordered with the others, its signature
+ * checked on every rank: a mismatch is lbccInvalidUsage everywhere, a rejected argument
+ * lbccInvalidArgument everywhere); a lost peer fails every rank's pending call. Blocking calls;
+ * one thread per ring. */
+typedef struct lbccContextRing* lbccContextRing_t;
+
+typedef enum {
+  LBCC_RING_RAW_F32 = 0,    /* float bytes as they are: bit-exact */
+  LBCC_RING_DENSE_BF16 = 1, /* dense bf16 (the uncompressed reference) */
+  LBCC_RING_DENSE_FP16 = 2,
+  LBCC_RING_SUBSPACE = 3    /* coefficients of a mixture of subspaces (codecs/subspace_codec.h) */
+} lbccRingCodecKind_t;
+
+typedef struct {
+  size_t size;                  /* sizeof(lbccRingCodec_t). */
+  lbccRingCodecKind_t kind;
+  /* LBCC_RING_SUBSPACE: a basis file (vocabulary 0; any number of components), or NULL for the
+   * seeded basis below (same seed: same bits on every rank). */
+  const char* basisPath;
+  int64_t rank;                 /* k per component (seeded) */
+  int64_t components;           /* M (seeded) */
+  uint64_t seed;
+  uint32_t version;
+  lbccDataType_t coefficients;  /* lbccFloat32, lbccBfloat16 (default), lbccFloat16, lbccInt8 */
+  int64_t int8Block;            /* 32 */
+  int64_t mixtureBlock;         /* tokens per component choice (64) */
+} lbccRingCodec_t;
+
+#define LBCC_RING_CODEC_INITIALIZER \
+  {sizeof(lbccRingCodec_t), LBCC_RING_RAW_F32, NULL, 0, 1, 0, 0, lbccBfloat16, 32, 64}
+
+/* A ring over `comm` for blocks of `ntensors` tensors, each [tokens x dim] with codecs[i].
+ * Communicates nothing. `comm` must outlive the ring. */
+lbccResult_t lbccContextRingCreate(lbccComm_t comm, int ntensors, const lbccRingCodec_t* codecs,
+                                   int64_t tokens, int64_t dim, lbccContextRing_t* ring);
+/* A pass still running is cancelled (its peers fail) and waited for. */
+lbccResult_t lbccContextRingDestroy(lbccContextRing_t ring);
+/* Bytes one tensor's payload puts on a link per round (forward, backward); either may be NULL. */
+lbccResult_t lbccContextRingPayloadBytes(lbccContextRing_t ring, int tensor, size_t* forward,
+                                         size_t* backward);
+/* mine[i]: this rank's tensor i (read during the call); mineOut NULL, or ntensors buffers that
+ * get the block as the other ranks decode it (a lossy codec's constrained K/V). */
+lbccResult_t lbccContextRingBeginForward(lbccContextRing_t ring, const float* const* mine,
+                                         float* const* mineOut);
+/* *source (may be NULL) gets the rank whose block was written into out[0..ntensors). */
+lbccResult_t lbccContextRingNextForward(lbccContextRing_t ring, float* const* out, int* source);
+lbccResult_t lbccContextRingEndForward(lbccContextRing_t ring);
+lbccResult_t lbccContextRingBeginBackward(lbccContextRing_t ring);
+/* contribution[i]: this rank's gradient for tensor i of block *owner (may be NULL). */
+lbccResult_t lbccContextRingPassGradient(lbccContextRing_t ring,
+                                         const float* const* contribution, int* owner);
+lbccResult_t lbccContextRingEndBackward(lbccContextRing_t ring, float* const* out);
+/* ---- end of Context parallelism ---- */
 
 /* ---- Requests ---- */
 

@@ -56,6 +56,8 @@ struct AlgorithmEntry {
   // The all-reduce in one round with the operation header, for buffers up to kMaxHeaderData.
   HeaderAllReduceFn all_reduce_with_header = nullptr;
   BroadcastFn broadcast = nullptr;
+  // kContextRing: the row runs comm/context_ring.h's pass (neighbour rounds; only the ring).
+  bool context_ring = false;
 };
 
 absl::Span<const AlgorithmEntry> AlgorithmTable();

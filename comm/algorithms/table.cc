@@ -19,7 +19,8 @@ constexpr AlgorithmEntry kAlgorithms[] = {
     {.algorithm = Algorithm::kRing,
      .all_gather = NewRingGather,
      .all_reduce = AllReduceRing,
-     .tensor_all_reduce = FloatAllReduceRing},
+     .tensor_all_reduce = FloatAllReduceRing,
+     .context_ring = true},
     {.algorithm = Algorithm::kHierarchical, .all_gather = NewHierarchicalGather},
 };
 
@@ -34,6 +35,8 @@ constexpr AlgorithmEntry kAlgorithms[] = {
 //   by ring (bandwidth-optimal: 2(N-1)/N of the data per rank).
 // - Broadcast: direct from the root (groups are small; the root's up-link carries N-1 copies).
 // - Barrier: direct (an all-gather of nothing: one step, whatever the links).
+// - Context ring: ring (each K/V block visits every rank once over neighbour links, so each
+//   link carries n-1 blocks per pass in each direction whatever the link mix).
 constexpr SelectionRule kTable[] = {
     {Collective::kAllGatherV, Links::kSomeSlow, true, 0, kMax, Algorithm::kHierarchical},
     {Collective::kAllGatherV, Links::kSomeSlow, false, 0, kMax, Algorithm::kDirect},
@@ -47,6 +50,7 @@ constexpr SelectionRule kTable[] = {
     {Collective::kAllReduce, Links::kAny, false, (64 << 10) + 1, kMax, Algorithm::kRing},
     {Collective::kBroadcast, Links::kAny, false, 0, kMax, Algorithm::kDirect},
     {Collective::kBarrier, Links::kAny, false, 0, kMax, Algorithm::kDirect},
+    {Collective::kContextRing, Links::kAny, false, 0, kMax, Algorithm::kRing},
 };
 
 }  // namespace
@@ -73,6 +77,8 @@ bool HasAlgorithm(Collective collective, Algorithm algorithm) {
       return entry->all_reduce != nullptr;
     case Collective::kBroadcast:
       return entry->broadcast != nullptr;
+    case Collective::kContextRing:
+      return entry->context_ring;
   }
   return false;
 }
