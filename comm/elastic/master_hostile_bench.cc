@@ -3,17 +3,18 @@
 // output). Two measures, each alternating quiet and hostile blocks in one process:
 //   welcome: connect + join + the master's welcome (the service's own part of a join), raw
 //            sockets from 127.0.0.1, the connection closed after;
-//   group:   ElasticGroup::Join of a member into an empty job (the epoch formed, its bootstrap
-//            and communicator over loopback) and its Leave.
+//   group:   ElasticGroup::Join of a member into an empty job (connect, join, welcome and its
+//            admission into the first epoch; the communicator is built in the background) and
+//            its Leave.
 // Hostile load: 1,000 connections held open from 127.0.0.10-29 (50 per address; each one the
-// master closes at its handshake timeout is opened again at once), plus a client sending random
-// bytes and one sending a join a byte every 100 ms, reconnecting when closed.
+// master closes at its handshake timeout is opened again at once), plus a client sending 64
+// random bytes every 10 ms and one sending a join a byte every 100 ms, reconnecting when closed.
 //
 //   master_hostile_bench [--welcome_joins N] [--group_joins N] [--blocks N]
 // Prints markdown table rows (measure, load, joins, median, p90, max in ms).
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -76,13 +77,12 @@ class HostileLoad {
   ~HostileLoad() {
     stop_ = true;
     thread_.join();
-    for (int fd : fds_) {
-      if (fd >= 0) close(fd);
-    }
   }
   int64_t reopened() const { return reopened_; }
 
  private:
+  // One epoll set over every hostile connection: the load's own cost does not grow with
+  // the connections it holds (it shares the machine with the master it measures).
   void Run() {
     std::mt19937 rng(44);
     elastic::Message join;
@@ -90,57 +90,72 @@ class HostileLoad {
     join.job_id = "bench";
     join.name = "slow";
     const std::string slow_join = Framed(join);
-    int slow = -1, junk = -1;
+    const int ep = epoll_create1(EPOLL_CLOEXEC);
+    // Slots 0..count-1: silent connections; count: the random-bytes client; count+1: slow.
+    const size_t junk = fds_.size(), slow = fds_.size() + 1;
+    fds_.resize(fds_.size() + 2, -1);
     size_t slow_at = 0;
-    absl::Time next_byte = absl::Now();
-    std::vector<pollfd> polls;
+    absl::Time next_junk = absl::Now(), next_byte = absl::Now();
+    auto open = [&](size_t slot) {
+      if (fds_[slot] >= 0) return;
+      const std::string source = slot == junk   ? "127.0.0.40"
+                                 : slot == slow ? "127.0.0.43"
+                                                : absl::StrCat("127.0.0.", 10 + slot % 20);
+      fds_[slot] = ConnectFrom(source, master_);
+      if (fds_[slot] < 0) return;
+      if (slot < junk) ++reopened_;
+      if (slot == slow) slow_at = 0;
+      epoll_event e{};
+      e.events = EPOLLIN | EPOLLRDHUP;
+      e.data.u64 = slot;
+      epoll_ctl(ep, EPOLL_CTL_ADD, fds_[slot], &e);
+    };
+    auto closed = [&](size_t slot) {
+      epoll_ctl(ep, EPOLL_CTL_DEL, fds_[slot], nullptr);
+      close(fds_[slot]);
+      fds_[slot] = -1;
+    };
+    for (size_t slot = 0; slot < fds_.size(); ++slot) open(slot);
+    epoll_event events[256];
     char buffer[4096];
+    std::vector<size_t> reopen;
     while (!stop_) {
-      for (size_t i = 0; i < fds_.size(); ++i) {
-        if (fds_[i] < 0) {
-          fds_[i] = ConnectFrom(absl::StrCat("127.0.0.", 10 + i % 20), master_);
-          ++reopened_;
-        }
-      }
-      if (junk < 0) {
-        junk = ConnectFrom("127.0.0.40", master_);
-      } else {
+      const absl::Time now = absl::Now();
+      if (fds_[junk] >= 0 && now >= next_junk) {
         std::string bytes(64, '\0');
         for (char& c : bytes) c = static_cast<char>(rng());
-        if (send(junk, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+        if (send(fds_[junk], bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
             errno != EAGAIN) {
-          close(junk);
-          junk = -1;
+          closed(junk);
+          reopen.push_back(junk);
         }
+        next_junk = now + absl::Milliseconds(10);
       }
-      if (slow < 0) {
-        slow = ConnectFrom("127.0.0.43", master_);
-        slow_at = 0;
-      } else if (absl::Now() >= next_byte && slow_at < slow_join.size()) {
-        if (send(slow, slow_join.data() + slow_at, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) ++slow_at;
-        next_byte = absl::Now() + absl::Milliseconds(100);
-      }
-      polls.clear();
-      for (int fd : fds_) polls.push_back(pollfd{fd, POLLIN, 0});
-      polls.push_back(pollfd{junk, POLLIN, 0});
-      polls.push_back(pollfd{slow, POLLIN, 0});
-      if (poll(polls.data(), polls.size(), 50) <= 0) continue;
-      for (size_t i = 0; i < polls.size(); ++i) {
-        if (polls[i].revents == 0 || polls[i].fd < 0) continue;
-        const ssize_t n = recv(polls[i].fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-        if (n > 0 || (n < 0 && errno == EAGAIN)) continue;
-        close(polls[i].fd);  // closed by the master: open another
-        if (i < fds_.size()) {
-          fds_[i] = -1;
-        } else if (polls[i].fd == junk) {
-          junk = -1;
-        } else {
-          slow = -1;
+      if (fds_[slow] >= 0 && now >= next_byte && slow_at < slow_join.size()) {
+        if (send(fds_[slow], slow_join.data() + slow_at, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) {
+          ++slow_at;
         }
+        next_byte = now + absl::Milliseconds(100);
+      }
+      for (size_t slot : reopen) open(slot);
+      reopen.clear();
+      for (size_t slot = 0; slot < fds_.size(); ++slot) {
+        if (fds_[slot] < 0) reopen.push_back(slot);  // a connect that failed: again next round
+      }
+      const int n = epoll_wait(ep, events, 256, 10);
+      for (int i = 0; i < n; ++i) {
+        const size_t slot = events[i].data.u64;
+        if (fds_[slot] < 0) continue;
+        const ssize_t r = recv(fds_[slot], buffer, sizeof(buffer), MSG_DONTWAIT);
+        if (r > 0 || (r < 0 && errno == EAGAIN)) continue;
+        closed(slot);  // closed by the master: open another
+        reopen.push_back(slot);
       }
     }
-    if (junk >= 0) close(junk);
-    if (slow >= 0) close(slow);
+    for (size_t slot = 0; slot < fds_.size(); ++slot) {
+      if (fds_[slot] >= 0) closed(slot);
+    }
+    close(ep);
   }
 
   const transport::HostAndPort master_;

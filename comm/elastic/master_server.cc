@@ -5,17 +5,19 @@
 // the members' sockets before the mutex is released.
 //
 // The service faces whoever can reach it (README, Security). A new connection is not a member
-// until its first frame, a join, has arrived: until then the acceptor alone holds it (one
-// poll() over the listener and every such connection; no thread, nothing in the policy), for
-// at most handshake_timeout, with at most kMaxMemberFrame bytes in its frame, and at most
-// max_handshakes of them at once (the oldest is closed to make room for a new one). Every peer
-// address holds at most max_connections_per_address connections, joining or joined. Members'
-// later frames are bounded by kMaxMemberFrame too.
-#include <poll.h>
+// until its first frame, a join, has arrived: until then the acceptor alone holds it, in one
+// epoll set with the listener (a thousand silent connections cost a member's join nothing; no
+// thread, nothing in the policy), for at most handshake_timeout, with at most kMaxMemberFrame
+// bytes in its frame, and at most max_handshakes of them at once (the oldest is closed to make
+// room for a new one). Every peer address holds at most max_connections_per_address
+// connections, joining or joined. Members' later frames are bounded by kMaxMemberFrame too.
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
+#include <cerrno>
+#include <cstring>
 #include <list>
 #include <map>
 #include <memory>
@@ -57,7 +59,10 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
       : options_(std::move(options)),
         units_(options_.units != nullptr ? options_.units : NewElasticUnits()),
         mu_(units_->mu) {}
-  ~Impl() override { Stop(); }
+  ~Impl() override {
+    Stop();
+    if (epoll_fd_ >= 0) close(epoll_fd_);
+  }
 
   absl::Status Start();
   void Stop();
@@ -116,9 +121,8 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
   };
 
   void AcceptLoop();
-  // Accepts every pending connection; false when the listener failed (out of descriptors).
-  bool AcceptPending(std::deque<Pending>& pending);
-  // Reads what arrived on `p`; true when it is finished with (joined, refused or failed).
+  // Reads what arrived on `p`; true when it is finished with (joined, refused or failed: the
+  // caller stops watching it; a joined one's socket belongs to its reader thread).
   bool ReadPending(Pending& p);
   // Closes a connection that never joined, saying why in the log (at most one line per second
   // per reason; the others are counted in the next line).
@@ -150,6 +154,7 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
   std::string address_;
   absl::Duration peer_timeout_;
   std::unique_ptr<Socket> listener_;
+  int epoll_fd_ = -1;  // the acceptor's: the listener and the connections waiting to join
   std::thread acceptor_, ticker_;
 
   Mutex& mu_;  // units_->mu: shared with the masters of the other shards
@@ -185,6 +190,11 @@ absl::Status ElasticMaster::Impl::Start() {
     options_.setup_timeout = peer_timeout_ + absl::Seconds(5);
   }
   LBCC_ASSIGN_OR_RETURN(listener_, Socket::Listen(options_.listen_address, &address_));
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("ElasticMaster: epoll_create1: ", std::strerror(errno)));
+  }
   if (options_.bootstrap_host.empty()) {
     LBCC_ASSIGN_OR_RETURN(const transport::HostAndPort bound,
                           transport::ParseHostPort(address_, "elastic master"));
@@ -223,93 +233,105 @@ void ElasticMaster::Impl::Stop() {
 }
 
 void ElasticMaster::Impl::AcceptLoop() {
-  std::deque<Pending> pending;  // oldest first
+  // Keyed in accept order, which is also deadline order (every deadline is accept time +
+  // handshake_timeout): begin() is the oldest and the next to expire.
+  std::map<uint64_t, Pending> pending;
+  uint64_t next_key = 1;  // 0 is the listener's
+  bool listening = false;
   absl::Time listener_paused_until = absl::InfinitePast();
-  std::vector<pollfd> fds;
+  absl::Time next_reap = absl::InfinitePast();
+  auto watch = [&](int op, int fd, uint64_t key) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = key;
+    epoll_ctl(epoll_fd_, op, fd, &e);
+  };
+  auto drop = [&](std::map<uint64_t, Pending>::iterator it) {
+    watch(EPOLL_CTL_DEL, it->second.sock->fd(), 0);
+    return pending.erase(it);
+  };
+  epoll_event events[64];
   while (true) {
     {
       MutexLock lock(&mu_);
       if (stopping_) break;
     }
-    JoinEndedReaders();
     const absl::Time now = absl::Now();
+    if (now >= next_reap) {
+      JoinEndedReaders();
+      next_reap = now + absl::Milliseconds(elastic::kPollSliceMs);
+    }
     // Connections that did not join in time.
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (it->deadline > now) {
-        ++it;
-        continue;
-      }
-      Reject(*it, absl::StrCat("no join within ",
-                               absl::FormatDuration(options_.handshake_timeout),
-                               " (handshake_timeout; ", it->frames.buffered(),
-                               " bytes received)"));
-      it = pending.erase(it);
+    while (!pending.empty() && pending.begin()->second.deadline <= now) {
+      Pending& p = pending.begin()->second;
+      Reject(p, absl::StrCat("no join within ", absl::FormatDuration(options_.handshake_timeout),
+                             " (handshake_timeout; ", p.frames.buffered(), " bytes received)"));
+      drop(pending.begin());
+    }
+    if (!listening && now >= listener_paused_until) {
+      watch(EPOLL_CTL_ADD, listener_->fd(), 0);
+      listening = true;
     }
     absl::Time wake = now + absl::Milliseconds(elastic::kPollSliceMs);
-    for (const Pending& p : pending) wake = std::min(wake, p.deadline);
-    fds.clear();
-    const bool listen = now >= listener_paused_until;
-    fds.push_back(pollfd{listen ? listener_->fd() : -1, POLLIN, 0});
-    for (const Pending& p : pending) fds.push_back(pollfd{p.sock->fd(), POLLIN, 0});
-    const int n = poll(fds.data(), fds.size(), elastic::PollSliceMs(wake - now));
-    if (n <= 0) continue;
-    // Pending connections first (their indices are fds[1..]), then new ones.
-    std::vector<bool> finished(pending.size(), false);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (fds[i + 1].revents != 0) finished[i] = ReadPending(pending[i]);
-    }
-    std::deque<Pending> left;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (!finished[i]) left.push_back(std::move(pending[i]));
-    }
-    pending.swap(left);
-    if (fds[0].revents != 0 && !AcceptPending(pending)) {
-      // Out of descriptors (EMFILE) or another listener failure: poll() would report the
-      // listener ready at once again; leave it a poll slice for connections to close.
-      listener_paused_until = absl::Now() + absl::Milliseconds(elastic::kPollSliceMs);
-    }
-  }
-  for (Pending& p : pending) p.sock->Shutdown();
-  MutexLock lock(&mu_);
-  for (Pending& p : pending) ReleaseAddress(p.address);
-}
-
-bool ElasticMaster::Impl::AcceptPending(std::deque<Pending>& pending) {
-  while (true) {
-    absl::StatusOr<std::unique_ptr<Socket>> sock = listener_->AcceptNow();
-    if (!sock.ok()) {
-      if (!absl::IsCancelled(sock.status())) {
-        LBCC_LOG(WARN) << "lbcc-master: accept failed: " << sock.status();
+    if (!pending.empty()) wake = std::min(wake, pending.begin()->second.deadline);
+    const int n = epoll_wait(epoll_fd_, events, 64, elastic::PollSliceMs(wake - now));
+    bool accept = false;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t key = events[i].data.u64;
+      if (key == 0) {
+        accept = true;
+        continue;
       }
-      return false;
+      auto it = pending.find(key);
+      if (it != pending.end() && ReadPending(it->second)) drop(it);
     }
-    if (*sock == nullptr) return true;
-    Pending p;
-    p.sock = std::move(*sock);
-    p.peer = p.sock->peer();
-    absl::StatusOr<transport::HostAndPort> hp = transport::ParseHostPort(p.peer, "peer");
-    p.address = hp.ok() ? hp->host : p.peer;
-    p.deadline = absl::Now() + options_.handshake_timeout;
-    int open = 0;
-    {
-      MutexLock lock(&mu_);
-      open = ++per_address_[p.address];
+    if (!accept) continue;
+    while (true) {
+      absl::StatusOr<std::unique_ptr<Socket>> sock = listener_->AcceptNow();
+      if (!sock.ok()) {
+        // Out of descriptors (EMFILE) or another listener failure: the listener would be
+        // ready again at once; leave it a poll slice for connections to close.
+        if (!absl::IsCancelled(sock.status())) {
+          LBCC_LOG(WARN) << "lbcc-master: accept failed: " << sock.status();
+        }
+        watch(EPOLL_CTL_DEL, listener_->fd(), 0);
+        listening = false;
+        listener_paused_until = absl::Now() + absl::Milliseconds(elastic::kPollSliceMs);
+        break;
+      }
+      if (*sock == nullptr) break;
+      Pending p;
+      p.sock = std::move(*sock);
+      p.peer = p.sock->peer();
+      absl::StatusOr<transport::HostAndPort> hp = transport::ParseHostPort(p.peer, "peer");
+      p.address = hp.ok() ? hp->host : p.peer;
+      p.deadline = absl::Now() + options_.handshake_timeout;
+      int open = 0;
+      {
+        MutexLock lock(&mu_);
+        open = ++per_address_[p.address];
+      }
+      if (open > options_.max_connections_per_address) {
+        Reject(p, absl::StrCat("its address has ", options_.max_connections_per_address,
+                               " connections open already (max_connections_per_address)"));
+        continue;
+      }
+      if (static_cast<int>(pending.size()) >= options_.max_handshakes) {
+        // The oldest has had the longest to send its join; a member sends it at once.
+        Reject(pending.begin()->second,
+               absl::StrCat(options_.max_handshakes,
+                            " connections are waiting to join (max_handshakes), and it is the "
+                            "oldest without a join"));
+        drop(pending.begin());
+      }
+      const uint64_t key = next_key++;
+      watch(EPOLL_CTL_ADD, p.sock->fd(), key);
+      pending.emplace(key, std::move(p));
     }
-    if (open > options_.max_connections_per_address) {
-      Reject(p, absl::StrCat("its address has ", options_.max_connections_per_address,
-                             " connections open already (max_connections_per_address)"));
-      continue;
-    }
-    if (static_cast<int>(pending.size()) >= options_.max_handshakes) {
-      // The oldest has had the longest to send its join; a member sends it at once.
-      Reject(pending.front(),
-             absl::StrCat(options_.max_handshakes,
-                          " connections are waiting to join (max_handshakes), and it is the "
-                          "oldest without a join"));
-      pending.pop_front();
-    }
-    pending.push_back(std::move(p));
   }
+  for (auto& [key, p] : pending) p.sock->Shutdown();
+  MutexLock lock(&mu_);
+  for (auto& [key, p] : pending) ReleaseAddress(p.address);
 }
 
 bool ElasticMaster::Impl::ReadPending(Pending& p) {
