@@ -750,6 +750,10 @@ void BindCommunicator(py::module_& m) {
 
 }  // namespace
 
+std::shared_ptr<Communicator> SharedCommunicator(py::handle comm) {
+  return comm.cast<PyComm&>().shared();
+}
+
 // The communicator's part of the module: bootstrap functions and Topology
 // (topology_bindings.cc), Request, Communicator.
 void BindComm(py::module_& m) {

@@ -210,6 +210,9 @@ py::bytes ToBytes(absl::Span<const uint8_t> data) {
   return py::bytes(reinterpret_cast<const char*>(data.data()), data.size());
 }
 
+// context_ring_bindings.cc: lbcc.ContextRing.
+void BindContextRing(py::module_& m);
+
 }  // namespace lbcc::python
 
 PYBIND11_MODULE(_lbcc, m) {
@@ -222,4 +225,5 @@ PYBIND11_MODULE(_lbcc, m) {
   lp::BindComm(m);
   lp::BindPlan(m);
   lp::BindElastic(m);
+  lp::BindContextRing(m);
 }

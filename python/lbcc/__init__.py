@@ -41,6 +41,7 @@ from lbcc._lbcc import (
     Codec,
     CodecState,
     Communicator,
+    ContextRing,
     DenseQuantCodec,
     Request,
     SubspaceBasis,
@@ -70,7 +71,7 @@ _torch_spellings.install(Communicator)  # size(), get_rank(), op=ReduceOp, src=/
 from lbcc.elastic import ElasticGroup, ElasticMaster, ElasticUnits
 
 __all__ = [
-    "AbortedError", "ArgumentTypeError", "CancelledError", "Codec", "CodecState", "Communicator", "DataLossError",
+    "AbortedError", "ArgumentTypeError", "CancelledError", "Codec", "CodecState", "Communicator", "ContextRing", "DataLossError",
     "DeadlineExceededError", "DenseQuantCodec", "ElasticGroup", "ElasticMaster", "ElasticUnits", "Error", "FailedPreconditionError",
     "InternalError", "InvalidArgumentError", "NotFoundError", "PermissionDeniedError", "Request",
     "SubspaceBasis", "SubspaceCodec", "TopKEfCodec", "TopKEfState", "Topology",

@@ -6,6 +6,10 @@
   SubspaceEmbedding, SubspaceLinear, SubspaceConstraint, project_, sync_basis, check_basis
                                 keeping a model subspace-constrained and the basis identical on
                                 every rank (subspace.py)
+  RingAttention, ring_attention
+                                blockwise causal attention over LBCC's context-parallel ring
+                                (K/V blocks raw, bf16 or as subspace coefficients;
+                                ring_attention.py)
   CompressedAllReduceState, compressed_allreduce_hook
                                 DDP communication hook: compressed all-reduce through LBCC
                                 (ddp.py)
@@ -29,6 +33,7 @@ from lbcc.torch.backend import (
 )
 from lbcc.torch.ddp import CompressedAllReduceState, compressed_allreduce_hook
 from lbcc.torch.pipeline import PipelineBoundary
+from lbcc.torch.ring_attention import RingAttention, ring_attention
 from lbcc.torch.sparseloco import SparseLoCo
 from lbcc.torch.subspace import (
     SubspaceConstraint,
@@ -43,7 +48,7 @@ backend.register()
 
 __all__ = [
     "CompressedAllReduceState", "ProcessGroupLBCC", "communicator", "link_bytes",
-    "link_counters", "recv_compressed", "send_compressed", "sparse_all_reduce", "PipelineBoundary", "SparseLoCo", "SubspaceConstraint",
+    "link_counters", "recv_compressed", "send_compressed", "sparse_all_reduce", "PipelineBoundary", "RingAttention", "SparseLoCo", "SubspaceConstraint",
     "SubspaceEmbedding", "SubspaceLinear", "check_basis", "compressed_allreduce_hook",
     "project_", "sync_basis",
 ]
