@@ -594,6 +594,9 @@ absl::StatusOr<std::vector<std::string>> DecodeReply(absl::string_view reply, in
   absl::string_view in = reply;
   uint8_t ok = 0;
   if (!Take(&in, &ok)) return absl::UnavailableError("bootstrap: empty reply from the root");
+  // The root sends 0 or 1; any other first byte is not its reply (bootstrap_fuzz's finding:
+  // read as a table, it did not re-encode to itself).
+  if (ok > 1) return absl::UnavailableError("bootstrap: malformed reply from the root");
   if (!ok) {
     uint32_t code = 0;
     // The code comes from the network: OK (an error reply that would read as success) and

@@ -192,6 +192,11 @@ TEST(BootstrapTest, ARootReplyWithoutARealErrorCodeIsMalformed) {
               ::lbcc::testing::IsOkAndHolds(ElementsAreArray({"a", "bc"})));
   EXPECT_THAT(internal::DecodeReply(internal::EncodeTable({"a"}), 2),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("malformed table")));
+  // bootstrap_fuzz's second finding: a first byte other than 0 and 1 was read as a table.
+  std::string not_ok = internal::EncodeTable({"a", "bc"});
+  not_ok[0] = '\xab';
+  EXPECT_THAT(internal::DecodeReply(not_ok, 2),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("malformed reply")));
 }
 
 TEST(BootstrapTest, HelloAndUniqueIdDecodersRoundTrip) {
