@@ -128,9 +128,12 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
   // per reason; the others are counted in the next line).
   void Reject(Pending& p, const std::string& why);
   void Admit(Pending& p, const Message& join);
-  void ReadLoop(uint64_t id, std::shared_ptr<Socket> sock, std::string address);
+  void ReadLoop(uint64_t id, std::shared_ptr<Socket> sock);
   void TickLoop();
   void ReleaseAddress(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A joined connection's share of its address's count, once (closed by the policy, lost, or
+  // the master stops).
+  void ReleaseMember(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void JoinEndedReaders();
 
   // PolicyOutput, called by the policy with mu_ held.
@@ -140,6 +143,8 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
     return it != socks_.end() && it->second->Send(message, absl::Now() + timeout).ok();
   }
   void Close(uint64_t member) override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    // Its address's count first: once the peer sees the connection closed, it may open another.
+    ReleaseMember(member);
     auto it = socks_.find(member);
     if (it == socks_.end()) return;
     it->second->Shutdown();
@@ -164,6 +169,7 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
   std::map<uint64_t, std::shared_ptr<Socket>> socks_ ABSL_GUARDED_BY(mu_);  // open connections
   // Open connections (joining or joined) per peer host.
   std::map<std::string, int> per_address_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> member_address_ ABSL_GUARDED_BY(mu_);  // joined: its host
   // Rejections of connections that never joined, for the rate-limited log (acceptor only).
   struct RejectLog {
     absl::Time last = absl::InfinitePast();
@@ -374,11 +380,11 @@ bool ElasticMaster::Impl::ReadPending(Pending& p) {
 }
 
 void ElasticMaster::Impl::Reject(Pending& p, const std::string& why) {
-  p.sock->Shutdown();
   {
     MutexLock lock(&mu_);
     ReleaseAddress(p.address);
   }
+  p.sock->Shutdown();
   // The reason without numbers that differ per connection keys the rate limit.
   std::string key = why.substr(0, why.find_first_of("0123456789("));
   RejectLog& log = reject_log_[key];
@@ -404,14 +410,21 @@ void ElasticMaster::Impl::Admit(Pending& p, const Message& join) {
   }
   const uint64_t id = policy_->Connected(p.peer, absl::Now());
   socks_[id] = p.sock;
+  member_address_[id] = p.address;
   policy_->Received(id, join, absl::Now());
   auto done = std::make_shared<std::atomic<bool>>(false);
-  readers_.push_back(Reader{
-      std::thread([this, id, sock = p.sock, address = p.address, done] {
-        ReadLoop(id, sock, address);
-        done->store(true);
-      }),
-      done});
+  readers_.push_back(Reader{std::thread([this, id, sock = p.sock, done] {
+                              ReadLoop(id, sock);
+                              done->store(true);
+                            }),
+                            done});
+}
+
+void ElasticMaster::Impl::ReleaseMember(uint64_t id) {
+  auto it = member_address_.find(id);
+  if (it == member_address_.end()) return;
+  ReleaseAddress(it->second);
+  member_address_.erase(it);
 }
 
 void ElasticMaster::Impl::ReleaseAddress(const std::string& address) {
@@ -434,20 +447,19 @@ void ElasticMaster::Impl::JoinEndedReaders() {
   for (Reader& r : ended) r.thread.join();
 }
 
-void ElasticMaster::Impl::ReadLoop(uint64_t id, std::shared_ptr<Socket> sock,
-                                   std::string address) {
+void ElasticMaster::Impl::ReadLoop(uint64_t id, std::shared_ptr<Socket> sock) {
   while (true) {
     absl::StatusOr<Message> m = sock->Receive(absl::InfiniteFuture(), elastic::kMaxMemberFrame);
     MutexLock lock(&mu_);
     if (stopping_ || !policy_->connected(id)) {
-      sock->Shutdown();  // the policy closed it, or the master stops
-      ReleaseAddress(address);
+      ReleaseMember(id);  // the policy closed it (released then), or the master stops
+      sock->Shutdown();
       return;
     }
     if (!m.ok()) {
       policy_->Lost(id, m.status().message());
+      ReleaseMember(id);
       sock->Shutdown();
-      ReleaseAddress(address);
       return;
     }
     policy_->Received(id, *m, absl::Now());
