@@ -2,6 +2,7 @@
 // planner's job files): any text gives a topology or InvalidArgument, never a crash or an
 // allocation the text does not pay for; an accepted topology's canonical JSON parses back to
 // the same JSON and answers link(), role() and its shards for every rank.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -20,9 +21,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<Topology> back = Topology::FromJson(canonical);
   if (!back.ok() || back->ToJson() != canonical) std::abort();
   const int n = t->nranks();
-  for (int a = 0; a < n; ++a) {
-    (void)t->role(a);
-    for (int b = 0; b < n; ++b) {
+  for (int a = 0; a < n; ++a) (void)t->role(a);
+  // Symmetry on the first ranks only: the whole table is n^2 (up to 16 Mi) checks per input.
+  const int m = std::min(n, 64);
+  for (int a = 0; a < m; ++a) {
+    for (int b = 0; b < m; ++b) {
       if (t->link(a, b) != t->link(b, a)) std::abort();
     }
   }
