@@ -119,10 +119,14 @@ class TinyLayer(nn.Module):
 
     def __init__(self, attention):
         super().__init__()
-        torch.manual_seed(8)
         self.qkv = nn.Linear(H * D, 3 * H * D)
         self.out = nn.Linear(H * D, H * D)
         self.attention = attention
+        # Explicit generator: ranks are threads, and torch's global generator is shared.
+        g = torch.Generator().manual_seed(8)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / H)
 
     def forward(self, x):
         b, t, _ = x.shape

@@ -10,6 +10,8 @@
                                 blockwise causal attention over LBCC's context-parallel ring
                                 (K/V blocks raw, bf16 or as subspace coefficients;
                                 ring_attention.py)
+  MixtureKV, MixtureProjection  K/V projections onto learned, versioned mixtures of subspaces
+                                that the ring carries as coefficients (mixture.py)
   CompressedAllReduceState, compressed_allreduce_hook
                                 DDP communication hook: compressed all-reduce through LBCC
                                 (ddp.py)
@@ -33,6 +35,7 @@ from lbcc.torch.backend import (
 )
 from lbcc.torch.ddp import CompressedAllReduceState, compressed_allreduce_hook
 from lbcc.torch.pipeline import PipelineBoundary
+from lbcc.torch.mixture import MixtureKV, MixtureProjection
 from lbcc.torch.ring_attention import RingAttention, ring_attention
 from lbcc.torch.sparseloco import SparseLoCo
 from lbcc.torch.subspace import (
@@ -48,7 +51,7 @@ backend.register()
 
 __all__ = [
     "CompressedAllReduceState", "ProcessGroupLBCC", "communicator", "link_bytes",
-    "link_counters", "recv_compressed", "send_compressed", "sparse_all_reduce", "PipelineBoundary", "RingAttention", "SparseLoCo", "SubspaceConstraint",
+    "link_counters", "recv_compressed", "send_compressed", "sparse_all_reduce", "MixtureKV", "MixtureProjection", "PipelineBoundary", "RingAttention", "SparseLoCo", "SubspaceConstraint",
     "SubspaceEmbedding", "SubspaceLinear", "check_basis", "compressed_allreduce_hook",
     "project_", "sync_basis",
 ]

@@ -74,15 +74,17 @@ def _flat(x):
 class _RingAttentionFn(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, module):
+    def forward(ctx, q, k, v, module, codecs):
         comm = module.comm
         b, t, h, d = q.shape
         n, me = comm.nranks, comm.rank
-        ring = lbcc.ContextRing(comm, [module.codec, module.codec], tokens=b * t, dim=h * d,
+        # One ring per forward: it keeps the bases (and the mixture selectors) this forward
+        # encoded with for its backward, whatever the module's codecs are by then.
+        ring = lbcc.ContextRing(comm, list(codecs), tokens=b * t, dim=h * d,
                                 coefficient_dtype=module.coefficient_dtype,
                                 mixture_block=module.mixture_block, timeout=module.timeout)
         kf, vf = _f32(k.reshape(b * t, h * d)), _f32(v.reshape(b * t, h * d))
-        exact_own = isinstance(module.codec, str) and module.codec == "raw"
+        exact_own = all(isinstance(c, str) and c == "raw" for c in codecs)
         k_own = torch.empty_like(kf)
         v_own = torch.empty_like(vf)
         ring.begin_forward([kf, vf], None if exact_own else [k_own, v_own])
@@ -165,16 +167,18 @@ class _RingAttentionFn(torch.autograd.Function):
         dk_all = dk_own + _heads(dk_in, b, t, h, d).to(qh.dtype)
         dv_all = dv_own + _heads(dv_in, b, t, h, d).to(qh.dtype)
         return (dq.permute(0, 2, 1, 3), dk_all.permute(0, 2, 1, 3),
-                dv_all.permute(0, 2, 1, 3), None)
+                dv_all.permute(0, 2, 1, 3), None, None)
 
 
 class RingAttention(nn.Module):
     """Blockwise (causal) attention of this rank's chunk of the sequence against every rank's
     K/V, over an lbcc.Communicator's context ring.
 
-    forward(q, k, v): [B, T, H, D] each (this rank's chunk: positions rank*T .. rank*T + T - 1);
-    returns [B, T, H, D]. `codec`: "raw" (bit-exact f32), "bf16", "fp16" or an
-    lbcc.SubspaceBasis (d = H*D, V = 0) with `coefficient_dtype` and `mixture_block`."""
+    forward(q, k, v, codec=None): [B, T, H, D] each (this rank's chunk: positions
+    rank*T .. rank*T + T - 1); returns [B, T, H, D]. `codec`: "raw" (bit-exact f32), "bf16",
+    "fp16" or an lbcc.SubspaceBasis (d = H*D, V = 0) with `coefficient_dtype` and
+    `mixture_block`; or a pair (K's, V's). forward's `codec` overrides the module's for one call
+    (learned bases: MixtureKV.codecs())."""
 
     def __init__(self, comm, codec="raw", causal=True, coefficient_dtype="bf16",
                  mixture_block=64, timeout=None):
@@ -186,11 +190,15 @@ class RingAttention(nn.Module):
         self.mixture_block = mixture_block
         self.timeout = timeout
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, codec=None):
         if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
             raise ValueError(f"q, k, v must all be [B, T, H, D]; got {tuple(q.shape)}, "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
-        return _RingAttentionFn.apply(q, k, v, self)
+        codec = self.codec if codec is None else codec
+        codecs = tuple(codec) if isinstance(codec, (tuple, list)) else (codec, codec)
+        if len(codecs) != 2:
+            raise ValueError("codec: one codec, or a pair (K's, V's)")
+        return _RingAttentionFn.apply(q, k, v, self, codecs)
 
 
 def ring_attention(comm, q, k, v, codec="raw", causal=True, **kwargs):
