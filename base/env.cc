@@ -145,9 +145,16 @@ constexpr Spec kSpecs[] = {
      0.001, 86400},
     {"LBCC_TOPO_FILE", Type::kString, "",
      "Topology JSON file (islands, replicas, link overrides); default: same host = fast island."},
+    {"LBCC_REACHABLE", Type::kEnum, "auto",
+     "Whether peers can dial this rank: no (behind NAT or a firewall that refuses inbound "
+     "connections: it dials every connection of its links and its peers use them; needs "
+     "LBCC_TRANSPORT=socket), yes, or auto (for now: yes).",
+     "auto|yes|no"},
     {"LBCC_TRANSPORT", Type::kEnum, "ucx",
-     "Transport backend of communicators: ucx, or loopback (in-process, for tests).",
-     "ucx|loopback"},
+     "Transport backend of communicators: ucx; socket (plain TCP connections that the dialing "
+     "end carries both ways, for peers UCX's tcp lanes cannot reach: NAT, firewalls); or "
+     "loopback (in-process, for tests).",
+     "ucx|socket|loopback"},
     {"LBCC_UCX_SPIN_US", Type::kInt, "50",
      "UCX transport: microseconds the progress thread keeps polling after the last event before "
      "it sleeps on the worker's event fd.",

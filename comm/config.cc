@@ -120,6 +120,7 @@ std::string CommConfig::DebugString() const {
   }
   return absl::StrCat(
       "transport=", OrUnset(backend), " listen=", OrUnset(listen_host),
+      " reachable=", OrUnset(reachable),
       " timeout=", timeout.has_value() ? absl::FormatDuration(*timeout) : "(unset)",
       " topology=", topology.has_value() ? "given" : "(derived)",
       " sparse_group_elements=", OrUnset(sparse_group_elements), " algorithms=",
@@ -161,6 +162,13 @@ absl::StatusOr<CommConfig> ResolveConfig(CommConfig config) {
     LBCC_ASSIGN_OR_RETURN(config.backend, env::GetString("LBCC_TRANSPORT"));
   }
   LBCC_ASSIGN_OR_RETURN(config.listen_host, ListenHostOf(config.listen_host));
+  if (!config.reachable.has_value()) {
+    LBCC_ASSIGN_OR_RETURN(config.reachable, env::GetString("LBCC_REACHABLE"));
+  } else if (*config.reachable != "auto" && *config.reachable != "yes" &&
+             *config.reachable != "no") {
+    return absl::InvalidArgumentError(absl::StrCat("CommConfig.reachable='", *config.reachable,
+                                                   "' is invalid: expected auto, yes or no"));
+  }
   LBCC_ASSIGN_OR_RETURN(config.timeout, TimeoutOf(config.timeout, "CommConfig.timeout"));
   if (config.sparse_group_elements.has_value()) {
     if (*config.sparse_group_elements < 1 || *config.sparse_group_elements > kMaxGroupElements) {
@@ -187,6 +195,7 @@ CommConfig ConfigFromFabricOptions(FabricOptions options) {
   CommConfig config;
   config.backend = std::move(options.backend);
   config.listen_host = std::move(options.listen_host);
+  if (!options.reachable.empty()) config.reachable = std::move(options.reachable);
   config.timeout = options.timeout;
   config.topology = std::move(options.topology);
   config.transport = std::move(options.transport);
@@ -197,6 +206,7 @@ FabricOptions FabricOptionsOf(const CommConfig& resolved) {
   FabricOptions options;
   options.backend = resolved.backend.value_or(options.backend);
   options.listen_host = resolved.listen_host.value_or(options.listen_host);
+  options.reachable = resolved.reachable.value_or(options.reachable);
   options.timeout = resolved.timeout.value_or(options.timeout);
   options.topology = resolved.topology;
   options.transport = resolved.transport;

@@ -38,10 +38,12 @@
 namespace lbcc::comm {
 
 struct CommConfig {
-  // Transport backend: "ucx" or "loopback" (LBCC_TRANSPORT).
+  // Transport backend: "ucx", "socket" or "loopback" (LBCC_TRANSPORT).
   std::optional<std::string> backend;
   // IPv4 address this rank listens on (LBCC_LISTEN_ADDR).
   std::optional<std::string> listen_host;
+  // Whether peers can dial this rank: "auto", "yes" or "no" (LBCC_REACHABLE; FabricOptions).
+  std::optional<std::string> reachable;
   // Set-up, and each operation without a timeout of its own; > 0 and finite (LBCC_TIMEOUT_S).
   std::optional<absl::Duration> timeout;
   // Unset: LBCC_TOPO_FILE and LBCC_SLOW_RANKS over the ranks' host names (same host = fast

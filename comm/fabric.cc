@@ -7,12 +7,14 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/check.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "comm/agreement.h"
 #include "transport/loopback.h"
+#include "transport/socket_transport.h"
 #include "transport/options.h"
 #include "transport/ucx_transport.h"
 
@@ -33,6 +35,37 @@ constexpr absl::Duration kByeTimeout = absl::Seconds(30);
 constexpr absl::Duration kAgreementGrace = absl::Seconds(10);
 // The hello of a control connection: the rank with this bit set.
 constexpr uint32_t kControlHello = 0x80000000u;
+// The hello of a reversed connection (dialed by the peer that cannot be dialed, for the
+// acceptor's own sends): the rank with this bit set too.
+constexpr uint32_t kReverseHello = 0x40000000u;
+
+// Which pairs cannot be connected: both ends unreachable (a relay would be needed), or any
+// unreachable rank over a backend that cannot reverse connections (UCX's tcp lanes dial from
+// both ends). FailedPrecondition naming them, the same on every rank; OK otherwise.
+absl::Status CheckReachability(const std::string& backend, const std::vector<bool>& reachable) {
+  std::vector<int> unreachable;
+  for (size_t r = 0; r < reachable.size(); ++r) {
+    if (!reachable[r]) unreachable.push_back(static_cast<int>(r));
+  }
+  if (unreachable.empty()) return absl::OkStatus();
+  if (backend == "ucx") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "comm: rank", unreachable.size() == 1 ? " " : "s ", absl::StrJoin(unreachable, ", "),
+        " cannot be dialed (LBCC_REACHABLE=no), and UCX's tcp lanes connect from both ends of "
+        "every link: use LBCC_TRANSPORT=socket, whose links the reachable end dials alone"));
+  }
+  std::vector<std::string> pairs;
+  for (size_t i = 0; i < unreachable.size(); ++i) {
+    for (size_t j = i + 1; j < unreachable.size(); ++j) {
+      pairs.push_back(absl::StrCat(unreachable[i], "-", unreachable[j]));
+    }
+  }
+  if (pairs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "comm: ranks ", absl::StrJoin(pairs, ", "), " cannot reach each other: neither end of ",
+      pairs.size() == 1 ? "that pair" : "those pairs",
+      " can be dialed (LBCC_REACHABLE=no on both), and LBCC does not relay yet"));
+}
 
 // `options`: the resolved settings. With a job secret, every link's handshake binds the job
 // (the id's session) and the rank. The settings' secret wins over one the id carries
@@ -44,10 +77,11 @@ absl::StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(
   options.security.job_id = std::string(id.internal + 8, 8);
   options.security.identity = static_cast<uint64_t>(rank);
   if (backend == "loopback") return transport::NewLoopbackTransport(options);
+  if (backend == "socket") return transport::NewSocketTransport(options);
   LBCC_RETURN_IF_ERROR(transport::PinUcxDevice(device, ipv6, &options));
   if (backend == "ucx") return transport::NewUcxTransport(options);
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport backend '", backend, "' (ucx or loopback)"));
+      absl::StrCat("unknown transport backend '", backend, "' (ucx, socket or loopback)"));
 }
 
 std::string Hostname() {
@@ -95,17 +129,34 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
                         _.Prepend("comm: listen"));
   const std::string hostname = Hostname();
+  if (options.reachable.empty()) options.reachable = "auto";  // resolved by the caller
+  if (options.reachable != "auto" && options.reachable != "yes" && options.reachable != "no") {
+    return absl::InvalidArgumentError(absl::StrCat("comm: reachable '", options.reachable,
+                                                   "' is invalid: expected auto, yes or no"));
+  }
+  const bool reachable_here = options.reachable != "no";
+  LBCC_LOG(INFO) << "comm: rank " << rank << " is "
+                 << (reachable_here ? "reachable" : "not reachable (it dials every link)")
+                 << " (LBCC_REACHABLE=" << options.reachable << ")";
+  // Each rank's blob: host name, transport address, whether peers can dial it.
   LBCC_ASSIGN_OR_RETURN(
       std::vector<std::string> blobs,
-      BootstrapExchange(id, nranks, rank, absl::StrCat(hostname, "\n", address), options.timeout,
+      BootstrapExchange(id, nranks, rank,
+                        absl::StrCat(hostname, "\n", address, "\n", reachable_here ? "1" : "0"),
+                        options.timeout,
                         BootstrapSecurity{true, options.transport->security.secret}));
   std::vector<std::string> addresses;
+  std::vector<bool> reachable;
   for (const std::string& blob : blobs) {
-    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 1));
-    if (parts.size() != 2) return absl::InternalError("comm: malformed bootstrap blob");
+    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 2));
+    if (parts.size() != 3 || (parts[2] != "0" && parts[2] != "1")) {
+      return absl::InternalError("comm: malformed bootstrap blob");
+    }
     fabric->hostnames_.push_back(parts[0]);
     addresses.push_back(parts[1]);
+    reachable.push_back(parts[2] == "1");
   }
+  LBCC_RETURN_IF_ERROR(CheckReachability(options.backend, reachable));
   LBCC_RETURN_IF_ERROR(CheckAdvertisedAddresses(fabric->hostnames_, addresses));
   fabric->addresses_ = addresses;
   if (options.topology.has_value()) {
@@ -118,7 +169,7 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   } else {
     LBCC_ASSIGN_OR_RETURN(fabric->topology_, Topology::FromEnvironment(fabric->hostnames_));
   }
-  LBCC_RETURN_IF_ERROR(fabric->Connect(addresses));
+  LBCC_RETURN_IF_ERROR(fabric->Connect(addresses, reachable));
   std::vector<Endpoint*> control_out(nranks, nullptr), control_in(nranks, nullptr);
   for (int peer = 0; peer < nranks; ++peer) {
     control_out[peer] = fabric->control_out_[peer].get();
@@ -133,37 +184,52 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   return fabric;
 }
 
-absl::Status Fabric::Connect(const std::vector<std::string>& addresses) {
+absl::Status Fabric::Connect(const std::vector<std::string>& addresses,
+                             const std::vector<bool>& reachable) {
   out_.resize(nranks_);
   in_.resize(nranks_);
   control_out_.resize(nranks_);
   control_in_.resize(nranks_);
   const absl::Time deadline = absl::Now() + options_.timeout;
   std::vector<std::unique_ptr<Endpoint>> accepted;
-  LBCC_RETURN_IF_ERROR(OpenEndpoints(addresses, deadline, &accepted));
+  std::vector<std::pair<Endpoint*, uint32_t>> dialed;
+  LBCC_RETURN_IF_ERROR(OpenEndpoints(addresses, reachable, deadline, &accepted, &dialed));
   std::vector<uint32_t> peer_of;
-  LBCC_RETURN_IF_ERROR(ExchangeHellos(accepted, deadline, &peer_of));
+  LBCC_RETURN_IF_ERROR(ExchangeHellos(accepted, dialed, deadline, &peer_of));
   for (size_t i = 0; i < accepted.size(); ++i) {
     const bool control = (peer_of[i] & kControlHello) != 0;
-    const uint32_t peer = peer_of[i] & ~kControlHello;
-    std::vector<std::unique_ptr<Endpoint>>& in = control ? control_in_ : in_;
+    const bool reversed = (peer_of[i] & kReverseHello) != 0;
+    const uint32_t peer = peer_of[i] & ~(kControlHello | kReverseHello);
+    // A reversed connection carries this rank's sends to the peer that dialed it.
+    std::vector<std::unique_ptr<Endpoint>>& slot =
+        reversed ? (control ? control_out_ : out_) : (control ? control_in_ : in_);
     if (peer >= static_cast<uint32_t>(nranks_) || peer == static_cast<uint32_t>(rank_) ||
-        in[peer]) {
+        slot[peer] || (reversed && reachable[peer])) {
       return absl::InternalError(absl::StrCat("comm: unexpected hello from rank ", peer));
     }
-    in[peer] = std::move(accepted[i]);
+    slot[peer] = std::move(accepted[i]);
   }
   connected_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Fabric::OpenEndpoints(const std::vector<std::string>& addresses,
-                                   absl::Time deadline,
-                                   std::vector<std::unique_ptr<Endpoint>>* accepted) {
-  // Accept the 2 (nranks-1) incoming connections (data and control) while connecting out.
+                                   const std::vector<bool>& reachable, absl::Time deadline,
+                                   std::vector<std::unique_ptr<Endpoint>>* accepted,
+                                   std::vector<std::pair<Endpoint*, uint32_t>>* dialed) {
+  // Per peer: both reachable, each dials its data and control connection to the other; one
+  // unreachable, it dials those and the other's two as well (reversed); so this rank accepts
+  // 2 connections from a reachable peer when it is reachable itself, 4 from an unreachable one,
+  // and none when it is unreachable.
+  const bool me_reachable = reachable[rank_];
+  int to_accept = 0;
+  for (int peer = 0; peer < nranks_; ++peer) {
+    if (peer == rank_ || !me_reachable) continue;
+    to_accept += reachable[peer] ? 2 : 4;
+  }
   absl::Status accept_status;
   std::thread acceptor([&] {
-    for (int i = 0; i < 2 * (nranks_ - 1); ++i) {
+    for (int i = 0; i < to_accept; ++i) {
       absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
           transport_->Accept(deadline - absl::Now());
       if (!endpoint.ok()) {
@@ -174,14 +240,24 @@ absl::Status Fabric::OpenEndpoints(const std::vector<std::string>& addresses,
     }
   });
   absl::Status connect_status;
+  const uint32_t me = static_cast<uint32_t>(rank_);
   for (int peer = 0; peer < nranks_ && connect_status.ok(); ++peer) {
-    if (peer == rank_) continue;
+    if (peer == rank_ || !reachable[peer]) continue;  // an unreachable peer dials this rank
     transport::ConnectOptions connect_options;
     connect_options.has_link_class = true;
     connect_options.link_class = topology_.link(rank_, peer) == LinkClass::kFast
                                      ? transport::LinkClass::kFast
                                      : transport::LinkClass::kSlow;
-    for (auto* endpoints : {&out_, &control_out_}) {
+    struct Use {
+      std::vector<std::unique_ptr<Endpoint>>* slot;
+      uint32_t hello;
+    };
+    std::vector<Use> uses = {{&out_, me}, {&control_out_, me | kControlHello}};
+    if (!me_reachable) {
+      uses.push_back({&in_, me | kReverseHello});
+      uses.push_back({&control_in_, me | kControlHello | kReverseHello});
+    }
+    for (const Use& use : uses) {
       absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
           transport_->Connect(addresses[peer], deadline - absl::Now(), connect_options);
       if (!endpoint.ok()) {
@@ -189,7 +265,8 @@ absl::Status Fabric::OpenEndpoints(const std::vector<std::string>& addresses,
             Annotate(endpoint.status(), absl::StrCat("comm: connect to rank ", peer));
         break;
       }
-      (*endpoints)[peer] = *std::move(endpoint);
+      (*use.slot)[peer] = *std::move(endpoint);
+      dialed->emplace_back((*use.slot)[peer].get(), use.hello);
     }
   }
   acceptor.join();
@@ -198,14 +275,13 @@ absl::Status Fabric::OpenEndpoints(const std::vector<std::string>& addresses,
 }
 
 absl::Status Fabric::ExchangeHellos(std::vector<std::unique_ptr<Endpoint>>& accepted,
+                                    const std::vector<std::pair<Endpoint*, uint32_t>>& dialed,
                                     absl::Time deadline, std::vector<uint32_t>* peer_of) {
   peer_of->assign(accepted.size(), 0);
-  const uint32_t me = static_cast<uint32_t>(rank_);
-  const uint32_t me_control = me | kControlHello;
   auto latch = std::make_shared<Latch>();
   {
     MutexLock lock(&latch->mu);
-    latch->pending = 4 * (nranks_ - 1);
+    latch->pending = static_cast<int>(dialed.size() + accepted.size());
   }
   auto done = [latch](const absl::Status& status) {
     MutexLock lock(&latch->mu);
@@ -213,13 +289,14 @@ absl::Status Fabric::ExchangeHellos(std::vector<std::unique_ptr<Endpoint>>& acce
     --latch->pending;
     latch->cv.SignalAll();
   };
-  for (int peer = 0; peer < nranks_; ++peer) {
-    if (peer == rank_) continue;
-    out_[peer]->Send(kHelloTag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&me), 4),
-                     {}, [done](absl::Status s) { done(s); });
-    control_out_[peer]->Send(
-        kHelloTag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&me_control), 4),
-        {}, [done](absl::Status s) { done(s); });
+  // The hellos' bytes must outlive their sends: kept with the latch.
+  auto hellos = std::make_shared<std::vector<uint32_t>>();
+  for (const auto& [endpoint, hello] : dialed) hellos->push_back(hello);
+  for (size_t i = 0; i < dialed.size(); ++i) {
+    dialed[i].first->Send(
+        kHelloTag,
+        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&(*hellos)[i]), 4), {},
+        [done, hellos](absl::Status s) { done(s); });
   }
   for (size_t i = 0; i < accepted.size(); ++i) {
     accepted[i]->Recv(kHelloTag,
@@ -241,7 +318,7 @@ absl::Status Fabric::ExchangeHellos(std::vector<std::unique_ptr<Endpoint>>& acce
     if (status.ok()) status = latch->first_error;
   }
   if (status.ok()) return status;
-  for (auto* endpoints : {&out_, &control_out_}) {
+  for (auto* endpoints : {&out_, &control_out_, &in_, &control_in_}) {
     for (auto& e : *endpoints) {
       if (e) e->Close();
     }

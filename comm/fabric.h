@@ -46,7 +46,7 @@ class VoteAgreement;
 }  // namespace internal
 
 struct FabricOptions {
-  std::string backend = "ucx";          // "ucx" or "loopback" (LBCC_TRANSPORT).
+  std::string backend = "ucx";          // "ucx", "socket" or "loopback" (LBCC_TRANSPORT).
   // Address or interface to listen on (LBCC_LISTEN_ADDR). Empty (the default, as in the C API
   // and Python): chosen as transport/netif.h's SelectListenAddress does (LBCC_SOCKET_IFNAME, the
   // interface toward the bootstrap root; loopback when the root is on loopback).
@@ -56,6 +56,11 @@ struct FabricOptions {
   // The transport's settings, the job secret among them (comm/config.h resolves them with the
   // rest). Unset: TransportOptions::FromEnv when the fabric is created.
   std::optional<transport::TransportOptions> transport;
+  // Whether peers can dial this rank (LBCC_REACHABLE): "yes", "no" (behind NAT or a firewall
+  // that refuses inbound connections: this rank dials every connection of its links, its peers
+  // use the ones it dialed for them, docs/nat.md), "auto" (for now: yes), or empty (the
+  // default: LBCC_REACHABLE).
+  std::string reachable;
 };
 
 // A Fabric's first abort and whether its caller asked for it (Communicator::Abort) rather than
@@ -141,14 +146,22 @@ class Fabric {
  private:
   Fabric() = default;
   // Connects a data and a control endpoint to every peer, accepts theirs, and files the
-  // accepted ones by the hello each sends first.
-  absl::Status Connect(const std::vector<std::string>& addresses);
-  // Connect's parts: the endpoints out (out_, control_out_) and in (`accepted`, unfiled) ...
-  absl::Status OpenEndpoints(const std::vector<std::string>& addresses, absl::Time deadline,
-                             std::vector<std::unique_ptr<transport::Endpoint>>* accepted);
-  // ... then the hellos: each outgoing endpoint names this rank, each accepted one its peer
-  // (`peer_of`). On failure every endpoint is closed.
+  // accepted ones by the hello each sends first. A peer that cannot be dialed (reachable_)
+  // dials this rank's endpoints to it as well (connection reversal); `reachable` is every
+  // rank's flag.
+  absl::Status Connect(const std::vector<std::string>& addresses,
+                       const std::vector<bool>& reachable);
+  // Connect's parts: the endpoints this rank dials (out_, control_out_, and the reversed ones
+  // into in_, control_in_ for peers that cannot dial it) and those it accepts (`accepted`,
+  // unfiled) ...
+  absl::Status OpenEndpoints(const std::vector<std::string>& addresses,
+                             const std::vector<bool>& reachable, absl::Time deadline,
+                             std::vector<std::unique_ptr<transport::Endpoint>>* accepted,
+                             std::vector<std::pair<transport::Endpoint*, uint32_t>>* dialed);
+  // ... then the hellos: each dialed endpoint names this rank and its use, each accepted one its
+  // peer and use (`peer_of`). On failure every endpoint is closed.
   absl::Status ExchangeHellos(std::vector<std::unique_ptr<transport::Endpoint>>& accepted,
+                              const std::vector<std::pair<transport::Endpoint*, uint32_t>>& dialed,
                               absl::Time deadline, std::vector<uint32_t>* peer_of);
   void CloseControl();
 

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/loopback.h"
+#include "transport/socket_transport.h"
 #include "transport/netif.h"
 #include "transport/options.h"
 #include "transport/test_util.h"
@@ -369,6 +370,7 @@ class SameRulesTest : public ::testing::TestWithParam<Case> {
     const Case& c = GetParam();
     auto make = [&](const TransportOptions& o) -> absl::StatusOr<std::unique_ptr<Transport>> {
       if (backend == "ucx") return NewUcxTransport(o);
+      if (backend == "socket") return NewSocketTransport(o);
       return NewLoopbackTransport(o);
     };
     // The server's rules cannot name its own port before it listens, so they never use
@@ -408,9 +410,12 @@ TEST_P(SameRulesTest, BothBackendsClassifyAlikeFromBothEnds) {
   std::string loop_server, loop_client;
   LBCC_ASSERT_OK_AND_ASSIGN(
       Ends loop, Classify("loopback", ucx_server, ucx_client, &loop_server, &loop_client));
+  std::string socket_server, socket_client;
+  LBCC_ASSERT_OK_AND_ASSIGN(Ends sockets, Classify("socket", "127.0.0.1:0", "127.0.0.1:0",
+                                                   &socket_server, &socket_client));
   const int stripes = c.expected == LinkClass::kSlow ? 2 : 1;
-  for (const auto& [backend, ends] :
-       {std::pair<const char*, Ends>{"ucx", *ucx}, {"loopback", loop}}) {
+  for (const auto& [backend, ends] : {std::pair<const char*, Ends>{"ucx", *ucx},
+                                      {"loopback", loop}, {"socket", sockets}}) {
     SCOPED_TRACE(backend);
     EXPECT_EQ(ends.client_class, c.expected);
     EXPECT_EQ(ends.server_class, c.expected);

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "transport/loopback.h"
+#include "transport/socket_transport.h"
 #include "transport/test_util.h"
 #include "transport/transport.h"
 #include "transport/ucx_transport.h"
@@ -37,7 +38,7 @@ constexpr size_t kHugeBytes = size_t{1} << 30;
 #endif
 
 struct Param {
-  std::string backend;  // "loopback" or "ucx"
+  std::string backend;  // "loopback", "ucx" or "socket"
   LinkClass link_class;
 };
 
@@ -58,12 +59,13 @@ TransportOptions Options(const Param& param) {
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Param& param) {
   if (param.backend == "ucx") return NewUcxTransport(Options(param));
+  if (param.backend == "socket") return NewSocketTransport(Options(param));
   return NewLoopbackTransport(Options(param));
 }
 
 std::string ListenAddress(const Param& param) {
   static std::atomic<int> counter{0};
-  if (param.backend == "ucx") return "127.0.0.1:0";
+  if (param.backend == "ucx" || param.backend == "socket") return "127.0.0.1:0";
   return "transport-test-" + std::to_string(counter++);
 }
 
@@ -376,7 +378,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, TransportTest,
                          ::testing::Values(Param{"loopback", LinkClass::kFast},
                                            Param{"loopback", LinkClass::kSlow},
                                            Param{"ucx", LinkClass::kFast},
-                                           Param{"ucx", LinkClass::kSlow}),
+                                           Param{"ucx", LinkClass::kSlow},
+                                           Param{"socket", LinkClass::kFast},
+                                           Param{"socket", LinkClass::kSlow}),
                          ParamName);
 
 }  // namespace
