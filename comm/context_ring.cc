@@ -385,8 +385,9 @@ absl::Status ContextRing::BeginBackward() { return Begin(false, {}, {}); }
 void ContextRing::Cancel(absl::Status why) {
   if (pass_ != nullptr) {
     pass_->Cancel(why);
-    // Mid-pass the peers wait for this rank: fail them now rather than at the timeout.
-    if (!request_->Test()) comm_->fabric()->Abort(why);
+    // Mid-backward the peers wait for this rank's partial sums: fail them now rather than at
+    // the timeout. A forward needs nothing from this thread: its relays finish on their own.
+    if (!pass_->forward && !request_->Test()) comm_->fabric()->Abort(why);
   }
   if (request_ != nullptr) (void)request_->Wait();
 }

@@ -52,7 +52,8 @@
 //                       BeginForward, more than n-1 rounds, EndBackward early); a subspace
 //                       block whose payload names another basis (the basis id is part of the
 //                       signature, so this means a corrupt or mixed-up sender);
-//   DataLoss            corrupt or foreign payload bytes (the communicator is aborted);
+//   DataLoss            corrupt or foreign payload bytes (in a backward the communicator is
+//                       aborted: the peers wait for this rank's partial sums);
 //   Unavailable / DeadlineExceeded / Cancelled  a peer or link lost, the timeout, an abort
 //                       (communicator.h): every rank's pending call fails instead of hanging.
 // A call that fails leaves its outputs untouched, except that a decode failing on tensor t
@@ -137,8 +138,8 @@ class ContextRing {
   // collective does not have. `comm` must outlive the ring. Communicates nothing.
   static absl::StatusOr<std::unique_ptr<ContextRing>> Create(Communicator* comm,
                                                              ContextRingOptions options);
-  // A pass still running is cancelled (the communicator is aborted when it was mid-backward, so
-  // that no peer waits for this rank) and waited for.
+  // Waits for a pass still running: a forward finishes its relays on its own; a backward is
+  // cancelled and the communicator aborted, so that no peer waits for this rank's sums.
   ~ContextRing();
 
   int rank() const { return rank_; }
