@@ -96,6 +96,11 @@ constexpr Spec kSpecs[] = {
      "NCCL net plugin built with CUDA: pinned host memory for staging NCCL_PTR_CUDA messages, "
      "at most (a comm holding none may exceed it by one request).",
      {}, 1 << 20, int64_t{1} << 40},
+    {"LBCC_REACHABLE", Type::kEnum, "auto",
+     "Whether peers can dial this rank: no (behind NAT or a firewall that refuses inbound "
+     "connections: it dials every connection of its links and its peers use them; needs "
+     "LBCC_TRANSPORT=socket), yes, or auto (for now: yes).",
+     "auto|yes|no"},
     {"LBCC_SECRET_IN_ID", Type::kBool, "0",
      "Where a unique id is created (lbccGetUniqueId, CreateUniqueId) and no LBCC_JOB_SECRET is "
      "set: put a fresh random job secret in the id, so every rank launched from it "
@@ -145,11 +150,6 @@ constexpr Spec kSpecs[] = {
      0.001, 86400},
     {"LBCC_TOPO_FILE", Type::kString, "",
      "Topology JSON file (islands, replicas, link overrides); default: same host = fast island."},
-    {"LBCC_REACHABLE", Type::kEnum, "auto",
-     "Whether peers can dial this rank: no (behind NAT or a firewall that refuses inbound "
-     "connections: it dials every connection of its links and its peers use them; needs "
-     "LBCC_TRANSPORT=socket), yes, or auto (for now: yes).",
-     "auto|yes|no"},
     {"LBCC_TRANSPORT", Type::kEnum, "ucx",
      "Transport backend of communicators: ucx; socket (plain TCP connections that the dialing "
      "end carries both ways, for peers UCX's tcp lanes cannot reach: NAT, firewalls); or "
