@@ -81,6 +81,7 @@ class SocketLane final : public Lane, public std::enable_shared_from_this<Socket
                   DoneCallback done);
 
   const int fd;
+  const absl::Time born = absl::Now();
   int index = -1;
   std::weak_ptr<Record> record;
   bool closed = false;
@@ -100,6 +101,11 @@ class SocketLane final : public Lane, public std::enable_shared_from_this<Socket
   std::shared_ptr<Executor> fallback_;
   const std::string peer_;
 };
+
+// What a connection may send before its HELLO was admitted (set-up messages carry no payload).
+constexpr uint64_t kMaxStrangerFrameBytes = 4096;
+// How long an accepted connection may stay silent before its HELLO.
+constexpr absl::Duration kHelloDeadline = absl::Seconds(10);
 
 size_t HeaderBytes(uint8_t kind) {
   return kind == kFrameControl ? 1 + sizeof(ControlHeader) + 4 : 1 + sizeof(ChunkHeader);
@@ -495,7 +501,9 @@ void Reactor::ReadFrom(const std::shared_ptr<SocketLane>& lane) {
         std::memcpy(&h, &lane->head[1], sizeof(h));
         length = h.length;
       }
-      if (length > kMaxSocketFrameBytes) {
+      // A connection that has not said HELLO yet is a stranger: small set-up frames only.
+      const uint64_t limit = lane->record.expired() ? kMaxStrangerFrameBytes : kMaxSocketFrameBytes;
+      if (length > limit) {
         Drop(lane, absl::DataLossError(absl::StrCat("a frame of ", length, " bytes")));
         return;
       }
@@ -626,6 +634,16 @@ void Reactor::AttachLane(const std::shared_ptr<Record>& record,
 void Reactor::WatchPeers() {
   const absl::Time now = absl::Now();
   const bool we_stalled = clock_.StartRound(now);
+  // Accepted connections that never said HELLO are closed (a stranger cannot hold them).
+  std::vector<std::shared_ptr<SocketLane>> silent;
+  for (auto& [fd, lane] : lanes_) {
+    if (lane->record.expired() && now - lane->born > kHelloDeadline) silent.push_back(lane);
+  }
+  for (auto& lane : silent) {
+    LBCC_LOG(INFO) << "socket transport: closing " << lane->peer() << ": no HELLO within "
+                   << kHelloDeadline;
+    Drop(lane, absl::DeadlineExceededError("no HELLO"));
+  }
   std::vector<std::shared_ptr<Record>> running;
   for (auto& [key, record] : records_) {
     if (record->running) running.push_back(record);
