@@ -327,7 +327,12 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
   std::vector<std::string> blobs;
   for (auto& [rank, j] : joined) blobs.push_back(std::move(j.blob));
   const std::string table = internal::EncodeTable(blobs);
-  for (auto& [rank, j] : joined) (void)SendFrame(j.fd.get(), table, reply_deadline);
+  // Rank 0 last: the root usually lives in rank 0's process (launchers start it there), and a
+  // rank 0 that fails its set-up right after the table (a pair nobody can connect) exits with
+  // the root; by then every other rank's table is on its way.
+  for (auto it = joined.rbegin(); it != joined.rend(); ++it) {
+    (void)SendFrame(it->second.fd.get(), table, reply_deadline);
+  }
   LBCC_LOG(INFO) << "bootstrap: all " << nranks << " ranks joined";
 }
 
