@@ -87,7 +87,7 @@ fields = ["header", "encode", "wire_wait", "agreement", "decode", "total", "vali
 print(f"SparseAllReduce, 4 ranks (one per emulated host), {runs} runs per link kind, alternating; "
       f"load average at each run's start: {loads}")
 print("per rank, milliseconds per call, medians over the runs (each run: the mean of its timed "
-      "calls); 'other' = total - the phases (hand-offs between them)")
+      "calls); 'other' = total - the phases (hand-offs between them), its median over the runs")
 for kind in ("shaped", "unshaped"):
     rows = [json.load(open(f"{out}/{kind}_{r}.json"))[0] for r in range(runs)]
     nbytes = rows[0]["bytes"]
@@ -108,7 +108,10 @@ for kind in ("shaped", "unshaped"):
     print(f"{'rank':>4} " + " ".join(f"{f:>9}" for f in fields) + f" {'other':>9}")
     for rank in range(4):
         med = {f: statistics.median(row["profile"][rank][f] for row in rows) * 1e3 for f in fields}
-        other = med["total"] - sum(med[f] for f in ("header", "encode", "wire_wait", "agreement", "decode"))
+        phases = ("header", "encode", "wire_wait", "agreement", "decode")
+        other = statistics.median(
+            (row["profile"][rank]["total"] - sum(row["profile"][rank][f] for f in phases)) * 1e3
+            for row in rows)
         print(f"{rank:>4} " + " ".join(f"{med[f]:9.3f}" for f in fields) + f" {other:9.3f}")
 check.refuse_if_off()
 PY
