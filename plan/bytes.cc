@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "codecs/chunking.h"
+#include "codecs/dense_quant.h"
 #include "codecs/index_coding.h"
 #include "codecs/payload.h"
 #include "codecs/subspace_basis.h"
@@ -139,6 +140,63 @@ absl::StatusOr<BoundaryBytes> SubspaceBoundaryBytes(const BoundaryCoding& coding
   out.backward = static_cast<double>(
       codecs::PayloadBytes(2, codecs::kSubspaceParamsBytes, bwd.total()));
   return out;
+}
+
+absl::StatusOr<RingTensorBytes> RingPayloadBytes(const RingCoding& coding, int64_t tokens,
+                                                 int64_t dim) {
+  if (tokens < 1 || dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring block of ", tokens, " tokens x ", dim, "; both must be >= 1"));
+  }
+  RingTensorBytes out;
+  switch (coding.kind) {
+    case RingCoding::Kind::kRawF32:  // comm::ContextRing sends the f32 bytes as they are
+      out.forward = out.backward = static_cast<double>(tokens) * dim * 4.0;
+      return out;
+    case RingCoding::Kind::kDense: {
+      codecs::DenseQuantOptions options;
+      LBCC_ASSIGN_OR_RETURN(options.format, codecs::ParseDenseFormat(coding.dense_format));
+      LBCC_ASSIGN_OR_RETURN(std::unique_ptr<codecs::DenseQuantCodec> codec,
+                            codecs::DenseQuantCodec::Create(options));
+      const int64_t shape[] = {tokens, dim};
+      LBCC_ASSIGN_OR_RETURN(const size_t bytes, codec->MaxEncodedBytes(shape));
+      out.forward = out.backward = static_cast<double>(bytes);
+      return out;
+    }
+    case RingCoding::Kind::kSubspace: {
+      if (coding.rank < 1 || coding.rank > dim) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("subspace k is ", coding.rank, ", must be in [1, d = ", dim, "]"));
+      }
+      if (coding.components < 1 || coding.components > 255) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("subspace components M is ", coding.components, ", must be in [1, 255]"));
+      }
+      if (coding.mixture_block < 1 || coding.mixture_block > 65535) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mixture_block is ", coding.mixture_block, ", must be in [1, 65535]"));
+      }
+      if (!codecs::IsSubspaceCoefficientDType(coding.coefficient_dtype)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("coefficient dtype ", DTypeName(coding.coefficient_dtype),
+                         " is not one of f32, bf16, f16, i8"));
+      }
+      if (coding.coefficient_dtype == DType::kI8 &&
+          (coding.int8_block < 1 || coding.int8_block > 65535)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("int8_block is ", coding.int8_block, ", must be in [1, 65535]"));
+      }
+      // SubspaceCodec::PayloadBytes with V = 0: no ids either way, the same selectors both ways.
+      const int64_t selectors =
+          coding.components > 1 ? (tokens + coding.mixture_block - 1) / coding.mixture_block : 0;
+      const codecs::SubspaceBodyLayout body = codecs::SubspaceLayout(
+          tokens, coding.rank, selectors, 0, coding.coefficient_dtype, coding.int8_block);
+      out.forward = out.backward = static_cast<double>(
+          codecs::PayloadBytes(2, codecs::kSubspaceParamsBytes, body.total()));
+      return out;
+    }
+  }
+  return absl::InternalError("unknown ring coding");
 }
 
 }  // namespace lbcc::plan

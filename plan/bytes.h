@@ -13,12 +13,18 @@
 //   SubspaceBoundaryBytes one pipeline-boundary payload per microbatch and direction
 //                        (codecs::SubspaceLayout + the envelope), or the dense bf16 activations
 //                        when the boundary is not compressed.
+//   RingTensorBytes      one tensor (K or V) of a context-ring block as comm::ContextRing sends
+//                        it, forward (the block) and backward (its gradient's partial sum): raw
+//                        f32, a dense format (DenseQuantCodec::MaxEncodedBytes, exact), or the
+//                        subspace codec with V = 0 (codecs::SubspaceLayout + the envelope, with a
+//                        selector per mixture block when M > 1: SubspaceCodec's own formula).
 //
 // Errors: InvalidArgument naming the bad value (shape, option). Thread-safety: pure functions.
 #ifndef LBCC_PLAN_BYTES_H_
 #define LBCC_PLAN_BYTES_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +69,28 @@ struct BoundaryBytes {
 };
 absl::StatusOr<BoundaryBytes> SubspaceBoundaryBytes(const BoundaryCoding& coding,
                                                     int64_t tokens);
+
+// How one tensor of a context-ring block travels (comm::RingCodec, sizes only).
+struct RingCoding {
+  enum class Kind { kRawF32, kDense, kSubspace };
+  Kind kind = Kind::kDense;
+  std::string dense_format = "bf16";       // kDense: a codecs::DenseFormat name
+  int64_t rank = 0;                        // kSubspace: k
+  int64_t components = 1;                  // kSubspace: M (> 1: one selector per block)
+  int64_t mixture_block = 64;              // kSubspace: tokens per selector
+  DType coefficient_dtype = DType::kBF16;  // kSubspace: f32, bf16, f16 or i8
+  int64_t int8_block = 32;                 // kSubspace: coefficients per int8 scale
+};
+
+// Bytes of one tensor's payload per ring round for a block of `tokens` x `dim` f32 values.
+// InvalidArgument naming the bad value (dim or tokens < 1, k outside [1, dim], an unknown
+// dense format, M outside [1, 255], a mixture block outside [1, 65535]).
+struct RingTensorBytes {
+  double forward = 0;
+  double backward = 0;
+};
+absl::StatusOr<RingTensorBytes> RingPayloadBytes(const RingCoding& coding, int64_t tokens,
+                                                 int64_t dim);
 
 }  // namespace lbcc::plan
 

@@ -6,6 +6,7 @@
 
 #include "base/status_matchers.h"
 #include "base/tensor_view.h"
+#include "codecs/dense_quant.h"
 #include "codecs/index_coding.h"
 #include "codecs/subspace_basis.h"
 #include "codecs/subspace_codec.h"
@@ -16,6 +17,8 @@ namespace lbcc::plan {
 namespace {
 
 using ::lbcc::testing::IsOk;
+using ::lbcc::testing::StatusIs;
+using ::testing::HasSubstr;
 
 std::vector<float> Gaussian(int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -188,6 +191,82 @@ TEST(Groups, FollowSparseAllReducesPlan) {
   EXPECT_EQ(g[1], std::make_pair(size_t{4}, size_t{8}));
   // One large tensor is one group.
   EXPECT_EQ(PlanGroups(std::vector<int64_t>{1 << 22}, 1 << 20).size(), 1u);
+}
+
+// The context ring's payloads (comm::ContextRing's codecs): the formula against real encodes of
+// a K block, mixtures with a selector per block included.
+TEST(RingBytes, EveryCodecMatchesARealEncode) {
+  const int64_t tokens = 8 * 64, d = 64;  // batch 8 x 64 tokens, the example's block
+  std::vector<float> k = Gaussian(tokens * d, 3);
+  auto view = TensorView::Host(k.data(), {tokens, d});
+  ASSERT_THAT(view.status(), IsOk());
+
+  RingCoding raw;
+  raw.kind = RingCoding::Kind::kRawF32;
+  absl::StatusOr<RingTensorBytes> b = RingPayloadBytes(raw, tokens, d);
+  ASSERT_THAT(b.status(), IsOk());
+  EXPECT_EQ(b->forward, tokens * d * 4.0);
+
+  for (const char* format : {"bf16", "fp16"}) {
+    codecs::DenseQuantOptions options;
+    options.format = *codecs::ParseDenseFormat(format);
+    auto codec = codecs::DenseQuantCodec::Create(options);
+    ASSERT_THAT(codec.status(), IsOk());
+    std::vector<uint8_t> out(tokens * d * 4 + 4096);
+    auto n = (*codec)->Encode(*view, nullptr, absl::MakeSpan(out));
+    ASSERT_THAT(n.status(), IsOk());
+    RingCoding dense;
+    dense.dense_format = format;
+    b = RingPayloadBytes(dense, tokens, d);
+    ASSERT_THAT(b.status(), IsOk());
+    EXPECT_EQ(b->forward, static_cast<double>(*n)) << format;
+    EXPECT_EQ(b->backward, b->forward) << format;
+  }
+
+  for (int64_t components : {1, 4}) {
+    codecs::SubspaceSeedSpec spec;
+    spec.model_dim = d;
+    spec.rank = 3;
+    spec.components = components;
+    spec.seed = 5;
+    auto basis = codecs::SubspaceBasis::FromSeed(spec);
+    ASSERT_THAT(basis.status(), IsOk());
+    codecs::SubspaceCodecOptions options;
+    options.mixture_block = 16;
+    auto codec = codecs::SubspaceCodec::Create(*basis, options);
+    ASSERT_THAT(codec.status(), IsOk());
+    codecs::SubspaceSelectors selectors;
+    auto fwd = codec->EncodeForward(*view, {}, &selectors);
+    ASSERT_THAT(fwd.status(), IsOk());
+    auto bwd = codec->EncodeBackward(*view, selectors);
+    ASSERT_THAT(bwd.status(), IsOk());
+    RingCoding sub;
+    sub.kind = RingCoding::Kind::kSubspace;
+    sub.rank = 3;
+    sub.components = components;
+    sub.mixture_block = 16;
+    b = RingPayloadBytes(sub, tokens, d);
+    ASSERT_THAT(b.status(), IsOk());
+    EXPECT_EQ(b->forward, static_cast<double>(fwd->size())) << "M " << components;
+    EXPECT_EQ(b->backward, static_cast<double>(bwd->size())) << "M " << components;
+  }
+}
+
+TEST(RingBytes, BadCodingsNameTheValue) {
+  RingCoding sub;
+  sub.kind = RingCoding::Kind::kSubspace;
+  sub.rank = 65;
+  EXPECT_THAT(RingPayloadBytes(sub, 10, 64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k is 65")));
+  sub.rank = 4;
+  sub.components = 256;
+  EXPECT_THAT(RingPayloadBytes(sub, 10, 64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("M is 256")));
+  RingCoding dense;
+  dense.dense_format = "bf17";
+  EXPECT_FALSE(RingPayloadBytes(dense, 10, 64).ok());
+  EXPECT_THAT(RingPayloadBytes(RingCoding(), 0, 64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 tokens")));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "plan/bytes.h"
+#include "plan/ring.h"
 #include "transport/options.h"
 
 namespace lbcc::plan {
@@ -660,7 +661,7 @@ absl::StatusOr<PlanInput> ParsePlanInput(absl::string_view text) {
   if (json.is_discarded()) return absl::InvalidArgumentError("plan input: not valid JSON");
   LBCC_RETURN_IF_ERROR(CheckKeys(json,
                                  {"topology", "topology_file", "rates", "model", "compute", "cpu",
-                                  "job", "collective"},
+                                  "job", "collective", "ring"},
                                  "plan input"));
   absl::StatusOr<comm::Topology> topology = absl::InvalidArgumentError(
       "topology: required (a \"topology\" object in comm/topology.h's schema, or "
@@ -694,7 +695,17 @@ absl::StatusOr<PlanInput> ParsePlanInput(absl::string_view text) {
     LBCC_RETURN_IF_ERROR(ParseCollective(json["collective"], &*in.collective));
     return in;
   }
-  if (!json.contains("model")) return Bad("model", "is required (or a \"collective\" section)");
+  if (json.contains("ring")) {
+    if (json.contains("model") || json.contains("compute")) {
+      return Bad("ring", "a ring job takes its model and compute from the ring section");
+    }
+    in.ring.emplace();
+    LBCC_RETURN_IF_ERROR(ParseRingSpec(json["ring"], topo.nranks(), &*in.ring));
+    return in;
+  }
+  if (!json.contains("model")) {
+    return Bad("model", "is required (or a \"collective\" or \"ring\" section)");
+  }
   LBCC_RETURN_IF_ERROR(ParseModel(json["model"], topo, &in.model));
   if (!json.contains("compute")) return Bad("compute", "is required: default_tflops or ranks");
   LBCC_RETURN_IF_ERROR(ParseCompute(json["compute"], topo.nranks(), &in.compute));

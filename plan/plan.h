@@ -30,6 +30,7 @@
 #include "codecs/topk_ef.h"
 #include "comm/algorithms.h"
 #include "nlohmann/json.hpp"
+#include "plan/bytes.h"
 #include "plan/network.h"
 
 namespace lbcc::plan {
@@ -86,6 +87,27 @@ struct CollectiveSpec {
   int tensors = 1;                      // split into this many equal tensors
 };
 
+// A context-parallel ring attention job (plan/ring.h, docs/context_parallel.md "Planning"):
+// the model and sequence split over every rank of the topology, K/V on comm::ContextRing.
+struct RingSpec {
+  int64_t context = 0;  // tokens of one sequence, split evenly over the ranks
+  int64_t batch = 1;    // sequences per step
+  int64_t d = 0;        // model width (K and V are [tokens, d] per layer)
+  int64_t heads = 1;
+  int64_t layers = 1;   // ring attentions per step (one per layer)
+  bool causal = true;
+  RingCoding coding;     // K's and V's codec (both the same)
+  double compression = 0;  // > 0 and no k given: the largest k saving at least this vs bf16
+  double attention_flops_per_s = 0;  // block attention rate of one rank (measured or given)
+  // The rest of the step: non-ring compute (forward, backward, optimizer) measured, or
+  // 6 x params x tokens per rank / other_flops_per_s (default attention_flops_per_s);
+  // plus the dense f32 gradient all-reduce of `params` in `grad_tensors` equal tensors.
+  double other_s = -1;
+  double other_flops_per_s = 0;
+  int64_t params = 0;
+  int64_t grad_tensors = 1;
+};
+
 struct PlanInput {
   Network net;
   ModelSpec model;
@@ -93,10 +115,11 @@ struct PlanInput {
   CpuModel cpu;
   JobSpec job;
   std::optional<CollectiveSpec> collective;
+  std::optional<RingSpec> ring;
 };
 
-// Parses the whole document. Only "topology" and "rates" are required in collective mode;
-// otherwise "model" and "compute" too.
+// Parses the whole document. Only "topology" and "rates" are required in collective mode and
+// with a "ring" section (plan/ring.h); otherwise "model" and "compute" too.
 absl::StatusOr<PlanInput> ParsePlanInput(absl::string_view json_text);
 
 // SparseAllReduce of every shard at once (the outer step's synchronisation).

@@ -9,6 +9,7 @@
 #include "base/status_matchers.h"
 #include "gtest/gtest.h"
 #include "plan/bytes.h"
+#include "plan/ring.h"
 #include "transport/options.h"
 
 namespace lbcc::plan {
@@ -524,6 +525,164 @@ TEST(Recommend, UnreachableTargetSaysWhy) {
   ASSERT_THAT(r.status(), IsOk());
   EXPECT_FALSE(r->reached);
   EXPECT_THAT(r->note, HasSubstr("replica 2"));
+}
+
+// ---- The context ring (plan/ring.h) ---------------------------------------------------------
+
+// `n` ranks, every link `mbit` both ways with `latency_ms`, the example's model by default.
+std::string RingJob(int n, double mbit, const std::string& ring, double latency_ms = 0) {
+  return R"({"topology": {"nranks": )" + std::to_string(n) +
+         R"(}, "rates": {"efficiency": 1, "default": {"up_mbit": )" + std::to_string(mbit) +
+         R"(, "down_mbit": )" + std::to_string(mbit) + R"(, "latency_ms": )" +
+         std::to_string(latency_ms) + R"(}}, "ring": {)" + ring + "}}";
+}
+
+absl::StatusOr<RingPrediction> Ring(const std::string& job) {
+  absl::StatusOr<PlanInput> in = ParsePlanInput(job);
+  if (!in.ok()) return in.status();
+  return PredictRing(*in);
+}
+
+TEST(Ring, InputErrorsNameTheField) {
+  const char* base = R"("context": 256, "d": 64, "attention_gflops": 1)";
+  EXPECT_THAT(Ring(RingJob(3, 100, base)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ring.context")));
+  EXPECT_THAT(Ring(RingJob(4, 100, R"("context": 256, "d": 64)")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ring.attention_gflops")));
+  EXPECT_THAT(Ring(RingJob(4, 100, std::string(base) + R"(, "heads": 5)")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ring.heads")));
+  EXPECT_THAT(Ring(RingJob(4, 100, std::string(base) + R"(, "codec": "int8")")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ring.codec")));
+  EXPECT_THAT(Ring(RingJob(4, 100, std::string(base) + R"(, "codec": "subspace")")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("either k or compression")));
+  EXPECT_THAT(Ring(RingJob(4, 100, std::string(base) + R"(, "k": 3)")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ring.k")));
+  EXPECT_THAT(Ring(RingJob(4, 100, std::string(base) + R"(, "codec": "subspace", "k": 65)")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("k is 65")));
+  EXPECT_THAT(Ring(RingJob(4, 100, std::string(base) + R"(, "tokens": 3)")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
+}
+
+// A compression ratio picks the largest k that reaches it, from the codec's own sizes.
+TEST(Ring, CompressionPicksTheLargestKThatReachesIt) {
+  for (double ratio : {0.9, 0.95}) {
+    const std::string ring = R"("context": 256, "batch": 8, "d": 64, "attention_gflops": 1,
+        "codec": "subspace", "components": 4, "mixture_block": 16, "compression": )" +
+                             std::to_string(ratio);
+    absl::StatusOr<RingPrediction> p = Ring(RingJob(4, 100, ring));
+    ASSERT_THAT(p.status(), IsOk());
+    EXPECT_GE(p->saved, ratio);
+    RingCoding one_more;
+    one_more.kind = RingCoding::Kind::kSubspace;
+    one_more.rank = p->k + 1;
+    one_more.components = 4;
+    one_more.mixture_block = 16;
+    absl::StatusOr<RingTensorBytes> b = RingPayloadBytes(one_more, 8 * 64, 64);
+    ASSERT_THAT(b.status(), IsOk());
+    EXPECT_GT(2 * b->forward, (1 - ratio) * p->bf16_bytes) << "k " << p->k + 1;
+  }
+  EXPECT_EQ(Ring(RingJob(4, 100, R"("context": 256, "batch": 8, "d": 64, "attention_gflops": 1,
+        "codec": "subspace", "components": 4, "mixture_block": 16, "compression": 0.95)"))->k, 3);
+}
+
+// Two ranks, causal, by hand: rank 1 attends its own block and rank 0's, rank 0 only its own.
+// Forward: rank 1 computes its block, waits for rank 0's (one hop), computes it. Backward: rank
+// 1 computes dK/dV for both blocks and sends rank 0's partial sum (one hop); K/V do not travel
+// again.
+TEST(Ring, TwoRanksCausalByHand) {
+  const std::string ring = R"("context": 1024, "batch": 2, "d": 128, "heads": 4, "layers": 3,
+      "attention_gflops": 10)";
+  for (double mbit : {1.0, 10000.0}) {  // wire-bound, then compute-bound
+    absl::StatusOr<PlanInput> in = ParsePlanInput(RingJob(2, mbit, ring, 5));
+    ASSERT_THAT(in.status(), IsOk());
+    absl::StatusOr<RingPrediction> p = PredictRing(*in);
+    ASSERT_THAT(p.status(), IsOk());
+    const double tokens = 2 * 512;
+    const double c_f = 4.0 * 2 * 512 * 512 * 128 / 10e9, c_b = 2.5 * c_f;
+    EXPECT_DOUBLE_EQ(p->block_forward_s, c_f);
+    EXPECT_DOUBLE_EQ(p->block_backward_s, c_b);
+    // One bf16 K block: the dense codec's payload (tokens x d x 2 + its envelope).
+    EXPECT_GT(p->forward_bytes, 2 * tokens * 128 * 2);
+    EXPECT_LT(p->forward_bytes, 2 * tokens * 128 * 2 + 256);
+    EXPECT_EQ(p->backward_bytes, p->forward_bytes);
+    EXPECT_NEAR(p->saved, 0, 1e-12);
+    const double wire = p->forward_bytes / (mbit * 1e6 / 8);
+    EXPECT_NEAR(p->round_forward_wire_s, wire, 1e-9 * wire);
+    EXPECT_GE(p->round_latency_s, 0.005);
+    const double hop = p->round_forward_wire_s + p->round_latency_s;
+    EXPECT_NEAR(p->forward_s, std::max(c_f, hop) + c_f, 1e-12);
+    EXPECT_NEAR(p->backward_s, 2 * c_b + hop, 1e-12);
+    EXPECT_NEAR(p->ring_s, 3 * (p->forward_s + p->backward_s), 1e-12);
+    EXPECT_NEAR(p->ring_compute_s, 3 * 2 * (c_f + c_b), 1e-12);
+    EXPECT_NEAR(p->ring_wire_s, 3 * 2 * hop, 1e-12);
+    EXPECT_EQ(p->ring_bytes_step, 3 * (p->forward_bytes + p->backward_bytes));
+    EXPECT_EQ(p->limit, mbit < 10 ? "wire" : "compute");
+    EXPECT_EQ(p->allreduce_s, 0);
+    EXPECT_EQ(p->step_s, p->ring_s);
+  }
+}
+
+// Overlap: far from the balance point the ring costs about the larger of its compute and its
+// wire; the busiest rank (the last, causal) bounds it.
+TEST(Ring, OverlapHidesTheSmallerSide) {
+  const std::string ring = R"("context": 8192, "batch": 1, "d": 256, "layers": 2,
+      "attention_gflops": 20)";
+  absl::StatusOr<RingPrediction> slow = Ring(RingJob(8, 10, ring));
+  absl::StatusOr<RingPrediction> fast = Ring(RingJob(8, 100000, ring));
+  ASSERT_THAT(slow.status(), IsOk());
+  ASSERT_THAT(fast.status(), IsOk());
+  EXPECT_EQ(slow->limit, "wire");
+  EXPECT_EQ(fast->limit, "compute");
+  EXPECT_GE(slow->ring_s, slow->ring_wire_s);
+  EXPECT_LE(slow->overlap_ratio, 1.1);
+  EXPECT_GE(fast->ring_s, fast->ring_compute_s);
+  EXPECT_LE(fast->overlap_ratio, 1.1);
+  // Not causal: every rank computes every block, so the compute doubles almost.
+  absl::StatusOr<RingPrediction> full =
+      Ring(RingJob(8, 100000, ring + R"(, "causal": false)"));
+  ASSERT_THAT(full.status(), IsOk());
+  EXPECT_NEAR(full->ring_compute_s, fast->ring_compute_s, 1e-12);  // rank 7 computes all 8
+  EXPECT_GE(full->ring_s, fast->ring_s);
+}
+
+// Compression shrinks the wire by the payloads' ratio and leaves the compute alone.
+TEST(Ring, CompressionScalesTheWire) {
+  const std::string model = R"("context": 4096, "batch": 4, "d": 256, "heads": 8, "layers": 4,
+      "attention_gflops": 5)";
+  absl::StatusOr<RingPrediction> bf16 = Ring(RingJob(4, 100, model));
+  absl::StatusOr<RingPrediction> sub = Ring(RingJob(
+      4, 100, model + R"(, "codec": "subspace", "k": 12, "components": 4, "mixture_block": 64)"));
+  ASSERT_THAT(bf16.status(), IsOk());
+  ASSERT_THAT(sub.status(), IsOk());
+  EXPECT_EQ(sub->k, 12);
+  EXPECT_NEAR(sub->saved, 1 - sub->forward_bytes / bf16->forward_bytes, 1e-12);
+  EXPECT_GT(sub->saved, 0.95);
+  EXPECT_NEAR(sub->round_forward_wire_s / bf16->round_forward_wire_s,
+              sub->forward_bytes / bf16->forward_bytes, 1e-9);
+  EXPECT_EQ(sub->ring_compute_s, bf16->ring_compute_s);
+  EXPECT_LT(sub->ring_s, bf16->ring_s);
+}
+
+// The rest of the step: given, or 6 x params x tokens at the other rate; plus the dense gradient
+// all-reduce, tensor by tensor, as PredictCollective's ring all-reduce.
+TEST(Ring, StepAddsOtherComputeAndTheGradientAllReduce) {
+  const std::string model = R"("context": 256, "batch": 8, "d": 64, "layers": 2,
+      "attention_gflops": 1, "params": 150000, "grad_tensors": 30)";
+  absl::StatusOr<RingPrediction> p = Ring(RingJob(4, 100, model + R"(, "other_gflops": 2)", 1));
+  ASSERT_THAT(p.status(), IsOk());
+  EXPECT_NEAR(p->other_s, 6.0 * 150000 * 8 * 64 / 2e9, 1e-12);
+  absl::StatusOr<PlanInput> coll = ParsePlanInput(
+      R"({"topology": {"nranks": 4}, "rates": {"efficiency": 1, "default": {"up_mbit": 100,
+          "down_mbit": 100, "latency_ms": 1}}, "collective": {"op": "allreduce", "bytes": 20000}})");
+  ASSERT_THAT(coll.status(), IsOk());
+  absl::StatusOr<CollectivePrediction> one = PredictCollective(*coll);
+  ASSERT_THAT(one.status(), IsOk());
+  EXPECT_NEAR(p->allreduce_s, 30 * one->seconds, 1e-12);
+  EXPECT_NEAR(p->step_s, p->ring_s + p->other_s + p->allreduce_s, 1e-12);
+  absl::StatusOr<RingPrediction> given = Ring(RingJob(4, 100, model + R"(, "other_s": 0.25)", 1));
+  ASSERT_THAT(given.status(), IsOk());
+  EXPECT_EQ(given->other_s, 0.25);
+  EXPECT_NEAR(given->ring_s, p->ring_s, 1e-12);
 }
 
 }  // namespace

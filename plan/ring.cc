@@ -1,0 +1,286 @@
+#include "plan/ring.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "plan/bytes.h"
+#include "plan/network.h"
+
+namespace lbcc::plan {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("ring.", field, ": ", what));
+}
+
+// ring[key] as a number (> 0, or >= 0 with zero_ok); `fallback` when absent (nullopt: required).
+absl::StatusOr<double> Number(const Json& ring, const char* key, std::optional<double> fallback,
+                              bool zero_ok = false) {
+  if (!ring.contains(key)) {
+    if (fallback) return *fallback;
+    return Bad(key, "is required");
+  }
+  const Json& v = ring[key];
+  if (!v.is_number()) return Bad(key, "must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_ok)) {
+    return Bad(key, absl::StrCat("is ", x, "; must be ", zero_ok ? ">= 0" : "> 0"));
+  }
+  return x;
+}
+
+absl::StatusOr<int64_t> Integer(const Json& ring, const char* key,
+                                std::optional<int64_t> fallback, bool zero_ok = false) {
+  LBCC_ASSIGN_OR_RETURN(
+      const double x,
+      Number(ring, key, fallback ? std::optional<double>(static_cast<double>(*fallback)) : std::nullopt,
+             zero_ok));
+  if (x != std::floor(x) || x > 9.2e18) return Bad(key, absl::StrCat("is ", x, "; must be an integer"));
+  return static_cast<int64_t>(x);
+}
+
+// The largest k whose K/V payloads save at least `compression` of the bf16 bytes.
+absl::StatusOr<int64_t> RankFor(const RingCoding& coding, double compression, int64_t tokens,
+                                int64_t dim) {
+  RingCoding bf16;
+  LBCC_ASSIGN_OR_RETURN(const RingTensorBytes ref, RingPayloadBytes(bf16, tokens, dim));
+  RingCoding c = coding;
+  int64_t best = 0;
+  for (int64_t k = 1; k <= dim; ++k) {
+    c.rank = k;
+    LBCC_ASSIGN_OR_RETURN(const RingTensorBytes b, RingPayloadBytes(c, tokens, dim));
+    if (b.forward <= (1 - compression) * ref.forward) best = k;
+  }
+  if (best == 0) {
+    return Bad("compression", absl::StrCat(compression, " is not reached even at k = 1"));
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::Status ParseRingSpec(const Json& ring, int nranks, RingSpec* out) {
+  LBCC_RETURN_IF_ERROR(CheckJsonKeys(
+      ring,
+      {"context", "batch", "d", "heads", "layers", "causal", "codec", "k", "components",
+       "mixture_block", "coefficient_dtype", "int8_block", "compression", "attention_gflops",
+       "other_s", "other_gflops", "params", "grad_tensors"},
+      "ring"));
+  RingSpec s;
+  LBCC_ASSIGN_OR_RETURN(s.context, Integer(ring, "context", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(s.batch, Integer(ring, "batch", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(s.d, Integer(ring, "d", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(s.heads, Integer(ring, "heads", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(s.layers, Integer(ring, "layers", int64_t{1}));
+  if (s.context % nranks != 0) {
+    return Bad("context", absl::StrCat(s.context, " tokens do not split evenly over ", nranks,
+                                       " ranks"));
+  }
+  if (s.d % s.heads != 0) {
+    return Bad("heads", absl::StrCat(s.heads, " heads do not divide d = ", s.d));
+  }
+  if (ring.contains("causal")) {
+    if (!ring["causal"].is_boolean()) return Bad("causal", "must be true or false");
+    s.causal = ring["causal"].get<bool>();
+  }
+  const std::string codec =
+      ring.contains("codec") && ring["codec"].is_string() ? ring["codec"].get<std::string>()
+      : ring.contains("codec")                            ? "?"
+                                                          : "bf16";
+  if (codec == "raw") {
+    s.coding.kind = RingCoding::Kind::kRawF32;
+  } else if (codec == "bf16" || codec == "fp16") {
+    s.coding.kind = RingCoding::Kind::kDense;
+    s.coding.dense_format = codec;
+  } else if (codec == "subspace") {
+    s.coding.kind = RingCoding::Kind::kSubspace;
+  } else {
+    return Bad("codec", "must be raw, bf16, fp16 or subspace");
+  }
+  const bool subspace = s.coding.kind == RingCoding::Kind::kSubspace;
+  for (const char* key : {"k", "components", "mixture_block", "coefficient_dtype", "int8_block",
+                          "compression"}) {
+    if (!subspace && ring.contains(key)) return Bad(key, "only for codec \"subspace\"");
+  }
+  if (subspace) {
+    LBCC_ASSIGN_OR_RETURN(s.coding.rank, Integer(ring, "k", int64_t{0}, /*zero_ok=*/true));
+    LBCC_ASSIGN_OR_RETURN(s.coding.components, Integer(ring, "components", int64_t{1}));
+    LBCC_ASSIGN_OR_RETURN(s.coding.mixture_block, Integer(ring, "mixture_block", int64_t{64}));
+    LBCC_ASSIGN_OR_RETURN(s.coding.int8_block, Integer(ring, "int8_block", int64_t{32}));
+    if (ring.contains("coefficient_dtype")) {
+      if (!ring["coefficient_dtype"].is_string()) return Bad("coefficient_dtype", "must be a name");
+      absl::StatusOr<DType> t = ParseDType(ring["coefficient_dtype"].get<std::string>());
+      if (!t.ok()) return Bad("coefficient_dtype", t.status().message());
+      s.coding.coefficient_dtype = *t;
+    }
+    LBCC_ASSIGN_OR_RETURN(s.compression, Number(ring, "compression", 0.0, /*zero_ok=*/true));
+    if (s.compression >= 1) return Bad("compression", "must be below 1");
+    if ((s.coding.rank > 0) == (s.compression > 0)) {
+      return Bad("k", "give either k or compression for codec \"subspace\"");
+    }
+  }
+  LBCC_ASSIGN_OR_RETURN(const double gflops, Number(ring, "attention_gflops", std::nullopt));
+  s.attention_flops_per_s = gflops * 1e9;
+  LBCC_ASSIGN_OR_RETURN(s.other_s, Number(ring, "other_s", -1.0, /*zero_ok=*/true));
+  LBCC_ASSIGN_OR_RETURN(const double other_gflops, Number(ring, "other_gflops", gflops));
+  s.other_flops_per_s = other_gflops * 1e9;
+  LBCC_ASSIGN_OR_RETURN(s.params, Integer(ring, "params", int64_t{0}, /*zero_ok=*/true));
+  LBCC_ASSIGN_OR_RETURN(s.grad_tensors, Integer(ring, "grad_tensors", int64_t{1}));
+  // The payload formula rejects what the codec would (k > d, M, blocks, dtype) at parse time.
+  const int64_t tokens = s.batch * (s.context / nranks);
+  if (subspace && s.compression > 0) {
+    LBCC_ASSIGN_OR_RETURN(s.coding.rank, RankFor(s.coding, s.compression, tokens, s.d));
+  }
+  absl::StatusOr<RingTensorBytes> check = RingPayloadBytes(s.coding, tokens, s.d);
+  if (!check.ok()) return Bad("codec", check.status().message());
+  *out = s;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
+  if (!in.ring) return absl::FailedPreconditionError("PredictRing: the input has no ring section");
+  const RingSpec& s = *in.ring;
+  const int n = in.net.topology.nranks();
+  RingPrediction p;
+  p.ranks = n;
+  p.tokens_per_rank = s.context / n;
+  p.k = s.coding.kind == RingCoding::Kind::kSubspace ? s.coding.rank : 0;
+  const int64_t tokens = s.batch * p.tokens_per_rank;  // rows of one K or V block
+  LBCC_ASSIGN_OR_RETURN(const RingTensorBytes kv, RingPayloadBytes(s.coding, tokens, s.d));
+  LBCC_ASSIGN_OR_RETURN(const RingTensorBytes ref, RingPayloadBytes(RingCoding(), tokens, s.d));
+  p.forward_bytes = 2 * kv.forward;  // K and V
+  p.backward_bytes = 2 * kv.backward;
+  p.bf16_bytes = 2 * ref.forward;
+  p.saved = 1 - p.forward_bytes / p.bf16_bytes;
+  p.ring_bytes_step =
+      static_cast<double>(s.layers) * (n - 1) * (p.forward_bytes + p.backward_bytes);
+
+  // One block: [B, H, T, T/H-wide] score and value products, counted as 2 flops per MAC.
+  const double t = static_cast<double>(p.tokens_per_rank);
+  const double block_macs = static_cast<double>(s.batch) * t * t * static_cast<double>(s.d);
+  p.block_forward_s = 2 * 2 * block_macs / s.attention_flops_per_s;   // Q K^T, P V
+  p.block_backward_s = 5 * 2 * block_macs / s.attention_flops_per_s;  // S again, dV, dP, dQ, dK
+
+  // A round's wire: every rank sends K and V to its neighbour at once.
+  std::vector<Transfer> fwd, bwd;
+  for (int i = 0; i < n && n > 1; ++i) {
+    for (int tensor = 0; tensor < 2; ++tensor) {
+      fwd.push_back({i, (i + 1) % n, kv.forward});
+      bwd.push_back({i, (i + n - 1) % n, kv.backward});
+    }
+  }
+  const PhaseTime pf = n > 1 ? TimeOfPhase(in.net, fwd) : PhaseTime{};
+  const PhaseTime pb = n > 1 ? TimeOfPhase(in.net, bwd) : PhaseTime{};
+  p.round_forward_wire_s = pf.seconds - pf.latency_s;
+  p.round_backward_wire_s = pb.seconds - pb.latency_s;
+  p.round_latency_s = std::max(pf.latency_s, pb.latency_s);
+  const double hop_f = pf.seconds, hop_b = pb.seconds;
+
+  // Does rank i attend to the block of rank j?
+  auto attends = [&](int i, int j) { return !s.causal || j <= i; };
+
+  // Forward: the relays run ahead of the compute (a_r = r hop_f).
+  double forward = 0;
+  int busiest_blocks = 0;
+  for (int i = 0; i < n; ++i) {
+    double f = p.block_forward_s;
+    int blocks = 1;
+    for (int r = 1; r < n; ++r) {
+      const int src = (i - r + n) % n;
+      const bool compute = attends(i, src);
+      blocks += compute ? 1 : 0;
+      f = std::max(f, r * hop_f) + (compute ? p.block_forward_s : 0);
+    }
+    forward = std::max(forward, std::max(f, (n - 1) * hop_f));
+    busiest_blocks = std::max(busiest_blocks, blocks);
+  }
+  // Backward: s[i] = when rank i has queued round r's partial sum.
+  std::vector<double> ready(n, p.block_backward_s), next(n);
+  for (int r = 1; r < n; ++r) {
+    for (int i = 0; i < n; ++i) {
+      const int block = (i + r) % n;
+      const double c = attends(i, block) ? p.block_backward_s : 0;
+      const double arrived = r > 1 ? ready[(i + 1) % n] + hop_b : 0;
+      next[i] = std::max(ready[i] + c, arrived);
+    }
+    ready.swap(next);
+  }
+  double backward = n > 1 ? 0 : p.block_backward_s;
+  for (int i = 0; i < n && n > 1; ++i) {
+    backward = std::max(backward, std::max(ready[i], ready[(i + 1) % n]) + hop_b);
+  }
+  p.forward_s = forward;
+  p.backward_s = backward;
+  const double layers = static_cast<double>(s.layers);
+  p.ring_s = layers * (forward + backward);
+  p.ring_compute_s = layers * busiest_blocks * (p.block_forward_s + p.block_backward_s);
+  p.ring_wire_s = layers * (n - 1) * (hop_f + hop_b);
+  p.limit = p.ring_compute_s >= p.ring_wire_s ? "compute" : "wire";
+  p.overlap_ratio = p.ring_s / std::max(p.ring_compute_s, p.ring_wire_s);
+
+  p.other_s = s.other_s >= 0 ? s.other_s
+                             : 6.0 * static_cast<double>(s.params) * static_cast<double>(tokens) /
+                                   s.other_flops_per_s;
+  if (s.params > 0 && n > 1) {
+    PlanInput one = in;
+    one.ring.reset();
+    one.collective = CollectiveSpec{"allreduce",
+                                    std::max<int64_t>(4, 4 * s.params / s.grad_tensors), 1};
+    LBCC_ASSIGN_OR_RETURN(const CollectivePrediction c, PredictCollective(one));
+    p.allreduce_s = static_cast<double>(s.grad_tensors) * c.seconds;
+  }
+  p.step_s = p.ring_s + p.other_s + p.allreduce_s;
+  return p;
+}
+
+Json ToJson(const RingPrediction& p) {
+  return {{"ranks", p.ranks},
+          {"tokens_per_rank", p.tokens_per_rank},
+          {"k", p.k},
+          {"forward_bytes", p.forward_bytes},
+          {"backward_bytes", p.backward_bytes},
+          {"bf16_bytes", p.bf16_bytes},
+          {"saved", p.saved},
+          {"ring_bytes_step", p.ring_bytes_step},
+          {"block_forward_s", p.block_forward_s},
+          {"block_backward_s", p.block_backward_s},
+          {"round_forward_wire_s", p.round_forward_wire_s},
+          {"round_backward_wire_s", p.round_backward_wire_s},
+          {"round_latency_s", p.round_latency_s},
+          {"forward_s", p.forward_s},
+          {"backward_s", p.backward_s},
+          {"ring_s", p.ring_s},
+          {"ring_compute_s", p.ring_compute_s},
+          {"ring_wire_s", p.ring_wire_s},
+          {"overlap_ratio", p.overlap_ratio},
+          {"other_s", p.other_s},
+          {"allreduce_s", p.allreduce_s},
+          {"step_s", p.step_s},
+          {"limit", p.limit}};
+}
+
+std::string FormatRingPrediction(const RingPrediction& p) {
+  std::string out = absl::StrFormat(
+      "context ring: %d ranks x %d tokens, k %d (%.1f %% fewer bytes than bf16)\n"
+      "  per round and link: forward %.0f B, backward %.0f B; wire %.6g s / %.6g s + latency "
+      "%.6g s\n"
+      "  per block: attention forward %.6g s, backward %.6g s\n"
+      "  per layer: forward pass %.6g s, backward pass %.6g s\n"
+      "  ring per step: %.6g s (compute %.6g s, wire %.6g s; %s-bound, %.3fx the larger), "
+      "%.0f B sent per rank\n"
+      "  step: %.6g s = ring %.6g s + other compute %.6g s + gradient all-reduce %.6g s\n",
+      p.ranks, p.tokens_per_rank, p.k, 100 * p.saved, p.forward_bytes, p.backward_bytes,
+      p.round_forward_wire_s, p.round_backward_wire_s, p.round_latency_s, p.block_forward_s,
+      p.block_backward_s, p.forward_s, p.backward_s, p.ring_s, p.ring_compute_s, p.ring_wire_s,
+      p.limit, p.overlap_ratio, p.ring_bytes_step, p.step_s, p.ring_s, p.other_s,
+      p.allreduce_s);
+  return out;
+}
+
+}  // namespace lbcc::plan
