@@ -252,15 +252,22 @@ bool SendsHelloWithoutSecret(int fd, absl::Time deadline) {
 
 // The root: accepts `nranks` hellos until `deadline`, then answers everyone. With nranks 0,
 // the first valid hello sets it.
+// `cancel` (may be null): shuts the listener and the connection being read down, so that the
+// root stops at once and tells the ranks that joined why.
 void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
-             std::optional<transport::JobSecret> secret) {
+             std::optional<transport::JobSecret> secret, std::shared_ptr<Cancellation> cancel) {
   std::map<int, Joined> joined;
+  const Cancellation::Hook stop_listening(
+      cancel.get(), [fd = listener.get()] { shutdown(fd, SHUT_RDWR); });
   while (nranks == 0 || static_cast<int>(joined.size()) < nranks) {
+    if (cancel != nullptr && cancel->cancelled()) break;
     if (!WaitFor(listener.get(), POLLIN, deadline, "").ok()) break;
     SockAddr from;
     from.len = sizeof(from.storage);
     Fd conn(accept(listener.get(), reinterpret_cast<sockaddr*>(&from.storage), &from.len));
     if (conn.get() < 0) continue;
+    const Cancellation::Hook stop_reading(cancel.get(),
+                                          [fd = conn.get()] { shutdown(fd, SHUT_RDWR); });
     // With a job secret, only members get further (transport/secure.h; refusals are logged). A
     // rank started without the secret is told so, rather than finding its connection reset.
     const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(10));
@@ -309,6 +316,16 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
       continue;
     }
     joined[static_cast<int>(rank)] = Joined{std::move(conn), std::move(decoded->blob)};
+  }
+  if (cancel != nullptr && cancel->cancelled()) {
+    // Superseded (an elastic epoch): the ranks that joined learn it now, not at the deadline.
+    const absl::Status why = cancel->status();
+    LBCC_LOG(INFO) << "bootstrap: root stopped with " << joined.size() << " rank(s) joined: "
+                   << why.message();
+    for (auto& [rank, j] : joined) {
+      (void)SendFrame(j.fd.get(), ErrorReply(why), absl::Now() + absl::Seconds(1));
+    }
+    return;
   }
   const absl::Time reply_deadline = absl::Now() + absl::Seconds(30);
   if (nranks == 0) return;  // Nobody came.
@@ -382,7 +399,8 @@ absl::Status CheckArgs(int nranks, absl::Duration timeout) {
 absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
                          absl::Duration timeout, bool wildcard_fallback, std::string* address,
                          const BootstrapSecurity& security = BootstrapSecurity{},
-                         std::optional<transport::JobSecret> id_secret = std::nullopt) {
+                         std::optional<transport::JobSecret> id_secret = std::nullopt,
+                         std::shared_ptr<Cancellation> cancel = nullptr) {
   LBCC_ASSIGN_OR_RETURN(std::optional<transport::JobSecret> secret,
                         BootstrapSecret(security, id_secret));
   SockAddr bound;
@@ -398,7 +416,7 @@ absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
   *address = FormatAddress(bound);
   LBCC_LOG(INFO) << "bootstrap: root at " << *address;
   std::thread(RunRoot, *std::move(listener), nranks, session, absl::Now() + timeout,
-              std::move(secret))
+              std::move(secret), std::move(cancel))
       .detach();
   return absl::OkStatus();
 }
@@ -406,7 +424,8 @@ absl::Status StartRootAt(const SockAddr& addr, int nranks, uint64_t session,
 }  // namespace
 
 absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout,
-                                        const BootstrapSecurity& security) {
+                                        const BootstrapSecurity& security,
+                                        std::shared_ptr<Cancellation> cancel) {
   LBCC_RETURN_IF_ERROR(CheckArgs(1, timeout));
   LBCC_ASSIGN_OR_RETURN(const transport::NetChoice net,
                         transport::SelectListenAddress(listen_host, /*root_host=*/""));
@@ -428,7 +447,8 @@ absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Dur
   std::string address;
   LBCC_RETURN_IF_ERROR(StartRootAt(FromNumeric(net.address, 0), /*nranks=*/0, session, timeout,
                                    /*wildcard_fallback=*/false, &address,
-                                   BootstrapSecurity{true, job_secret}, id_secret));
+                                   BootstrapSecurity{true, job_secret}, id_secret,
+                                   std::move(cancel)));
   if (address.size() >= AddressRoom(id_secret.has_value())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bootstrap: root address '", address, "' is longer than ",
@@ -494,10 +514,12 @@ std::optional<transport::JobSecret> UniqueIdSecret(const UniqueId& id) {
   return *secret;
 }
 
-absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
-                                                           int rank, absl::string_view blob,
-                                                           absl::Duration timeout,
-                                                           const BootstrapSecurity& security) {
+namespace {
+
+absl::StatusOr<std::vector<std::string>> Exchange(const UniqueId& id, int nranks, int rank,
+                                                  absl::string_view blob, absl::Duration timeout,
+                                                  const BootstrapSecurity& security,
+                                                  Cancellation* cancel) {
   LBCC_RETURN_IF_ERROR(CheckArgs(nranks, timeout));
   LBCC_ASSIGN_OR_RETURN(const std::optional<transport::JobSecret> secret,
                         BootstrapSecret(security, UniqueIdSecret(id)));
@@ -515,9 +537,14 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
   Fd fd;
   absl::Duration backoff = absl::Milliseconds(10);
   while (true) {
+    if (cancel != nullptr) LBCC_RETURN_IF_ERROR(cancel->status());
     fd = Fd(socket(root.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) return Errno("socket");
-    errno = transport::ConnectBefore(fd.get(), root.get(), root.len, deadline);
+    {
+      // Shut down, a connecting socket stops connecting at once (inet_shutdown).
+      const Cancellation::Hook stop(cancel, [s = fd.get()] { shutdown(s, SHUT_RDWR); });
+      errno = transport::ConnectBefore(fd.get(), root.get(), root.len, deadline);
+    }
     if (errno == 0) break;
     if (errno != ECONNREFUSED && errno != EINTR && errno != ETIMEDOUT) {
       return Errno(absl::StrCat("connect to ", UniqueIdAddress(id)));
@@ -529,9 +556,15 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
           errno == ETIMEDOUT ? " (no answer: a firewall dropping packets, or a wrong address?)"
                              : " (connection refused: is the root running?)"));
     }
-    absl::SleepFor(backoff);  // Back-off between connection attempts, not synchronisation.
+    // Back-off between connection attempts, not synchronisation.
+    if (cancel != nullptr) {
+      cancel->WaitFor(backoff);
+    } else {
+      absl::SleepFor(backoff);
+    }
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
+  const Cancellation::Hook stop(cancel, [s = fd.get()] { shutdown(s, SHUT_RDWR); });
   absl::Status authenticated =
       Authenticate(fd.get(), transport::HandshakeRole::kClient, secret,
                    absl::StrCat("bootstrap ", session), static_cast<uint64_t>(rank), deadline,
@@ -551,6 +584,62 @@ absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, i
                                   static_cast<uint32_t>(nranks) * (kMaxBlobBytes + 4) + 5),
                         _.Prepend(absl::StrCat("bootstrap: rank ", rank, " waiting for all ranks")));
   return internal::DecodeReply(reply, nranks);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> BootstrapExchange(const UniqueId& id, int nranks,
+                                                           int rank, absl::string_view blob,
+                                                           absl::Duration timeout,
+                                                           const BootstrapSecurity& security,
+                                                           Cancellation* cancel) {
+  absl::StatusOr<std::vector<std::string>> blobs =
+      Exchange(id, nranks, rank, blob, timeout, security, cancel);
+  // Whatever failed once the exchange was cancelled (a socket shut down under it) failed
+  // because of that.
+  if (!blobs.ok() && cancel != nullptr && cancel->cancelled()) return cancel->status();
+  return blobs;
+}
+
+void Cancellation::Cancel(absl::Status why) {
+  if (!absl::IsCancelled(why)) {
+    why = absl::CancelledError(why.ok() ? "cancelled" : why.message());
+  }
+  MutexLock lock(&mu_);
+  if (!why_.ok()) return;
+  why_ = std::move(why);
+  for (auto& [id, action] : hooks_) action();
+}  // Unlocking wakes WaitFor().
+
+absl::Status Cancellation::status() const {
+  MutexLock lock(&mu_);
+  return why_;
+}
+
+bool Cancellation::WaitFor(absl::Duration timeout) const {
+  MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !why_.ok(); },
+                              timeout);
+}
+
+int Cancellation::hooks() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(hooks_.size());
+}
+
+Cancellation::Hook::Hook(Cancellation* cancellation, std::function<void()> action)
+    : cancellation_(cancellation) {
+  if (cancellation_ == nullptr) return;
+  MutexLock lock(&cancellation_->mu_);
+  if (!cancellation_->why_.ok()) action();
+  id_ = ++cancellation_->next_hook_;
+  cancellation_->hooks_.emplace(id_, std::move(action));
+}
+
+Cancellation::Hook::~Hook() {
+  if (cancellation_ == nullptr) return;
+  MutexLock lock(&cancellation_->mu_);  // waits for a Cancel() running the action
+  cancellation_->hooks_.erase(id_);
 }
 
 namespace internal {

@@ -17,12 +17,16 @@
 //                     or the root could not be reached in time;
 //   InvalidArgument   bad arguments, a malformed address, or disagreement between ranks
 //                     (different nranks, a rank number taken twice, a foreign session);
-//   Unavailable       a socket failed mid-exchange.
+//   Unavailable       a socket failed mid-exchange;
+//   Cancelled         its Cancellation was cancelled (the status passed to Cancel()).
 // Thread-safety: all functions are thread-safe; ranks may be threads of one process.
 #ifndef LBCC_COMM_BOOTSTRAP_H_
 #define LBCC_COMM_BOOTSTRAP_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "transport/netif.h"
 #include "transport/secure.h"
 
@@ -54,13 +59,64 @@ struct BootstrapSecurity {
   std::optional<transport::JobSecret> secret;
 };
 
+// Stops a set-up in flight from another thread: a bootstrap root (CreateUniqueId), a rank's
+// bootstrap exchange (BootstrapExchange), a communicator's set-up (FabricOptions::cancel). The
+// work registers Hooks (shut a socket down, shut a transport down) while it blocks; Cancel()
+// runs them, so whatever the work waits in returns at once, and the work then returns the
+// cancellation's status instead of its own error. An elastic epoch superseded while it is being
+// set up is cancelled this way (comm/elastic), on the master (its root) and on every member.
+// Thread-safe; shared by the canceller and the work (std::shared_ptr).
+class Cancellation {
+ public:
+  Cancellation() = default;
+  Cancellation(const Cancellation&) = delete;
+  Cancellation& operator=(const Cancellation&) = delete;
+
+  // Idempotent: the first `why` is kept (an OK or non-Cancelled status becomes Cancelled with
+  // its message). Runs every registered hook on this thread, under the cancellation's mutex,
+  // before it returns.
+  void Cancel(absl::Status why);
+  // OK until Cancel(); its status afterwards.
+  absl::Status status() const;
+  bool cancelled() const { return !status().ok(); }
+  // Waits up to `timeout` (a back-off between retries); true when cancelled.
+  bool WaitFor(absl::Duration timeout) const;
+  // Hooks registered now (tests: the work has let go once this is 0).
+  int hooks() const;
+
+  // An action Cancel() runs while the Hook exists: run at once when the cancellation was
+  // cancelled already. The destructor unregisters it and waits for a run in progress, so the
+  // action may use what the Hook's owner destroys after it (a socket's descriptor: declare the
+  // Hook after it). A null cancellation: nothing.
+  class Hook {
+   public:
+    Hook(Cancellation* cancellation, std::function<void()> action);
+    ~Hook();
+    Hook(const Hook&) = delete;
+    Hook& operator=(const Hook&) = delete;
+
+   private:
+    Cancellation* cancellation_;
+    uint64_t id_ = 0;
+  };
+
+ private:
+  mutable Mutex mu_;
+  absl::Status why_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_hook_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);
+};
+
 // Starts a root listening on `listen_host` (an address, an interface name, or "" for the
 // interface transport/netif.h's SelectListenAddress picks; port chosen by the kernel) until
 // `timeout` passes, and returns the id that names it. Like ncclGetUniqueId, the root learns
 // nranks from the first rank that joins; every later rank must agree. With LBCC_SECRET_IN_ID=1
 // and no job secret (`security`'s), the id carries a fresh random one (UniqueIdSecret).
+// `cancel` (optional) stops the root early: it closes its listener, tells the ranks that joined
+// the cancellation's status, and its thread ends.
 absl::StatusOr<UniqueId> CreateUniqueId(absl::string_view listen_host, absl::Duration timeout,
-                                        const BootstrapSecurity& security = BootstrapSecurity{});
+                                        const BootstrapSecurity& security = BootstrapSecurity{},
+                                        std::shared_ptr<Cancellation> cancel = nullptr);
 
 // Starts a root on the fixed "host:port" `address` (torchrun/Slurm style) for `nranks` ranks.
 // The host is a name or an address (IPv6 in brackets), resolved with getaddrinfo; one that is
@@ -90,10 +146,11 @@ absl::Status CheckAdvertisedAddresses(const std::vector<std::string>& hostnames,
                                       const std::vector<std::string>& addresses);
 
 // Joins the job as `rank` of `nranks` and returns every rank's blob, in rank order. Retries the
-// connection until `timeout` (the root may start after this rank).
+// connection until `timeout` (the root may start after this rank). `cancel` (optional, must
+// outlive the call): once cancelled, the call returns its status promptly.
 absl::StatusOr<std::vector<std::string>> BootstrapExchange(
     const UniqueId& id, int nranks, int rank, absl::string_view blob, absl::Duration timeout,
-    const BootstrapSecurity& security = BootstrapSecurity{});
+    const BootstrapSecurity& security = BootstrapSecurity{}, Cancellation* cancel = nullptr);
 
 // The pure decoders of the bytes a bootstrap socket carries, for tests and fuzzers
 // (comm/bootstrap_fuzz.cc, comm/unique_id_fuzz.cc); the functions above do the I/O around them.

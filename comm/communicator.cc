@@ -67,12 +67,20 @@ absl::StatusOr<FabricOptions> FabricOptionsFromEnv() {
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(const UniqueId& id, int nranks,
                                                                  int rank, CommConfig config) {
+  return Init(id, nranks, rank, std::move(config), nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(
+    const UniqueId& id, int nranks, int rank, CommConfig config,
+    std::shared_ptr<Cancellation> cancel) {
   LBCC_LOG(INFO) << "LBCC version " << LBCC_VERSION_STRING;
   LBCC_RETURN_IF_ERROR(CheckEnvironment(config));
   LBCC_ASSIGN_OR_RETURN(CommConfig resolved, ResolveConfig(std::move(config)));
   LBCC_LOG(INFO) << "comm: rank " << rank << " config " << resolved.DebugString();
+  FabricOptions options = FabricOptionsOf(resolved);
+  options.cancel = std::move(cancel);
   LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Fabric> fabric,
-                        Fabric::Create(id, nranks, rank, FabricOptionsOf(resolved)));
+                        Fabric::Create(id, nranks, rank, std::move(options)));
   std::vector<int> ranks(nranks);
   for (int r = 0; r < nranks; ++r) ranks[r] = r;
   return std::unique_ptr<Communicator>(

@@ -99,6 +99,12 @@ class Communicator {
   // setting, named), DeadlineExceeded, Unavailable (see bootstrap.h, fabric.h).
   static absl::StatusOr<std::unique_ptr<Communicator>> Init(const UniqueId& id, int nranks,
                                                              int rank, CommConfig config = {});
+  // The same, stoppable from another thread: once `cancel` is cancelled, a set-up in progress
+  // returns its status (Cancelled) promptly (FabricOptions::cancel; elastic epochs superseded
+  // while they are set up).
+  static absl::StatusOr<std::unique_ptr<Communicator>> Init(const UniqueId& id, int nranks,
+                                                             int rank, CommConfig config,
+                                                             std::shared_ptr<Cancellation> cancel);
   // The same with every FabricOptions field explicit (ConfigFromFabricOptions).
   static absl::StatusOr<std::unique_ptr<Communicator>> Init(const UniqueId& id, int nranks,
                                                              int rank, FabricOptions options);

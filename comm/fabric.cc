@@ -102,6 +102,21 @@ struct Latch {
 
 absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int nranks, int rank,
                                                        FabricOptions options) {
+  const std::shared_ptr<Cancellation> cancel = std::move(options.cancel);
+  if (cancel != nullptr) LBCC_RETURN_IF_ERROR(cancel->status());
+  options.cancel = cancel;
+  absl::StatusOr<std::shared_ptr<Fabric>> fabric = Build(id, nranks, rank, std::move(options));
+  if (cancel != nullptr && cancel->cancelled()) {
+    // Whatever failed once the set-up was cancelled (its transport shut down under it) failed
+    // because of that; a fabric finished just then has a shut-down transport: dropped.
+    return cancel->status();
+  }
+  if (fabric.ok()) (*fabric)->options_.cancel.reset();
+  return fabric;
+}
+
+absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Build(const UniqueId& id, int nranks, int rank,
+                                                      FabricOptions options) {
   if (nranks < 1 || rank < 0 || rank >= nranks) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " of ", nranks, " is not a valid rank"));
@@ -126,6 +141,9 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
   }
   LBCC_ASSIGN_OR_RETURN(fabric->transport_,
                         MakeTransport(options.backend, *options.transport, id, rank, device, ipv6));
+  // A cancelled set-up: Connect(), Accept() and the hellos' receives return Cancelled at once.
+  const Cancellation::Hook stop(options.cancel.get(),
+                                [t = fabric->transport_.get()] { t->Shutdown(); });
   LBCC_ASSIGN_OR_RETURN(std::string address, fabric->transport_->Listen(listen),
                         _.Prepend("comm: listen"));
   const std::string hostname = Hostname();
@@ -144,7 +162,8 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int n
       BootstrapExchange(id, nranks, rank,
                         absl::StrCat(hostname, "\n", address, "\n", reachable_here ? "1" : "0"),
                         options.timeout,
-                        BootstrapSecurity{true, options.transport->security.secret}));
+                        BootstrapSecurity{true, options.transport->security.secret},
+                        options.cancel.get()));
   std::vector<std::string> addresses;
   std::vector<bool> reachable;
   for (const std::string& blob : blobs) {

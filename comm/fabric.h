@@ -17,7 +17,7 @@
 //
 // Errors: Unavailable (a peer or link was lost; the communicator must be recreated),
 // DeadlineExceeded (a peer did not answer in time), InvalidArgument (bad options), Cancelled
-// (aborted).
+// (aborted, or the set-up cancelled: FabricOptions::cancel).
 // Thread-safety: Fabric methods are thread-safe. A Batch belongs to one thread.
 #ifndef LBCC_COMM_FABRIC_H_
 #define LBCC_COMM_FABRIC_H_
@@ -61,6 +61,10 @@ struct FabricOptions {
   // use the ones it dialed for them, docs/nat.md), "auto" (for now: yes), or empty (the
   // default: LBCC_REACHABLE).
   std::string reachable;
+  // Stops the set-up from another thread (optional): once cancelled, Create() returns the
+  // cancellation's status promptly, wherever it waits (the bootstrap, connections, hellos: the
+  // transport is shut down). Create() lets go of it before returning.
+  std::shared_ptr<Cancellation> cancel;
 };
 
 // A Fabric's first abort and whether its caller asked for it (Communicator::Abort) rather than
@@ -145,6 +149,9 @@ class Fabric {
 
  private:
   Fabric() = default;
+  // Create() without the mapping of a cancelled set-up's error to the cancellation's status.
+  static absl::StatusOr<std::shared_ptr<Fabric>> Build(const UniqueId& id, int nranks, int rank,
+                                                       FabricOptions options);
   // Connects a data and a control endpoint to every peer, accepts theirs, and files the
   // accepted ones by the hello each sends first. A peer that cannot be dialed (reachable_)
   // dials this rank's endpoints to it as well (connection reversal); `reachable` is every

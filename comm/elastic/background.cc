@@ -33,6 +33,12 @@ class Running {
     --running_;
   }
 
+  bool AwaitIdle(absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; }, timeout);
+  }
+
  private:
   void AwaitAll() {
     MutexLock lock(&mu_);
@@ -61,6 +67,8 @@ void Background::Start(std::function<void()> fn) {
     Running::Get().Done();
   }).detach();
 }
+
+bool Background::AwaitIdle(absl::Duration timeout) { return Running::Get().AwaitIdle(timeout); }
 
 std::shared_ptr<Communicator> Adopt(std::unique_ptr<Communicator> comm) {
   return std::shared_ptr<Communicator>(comm.release(), [](Communicator* c) {

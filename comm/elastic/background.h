@@ -25,6 +25,9 @@ class Background {
   // Runs `fn` on a detached thread that exit() waits for. What `fn` holds is released before
   // the thread counts as done (releasing a communicator may start another such thread).
   static void Start(std::function<void()> fn);
+  // Waits up to `timeout` until no such thread runs; false at the timeout (tests: a superseded
+  // epoch's set-up must not linger).
+  static bool AwaitIdle(absl::Duration timeout);
 };
 
 // An epoch's communicator, destroyed on a background thread by whoever drops it last: closing

@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "base/status_matchers.h"
 #include "codecs/topk_ef.h"
+#include "comm/elastic/background.h"
 #include "comm/elastic/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -529,6 +530,70 @@ TEST(ElasticTest, AStepThatFailedOnOneLiveMemberOnlyIsForwardedToIt) {
   for (int i = 0; i < 2; ++i) EXPECT_THAT(m[i].group->Leave(), IsOk());
   comm2->reset();
   comm1.reset();
+}
+
+// A member lost while the others set up an epoch it belonged to (it never joined that epoch's
+// bootstrap): the master stops that epoch's root and each member cancels its set-up of it as the
+// next epoch is announced. With a set-up timeout of 300 s, every set-up thread is gone well
+// before (without the cancellation, each would wait in the bootstrap for the lost member until
+// the timeout).
+TEST(ElasticTest, ASupersededEpochsSetUpIsCancelledAtOnce) {
+  using elastic::Message;
+  using elastic::MsgType;
+  constexpr absl::Duration kSetup = absl::Seconds(300);
+  ElasticMasterOptions mo;
+  mo.job_id = "job-1";
+  mo.peer_timeout = absl::Seconds(5);
+  mo.min_members = 3;
+  mo.setup_timeout = kSetup;
+  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+  ASSERT_THAT(master.status(), IsOk());
+  auto codec = Codec();
+  Member m[2];
+  for (int i = 0; i < 2; ++i) m[i].seed = i;
+  std::thread real([&] {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 2; ++i) {
+      t.emplace_back([&, i] {
+        ElasticOptions o = MemberOptions(**master, absl::StrCat("m", i));
+        o.comm_config.timeout = kSetup;
+        absl::StatusOr<std::unique_ptr<ElasticGroup>> g = ElasticGroup::Join(
+            o, {*TensorView::Host(m[i].params.data(), {kElements})});
+        ASSERT_THAT(g.status(), IsOk());
+        m[i].group = std::move(*g);
+      });
+    }
+    for (auto& x : t) x.join();
+  });
+  ASSERT_TRUE((*master)->AwaitWaiting(2, absl::Seconds(30)));
+  // The third member speaks the protocol itself: it joins, is given epoch 1, and goes away
+  // without joining the epoch's bootstrap, where the other two wait for it.
+  absl::StatusOr<std::unique_ptr<elastic::Socket>> sock =
+      elastic::Socket::Connect((*master)->address(), absl::Now() + absl::Seconds(10));
+  ASSERT_THAT(sock.status(), IsOk());
+  Message join;
+  join.type = MsgType::kJoin;
+  join.job_id = "job-1";
+  join.name = "gone";
+  ASSERT_THAT((*sock)->Send(join, absl::Now() + absl::Seconds(5)), IsOk());
+  Message epoch;
+  while (epoch.type != MsgType::kEpoch) {
+    absl::StatusOr<Message> msg = (*sock)->Receive(absl::Now() + absl::Seconds(30));
+    ASSERT_THAT(msg.status(), IsOk());
+    epoch = *msg;
+  }
+  ASSERT_EQ(epoch.nranks, 3u);
+  real.join();
+  ASSERT_TRUE(m[0].group != nullptr && m[1].group != nullptr);
+  (*sock)->Shutdown();
+  sock->reset();
+  // The two go on in a newer epoch without it ...
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 1, *codec)) EXPECT_THAT(s, IsOk());
+  EXPECT_GT(m[0].group->epoch(), epoch.epoch);
+  EXPECT_EQ(m[0].out_hash, m[1].out_hash);
+  // ... and no set-up of epoch 1 still waits for it.
+  EXPECT_TRUE(elastic::Background::AwaitIdle(absl::Seconds(30)));
+  for (Member& x : m) EXPECT_THAT(x.group->Leave(), IsOk());
 }
 
 TEST(ElasticTest, WrongJobIdAndStaleStateAreRefused) {

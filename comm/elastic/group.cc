@@ -124,6 +124,8 @@ absl::Status ElasticGroup::Impl::Leave() {
     AwaitLastDecisionLocked();
     left_ = true;
     if (link_ != nullptr) link_->StopHeartbeats();
+    CancelSetupLocked(absl::CancelledError(
+        absl::StrCat("ElasticGroup ", options_.name, ": left the group")));
   }
   if (link_ != nullptr) {
     Message leave;
@@ -161,8 +163,10 @@ absl::Status ElasticGroup::Impl::Leave() {
 void ElasticGroup::Impl::FailLocked(absl::Status why) {
   if (!fatal_.ok() || left_) return;
   LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": " << why;
-  fatal_ = std::move(why);
   if (link_ != nullptr) link_->StopHeartbeats();
+  CancelSetupLocked(absl::CancelledError(absl::StrCat(
+      "ElasticGroup ", options_.name, ": the group failed (", why.message(), ")")));
+  fatal_ = std::move(why);
   if (comm_) RetireLocked(comm_);
 }
 

@@ -51,10 +51,21 @@ bool ElasticGroup::Impl::OnEpochLocked(const Message& m) {
   } else if (comm_) {
     RetireLocked(comm_);
   }
-  elastic::Background::Start([self = shared_from_this(), info = info_, parent = std::move(parent)] {
-    self->BuildEpoch(info, parent);
-  });
+  CancelSetupLocked(absl::CancelledError(absl::StrCat(
+      "ElasticGroup ", options_.name, ": the set-up was superseded by epoch ", info_.epoch)));
+  setup_cancel_ = std::make_shared<Cancellation>();
+  elastic::Background::Start([self = shared_from_this(), info = info_, parent = std::move(parent),
+                              cancel = setup_cancel_] { self->BuildEpoch(info, parent, cancel); });
   return true;
+}
+
+// On a thread of its own: cancelling shuts the set-up's transport down, which may take a
+// moment (UCX finishes cancelled requests), and the caller holds the group's mutex.
+void ElasticGroup::Impl::CancelSetupLocked(absl::Status why) {
+  std::shared_ptr<Cancellation> cancel = std::move(setup_cancel_);
+  if (cancel == nullptr || cancel->cancelled()) return;
+  elastic::Background::Start(
+      [cancel = std::move(cancel), why = std::move(why)] { cancel->Cancel(why); });
 }
 
 void ElasticGroup::Impl::OnDecisionLocked(const Message& m) {
@@ -65,14 +76,16 @@ void ElasticGroup::Impl::OnDecisionLocked(const Message& m) {
   if (m.broken) expect_after_ = std::max(expect_after_, m.next_epoch - 1);
 }
 
-// Builds `info`'s communicator, on a thread of its own per epoch: an epoch superseded while its
-// members meet (one left before joining its bootstrap) holds its thread until the set-up
-// timeout, and must not hold up the newer epoch. The thread keeps the Impl alive.
+// Builds `info`'s communicator, on a thread of its own per epoch, so that a set-up never holds
+// up the newer epoch's. An epoch superseded while its members meet (one left before joining
+// its bootstrap, or before connecting) is cancelled (`cancel`, by OnEpochLocked): its set-up
+// returns Cancelled at once instead of at the set-up timeout. The thread keeps the Impl alive.
 void ElasticGroup::Impl::BuildEpoch(const EpochInfo& info,
-                                    const std::shared_ptr<Communicator>& parent) {
+                                    const std::shared_ptr<Communicator>& parent,
+                                    const std::shared_ptr<Cancellation>& cancel) {
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       info.parent_epoch == 0
-          ? Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config)
+          ? Communicator::Init(info.id, info.nranks, info.rank, options_.comm_config, cancel)
       : parent != nullptr
           ? parent->Subgroup(info.parent_ranks, static_cast<uint32_t>(2 + info.epoch % 65534))
           : absl::StatusOr<std::unique_ptr<Communicator>>(absl::FailedPreconditionError(
@@ -83,7 +96,13 @@ void ElasticGroup::Impl::BuildEpoch(const EpochInfo& info,
   std::shared_ptr<Communicator> old;
   {
     MutexLock lock(&mu_);
-    if (info_.epoch != info.epoch || left_ || !fatal_.ok()) return;  // superseded: drop it
+    if (info_.epoch != info.epoch || left_ || !fatal_.ok()) {  // superseded: drop it
+      LBCC_LOG_IF(INFO, absl::IsCancelled(comm.status()))
+          << "ElasticGroup " << options_.name << ": epoch " << info.epoch
+          << "'s set-up stopped: " << comm.status().message();
+      return;
+    }
+    if (setup_cancel_ == cancel) setup_cancel_.reset();
     old = std::move(comm_);
     comm_ = std::move(built);
     comm_epoch_ = info.epoch;

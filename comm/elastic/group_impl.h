@@ -102,7 +102,10 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   // group_epochs.cc
   bool OnEpochLocked(const elastic::Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnDecisionLocked(const elastic::Message& m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BuildEpoch(const EpochInfo& info, const std::shared_ptr<Communicator>& parent);
+  void BuildEpoch(const EpochInfo& info, const std::shared_ptr<Communicator>& parent,
+                  const std::shared_ptr<Cancellation>& cancel);
+  // Stops the newest epoch's set-up if it still runs (superseded, left, failed for good).
+  void CancelSetupLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(std::shared_ptr<Communicator> comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // group_step.cc
@@ -145,6 +148,9 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   std::shared_ptr<Communicator> comm_ ABSL_GUARDED_BY(mu_);
   uint64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status setup_status_ ABSL_GUARDED_BY(mu_);
+  // The newest epoch's set-up (Communicator::Init's): cancelled when a newer epoch supersedes
+  // it, so its bootstrap and connections stop at once instead of at the set-up timeout.
+  std::shared_ptr<Cancellation> setup_cancel_ ABSL_GUARDED_BY(mu_);
   std::map<DecisionKey, elastic::Message> decisions_ ABSL_GUARDED_BY(mu_);
   ElasticStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -150,8 +150,22 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
     it->second->Shutdown();
     socks_.erase(it);
   }
-  absl::StatusOr<UniqueId> NewUniqueId() override {
-    return CreateUniqueId(options_.bootstrap_host, options_.setup_timeout);
+  absl::StatusOr<UniqueId> NewUniqueId() override ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto cancel = std::make_shared<Cancellation>();
+    absl::StatusOr<UniqueId> id =
+        CreateUniqueId(options_.bootstrap_host, options_.setup_timeout, BootstrapSecurity{},
+                       cancel);
+    if (id.ok()) roots_.push_back(std::move(cancel));
+    return id;
+  }
+  void SupersedeRoots() override ABSL_NO_THREAD_SAFETY_ANALYSIS { StopRootsLocked("superseded"); }
+  // Each root's thread ends at once: a root that answered already has nothing to stop.
+  void StopRootsLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const std::shared_ptr<Cancellation>& root : roots_) {
+      root->Cancel(absl::CancelledError(absl::StrCat(
+          "bootstrap: this elastic epoch's root stopped: the epoch was ", why)));
+    }
+    roots_.clear();
   }
 
   ElasticMasterOptions options_;
@@ -167,6 +181,8 @@ class ElasticMaster::Impl : private elastic::PolicyOutput {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<Reader> readers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Socket>> socks_ ABSL_GUARDED_BY(mu_);  // open connections
+  // The bootstrap roots of the current epoch (at most one): stopped when it is superseded.
+  std::vector<std::shared_ptr<Cancellation>> roots_ ABSL_GUARDED_BY(mu_);
   // Open connections (joining or joined) per peer host.
   std::map<std::string, int> per_address_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> member_address_ ABSL_GUARDED_BY(mu_);  // joined: its host
@@ -226,6 +242,7 @@ void ElasticMaster::Impl::Stop() {
     stopping_ = true;
     for (auto& [id, sock] : socks_) sock->Shutdown();
     if (policy_ != nullptr) policy_->Stop();
+    StopRootsLocked("stopped with its master");
   }
   if (listener_) listener_->Shutdown();
   if (acceptor_.joinable()) acceptor_.join();

@@ -301,6 +301,7 @@ void MembershipPolicy::ForwardInEpoch(Message* e) {
 void MembershipPolicy::NewEpoch(std::vector<uint64_t> ids, const std::string& reason) {
   const uint64_t previous = epoch_;
   ++epoch_;
+  output_->SupersedeRoots();
   reports_.clear();
   members_ = std::move(ids);
   epoch_members_[epoch_] = members_;

@@ -45,6 +45,10 @@ class PolicyOutput {
   virtual void Close(uint64_t member) = 0;
   // The id of a new epoch's bootstrap root (CreateUniqueId); an error refuses its members.
   virtual absl::StatusOr<UniqueId> NewUniqueId() = 0;
+  // A new epoch begins: every earlier epoch is superseded, and the bootstrap roots made for
+  // them stop now (their members still waiting in them are told Cancelled) instead of at their
+  // set-up timeout. Called before the new epoch's NewUniqueId(), if it has one.
+  virtual void SupersedeRoots() = 0;
 };
 
 struct PolicyOptions {

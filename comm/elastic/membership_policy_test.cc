@@ -37,8 +37,10 @@ class Recorder : public PolicyOutput {
     if (!root_error.ok()) return root_error;
     UniqueId id{};
     id.internal[0] = static_cast<char>(++roots);
+    superseded_at_root.push_back(superseded);
     return id;
   }
+  void SupersedeRoots() override { ++superseded; }
 
   // The messages of `type` sent to `member`, oldest first.
   std::vector<Message> Of(uint64_t member, MsgType type) const {
@@ -61,6 +63,8 @@ class Recorder : public PolicyOutput {
   std::set<uint64_t> unreachable;
   absl::Status root_error;
   int roots = 0;
+  int superseded = 0;  // SupersedeRoots() calls
+  std::vector<int> superseded_at_root;  // per NewUniqueId(): SupersedeRoots() calls before it
 };
 
 PolicyOptions Options(int min_members) {
@@ -136,6 +140,29 @@ TEST_F(MembershipPolicyTest, FormsTheGroupOnceMinMembersJoined) {
   EXPECT_EQ(eb.parent_epoch, 0u);                 // built anew, on a new bootstrap root
   EXPECT_EQ(eb.unique_id.size(), static_cast<size_t>(kUniqueIdBytes));
   EXPECT_EQ(job.out.roots, 1);
+}
+
+// Every new epoch, derived or fresh, stops the roots of the epochs before it, before it makes
+// its own: a member's set-up of a superseded epoch is told Cancelled by its root at once.
+TEST_F(MembershipPolicyTest, EveryNewEpochStopsTheRootsOfTheEpochsItSupersedes) {
+  Job job(&units_, 3);
+  const uint64_t a = job.Join("a"), b = job.Join("b"), c = job.Join("c");
+  EXPECT_EQ(job.policy.epoch(), 1u);
+  EXPECT_EQ(job.out.superseded, 1);
+  EXPECT_THAT(job.out.superseded_at_root, ElementsAre(1));
+  job.policy.Lost(c, "connection closed");  // between steps: derived, no root of its own
+  EXPECT_EQ(job.policy.epoch(), 2u);
+  EXPECT_NE(job.out.Last(a, MsgType::kEpoch).parent_epoch, 0u);
+  EXPECT_EQ(job.out.superseded, 2);  // epoch 1's root stops although epoch 2 has none
+  EXPECT_EQ(job.out.roots, 1);
+  job.CommitStep(0);
+  const uint64_t d = job.Join("d");
+  job.CommitStep(1);  // d is admitted: a fresh epoch
+  EXPECT_EQ(job.policy.epoch(), 3u);
+  EXPECT_EQ(job.out.Last(d, MsgType::kEpoch).parent_epoch, 0u);
+  EXPECT_EQ(job.out.superseded, 3);
+  EXPECT_THAT(job.out.superseded_at_root, ElementsAre(1, 3));
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(a, b, d));
 }
 
 TEST_F(MembershipPolicyTest, RefusesAnotherJobAndClosesTheConnection) {

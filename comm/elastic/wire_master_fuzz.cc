@@ -36,6 +36,7 @@ class Output : public PolicyOutput {
     std::strcpy(id.internal + 16, "127.0.0.1:1");
     return id;
   }
+  void SupersedeRoots() override {}
   std::vector<uint64_t> closed;
 };
 
