@@ -109,6 +109,11 @@ constexpr Spec kSpecs[] = {
     {"LBCC_SIMD", Type::kEnum, "auto",
      "SIMD level for CPU codecs: auto (best the CPU supports), avx2 or scalar.",
      "auto|avx2|scalar"},
+    {"LBCC_SLOW_BULK_YIELD", Type::kBool, "1",
+     "Transport: while a slow link also carries latency-critical (non-bulk) messages, its "
+     "bulk-priority sends pace themselves below the probed rate, leaving twice the recent "
+     "non-bulk rate free, in chunks of about 2 ms, so those messages find the bottleneck's "
+     "queue empty; 0: bulk is paced only by LBCC_SLOW_PACE_MBITS."},
     {"LBCC_SLOW_CHUNK_BYTES", Type::kBytes, "256K",
      "Transport: slow links send messages in chunks of this size; a higher-priority message "
      "waits for at most the chunks in flight.",
@@ -122,8 +127,8 @@ constexpr Spec kSpecs[] = {
      "Transport: a link probed below this rate (Gbit/s, either direction) is slow.", {}, 1e-6,
      1e6},
     {"LBCC_SLOW_PACE_MBITS", Type::kDouble, "0",
-     "Transport: pace each slow link's sends to this rate in Mbit/s (token bucket); 0: no "
-     "pacing.",
+     "Transport: pace each slow link's normal- and bulk-priority sends to this rate in Mbit/s "
+     "(token bucket; high priority is never held); 0: no pacing.",
      {}, 0, 1e7},
     {"LBCC_SLOW_RANKS", Type::kString, "",
      "Comma-separated ranks whose every link is slow (e.g. 2,3), on top of the topology."},

@@ -95,9 +95,12 @@ def worker(a):
             print(f"  block {b + 1}/{a.blocks}: {len(loaded)} loaded pings so far", flush=True)
     comm.barrier()
     if rank == 0:
+        counters = comm.link_counters(peer)
         with open(a.result, "w") as f:
             json.dump({"idle": idle, "loaded": loaded, "exchange_s": exchange_s,
-                       "link_class": comm.link_counters(peer)["link_class"],
+                       "link_class": counters["link_class"],
+                       "probed_mbit": counters["probed_send_bytes_per_second"] * 8e-6,
+                       "bulk_pace_mbit": counters["bulk_pace_bytes_per_second"] * 8e-6,
                        "payload_bytes": payload_bytes,
                        "act_bytes": len(codec.encode(act))}, f)
     comm.close()
@@ -119,8 +122,10 @@ def pct(xs, q):
 # no priority reaches, stays short).
 def settings(name, rate):
     mbit = float(rate.rstrip("mbit"))
-    if name == "default":
+    if name == "default":  # bulk yields to latency-critical traffic (LBCC_SLOW_BULK_YIELD=1)
         return {}
+    if name == "noyield":  # the scheduler before bulk yielding: priorities and credits only
+        return {"LBCC_SLOW_BULK_YIELD": "0"}
     if name == "tight":
         return {"LBCC_SLOW_CHUNK_BYTES": "8K", "LBCC_SLOW_WINDOW_BYTES": "16K",
                 "LBCC_SLOW_PACE_MBITS": f"{0.9 * mbit:g}"}
@@ -174,8 +179,9 @@ def main():
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="25mbit,100mbit")
-    ap.add_argument("--settings", default="default,latency,tight,headroom",
-                    help="transport settings to compare (default, latency, tight, headroom)")
+    ap.add_argument("--settings", default="default,noyield,tight",
+                    help="transport settings to compare (default, noyield, latency, tight, "
+                         "headroom)")
     ap.add_argument("--pings", type=int, default=40, help="idle pings per block")
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--interval-ms", type=float, default=20.0,
@@ -236,8 +242,9 @@ def main():
         "| link | transport settings | link class | activation B | exchange payload B per rank | exchange s (median) "
         "| idle pings | idle p50 ms | idle p90 ms | loaded pings | loaded p50 ms "
         "| loaded p90 ms | loaded max ms | loaded p50 / idle p50 | loaded p90 / idle p50 "
-        "| loaded pings > 1.2x idle p50 | floor ms | loaded p50 / floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| loaded pings > 1.2x idle p50 | floor ms | loaded p50 / floor "
+        "| probed rate Mbit/s (rank 0) | bulk pace Mbit/s (rank 0) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rate, setting, r, med_i in rows:
         idle, loaded = r["idle"], r["loaded"]
@@ -254,6 +261,8 @@ def main():
         floor = 2 * r["act_bytes"] * 8 / (float(rate.rstrip("mbit")) * 1e6)
         lo += (f" | {floor * 1e3:.2f} | "
                f"{statistics.median(loaded) / floor if loaded else float('nan'):.2f}")
+        pace = r.get("bulk_pace_mbit", 0)
+        lo += f" | {r.get('probed_mbit', 0):.1f} | {f'{pace:.1f}' if pace else 'no yield'}"
         env = " ".join(f"{k}={v}" for k, v in settings(setting, rate).items()) or "LBCC's"
         lines.append(f"| {rate} | {setting}: {env} | {r['link_class']} | {r['act_bytes']} | {r['payload_bytes']} | "
                      f"{statistics.median(r['exchange_s']):.3f} | {len(idle)} | "

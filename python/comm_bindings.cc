@@ -221,6 +221,7 @@ py::dict CountersDict(const transport::LinkCounters& c) {
   d["max_queued_messages"] = c.max_queued_messages;
   d["retries"] = c.retries;
   d["pacing_waits"] = c.pacing_waits;
+  d["bulk_pace_bytes_per_second"] = c.bulk_pace_bytes_per_second;
   return d;
 }
 

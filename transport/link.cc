@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <utility>
@@ -430,21 +431,33 @@ void Link::MaybeFinishSendLocked(OutMsg* msg) {
 
 void Link::PumpLocked() {
   if (link_class_ != LinkClass::kSlow) return;
-  const uint64_t chunk = static_cast<uint64_t>(scheduler_.chunk_bytes);
   while (!failed_) {
     int priority = 0;
     while (priority < kNumPriorities && queues_[priority].empty()) ++priority;
     if (priority == kNumPriorities) return;
+    const absl::Time now = absl::Now();
+    const bool bulk = priority == static_cast<int>(Priority::kBulk);
+    const bool yielding = bulk && BulkYieldLocked(now);
+    const uint64_t chunk = static_cast<uint64_t>(
+        yielding ? static_cast<int64_t>(bulk_bucket_->capacity()) : scheduler_.chunk_bytes);
     // The highest priority may exceed the window by one chunk: it never waits for a credit's
     // round trip, only for the bytes already in flight.
     const uint64_t window = static_cast<uint64_t>(window_bytes_) + (priority == 0 ? chunk : 0);
     if (inflight_bytes_ >= window) return;
+    for (int higher = 0; higher < priority; ++higher) {
+      if (inflight_by_priority_[higher] > 0) return;
+    }
     OutMsg* msg = queues_[priority].front();
     const uint32_t length =
         static_cast<uint32_t>(std::min<uint64_t>(chunk, msg->size - msg->next_offset));
-    if (bucket_.has_value() && length > 0) {
+    // High priority is never held; bulk that yields has its own bucket (see BulkYieldLocked).
+    TokenBucket* bucket = yielding ? &*bulk_bucket_
+                          : (priority != static_cast<int>(Priority::kHigh) && bucket_.has_value())
+                              ? &*bucket_
+                              : nullptr;
+    if (bucket != nullptr && length > 0) {
       absl::Time ready_at;
-      if (!bucket_->TryTake(length, absl::Now(), &ready_at)) {
+      if (!bucket->TryTake(length, now, &ready_at)) {
         ++counters_.pacing_waits;
         if (!pacing_timer_armed_) {
           pacing_timer_armed_ = true;
@@ -455,8 +468,9 @@ void Link::PumpLocked() {
         return;
       }
     }
-    for (int higher = 0; higher < priority; ++higher) {
-      if (inflight_by_priority_[higher] > 0) return;
+    if (!bulk && length > 0) {
+      nonbulk_rate_ = NonBulkRateLocked(now) + length / kNonBulkRateSeconds;
+      nonbulk_at_ = now;
     }
     // Striping: the lane with the fewest bytes in flight.
     int lane = 0;
@@ -471,6 +485,27 @@ void Link::PumpLocked() {
     }
     HandChunkLocked(msg, lane, offset, length, /*credit=*/length > 0);
   }
+}
+
+double Link::NonBulkRateLocked(absl::Time now) const {
+  if (nonbulk_at_ == absl::InfinitePast()) return 0;
+  return nonbulk_rate_ * std::exp(-absl::ToDoubleSeconds(now - nonbulk_at_) / kNonBulkRateSeconds);
+}
+
+bool Link::BulkYieldLocked(absl::Time now) {
+  // The rate bulk yields from: the configured pace where there is one, else the probe's.
+  const double rate = scheduler_.pace_bytes_per_second > 0 ? scheduler_.pace_bytes_per_second
+                                                           : probe_.send_bytes_per_second;
+  if (!scheduler_.bulk_yield || rate <= 0 || now - nonbulk_at_ >= kBulkYieldHold) return false;
+  const double pace = BulkPaceBytesPerSecond(rate, NonBulkRateLocked(now));
+  const double chunk = static_cast<double>(BulkYieldChunkBytes(scheduler_, pace));
+  if (bulk_bucket_.has_value()) {
+    bulk_bucket_->Reconfigure(pace, chunk, now);
+  } else {
+    bulk_bucket_.emplace(pace, chunk, now);
+  }
+  counters_.bulk_pace_bytes_per_second = pace;
+  return true;
 }
 
 void Link::OnPacingTimer() {

@@ -232,6 +232,11 @@ class Link : public std::enable_shared_from_this<Link> {
   void ReturnWindowLocked(int lane, uint64_t bytes, int priority)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a bulk chunk yields now; if so, bulk_bucket_ holds its pace and chunk size.
+  bool BulkYieldLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The non-bulk send rate at `now` (nonbulk_rate_ decayed since nonbulk_at_).
+  double NonBulkRateLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr double kNonBulkRateSeconds = 1.0;
   void OnPacingTimer();
   void MaybeFinishSendLocked(OutMsg* msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -273,6 +278,11 @@ class Link : public std::enable_shared_from_this<Link> {
   int64_t window_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   ProbeResult probe_ ABSL_GUARDED_BY(mu_);
   std::optional<TokenBucket> bucket_ ABSL_GUARDED_BY(mu_);
+  // Bulk yielding (SchedulerOptions::bulk_yield): the bulk-only bucket, the non-bulk send rate
+  // (an exponential average over about a second) and when a non-bulk chunk last left.
+  std::optional<TokenBucket> bulk_bucket_ ABSL_GUARDED_BY(mu_);
+  double nonbulk_rate_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time nonbulk_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool pacing_timer_armed_ ABSL_GUARDED_BY(mu_) = false;
 
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

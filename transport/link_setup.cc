@@ -16,6 +16,9 @@ namespace {
 
 // First size of the link probe.
 constexpr int64_t kProbeFirstBytes = 64 << 10;
+// Largest probe transfer of a link configured slow (its rates pace bulk, see
+// LinkSetup::probe_configured_slow_): enough for a shaped link, cheap for a test's loopback.
+constexpr int64_t kConfiguredSlowProbeBytes = 4 << 20;
 // Largest single probe transfer a peer may ask us for.
 constexpr uint64_t kProbeLimitBytes = uint64_t{1} << 30;
 
@@ -146,6 +149,8 @@ LinkSetup::LinkSetup(Role role, const TransportOptions& options, std::string pee
       probe_max_bytes_(options.probe_max_bytes),
       probe_min_time_(options.probe_min_time),
       slow_stripes_(std::max(1, options.scheduler.stripes)),
+      probe_configured_slow_(options.scheduler.bulk_yield &&
+                             options.scheduler.pace_bytes_per_second <= 0),
       security_(options.security) {}
 
 ControlMessage LinkSetup::Hello(uint64_t conn_id, uint32_t lane) {
@@ -455,14 +460,16 @@ absl::Status LinkSetup::AwaitWelcomes(int connections, absl::Time deadline) {
                deadline, "handshake");
 }
 
-absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadline, bool rates) {
+absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadline,
+                                             int64_t max_bytes) {
+  const bool rates = max_bytes > 0;
   ProbeResult result;
   uint64_t seq = 0;
   double rtt = 1e9;
   for (int i = 0; i < 3; ++i) {
     ControlMessage ping = Message(Ctl::kPing);
     ping.header.a = ++seq;
-    ping.header.b = rates && i == 0 ? static_cast<uint64_t>(probe_max_bytes_) : 0;
+    ping.header.b = rates && i == 0 ? static_cast<uint64_t>(max_bytes) : 0;
     const absl::Time start = absl::Now();
     wire.Send(std::move(ping));
     LBCC_RETURN_IF_ERROR(Await(
@@ -474,7 +481,7 @@ absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadlin
 
   // One direction: transfers grow until one takes probe_min_time or reaches probe_max_bytes.
   auto measure = [&](bool up) -> absl::StatusOr<double> {
-    int64_t bytes = std::min<int64_t>(kProbeFirstBytes, probe_max_bytes_);
+    int64_t bytes = std::min<int64_t>(kProbeFirstBytes, max_bytes);
     while (true) {
       ControlMessage message = Message(up ? Ctl::kProbeData : Ctl::kProbeRequest);
       message.header.a = ++seq;
@@ -496,11 +503,11 @@ absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadlin
             deadline, "probe"));
       }
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      if (elapsed >= absl::ToDoubleSeconds(probe_min_time_) || bytes >= probe_max_bytes_) {
+      if (elapsed >= absl::ToDoubleSeconds(probe_min_time_) || bytes >= max_bytes) {
         // The round trip is not transfer time; keep at least half the sample.
         return bytes / std::max(elapsed - rtt, elapsed / 2);
       }
-      bytes = std::min<int64_t>(bytes * 4, probe_max_bytes_);
+      bytes = std::min<int64_t>(bytes * 4, max_bytes);
     }
   };
   LBCC_ASSIGN_OR_RETURN(result.send_bytes_per_second, measure(/*up=*/true));
@@ -538,7 +545,13 @@ absl::StatusOr<LinkParams> LinkSetup::Negotiate(SetupWire& wire, const ConnectOp
   }
   LinkParams params;
   if (measure) {
-    LBCC_ASSIGN_OR_RETURN(params.probe, Probe(wire, deadline, !link_class.has_value()));
+    // Rates: to classify the link, or for a link configured slow, to pace its bulk by.
+    const int64_t rate_bytes =
+        !link_class.has_value() ? probe_max_bytes_
+        : *link_class == LinkClass::kSlow && probe_configured_slow_
+            ? std::min<int64_t>(probe_max_bytes_, kConfiguredSlowProbeBytes)
+            : 0;
+    LBCC_ASSIGN_OR_RETURN(params.probe, Probe(wire, deadline, rate_bytes));
   }
   if (!link_class.has_value() && measure) {
     const double slowest =
@@ -549,6 +562,11 @@ absl::StatusOr<LinkParams> LinkSetup::Negotiate(SetupWire& wire, const ConnectOp
                    << params.probe.send_bytes_per_second * 8e-9 << " Gbit/s up, "
                    << params.probe.recv_bytes_per_second * 8e-9 << " Gbit/s down, rtt "
                    << params.probe.rtt_seconds * 1e6 << " us: " << LinkClassName(*link_class);
+  } else if (params.probe.send_bytes_per_second > 0) {
+    LBCC_LOG(INFO) << "link to " << peer_ << " configured slow, probed at "
+                   << params.probe.send_bytes_per_second * 8e-6 << " Mbit/s up, "
+                   << params.probe.recv_bytes_per_second * 8e-6
+                   << " Mbit/s down (bulk yields below them)";
   }
   params.link_class = link_class.value_or(LinkClass::kFast);
   params.stripes = params.link_class == LinkClass::kSlow ? slow_stripes_ : 1;

@@ -216,7 +216,9 @@ class LinkSetup {
   // Waits for `done()` (under mu_), a failure or the deadline.
   template <typename Pred>
   absl::Status Await(Pred done, absl::Time deadline, absl::string_view what);
-  absl::StatusOr<ProbeResult> Probe(SetupWire& wire, absl::Time deadline, bool rates);
+  // Measures the round trip and, when max_bytes > 0, both directions' rates with transfers of
+  // up to max_bytes.
+  absl::StatusOr<ProbeResult> Probe(SetupWire& wire, absl::Time deadline, int64_t max_bytes);
   // The authenticated parts of OnControl (a secret is set, or the peer sent one).
   Step ServeHello(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Step ServeAuth(const ControlHeader& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -236,6 +238,9 @@ class LinkSetup {
   const int64_t probe_max_bytes_;
   const absl::Duration probe_min_time_;
   const int slow_stripes_;
+  // A link configured slow is still probed for its rates (with transfers of at most
+  // kConfiguredSlowProbeBytes) when bulk yielding needs them (no LBCC_SLOW_PACE_MBITS).
+  const bool probe_configured_slow_;
   const SecurityOptions security_;
 
   Mutex mu_;

@@ -157,13 +157,13 @@ ChunkHeader Header(uint64_t msg_seq, Tag tag, uint64_t tag_seq, uint64_t total, 
 class LinkTest : public ::testing::Test {
  protected:
   void Make(LinkClass link_class, int lanes, SchedulerOptions scheduler,
-            int64_t fast_chunk = 1000) {
+            int64_t fast_chunk = 1000, ProbeResult probe = {}) {
     link_ = std::make_shared<Link>(executor_, "fake-peer");
     for (int i = 0; i < lanes; ++i) {
       lanes_.push_back(std::make_shared<FakeLane>());
       link_->AddLane(lanes_.back());
     }
-    link_->Configure(link_class, scheduler, fast_chunk, {});
+    link_->Configure(link_class, scheduler, fast_chunk, probe);
   }
   SchedulerOptions Slow(int64_t chunk, int64_t window) {
     SchedulerOptions s;
@@ -325,6 +325,81 @@ TEST_F(LinkTest, PacingHoldsChunksToTheRate) {
   EXPECT_GE(link_->counters().pacing_waits, 1u);
   for (size_t i = 0; i < 10; ++i) lanes_[0]->Complete(i);
   EXPECT_THAT(sent.Wait(), IsOk());
+}
+
+TEST_F(LinkTest, PacingNeverHoldsHighPriority) {
+  SchedulerOptions s = Slow(1000, 1 << 20);
+  s.pace_bytes_per_second = 1000;  // One chunk a second: anything paced would still be waiting.
+  Make(LinkClass::kSlow, 1, s);
+  std::vector<uint8_t> normal = Bytes(1000, 1);
+  std::vector<uint8_t> high = Bytes(5000, 2);
+  SendResult& normal_sent = NewSendResult();
+  SendResult& high_sent = NewSendResult();
+  link_->Send(1, normal, {Priority::kNormal}, normal_sent.Callback());  // Takes the bucket's chunk.
+  link_->Send(2, high, {Priority::kHigh}, high_sent.Callback());
+  ASSERT_EQ(lanes_[0]->sent_count(), 6u);  // All five high chunks went at once.
+  for (size_t i = 1; i < 6; ++i) EXPECT_EQ(lanes_[0]->header(i).tag, 2u);
+  EXPECT_EQ(link_->counters().pacing_waits, 0u);
+  for (size_t i = 0; i < 6; ++i) lanes_[0]->Complete(i);
+  EXPECT_THAT(normal_sent.Wait(), IsOk());
+  EXPECT_THAT(high_sent.Wait(), IsOk());
+}
+
+TEST_F(LinkTest, BulkYieldsOnlyWhileNonBulkTrafficRuns) {
+  ProbeResult probe;
+  probe.send_bytes_per_second = 1e6;
+  probe.recv_bytes_per_second = 1e6;
+  Make(LinkClass::kSlow, 1, Slow(64 << 10, 1 << 20), 1000, probe);
+  // Bulk alone: full chunks, unpaced.
+  std::vector<uint8_t> first = Bytes(128 << 10, 1);
+  SendResult& first_sent = NewSendResult();
+  link_->Send(1, first, {Priority::kBulk}, first_sent.Callback());
+  ASSERT_EQ(lanes_[0]->sent_count(), 2u);
+  EXPECT_EQ(lanes_[0]->header(0).length, 64u << 10);
+  EXPECT_EQ(link_->counters().bulk_pace_bytes_per_second, 0);
+  // A latency-critical message, then more bulk: bulk now leaves in small paced chunks.
+  std::vector<uint8_t> high = Bytes(100, 2);
+  std::vector<uint8_t> second = Bytes(40000, 3);
+  SendResult& high_sent = NewSendResult();
+  SendResult& second_sent = NewSendResult();
+  link_->Send(2, high, {Priority::kHigh}, high_sent.Callback());
+  ASSERT_EQ(lanes_[0]->sent_count(), 3u);
+  link_->OnCredit(0, 100, kHigh);  // Bulk never leaves while a higher priority is in flight.
+  link_->Send(3, second, {Priority::kBulk}, second_sent.Callback());
+  const LinkCounters c = link_->counters();
+  EXPECT_GT(c.bulk_pace_bytes_per_second, kBulkYieldFloor * probe.send_bytes_per_second);
+  EXPECT_LE(c.bulk_pace_bytes_per_second, (1 - kBulkYieldMargin) * probe.send_bytes_per_second);
+  ASSERT_GE(lanes_[0]->sent_count(), 4u);
+  const uint32_t chunk = lanes_[0]->header(3).length;
+  EXPECT_EQ(chunk, static_cast<uint32_t>(kBulkYieldMinChunkBytes));
+  // 40000 bytes in 4 KiB chunks at under 1 MB/s: the bucket must have held some back.
+  ASSERT_TRUE(lanes_[0]->WaitForSent(3 + (40000 + chunk - 1) / chunk));
+  EXPECT_GE(link_->counters().pacing_waits, 1u);
+  for (size_t i = 0; i < lanes_[0]->sent_count(); ++i) lanes_[0]->Complete(i);
+  EXPECT_THAT(first_sent.Wait(), IsOk());
+  EXPECT_THAT(high_sent.Wait(), IsOk());
+  EXPECT_THAT(second_sent.Wait(), IsOk());
+}
+
+TEST_F(LinkTest, BulkDoesNotYieldWhenTurnedOff) {
+  ProbeResult probe;
+  probe.send_bytes_per_second = 1e6;
+  SchedulerOptions s = Slow(64 << 10, 1 << 20);
+  s.bulk_yield = false;
+  Make(LinkClass::kSlow, 1, s, 1000, probe);
+  std::vector<uint8_t> high = Bytes(100, 1);
+  std::vector<uint8_t> bulk = Bytes(128 << 10, 2);
+  SendResult& high_sent = NewSendResult();
+  SendResult& bulk_sent = NewSendResult();
+  link_->Send(1, high, {Priority::kHigh}, high_sent.Callback());
+  link_->OnCredit(0, 100, kHigh);
+  link_->Send(2, bulk, {Priority::kBulk}, bulk_sent.Callback());
+  ASSERT_EQ(lanes_[0]->sent_count(), 3u);
+  EXPECT_EQ(lanes_[0]->header(1).length, 64u << 10);
+  EXPECT_EQ(link_->counters().pacing_waits, 0u);
+  for (size_t i = 0; i < 3; ++i) lanes_[0]->Complete(i);
+  EXPECT_THAT(high_sent.Wait(), IsOk());
+  EXPECT_THAT(bulk_sent.Wait(), IsOk());
 }
 
 TEST_F(LinkTest, CloseCancelsQueuedPendingAndLaterWork) {

@@ -43,6 +43,20 @@ int64_t WindowBytes(const SchedulerOptions& options, double rate_bytes_per_secon
   return std::max<int64_t>(floor, static_cast<int64_t>(bdp));
 }
 
+double BulkPaceBytesPerSecond(double probed_send_bytes_per_second,
+                              double nonbulk_bytes_per_second) {
+  const double rate = probed_send_bytes_per_second;
+  return std::max(kBulkYieldFloor * rate,
+                  (1 - kBulkYieldMargin) * rate - 2 * nonbulk_bytes_per_second);
+}
+
+int64_t BulkYieldChunkBytes(const SchedulerOptions& options, double pace_bytes_per_second) {
+  const int64_t bytes =
+      static_cast<int64_t>(pace_bytes_per_second * absl::ToDoubleSeconds(kBulkYieldChunkTime));
+  return std::max<int64_t>(std::min<int64_t>(kBulkYieldMinChunkBytes, options.chunk_bytes),
+                           std::min(bytes, options.chunk_bytes));
+}
+
 absl::StatusOr<TransportOptions> TransportOptions::FromEnv() {
   TransportOptions options;
   LBCC_ASSIGN_OR_RETURN(options.scheduler.chunk_bytes, env::GetBytes("LBCC_SLOW_CHUNK_BYTES"));
@@ -51,6 +65,7 @@ absl::StatusOr<TransportOptions> TransportOptions::FromEnv() {
   LBCC_ASSIGN_OR_RETURN(const int64_t stripes, env::GetInt("LBCC_SLOW_STRIPES"));
   options.scheduler.stripes = static_cast<int>(stripes);
   LBCC_ASSIGN_OR_RETURN(options.scheduler.window_bytes, env::GetBytes("LBCC_SLOW_WINDOW_BYTES"));
+  LBCC_ASSIGN_OR_RETURN(options.scheduler.bulk_yield, env::GetBool("LBCC_SLOW_BULK_YIELD"));
   LBCC_ASSIGN_OR_RETURN(options.fast_chunk_bytes, env::GetBytes("LBCC_FAST_CHUNK_BYTES"));
   LBCC_ASSIGN_OR_RETURN(const std::string link_class, env::GetString("LBCC_LINK_CLASS"));
   if (link_class != "auto") {

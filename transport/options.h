@@ -47,7 +47,27 @@ struct SchedulerOptions {
   // receiver. Small keeps high-priority chunks from waiting behind bulk ones in socket buffers
   // and shaper queues; large fills long links. 0: automatic (see WindowBytes()).
   int64_t window_bytes = 0;
+  // LBCC_SLOW_BULK_YIELD: bulk-priority sends yield the link to latency-critical ones (see
+  // BulkPaceBytesPerSecond()).
+  bool bulk_yield = true;
 };
+
+// Bulk yielding. While a slow link has sent a non-bulk chunk within kBulkYieldHold, its bulk
+// chunks are paced at BulkPaceBytesPerSecond() in chunks of BulkYieldChunkBytes(), so that the
+// bottleneck's queue (a shaper's, a router's) stays empty and a latency-critical message waits
+// only for its own bytes: credits bound the bytes in flight, not the time they queue, and a
+// single 256 KiB chunk is 84 ms on a 25 Mbit/s link. The headroom is twice the recent non-bulk
+// rate plus kBulkYieldMargin of the probed rate (the probe's error), never below
+// kBulkYieldFloor of it, so bulk keeps moving.
+inline constexpr double kBulkYieldMargin = 0.05;
+inline constexpr double kBulkYieldFloor = 0.25;
+inline constexpr absl::Duration kBulkYieldHold = absl::Seconds(2);
+inline constexpr absl::Duration kBulkYieldChunkTime = absl::Milliseconds(2);
+inline constexpr int64_t kBulkYieldMinChunkBytes = 4096;
+double BulkPaceBytesPerSecond(double probed_send_bytes_per_second,
+                              double nonbulk_bytes_per_second);
+// About kBulkYieldChunkTime at `pace`, within [kBulkYieldMinChunkBytes, options.chunk_bytes].
+int64_t BulkYieldChunkBytes(const SchedulerOptions& options, double pace_bytes_per_second);
 
 // The window a slow link uses: the configured one, or
 // max(max(stripes, kMinWindowChunks) * chunk, 2 * rate * rtt), so that a long link stays full and

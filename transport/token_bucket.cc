@@ -15,6 +15,14 @@ void TokenBucket::Refill(absl::Time now) {
   }
 }
 
+void TokenBucket::Reconfigure(double rate_bytes_per_second, double capacity_bytes,
+                              absl::Time now) {
+  Refill(now);
+  rate_ = rate_bytes_per_second;
+  capacity_ = capacity_bytes;
+  tokens_ = std::min(tokens_, capacity_);
+}
+
 double TokenBucket::Available(absl::Time now) {
   Refill(now);
   return tokens_;

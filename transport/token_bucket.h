@@ -22,6 +22,10 @@ class TokenBucket {
   // larger than the capacity is treated as a request for the full capacity.
   bool TryTake(double bytes, absl::Time now, absl::Time* ready_at);
 
+  // Changes the rate and capacity from `now` on; tokens earned so far stay (up to the new
+  // capacity).
+  void Reconfigure(double rate_bytes_per_second, double capacity_bytes, absl::Time now);
+
   double rate() const { return rate_; }
   double capacity() const { return capacity_; }
   // Tokens at `now` (refills first).

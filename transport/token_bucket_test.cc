@@ -29,6 +29,19 @@ TEST(TokenBucketTest, OversizedRequestWaitsForAFullBucket) {
   EXPECT_EQ(ready, kStart + absl::Milliseconds(500));
 }
 
+TEST(TokenBucketTest, ReconfigureKeepsEarnedTokensUpToTheNewCapacity) {
+  TokenBucket bucket(1000, 500, kStart);
+  absl::Time ready;
+  EXPECT_TRUE(bucket.TryTake(500, kStart, &ready));
+  // 100 ms at the old rate earned 100 tokens; from then on the new rate applies.
+  bucket.Reconfigure(2000, 300, kStart + absl::Milliseconds(100));
+  EXPECT_DOUBLE_EQ(bucket.Available(kStart + absl::Milliseconds(100)), 100);
+  EXPECT_DOUBLE_EQ(bucket.Available(kStart + absl::Milliseconds(150)), 200);
+  EXPECT_DOUBLE_EQ(bucket.Available(kStart + absl::Seconds(5)), 300);
+  bucket.Reconfigure(2000, 50, kStart + absl::Seconds(5));
+  EXPECT_DOUBLE_EQ(bucket.Available(kStart + absl::Seconds(5)), 50);
+}
+
 TEST(TokenBucketTest, LongRunRateMatchesTheConfiguredRate) {
   TokenBucket bucket(1e6, 1e4, kStart);
   absl::Time now = kStart;

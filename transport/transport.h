@@ -98,7 +98,8 @@ struct LinkCounters {
   uint64_t inflight_bytes = 0;          // Handed to a connection, not yet acknowledged.
   uint64_t max_queued_messages = 0;     // High-water mark of queued_messages.
   uint64_t retries = 0;                 // Connection attempts repeated while setting up.
-  uint64_t pacing_waits = 0;            // Times the token bucket held a chunk back.
+  uint64_t pacing_waits = 0;            // Times a token bucket held a chunk back.
+  double bulk_pace_bytes_per_second = 0;  // Bulk's pace when it last yielded (0: never).
   uint64_t live_tags = 0;               // Per-tag entries held (send and receive side).
   bool authenticated = false;           // Set up with the job secret; every chunk is sealed.
   bool encrypted = false;               // ...and encrypted (LBCC_ENCRYPT).

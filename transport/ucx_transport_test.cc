@@ -131,14 +131,23 @@ TEST(UcxTransportTest, ProbeClassifiesAgainstTheThreshold) {
   }
 }
 
-TEST(UcxTransportTest, ConfiguredClassOnEitherSideSkipsTheProbeAndSlowWins) {
+TEST(UcxTransportTest, ConfiguredClassOnEitherSideSlowWinsAndIsProbedOnlyToPaceBulk) {
   TransportOptions fast_everywhere = LoopbackTcp();
   fast_everywhere.link_class = LinkClass::kFast;
   TransportOptions server_rules = LoopbackTcp();
   LBCC_ASSERT_OK_AND_ASSIGN(server_rules.link_rules, LinkRules::Parse("127.0.0.1 slow\n"));
+  {
+    LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(server_rules, fast_everywhere));
+    EXPECT_EQ(pair.a->link_class(), LinkClass::kSlow);
+    EXPECT_EQ(pair.b->link_class(), LinkClass::kSlow);
+    // Bulk yields by the link's rate, so a link configured slow is probed for it.
+    EXPECT_GT(pair.a->counters().probed_send_bytes_per_second, 0);
+    EXPECT_GT(pair.b->counters().probed_send_bytes_per_second, 0);
+  }
+  // Without bulk yielding (the connecting side decides), it is not: the class needs no rates.
+  fast_everywhere.scheduler.bulk_yield = false;
   LBCC_ASSERT_OK_AND_ASSIGN(Pair pair, Connect(server_rules, fast_everywhere));
   EXPECT_EQ(pair.a->link_class(), LinkClass::kSlow);
-  EXPECT_EQ(pair.b->link_class(), LinkClass::kSlow);
   EXPECT_EQ(pair.a->counters().probed_send_bytes_per_second, 0);  // Not probed.
   EXPECT_GT(pair.a->counters().probed_rtt_seconds, 0);             // The round trip always is.
 }
