@@ -18,6 +18,7 @@
 #include "base/env.h"
 #include "base/status_macros.h"
 #include "plan/plan.h"
+#include "plan/ring.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, input, "", "plan: the job JSON (also accepted as the first positional "
@@ -29,6 +30,31 @@ ABSL_FLAG(std::string, plot, "",
           "plan: also plot utilization vs slow-link bandwidth (every slow rate scaled) for dense "
           "boundaries, the recommendation and compress-all into this PNG (matplotlib; python "
           "from LBCC_PYTHON, default /usr/bin/python3)");
+
+// `lbcc plan ring`: the context-parallel ring from flags (or --input with a "ring" section).
+ABSL_FLAG(int64_t, context, 0, "plan ring: tokens of one sequence, split over --ranks");
+ABSL_FLAG(int, ranks, 4, "plan ring: ranks of the ring (the context parallelism)");
+ABSL_FLAG(double, link_mbit, 0, "plan ring: every rank's link rate, up and down, Mbit/s");
+ABSL_FLAG(double, latency_ms, 0, "plan ring: one-way latency of every link, ms");
+ABSL_FLAG(int64_t, batch, 1, "plan ring: sequences per step");
+ABSL_FLAG(int64_t, dim, 0, "plan ring: model width d (K and V are d wide)");
+ABSL_FLAG(int64_t, heads, 1, "plan ring: attention heads (must divide d)");
+ABSL_FLAG(int64_t, layers, 1, "plan ring: layers (one ring attention each)");
+ABSL_FLAG(bool, causal, true, "plan ring: causal attention (--nocausal: every block attended)");
+ABSL_FLAG(std::string, kv_codec, "bf16", "plan ring: K/V codec: raw, bf16, fp16 or subspace");
+ABSL_FLAG(double, compression, 0,
+          "plan ring: subspace: the fraction of bf16's ring bytes to save (the largest k "
+          "reaching it); or give --kv_k");
+ABSL_FLAG(int64_t, kv_k, 0, "plan ring: subspace: k coefficients per token");
+ABSL_FLAG(int64_t, components, 4, "plan ring: subspace: components M of the mixture");
+ABSL_FLAG(int64_t, mixture_block, 64, "plan ring: subspace: tokens per component selector");
+ABSL_FLAG(double, attention_gflops, 0,
+          "plan ring: block attention rate of one rank, GFLOP/s (measure it)");
+ABSL_FLAG(double, other_s, -1,
+          "plan ring: measured non-ring compute and optimizer per step, s (default: 6 x params "
+          "x tokens per rank at the attention rate)");
+ABSL_FLAG(int64_t, params, 0, "plan ring: parameters; their f32 gradient is all-reduced per step");
+ABSL_FLAG(int64_t, grad_tensors, 1, "plan ring: the gradient all-reduce's tensors (one each)");
 
 namespace lbcc::plan {
 
@@ -53,6 +79,8 @@ constexpr char kUsage[] =
     "usage:\n"
     "  lbcc plan --input=JOB.json [--json] [--target=0.95] [--plot=OUT.png]\n"
     "  lbcc plan simulate [--output=FILE.json] [--seed=N] [--participants=16,32,...,1024] ...\n"
+    "  lbcc plan ring --context=TOKENS --link_mbit=R --attention_gflops=G --dim=D [--ranks=4]\n"
+    "                 [--kv_codec=bf16|subspace --compression=0.95|--kv_k=K] [--json] ...\n"
     "\n"
     "Predicts one outer step of a heterogeneous SparseLoCo job on the network JOB.json\n"
     "describes: per replica the inner step (compute, pipeline boundaries, 1F1B bubble), the\n"
@@ -74,7 +102,13 @@ constexpr char kUsage[] =
     "           \"cpu\": {encode_ms, exchange_ms, decode_ms | encode_gelements_s, decode_gvalues_s,\n"
     "                   allreduce_ms, copy_gbytes_s, shared_cores},\n"
     "           \"job\": {H, top_k, values, indices, boundary: [{replica, k}], target_utilization}}\n"
-    "See docs/planning.md for every field and formula.\n";
+    "See docs/planning.md for every field and formula.\n"
+    "\n"
+    "lbcc plan ring: one training step of context-parallel ring attention (comm::ContextRing):\n"
+    "per layer the forward pass (K/V blocks to the successor) and the backward pass (dK/dV\n"
+    "partial sums to the predecessor), each round's wire overlapped with block attention, plus\n"
+    "the rest of the step and the dense gradient all-reduce. --input=JOB.json with a \"ring\"\n"
+    "section instead of the flags: docs/context_parallel.md, \"Planning\".\n";
 
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -147,10 +181,101 @@ absl::StatusOr<nlohmann::json> Sweep(const PlanInput& in, const Recommendation& 
   return out;
 }
 
+// The plan document `lbcc plan ring`'s flags describe.
+nlohmann::json RingJobFromFlags() {
+  const double mbit = absl::GetFlag(FLAGS_link_mbit);
+  nlohmann::json ring = {{"context", absl::GetFlag(FLAGS_context)},
+                         {"batch", absl::GetFlag(FLAGS_batch)},
+                         {"d", absl::GetFlag(FLAGS_dim)},
+                         {"heads", absl::GetFlag(FLAGS_heads)},
+                         {"layers", absl::GetFlag(FLAGS_layers)},
+                         {"causal", absl::GetFlag(FLAGS_causal)},
+                         {"codec", absl::GetFlag(FLAGS_kv_codec)},
+                         {"attention_gflops", absl::GetFlag(FLAGS_attention_gflops)},
+                         {"params", absl::GetFlag(FLAGS_params)},
+                         {"grad_tensors", absl::GetFlag(FLAGS_grad_tensors)}};
+  if (absl::GetFlag(FLAGS_other_s) >= 0) ring["other_s"] = absl::GetFlag(FLAGS_other_s);
+  if (absl::GetFlag(FLAGS_kv_codec) == "subspace") {
+    ring["components"] = absl::GetFlag(FLAGS_components);
+    ring["mixture_block"] = absl::GetFlag(FLAGS_mixture_block);
+    if (absl::GetFlag(FLAGS_kv_k) > 0) ring["k"] = absl::GetFlag(FLAGS_kv_k);
+    if (absl::GetFlag(FLAGS_compression) > 0) ring["compression"] = absl::GetFlag(FLAGS_compression);
+  }
+  return {{"topology", {{"nranks", absl::GetFlag(FLAGS_ranks)}}},
+          {"rates",
+           {{"default",
+             {{"up_mbit", mbit}, {"down_mbit", mbit}, {"latency_ms", absl::GetFlag(FLAGS_latency_ms)}}}}},
+          {"ring", ring}};
+}
+
+int RingMain(int argc, char** argv) {
+  absl::StatusOr<cli::Parsed> parsed =
+      ParseFlags(argc, argv,
+                 {"input", "json", "context", "ranks", "link_mbit", "latency_ms", "batch", "dim",
+                  "heads", "layers", "causal", "kv_codec", "compression", "kv_k", "components",
+                  "mixture_block", "attention_gflops", "other_s", "params", "grad_tensors"});
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "lbcc plan ring: %s (see lbcc plan --help)\n",
+                 std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help) {
+    std::fputs(cli::Help(kUsage, "plan/cli.cc").c_str(), stdout);
+    return 0;
+  }
+  if (!parsed->positional.empty()) {
+    std::fprintf(stderr, "lbcc plan ring: unexpected argument %s (see lbcc plan --help)\n",
+                 parsed->positional.front().c_str());
+    return 2;
+  }
+  std::string doc;
+  const std::string input_path = absl::GetFlag(FLAGS_input);
+  if (!input_path.empty()) {
+    for (const std::string& name : parsed->given) {
+      if (name != "input" && name != "json") {
+        std::fprintf(stderr, "lbcc plan ring: --%s and --input: the document has the ring\n",
+                     name.c_str());
+        return 2;
+      }
+    }
+    absl::StatusOr<std::string> text = ReadAll(input_path);
+    if (!text.ok()) {
+      std::fprintf(stderr, "lbcc plan ring: %s\n", std::string(text.status().message()).c_str());
+      return 1;
+    }
+    doc = *text;
+  } else {
+    for (const char* required : {"context", "link_mbit", "dim", "attention_gflops"}) {
+      if (!parsed->Given(required)) {
+        std::fprintf(stderr, "lbcc plan ring: --%s is required (see lbcc plan --help)\n",
+                     required);
+        return 2;
+      }
+    }
+    doc = RingJobFromFlags().dump();
+  }
+  absl::StatusOr<PlanInput> in = ParsePlanInput(doc);
+  absl::StatusOr<RingPrediction> p =
+      !in.ok()   ? absl::StatusOr<RingPrediction>(in.status())
+      : in->ring ? PredictRing(*in)
+                 : absl::InvalidArgumentError("ring: the document has no \"ring\" section");
+  if (!p.ok()) {
+    std::fprintf(stderr, "lbcc plan ring: %s\n", p.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", ToJson(*p).dump(2).c_str());
+  } else {
+    std::fputs(FormatRingPrediction(*p).c_str(), stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int PlanMain(int argc, char** argv) {
   if (argc >= 1 && std::strcmp(argv[0], "simulate") == 0) return SimulateMain(argc - 1, argv + 1);
+  if (argc >= 1 && std::strcmp(argv[0], "ring") == 0) return RingMain(argc - 1, argv + 1);
   absl::StatusOr<cli::Parsed> parsed = ParseFlags(argc, argv, {"input", "json", "target", "plot"});
   if (!parsed.ok()) {
     std::fprintf(stderr, "lbcc plan: %s (see lbcc plan --help)\n",
@@ -195,6 +320,15 @@ int PlanMain(int argc, char** argv) {
       return 2;
     }
     in->job.target_utilization = t;
+  }
+  if (in->ring) {  // the same as `lbcc plan ring --input`
+    absl::StatusOr<RingPrediction> r = PredictRing(*in);
+    if (!r.ok()) {
+      std::fprintf(stderr, "lbcc plan: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%s", json ? (ToJson(*r).dump(2) + "\n").c_str() : FormatRingPrediction(*r).c_str());
+    return 0;
   }
   if (in->collective) {
     absl::StatusOr<CollectivePrediction> c = PredictCollective(*in);

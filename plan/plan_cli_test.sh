@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `lbcc plan` end to end: --help touches nothing, bad input names the field (exit 1), a job
-# prints the tables and the recommendation, --json is JSON, a collective predicts one op.
+# prints the tables and the recommendation, --json is JSON, a collective predicts one op, and
+# `lbcc plan ring` predicts the context ring from flags or a document.
 set -euo pipefail
 lbcc=$(realpath "$1")
 job=$(realpath "$2")
@@ -9,8 +10,9 @@ trap 'rm -rf "$dir"' EXIT
 cd "$dir"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$lbcc" plan --help | grep -q "usage:" || fail "--help"
-"$lbcc" plan simulate --help | grep -q "usage:" || fail "simulate --help"
+grep -q "usage:" <<< "$("$lbcc" plan --help)" || fail "--help"
+grep -q "usage:" <<< "$("$lbcc" plan simulate --help)" || fail "simulate --help"
+grep -q "plan ring" <<< "$("$lbcc" plan ring --help)" || fail "ring --help"
 [[ -z "$(ls -A)" ]] || fail "--help wrote files"
 
 echo '{"topology": {"nranks": 2}, "collective": {"bytes": 64}}' > norates.json
@@ -37,8 +39,8 @@ set +e
 "$lbcc" plan simulate --participants=1 2> err.txt; rc=$?
 [[ $rc == 2 ]] && grep -q -- "--participants" err.txt || fail "simulate --participants=1"
 set -e
-"$lbcc" plan --help | grep -q -- "--plot" || fail "--help lists no flags"
-"$lbcc" plan simulate --help | grep -q -- "--participants" || fail "simulate --help lists no flags"
+grep -q -- "--plot" <<< "$("$lbcc" plan --help)" || fail "--help lists no flags"
+grep -q -- "--participants" <<< "$("$lbcc" plan simulate --help)" || fail "simulate --help lists no flags"
 [[ -z "$(ls -A | grep -v 'json$\|txt$')" ]] || fail "bad flags wrote files: $(ls -A)"
 
 "$lbcc" plan "$job" > out.txt || fail "job: $(cat out.txt)"
@@ -52,6 +54,31 @@ assert len(d['prediction']['replicas']) == 4" || fail "--json"
 echo '{"topology": {"nranks": 4}, "rates": {"default": {"up_mbit": 1000, "down_mbit": 100}},
        "collective": {"op": "sparse_allreduce", "bytes": 16777216, "tensors": 16}}' > coll.json
 "$lbcc" plan coll.json | grep -q "sparse_allreduce (direct)" || fail "collective"
+# The context ring: flags (or a "ring" document); the prediction follows the ratio's k.
+grep -q -- "--attention_gflops" <<< "$("$lbcc" plan ring --help)" || fail "ring --help"
+set +e
+"$lbcc" plan ring --context=256 --dim=64 --attention_gflops=1 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--link_mbit" err.txt || fail "ring without --link_mbit: exit $rc"
+"$lbcc" plan ring --context=255 --dim=64 --link_mbit=100 --attention_gflops=1 2> err.txt; rc=$?
+[[ $rc == 1 ]] && grep -q "ring.context" err.txt || fail "ring context 255: exit $rc"
+"$lbcc" plan ring --participants=16 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--participants" err.txt || fail "ring took simulate's flag"
+set -e
+ring=(--context=256 --batch=8 --dim=64 --heads=4 --layers=2 --link_mbit=100
+      --attention_gflops=0.5 --params=149504 --grad_tensors=30)
+"$lbcc" plan ring "${ring[@]}" > out.txt || fail "ring: $(cat out.txt)"
+grep -q "context ring: 4 ranks x 64 tokens" out.txt || fail "ring: $(cat out.txt)"
+"$lbcc" plan ring "${ring[@]}" --json > bf16.json
+"$lbcc" plan ring "${ring[@]}" --json --kv_codec=subspace --compression=0.95 \
+    --mixture_block=16 > sub.json
+/usr/bin/python3 -c "import json; b=json.load(open('bf16.json')); s=json.load(open('sub.json')); \
+assert s['k'] == 3 and s['saved'] >= 0.95, s; \
+assert s['ring_wire_s'] < b['ring_wire_s'] and s['ring_compute_s'] == b['ring_compute_s']; \
+assert abs(b['step_s'] - b['ring_s'] - b['other_s'] - b['allreduce_s']) < 1e-9" || fail "ring --json"
+echo '{"topology": {"nranks": 2}, "rates": {"default": {"up_mbit": 10, "down_mbit": 10}},
+       "ring": {"context": 64, "d": 8, "attention_gflops": 1}}' > ring.json
+"$lbcc" plan ring --input=ring.json | grep -q "context ring: 2 ranks" || fail "ring --input"
+"$lbcc" plan ring.json | grep -q "context ring: 2 ranks" || fail "plan with a ring document"
 "$lbcc" plan simulate --participants=16 --output=rows.json 2> /dev/null || fail "simulate"
 /usr/bin/python3 -c "import json; rows=json.load(open('rows.json')); \
 assert {r['participants'] for r in rows} == {16}" || fail "simulate --output"

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "plan/plan.h"
+#include "plan/ring.h"
 #include "python/bindings.h"
 
 namespace lbcc::python {
@@ -17,11 +18,12 @@ void BindPlan(py::module_& m) {
       "plan_predict",
       [](const std::string& job) {
         const plan::PlanInput in = Parse(job);
+        if (in.ring) return plan::ToJson(ValueOrThrow(plan::PredictRing(in))).dump();
         if (in.collective) return plan::ToJson(ValueOrThrow(plan::PredictCollective(in))).dump();
         return plan::ToJson(ValueOrThrow(plan::Predict(in))).dump();
       },
       py::arg("job"),
-      "One outer step (or the job's \"collective\") predicted from a plan document (JSON text);"
+      "One outer step (or the job's \"collective\", or its context \"ring\" step) predicted from a plan document (JSON text);"
       " returns JSON text. InvalidArgumentError names a bad field.");
   m.def(
       "plan_recommend",

@@ -5,6 +5,8 @@
            "collective": {"op": "sparse_allreduce", "bytes": 16 << 20}}
     lbcc.plan.predict(job)["seconds"]
     lbcc.plan.recommend(full_job)["least"]["replicas"]
+    lbcc.plan.ring(context=4096, ranks=4, link_mbit=100, d=256, heads=8, layers=4,
+                   attention_gflops=20, codec="subspace", compression=0.95)["step_s"]
 
 A job is a dict (or JSON text) in the schema of docs/planning.md; results are dicts with the
 same fields as `lbcc plan --json`. Bad input raises lbcc.InvalidArgumentError naming the field.
@@ -20,10 +22,29 @@ def _text(job):
 
 
 def predict(job):
-    """One outer step (or the job's "collective") as a dict."""
+    """One outer step (or the job's "collective", or its "ring" step) as a dict."""
     return json.loads(_lbcc.plan_predict(_text(job)))
 
 
 def recommend(job):
     """The least compression per replica that reaches the target utilization, and compress-all."""
     return json.loads(_lbcc.plan_recommend(_text(job)))
+
+
+def ring_job(context, link_mbit, d, attention_gflops, ranks=4, latency_ms=0.0, **ring):
+    """The plan document of a context-parallel ring step (what `lbcc plan ring`'s flags make):
+    every rank behind a link of `link_mbit` up and down with `latency_ms`; `ring` holds the
+    other fields of the "ring" section (batch, heads, layers, causal, codec, k, compression,
+    components, mixture_block, coefficient_dtype, other_s, other_gflops, params, grad_tensors;
+    docs/context_parallel.md, "Planning")."""
+    return {"topology": {"nranks": ranks},
+            "rates": {"default": {"up_mbit": link_mbit, "down_mbit": link_mbit,
+                                  "latency_ms": latency_ms}},
+            "ring": dict(ring, context=context, d=d, attention_gflops=attention_gflops)}
+
+
+def ring(context, link_mbit, d, attention_gflops, ranks=4, latency_ms=0.0, **fields):
+    """One step of context-parallel ring attention predicted (plan/ring.h): a dict with
+    ring_s, ring_compute_s, ring_wire_s, forward_s, backward_s, other_s, allreduce_s, step_s,
+    the payload bytes per round and the k a compression ratio picked."""
+    return predict(ring_job(context, link_mbit, d, attention_gflops, ranks, latency_ms, **fields))
