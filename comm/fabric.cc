@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -203,6 +204,24 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Build(const UniqueId& id, int nr
   return fabric;
 }
 
+namespace {
+constexpr char kFailedPeerUrl[] = "lbcc.comm/failed-peer";
+}  // namespace
+
+absl::Status WithFailedPeer(absl::Status status, int peer) {
+  if (!status.ok() && peer >= 0) status.SetPayload(kFailedPeerUrl, absl::Cord(absl::StrCat(peer)));
+  return status;
+}
+
+std::optional<int> FailedPeer(const absl::Status& status) {
+  const auto payload = status.GetPayload(kFailedPeerUrl);
+  int peer = -1;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &peer) || peer < 0) {
+    return std::nullopt;
+  }
+  return peer;
+}
+
 absl::Status Fabric::Connect(const std::vector<std::string>& addresses,
                              const std::vector<bool>& reachable) {
   out_.resize(nranks_);
@@ -280,8 +299,8 @@ absl::Status Fabric::OpenEndpoints(const std::vector<std::string>& addresses,
       absl::StatusOr<std::unique_ptr<Endpoint>> endpoint =
           transport_->Connect(addresses[peer], deadline - absl::Now(), connect_options);
       if (!endpoint.ok()) {
-        connect_status =
-            Annotate(endpoint.status(), absl::StrCat("comm: connect to rank ", peer));
+        connect_status = WithFailedPeer(
+            Annotate(endpoint.status(), absl::StrCat("comm: connect to rank ", peer)), peer);
         break;
       }
       (*use.slot)[peer] = *std::move(endpoint);

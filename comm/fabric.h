@@ -189,6 +189,13 @@ class Fabric {
   const std::shared_ptr<const AbortRecord> abort_record_ = abort_;
 };
 
+// The rank (the Fabric's numbering) a failure concerns, carried in the Status as a payload
+// where the fabric knows it: a set-up's connection to that rank failed. Elastic members report
+// it to the master, which drops a member its peers cannot reach (membership_policy.h).
+absl::Status WithFailedPeer(absl::Status status, int peer);
+// The payload's rank; nullopt when the status has none (or another's).
+std::optional<int> FailedPeer(const absl::Status& status);
+
 // The DeadlineExceeded of a data round that timed out: names the ranks this rank was still
 // receiving from ("no answer from rank 2 before the timeout"), else those whose sends had not
 // completed. Ranks as the caller names them (a count per rank; zero: not waited for).

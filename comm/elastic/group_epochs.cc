@@ -5,6 +5,7 @@
 // bootstrap root). A superseded epoch's communicator is retired (aborted, then destroyed off
 // the callers' threads).
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "base/logging.h"
 #include "comm/elastic/background.h"
 #include "comm/elastic/group_impl.h"
+#include "comm/fabric.h"
 
 namespace lbcc::comm {
 
@@ -93,30 +95,42 @@ void ElasticGroup::Impl::BuildEpoch(const EpochInfo& info,
                              "to derive epoch ", info.epoch, " from")));
   std::shared_ptr<Communicator> built;
   if (comm.ok()) built = elastic::Adopt(std::move(*comm));
+  Message failed;
+  failed.type = MsgType::kSetupFailed;
+  failed.epoch = info.epoch;
+  failed.text = comm.status().ToString();
+  // The peer it could not connect to (a fresh epoch's ranks are the fabric's): the master
+  // drops a member its peers cannot reach (MembershipPolicy, "blame").
+  if (const std::optional<int> peer = FailedPeer(comm.status());
+      peer.has_value() && info.parent_epoch == 0 && *peer < info.nranks) {
+    failed.blame = static_cast<uint32_t>(*peer + 1);
+  }
   std::shared_ptr<Communicator> old;
+  bool superseded = false;
   {
     MutexLock lock(&mu_);
     if (info_.epoch != info.epoch || left_ || !fatal_.ok()) {  // superseded: drop it
       LBCC_LOG_IF(INFO, absl::IsCancelled(comm.status()))
           << "ElasticGroup " << options_.name << ": epoch " << info.epoch
           << "'s set-up stopped: " << comm.status().message();
-      return;
+      // A failure of its own still tells the master whom it could not reach.
+      if (failed.blame == 0 || left_ || !fatal_.ok()) return;
+      superseded = true;
+    } else {
+      if (setup_cancel_ == cancel) setup_cancel_.reset();
+      old = std::move(comm_);
+      comm_ = std::move(built);
+      comm_epoch_ = info.epoch;
+      setup_status_ = comm.status();
+      if (comm.ok()) ++(info.parent_epoch != 0 ? stats_.derived_epochs : stats_.fresh_epochs);
     }
-    if (setup_cancel_ == cancel) setup_cancel_.reset();
-    old = std::move(comm_);
-    comm_ = std::move(built);
-    comm_epoch_ = info.epoch;
-    setup_status_ = comm.status();
-    if (comm.ok()) ++(info.parent_epoch != 0 ? stats_.derived_epochs : stats_.fresh_epochs);
   }
   old.reset();
-  if (!comm.ok()) {
+  if (superseded) {
+    (void)link_->Send(failed, absl::Seconds(1));
+  } else if (!comm.ok()) {
     LBCC_LOG(WARN) << "ElasticGroup " << options_.name << ": epoch " << info.epoch
                    << " set-up failed: " << comm.status();
-    Message failed;
-    failed.type = MsgType::kSetupFailed;
-    failed.epoch = info.epoch;
-    failed.text = comm.status().ToString();
     (void)link_->Send(failed, absl::Seconds(1));
   }
 }

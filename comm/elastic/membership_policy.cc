@@ -16,6 +16,9 @@ namespace {
 // unreachable; best-effort messages to members about to be closed get less.
 constexpr absl::Duration kSendTimeout = absl::Seconds(1);
 constexpr absl::Duration kLastWordTimeout = absl::Milliseconds(100);
+// How long a set-up failure that names a peer waits for the epoch's other failures (their
+// connections time out at the same deadline, within milliseconds of each other).
+constexpr absl::Duration kBlameGrace = absl::Milliseconds(250);
 }  // namespace
 
 MembershipPolicy::MembershipPolicy(PolicyOptions options, UnitTable* units, PolicyOutput* output)
@@ -46,6 +49,9 @@ void MembershipPolicy::Lost(uint64_t member, absl::string_view why) {
 }
 
 void MembershipPolicy::Tick(absl::Time now) {
+  if (setup_failure_.has_value() && now - setup_failure_->since >= kBlameGrace) {
+    SettleSetupFailure();
+  }
   std::vector<std::shared_ptr<Conn>> all;
   for (auto& [id, conn] : conns_) all.push_back(conn);
   for (auto& conn : all) {
@@ -143,10 +149,75 @@ void MembershipPolicy::Handle(Conn& conn, const Message& m) {
 }
 
 void MembershipPolicy::OnSetupFailed(Conn& conn, const Message& m) {
+  RecordBlame(conn, m);
   if (m.epoch != epoch_ || !IsMember(conn.id)) return;
-  fresh_next_ = true;  // a derived epoch could not be derived there
-  NewEpoch(members_, absl::StrCat("the communicator could not be built at ", Describe(conn),
-                                  ": ", m.text));
+  const std::string reason =
+      absl::StrCat("the communicator could not be built at ", Describe(conn), ": ", m.text);
+  if (m.blame == 0 && !setup_failure_.has_value()) {
+    fresh_next_ = true;  // a derived epoch could not be derived there
+    NewEpoch(members_, reason);
+    return;
+  }
+  // A connection failed: the others' failures of this epoch arrive about now.
+  if (!setup_failure_.has_value()) {
+    setup_failure_ = SetupFailure{epoch_, conn.last_heard, {}, reason};
+  }
+  setup_failure_->reported.insert(conn.id);
+  if (setup_failure_->reported.size() == members_.size()) SettleSetupFailure();
+}
+
+// Reports of older epochs count too: a member whose failure came after the next epoch was
+// announced still says whom it could not reach.
+void MembershipPolicy::RecordBlame(const Conn& conn, const Message& m) {
+  auto epoch = epoch_members_.find(m.epoch);
+  if (m.blame == 0 || epoch == epoch_members_.end() || m.blame > epoch->second.size()) return;
+  const uint64_t blamed = epoch->second[m.blame - 1];
+  if (blamed == conn.id || !IsMember(conn.id) || !IsMember(blamed)) return;
+  named_by_[blamed].insert(conn.id);
+  const auto [low, high] = std::minmax(conn.id, blamed);
+  pair_failures_[{low, high}].insert(m.epoch);
+}
+
+void MembershipPolicy::SettleSetupFailure() {
+  const SetupFailure failure = *std::move(setup_failure_);
+  setup_failure_.reset();
+  if (failure.epoch != epoch_) return;  // a newer epoch began meanwhile
+  // Of the pairs whose set-ups failed in two epochs: the member named by the most members,
+  // on a tie the newer.
+  uint64_t victim = 0, other = 0;
+  size_t most = 0;
+  const std::set<uint64_t>* epochs = nullptr;
+  for (const auto& [pair, failed] : pair_failures_) {
+    if (failed.size() < 2 || !IsMember(pair.first) || !IsMember(pair.second)) continue;
+    for (const auto& [who, peer] : {pair, std::make_pair(pair.second, pair.first)}) {
+      const size_t named = named_by_[who].size();
+      if (named > most || (named == most && who > victim)) {
+        victim = who;
+        other = peer;
+        most = named;
+        epochs = &failed;
+      }
+    }
+  }
+  if (victim == 0) {
+    fresh_next_ = true;
+    NewEpoch(members_, failure.reason);
+    return;
+  }
+  const size_t named_other = named_by_[other].size();
+  const std::string what = absl::StrCat(
+      "unreachable from ", Describe(*conns_.at(other)), ": the set-ups of epochs ",
+      *epochs->begin(), " and ", *std::next(epochs->begin()),
+      " failed between them; named by ", most, " member(s), ", Describe(*conns_.at(other)),
+      " by ", named_other, most == named_other ? " (a tie: the newer member goes)" : "");
+  pair_failures_.clear();
+  named_by_.clear();
+  Message evicted;
+  evicted.type = MsgType::kEvicted;
+  evicted.text = what;
+  (void)output_->Send(victim, evicted, kLastWordTimeout);
+  fresh_next_ = true;
+  Drop(victim, what, false);
 }
 
 bool MembershipPolicy::IsMember(uint64_t id) const {

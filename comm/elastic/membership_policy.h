@@ -5,7 +5,16 @@
 // connection, create a bootstrap root for a new epoch): join (welcome or refuse), admit
 // newcomers at a step boundary, decide every phase (commit, forward or abort), start a new
 // epoch (formation, arrivals, departures, a broken communicator) and drop members (left,
-// lost, silent, or their pipeline replica left). The master's socket server
+// lost, silent, unreachable from a peer, or their pipeline replica left).
+//
+// The unreachable-peer rule: a member whose epoch set-up fails names the peer it could not
+// connect to (kSetupFailed's blame). The master collects the epoch's failures for a moment
+// (kBlameGrace, or until every member reported). When the set-ups of two different epochs
+// failed between the same two members with no step committed since, it drops one member of
+// such a pair: the one named by the most distinct members, and on a tie the newer (joined
+// later); else it starts the next epoch as before. A member cut off from some members but not
+// from the master would otherwise make every epoch fail the same way, and the master retry it
+// for ever. The master's socket server
 // (master_server.cc) feeds it from its threads; membership_policy_test.cc feeds it directly.
 //
 // Pipeline replicas as units: the policies of one model's shard jobs share a UnitTable; a
@@ -21,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -152,6 +162,11 @@ class MembershipPolicy {
   absl::Status CheckJoin(const Message& m) const;
   void OnJoin(Conn& conn, const Message& m);
   void OnSetupFailed(Conn& conn, const Message& m);
+  // The unreachable-peer rule: records a set-up failure that names a peer ...
+  void RecordBlame(const Conn& conn, const Message& m);
+  // ... and, once the epoch's failures are in (every member reported, or the first tick
+  // kBlameGrace after the first), drops the member at fault or starts the next epoch.
+  void SettleSetupFailure();
   void QueueJoiner(uint64_t id, uint64_t target);
   bool IsMember(uint64_t id) const;
   bool Live(uint64_t id) const;
@@ -199,6 +214,20 @@ class MembershipPolicy {
   std::map<uint64_t, std::vector<uint64_t>> epoch_members_;
   std::optional<Forward> forward_;
   bool fresh_next_ = false;  // the next epoch is not derived
+  // Set-up failures that named a peer (kSetupFailed's blame) since the last committed step:
+  // per pair of members (lower id first) the epochs whose set-up failed between them, and per
+  // member the members that named it (the unreachable-peer rule, BlameSetup).
+  std::map<std::pair<uint64_t, uint64_t>, std::set<uint64_t>> pair_failures_;
+  std::map<uint64_t, std::set<uint64_t>> named_by_;
+  // The current epoch's set-up failed on a connection: its other members' failures (their
+  // connections time out at the same deadline) are collected before the next epoch.
+  struct SetupFailure {
+    uint64_t epoch = 0;
+    absl::Time since;
+    std::set<uint64_t> reported;
+    std::string reason;
+  };
+  std::optional<SetupFailure> setup_failure_;
   std::vector<uint64_t> failed_sends_;
 };
 

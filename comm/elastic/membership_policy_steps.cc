@@ -194,6 +194,8 @@ void MembershipPolicy::DecideStep(uint64_t epoch, uint64_t step,
     }
     step_ = std::max(step_, step + 1);
     commit_epoch_ = std::max(commit_epoch_, epoch);
+    pair_failures_.clear();  // the links work: earlier set-up failures no longer count
+    named_by_.clear();
     if (admit) Admit();
   } else if (forward) {
     forward_ = Forward{epoch, step, o.sources, o.receivers};

@@ -19,7 +19,9 @@
 namespace lbcc::comm::elastic {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 
@@ -103,6 +105,15 @@ struct Job {
   void Leave(uint64_t id) {
     Message m;
     m.type = MsgType::kLeave;
+    policy.Received(id, m, now);
+  }
+  // `id`'s set-up of `epoch` failed on the peer of rank `blame - 1` (0: none named).
+  void SetupFailed(uint64_t id, uint64_t epoch, uint32_t blame) {
+    Message m;
+    m.type = MsgType::kSetupFailed;
+    m.epoch = epoch;
+    m.blame = blame;
+    m.text = "connect failed";
     policy.Received(id, m, now);
   }
   // Every member of the current epoch reports step `step` as committed.
@@ -370,6 +381,79 @@ TEST_F(MembershipPolicyTest, ASetupFailureMakesTheNextEpochFresh) {
   EXPECT_EQ(job.policy.epoch(), 3u);
   EXPECT_EQ(job.out.Last(a, MsgType::kEpoch).parent_epoch, 0u);
   EXPECT_EQ(job.out.roots, 2);
+}
+
+// c cannot reach a (and a not c), both reach b and the master: every epoch's set-up fails
+// between them. Each names the other once per epoch (a tie): after the second epoch, the newer
+// of the two is dropped, told why, and the others go on. A failure that names a peer waits for
+// the epoch's other failures until a tick kBlameGrace later.
+TEST_F(MembershipPolicyTest, APairWhoseSetUpsFailTwiceLosesItsNewerMemberOnATie) {
+  Job job(&units_, 3);
+  const uint64_t a = job.Join("a"), b = job.Join("b"), c = job.Join("c");
+  ASSERT_EQ(job.policy.epoch(), 1u);
+  job.SetupFailed(c, 1, 1);  // c could not connect to rank 0 (a)
+  job.SetupFailed(a, 1, 3);  // a could not connect to c
+  job.policy.Tick(job.now + absl::Milliseconds(100));  // within the grace: b may still report
+  EXPECT_EQ(job.policy.epoch(), 1u);
+  job.policy.Tick(job.now + absl::Seconds(1));  // epoch 2, the same members
+  EXPECT_EQ(job.policy.epoch(), 2u);
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(a, b, c));
+  EXPECT_EQ(job.out.Last(b, MsgType::kEpoch).parent_epoch, 0u);
+  job.SetupFailed(a, 2, 3);  // epoch 2 fails between the same two
+  job.policy.Tick(job.now + absl::Seconds(1));
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(a, b));
+  EXPECT_FALSE(job.policy.connected(c));
+  EXPECT_THAT(job.out.closed, ElementsAre(c));
+  const Message evicted = job.out.Last(c, MsgType::kEvicted);
+  EXPECT_THAT(evicted.text,
+              AllOf(HasSubstr("unreachable from rank 0 (a)"), HasSubstr("epochs 1 and 2"),
+                    HasSubstr("the newer member goes")));
+  EXPECT_EQ(job.policy.epoch(), 3u);
+  EXPECT_EQ(job.out.Last(b, MsgType::kEpoch).nranks, 2u);
+  EXPECT_EQ(job.out.Last(b, MsgType::kEpoch).parent_epoch, 0u);  // epoch 2 was never built
+}
+
+// a is cut off from b and c (not from the master): b and c name a, a names one of them. The
+// member named by more members goes, although it is the oldest. Once every member of the
+// epoch reported, no tick is needed.
+TEST_F(MembershipPolicyTest, TheMemberMostPeersCannotReachIsDropped) {
+  Job job(&units_, 3);
+  const uint64_t a = job.Join("a"), b = job.Join("b"), c = job.Join("c");
+  job.SetupFailed(b, 1, 1);  // b -> a
+  job.SetupFailed(c, 1, 1);  // c -> a
+  job.SetupFailed(a, 1, 2);  // a -> b: all three reported
+  ASSERT_EQ(job.policy.epoch(), 2u);
+  job.SetupFailed(a, 2, 3);  // a -> c: a and c failed in epochs 1 and 2
+  job.policy.Tick(job.now + absl::Seconds(1));
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(b, c));
+  EXPECT_FALSE(job.policy.connected(a));
+  EXPECT_THAT(job.out.Last(a, MsgType::kEvicted).text,
+              AllOf(HasSubstr("unreachable from rank"), HasSubstr("named by 2 member(s)")));
+}
+
+// The rule counts failures since the last committed step, names that are members, and only
+// a peer named: a pair that failed once, then worked, then failed once more stays.
+TEST_F(MembershipPolicyTest, SetUpFailuresSeparatedByACommitOrNamingNobodyDropNobody) {
+  Job job(&units_, 3);
+  const uint64_t a = job.Join("a"), b = job.Join("b"), c = job.Join("c");
+  const auto settle = [&] { job.policy.Tick(job.now + absl::Seconds(1)); };
+  job.SetupFailed(c, 1, 1);
+  settle();  // epoch 2
+  job.CommitStep(0);  // epoch 2 works after all
+  job.SetupFailed(c, 2, 1);
+  settle();  // epoch 3
+  EXPECT_EQ(job.policy.epoch(), 3u);
+  job.SetupFailed(c, 3, 0);  // no peer named: epoch 4 at once
+  EXPECT_EQ(job.policy.epoch(), 4u);
+  job.SetupFailed(c, 4, 3);  // itself
+  settle();
+  job.SetupFailed(c, 5, 9);  // no such rank
+  settle();
+  job.SetupFailed(b, 6, 3);  // b -> c: the pair's first failure since the commit
+  settle();
+  EXPECT_THAT(job.policy.member_ids(), ElementsAre(a, b, c));
+  EXPECT_THAT(job.out.closed, IsEmpty());
+  EXPECT_EQ(job.policy.epoch(), 7u);
 }
 
 // Two shard jobs, each with a full replica, and a two-stage pipeline replica "p" whose stage 0

@@ -29,7 +29,8 @@ absl::StatusOr<absl::Duration> ResolvePeerTimeout(absl::Duration given) {
 namespace {
 
 constexpr uint32_t kMagic = 0x4d45424c;  // "LBEM"
-constexpr uint8_t kVersion = 3;
+// 4: kSetupFailed carries `blame`.
+constexpr uint8_t kVersion = 4;
 
 class Writer {
  public:
@@ -150,6 +151,9 @@ std::string Encode(const Message& m) {
       w.Put<uint32_t>(m.code);
       break;
     case MsgType::kSetupFailed:
+      w.Put<uint64_t>(m.epoch);
+      w.Put<uint32_t>(m.blame);
+      break;
     case MsgType::kEnter:
       w.Put<uint64_t>(m.epoch);
       break;
@@ -240,6 +244,8 @@ absl::StatusOr<Message> Decode(absl::string_view body) {
       }
       break;
     case MsgType::kSetupFailed:
+      r.Get(&m.epoch) && r.Get(&m.blame);
+      break;
     case MsgType::kEnter:
       r.Get(&m.epoch);
       break;

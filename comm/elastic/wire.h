@@ -81,6 +81,9 @@ struct Message {
   bool ok = false;      // report: local success; decision: commit
   bool broken = false;  // report: the communicator failed; decision: a new epoch follows
   uint64_t next_epoch = 0;  // decision with `broken`: the epoch that follows
+  // kSetupFailed: the rank of that epoch the set-up failed on, plus one (it could not connect
+  // to it); 0: not known.
+  uint32_t blame = 0;
   // kRefuse: absl::StatusCode; every type: a message (reason, error)
   uint32_t code = 0;
   std::string text;
