@@ -28,6 +28,7 @@
 #include "transport/link.h"
 #include "transport/link_setup.h"
 #include "transport/netif.h"
+#include "transport/socket_frame.h"
 
 namespace lbcc::transport {
 namespace {
@@ -87,11 +88,7 @@ class SocketLane final : public Lane, public std::enable_shared_from_this<Socket
   bool closed = false;
   bool want_write = false;
   std::deque<OutFrame> out;
-  // Reading: the frame's kind and header, then its body.
-  std::vector<uint8_t> head;   // bytes of the kind + header (+ payload length) so far
-  std::vector<uint8_t> body;   // the body, sized once the header is known
-  size_t body_read = 0;
-  bool in_body = false;
+  SocketFrameReader reader;  // the frame being read (socket_frame.h)
 
  private:
   template <typename Fn>
@@ -106,10 +103,6 @@ class SocketLane final : public Lane, public std::enable_shared_from_this<Socket
 constexpr uint64_t kMaxStrangerFrameBytes = 4096;
 // How long an accepted connection may stay silent before its HELLO.
 constexpr absl::Duration kHelloDeadline = absl::Seconds(10);
-
-size_t HeaderBytes(uint8_t kind) {
-  return kind == kFrameControl ? 1 + sizeof(ControlHeader) + 4 : 1 + sizeof(ChunkHeader);
-}
 
 class Reactor final : public std::enable_shared_from_this<Reactor> {
  public:
@@ -191,7 +184,7 @@ class Reactor final : public std::enable_shared_from_this<Reactor> {
   void RunCommands();
   void AcceptNew();
   void ReadFrom(const std::shared_ptr<SocketLane>& lane);
-  void OnFrame(const std::shared_ptr<SocketLane>& lane, uint8_t kind);
+  void OnFrame(const std::shared_ptr<SocketLane>& lane);
   void OnControl(const std::shared_ptr<SocketLane>& lane, const ControlHeader& h,
                  std::vector<uint8_t> payload);
   void HandleSetup(const std::shared_ptr<SocketLane>& lane, const ControlHeader& h);
@@ -270,10 +263,7 @@ void SocketLane::QueueControl(ControlHeader header, std::shared_ptr<std::vector<
   header.version = kWireVersion;
   OutFrame f;
   const uint32_t length = payload ? static_cast<uint32_t>(payload->size()) : 0;
-  f.head.resize(HeaderBytes(kFrameControl));
-  f.head[0] = static_cast<char>(kFrameControl);
-  std::memcpy(&f.head[1], &header, sizeof(header));
-  std::memcpy(&f.head[1 + sizeof(header)], &length, 4);
+  f.head = SocketFrameHead(header, length);
   f.length = length;
   f.data = payload ? payload->data() : nullptr;
   f.payload = std::move(payload);
@@ -289,9 +279,7 @@ void SocketLane::QueueChunk(const ChunkHeader& header, const uint8_t* data, size
     return;
   }
   OutFrame f;
-  f.head.resize(HeaderBytes(kFrameChunk));
-  f.head[0] = static_cast<char>(kFrameChunk);
-  std::memcpy(&f.head[1], &header, sizeof(header));
+  f.head = SocketFrameHead(header);
   f.data = data;
   f.length = length;
   f.done = std::move(done);
@@ -458,20 +446,10 @@ void Reactor::AcceptNew() {
 }
 
 void Reactor::ReadFrom(const std::shared_ptr<SocketLane>& lane) {
-  uint8_t buffer[64 << 10];
   while (!lane->closed) {
-    uint8_t* dst;
-    size_t want;
-    if (lane->in_body) {
-      dst = lane->body.data() + lane->body_read;
-      want = lane->body.size() - lane->body_read;
-    } else {
-      const size_t need = lane->head.empty() ? 1 : HeaderBytes(lane->head[0]);
-      dst = buffer;
-      want = need - lane->head.size();
-    }
-    const ssize_t n = want == 0 ? 0 : recv(lane->fd, dst, want, 0);
-    if (want > 0 && n == 0) {
+    const absl::Span<uint8_t> space = lane->reader.Space();
+    const ssize_t n = space.empty() ? 0 : recv(lane->fd, space.data(), space.size(), 0);
+    if (!space.empty() && n == 0) {
       Drop(lane, absl::UnavailableError("the peer closed the connection"));
       return;
     }
@@ -481,62 +459,33 @@ void Reactor::ReadFrom(const std::shared_ptr<SocketLane>& lane) {
       Drop(lane, absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno))));
       return;
     }
-    if (lane->in_body) {
-      lane->body_read += static_cast<size_t>(n);
-    } else {
-      lane->head.insert(lane->head.end(), buffer, buffer + n);
-      const uint8_t kind = lane->head[0];
-      if (kind != kFrameControl && kind != kFrameChunk) {
-        Drop(lane, absl::DataLossError(absl::StrCat("unknown frame kind ", kind)));
-        return;
-      }
-      if (lane->head.size() < HeaderBytes(kind)) continue;
-      uint64_t length = 0;
-      if (kind == kFrameControl) {
-        uint32_t l;
-        std::memcpy(&l, &lane->head[1 + sizeof(ControlHeader)], 4);
-        length = l;
-      } else {
-        ChunkHeader h;
-        std::memcpy(&h, &lane->head[1], sizeof(h));
-        length = h.length;
-      }
-      // A connection that has not said HELLO yet is a stranger: small set-up frames only.
-      const uint64_t limit = lane->record.expired() ? kMaxStrangerFrameBytes : kMaxSocketFrameBytes;
-      if (length > limit) {
-        Drop(lane, absl::DataLossError(absl::StrCat("a frame of ", length, " bytes")));
-        return;
-      }
-      lane->body.resize(length);
-      lane->body_read = 0;
-      lane->in_body = true;
+    // A connection that has not said HELLO yet is a stranger: small set-up frames only.
+    const uint64_t limit = lane->record.expired() ? kMaxStrangerFrameBytes : kMaxSocketFrameBytes;
+    if (absl::Status s = lane->reader.Received(static_cast<size_t>(n), limit); !s.ok()) {
+      Drop(lane, std::move(s));
+      return;
     }
-    if (lane->in_body && lane->body_read == lane->body.size()) {
-      const uint8_t kind = lane->head[0];
-      lane->in_body = false;
-      OnFrame(lane, kind);
-      lane->head.clear();
+    if (lane->reader.ready()) {
+      OnFrame(lane);
+      lane->reader.Next();
     }
   }
 }
 
-void Reactor::OnFrame(const std::shared_ptr<SocketLane>& lane, uint8_t kind) {
+void Reactor::OnFrame(const std::shared_ptr<SocketLane>& lane) {
   std::shared_ptr<Record> record = lane->record.lock();
   if (record != nullptr) record->watch.HeardFrom(absl::Now());
-  if (kind == kFrameControl) {
-    ControlHeader h;
-    std::memcpy(&h, &lane->head[1], sizeof(h));
-    OnControl(lane, h, std::move(lane->body));
-    lane->body = {};
+  if (lane->reader.kind() == kFrameControl) {
+    OnControl(lane, lane->reader.control(), std::move(lane->reader.body()));
+    lane->reader.body() = {};
     return;
   }
-  ChunkHeader h;
-  std::memcpy(&h, &lane->head[1], sizeof(h));
+  const ChunkHeader h = lane->reader.chunk();
   if (record == nullptr || lane->index < 0) {
     Drop(lane, absl::DataLossError("a data chunk before the link was set up"));
     return;
   }
-  record->link->OnChunk(lane->index, h, lane->body.data(), nullptr);
+  record->link->OnChunk(lane->index, h, lane->reader.body().data(), nullptr);
 }
 
 void Reactor::OnControl(const std::shared_ptr<SocketLane>& lane, const ControlHeader& h,

@@ -12,7 +12,8 @@
 // Wire: each connection carries frames of one kind byte and a header, in host byte order like
 // ChunkHeader: kFrameControl + ControlHeader (64 bytes) + u32 payload length + payload (probe
 // bytes), kFrameChunk + ChunkHeader (48 bytes) + the chunk's bytes. A frame that announces more
-// than kMaxSocketFrameBytes, or an unknown kind, fails the connection's link with DataLoss. An
+// than kMaxSocketFrameBytes, or an unknown kind, fails the connection's link with DataLoss (the
+// reader: socket_frame.h, fuzzed by socket_frame_fuzz). An
 // accepted connection is a stranger until its HELLO is admitted: frames of more than 4 KiB, bad
 // bytes or 10 s without a HELLO close it, and nothing else of the transport notices.
 //
