@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A byte-level model with its context split over 4 ranks (context parallelism over LBCC's
 K/V ring, lbcc.torch.RingAttention), uncompressed ring vs rings compressed by learned mixtures
-of subspaces (lbcc.torch.MixtureKV). Issue 46 item 4, reduced (see the results page).
+of subspaces (lbcc.torch.MixtureKV). Issue 46 item 4 at toy scale (see the results page).
 
 Corpus: the Debian base-files licence texts (/usr/share/common-licenses/*, ~260 kB of real
 English text), 90 % train, the last 10 % held out. Model: byte embedding + learned positions,
@@ -13,9 +13,13 @@ are averaged over the ranks with comm.all_reduce after each backward. Codecs:
            1 - k/d of the bf16 ring bytes saved (d 64: k 6 -> 90.6 %, k 3 -> 95.3 %)
 
   examples/long_context/long_context.py --where testbed --rate 100mbit --seeds 3
-writes bench/results/long_context.md (+ .json). Each (codec, seed) is one run of 4 processes,
-each in its own tools/testbed namespace behind a shaped link (down and up); --where loopback
-runs them on 127.0.0.1 instead. Needs the built package (PYTHONPATH with lbcc, e.g. from
+writes bench/results/long_context.md (+ .json, + .png): per codec the held-out loss, the ring's
+bytes, the step's split on the busiest rank (ring attention = block compute + the ring's calls,
+where the caller waits for the link and encodes and decodes; the gradient all-reduce; the rest),
+the planner's prediction (lbcc.plan.ring, fed the measured attention rate) beside the measured
+times, a plot, and what link rate the issue's step-time goal needs by the plan. Each (codec,
+seed) is one run of 4 processes, each in its own tools/testbed namespace behind a shaped link
+(down and up); --where loopback runs them on 127.0.0.1 instead. Needs the built package (PYTHONPATH with lbcc, e.g. from
 python/install) and, for the testbed, root.
 """
 
@@ -45,6 +49,72 @@ def corpus():
 
 # ---------------------------------------------------------------------------------- worker ---
 
+# The fields of one step's split, per rank (seconds).
+SPLIT = ["step", "attention", "ring_calls", "allreduce", "optimizer"]
+
+
+class RingTimers:
+    """Time per step inside ring attention (lbcc.torch.RingAttention's forward and backward)
+    and, within it, inside the calls on lbcc.ContextRing (the caller waits there for the link,
+    and encodes and decodes blocks); the difference is the block attention's compute."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.attention = 0.0
+        self.calls = 0.0
+
+
+def install_ring_timers():
+    """Wraps lbcc.ContextRing and RingAttention's autograd function with timers (this process
+    only; the library is unchanged)."""
+    import importlib
+    import lbcc
+    ra = importlib.import_module("lbcc.torch.ring_attention")  # the module, not the function
+
+    timers = RingTimers()
+    real_ring, real_fn = lbcc.ContextRing, ra._RingAttentionFn
+
+    class TimedRing:
+        def __init__(self, *args, **kwargs):
+            self._ring = real_ring(*args, **kwargs)
+
+        def __getattr__(self, name):
+            attr = getattr(self._ring, name)
+            if not callable(attr):
+                return attr
+
+            def timed(*args, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return attr(*args, **kwargs)
+                finally:
+                    timers.calls += time.perf_counter() - t
+            return timed
+
+    class TimedFn(real_fn):
+        @staticmethod
+        def forward(ctx, *args):
+            t = time.perf_counter()
+            try:
+                return real_fn.forward(ctx, *args)
+            finally:
+                timers.attention += time.perf_counter() - t
+
+        @staticmethod
+        def backward(ctx, *grads):
+            t = time.perf_counter()
+            try:
+                return real_fn.backward(ctx, *grads)
+            finally:
+                timers.attention += time.perf_counter() - t
+
+    lbcc.ContextRing = TimedRing
+    ra._RingAttentionFn = TimedFn
+    return timers
+
+
 def worker(a):
     import torch
     from torch import nn
@@ -52,6 +122,7 @@ def worker(a):
     from lbcc.torch import MixtureKV, RingAttention
 
     torch.set_num_threads(1)
+    timers = install_ring_timers()
     comm = lbcc.init(timeout=600)
     n, me = comm.nranks, comm.rank
     heads, dim, chunk = 4, a.dim, a.chunk
@@ -132,27 +203,34 @@ def worker(a):
         c = comm.bytes_by_class()
         return c["slow_sent"] + c["fast_sent"]
 
-    step_s, ring_b, compute_s, losses = [], [], [], []
+    # Per step and this rank: [step, ring (attention over the ring, forward + backward), in
+    # the ring's calls (waiting on the link, encode, decode), gradient all-reduce, optimizer].
+    split, ring_b, losses = [], [], []
     for step in range(a.steps):
         x, y = batch(train, data_rng, a.batch)
         comm.barrier()
+        timers.reset()
         t0 = time.perf_counter()
         b0 = ring_bytes()
         loss = nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         b1 = ring_bytes()
+        t1 = time.perf_counter()
         for p in model.parameters():
             if p.grad is not None:
                 p.grad = p.grad.contiguous()  # MixtureProjection's U gets a strided gradient
                 comm.all_reduce(p.grad, op="mean")
+        t2 = time.perf_counter()
         opt.step()
         if mix_k:
             for blk in model.blocks:
                 blk.kv.refresh_basis_()
-        step_s.append(time.perf_counter() - t0)
+        t3 = time.perf_counter()
+        split.append([t3 - t0, timers.attention, timers.calls, t2 - t1, t3 - t2])
         ring_b.append(b1 - b0)
         losses.append(loss.item())
+    grad_tensors = sum(1 for p in model.parameters() if p.grad is not None)
     # Held-out loss: fixed batches from the last 10 %, mean over the ranks' chunks.
     eval_rng = torch.Generator().manual_seed(1234)
     with torch.no_grad():
@@ -162,15 +240,27 @@ def worker(a):
             tot += nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).item()
     mean = torch.tensor([tot / a.eval_batches], dtype=torch.float32)
     comm.all_reduce(mean, op="mean")
-    # The compute of one step without the ring's link (ranks unshaped? no: the same step,
-    # timed in this process's CPU time, the best proxy a shared machine allows).
+    # Every rank's split, step by step, to rank 0 (a sum of rows only one rank fills).
+    # (float32: the ring's all-reduce types; other ranks add exact zeros to each value.)
+    every = torch.zeros((n, a.steps, len(SPLIT)), dtype=torch.float32)
+    every[me] = torch.tensor(split, dtype=torch.float32)
+    comm.all_reduce(every, op="sum")
     if me == 0:
-        skip = min(2, len(step_s) - 1)
+        skip = min(2, len(split) - 1)
+        steps = every[:, skip:, :].tolist()  # [rank][step][field]
         rec = {"codec": a.codec, "seed": a.seed, "heldout": mean.item(),
                "train_last": statistics.mean(losses[-5:]),
-               "step_s": statistics.median(step_s[skip:]),
+               "step_s": statistics.median(row[0][0] for row in zip(*steps)),
                "ring_bytes_step": statistics.median(ring_b[skip:]),
-               "params": sum(p.numel() for p in model.parameters())}
+               "params": sum(p.numel() for p in model.parameters()),
+               "grad_tensors": grad_tensors, "tokens_per_rank": chunk, "batch": a.batch,
+               "dim": dim, "heads": heads, "layers": a.layers, "ranks": n,
+               # Per rank: the median over steps of each field of SPLIT.
+               "split": [{f: statistics.median(st[i] for st in steps[r])
+                          for i, f in enumerate(SPLIT)} for r in range(n)],
+               # The ring's time per step: its slowest rank (the passes end together).
+               "ring_s": statistics.median(max(steps[r][j][1] for r in range(n))
+                                           for j in range(len(steps[0])))}
         with open(a.result, "a") as f:
             f.write(json.dumps(rec) + "\n")
     comm.close()
@@ -235,9 +325,146 @@ def rate_bits(rate):
     return float(rate)
 
 
+def mean_sd(xs):
+    xs = list(xs)
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def codec_fields(codec):
+    """The plan's ring codec fields for one of this script's codecs."""
+    if codec.startswith("mix"):
+        return {"codec": "subspace", "k": int(codec[3:]), "components": 4, "mixture_block": 16}
+    return {"codec": codec}
+
+
+def measured_split(rec):
+    """One run's split on its busiest rank (the last: causal attention gives it every block),
+    seconds per step (medians over steps): the ring's block compute, the ring's calls (waiting
+    on the link, encode, decode), the gradient all-reduce, the rest (non-ring forward and
+    backward, optimizer), and the block attention's flop rate there."""
+    last = rec["split"][-1]
+    compute = last["attention"] - last["ring_calls"]
+    t, b, d = rec["tokens_per_rank"], rec["batch"], rec["dim"]
+    # The plan's count (plan/ring.h): 4 B T^2 d forward, 10 B T^2 d backward per block; the
+    # last rank attends to all `ranks` blocks in every layer.
+    flops = rec["layers"] * rec["ranks"] * 14.0 * b * t * t * d
+    return {"step": last["step"], "ring": rec["ring_s"], "compute": compute,
+            "link": last["ring_calls"], "allreduce": last["allreduce"],
+            "rest": last["step"] - last["attention"] - last["allreduce"],
+            "gflops": flops / compute / 1e9}
+
+
+def plan_row(a, rec, split, mbit=None, params=None, gflops_scale=1.0):
+    """The planner's step for this run (lbcc.plan.ring), fed the measured compute rate, the
+    measured rest of the step, the link rate and the model's shape."""
+    import lbcc.plan
+    return lbcc.plan.ring(
+        context=rec["ranks"] * rec["tokens_per_rank"], ranks=rec["ranks"],
+        link_mbit=mbit if mbit is not None else rate_bits(a.rate) / 1e6, d=rec["dim"],
+        attention_gflops=split["gflops"] * gflops_scale, batch=rec["batch"], heads=rec["heads"],
+        layers=rec["layers"], other_s=split["rest"] / gflops_scale,
+        params=rec["params"] if params is None else params, grad_tensors=rec["grad_tensors"],
+        **codec_fields(rec["codec"]))
+
+
+def goal_sentence(a, by_codec):
+    """What the <= 1/10 step-time goal needs, from the planner fed this run's measured compute:
+    the link rate (equivalently, the compute speed-up at --rate) at which the strongest
+    compression's step is 1/10 of bf16's, with and without the per-step dense gradient
+    all-reduce on the same links."""
+    codecs = [c for c in a.codecs.split(",") if c in by_codec]
+    if "bf16" not in by_codec or len(codecs) < 2:
+        return ""
+    strongest = codecs[-1]
+    base_rec, base_split = by_codec["bf16"]
+    rec, split = by_codec[strongest]
+    here = rate_bits(a.rate) / 1e6
+    rates = [here * 10 ** (i / 32) for i in range(-128, 65)]
+
+    def ratios(params):
+        out = []
+        for mbit in rates:
+            b = plan_row(a, base_rec, base_split, mbit, params)["step_s"]
+            m = plan_row(a, rec, split, mbit, params)["step_s"]
+            out.append((b / m, mbit))
+        return out
+
+    with_ar = ratios(None)
+    best, best_mbit = max(with_ar)
+    without = ratios(0)
+    ok = [mbit for r, mbit in without if r >= 10]
+    measured = by_codec[strongest][1]["step"] / base_split["step"]
+    wire = base_rec["ring_bytes_step"] * 8 / rate_bits(a.rate)
+    bound = "compute" if base_split["compute"] > wire else "wire"
+    text = (f"Goal (step time of {strongest} <= 1/10 of bf16's): measured here "
+            f"{measured:.2f}x, {'met' if measured <= 0.1 else 'not met'}; bf16's ring is "
+            f"{bound}-bound here (block compute {base_split['compute']:.3f} s vs its wire "
+            f"{wire:.3f} s per step, the rest of the step {base_split['rest']:.3f} s, the "
+            f"gradient all-reduce {base_split['allreduce']:.3f} s). The plan fed this run's "
+            f"measured compute: with the dense gradient all-reduce on the same links every "
+            f"step (its bytes the same for every codec) bf16/{strongest} is at most {best:.1f}x "
+            f"(at {best_mbit:.3g} Mbit/s; {rates[0]:.3g} to {rates[-1]:.3g} Mbit/s scanned)")
+    if ok:
+        top = max(ok)
+        text += (f"; without it (gradients synchronised elsewhere or rarely), 1/10 needs links "
+                 f"of at most {top:.3g} Mbit/s at this compute, i.e. compute "
+                 f"{here / top:.3g}x faster at {a.rate} (bf16's ring wire >= "
+                 f"{base_rec['ring_bytes_step'] * 8 / (top * 1e6) / base_split['compute']:.3g}x "
+                 f"its block compute).")
+    else:
+        text += f"; even without it, 1/10 is not reached at any rate from {rates[0]:.3g} Mbit/s."
+    return text
+
+
+def plot(a, by_seed, plans, path):
+    """Held-out loss vs ring bytes per step, and the step time's split, per codec (mean over
+    seeds; error bars: the seeds' standard deviation)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    codecs = [c for c in a.codecs.split(",") if c in by_seed]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    for codec in codecs:
+        runs = by_seed[codec]
+        kb = mean_sd(r["ring_bytes_step"] / 1e3 for r, _ in runs)
+        loss = mean_sd(r["heldout"] for r, _ in runs)
+        left.errorbar([kb[0]], [loss[0]], xerr=[kb[1]], yerr=[loss[1]], fmt="o", capsize=4,
+                      label=codec)
+    left.set_xscale("log")
+    left.set_xlabel("ring kB sent per step and rank")
+    left.set_ylabel("held-out loss (mean +- std over seeds)")
+    left.grid(alpha=0.3)
+    left.legend()
+    parts = [("compute", "ring block compute"), ("link", "ring calls (link wait, codec)"),
+             ("allreduce", "gradient all-reduce"), ("rest", "rest (non-ring, optimizer)")]
+    bottom = [0.0] * len(codecs)
+    for key, label in parts:
+        vals = [mean_sd(sp[key] for _, sp in by_seed[c])[0] for c in codecs]
+        right.bar(codecs, vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    step = [mean_sd(sp["step"] for _, sp in by_seed[c]) for c in codecs]
+    right.errorbar(codecs, [m for m, _ in step], yerr=[sd for _, sd in step], fmt="none",
+                   ecolor="k", capsize=6)
+    wire = [statistics.mean(r["ring_bytes_step"] for r, _ in by_seed[c]) * 8 /
+            rate_bits(a.rate) for c in codecs]
+    if a.where == "testbed":
+        right.plot(codecs, wire, "kx", markersize=10, label=f"ring wire at {a.rate}")
+    if plans:
+        right.plot(codecs, [plans[c] for c in codecs], "k_", markersize=30, mew=2,
+                   label="plan's step (lbcc.plan.ring)")
+    right.set_ylabel("seconds per step (busiest rank, median over steps)")
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"long context over the K/V ring: {a.ranks} ranks, {a.where}"
+                 + (f" {a.rate}" if a.where == "testbed" else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def render(a, recs, meta):
     lines = [
-        "# Long context over the compressed K/V ring (issue 46, item 4 reduced)",
+        "# Long context over the compressed K/V ring (issue 46, item 4)",
         "",
         "Written by `examples/long_context/long_context.py`; do not edit by hand. Setup: the "
         "script's doc.",
@@ -255,17 +482,20 @@ def render(a, recs, meta):
         "- ring bytes: what rank 0 sent during one step's forward and backward (the ring's "
         "passes only; the gradient all-reduce comes after); wire time = those bytes / link rate "
         "(rank 0 sends on one link per round)",
+        "- plot: [long_context.png](long_context.png) (held-out loss vs ring bytes; the step's "
+        "split)",
         "",
         "| codec | ring bytes saved vs bf16 | held-out loss (mean +- std over seeds) | "
         "train loss (last 5) | ring kB per step (rank 0) | wire s per step at the rate | "
         "step s (median, all in) | seeds |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    by_seed, by_codec = {}, {}
     base = None
-    for codec in a.codecs.split(","):
+    codecs = [c for c in a.codecs.split(",") if any(r["codec"] == c for r in recs)]
+    for codec in codecs:
         mine = [r for r in recs if r["codec"] == codec]
-        if not mine:
-            continue
+        by_seed[codec] = [(r, measured_split(r)) for r in mine]
         held = [r["heldout"] for r in mine]
         kb = statistics.mean(r["ring_bytes_step"] for r in mine) / 1e3
         if codec == "bf16":
@@ -277,10 +507,88 @@ def render(a, recs, meta):
             f"| {codec} | {saved} | {statistics.mean(held):.4f} +- {sd:.4f} | "
             f"{statistics.mean(r['train_last'] for r in mine):.4f} | {kb:.1f} | "
             f"{wire:.3f} | {statistics.mean(r['step_s'] for r in mine):.3f} | {len(mine)} |")
+    lines += [
+        "",
+        "## Where a step goes",
+        "",
+        f"Per step on the busiest rank (rank {a.ranks - 1}: causal attention gives it every "
+        "block), medians over steps, mean over seeds (+- std). Ring = the time inside ring "
+        "attention (forward and backward, every layer; its slowest rank), of which *calls* is "
+        "the time in lbcc.ContextRing's calls (waiting on the link, encoding, decoding) and "
+        "*compute* the rest (block attention). Wire = ring bytes / link rate. Rest = the step "
+        "less ring attention and the all-reduce (non-ring forward and backward, optimizer, "
+        "basis refresh). The issue's overlap goal: ring <= 1.1 x max(compute, wire).",
+        "",
+        "| codec | step s | ring s | ring compute s | ring calls s | wire s | ring / max(compute, "
+        "wire) | gradient all-reduce s | rest s | block attention GFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for codec in codecs:
+        runs = by_seed[codec]
+        f = {k: mean_sd(sp[k] for _, sp in runs)
+             for k in ("step", "ring", "compute", "link", "allreduce", "rest", "gflops")}
+        link = rate_bits(a.rate) if a.where == "testbed" else math.inf  # loopback: no wire
+        wire = statistics.mean(r["ring_bytes_step"] for r, _ in runs) * 8 / link
+        ratio = mean_sd(sp["ring"] / max(sp["compute"], r["ring_bytes_step"] * 8 / link)
+                        for r, sp in runs)
+        by_codec[codec] = (dict(runs[0][0], ring_bytes_step=statistics.mean(
+            r["ring_bytes_step"] for r, _ in runs)), {k: v[0] for k, v in f.items()})
+        lines.append(
+            f"| {codec} | {f['step'][0]:.3f} +- {f['step'][1]:.3f} | "
+            f"{f['ring'][0]:.3f} +- {f['ring'][1]:.3f} | {f['compute'][0]:.3f} | "
+            f"{f['link'][0]:.3f} | {wire:.3f} | {ratio[0]:.2f} +- {ratio[1]:.2f} | "
+            f"{f['allreduce'][0]:.3f} | {f['rest'][0]:.3f} | {f['gflops'][0]:.2f} |")
+    plans = {}
+    if a.where != "testbed":
+        lines += ["", "(loopback: no link rate, so no wire time and no plan.)"]
+    else:
+        plans = plan_table(a, codecs, by_seed, lines)
+    png = os.path.splitext(a.out)[0] + ".png"
+    plot(a, by_seed, plans, png)
     lines += ["", f"Parameters: {recs[0]['params'] if recs else 0} (bf16 model).", ""]
+    if a.where == "testbed":
+        goal = goal_sentence(a, by_codec)
+        if goal:
+            lines += [goal, ""]
     with open(a.out, "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
+
+
+def plan_table(a, codecs, by_seed, lines):
+    """The planner's rows beside the measured ones; returns the mean planned step per codec."""
+    plans = {}
+    lines += [
+        "",
+        "## The plan against the run",
+        "",
+        "`lbcc.plan.ring` (plan/ring.h, docs/context_parallel.md, \"Planning\") per run, fed "
+        f"that run's measured block attention rate (busiest rank), its measured rest of the "
+        f"step, the link rate ({a.rate}, no added latency) and the model's shape; it predicts "
+        "the ring (wire from the codec's payload sizes, overlapped round by round with the "
+        "compute) and the dense gradient all-reduce. Means over seeds of per-run values.",
+        "",
+        "| codec | k | plan ring kB per step | measured | plan ring s | measured | "
+        "plan / measured | plan all-reduce s | measured | plan step s | measured | "
+        "plan / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for codec in codecs:
+        runs = by_seed[codec]
+        preds = [(plan_row(a, r, sp), r, sp) for r, sp in runs]
+        m = lambda fn: statistics.mean(fn(p, r, sp) for p, r, sp in preds)  # noqa: E731
+        lines.append(
+            f"| {codec} | {preds[0][0]['k'] or '-'} | "
+            f"{m(lambda p, r, sp: p['ring_bytes_step']) / 1e3:.1f} | "
+            f"{m(lambda p, r, sp: r['ring_bytes_step']) / 1e3:.1f} | "
+            f"{m(lambda p, r, sp: p['ring_s']):.3f} | {m(lambda p, r, sp: sp['ring']):.3f} | "
+            f"{m(lambda p, r, sp: p['ring_s'] / sp['ring']):.2f} | "
+            f"{m(lambda p, r, sp: p['allreduce_s']):.3f} | "
+            f"{m(lambda p, r, sp: sp['allreduce']):.3f} | "
+            f"{m(lambda p, r, sp: p['step_s']):.3f} | {m(lambda p, r, sp: sp['step']):.3f} | "
+            f"{m(lambda p, r, sp: p['step_s'] / sp['step']):.2f} |")
+        plans[codec] = m(lambda p, r, sp: p["step_s"])
+    return plans
 
 
 def main():
