@@ -36,6 +36,8 @@ ABSL_FLAG(int64_t, context, 0, "plan ring: tokens of one sequence, split over --
 ABSL_FLAG(int, ranks, 4, "plan ring: ranks of the ring (the context parallelism)");
 ABSL_FLAG(double, link_mbit, 0, "plan ring: every rank's link rate, up and down, Mbit/s");
 ABSL_FLAG(double, latency_ms, 0, "plan ring: one-way latency of every link, ms");
+ABSL_FLAG(double, message_ms, 0,
+          "plan ring: per message, the receiver's time to act on it, ms (rates.message_ms)");
 ABSL_FLAG(int64_t, batch, 1, "plan ring: sequences per step");
 ABSL_FLAG(int64_t, dim, 0, "plan ring: model width d (K and V are d wide)");
 ABSL_FLAG(int64_t, heads, 1, "plan ring: attention heads (must divide d)");
@@ -204,14 +206,16 @@ nlohmann::json RingJobFromFlags() {
   return {{"topology", {{"nranks", absl::GetFlag(FLAGS_ranks)}}},
           {"rates",
            {{"default",
-             {{"up_mbit", mbit}, {"down_mbit", mbit}, {"latency_ms", absl::GetFlag(FLAGS_latency_ms)}}}}},
+             {{"up_mbit", mbit}, {"down_mbit", mbit}, {"latency_ms", absl::GetFlag(FLAGS_latency_ms)}}},
+            {"message_ms", absl::GetFlag(FLAGS_message_ms)}}},
           {"ring", ring}};
 }
 
 int RingMain(int argc, char** argv) {
   absl::StatusOr<cli::Parsed> parsed =
       ParseFlags(argc, argv,
-                 {"input", "json", "context", "ranks", "link_mbit", "latency_ms", "batch", "dim",
+                 {"input", "json", "context", "ranks", "link_mbit", "latency_ms", "message_ms",
+                  "batch", "dim",
                   "heads", "layers", "causal", "kv_codec", "compression", "kv_k", "components",
                   "mixture_block", "attention_gflops", "other_s", "params", "grad_tensors"});
   if (!parsed.ok()) {

@@ -66,6 +66,33 @@ class RingTimers:
         self.calls = 0.0
 
 
+def probe_message_time(comm, lbcc, torch, reps=12):
+    """The time of one ring round with nothing to carry (a 4-byte block, raw codec, no
+    compute): forward and backward passes of a ContextRing on the same links, median over
+    `reps`, divided by their 2 (n-1) rounds. The plan takes it as its per-message time
+    (rates.message_ms): what a round costs beyond its bytes on these hosts (the progress
+    threads, the pass's set-up and signature, the machine's load)."""
+    n = comm.nranks
+    if n < 2:
+        return 0.0
+    times = []
+    one = [torch.zeros(1, 1), torch.zeros(1, 1)]
+    for _ in range(reps):
+        comm.barrier()
+        t = time.perf_counter()
+        ring = lbcc.ContextRing(comm, ["raw", "raw"], tokens=1, dim=1)
+        ring.begin_forward(one, None)
+        for _ in range(n - 1):
+            ring.next_forward([torch.empty(1, 1), torch.empty(1, 1)])
+        ring.end_forward()
+        ring.begin_backward()
+        for _ in range(n - 1):
+            ring.pass_gradient(one)
+        ring.end_backward([torch.empty(1, 1), torch.empty(1, 1)])
+        times.append((time.perf_counter() - t) / (2 * (n - 1)))
+    return statistics.median(times)
+
+
 def install_ring_timers():
     """Wraps lbcc.ContextRing and RingAttention's autograd function with timers (this process
     only; the library is unchanged)."""
@@ -231,6 +258,7 @@ def worker(a):
         ring_b.append(b1 - b0)
         losses.append(loss.item())
     grad_tensors = sum(1 for p in model.parameters() if p.grad is not None)
+    message_s = probe_message_time(comm, lbcc, torch)
     # Held-out loss: fixed batches from the last 10 %, mean over the ranks' chunks.
     eval_rng = torch.Generator().manual_seed(1234)
     with torch.no_grad():
@@ -253,7 +281,8 @@ def worker(a):
                "step_s": statistics.median(row[0][0] for row in zip(*steps)),
                "ring_bytes_step": statistics.median(ring_b[skip:]),
                "params": sum(p.numel() for p in model.parameters()),
-               "grad_tensors": grad_tensors, "tokens_per_rank": chunk, "batch": a.batch,
+               "grad_tensors": grad_tensors, "message_s": message_s,
+               "tokens_per_rank": chunk, "batch": a.batch,
                "dim": dim, "heads": heads, "layers": a.layers, "ranks": n,
                # Per rank: the median over steps of each field of SPLIT.
                "split": [{f: statistics.median(st[i] for st in steps[r])
@@ -364,7 +393,7 @@ def plan_row(a, rec, split, mbit=None, params=None, gflops_scale=1.0):
         attention_gflops=split["gflops"] * gflops_scale, batch=rec["batch"], heads=rec["heads"],
         layers=rec["layers"], other_s=split["rest"] / gflops_scale,
         params=rec["params"] if params is None else params, grad_tensors=rec["grad_tensors"],
-        **codec_fields(rec["codec"]))
+        message_ms=rec["message_s"] * 1e3, **codec_fields(rec["codec"]))
 
 
 def goal_sentence(a, by_codec):
@@ -564,14 +593,17 @@ def plan_table(a, codecs, by_seed, lines):
         "",
         "`lbcc.plan.ring` (plan/ring.h, docs/context_parallel.md, \"Planning\") per run, fed "
         f"that run's measured block attention rate (busiest rank), its measured rest of the "
-        f"step, the link rate ({a.rate}, no added latency) and the model's shape; it predicts "
+        f"step, the link rate ({a.rate}, no added latency), the per-message time a probe "
+        f"measured after training (an empty ring round: 4-byte raw blocks, no compute) and the "
+        f"model's shape; it predicts "
         "the ring (wire from the codec's payload sizes, overlapped round by round with the "
         "compute) and the dense gradient all-reduce. Means over seeds of per-run values.",
         "",
-        "| codec | k | plan ring kB per step | measured | plan ring s | measured | "
+        "| codec | k | probe ms per message | plan ring kB per step | measured | plan ring s | "
+        "measured | "
         "plan / measured | plan all-reduce s | measured | plan step s | measured | "
         "plan / measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for codec in codecs:
         runs = by_seed[codec]
@@ -579,6 +611,7 @@ def plan_table(a, codecs, by_seed, lines):
         m = lambda fn: statistics.mean(fn(p, r, sp) for p, r, sp in preds)  # noqa: E731
         lines.append(
             f"| {codec} | {preds[0][0]['k'] or '-'} | "
+            f"{m(lambda p, r, sp: r['message_s']) * 1e3:.2f} | "
             f"{m(lambda p, r, sp: p['ring_bytes_step']) / 1e3:.1f} | "
             f"{m(lambda p, r, sp: r['ring_bytes_step']) / 1e3:.1f} | "
             f"{m(lambda p, r, sp: p['ring_s']):.3f} | {m(lambda p, r, sp: sp['ring']):.3f} | "

@@ -31,20 +31,25 @@ def recommend(job):
     return json.loads(_lbcc.plan_recommend(_text(job)))
 
 
-def ring_job(context, link_mbit, d, attention_gflops, ranks=4, latency_ms=0.0, **ring):
+def ring_job(context, link_mbit, d, attention_gflops, ranks=4, latency_ms=0.0, message_ms=0.0,
+             **ring):
     """The plan document of a context-parallel ring step (what `lbcc plan ring`'s flags make):
-    every rank behind a link of `link_mbit` up and down with `latency_ms`; `ring` holds the
-    other fields of the "ring" section (batch, heads, layers, causal, codec, k, compression,
-    components, mixture_block, coefficient_dtype, other_s, other_gflops, params, grad_tensors;
-    docs/context_parallel.md, "Planning")."""
+    every rank behind a link of `link_mbit` up and down with `latency_ms` (one way) and
+    `message_ms` per message (rates.message_ms); `ring` holds the other fields of the "ring"
+    section (batch, heads, layers, causal, codec, k, compression, components, mixture_block,
+    coefficient_dtype, other_s, other_gflops, params, grad_tensors; docs/context_parallel.md,
+    "Planning")."""
     return {"topology": {"nranks": ranks},
             "rates": {"default": {"up_mbit": link_mbit, "down_mbit": link_mbit,
-                                  "latency_ms": latency_ms}},
+                                  "latency_ms": latency_ms},
+                      "message_ms": message_ms},
             "ring": dict(ring, context=context, d=d, attention_gflops=attention_gflops)}
 
 
-def ring(context, link_mbit, d, attention_gflops, ranks=4, latency_ms=0.0, **fields):
+def ring(context, link_mbit, d, attention_gflops, ranks=4, latency_ms=0.0, message_ms=0.0,
+         **fields):
     """One step of context-parallel ring attention predicted (plan/ring.h): a dict with
     ring_s, ring_compute_s, ring_wire_s, forward_s, backward_s, other_s, allreduce_s, step_s,
     the payload bytes per round and the k a compression ratio picked."""
-    return predict(ring_job(context, link_mbit, d, attention_gflops, ranks, latency_ms, **fields))
+    return predict(ring_job(context, link_mbit, d, attention_gflops, ranks, latency_ms,
+                            message_ms, **fields))
