@@ -567,6 +567,29 @@ def render(a, recs, meta):
             f"{f['ring'][0]:.3f} +- {f['ring'][1]:.3f} | {f['compute'][0]:.3f} | "
             f"{f['link'][0]:.3f} | {wire:.3f} | {ratio[0]:.2f} +- {ratio[1]:.2f} | "
             f"{f['allreduce'][0]:.3f} | {f['rest'][0]:.3f} | {f['gflops'][0]:.2f} |")
+    lines += [
+        "",
+        "Per rank (means over seeds of the per-run medians): ring compute / ring calls, s per "
+        "step; the ranks share the machine's cores, so the last column is every rank's ring "
+        f"compute over the {os.cpu_count()} cores, a floor for the ring when they compute at "
+        "once.",
+        "",
+        "| codec | " + " | ".join(f"rank {r}" for r in range(a.ranks)) +
+        " | all ranks' ring compute / cores s | ring s |",
+        "|---|" + "---|" * (a.ranks + 2),
+    ]
+    for codec in codecs:
+        runs = by_seed[codec]
+        cells, total = [], 0.0
+        for r in range(a.ranks):
+            comp = statistics.mean(x["split"][r]["attention"] - x["split"][r]["ring_calls"]
+                                   for x, _ in runs)
+            calls = statistics.mean(x["split"][r]["ring_calls"] for x, _ in runs)
+            total += comp
+            cells.append(f"{comp:.3f} / {calls:.3f}")
+        lines.append(f"| {codec} | " + " | ".join(cells) +
+                     f" | {total / os.cpu_count():.3f} | "
+                     f"{statistics.mean(sp['ring'] for _, sp in runs):.3f} |")
     plans = {}
     if a.where != "testbed":
         lines += ["", "(loopback: no link rate, so no wire time and no plan.)"]
