@@ -227,7 +227,8 @@ void Answer(const StatePtr& state, int peer, uint64_t op) ABSL_EXCLUSIVE_LOCKS_R
   const Tag tag = op + kReplyStep;
   out->Send(tag, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(reply->data()),
                                            reply->size()),
-            {transport::Priority::kHigh}, [state, reply, peer, tag](absl::Status) {
+            {transport::Priority::kHigh, /*control=*/true},
+            [state, reply, peer, tag](absl::Status) {
               MutexLock lock(&state->mu);
               if (!state->stopped) state->out[peer]->ReleaseTags(tag, tag + 1);
             });
@@ -288,7 +289,7 @@ void PostRound(const StatePtr& state, const RoundPtr& round, Tag send_tag, Tag t
   const absl::Span<const uint8_t> mine(reinterpret_cast<const uint8_t*>(round->mine.data()),
                                        round->mine.size());
   for (int peer : peers) {
-    state->out[peer]->Send(send_tag, mine, {transport::Priority::kHigh},
+    state->out[peer]->Send(send_tag, mine, {transport::Priority::kHigh, /*control=*/true},
                            // A lost vote or query is the receiver's missing message.
                            [state, round, peer, send_tag](absl::Status) {
                              MutexLock lock(&state->mu);

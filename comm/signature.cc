@@ -136,7 +136,7 @@ std::shared_ptr<Round> PostRound(const Group& group, Tag tag, std::string messag
           }
           done(Annotate(size.status(), absl::StrCat("receive from rank ", i)));
         });
-    group.fabric->out(peer)->Send(tag, bytes, {transport::Priority::kHigh},
+    group.fabric->out(peer)->Send(tag, bytes, {transport::Priority::kHigh, /*control=*/true},
                                   [done, i](absl::Status status) {
                                     done(Annotate(status, absl::StrCat("send to rank ", i)));
                                   });

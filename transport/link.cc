@@ -233,6 +233,7 @@ void Link::SendLocked(Tag tag, absl::Span<const uint8_t> data, SendOptions optio
   msg->data = data.data();
   msg->size = data.size();
   msg->priority = options.priority;
+  msg->control = options.control;
   msg->done = std::move(done);
   out_.emplace(msg->seq, std::move(owned));
   SendBusyLocked(+1);
@@ -438,8 +439,8 @@ void Link::PumpLocked() {
     const absl::Time now = absl::Now();
     const bool bulk = priority == static_cast<int>(Priority::kBulk);
     const bool yielding = bulk && BulkYieldLocked(now);
-    const uint64_t chunk = static_cast<uint64_t>(
-        yielding ? static_cast<int64_t>(bulk_bucket_->capacity()) : scheduler_.chunk_bytes);
+    const uint64_t chunk =
+        static_cast<uint64_t>(yielding ? bulk_chunk_bytes_ : scheduler_.chunk_bytes);
     // The highest priority may exceed the window by one chunk: it never waits for a credit's
     // round trip, only for the bytes already in flight.
     const uint64_t window = static_cast<uint64_t>(window_bytes_) + (priority == 0 ? chunk : 0);
@@ -468,7 +469,7 @@ void Link::PumpLocked() {
         return;
       }
     }
-    if (!bulk && length > 0) {
+    if (!bulk && !msg->control && length > 0) {
       nonbulk_rate_ = NonBulkRateLocked(now) + length / kNonBulkRateSeconds;
       nonbulk_at_ = now;
     }
@@ -498,11 +499,13 @@ bool Link::BulkYieldLocked(absl::Time now) {
                                                            : probe_.send_bytes_per_second;
   if (!scheduler_.bulk_yield || rate <= 0 || now - nonbulk_at_ >= kBulkYieldHold) return false;
   const double pace = BulkPaceBytesPerSecond(rate, NonBulkRateLocked(now));
-  const double chunk = static_cast<double>(BulkYieldChunkBytes(scheduler_, pace));
+  bulk_chunk_bytes_ = BulkYieldChunkBytes(scheduler_, pace);
+  // Room for kBulkYieldBurstChunks: a pacing timer that fires late (a busy host) catches up.
+  const double capacity = static_cast<double>(kBulkYieldBurstChunks * bulk_chunk_bytes_);
   if (bulk_bucket_.has_value()) {
-    bulk_bucket_->Reconfigure(pace, chunk, now);
+    bulk_bucket_->Reconfigure(pace, capacity, now);
   } else {
-    bulk_bucket_.emplace(pace, chunk, now);
+    bulk_bucket_.emplace(pace, capacity, now);
   }
   counters_.bulk_pace_bytes_per_second = pace;
   return true;

@@ -143,6 +143,7 @@ class Link : public std::enable_shared_from_this<Link> {
     const uint8_t* data = nullptr;
     uint64_t size = 0;
     Priority priority = Priority::kNormal;
+    bool control = false;            // SendOptions::control.
     uint64_t next_offset = 0;        // First byte not yet handed to a lane.
     uint64_t chunks_outstanding = 0;  // Handed to a lane, `done` not yet run.
     bool all_handed = false;          // No more chunks will be handed (sent or failed).
@@ -281,6 +282,7 @@ class Link : public std::enable_shared_from_this<Link> {
   // Bulk yielding (SchedulerOptions::bulk_yield): the bulk-only bucket, the non-bulk send rate
   // (an exponential average over about a second) and when a non-bulk chunk last left.
   std::optional<TokenBucket> bulk_bucket_ ABSL_GUARDED_BY(mu_);
+  int64_t bulk_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   double nonbulk_rate_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time nonbulk_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool pacing_timer_armed_ ABSL_GUARDED_BY(mu_) = false;

@@ -381,6 +381,25 @@ TEST_F(LinkTest, BulkYieldsOnlyWhileNonBulkTrafficRuns) {
   EXPECT_THAT(second_sent.Wait(), IsOk());
 }
 
+TEST_F(LinkTest, BulkDoesNotYieldToControlMessages) {
+  ProbeResult probe;
+  probe.send_bytes_per_second = 1e6;
+  Make(LinkClass::kSlow, 1, Slow(64 << 10, 1 << 20), 1000, probe);
+  std::vector<uint8_t> vote = Bytes(100, 1);
+  std::vector<uint8_t> bulk = Bytes(128 << 10, 2);
+  SendResult& vote_sent = NewSendResult();
+  SendResult& bulk_sent = NewSendResult();
+  link_->Send(1, vote, {Priority::kHigh, /*control=*/true}, vote_sent.Callback());
+  link_->OnCredit(0, 100, kHigh);
+  link_->Send(2, bulk, {Priority::kBulk}, bulk_sent.Callback());
+  ASSERT_EQ(lanes_[0]->sent_count(), 3u);
+  EXPECT_EQ(lanes_[0]->header(1).length, 64u << 10);
+  EXPECT_EQ(link_->counters().bulk_pace_bytes_per_second, 0);
+  for (size_t i = 0; i < 3; ++i) lanes_[0]->Complete(i);
+  EXPECT_THAT(vote_sent.Wait(), IsOk());
+  EXPECT_THAT(bulk_sent.Wait(), IsOk());
+}
+
 TEST_F(LinkTest, BulkDoesNotYieldWhenTurnedOff) {
   ProbeResult probe;
   probe.send_bytes_per_second = 1e6;

@@ -64,6 +64,9 @@ inline constexpr double kBulkYieldFloor = 0.25;
 inline constexpr absl::Duration kBulkYieldHold = absl::Seconds(2);
 inline constexpr absl::Duration kBulkYieldChunkTime = absl::Milliseconds(2);
 inline constexpr int64_t kBulkYieldMinChunkBytes = 4096;
+// The bulk bucket holds this many chunks, so a pacing timer that fires late catches up at once
+// (the bottleneck's queue then holds at most that many chunks' time).
+inline constexpr int kBulkYieldBurstChunks = 2;
 double BulkPaceBytesPerSecond(double probed_send_bytes_per_second,
                               double nonbulk_bytes_per_second);
 // About kBulkYieldChunkTime at `pace`, within [kBulkYieldMinChunkBytes, options.chunk_bytes].

@@ -65,6 +65,10 @@ using Tag = uint64_t;
 
 struct SendOptions {
   Priority priority = Priority::kNormal;
+  // A collective's own small control message (an operation header, a vote): a slow link's bulk
+  // does not yield to it (SchedulerOptions::bulk_yield), since the collective's bulk is what
+  // waits for it anyway. Every other non-bulk message makes bulk yield.
+  bool control = false;
 };
 
 // OK once the payload was handed to the peer's transport and the caller's buffer may be reused.
