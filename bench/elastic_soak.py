@@ -179,7 +179,8 @@ class Soak:
         master = proc_stats(self.master.pid)
         member = self.members[1]
         observed = proc_stats(member.proc.pid) if member.alive() else None
-        self.samples.append((minute, master, observed, member.commits, load()))
+        self.samples.append((minute, master, observed, member.commits, load(),
+                             sum(self.events.values())))
         log(f"minute {minute:.1f}: master {master}, observed member {observed}, "
             f"its commits {member.commits}, events {self.events}")
 
@@ -213,7 +214,7 @@ def build(workdir):
 def summarize(soak, args, minutes_run, load_before, load_after):
     rows = ["| minute | master RSS (KiB) | fds | threads | observed member RSS (KiB) | fds | "
             "threads | its commits | load |", "|---|---|---|---|---|---|---|---|---|"]
-    for minute, master, member, commits, ld in soak.samples:
+    for minute, master, member, commits, ld, _ in soak.samples:
         m = master or ("-", "-", "-")
         o = member or ("-", "-", "-")
         rows.append(f"| {minute:.0f} | {m[0]} | {m[1]} | {m[2]} | {o[0]} | {o[1]} | {o[2]} | "
@@ -226,11 +227,14 @@ def summarize(soak, args, minutes_run, load_before, load_after):
             verdict.append(f"- {label}: fewer than two samples from minute 5 on")
             continue
         rss0, rss1 = series[0][0], series[-1][0]
+        with_events = [s for s in steady if s[idx] is not None]
+        events = with_events[-1][5] - with_events[0][5]
+        per_event = f", {(rss1 - rss0) / events:.1f} KiB per event ({events} events)" if events else ""
         fds = [s[1] for s in series]
         threads = [s[2] for s in series]
         verdict.append(
             f"- {label}: RSS {rss0} KiB at minute {steady[0][0]:.0f}, {rss1} KiB at the end = "
-            f"{rss1 / rss0:.3f}x (goal within 5 %: {'met' if abs(rss1 / rss0 - 1) <= 0.05 else 'NOT met'}); "
+            f"{rss1 / rss0:.3f}x{per_event} (goal within 5 %: {'met' if abs(rss1 / rss0 - 1) <= 0.05 else 'NOT met'}); "
             f"fds {min(fds)}-{max(fds)}, threads {min(threads)}-{max(threads)} from minute 5 on "
             f"({'flat' if max(fds) == min(fds) and max(threads) == min(threads) else 'NOT flat'})")
     commits = [s[3] for s in soak.samples]
@@ -283,7 +287,8 @@ def main():
     print(summary)
     if args.results:
         with open(os.path.join(ROOT, args.results), "w") as f:
-            f.write("# An hour of churn against an elastic job (bench/elastic_soak.py)\n\n")
+            f.write(f"# {args.minutes:g} minutes of churn against an elastic job "
+                    "(bench/elastic_soak.py)\n\n")
             f.write("Written by the script; do not edit. Date: "
                     f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC.\n")
             f.write(f"Machine: {platform.node()}, {os.cpu_count()} cores, shared with other jobs.\n")
