@@ -939,13 +939,22 @@ absl::StatusOr<CollectivePrediction> PredictCollective(const PlanInput& in) {
   out.op = spec.op;
   const int64_t count = spec.bytes / 4;
   if (spec.op == "allreduce") {
-    // Ring reduce-scatter + all-gather: 2 (N - 1) steps of count / N elements each.
-    out.algorithm = comm::Algorithm::kRing;
+    // The table's choice: direct (up to 64 KiB: every rank's data to every rank in one round,
+    // the operation header with it) or ring reduce-scatter + all-gather (2 (N - 1) steps of
+    // count / N elements each).
+    LBCC_ASSIGN_OR_RETURN(
+        out.algorithm,
+        comm::SelectAlgorithm(comm::Collective::kAllReduce, comm::ShapeOf(topo, all),
+                              static_cast<size_t>(4 * count), in.job.algorithm,
+                              comm::Algorithm::kAuto));
+    const bool direct = out.algorithm == comm::Algorithm::kDirect;
     LinkBytes bytes(n);
-    const double piece = 4.0 * static_cast<double>(count) / n;
+    const double piece = 4.0 * static_cast<double>(count) / (direct ? 1 : n);
     std::vector<Transfer> step;
-    for (int r = 0; r < n; ++r) step.push_back({r, (r + 1) % n, piece});
-    for (int i = 0; i < 2 * (n - 1); ++i) {
+    for (int r = 0; r < n; ++r) {
+      for (int p = 1; p < (direct ? n : 2); ++p) step.push_back({r, (r + p) % n, piece});
+    }
+    for (int i = 0; i < (direct ? 1 : 2 * (n - 1)); ++i) {
       const PhaseTime t = TimeOfPhase(in.net, step, &bytes);
       out.wire_s += t.seconds;
       if (t.host_s >= t.seconds - t.latency_s) out.host_s += t.seconds - t.latency_s;

@@ -82,7 +82,7 @@ struct JobSpec {
 
 // One collective alone (what bench/lbcc_perf measures): validation mode.
 struct CollectiveSpec {
-  std::string op = "sparse_allreduce";  // or "allreduce" (dense fp32 ring)
+  std::string op = "sparse_allreduce";  // or "allreduce" (dense fp32: the table's direct or ring)
   int64_t bytes = 0;                    // dense fp32 bytes
   int tensors = 1;                      // split into this many equal tensors
 };

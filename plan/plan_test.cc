@@ -685,5 +685,53 @@ TEST(Ring, StepAddsOtherComputeAndTheGradientAllReduce) {
   EXPECT_NEAR(given->ring_s, p->ring_s, 1e-12);
 }
 
+// Shared cores: the ranks computing a block in the same round share them. Two ranks, causal,
+// one core: both compute their own block at once (twice as long), then rank 1 alone computes
+// rank 0's block.
+TEST(Ring, SharedCoresSlowTheRoundsWhereRanksComputeTogether) {
+  const std::string ring = R"("context": 1024, "batch": 2, "d": 128, "attention_gflops": 10)";
+  std::string job = RingJob(2, 10000, ring);
+  job.insert(job.size() - 1, R"(, "cpu": {"shared_cores": 1})");
+  absl::StatusOr<RingPrediction> shared = Ring(job);
+  absl::StatusOr<RingPrediction> alone = Ring(RingJob(2, 10000, ring));
+  ASSERT_THAT(shared.status(), IsOk());
+  ASSERT_THAT(alone.status(), IsOk());
+  const double c_f = alone->block_forward_s, c_b = alone->block_backward_s;
+  const double hop = alone->round_forward_wire_s + alone->round_latency_s;
+  EXPECT_NEAR(alone->forward_s, std::max(c_f, hop) + c_f, 1e-12);
+  EXPECT_NEAR(shared->forward_s, std::max(2 * c_f, hop) + c_f, 1e-12);
+  EXPECT_NEAR(shared->backward_s, 2 * c_b + c_b + hop, 1e-12);
+  EXPECT_NEAR(shared->ring_compute_s, 3 * (c_f + c_b), 1e-12);
+  // Not causal on 4 ranks and 2 cores: every round has 4 ranks computing, so twice the compute.
+  const std::string full = R"("context": 4096, "d": 128, "causal": false, "attention_gflops": 1)";
+  std::string job4 = RingJob(4, 10000, full);
+  job4.insert(job4.size() - 1, R"(, "cpu": {"shared_cores": 2})");
+  absl::StatusOr<RingPrediction> four = Ring(job4);
+  absl::StatusOr<RingPrediction> own = Ring(RingJob(4, 10000, full));
+  ASSERT_THAT(four.status(), IsOk());
+  ASSERT_THAT(own.status(), IsOk());
+  EXPECT_NEAR(four->ring_compute_s, 2 * own->ring_compute_s, 1e-12);
+  EXPECT_EQ(four->limit, "compute");
+}
+
+// A dense all-reduce takes the table's algorithm: up to 64 KiB direct (one round, every rank's
+// data to every other), above it the ring (2 (N - 1) steps of a quarter each on 4 ranks).
+TEST(PredictCollective, SmallDenseAllReduceIsDirect) {
+  auto predict = [](int64_t bytes) {
+    return PredictCollective(*ParsePlanInput(
+        R"({"topology": {"nranks": 4}, "rates": {"efficiency": 1, "default": {"up_mbit": 100,
+            "down_mbit": 100}}, "collective": {"op": "allreduce", "bytes": )" +
+        std::to_string(bytes) + "}}"));
+  };
+  absl::StatusOr<CollectivePrediction> small = predict(65536), large = predict(65540);
+  ASSERT_THAT(small.status(), IsOk());
+  ASSERT_THAT(large.status(), IsOk());
+  EXPECT_EQ(small->algorithm, comm::Algorithm::kDirect);
+  EXPECT_EQ(large->algorithm, comm::Algorithm::kRing);
+  EXPECT_NEAR(small->wire_s, 3 * 65536 * 8 / 100e6, 1e-3 * small->wire_s);
+  EXPECT_NEAR(large->wire_s, 6 * 16385 * 8 / 100e6, 1e-3 * large->wire_s);
+  EXPECT_EQ(small->rank0_recv_bytes, 3 * 65536);
+}
+
 }  // namespace
 }  // namespace lbcc::plan

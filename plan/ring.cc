@@ -185,27 +185,39 @@ absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
   // Does rank i attend to the block of rank j?
   auto attends = [&](int i, int j) { return !s.causal || j <= i; };
 
+  // Shared cores (cpu.shared_cores = C): the ranks that compute a block in the same round
+  // share the C cores, each block taking max(1, busy / C) times as long (round 0: the own
+  // block, every rank). Per round: forward rank i attends block i - r, backward block i + r.
+  std::vector<double> slow_f(n), slow_b(n);
+  for (int r = 0; r < n; ++r) {
+    int busy_f = 0, busy_b = 0;
+    for (int i = 0; i < n; ++i) {
+      busy_f += attends(i, (i - r + n) % n) ? 1 : 0;
+      busy_b += attends(i, (i + r) % n) ? 1 : 0;
+    }
+    slow_f[r] = CpuSerialisation(in.net, busy_f);
+    slow_b[r] = CpuSerialisation(in.net, busy_b);
+  }
   // Forward: the relays run ahead of the compute (a_r = r hop_f).
   double forward = 0;
-  int busiest_blocks = 0;
+  std::vector<double> compute(n, 0);  // per rank: its blocks' compute, both passes
   for (int i = 0; i < n; ++i) {
-    double f = p.block_forward_s;
-    int blocks = 1;
+    double f = p.block_forward_s * slow_f[0];
+    compute[i] = f;
     for (int r = 1; r < n; ++r) {
-      const int src = (i - r + n) % n;
-      const bool compute = attends(i, src);
-      blocks += compute ? 1 : 0;
-      f = std::max(f, r * hop_f) + (compute ? p.block_forward_s : 0);
+      const double c = attends(i, (i - r + n) % n) ? p.block_forward_s * slow_f[r] : 0;
+      compute[i] += c;
+      f = std::max(f, r * hop_f) + c;
     }
     forward = std::max(forward, std::max(f, (n - 1) * hop_f));
-    busiest_blocks = std::max(busiest_blocks, blocks);
   }
-  // Backward: s[i] = when rank i has queued round r's partial sum.
-  std::vector<double> ready(n, p.block_backward_s), next(n);
+  // Backward: ready[i] = when rank i has queued round r's partial sum.
+  std::vector<double> ready(n, p.block_backward_s * slow_b[0]), next(n);
+  for (int i = 0; i < n; ++i) compute[i] += ready[i];
   for (int r = 1; r < n; ++r) {
     for (int i = 0; i < n; ++i) {
-      const int block = (i + r) % n;
-      const double c = attends(i, block) ? p.block_backward_s : 0;
+      const double c = attends(i, (i + r) % n) ? p.block_backward_s * slow_b[r] : 0;
+      compute[i] += c;
       const double arrived = r > 1 ? ready[(i + 1) % n] + hop_b : 0;
       next[i] = std::max(ready[i] + c, arrived);
     }
@@ -219,7 +231,7 @@ absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
   p.backward_s = backward;
   const double layers = static_cast<double>(s.layers);
   p.ring_s = layers * (forward + backward);
-  p.ring_compute_s = layers * busiest_blocks * (p.block_forward_s + p.block_backward_s);
+  p.ring_compute_s = layers * *std::max_element(compute.begin(), compute.end());
   p.ring_wire_s = layers * (n - 1) * (hop_f + hop_b);
   p.limit = p.ring_compute_s >= p.ring_wire_s ? "compute" : "wire";
   p.overlap_ratio = p.ring_s / std::max(p.ring_compute_s, p.ring_wire_s);

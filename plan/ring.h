@@ -19,10 +19,11 @@
 // w = the round's two payloads (plan/bytes.h RingPayloadBytes) through TimeOfPhase's bandwidth
 // term, L its latency term (path latency + per-message time); c = block flops / the attention
 // rate (forward 4 B T^2 d, backward 10 B T^2 d with the recomputed scores; 0 for a block the
-// causal mask skips). In steady state a round takes max(c, w + L): the link hides behind the
+// causal mask skips; with cpu.shared_cores = C, x max(1, busy / C) for the ranks computing a
+// block in that round). In steady state a round takes max(c, w + L): the link hides behind the
 // compute or the compute behind the link. A pass takes as long as its slowest rank, and the
 // layers' passes run one after the other. The step adds the non-ring compute and the dense
-// gradient all-reduce (PredictCollective's ring all-reduce per tensor).
+// gradient all-reduce (PredictCollective per tensor: the table's direct or ring).
 //
 // Errors: InvalidArgument naming the field. Thread-safety: pure functions.
 #ifndef LBCC_PLAN_RING_H_
@@ -59,7 +60,8 @@ struct RingPrediction {
   double forward_s = 0;            // one layer's forward pass (slowest rank)
   double backward_s = 0;           // one layer's backward pass (slowest rank)
   double ring_s = 0;               // layers x (forward + backward)
-  double ring_compute_s = 0;       // the busiest rank's block compute, every layer
+  double ring_compute_s = 0;       // the busiest rank's block compute, every layer (shared
+                                   // cores' slowdown included)
   double ring_wire_s = 0;          // every round's w + L in sequence, every layer
   double overlap_ratio = 0;        // ring_s / max(ring_compute_s, ring_wire_s)
   double other_s = 0;              // non-ring compute and optimizer

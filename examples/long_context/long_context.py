@@ -301,6 +301,41 @@ def loadavg():
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
+def attention_rate_probe(a, reps=20):
+    """GFLOP/s of one block's attention, forward and backward as lbcc.torch.RingAttention
+    computes it (scores, online-softmax update, P V; then the scores again, dV, dP, dS, dQ,
+    dK), in this process alone on one thread, before the ranks start: the rate a rank would
+    have with a core to itself (the plan's shared-cores variant divides the cores itself).
+    Counted as the plan counts it: 14 B T^2 d flops per block."""
+    import torch
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    heads = 4
+    b, t, hd = a.batch, a.chunk, a.dim // heads
+    q, k, v, do = (torch.randn(b, heads, t, hd, generator=g) for _ in range(4))
+    scale = 1.0 / math.sqrt(hd)
+    times = []
+    for _ in range(reps + 3):
+        t0 = time.perf_counter()
+        s = (q @ k.transpose(-1, -2)) * scale
+        m = s.amax(dim=-1)
+        p = torch.exp(s - m.unsqueeze(-1))
+        l = p.sum(dim=-1)
+        o = (p @ v) / l.unsqueeze(-1)
+        lse = m + torch.log(l)
+        delta = (do * o).sum(dim=-1, keepdim=True)
+        s = (q @ k.transpose(-1, -2)) * scale
+        p = torch.exp(s - lse.unsqueeze(-1))
+        dv = p.transpose(-1, -2) @ do
+        ds = p * (do @ v.transpose(-1, -2) - delta)
+        dq = (ds @ k) * scale
+        dk = (ds.transpose(-1, -2) @ q) * scale
+        times.append(time.perf_counter() - t0)
+        del dv, dq, dk
+    flops = 14.0 * b * t * t * a.dim
+    return flops / statistics.median(times[3:]) / 1e9
+
+
 def run_one(a, codec, seed, tmp, result):
     port = 20000 + (os.getpid() * 31 + seed * 7 + len(codec)) % 20000
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--codec", codec,
@@ -383,17 +418,23 @@ def measured_split(rec):
             "gflops": flops / compute / 1e9}
 
 
-def plan_row(a, rec, split, mbit=None, params=None, gflops_scale=1.0):
-    """The planner's step for this run (lbcc.plan.ring), fed the measured compute rate, the
-    measured rest of the step, the link rate and the model's shape."""
+def plan_row(a, rec, split, mbit=None, params=None, shared=False):
+    """The planner's step for this run (lbcc.plan.ring), fed the link rate, the probe's
+    per-message time, the measured rest of the step, the model's shape and a block attention
+    rate: the busiest rank's as measured in the run (its cores' sharing included), or with
+    `shared` the driver's probe alone on a core and the machine's cores shared by the ranks
+    (cpu.shared_cores)."""
     import lbcc.plan
-    return lbcc.plan.ring(
+    job = lbcc.plan.ring_job(
         context=rec["ranks"] * rec["tokens_per_rank"], ranks=rec["ranks"],
         link_mbit=mbit if mbit is not None else rate_bits(a.rate) / 1e6, d=rec["dim"],
-        attention_gflops=split["gflops"] * gflops_scale, batch=rec["batch"], heads=rec["heads"],
-        layers=rec["layers"], other_s=split["rest"] / gflops_scale,
+        attention_gflops=rec["probe_gflops"] if shared else split["gflops"],
+        batch=rec["batch"], heads=rec["heads"], layers=rec["layers"], other_s=split["rest"],
         params=rec["params"] if params is None else params, grad_tensors=rec["grad_tensors"],
         message_ms=rec["message_s"] * 1e3, **codec_fields(rec["codec"]))
+    if shared:
+        job["cpu"] = {"shared_cores": os.cpu_count()}
+    return lbcc.plan.predict(job)
 
 
 def goal_sentence(a, by_codec):
@@ -628,6 +669,18 @@ def plan_table(a, codecs, by_seed, lines):
         "plan / measured |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    shared_lines = [
+        "",
+        "The same plan fed instead the block attention rate of a probe in the driver (the "
+        "same block's forward and backward, alone on a core, before each run) and the "
+        f"machine's {os.cpu_count()} cores shared by the {a.ranks} ranks (cpu.shared_cores: "
+        "ranks computing in the same round share them):",
+        "",
+        "| codec | probe GFLOP/s (alone) | measured GFLOP/s (busiest rank, in the run) | "
+        "plan ring s | measured | plan / measured | plan step s | measured | "
+        "plan / measured |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for codec in codecs:
         runs = by_seed[codec]
         preds = [(plan_row(a, r, sp), r, sp) for r, sp in runs]
@@ -644,6 +697,16 @@ def plan_table(a, codecs, by_seed, lines):
             f"{m(lambda p, r, sp: p['step_s']):.3f} | {m(lambda p, r, sp: sp['step']):.3f} | "
             f"{m(lambda p, r, sp: p['step_s'] / sp['step']):.2f} |")
         plans[codec] = m(lambda p, r, sp: p["step_s"])
+        sh = [(plan_row(a, r, sp, shared=True), r, sp) for r, sp in runs]
+        ms = lambda fn: statistics.mean(fn(p, r, sp) for p, r, sp in sh)  # noqa: E731
+        shared_lines.append(
+            f"| {codec} | {ms(lambda p, r, sp: r['probe_gflops']):.2f} | "
+            f"{ms(lambda p, r, sp: sp['gflops']):.2f} | {ms(lambda p, r, sp: p['ring_s']):.3f} | "
+            f"{ms(lambda p, r, sp: sp['ring']):.3f} | "
+            f"{ms(lambda p, r, sp: p['ring_s'] / sp['ring']):.2f} | "
+            f"{ms(lambda p, r, sp: p['step_s']):.3f} | {ms(lambda p, r, sp: sp['step']):.3f} | "
+            f"{ms(lambda p, r, sp: p['step_s'] / sp['step']):.2f} |")
+    lines += shared_lines
     return plans
 
 
@@ -678,11 +741,15 @@ def main():
     tmp = tempfile.mkdtemp(prefix="long_context_")
     result = os.path.join(tmp, "records.jsonl")
     load_before, t0 = loadavg(), time.time()
+    probes = {}
     for seed in range(a.seeds):
         for codec in a.codecs.split(","):
             print(f"== {codec} seed {seed}", flush=True)
+            probes[(codec, seed)] = attention_rate_probe(a)
             run_one(a, codec, seed, tmp, result)
     recs = [json.loads(l) for l in open(result)]
+    for r in recs:
+        r["probe_gflops"] = probes[(r["codec"], r["seed"])]
     rev = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h %s"],
                          capture_output=True, text=True).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
