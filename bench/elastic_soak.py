@@ -6,7 +6,7 @@ Layout (tools/testbed, every down-link shaped to --rate): lbcc-master on host 0;
 members (//comm/elastic:elastic_churn_test in its member role: 64K-element SparseAllReduce steps
 through ElasticGroup, its committed steps printed and its error feedback replayed at exit), one
 per host 1..N. Member 1 is the observed one and never an event's victim; the others meet an event
-every --every seconds, in turn: kill -9, SIGSTOP (evicted, then SIGCONT: it must exit by itself),
+every --every seconds, in turn (--kinds): kill -9, SIGSTOP (evicted, then SIGCONT: it must exit by itself),
 a clean leave (stdin closed: it leaves and exits 0), and a link cut (nftables drops everything on
 the host's eth0 for peer timeout + 2 s, then lets it through again). A member that exited is
 restarted at once (a new incarnation joins).
@@ -20,6 +20,7 @@ error other than the expected ones. Written with the date, machine, load and com
 
     bench/elastic_soak.py [--minutes 60] [--every 5] [--members 4] [--rate 100mbit]
                           [--sample 60] [--results bench/results/elastic_soak.md]
+                          [--transport ucx|socket] [--kinds kill,stop,leave,cut]
 
 Needs root (network namespaces, nftables). Builds the two binaries first.
 """
@@ -69,7 +70,8 @@ class Member:
         env = ["env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", "UCX_MEM_EVENTS=no",
                f"LBCC_LISTEN_ADDR={soak.addr(host)}", f"LBCC_PEER_TIMEOUT_MS={PEER_TIMEOUT_MS}",
                "ELASTIC_ROLE=member", f"ELASTIC_MASTER={soak.master_address}",
-               f"ELASTIC_SEED={host}", f"ELASTIC_NAME={self.name}"]
+               f"ELASTIC_SEED={host}", f"ELASTIC_NAME={self.name}",
+               f"ELASTIC_BACKEND={soak.args.transport}"]
         self.proc = subprocess.Popen(
             [TESTBED, "exec", "--name", soak.name, str(host), "--"] + env + [soak.member_bin],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -141,7 +143,8 @@ class Soak:
             return
         host = random.choice(victims)
         m = self.members[host]
-        kind = ["kill", "stop", "leave", "cut"][k % 4]
+        kinds = self.args.kinds.split(",")
+        kind = kinds[k % len(kinds)]
         self.events[kind] += 1
         m.event = kind
         if kind == "kill":
@@ -222,6 +225,12 @@ def summarize(soak, args, minutes_run, load_before, load_after):
     steady = [s for s in soak.samples if s[0] >= 5]
     verdict = []
     for label, idx in (("master", 1), ("observed member", 2)):
+        seen = [s[idx] for s in soak.samples if s[idx] is not None]
+        if seen:
+            verdict.append(f"- {label}, whole run: at most {max(x[2] for x in seen)} threads, "
+                           f"{max(x[1] for x in seen)} fds, {max(x[0] for x in seen)} KiB RSS "
+                           f"({len(seen)} samples)")
+    for label, idx in (("master", 1), ("observed member", 2)):
         series = [s[idx] for s in steady if s[idx] is not None]
         if len(series) < 2:
             verdict.append(f"- {label}: fewer than two samples from minute 5 on")
@@ -253,7 +262,13 @@ def main():
     parser.add_argument("--rate", default="100mbit")
     parser.add_argument("--sample", type=float, default=60, help="seconds between samples")
     parser.add_argument("--results", default="bench/results/elastic_soak.md")
+    parser.add_argument("--kinds", default="kill,stop,leave,cut",
+                        help="the events, in turn (a subset of kill,stop,leave,cut)")
+    parser.add_argument("--transport", default="ucx", choices=["ucx", "socket"],
+                        help="the members' backend (LBCC_TRANSPORT)")
     args = parser.parse_args()
+    if not args.kinds or set(args.kinds.split(",")) - {"kill", "stop", "leave", "cut"}:
+        sys.exit(f"elastic_soak: --kinds {args.kinds!r}: a subset of kill,stop,leave,cut")
     if os.geteuid() != 0:
         sys.exit("elastic_soak: needs root (network namespaces)")
     why = subprocess.run([TESTBED, "check", "--nat"], capture_output=True, text=True)
@@ -295,7 +310,8 @@ def main():
             f.write(f"Command: `{command}`\n")
             f.write(f"Load average (1, 5, 15 min): {load_before} before, {load()} after.\n")
             f.write(f"Layout: lbcc-master on testbed host 0, {args.members} members on hosts "
-                    f"1..{args.members} (every down-link {args.rate}), LBCC_PEER_TIMEOUT_MS "
+                    f"1..{args.members} over {args.transport} (every down-link {args.rate}), "
+                    "LBCC_PEER_TIMEOUT_MS "
                     f"{PEER_TIMEOUT_MS}; member 1 observed and never a victim.\n\n")
             f.write(summary + "\n")
         log(f"wrote {args.results}")

@@ -422,7 +422,8 @@ int RunMember() {
   o.master_address = std::getenv("ELASTIC_MASTER");
   o.job_id = "churn";
   o.name = std::getenv("ELASTIC_NAME");
-  o.comm_config.backend = "ucx";
+  const char* backend = std::getenv("ELASTIC_BACKEND");  // bench/elastic_soak.py --transport
+  o.comm_config.backend = backend != nullptr ? backend : "ucx";
   o.op_timeout = absl::Seconds(60);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<ElasticGroup>> group =
