@@ -493,7 +493,7 @@ def plot(a, by_seed, plans, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     codecs = [c for c in a.codecs.split(",") if c in by_seed]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6))
     for codec in codecs:
         runs = by_seed[codec]
         kb = mean_sd(r["ring_bytes_step"] / 1e3 for r, _ in runs)
@@ -523,7 +523,7 @@ def plot(a, by_seed, plans, path):
         right.plot(codecs, [plans[c] for c in codecs], "k_", markersize=30, mew=2,
                    label="plan's step (lbcc.plan.ring)")
     right.set_ylabel("seconds per step (busiest rank, median over steps)")
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=3)
     right.grid(alpha=0.3, axis="y")
     fig.suptitle(f"long context over the K/V ring: {a.ranks} ranks, {a.where}"
                  + (f" {a.rate}" if a.where == "testbed" else ""))
