@@ -479,10 +479,13 @@ absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadlin
   result.rtt_seconds = rtt;
   if (!rates) return result;
 
-  // One direction: transfers grow until one takes probe_min_time or reaches probe_max_bytes.
+  // One direction: transfers grow until one takes probe_min_time or reaches max_bytes, and
+  // there are at least two; the rate is the best of those that took probe_min_time (a
+  // transfer a busy host stalls reads low, never high), or of the last.
   auto measure = [&](bool up) -> absl::StatusOr<double> {
     int64_t bytes = std::min<int64_t>(kProbeFirstBytes, max_bytes);
-    while (true) {
+    double best = 0;
+    for (int transfers = 1;; ++transfers) {
       ControlMessage message = Message(up ? Ctl::kProbeData : Ctl::kProbeRequest);
       message.header.a = ++seq;
       const uint64_t want = seq;
@@ -503,11 +506,13 @@ absl::StatusOr<ProbeResult> LinkSetup::Probe(SetupWire& wire, absl::Time deadlin
             deadline, "probe"));
       }
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      if (elapsed >= absl::ToDoubleSeconds(probe_min_time_) || bytes >= max_bytes) {
-        // The round trip is not transfer time; keep at least half the sample.
-        return bytes / std::max(elapsed - rtt, elapsed / 2);
-      }
-      bytes = std::min<int64_t>(bytes * 4, max_bytes);
+      // The round trip is not transfer time; keep at least half the sample.
+      const double rate = bytes / std::max(elapsed - rtt, elapsed / 2);
+      const bool long_enough = elapsed >= absl::ToDoubleSeconds(probe_min_time_);
+      if (long_enough) best = std::max(best, rate);
+      if ((long_enough || bytes >= max_bytes) && transfers >= 2) return std::max(best, rate);
+      // Grow until a transfer takes probe_min_time; after that, repeat the size once more.
+      if (!long_enough) bytes = std::min<int64_t>(bytes * 4, max_bytes);
     }
   };
   LBCC_ASSIGN_OR_RETURN(result.send_bytes_per_second, measure(/*up=*/true));

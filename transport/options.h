@@ -63,7 +63,7 @@ inline constexpr double kBulkYieldMargin = 0.05;
 inline constexpr double kBulkYieldFloor = 0.25;
 inline constexpr absl::Duration kBulkYieldHold = absl::Seconds(2);
 inline constexpr absl::Duration kBulkYieldChunkTime = absl::Milliseconds(2);
-inline constexpr int64_t kBulkYieldMinChunkBytes = 4096;
+inline constexpr int64_t kBulkYieldMinChunkBytes = 16 << 10;
 // The bulk bucket holds this many chunks, so a pacing timer that fires late catches up at once
 // (the bottleneck's queue then holds at most that many chunks' time).
 inline constexpr int kBulkYieldBurstChunks = 2;
