@@ -487,8 +487,18 @@ void ElasticMaster::Impl::TickLoop() {
   const absl::Duration period = std::max(peer_timeout_ / 4, absl::Milliseconds(10));
   MutexLock lock(&mu_);
   while (!stopping_) {
-    mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; },
-                         period);
+    // Every period, and sooner when set-up failures being collected are due to be settled
+    // (MembershipPolicy::settle_due; one can begin while this thread waits).
+    const absl::Time next_tick = absl::Now() + period;
+    while (!stopping_) {
+      const absl::Time due = std::min(next_tick, policy_->settle_due());
+      if (absl::Now() >= due) break;
+      mu_.AwaitWithDeadline(
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return stopping_ || policy_->settle_due() < due;
+          },
+          due);
+    }
     if (stopping_) return;
     policy_->Tick(absl::Now());
   }

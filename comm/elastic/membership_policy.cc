@@ -49,9 +49,7 @@ void MembershipPolicy::Lost(uint64_t member, absl::string_view why) {
 }
 
 void MembershipPolicy::Tick(absl::Time now) {
-  if (setup_failure_.has_value() && now - setup_failure_->since >= kBlameGrace) {
-    SettleSetupFailure();
-  }
+  if (now >= settle_due()) SettleSetupFailure();
   std::vector<std::shared_ptr<Conn>> all;
   for (auto& [id, conn] : conns_) all.push_back(conn);
   for (auto& conn : all) {
@@ -176,6 +174,11 @@ void MembershipPolicy::RecordBlame(const Conn& conn, const Message& m) {
   named_by_[blamed].insert(conn.id);
   const auto [low, high] = std::minmax(conn.id, blamed);
   pair_failures_[{low, high}].insert(m.epoch);
+}
+
+absl::Time MembershipPolicy::settle_due() const {
+  return setup_failure_.has_value() ? setup_failure_->since + kBlameGrace
+                                    : absl::InfiniteFuture();
 }
 
 void MembershipPolicy::SettleSetupFailure() {

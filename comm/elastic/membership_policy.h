@@ -114,6 +114,9 @@ class MembershipPolicy {
   int members() const { return static_cast<int>(members_.size()); }
   const std::vector<uint64_t>& member_ids() const { return members_; }  // in rank order
   int waiting() const { return static_cast<int>(joiners_.size()); }
+  // When the set-up failures being collected are due to be settled (a Tick at or after it
+  // settles them; the server ticks then); InfiniteFuture when none are.
+  absl::Time settle_due() const;
 
  private:
   struct Conn {
@@ -164,8 +167,8 @@ class MembershipPolicy {
   void OnSetupFailed(Conn& conn, const Message& m);
   // The unreachable-peer rule: records a set-up failure that names a peer ...
   void RecordBlame(const Conn& conn, const Message& m);
-  // ... and, once the epoch's failures are in (every member reported, or the first tick
-  // kBlameGrace after the first), drops the member at fault or starts the next epoch.
+  // ... and, once the epoch's failures are in (every member reported, or a tick kBlameGrace
+  // after the first: settle_due), drops the member at fault or starts the next epoch.
   void SettleSetupFailure();
   void QueueJoiner(uint64_t id, uint64_t target);
   bool IsMember(uint64_t id) const;

@@ -391,12 +391,15 @@ TEST_F(MembershipPolicyTest, APairWhoseSetUpsFailTwiceLosesItsNewerMemberOnATie)
   Job job(&units_, 3);
   const uint64_t a = job.Join("a"), b = job.Join("b"), c = job.Join("c");
   ASSERT_EQ(job.policy.epoch(), 1u);
+  EXPECT_EQ(job.policy.settle_due(), absl::InfiniteFuture());
   job.SetupFailed(c, 1, 1);  // c could not connect to rank 0 (a)
+  EXPECT_EQ(job.policy.settle_due(), job.now + absl::Milliseconds(250));  // the server ticks then
   job.SetupFailed(a, 1, 3);  // a could not connect to c
   job.policy.Tick(job.now + absl::Milliseconds(100));  // within the grace: b may still report
   EXPECT_EQ(job.policy.epoch(), 1u);
-  job.policy.Tick(job.now + absl::Seconds(1));  // epoch 2, the same members
+  job.policy.Tick(job.policy.settle_due());  // epoch 2, the same members
   EXPECT_EQ(job.policy.epoch(), 2u);
+  EXPECT_EQ(job.policy.settle_due(), absl::InfiniteFuture());
   EXPECT_THAT(job.policy.member_ids(), ElementsAre(a, b, c));
   EXPECT_EQ(job.out.Last(b, MsgType::kEpoch).parent_epoch, 0u);
   job.SetupFailed(a, 2, 3);  // epoch 2 fails between the same two
