@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -205,18 +206,23 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Build(const UniqueId& id, int nr
 }
 
 namespace {
-constexpr char kFailedPeerUrl[] = "lbcc.comm/failed-peer";
+// The failed peer travels in the message, not as a status payload: a payload is an absl::Cord,
+// whose sampling state (a thread-local) liblbcc.so would then export (tools/ldd_test.sh).
+constexpr absl::string_view kFailedPeerMark = " [failed peer ";
 }  // namespace
 
 absl::Status WithFailedPeer(absl::Status status, int peer) {
-  if (!status.ok() && peer >= 0) status.SetPayload(kFailedPeerUrl, absl::Cord(absl::StrCat(peer)));
-  return status;
+  if (status.ok() || peer < 0 || FailedPeer(status).has_value()) return status;
+  return absl::Status(status.code(), absl::StrCat(status.message(), kFailedPeerMark, peer, "]"));
 }
 
 std::optional<int> FailedPeer(const absl::Status& status) {
-  const auto payload = status.GetPayload(kFailedPeerUrl);
+  const absl::string_view message = status.message();
+  const size_t at = message.rfind(kFailedPeerMark);
+  if (at == absl::string_view::npos || !absl::EndsWith(message, "]")) return std::nullopt;
+  const size_t from = at + kFailedPeerMark.size();
   int peer = -1;
-  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &peer) || peer < 0) {
+  if (!absl::SimpleAtoi(message.substr(from, message.size() - 1 - from), &peer) || peer < 0) {
     return std::nullopt;
   }
   return peer;

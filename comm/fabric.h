@@ -189,11 +189,12 @@ class Fabric {
   const std::shared_ptr<const AbortRecord> abort_record_ = abort_;
 };
 
-// The rank (the Fabric's numbering) a failure concerns, carried in the Status as a payload
-// where the fabric knows it: a set-up's connection to that rank failed. Elastic members report
-// it to the master, which drops a member its peers cannot reach (membership_policy.h).
+// The rank (the Fabric's numbering) a failure concerns, carried in the Status's message (a
+// trailing " [failed peer N]") where the fabric knows it: a set-up's connection to that rank
+// failed. Elastic members report it to the master, which drops a member its peers cannot reach
+// (membership_policy.h). A status that already names one keeps it.
 absl::Status WithFailedPeer(absl::Status status, int peer);
-// The payload's rank; nullopt when the status has none (or another's).
+// The rank the message names; nullopt when it names none.
 std::optional<int> FailedPeer(const absl::Status& status);
 
 // The DeadlineExceeded of a data round that timed out: names the ranks this rank was still

@@ -12,6 +12,7 @@
 #include "codecs/topk_ef.h"
 #include "comm/communicator.h"
 #include "comm/config.h"
+#include "comm/fabric.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -72,6 +73,19 @@ absl::Status Collectives(int rank, Communicator& comm) {
 }
 
 class ReversalTest : public ::testing::TestWithParam<std::string> {};
+
+TEST(FailedPeerTest, TheMessageCarriesTheRankAndKeepsTheFirst) {
+  const absl::Status failed =
+      WithFailedPeer(absl::UnavailableError("connect to rank 3: refused"), 3);
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("refused")));
+  EXPECT_EQ(FailedPeer(failed), 3);
+  EXPECT_EQ(FailedPeer(WithFailedPeer(failed, 1)), 3);  // The first blame stays.
+  EXPECT_EQ(FailedPeer(absl::UnavailableError("connect: refused")), std::nullopt);
+  EXPECT_EQ(FailedPeer(absl::UnavailableError("x [failed peer -2]")), std::nullopt);
+  EXPECT_EQ(FailedPeer(absl::UnavailableError("x [failed peer 7] later text")), std::nullopt);
+  EXPECT_THAT(WithFailedPeer(absl::OkStatus(), 2), IsOk());
+  EXPECT_EQ(FailedPeer(WithFailedPeer(absl::CancelledError("stop"), -1)), std::nullopt);
+}
 
 TEST_P(ReversalTest, UnreachableRanksDialAndEveryCollectiveRuns) {
   // Rank 1 cannot be dialed: it dials all its links, the others dial each other.

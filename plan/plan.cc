@@ -12,7 +12,6 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "plan/bytes.h"
-#include "plan/ring.h"
 #include "transport/options.h"
 
 namespace lbcc::plan {

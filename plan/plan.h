@@ -108,6 +108,12 @@ struct RingSpec {
   int64_t grad_tensors = 1;
 };
 
+// Parses a "ring" section for `nranks` ranks into `out` (ParsePlanInput calls it; defined in
+// plan/ring.cc). InvalidArgument "ring.<field>: ..." for a bad or missing field, an unknown key,
+// a context not divisible by the ranks, d not divisible by heads, a codec not one of raw, bf16,
+// fp16, subspace, a subspace codec with neither k nor compression.
+absl::Status ParseRingSpec(const nlohmann::json& ring, int nranks, RingSpec* out);
+
 struct PlanInput {
   Network net;
   ModelSpec model;

@@ -37,12 +37,6 @@
 
 namespace lbcc::plan {
 
-// Parses a "ring" section for `nranks` ranks into `out` (ParsePlanInput calls it).
-// InvalidArgument "ring.<field>: ..." for a bad or missing field, an unknown key, a context not
-// divisible by the ranks, d not divisible by heads, a codec not one of raw, bf16, fp16,
-// subspace, a subspace codec with neither k nor compression.
-absl::Status ParseRingSpec(const nlohmann::json& ring, int nranks, RingSpec* out);
-
 struct RingPrediction {
   int ranks = 0;
   int64_t tokens_per_rank = 0;     // context / ranks

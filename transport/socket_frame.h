@@ -21,9 +21,12 @@
 #include "absl/types/span.h"
 #include "transport/lane.h"
 #include "transport/link_setup.h"
-#include "transport/socket_transport.h"
 
 namespace lbcc::transport {
+
+inline constexpr uint8_t kFrameControl = 1;
+inline constexpr uint8_t kFrameChunk = 2;
+inline constexpr uint64_t kMaxSocketFrameBytes = uint64_t{1} << 30;
 
 // The bytes of a frame's kind and header (0 for an unknown kind).
 size_t SocketFrameHeadBytes(uint8_t kind);

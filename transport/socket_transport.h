@@ -10,7 +10,7 @@
 //
 // Addresses are "host:port" (IPv4, or IPv6 in brackets); Listen("10.77.0.2:0") picks a port.
 // Wire: each connection carries frames of one kind byte and a header, in host byte order like
-// ChunkHeader: kFrameControl + ControlHeader (64 bytes) + u32 payload length + payload (probe
+// ChunkHeader (transport/socket_frame.h): kFrameControl + ControlHeader (64 bytes) + u32 payload length + payload (probe
 // bytes), kFrameChunk + ChunkHeader (48 bytes) + the chunk's bytes. A frame that announces more
 // than kMaxSocketFrameBytes, or an unknown kind, fails the connection's link with DataLoss (the
 // reader: socket_frame.h, fuzzed by socket_frame_fuzz). An
@@ -30,10 +30,6 @@
 #include "transport/transport.h"
 
 namespace lbcc::transport {
-
-inline constexpr uint8_t kFrameControl = 1;
-inline constexpr uint8_t kFrameChunk = 2;
-inline constexpr uint64_t kMaxSocketFrameBytes = uint64_t{1} << 30;
 
 std::unique_ptr<Transport> NewSocketTransport(const TransportOptions& options);
 

@@ -2,6 +2,7 @@
 // connections are closed without disturbing the transport, which goes on accepting real links.
 // (The Endpoint contract itself: transport_test's socket cases.)
 #include "transport/socket_transport.h"
+#include "transport/socket_frame.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
