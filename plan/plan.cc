@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "plan/bytes.h"
+#include "plan/json_fields.h"
 #include "transport/options.h"
 
 namespace lbcc::plan {
@@ -31,36 +32,6 @@ absl::Status CheckKeys(const Json& object, std::initializer_list<const char*> al
   return CheckJsonKeys(object, allowed, where);
 }
 
-// A number at object[key]; `fallback` when absent (nullopt: required). Must be > 0 unless
-// `zero_ok` (then >= 0).
-absl::StatusOr<double> Number(const Json& object, const char* key, absl::string_view where,
-                              std::optional<double> fallback, bool zero_ok = false) {
-  const std::string field = absl::StrCat(where, ".", key);
-  if (!object.contains(key)) {
-    if (fallback) return *fallback;
-    return Bad(field, "is required");
-  }
-  const Json& v = object[key];
-  if (!v.is_number()) return Bad(field, "must be a number");
-  const double x = v.get<double>();
-  if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_ok)) {
-    return Bad(field, absl::StrCat("is ", x, "; must be ", zero_ok ? ">= 0" : "> 0"));
-  }
-  return x;
-}
-
-absl::StatusOr<int64_t> Integer(const Json& object, const char* key, absl::string_view where,
-                                std::optional<int64_t> fallback, bool zero_ok = false) {
-  LBCC_ASSIGN_OR_RETURN(const double x,
-                        Number(object, key, where,
-                               fallback ? std::optional<double>(static_cast<double>(*fallback))
-                                        : std::nullopt,
-                               zero_ok));
-  if (x != std::floor(x) || x > 9.2e18) {
-    return Bad(absl::StrCat(where, ".", key), absl::StrCat("is ", x, "; must be an integer"));
-  }
-  return static_cast<int64_t>(x);
-}
 
 absl::StatusOr<std::string> ReadText(const std::string& path, absl::string_view field) {
   std::ifstream in(path);
@@ -122,7 +93,7 @@ absl::Status ParseModel(const Json& m, const comm::Topology& topology, ModelSpec
   int64_t sum = 0;
   for (int64_t p : model->stage_params) sum += p;
   if (m.contains("params")) {
-    LBCC_ASSIGN_OR_RETURN(model->params, Integer(m, "params", "model", std::nullopt));
+    LBCC_ASSIGN_OR_RETURN(model->params, JsonInteger(m, "params", "model", std::nullopt));
     if (!model->stage_params.empty() && sum != model->params) {
       return Bad("model.stage_params",
                  absl::StrCat("add up to ", sum, " parameters, model.params is ", model->params));
@@ -139,16 +110,16 @@ absl::Status ParseModel(const Json& m, const comm::Topology& topology, ModelSpec
     }
     model->stage_params = {model->params};
   }
-  LBCC_ASSIGN_OR_RETURN(model->d, Integer(m, "d", "model", std::nullopt));
-  LBCC_ASSIGN_OR_RETURN(model->layers, Integer(m, "layers", "model", int64_t{0}, true));
-  LBCC_ASSIGN_OR_RETURN(model->seq_len, Integer(m, "seq_len", "model", std::nullopt));
-  LBCC_ASSIGN_OR_RETURN(model->vocab, Integer(m, "vocab", "model", int64_t{0}, true));
+  LBCC_ASSIGN_OR_RETURN(model->d, JsonInteger(m, "d", "model", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(model->layers, JsonInteger(m, "layers", "model", int64_t{0}, true));
+  LBCC_ASSIGN_OR_RETURN(model->seq_len, JsonInteger(m, "seq_len", "model", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(model->vocab, JsonInteger(m, "vocab", "model", int64_t{0}, true));
   LBCC_ASSIGN_OR_RETURN(model->tokens_per_step,
-                        Integer(m, "tokens_per_step", "model", std::nullopt));
+                        JsonInteger(m, "tokens_per_step", "model", std::nullopt));
   LBCC_ASSIGN_OR_RETURN(model->microbatch_tokens,
-                        Integer(m, "microbatch_tokens", "model", model->seq_len));
+                        JsonInteger(m, "microbatch_tokens", "model", model->seq_len));
   LBCC_ASSIGN_OR_RETURN(model->flops_per_token,
-                        Number(m, "flops_per_token", "model", 6.0 * model->params));
+                        JsonNumber(m, "flops_per_token", "model", 6.0 * model->params));
   if (m.contains("shard_shapes")) {
     const Json& list = m["shard_shapes"];
     if (!list.is_array() || static_cast<int>(list.size()) != shards) {
@@ -187,7 +158,7 @@ absl::Status ParseCompute(const Json& c, int nranks, std::vector<RankCompute>* o
   LBCC_RETURN_IF_ERROR(CheckKeys(c, {"default_tflops", "ranks"}, "compute"));
   std::optional<double> fallback;
   if (c.contains("default_tflops")) {
-    LBCC_ASSIGN_OR_RETURN(const double t, Number(c, "default_tflops", "compute", std::nullopt));
+    LBCC_ASSIGN_OR_RETURN(const double t, JsonNumber(c, "default_tflops", "compute", std::nullopt));
     fallback = t * 1e12;
   }
   std::vector<std::optional<RankCompute>> ranks(nranks);
@@ -197,13 +168,13 @@ absl::Status ParseCompute(const Json& c, int nranks, std::vector<RankCompute>* o
       const Json& r = c["ranks"][i];
       const std::string where = absl::StrCat("compute.ranks[", i, "]");
       LBCC_RETURN_IF_ERROR(CheckKeys(r, {"rank", "tflops", "step_s"}, where));
-      LBCC_ASSIGN_OR_RETURN(const int64_t rank, Integer(r, "rank", where, std::nullopt, true));
+      LBCC_ASSIGN_OR_RETURN(const int64_t rank, JsonInteger(r, "rank", where, std::nullopt, true));
       if (rank >= nranks) return Bad(where, absl::StrCat("unknown rank ", rank));
       RankCompute rc;
       if (r.contains("step_s")) {
-        LBCC_ASSIGN_OR_RETURN(rc.step_s, Number(r, "step_s", where, std::nullopt));
+        LBCC_ASSIGN_OR_RETURN(rc.step_s, JsonNumber(r, "step_s", where, std::nullopt));
       } else {
-        LBCC_ASSIGN_OR_RETURN(const double t, Number(r, "tflops", where, std::nullopt));
+        LBCC_ASSIGN_OR_RETURN(const double t, JsonNumber(r, "tflops", where, std::nullopt));
         rc.flops_per_s = t * 1e12;
       }
       ranks[rank] = rc;
@@ -224,19 +195,20 @@ absl::Status ParseCompute(const Json& c, int nranks, std::vector<RankCompute>* o
 }
 
 absl::Status ParseCpu(const Json& c, CpuModel* cpu, Network* net) {
-  LBCC_RETURN_IF_ERROR(CheckKeys(c,
-                                 {"encode_ms", "exchange_ms", "decode_ms", "allreduce_ms",
-                                  "encode_gelements_s", "decode_gvalues_s", "copy_gbytes_s",
-                                  "shared_cores"},
-                                 "cpu"));
-  LBCC_ASSIGN_OR_RETURN(const double copy, Number(c, "copy_gbytes_s", "cpu", 0.0, true));
+  LBCC_RETURN_IF_ERROR(
+      CheckKeys(c,
+                {"encode_ms", "exchange_ms", "decode_ms", "allreduce_ms", "encode_gelements_s",
+                 "decode_gvalues_s", "copy_gbytes_s", "shared_cores"},
+                "cpu"));
+  LBCC_ASSIGN_OR_RETURN(const double copy, JsonNumber(c, "copy_gbytes_s", "cpu", 0.0, true));
   net->copy_bps = copy * 1e9;
-  LBCC_ASSIGN_OR_RETURN(const int64_t cores, Integer(c, "shared_cores", "cpu", int64_t{0}, true));
+  LBCC_ASSIGN_OR_RETURN(const int64_t cores,
+                        JsonInteger(c, "shared_cores", "cpu", int64_t{0}, true));
   if (cores > (1 << 20)) return Bad("cpu.shared_cores", absl::StrCat("is ", cores, "; too many"));
   net->shared_cores = static_cast<int>(cores);
   auto ms = [&](const char* key, double* out) -> absl::Status {
     if (!c.contains(key)) return absl::OkStatus();
-    LBCC_ASSIGN_OR_RETURN(const double v, Number(c, key, "cpu", std::nullopt, true));
+    LBCC_ASSIGN_OR_RETURN(const double v, JsonNumber(c, key, "cpu", std::nullopt, true));
     *out = v * 1e-3;
     return absl::OkStatus();
   };
@@ -244,8 +216,8 @@ absl::Status ParseCpu(const Json& c, CpuModel* cpu, Network* net) {
   LBCC_RETURN_IF_ERROR(ms("exchange_ms", &cpu->exchange_s));
   LBCC_RETURN_IF_ERROR(ms("decode_ms", &cpu->decode_s));
   LBCC_RETURN_IF_ERROR(ms("allreduce_ms", &cpu->allreduce_s));
-  LBCC_ASSIGN_OR_RETURN(const double enc, Number(c, "encode_gelements_s", "cpu", 0.0, true));
-  LBCC_ASSIGN_OR_RETURN(const double dec, Number(c, "decode_gvalues_s", "cpu", 0.0, true));
+  LBCC_ASSIGN_OR_RETURN(const double enc, JsonNumber(c, "encode_gelements_s", "cpu", 0.0, true));
+  LBCC_ASSIGN_OR_RETURN(const double dec, JsonNumber(c, "decode_gvalues_s", "cpu", 0.0, true));
   cpu->encode_elements_per_s = enc * 1e9;
   cpu->decode_values_per_s = dec * 1e9;
   return absl::OkStatus();
@@ -257,9 +229,9 @@ absl::Status ParseJob(const Json& j, const comm::Topology& topology, JobSpec* jo
                                   "boundary", "coefficients", "target_utilization",
                                   "overlap_fragments"},
                                  "job"));
-  LBCC_ASSIGN_OR_RETURN(const int64_t h, Integer(j, "H", "job", int64_t{30}));
+  LBCC_ASSIGN_OR_RETURN(const int64_t h, JsonInteger(j, "H", "job", int64_t{30}));
   job->H = static_cast<int>(h);
-  LBCC_ASSIGN_OR_RETURN(job->topk.top_k, Number(j, "top_k", "job", 64.0));
+  LBCC_ASSIGN_OR_RETURN(job->topk.top_k, JsonNumber(j, "top_k", "job", 64.0));
   if (j.contains("values")) {
     if (!j["values"].is_string()) return Bad("job.values", "must be a string");
     absl::StatusOr<codecs::ValueCoding> v =
@@ -281,7 +253,7 @@ absl::Status ParseJob(const Json& j, const comm::Topology& topology, JobSpec* jo
   }
   LBCC_RETURN_IF_ERROR(job->topk.Validate());
   LBCC_ASSIGN_OR_RETURN(job->sparse_group_elements,
-                        Integer(j, "group_elements", "job", job->sparse_group_elements));
+                        JsonInteger(j, "group_elements", "job", job->sparse_group_elements));
   if (j.contains("algo")) {
     absl::StatusOr<comm::Algorithm> a =
         comm::ParseAlgorithm(j["algo"].is_string() ? j["algo"].get<std::string>() : "?");
@@ -303,10 +275,10 @@ absl::Status ParseJob(const Json& j, const comm::Topology& topology, JobSpec* jo
     }
   }
   LBCC_ASSIGN_OR_RETURN(job->target_utilization,
-                        Number(j, "target_utilization", "job", job->target_utilization));
+                        JsonNumber(j, "target_utilization", "job", job->target_utilization));
   if (job->target_utilization >= 1) return Bad("job.target_utilization", "must be below 1");
   LBCC_ASSIGN_OR_RETURN(const int64_t fragments,
-                        Integer(j, "overlap_fragments", "job", int64_t{2}, true));
+                        JsonInteger(j, "overlap_fragments", "job", int64_t{2}, true));
   if (fragments < 1 || fragments > job->H) {
     return Bad("job.overlap_fragments", "must be in 1..H");
   }
@@ -318,12 +290,12 @@ absl::Status ParseJob(const Json& j, const comm::Topology& topology, JobSpec* jo
       const Json& b = j["boundary"][i];
       const std::string where = absl::StrCat("job.boundary[", i, "]");
       LBCC_RETURN_IF_ERROR(CheckKeys(b, {"replica", "k"}, where));
-      LBCC_ASSIGN_OR_RETURN(const int64_t m, Integer(b, "replica", where, std::nullopt, true));
+      LBCC_ASSIGN_OR_RETURN(const int64_t m, JsonInteger(b, "replica", where, std::nullopt, true));
       if (m >= static_cast<int64_t>(topology.replicas().size()) ||
           topology.replicas()[m].kind != comm::RankRole::Kind::kPipeline) {
         return Bad(where, absl::StrCat("replica ", m, " is not a pipeline replica"));
       }
-      LBCC_ASSIGN_OR_RETURN(job->boundary_k[m], Integer(b, "k", where, std::nullopt, true));
+      LBCC_ASSIGN_OR_RETURN(job->boundary_k[m], JsonInteger(b, "k", where, std::nullopt, true));
     }
   }
   return absl::OkStatus();
@@ -337,9 +309,9 @@ absl::Status ParseCollective(const Json& c, CollectiveSpec* out) {
       return Bad("collective.op", "must be sparse_allreduce or allreduce");
     }
   }
-  LBCC_ASSIGN_OR_RETURN(out->bytes, Integer(c, "bytes", "collective", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(out->bytes, JsonInteger(c, "bytes", "collective", std::nullopt));
   if (out->bytes < 4) return Bad("collective.bytes", "must be at least 4");
-  LBCC_ASSIGN_OR_RETURN(const int64_t t, Integer(c, "tensors", "collective", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(const int64_t t, JsonInteger(c, "tensors", "collective", int64_t{1}));
   out->tensors = static_cast<int>(t);
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "plan/bytes.h"
+#include "plan/json_fields.h"
 #include "plan/network.h"
 
 namespace lbcc::plan {
@@ -19,31 +20,6 @@ absl::Status Bad(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("ring.", field, ": ", what));
 }
 
-// ring[key] as a number (> 0, or >= 0 with zero_ok); `fallback` when absent (nullopt: required).
-absl::StatusOr<double> Number(const Json& ring, const char* key, std::optional<double> fallback,
-                              bool zero_ok = false) {
-  if (!ring.contains(key)) {
-    if (fallback) return *fallback;
-    return Bad(key, "is required");
-  }
-  const Json& v = ring[key];
-  if (!v.is_number()) return Bad(key, "must be a number");
-  const double x = v.get<double>();
-  if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_ok)) {
-    return Bad(key, absl::StrCat("is ", x, "; must be ", zero_ok ? ">= 0" : "> 0"));
-  }
-  return x;
-}
-
-absl::StatusOr<int64_t> Integer(const Json& ring, const char* key,
-                                std::optional<int64_t> fallback, bool zero_ok = false) {
-  LBCC_ASSIGN_OR_RETURN(
-      const double x,
-      Number(ring, key, fallback ? std::optional<double>(static_cast<double>(*fallback)) : std::nullopt,
-             zero_ok));
-  if (x != std::floor(x) || x > 9.2e18) return Bad(key, absl::StrCat("is ", x, "; must be an integer"));
-  return static_cast<int64_t>(x);
-}
 
 // The largest k whose K/V payloads save at least `compression` of the bf16 bytes.
 absl::StatusOr<int64_t> RankFor(const RingCoding& coding, double compression, int64_t tokens,
@@ -73,11 +49,11 @@ absl::Status ParseRingSpec(const Json& ring, int nranks, RingSpec* out) {
        "other_s", "other_gflops", "params", "grad_tensors"},
       "ring"));
   RingSpec s;
-  LBCC_ASSIGN_OR_RETURN(s.context, Integer(ring, "context", std::nullopt));
-  LBCC_ASSIGN_OR_RETURN(s.batch, Integer(ring, "batch", int64_t{1}));
-  LBCC_ASSIGN_OR_RETURN(s.d, Integer(ring, "d", std::nullopt));
-  LBCC_ASSIGN_OR_RETURN(s.heads, Integer(ring, "heads", int64_t{1}));
-  LBCC_ASSIGN_OR_RETURN(s.layers, Integer(ring, "layers", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(s.context, JsonInteger(ring, "context", "ring", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(s.batch, JsonInteger(ring, "batch", "ring", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(s.d, JsonInteger(ring, "d", "ring", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(s.heads, JsonInteger(ring, "heads", "ring", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(s.layers, JsonInteger(ring, "layers", "ring", int64_t{1}));
   if (s.context % nranks != 0) {
     return Bad("context", absl::StrCat(s.context, " tokens do not split evenly over ", nranks,
                                        " ranks"));
@@ -109,29 +85,36 @@ absl::Status ParseRingSpec(const Json& ring, int nranks, RingSpec* out) {
     if (!subspace && ring.contains(key)) return Bad(key, "only for codec \"subspace\"");
   }
   if (subspace) {
-    LBCC_ASSIGN_OR_RETURN(s.coding.rank, Integer(ring, "k", int64_t{0}, /*zero_ok=*/true));
-    LBCC_ASSIGN_OR_RETURN(s.coding.components, Integer(ring, "components", int64_t{1}));
-    LBCC_ASSIGN_OR_RETURN(s.coding.mixture_block, Integer(ring, "mixture_block", int64_t{64}));
-    LBCC_ASSIGN_OR_RETURN(s.coding.int8_block, Integer(ring, "int8_block", int64_t{32}));
+    LBCC_ASSIGN_OR_RETURN(s.coding.rank,
+                          JsonInteger(ring, "k", "ring", int64_t{0}, /*zero_ok=*/true));
+    LBCC_ASSIGN_OR_RETURN(s.coding.components, JsonInteger(ring, "components", "ring", int64_t{1}));
+    LBCC_ASSIGN_OR_RETURN(s.coding.mixture_block,
+                          JsonInteger(ring, "mixture_block", "ring", int64_t{64}));
+    LBCC_ASSIGN_OR_RETURN(s.coding.int8_block,
+                          JsonInteger(ring, "int8_block", "ring", int64_t{32}));
     if (ring.contains("coefficient_dtype")) {
       if (!ring["coefficient_dtype"].is_string()) return Bad("coefficient_dtype", "must be a name");
       absl::StatusOr<DType> t = ParseDType(ring["coefficient_dtype"].get<std::string>());
       if (!t.ok()) return Bad("coefficient_dtype", t.status().message());
       s.coding.coefficient_dtype = *t;
     }
-    LBCC_ASSIGN_OR_RETURN(s.compression, Number(ring, "compression", 0.0, /*zero_ok=*/true));
+    LBCC_ASSIGN_OR_RETURN(s.compression,
+                          JsonNumber(ring, "compression", "ring", 0.0, /*zero_ok=*/true));
     if (s.compression >= 1) return Bad("compression", "must be below 1");
     if ((s.coding.rank > 0) == (s.compression > 0)) {
       return Bad("k", "give either k or compression for codec \"subspace\"");
     }
   }
-  LBCC_ASSIGN_OR_RETURN(const double gflops, Number(ring, "attention_gflops", std::nullopt));
+  LBCC_ASSIGN_OR_RETURN(const double gflops,
+                        JsonNumber(ring, "attention_gflops", "ring", std::nullopt));
   s.attention_flops_per_s = gflops * 1e9;
-  LBCC_ASSIGN_OR_RETURN(s.other_s, Number(ring, "other_s", -1.0, /*zero_ok=*/true));
-  LBCC_ASSIGN_OR_RETURN(const double other_gflops, Number(ring, "other_gflops", gflops));
+  LBCC_ASSIGN_OR_RETURN(s.other_s, JsonNumber(ring, "other_s", "ring", -1.0, /*zero_ok=*/true));
+  LBCC_ASSIGN_OR_RETURN(const double other_gflops,
+                        JsonNumber(ring, "other_gflops", "ring", gflops));
   s.other_flops_per_s = other_gflops * 1e9;
-  LBCC_ASSIGN_OR_RETURN(s.params, Integer(ring, "params", int64_t{0}, /*zero_ok=*/true));
-  LBCC_ASSIGN_OR_RETURN(s.grad_tensors, Integer(ring, "grad_tensors", int64_t{1}));
+  LBCC_ASSIGN_OR_RETURN(s.params,
+                        JsonInteger(ring, "params", "ring", int64_t{0}, /*zero_ok=*/true));
+  LBCC_ASSIGN_OR_RETURN(s.grad_tensors, JsonInteger(ring, "grad_tensors", "ring", int64_t{1}));
   // The payload formula rejects what the codec would (k > d, M, blocks, dtype) at parse time.
   const int64_t tokens = s.batch * (s.context / nranks);
   if (subspace && s.compression > 0) {
