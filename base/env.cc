@@ -99,7 +99,8 @@ constexpr Spec kSpecs[] = {
     {"LBCC_REACHABLE", Type::kEnum, "auto",
      "Whether peers can dial this rank: no (behind NAT or a firewall that refuses inbound "
      "connections: it dials every connection of its links and its peers use them; needs "
-     "LBCC_TRANSPORT=socket), yes, or auto (for now: yes).",
+     "LBCC_TRANSPORT=socket), yes, or auto (no when the address it listens on is not the one "
+     "the bootstrap root saw its connection come from: NAT).",
      "auto|yes|no"},
     {"LBCC_SECRET_IN_ID", Type::kBool, "0",
      "Where a unique id is created (lbccGetUniqueId, CreateUniqueId) and no LBCC_JOB_SECRET is "

@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -135,18 +136,26 @@ absl::StatusOr<SockAddr> ParseAddress(absl::string_view address) {
   return FromNumeric(resolved.front(), hp.port);
 }
 
-std::string FormatAddress(const SockAddr& addr) {
+// The IP of `addr` ("10.0.0.1", "fd00::1") and its port.
+std::string FormatHost(const SockAddr& addr, int* port = nullptr) {
   char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
+  int p = 0;
   if (addr.family() == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr.storage);
     inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
+    p = ntohs(in6->sin6_port);
   } else {
     const auto* in = reinterpret_cast<const sockaddr_in*>(&addr.storage);
     inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
+    p = ntohs(in->sin_port);
   }
+  if (port != nullptr) *port = p;
+  return host;
+}
+
+std::string FormatAddress(const SockAddr& addr) {
+  int port = 0;
+  const std::string host = FormatHost(addr, &port);
   return transport::JoinHostPort(host, port);
 }
 
@@ -315,7 +324,12 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
       (void)SendFrame(conn.get(), ErrorReply(problem), absl::Now() + absl::Seconds(5));
       continue;
     }
-    joined[static_cast<int>(rank)] = Joined{std::move(conn), std::move(decoded->blob)};
+    std::string blob = std::move(decoded->blob);
+    if (absl::EndsWith(blob, kObservedAddressRequest)) {
+      blob.resize(blob.size() - kObservedAddressRequest.size());
+      absl::StrAppend(&blob, "\n", FormatHost(from));
+    }
+    joined[static_cast<int>(rank)] = Joined{std::move(conn), std::move(blob)};
   }
   if (cancel != nullptr && cancel->cancelled()) {
     // Superseded (an elastic epoch): the ranks that joined learn it now, not at the deadline.

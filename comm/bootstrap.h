@@ -50,6 +50,12 @@ struct UniqueId {
   char internal[kUniqueIdBytes];
 };
 
+// A rank whose blob ends with this line asks the root for the address its connection came
+// from: in the table every rank gets, that line reads "\n<host>" (the source IP the root saw,
+// without port). Behind NAT that is the router's address, not the rank's own
+// (comm/fabric.cc's LBCC_REACHABLE=auto). Other blobs are passed through untouched.
+inline constexpr absl::string_view kObservedAddressRequest = "\n?observed";
+
 // The secret a rank's bootstrap connection authenticates with. Resolved (a communicator's
 // CommConfig, which read the environment once): `secret`, else the one the id carries. Not
 // resolved (the default, for standalone callers): the environment's (LBCC_JOB_SECRET /

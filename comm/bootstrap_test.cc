@@ -46,6 +46,25 @@ TEST(BootstrapTest, EightThreadRanksExchangeBlobs) {
   for (auto& r : results) EXPECT_THAT(r, ::lbcc::testing::IsOkAndHolds(ElementsAreArray(expected)));
 }
 
+TEST(BootstrapTest, ARankThatAsksLearnsTheAddressTheRootSawItComeFrom) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId("127.0.0.1", absl::Seconds(30)));
+  std::vector<absl::StatusOr<std::vector<std::string>>> results(2);
+  std::thread asks([&] {
+    results[0] = BootstrapExchange(id, 2, 0, absl::StrCat("a\nauto", kObservedAddressRequest),
+                                   absl::Seconds(30));
+  });
+  // Only a blob that ends with the request is touched.
+  std::thread plain([&] {
+    results[1] = BootstrapExchange(id, 2, 1, absl::StrCat("b", kObservedAddressRequest, "x"),
+                                   absl::Seconds(30));
+  });
+  asks.join();
+  plain.join();
+  const std::vector<std::string> expected = {"a\nauto\n127.0.0.1",
+                                             absl::StrCat("b", kObservedAddressRequest, "x")};
+  for (auto& r : results) EXPECT_THAT(r, ::lbcc::testing::IsOkAndHolds(ElementsAreArray(expected)));
+}
+
 TEST(BootstrapTest, MissingRankTimesOutOnEveryJoinedRank) {
   LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId("127.0.0.1", absl::Seconds(1)));
   auto results = RunRanks(id, 4, {0, 1, 3}, absl::Seconds(1));

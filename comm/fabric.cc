@@ -1,5 +1,6 @@
 #include "comm/fabric.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "comm/agreement.h"
+#include "transport/link_rules.h"
 #include "transport/loopback.h"
 #include "transport/socket_transport.h"
 #include "transport/options.h"
@@ -41,6 +43,44 @@ constexpr uint32_t kControlHello = 0x80000000u;
 // acceptor's own sends): the rank with this bit set too.
 constexpr uint32_t kReverseHello = 0x40000000u;
 
+// LBCC_REACHABLE=auto: a rank whose transport address names another host than the one its
+// bootstrap connection came from (as the root saw it) is behind NAT: nobody can dial the
+// address it advertises, so it dials every link itself (socket backend). UCX cannot reverse
+// (CheckReachability), and a host that routes to the root from another of its addresses than
+// the one it listens on (multi-homed) looks the same, so over UCX the rank stays reachable and
+// the mismatch is a warning. An address without an IP host (the loopback backend's) is
+// reachable.
+bool ReachableByAddress(const std::string& backend, int rank, int me, const std::string& address,
+                        const std::string& observed) {
+  const std::string host = transport::SplitHostPort(address).host;
+  // An IPv4 rank seen by a dual-stack root: "::ffff:10.0.0.2".
+  const std::string seen =
+      absl::StartsWith(observed, "::ffff:") && observed.find('.') != std::string::npos
+          ? observed.substr(7)
+          : observed;
+  in6_addr scratch;
+  const bool ip = inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
+                  inet_pton(AF_INET6, host.c_str(), &scratch) == 1;
+  if (!ip || host == seen) {
+    LBCC_LOG_IF(INFO, rank == me) << "comm: rank " << rank << " is reachable (LBCC_REACHABLE=auto: "
+                                  << "the root saw it come from " << observed << ", the address "
+                                  << "it listens on)";
+    return true;
+  }
+  if (backend == "socket") {
+    LBCC_LOG_IF(INFO, rank == me || me == 0)
+        << "comm: rank " << rank << " listens on " << host << " but reached the root from "
+        << observed << ": behind NAT, it dials every link (LBCC_REACHABLE=auto; set yes if "
+        << "peers can dial " << host << ")";
+    return false;
+  }
+  LBCC_LOG_IF(WARN, rank == me || me == 0)
+      << "comm: rank " << rank << " listens on " << host << " but reached the root from "
+      << observed << ": if it is behind NAT, peers cannot dial it over " << backend
+      << " (use LBCC_TRANSPORT=socket); taken as reachable (LBCC_REACHABLE=auto)";
+  return true;
+}
+
 // Which pairs cannot be connected: both ends unreachable (a relay would be needed), or any
 // unreachable rank over a backend that cannot reverse connections (UCX's tcp lanes dial from
 // both ends). FailedPrecondition naming them, the same on every rank; OK otherwise.
@@ -66,7 +106,8 @@ absl::Status CheckReachability(const std::string& backend, const std::vector<boo
   return absl::FailedPreconditionError(absl::StrCat(
       "comm: ranks ", absl::StrJoin(pairs, ", "), " cannot reach each other: neither end of ",
       pairs.size() == 1 ? "that pair" : "those pairs",
-      " can be dialed (LBCC_REACHABLE=no on both), and LBCC does not relay yet"));
+      " can be dialed (LBCC_REACHABLE=no, or auto found both behind NAT), and LBCC does not "
+      "relay yet"));
 }
 
 // `options`: the resolved settings. With a job secret, every link's handshake binds the job
@@ -154,28 +195,35 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Build(const UniqueId& id, int nr
     return absl::InvalidArgumentError(absl::StrCat("comm: reachable '", options.reachable,
                                                    "' is invalid: expected auto, yes or no"));
   }
-  const bool reachable_here = options.reachable != "no";
-  LBCC_LOG(INFO) << "comm: rank " << rank << " is "
-                 << (reachable_here ? "reachable" : "not reachable (it dials every link)")
-                 << " (LBCC_REACHABLE=" << options.reachable << ")";
-  // Each rank's blob: host name, transport address, whether peers can dial it.
+  if (options.reachable != "auto") {
+    LBCC_LOG(INFO) << "comm: rank " << rank << " is "
+                   << (options.reachable == "yes" ? "reachable"
+                                                  : "not reachable (it dials every link)")
+                   << " (LBCC_REACHABLE=" << options.reachable << ")";
+  }
+  // Each rank's blob: host name, transport address, whether peers can dial it: 1, 0, or "auto"
+  // and the address the root saw it come from (kObservedAddressRequest; see ReachableByAddress).
+  const std::string dialable = options.reachable == "yes"  ? "1"
+                               : options.reachable == "no" ? "0"
+                                                           : absl::StrCat("auto", kObservedAddressRequest);
   LBCC_ASSIGN_OR_RETURN(
       std::vector<std::string> blobs,
-      BootstrapExchange(id, nranks, rank,
-                        absl::StrCat(hostname, "\n", address, "\n", reachable_here ? "1" : "0"),
+      BootstrapExchange(id, nranks, rank, absl::StrCat(hostname, "\n", address, "\n", dialable),
                         options.timeout,
                         BootstrapSecurity{true, options.transport->security.secret},
                         options.cancel.get()));
   std::vector<std::string> addresses;
   std::vector<bool> reachable;
   for (const std::string& blob : blobs) {
-    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 2));
-    if (parts.size() != 3 || (parts[2] != "0" && parts[2] != "1")) {
-      return absl::InternalError("comm: malformed bootstrap blob");
-    }
+    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 3));
+    const bool fixed = parts.size() == 3 && (parts[2] == "0" || parts[2] == "1");
+    const bool observed = parts.size() == 4 && parts[2] == "auto";
+    if (!fixed && !observed) return absl::InternalError("comm: malformed bootstrap blob");
+    const int r = static_cast<int>(addresses.size());
     fabric->hostnames_.push_back(parts[0]);
     addresses.push_back(parts[1]);
-    reachable.push_back(parts[2] == "1");
+    reachable.push_back(fixed ? parts[2] == "1"
+                              : ReachableByAddress(options.backend, r, rank, parts[1], parts[3]));
   }
   LBCC_RETURN_IF_ERROR(CheckReachability(options.backend, reachable));
   LBCC_RETURN_IF_ERROR(CheckAdvertisedAddresses(fabric->hostnames_, addresses));
