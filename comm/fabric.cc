@@ -1,6 +1,5 @@
 #include "comm/fabric.h"
 
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -18,6 +17,7 @@
 #include "comm/agreement.h"
 #include "transport/link_rules.h"
 #include "transport/loopback.h"
+#include "transport/netif.h"
 #include "transport/socket_transport.h"
 #include "transport/options.h"
 #include "transport/ucx_transport.h"
@@ -52,16 +52,16 @@ constexpr uint32_t kReverseHello = 0x40000000u;
 // reachable.
 bool ReachableByAddress(const std::string& backend, int rank, int me, const std::string& address,
                         const std::string& observed) {
-  const std::string host = transport::SplitHostPort(address).host;
+  // Numeric and canonical ("fd77:0::1" reads "fd77::1", as the root's inet_ntop writes it).
+  const absl::StatusOr<transport::SocketAddress> listening =
+      transport::NumericSocketAddress(transport::SplitHostPort(address).host, 0);
+  const std::string host = listening.ok() ? listening->host : "";
   // An IPv4 rank seen by a dual-stack root: "::ffff:10.0.0.2".
   const std::string seen =
       absl::StartsWith(observed, "::ffff:") && observed.find('.') != std::string::npos
           ? observed.substr(7)
           : observed;
-  in6_addr scratch;
-  const bool ip = inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
-                  inet_pton(AF_INET6, host.c_str(), &scratch) == 1;
-  if (!ip || host == seen) {
+  if (!listening.ok() || host == seen) {
     LBCC_LOG_IF(INFO, rank == me) << "comm: rank " << rank << " is reachable (LBCC_REACHABLE=auto: "
                                   << "the root saw it come from " << observed << ", the address "
                                   << "it listens on)";
