@@ -52,6 +52,9 @@ ABSL_FLAG(int64_t, components, 4, "plan ring: subspace: components M of the mixt
 ABSL_FLAG(int64_t, mixture_block, 64, "plan ring: subspace: tokens per component selector");
 ABSL_FLAG(double, attention_gflops, 0,
           "plan ring: block attention rate of one rank, GFLOP/s (measure it)");
+ABSL_FLAG(double, codec_gelements_s, 0,
+          "plan ring: the caller's K/V encode or decode rate of one rank, G f32 elements/s "
+          "(ring.codec_gelements_s; unset: the codec's default, plan/ring.h; measure it)");
 ABSL_FLAG(double, other_s, -1,
           "plan ring: measured non-ring compute and optimizer per step, s (default: 6 x params "
           "x tokens per rank at the attention rate)");
@@ -82,7 +85,8 @@ constexpr char kUsage[] =
     "  lbcc plan --input=JOB.json [--json] [--target=0.95] [--plot=OUT.png]\n"
     "  lbcc plan simulate [--output=FILE.json] [--seed=N] [--participants=16,32,...,1024] ...\n"
     "  lbcc plan ring --context=TOKENS --link_mbit=R --attention_gflops=G --dim=D [--ranks=4]\n"
-    "                 [--kv_codec=bf16|subspace --compression=0.95|--kv_k=K] [--json] ...\n"
+    "                 [--kv_codec=bf16|subspace --compression=0.95|--kv_k=K]\n"
+    "                 [--codec_gelements_s=G] [--json] ...\n"
     "\n"
     "Predicts one outer step of a heterogeneous SparseLoCo job on the network JOB.json\n"
     "describes: per replica the inner step (compute, pipeline boundaries, 1F1B bubble), the\n"
@@ -108,7 +112,8 @@ constexpr char kUsage[] =
     "\n"
     "lbcc plan ring: one training step of context-parallel ring attention (comm::ContextRing):\n"
     "per layer the forward pass (K/V blocks to the successor) and the backward pass (dK/dV\n"
-    "partial sums to the predecessor), each round's wire overlapped with block attention, plus\n"
+    "partial sums to the predecessor), each round's wire overlapped with block attention and\n"
+    "the caller's encode and decode of the blocks (--codec_gelements_s), plus\n"
     "the rest of the step and the dense gradient all-reduce. --input=JOB.json with a \"ring\"\n"
     "section instead of the flags: docs/context_parallel.md, \"Planning\".\n";
 
@@ -184,7 +189,7 @@ absl::StatusOr<nlohmann::json> Sweep(const PlanInput& in, const Recommendation& 
 }
 
 // The plan document `lbcc plan ring`'s flags describe.
-nlohmann::json RingJobFromFlags() {
+nlohmann::json RingJobFromFlags(const cli::Parsed& parsed) {
   const double mbit = absl::GetFlag(FLAGS_link_mbit);
   nlohmann::json ring = {{"context", absl::GetFlag(FLAGS_context)},
                          {"batch", absl::GetFlag(FLAGS_batch)},
@@ -197,6 +202,10 @@ nlohmann::json RingJobFromFlags() {
                          {"params", absl::GetFlag(FLAGS_params)},
                          {"grad_tensors", absl::GetFlag(FLAGS_grad_tensors)}};
   if (absl::GetFlag(FLAGS_other_s) >= 0) ring["other_s"] = absl::GetFlag(FLAGS_other_s);
+  // Given (0 too, which the planner rejects naming the key), else the codec's default.
+  if (parsed.Given("codec_gelements_s")) {
+    ring["codec_gelements_s"] = absl::GetFlag(FLAGS_codec_gelements_s);
+  }
   if (absl::GetFlag(FLAGS_kv_codec) == "subspace") {
     ring["components"] = absl::GetFlag(FLAGS_components);
     ring["mixture_block"] = absl::GetFlag(FLAGS_mixture_block);
@@ -217,7 +226,8 @@ int RingMain(int argc, char** argv) {
                  {"input", "json", "context", "ranks", "link_mbit", "latency_ms", "message_ms",
                   "batch", "dim",
                   "heads", "layers", "causal", "kv_codec", "compression", "kv_k", "components",
-                  "mixture_block", "attention_gflops", "other_s", "params", "grad_tensors"});
+                  "mixture_block", "attention_gflops", "codec_gelements_s", "other_s", "params",
+                  "grad_tensors"});
   if (!parsed.ok()) {
     std::fprintf(stderr, "lbcc plan ring: %s (see lbcc plan --help)\n",
                  std::string(parsed.status().message()).c_str());
@@ -256,7 +266,7 @@ int RingMain(int argc, char** argv) {
         return 2;
       }
     }
-    doc = RingJobFromFlags().dump();
+    doc = RingJobFromFlags(*parsed).dump();
   }
   absl::StatusOr<PlanInput> in = ParsePlanInput(doc);
   absl::StatusOr<RingPrediction> p =

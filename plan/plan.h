@@ -99,6 +99,9 @@ struct RingSpec {
   RingCoding coding;     // K's and V's codec (both the same)
   double compression = 0;  // > 0 and no k given: the largest k saving at least this vs bf16
   double attention_flops_per_s = 0;  // block attention rate of one rank (measured or given)
+  // The caller's encode or decode of one f32 [tokens, d] tensor, elements per second of one
+  // rank (ring.codec_gelements_s; default per codec: plan/ring.h kDefaultCodecGElementsPerS*).
+  double codec_elements_per_s = 0;
   // The rest of the step: non-ring compute (forward, backward, optimizer) measured, or
   // 6 x params x tokens per rank / other_flops_per_s (default attention_flops_per_s);
   // plus the dense f32 gradient all-reduce of `params` in `grad_tensors` equal tensors.

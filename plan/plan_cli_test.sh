@@ -56,11 +56,20 @@ echo '{"topology": {"nranks": 4}, "rates": {"default": {"up_mbit": 1000, "down_m
 "$lbcc" plan coll.json | grep -q "sparse_allreduce (direct)" || fail "collective"
 # The context ring: flags (or a "ring" document); the prediction follows the ratio's k.
 grep -q -- "--attention_gflops" <<< "$("$lbcc" plan ring --help)" || fail "ring --help"
+grep -q -- "--codec_gelements_s" <<< "$("$lbcc" plan ring --help)" || fail "ring --help: codec"
 set +e
 "$lbcc" plan ring --context=256 --dim=64 --attention_gflops=1 2> err.txt; rc=$?
 [[ $rc == 2 ]] && grep -q -- "--link_mbit" err.txt || fail "ring without --link_mbit: exit $rc"
 "$lbcc" plan ring --context=255 --dim=64 --link_mbit=100 --attention_gflops=1 2> err.txt; rc=$?
 [[ $rc == 1 ]] && grep -q "ring.context" err.txt || fail "ring context 255: exit $rc"
+for rate in 0 -2; do
+  "$lbcc" plan ring --context=256 --dim=64 --link_mbit=100 --attention_gflops=1 \
+      --codec_gelements_s=$rate 2> err.txt; rc=$?
+  [[ $rc == 1 ]] && grep -q "ring.codec_gelements_s" err.txt || fail "codec rate $rate: exit $rc"
+done
+"$lbcc" plan ring --context=256 --dim=64 --link_mbit=100 --attention_gflops=1 \
+    --codec_gelements_s=fast 2> err.txt; rc=$?
+[[ $rc == 2 ]] && grep -q -- "--codec_gelements_s" err.txt || fail "codec rate fast: exit $rc"
 "$lbcc" plan ring --participants=16 2> err.txt; rc=$?
 [[ $rc == 2 ]] && grep -q -- "--participants" err.txt || fail "ring took simulate's flag"
 set -e
@@ -69,12 +78,19 @@ ring=(--context=256 --batch=8 --dim=64 --heads=4 --layers=2 --link_mbit=100
 "$lbcc" plan ring "${ring[@]}" > out.txt || fail "ring: $(cat out.txt)"
 grep -q "context ring: 4 ranks x 64 tokens" out.txt || fail "ring: $(cat out.txt)"
 "$lbcc" plan ring "${ring[@]}" --json > bf16.json
+"$lbcc" plan ring "${ring[@]}" --json --codec_gelements_s=0.5 > coded.json
 "$lbcc" plan ring "${ring[@]}" --json --kv_codec=subspace --compression=0.95 \
     --mixture_block=16 > sub.json
 /usr/bin/python3 -c "import json; b=json.load(open('bf16.json')); s=json.load(open('sub.json')); \
 assert s['k'] == 3 and s['saved'] >= 0.95, s; \
 assert s['ring_wire_s'] < b['ring_wire_s'] and s['ring_compute_s'] == b['ring_compute_s']; \
 assert abs(b['step_s'] - b['ring_s'] - b['other_s'] - b['allreduce_s']) < 1e-9" || fail "ring --json"
+# The caller's encode/decode: its own term; the given rate codes 2 x 512 x 64 elements a block.
+/usr/bin/python3 -c "import json; c=json.load(open('coded.json')); \
+assert c['codec_gelements_s'] == 0.5 and abs(c['block_encode_s'] - 65536 / 0.5e9) < 1e-15, c; \
+assert c['ring_codec_s'] > 0 and c['ring_compute_s'] == json.load(open('bf16.json'))['ring_compute_s']" \
+    || fail "ring --codec_gelements_s"
+grep -q "encode/decode" out.txt || fail "ring: no encode/decode term: $(cat out.txt)"
 echo '{"topology": {"nranks": 2}, "rates": {"default": {"up_mbit": 10, "down_mbit": 10}},
        "ring": {"context": 64, "d": 8, "attention_gflops": 1}}' > ring.json
 "$lbcc" plan ring --input=ring.json | grep -q "context ring: 2 ranks" || fail "ring --input"

@@ -586,12 +586,13 @@ TEST(Ring, CompressionPicksTheLargestKThatReachesIt) {
 }
 
 // Two ranks, causal, by hand: rank 1 attends its own block and rank 0's, rank 0 only its own.
-// Forward: rank 1 computes its block, waits for rank 0's (one hop), computes it. Backward: rank
-// 1 computes dK/dV for both blocks and sends rank 0's partial sum (one hop); K/V do not travel
-// again.
+// Forward: every rank encodes its K and V and decodes them back (bf16 is lossy: the block the
+// others see), rank 1 computes its block, waits for rank 0's (one hop), decodes and computes
+// it. Backward: rank 1 computes dK/dV for both blocks, encodes rank 0's partial sum and sends
+// it (one hop); rank 0 decodes it. K/V do not travel again.
 TEST(Ring, TwoRanksCausalByHand) {
   const std::string ring = R"("context": 1024, "batch": 2, "d": 128, "heads": 4, "layers": 3,
-      "attention_gflops": 10)";
+      "attention_gflops": 10, "codec_gelements_s": 0.1)";
   for (double mbit : {1.0, 10000.0}) {  // wire-bound, then compute-bound
     absl::StatusOr<PlanInput> in = ParsePlanInput(RingJob(2, mbit, ring, 5));
     ASSERT_THAT(in.status(), IsOk());
@@ -601,6 +602,10 @@ TEST(Ring, TwoRanksCausalByHand) {
     const double c_f = 4.0 * 2 * 512 * 512 * 128 / 10e9, c_b = 2.5 * c_f;
     EXPECT_DOUBLE_EQ(p->block_forward_s, c_f);
     EXPECT_DOUBLE_EQ(p->block_backward_s, c_b);
+    const double e = 2 * tokens * 128 / 0.1e9;  // K and V, or dK and dV: either way
+    EXPECT_DOUBLE_EQ(p->block_encode_s, e);
+    EXPECT_DOUBLE_EQ(p->block_decode_s, e);
+    EXPECT_DOUBLE_EQ(p->codec_gelements_s, 0.1);
     // One bf16 K block: the dense codec's payload (tokens x d x 2 + its envelope).
     EXPECT_GT(p->forward_bytes, 2 * tokens * 128 * 2);
     EXPECT_LT(p->forward_bytes, 2 * tokens * 128 * 2 + 256);
@@ -610,15 +615,97 @@ TEST(Ring, TwoRanksCausalByHand) {
     EXPECT_NEAR(p->round_forward_wire_s, wire, 1e-9 * wire);
     EXPECT_GE(p->round_latency_s, 0.005);
     const double hop = p->round_forward_wire_s + p->round_latency_s;
-    EXPECT_NEAR(p->forward_s, std::max(c_f, hop) + c_f, 1e-12);
-    EXPECT_NEAR(p->backward_s, 2 * c_b + hop, 1e-12);
+    EXPECT_NEAR(p->forward_s, 2 * e + std::max(c_f, hop) + e + c_f, 1e-12);
+    EXPECT_NEAR(p->backward_s, 2 * c_b + e + hop + e, 1e-12);
     EXPECT_NEAR(p->ring_s, 3 * (p->forward_s + p->backward_s), 1e-12);
     EXPECT_NEAR(p->ring_compute_s, 3 * 2 * (c_f + c_b), 1e-12);
+    EXPECT_NEAR(p->ring_codec_s, 3 * 5 * e, 1e-12);  // own: encode + decode; 1 + 2 per pass
     EXPECT_NEAR(p->ring_wire_s, 3 * 2 * hop, 1e-12);
     EXPECT_EQ(p->ring_bytes_step, 3 * (p->forward_bytes + p->backward_bytes));
     EXPECT_EQ(p->limit, mbit < 10 ? "wire" : "compute");
+    EXPECT_NEAR(p->overlap_ratio,
+                p->ring_s / std::max(p->ring_compute_s + p->ring_codec_s, p->ring_wire_s), 1e-12);
     EXPECT_EQ(p->allreduce_s, 0);
     EXPECT_EQ(p->step_s, p->ring_s);
+  }
+}
+
+// The caller's codec rate: given (> 0, else InvalidArgument naming the key) or the codec's
+// default; its term is the f32 elements coded, so it scales with the blocks (and a dense
+// codec's payload bytes) and not with the codec's compression.
+TEST(Ring, CodecRateIsPositiveOrTheCodecsDefault) {
+  const std::string base = R"("context": 256, "d": 64, "attention_gflops": 1)";
+  for (const char* rate : {"0", "-1", "\"fast\""}) {
+    EXPECT_THAT(Ring(RingJob(4, 100, base + R"(, "codec_gelements_s": )" + rate)),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("ring.codec_gelements_s")))
+        << rate;
+  }
+  const std::vector<std::pair<std::string, double>> defaults = {
+      {R"("raw")", kDefaultCodecGElementsPerSRaw},
+      {R"("bf16")", kDefaultCodecGElementsPerSDense},
+      {R"("fp16")", kDefaultCodecGElementsPerSDense},
+      {R"("subspace", "k": 4)", kDefaultCodecGElementsPerSSubspace}};
+  for (const auto& [codec, rate] : defaults) {
+    absl::StatusOr<RingPrediction> p = Ring(RingJob(4, 100, base + R"(, "codec": )" + codec));
+    ASSERT_THAT(p.status(), IsOk()) << codec;
+    EXPECT_DOUBLE_EQ(p->codec_gelements_s, rate) << codec;
+    EXPECT_DOUBLE_EQ(p->block_encode_s, 2.0 * 64 * 64 / (rate * 1e9)) << codec;
+  }
+}
+
+TEST(Ring, CodecTermScalesWithThePayload) {
+  auto predict = [](int batch, const std::string& codec) {
+    return Ring(RingJob(4, 100, R"("context": 1024, "d": 128, "attention_gflops": 5,
+        "codec_gelements_s": 0.2, "batch": )" + std::to_string(batch) + ", " + codec));
+  };
+  for (const std::string codec :
+       {R"("codec": "bf16")", R"("codec": "raw")",
+        R"("codec": "subspace", "k": 8, "components": 4, "mixture_block": 64)"}) {
+    absl::StatusOr<RingPrediction> one = predict(2, codec), two = predict(4, codec);
+    ASSERT_THAT(one.status(), IsOk()) << codec;
+    ASSERT_THAT(two.status(), IsOk()) << codec;
+    EXPECT_DOUBLE_EQ(two->block_encode_s, 2 * one->block_encode_s) << codec;
+    EXPECT_DOUBLE_EQ(two->ring_codec_s, 2 * one->ring_codec_s) << codec;
+    EXPECT_GT(one->ring_codec_s, 0) << codec;
+    // Twice the block, twice the payload (up to the envelope and the selectors).
+    EXPECT_NEAR(two->forward_bytes / one->forward_bytes, 2, 0.05) << codec;
+  }
+  // The same blocks through the compressing codec: fewer bytes, the same elements coded.
+  absl::StatusOr<RingPrediction> bf16 = predict(2, R"("codec": "bf16")");
+  absl::StatusOr<RingPrediction> sub =
+      predict(2, R"("codec": "subspace", "k": 8, "components": 4, "mixture_block": 64)");
+  ASSERT_THAT(bf16.status(), IsOk());
+  ASSERT_THAT(sub.status(), IsOk());
+  EXPECT_LT(sub->forward_bytes, bf16->forward_bytes / 10);
+  EXPECT_DOUBLE_EQ(sub->block_encode_s, bf16->block_encode_s);
+}
+
+// Compute-bound (every rank attends every block, a fast link), the encodes and decodes add to
+// the caller's side of every round exactly: the forward by the own block's encode (and decode
+// back, for a lossy codec) and one decode per received block, the backward by one decode and
+// one encode per round. The wire and the block compute do not change.
+TEST(Ring, CodecAddsToTheComputeSideOfEachRound) {
+  for (const char* codec : {"bf16", "raw"}) {
+    auto predict = [&](double rate) {
+      return Ring(RingJob(4, 100000, R"("context": 4096, "d": 128, "causal": false,
+          "attention_gflops": 1, "codec": ")" + std::string(codec) +
+                                         R"(", "codec_gelements_s": )" + std::to_string(rate)));
+    };
+    absl::StatusOr<RingPrediction> with = predict(0.05), without = predict(1e12);
+    ASSERT_THAT(with.status(), IsOk());
+    ASSERT_THAT(without.status(), IsOk());
+    EXPECT_EQ(with->limit, "compute");
+    EXPECT_LT(without->ring_codec_s, 1e-12);
+    const double e = with->block_encode_s, d = with->block_decode_s;
+    EXPECT_DOUBLE_EQ(e, 2.0 * 1024 * 128 / 0.05e9);
+    const double begin = std::string(codec) == "raw" ? e : e + d;
+    EXPECT_NEAR(with->forward_s - without->forward_s, begin + 3 * d, 1e-12) << codec;
+    EXPECT_NEAR(with->backward_s - without->backward_s, 3 * (d + e), 1e-12) << codec;
+    EXPECT_NEAR(with->ring_codec_s, begin + 3 * d + 3 * (d + e), 1e-12) << codec;
+    EXPECT_NEAR(with->ring_s - without->ring_s, with->ring_codec_s, 1e-12) << codec;
+    EXPECT_EQ(with->ring_compute_s, without->ring_compute_s);
+    EXPECT_EQ(with->ring_wire_s, without->ring_wire_s);
   }
 }
 
@@ -689,7 +776,8 @@ TEST(Ring, StepAddsOtherComputeAndTheGradientAllReduce) {
 // one core: both compute their own block at once (twice as long), then rank 1 alone computes
 // rank 0's block.
 TEST(Ring, SharedCoresSlowTheRoundsWhereRanksComputeTogether) {
-  const std::string ring = R"("context": 1024, "batch": 2, "d": 128, "attention_gflops": 10)";
+  const std::string ring = R"("context": 1024, "batch": 2, "d": 128, "attention_gflops": 10,
+      "codec_gelements_s": 1e12)";
   std::string job = RingJob(2, 10000, ring);
   job.insert(job.size() - 1, R"(, "cpu": {"shared_cores": 1})");
   absl::StatusOr<RingPrediction> shared = Ring(job);
@@ -702,8 +790,11 @@ TEST(Ring, SharedCoresSlowTheRoundsWhereRanksComputeTogether) {
   EXPECT_NEAR(shared->forward_s, std::max(2 * c_f, hop) + c_f, 1e-12);
   EXPECT_NEAR(shared->backward_s, 2 * c_b + c_b + hop, 1e-12);
   EXPECT_NEAR(shared->ring_compute_s, 3 * (c_f + c_b), 1e-12);
+  // Both ranks code in every round: their codec work shares the core too.
+  EXPECT_DOUBLE_EQ(shared->block_encode_s, 2 * alone->block_encode_s);
   // Not causal on 4 ranks and 2 cores: every round has 4 ranks computing, so twice the compute.
-  const std::string full = R"("context": 4096, "d": 128, "causal": false, "attention_gflops": 1)";
+  const std::string full = R"("context": 4096, "d": 128, "causal": false, "attention_gflops": 1,
+      "codec_gelements_s": 1e12)";
   std::string job4 = RingJob(4, 10000, full);
   job4.insert(job4.size() - 1, R"(, "cpu": {"shared_cores": 2})");
   absl::StatusOr<RingPrediction> four = Ring(job4);

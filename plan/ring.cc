@@ -46,7 +46,7 @@ absl::Status ParseRingSpec(const Json& ring, int nranks, RingSpec* out) {
       ring,
       {"context", "batch", "d", "heads", "layers", "causal", "codec", "k", "components",
        "mixture_block", "coefficient_dtype", "int8_block", "compression", "attention_gflops",
-       "other_s", "other_gflops", "params", "grad_tensors"},
+       "codec_gelements_s", "other_s", "other_gflops", "params", "grad_tensors"},
       "ring"));
   RingSpec s;
   LBCC_ASSIGN_OR_RETURN(s.context, JsonInteger(ring, "context", "ring", std::nullopt));
@@ -108,6 +108,14 @@ absl::Status ParseRingSpec(const Json& ring, int nranks, RingSpec* out) {
   LBCC_ASSIGN_OR_RETURN(const double gflops,
                         JsonNumber(ring, "attention_gflops", "ring", std::nullopt));
   s.attention_flops_per_s = gflops * 1e9;
+  const double codec_default = s.coding.kind == RingCoding::Kind::kRawF32
+                                   ? kDefaultCodecGElementsPerSRaw
+                               : s.coding.kind == RingCoding::Kind::kDense
+                                   ? kDefaultCodecGElementsPerSDense
+                                   : kDefaultCodecGElementsPerSSubspace;
+  LBCC_ASSIGN_OR_RETURN(const double codec_gelements,
+                        JsonNumber(ring, "codec_gelements_s", "ring", codec_default));
+  s.codec_elements_per_s = codec_gelements * 1e9;
   LBCC_ASSIGN_OR_RETURN(s.other_s, JsonNumber(ring, "other_s", "ring", -1.0, /*zero_ok=*/true));
   LBCC_ASSIGN_OR_RETURN(const double other_gflops,
                         JsonNumber(ring, "other_gflops", "ring", gflops));
@@ -150,6 +158,15 @@ absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
   p.block_forward_s = 2 * 2 * block_macs / s.attention_flops_per_s;   // Q K^T, P V
   p.block_backward_s = 5 * 2 * block_macs / s.attention_flops_per_s;  // S again, dV, dP, dQ, dK
 
+  // The caller's codec work per block: two f32 [tokens, d] tensors each way. Every rank encodes
+  // or decodes in every round, so on shared cores all n of them share the C cores.
+  const double block_elements = 2.0 * static_cast<double>(tokens) * static_cast<double>(s.d);
+  const double codec_slow = CpuSerialisation(in.net, n);
+  p.codec_gelements_s = s.codec_elements_per_s / 1e9;
+  p.block_encode_s = block_elements / s.codec_elements_per_s * codec_slow;
+  p.block_decode_s = p.block_encode_s;
+  const double enc = p.block_encode_s, dec = p.block_decode_s;
+
   // A round's wire: every rank sends K and V to its neighbour at once.
   std::vector<Transfer> fwd, bwd;
   for (int i = 0; i < n && n > 1; ++i) {
@@ -181,20 +198,27 @@ absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
     slow_f[r] = CpuSerialisation(in.net, busy_f);
     slow_b[r] = CpuSerialisation(in.net, busy_b);
   }
-  // Forward: the relays run ahead of the compute (a_r = r hop_f).
+  // Forward: BeginForward encodes the own block (a lossy codec also decodes it back, as
+  // python's RingAttention asks for the block the others see) before it posts the pass, so the
+  // relays start at `begin` and then run ahead of the compute (a_r = begin + r hop_f). Every
+  // received block is decoded on the caller's thread before its compute, skipped or not.
+  const bool lossy = s.coding.kind != RingCoding::Kind::kRawF32;
+  const double begin = enc + (lossy ? dec : 0);
   double forward = 0;
   std::vector<double> compute(n, 0);  // per rank: its blocks' compute, both passes
   for (int i = 0; i < n; ++i) {
-    double f = p.block_forward_s * slow_f[0];
-    compute[i] = f;
+    double f = begin + p.block_forward_s * slow_f[0];
+    compute[i] = p.block_forward_s * slow_f[0];
     for (int r = 1; r < n; ++r) {
       const double c = attends(i, (i - r + n) % n) ? p.block_forward_s * slow_f[r] : 0;
       compute[i] += c;
-      f = std::max(f, r * hop_f) + c;
+      f = std::max(f, begin + r * hop_f) + dec + c;
     }
-    forward = std::max(forward, std::max(f, (n - 1) * hop_f));
+    forward = std::max(forward, std::max(f, begin + (n - 1) * hop_f));
   }
-  // Backward: ready[i] = when rank i has queued round r's partial sum.
+  // Backward: ready[i] = when rank i has queued round r's partial sum. PassGradient decodes
+  // the sum that arrived (from round 2 on), adds the contribution and encodes the new sum on
+  // the caller's thread; EndBackward decodes the last one.
   std::vector<double> ready(n, p.block_backward_s * slow_b[0]), next(n);
   for (int i = 0; i < n; ++i) compute[i] += ready[i];
   for (int r = 1; r < n; ++r) {
@@ -202,13 +226,13 @@ absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
       const double c = attends(i, (i + r) % n) ? p.block_backward_s * slow_b[r] : 0;
       compute[i] += c;
       const double arrived = r > 1 ? ready[(i + 1) % n] + hop_b : 0;
-      next[i] = std::max(ready[i] + c, arrived);
+      next[i] = std::max(ready[i] + c, arrived) + (r > 1 ? dec : 0) + enc;
     }
     ready.swap(next);
   }
   double backward = n > 1 ? 0 : p.block_backward_s;
   for (int i = 0; i < n && n > 1; ++i) {
-    backward = std::max(backward, std::max(ready[i], ready[(i + 1) % n]) + hop_b);
+    backward = std::max(backward, std::max(ready[i], ready[(i + 1) % n]) + hop_b + dec);
   }
   p.forward_s = forward;
   p.backward_s = backward;
@@ -216,8 +240,11 @@ absl::StatusOr<RingPrediction> PredictRing(const PlanInput& in) {
   p.ring_s = layers * (forward + backward);
   p.ring_compute_s = layers * *std::max_element(compute.begin(), compute.end());
   p.ring_wire_s = layers * (n - 1) * (hop_f + hop_b);
-  p.limit = p.ring_compute_s >= p.ring_wire_s ? "compute" : "wire";
-  p.overlap_ratio = p.ring_s / std::max(p.ring_compute_s, p.ring_wire_s);
+  // Forward: begin + n-1 decodes; backward: n-1 encodes and n-1 decodes (rounds 2..n-1 and
+  // EndBackward's). A single rank still encodes (and decodes) its own block in BeginForward.
+  p.ring_codec_s = layers * (begin + (n - 1) * dec + (n - 1) * (enc + dec));
+  p.limit = p.ring_compute_s + p.ring_codec_s >= p.ring_wire_s ? "compute" : "wire";
+  p.overlap_ratio = p.ring_s / std::max(p.ring_compute_s + p.ring_codec_s, p.ring_wire_s);
 
   p.other_s = s.other_s >= 0 ? s.other_s
                              : 6.0 * static_cast<double>(s.params) * static_cast<double>(tokens) /
@@ -245,6 +272,9 @@ Json ToJson(const RingPrediction& p) {
           {"ring_bytes_step", p.ring_bytes_step},
           {"block_forward_s", p.block_forward_s},
           {"block_backward_s", p.block_backward_s},
+          {"codec_gelements_s", p.codec_gelements_s},
+          {"block_encode_s", p.block_encode_s},
+          {"block_decode_s", p.block_decode_s},
           {"round_forward_wire_s", p.round_forward_wire_s},
           {"round_backward_wire_s", p.round_backward_wire_s},
           {"round_latency_s", p.round_latency_s},
@@ -253,6 +283,7 @@ Json ToJson(const RingPrediction& p) {
           {"ring_s", p.ring_s},
           {"ring_compute_s", p.ring_compute_s},
           {"ring_wire_s", p.ring_wire_s},
+          {"ring_codec_s", p.ring_codec_s},
           {"overlap_ratio", p.overlap_ratio},
           {"other_s", p.other_s},
           {"allreduce_s", p.allreduce_s},
@@ -265,16 +296,17 @@ std::string FormatRingPrediction(const RingPrediction& p) {
       "context ring: %d ranks x %d tokens, k %d (%.1f %% fewer bytes than bf16)\n"
       "  per round and link: forward %.0f B, backward %.0f B; wire %.6g s / %.6g s + latency "
       "%.6g s\n"
-      "  per block: attention forward %.6g s, backward %.6g s\n"
+      "  per block: attention forward %.6g s, backward %.6g s; encode %.6g s, decode %.6g s "
+      "(%.6g G elements/s)\n"
       "  per layer: forward pass %.6g s, backward pass %.6g s\n"
-      "  ring per step: %.6g s (compute %.6g s, wire %.6g s; %s-bound, %.3fx the larger), "
-      "%.0f B sent per rank\n"
+      "  ring per step: %.6g s (compute %.6g s + encode/decode %.6g s, wire %.6g s; %s-bound, "
+      "%.3fx the larger of compute + encode/decode and wire), %.0f B sent per rank\n"
       "  step: %.6g s = ring %.6g s + other compute %.6g s + gradient all-reduce %.6g s\n",
       p.ranks, p.tokens_per_rank, p.k, 100 * p.saved, p.forward_bytes, p.backward_bytes,
       p.round_forward_wire_s, p.round_backward_wire_s, p.round_latency_s, p.block_forward_s,
-      p.block_backward_s, p.forward_s, p.backward_s, p.ring_s, p.ring_compute_s, p.ring_wire_s,
-      p.limit, p.overlap_ratio, p.ring_bytes_step, p.step_s, p.ring_s, p.other_s,
-      p.allreduce_s);
+      p.block_backward_s, p.block_encode_s, p.block_decode_s, p.codec_gelements_s, p.forward_s,
+      p.backward_s, p.ring_s, p.ring_compute_s, p.ring_codec_s, p.ring_wire_s, p.limit,
+      p.overlap_ratio, p.ring_bytes_step, p.step_s, p.ring_s, p.other_s, p.allreduce_s);
   return out;
 }
 
