@@ -51,8 +51,8 @@ absl::StatusOr<std::shared_ptr<Engine>> Engine::Create(const TransportOptions& o
   // The callback thread (the constructor's executor) starts before Init's first UCX call. Keep
   // that order: with UCX loaded and a worker created first in a process that had no other thread
   // yet, ucp_worker_create crashed in the allocator of UCX's namespace (a chunk of the program's
-  // heap on its free lists) in many runs under Bazel's test runner, and never with
-  // the thread started first (seen on branch shared-ucx-worker-wip; the cause is not known).
+  // heap on its free lists) in many runs under Bazel's test runner, and never with the thread
+  // started first (seen with the shared UCX worker of commit d2335c9; the cause is not known).
   std::shared_ptr<Engine> engine(new Engine(options));
   LBCC_RETURN_IF_ERROR(engine->Init());
   engine->progress_thread_ = std::thread([raw = engine.get()] { raw->ProgressLoop(); });
