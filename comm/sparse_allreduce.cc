@@ -159,7 +159,7 @@ absl::Status SparseAllReduceSchedule::Run() {
   if (!sent.ok() && exchanged_.ok()) exchanged_ = sent;
   MaybeFault(group_, FaultPoint::kAfterLastSend);
   const absl::Time t2 = absl::Now();
-  concluded_ = t2;
+  concluded_ = t2;  // Conclude() moves it to the agreement's end; a failed header round has none.
   // A failed header round posted nothing: the states' pending encodes are dropped, and the
   // caller reports the verdict as CheckSignatures would have.
   const absl::Status concluded = header_status_.ok() ? Conclude() : header_status_;
