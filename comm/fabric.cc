@@ -57,10 +57,7 @@ bool ReachableByAddress(const std::string& backend, int rank, int me, const std:
       transport::NumericSocketAddress(transport::SplitHostPort(address).host, 0);
   const std::string host = listening.ok() ? listening->host : "";
   // An IPv4 rank seen by a dual-stack root: "::ffff:10.0.0.2".
-  const std::string seen =
-      absl::StartsWith(observed, "::ffff:") && observed.find('.') != std::string::npos
-          ? observed.substr(7)
-          : observed;
+  const std::string seen = transport::UnmappedIPv4(observed);
   if (!listening.ok() || host == seen) {
     LBCC_LOG_IF(INFO, rank == me) << "comm: rank " << rank << " is reachable (LBCC_REACHABLE=auto: "
                                   << "the root saw it come from " << observed << ", the address "

@@ -222,6 +222,14 @@ bool IsLoopbackAddress(absl::string_view numeric_address) {
   return false;
 }
 
+std::string UnmappedIPv4(absl::string_view host) {
+  absl::string_view v4 = host;
+  if (absl::ConsumePrefix(&v4, "::ffff:") && v4.find('.') != absl::string_view::npos) {
+    return std::string(v4);
+  }
+  return std::string(host);
+}
+
 absl::StatusOr<SocketAddress> NumericSocketAddress(absl::string_view host, int port) {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("port ", port, " is out of range"));

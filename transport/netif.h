@@ -92,6 +92,9 @@ absl::StatusOr<std::vector<std::string>> ResolveHost(absl::string_view host,
                                                      absl::string_view what);
 
 bool IsLoopbackAddress(absl::string_view numeric_address);
+// An IPv4 address seen through a dual-stack socket ("::ffff:10.0.0.2") in its IPv4 form
+// ("10.0.0.2"); any other host unchanged.
+std::string UnmappedIPv4(absl::string_view host);
 
 // A resolved socket address, IPv4 or IPv6, for the socket and UCX calls that take a sockaddr.
 struct SocketAddress {

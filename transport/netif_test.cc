@@ -158,6 +158,13 @@ TEST(ResolveHostTest, NamesAndLiterals) {
   EXPECT_FALSE(IsLoopbackAddress("10.77.0.1"));
 }
 
+TEST(UnmappedIPv4Test, AMappedIpv4AddressReadsAsIpv4AndOthersStay) {
+  EXPECT_EQ(UnmappedIPv4("::ffff:10.77.0.2"), "10.77.0.2");
+  EXPECT_EQ(UnmappedIPv4("10.77.0.2"), "10.77.0.2");
+  EXPECT_EQ(UnmappedIPv4("fd77::2"), "fd77::2");
+  EXPECT_EQ(UnmappedIPv4("::ffff:a4d:2"), "::ffff:a4d:2");  // hex form: not an IPv4 text
+}
+
 TEST(PinUcxDeviceTest, PinsTheChosenDeviceUnlessTheUserSetOne) {
   ScopedEnv devices("UCX_NET_DEVICES", nullptr);
   ScopedEnv af_prio("UCX_TCP_AF_PRIO", nullptr);

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -219,14 +218,10 @@ absl::StatusOr<std::string> Engine::Listen(absl::string_view address) {
 
 bool Engine::OnOtherMachine(const std::string& address) const {
   absl::StatusOr<HostAndPort> parsed = ParseHostPort(address, "UCX peer");
-  std::string host = parsed.ok() ? parsed->host : address;
+  const std::string& host = parsed.ok() ? parsed->host : address;
   if (IsLoopbackAddress(host)) return false;
   // An IPv4 peer seen through a dual-stack socket: compare its IPv4 form.
-  constexpr absl::string_view kMapped = "::ffff:";
-  if (absl::StartsWith(host, kMapped) && host.find('.') != std::string::npos) {
-    host = host.substr(kMapped.size());
-  }
-  return std::find(local_addresses_.begin(), local_addresses_.end(), host) ==
+  return std::find(local_addresses_.begin(), local_addresses_.end(), UnmappedIPv4(host)) ==
          local_addresses_.end();
 }
 
