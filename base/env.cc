@@ -161,6 +161,10 @@ constexpr Spec kSpecs[] = {
      "end carries both ways, for peers UCX's tcp lanes cannot reach: NAT, firewalls); or "
      "loopback (in-process, for tests).",
      "ucx|socket|loopback"},
+    {"LBCC_UCX_LIBRARY", Type::kString, "",
+     "UCX transport: the libucp.so.0 to load (a path, or a soname the dynamic linker finds); "
+     "default: the UCX 1.13.1 that tools/setup builds with LBCC's patches (tools/ucx/), else "
+     "the system's libucp.so.0 with a warning."},
     {"LBCC_UCX_SPIN_US", Type::kInt, "50",
      "UCX transport: microseconds the progress thread keeps polling after the last event before "
      "it sleeps on the worker's event fd.",

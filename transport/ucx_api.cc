@@ -3,13 +3,16 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <locale.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "base/env.h"
 #include "base/logging.h"
+#include "lbcc_ucx/ucx_library.h"
 
 // Sanitizer builds load UCX into the program's namespace (see Load()).
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -23,8 +26,25 @@
 namespace lbcc::transport::ucx_api {
 namespace {
 
-// The soname LBCC was built against (UCX 1.x keeps it).
-constexpr char kLibrary[] = "libucp.so.0";
+// The soname LBCC was built against (UCX 1.x keeps it): the system's UCX.
+constexpr char kSystemLibrary[] = "libucp.so.0";
+
+// Which libucp to load: LBCC_UCX_LIBRARY; else the UCX that tools/setup builds with LBCC's
+// patches (third_party/ucx.bzl), when it is where the build found it; else the system's, whose
+// 1.13.1 aborts under churn (tools/ucx/async-stale-missed-event.patch), with a warning.
+std::string ChooseLibrary(std::string* why) {
+  absl::StatusOr<std::string> chosen = env::GetString("LBCC_UCX_LIBRARY");
+  if (!chosen.ok()) {
+    *why = std::string(chosen.status().message());
+  } else if (!chosen->empty()) {
+    return *chosen;
+  }
+  if (access(LBCC_UCX_PATCHED_LIBRARY, R_OK) == 0) return LBCC_UCX_PATCHED_LIBRARY;
+  *why = absl::StrCat(LBCC_UCX_PATCHED_LIBRARY,
+                      " (UCX with LBCC's patches, from tools/setup) is missing; the system's UCX "
+                      "1.13 can abort a process that opens and closes transports under churn");
+  return kSystemLibrary;
+}
 
 // Set by an exit handler that this library registers while it is being loaded, before any
 // atexit handler of the program or of LBCC's other libraries (an elastic group's wait for its
@@ -99,22 +119,25 @@ State* Load() {
   // run the second C library a fresh namespace loads (ThreadSanitizer crashes; under
   // AddressSanitizer the two heaps meet: "free(): invalid pointer"), so a TSan or ASan build
   // loads UCX into the program's namespace, RTLD_LOCAL (ucx_isolation_test is notsan, noasan).
+  std::string warning;
+  const std::string library = ChooseLibrary(&warning);
+  if (!warning.empty()) LBCC_LOG(WARN) << "UCX: " << warning;
 #if defined(LBCC_UCX_IN_PROGRAM_NAMESPACE)
-  void* handle = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   const char* how = "dlopen(";
 #else
-  void* handle = dlmopen(LM_ID_NEWLM, kLibrary, RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlmopen(LM_ID_NEWLM, library.c_str(), RTLD_NOW | RTLD_LOCAL);
   const char* how = "dlmopen(LM_ID_NEWLM, ";
 #endif
   if (handle == nullptr) {
     const char* why = dlerror();
-    info.error = absl::StrCat(how, kLibrary, "): ", why ? why : "failed");
+    info.error = absl::StrCat(how, library, "): ", why ? why : "failed");
   } else {
 #define LBCC_UCX_RESOLVE(name)                                                   \
   if (info.error.empty()) {                                                      \
     void* symbol = dlsym(handle, #name);                                         \
     if (symbol == nullptr) {                                                     \
-      info.error = absl::StrCat(kLibrary, " has no ", #name);                    \
+      info.error = absl::StrCat(library, " has no ", #name);                    \
     } else {                                                                     \
       state->api.name = reinterpret_cast<decltype(&::name)>(symbol);             \
     }                                                                            \

@@ -19,6 +19,7 @@
 #include "base/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lbcc_ucx/ucx_library.h"
 #include "transport/subprocess.h"
 #include "transport/test_util.h"
 #include "transport/ucx_api.h"
@@ -75,7 +76,8 @@ TEST_F(UcxIsolationTest, LbccsUcxIsItsOwnCopyInItsOwnNamespace) {
   const ucx_api::LoadInfo& info = ucx_api::Info();
   ASSERT_TRUE(info.loaded) << info.error;
   EXPECT_TRUE(info.own_namespace);
-  EXPECT_THAT(info.library, HasSubstr("libucp.so"));
+  // The UCX that tools/setup builds with LBCC's patches (third_party/ucx.bzl), not the system's.
+  EXPECT_EQ(info.library, LBCC_UCX_PATCHED_LIBRARY);
   EXPECT_THAT(info.library, Not(HasSubstr("stub")));
   // Its symbols are not the stub's.
   EXPECT_NE(reinterpret_cast<void*>(ucx_api::Get().ucp_config_read),

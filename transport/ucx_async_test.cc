@@ -1,0 +1,61 @@
+// UCX 1.13.1's async thread aborts a process that opens and closes UCX workers under churn
+// (tools/ucx/async-stale-missed-event.patch). ucx_async_probe drives libucs through that sequence;
+// this test runs it on the UCX that tools/setup builds with LBCC's patches, which transport/
+// ucx_api.cc loads, and on the system's, to show the probe meets the bug the patch fixes.
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lbcc_ucx/ucx_library.h"
+#include "transport/subprocess.h"
+
+namespace lbcc::transport {
+namespace {
+
+using ::lbcc::transport::testing::RunfilePath;
+using ::lbcc::transport::testing::Subprocess;
+using ::testing::HasSubstr;
+
+struct ProbeResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr.
+};
+
+// The probe with `library_path` as LD_LIBRARY_PATH (empty: the dynamic linker's default).
+ProbeResult RunProbe(const std::string& library_path) {
+  ProbeResult result;
+  const std::string probe = RunfilePath("transport/ucx_async_probe");
+  std::string command = "exec '" + probe + "' 2>&1";
+  if (!library_path.empty()) command = "LD_LIBRARY_PATH='" + library_path + "' " + command;
+  // UCX's fatal-error handler would otherwise print a backtrace or wait for a debugger.
+  absl::StatusOr<std::unique_ptr<Subprocess>> child =
+      Subprocess::Start({"/bin/sh", "-c", command}, {"UCX_HANDLE_ERRORS=none"});
+  if (!child.ok()) {
+    result.output = std::string(child.status().message());
+    return result;
+  }
+  absl::StatusOr<std::string> output = (*child)->ReadAll(absl::Seconds(60));
+  result.output = output.ok() ? *output : (*child)->output();
+  absl::StatusOr<int> code = (*child)->Wait(absl::Seconds(10));
+  if (code.ok()) result.exit_code = *code;
+  return result;
+}
+
+TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEvent) {
+  const ProbeResult result = RunProbe(LBCC_UCX_PATCHED_LIBDIR);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  // The probe ran on the patched libucs, through the whole sequence.
+  EXPECT_THAT(result.output, HasSubstr(std::string("libucs: ") + LBCC_UCX_PATCHED_LIBDIR));
+  EXPECT_THAT(result.output, HasSubstr("A's handler ran 0 times, B's 0 times"));
+}
+
+TEST(UcxAsyncTest, SystemUcxAbortsOnTheSameSequence) {
+  // Debian 12's libucx0 1.13.1: the bug the patch fixes, met by the probe deterministically.
+  const ProbeResult result = RunProbe("");
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
+  EXPECT_THAT(result.output, HasSubstr("handler->async == async")) << result.output;
+  EXPECT_EQ(result.exit_code, 128 + 6) << result.output;  // SIGABRT.
+}
+
+}  // namespace
+}  // namespace lbcc::transport
