@@ -1,7 +1,7 @@
-// UCX 1.13.1's async thread aborts a process that opens and closes UCX workers under churn
-// (tools/ucx/async-stale-missed-event.patch). ucx_async_probe drives libucs through that sequence;
-// this test runs it on the UCX that tools/setup builds with LBCC's patches, which transport/
-// ucx_api.cc loads, and on the system's, to show the probe meets the bug the patch fixes.
+// tools/ucx/'s patches to UCX 1.13.1: ucx_async_probe drives UCX through the sequence each
+// fixes; this test runs it on the UCX that tools/setup builds with the patches, which
+// transport/ucx_api.cc loads, and on the system's, to show that the probe meets the bug the
+// patch fixes.
 #include <string>
 
 #include "gmock/gmock.h"
@@ -21,11 +21,12 @@ struct ProbeResult {
   std::string output;  // stdout and stderr.
 };
 
-// The probe with `library_path` as LD_LIBRARY_PATH (empty: the dynamic linker's default).
-ProbeResult RunProbe(const std::string& library_path) {
+// The probe's `mode` with `library_path` as LD_LIBRARY_PATH (empty: the dynamic linker's
+// default).
+ProbeResult RunProbe(const std::string& mode, const std::string& library_path) {
   ProbeResult result;
   const std::string probe = RunfilePath("transport/ucx_async_probe");
-  std::string command = "exec '" + probe + "' 2>&1";
+  std::string command = "exec '" + probe + "' " + mode + " 2>&1";
   if (!library_path.empty()) command = "LD_LIBRARY_PATH='" + library_path + "' " + command;
   // UCX's fatal-error handler would otherwise print a backtrace or wait for a debugger.
   absl::StatusOr<std::unique_ptr<Subprocess>> child =
@@ -42,19 +43,36 @@ ProbeResult RunProbe(const std::string& library_path) {
 }
 
 TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEvent) {
-  const ProbeResult result = RunProbe(LBCC_UCX_PATCHED_LIBDIR);
+  const ProbeResult result = RunProbe("missed-event", LBCC_UCX_PATCHED_LIBDIR);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   // The probe ran on the patched libucs, through the whole sequence.
   EXPECT_THAT(result.output, HasSubstr(std::string("libucs: ") + LBCC_UCX_PATCHED_LIBDIR));
   EXPECT_THAT(result.output, HasSubstr("A's handler ran 0 times, B's 0 times"));
 }
 
-TEST(UcxAsyncTest, SystemUcxAbortsOnTheSameSequence) {
+TEST(UcxAsyncTest, SystemUcxAbortsOnAStaleMissedEvent) {
   // Debian 12's libucx0 1.13.1: the bug the patch fixes, met by the probe deterministically.
-  const ProbeResult result = RunProbe("");
+  const ProbeResult result = RunProbe("missed-event", "");
   EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
   EXPECT_THAT(result.output, HasSubstr("handler->async == async")) << result.output;
   EXPECT_EQ(result.exit_code, 128 + 6) << result.output;  // SIGABRT.
+}
+
+TEST(UcxAsyncTest, PatchedUcxClosesAListenersPendingConnectionsWithIt) {
+  const ProbeResult result = RunProbe("listener", LBCC_UCX_PATCHED_LIBDIR);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr(std::string("libucs: ") + LBCC_UCX_PATCHED_LIBDIR));
+  EXPECT_THAT(result.output,
+              HasSubstr("the accepted connection is closed after the listener's destruction"));
+}
+
+TEST(UcxAsyncTest, SystemUcxKeepsADestroyedListenersPendingConnection) {
+  // The connection that would call the destroyed listener back once its client speaks.
+  const ProbeResult result = RunProbe("listener", "");
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
+  EXPECT_THAT(result.output,
+              HasSubstr("the accepted connection is open after the listener's destruction"));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
 }
 
 }  // namespace

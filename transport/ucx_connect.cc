@@ -165,7 +165,7 @@ void Engine::OnConnRequest(ucp_conn_request_h request, void* arg) {
   params.conn_request = request;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Engine::OnEpError;
-  params.err_handler.arg = engine;
+  params.err_handler.arg = engine->shared_.get();
   ucp_ep_h ep = nullptr;
   const ucs_status_t status = ucp_ep_create(engine->worker_, &params, &ep);
   if (status != UCS_OK) {
@@ -250,7 +250,7 @@ std::shared_ptr<UcxLane> Engine::OpenLane(const std::shared_ptr<Conn>& conn, int
     params.sockaddr.addrlen = addr.length;
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &Engine::OnEpError;
-    params.err_handler.arg = this;
+    params.err_handler.arg = shared_.get();
     ucp_ep_h ep = nullptr;
     const ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
     if (status != UCS_OK) {

@@ -1,9 +1,9 @@
 // Internal to transport/: the UCX backend's objects, shared by its files (ucx_transport.h is the
-// public face). One Engine per Transport owns the UCP context and worker; its work is split by
-// concern across files, all of them methods of this one class:
+// public face). One Engine per Transport owns its endpoints, listener, links and requests on the
+// process's shared UCP worker (transport/ucx_worker.h); its work is split by concern across files,
+// all of them methods of this one class:
 //
-//   ucx_engine.cc     creation (UCX configuration, active-message handlers, event fds), the
-//                     progress loop and its command queue, request bookkeeping, the peer watch,
+//   ucx_engine.cc     creation, the command queue's entry, request bookkeeping, the peer watch,
 //                     shutdown;
 //   ucx_lanes.cc      UcxLane (one UCP endpoint: a Link's Lane), sending chunks and control
 //                     messages, receiving them (active-message handlers, rendezvous fetches),
@@ -12,16 +12,15 @@
 //                     set-up (connection requests, HELLO admission, READY);
 //   ucx_transport.cc  the Transport over an Engine, and NewUcxTransport().
 //
-// Contexts and locks. "Worker context": under worker_mu_, which every UCP call needs; taken by the
-// progress thread, by a calling thread that queued work (Kick) and by set-up calls (OnWorker).
-// Work for the worker from other threads goes through Submit(). ctl_mu_ guards the links (conns_,
-// accept queue, set-ups in progress); lock order worker_mu_ -> ctl_mu_ -> LinkSetup / Link, and no
-// UCX call is made with ctl_mu_ held (UCX calls OnEpError with its own locks held, and that takes
-// ctl_mu_). cmd_mu_ guards the command queue only.
+// Contexts and locks. "Worker context": under the shared worker's lock (worker_mu_), which every
+// UCP call needs; taken by the worker's progress thread, by a calling thread that queued work
+// (Kick) and by set-up calls (OnWorker). Work for the worker from other threads goes through
+// Submit(). ctl_mu_ guards the links (conns_, accept queue, set-ups in progress); lock order
+// worker_mu_ -> ctl_mu_ -> LinkSetup / Link, and no UCX call is made with ctl_mu_ held (UCX calls
+// OnEpError with its own locks held, and that takes ctl_mu_). cmd_mu_ guards stopped_ only.
 #ifndef LBCC_TRANSPORT_UCX_ENGINE_H_
 #define LBCC_TRANSPORT_UCX_ENGINE_H_
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -29,7 +28,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,19 +47,12 @@
 #include "transport/options.h"
 #include "transport/transport.h"
 #include "transport/ucx_api.h"  // <ucp/api/ucp.h>, and routes ucp_*() calls to LBCC's own UCX.
+#include "transport/ucx_worker.h"
 
 namespace lbcc::transport::ucx_internal {
 
 class Engine;
 class UcxLane;
-
-// A UCX status as LBCC's: OK, Cancelled, else Unavailable "<what>: <UCX's words>".
-absl::Status FromUcs(ucs_status_t status, absl::string_view what);
-
-// Marks this thread as holding `engine`'s worker lock (worker context), or none (nullptr). The
-// thread-local itself stays inside ucx_engine.cc: a thread_local of external linkage lands in
-// liblbcc.so's dynamic symbol table whatever its version script says (//tools:ldd_test).
-void SetWorkerOwner(const Engine* engine);
 
 // One link being set up or running: its Link, its set-up and its connections.
 struct Conn {
@@ -79,7 +70,7 @@ struct Conn {
 
 // Runs `done` of a request exactly once with the status UCX gives it.
 struct RequestCtx {
-  Engine* engine = nullptr;
+  Engine* engine = nullptr;  // Alive until UCX completes the request (Engine::Shutdown).
   std::shared_ptr<UcxLane> lane;        // Keeps the lane (and its endpoint bookkeeping) alive.
   ChunkHeader chunk_header{};           // UCX reads the header until the send completes.
   ControlHeader control_header{};
@@ -88,13 +79,13 @@ struct RequestCtx {
   DoneCallback done;
 };
 
-class Engine : public std::enable_shared_from_this<Engine> {
+class Engine final : public WorkerClient, public std::enable_shared_from_this<Engine> {
  public:
   using Command = absl::AnyInvocable<void(bool live)>;
 
   // ---- ucx_engine.cc
   static absl::StatusOr<std::shared_ptr<Engine>> Create(const TransportOptions& options);
-  ~Engine();
+  ~Engine() override;
 
   void Shutdown();
 
@@ -102,15 +93,28 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // calling thread. After shutdown it runs with live = false on the callback thread instead.
   void Submit(Command command);
   // Tries to run queued work and progress on the calling thread.
-  void Kick();
+  void Kick() { shared_->Kick(); }
 
-  ucp_worker_h worker() const { return worker_; }  // Under the worker lock only.
+  ucp_worker_h worker() const { return worker_; }  // Under the worker lock only; null once shut down.
   const std::shared_ptr<Executor>& executor() const { return executor_; }
 
   // A request's context goes to StartRequest with what UCX returned; a UCX callback of a request
   // that was in flight calls CompleteRequest. Either runs ctx->done once and frees ctx.
   void StartRequest(void* status_ptr, RequestCtx* ctx, absl::string_view what);
   void CompleteRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
+
+  // ---- WorkerClient: the shared worker's calls, in worker context.
+  int ReapClosesLocked() override;
+  // Every running link's PeerWatch (transport/link_setup.h): heartbeats, and failing links whose
+  // peer has been silent for the peer timeout while work was pending.
+  void WatchPeersIfDueLocked(absl::Time now) override;
+  std::shared_ptr<UcxLane> LaneForEp(ucp_ep_h ep) override;
+  // UCX's active-message and endpoint-error callbacks (arg: the Worker).
+  static ucs_status_t OnAmData(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnAmControl(void* arg, const void* header, size_t header_length,
+                                  void* data, size_t length, const ucp_am_recv_param_t* param);
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   // ---- ucx_connect.cc (user threads)
   absl::StatusOr<std::string> Listen(absl::string_view address);
@@ -133,33 +137,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   // ---- ucx_engine.cc
-  explicit Engine(const TransportOptions& options);
-  absl::Status Init();
-  int RunLocked();
-  // One round of every running link's PeerWatch (transport/link_setup.h): heartbeats, and
-  // failing links whose peer has been silent for the peer timeout while work was pending.
+  Engine(const TransportOptions& options, std::shared_ptr<Executor> executor,
+         std::shared_ptr<Worker> shared);
   void WatchPeersLocked();
   void MarkRunningLocked(const std::shared_ptr<Conn>& conn);
-  int DrainCommandsLocked();
   void FinishRequest(RequestCtx* ctx, ucs_status_t status, absl::string_view what);
-  int ProgressLocked();
-
-  void ProgressLoop();
-  void Wake();
   // Locks the worker (blocking) and runs `fn` in worker context: for set-up calls from user
   // threads, never from callbacks.
   template <typename Fn>
   auto OnWorker(Fn fn);
 
   // ---- ucx_lanes.cc: worker context.
-  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t OnAmData(void* arg, const void* header, size_t header_length, void* data,
-                               size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t OnAmControl(void* arg, const void* header, size_t header_length,
-                                  void* data, size_t length, const ucp_am_recv_param_t* param);
   // Credits and heartbeats to the Link; set-up messages to HandleSetup.
   void HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHeader& header);
-  std::shared_ptr<UcxLane> LaneFor(const ucp_am_recv_param_t* param);
 
   // ---- ucx_connect.cc
   // Worker context.
@@ -186,15 +176,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   const TransportOptions options_;
   const std::shared_ptr<Executor> executor_;
-  std::vector<std::string> local_addresses_;  // Set in Init, then read only.
+  std::vector<std::string> local_addresses_;  // Set in Create, then read only.
 
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  int worker_efd_ = -1;
-  int event_fd_ = -1;
-  int epoll_fd_ = -1;
+  const std::shared_ptr<Worker> shared_;
+  Mutex& worker_mu_;  // shared_->mu().
+  ucp_worker_h worker_ = nullptr;  // shared_'s, from registration until shutdown.
 
-  Mutex worker_mu_;
   absl::flat_hash_map<ucp_ep_h, std::shared_ptr<UcxLane>> eps_ ABSL_GUARDED_BY(worker_mu_);
   std::vector<void*> closing_ ABSL_GUARDED_BY(worker_mu_);  // ep close requests.
   WatchClock watch_clock_ ABSL_GUARDED_BY(worker_mu_);
@@ -203,11 +190,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   ProbeScratch probe_scratch_;  // Thread-safe.
 
   Mutex cmd_mu_;
-  std::vector<Command> commands_ ABSL_GUARDED_BY(cmd_mu_);
-  bool stopped_ ABSL_GUARDED_BY(cmd_mu_) = false;
-
-  std::atomic<bool> stop_progress_{false};
-  std::thread progress_thread_;
+  bool stopped_ ABSL_GUARDED_BY(cmd_mu_) = false;  // Commands go to the callback thread.
 
   Mutex ctl_mu_;
   // Links by (connection id, client side). The side is part of the key: a transport that
@@ -226,10 +209,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
 template <typename Fn>
 auto Engine::OnWorker(Fn fn) {
   MutexLock lock(&worker_mu_);
-  SetWorkerOwner(this);
+  shared_->SetHeldHere(true);
   auto result = fn();
-  if (worker_ != nullptr) RunLocked();  // Null once shut down (Transport::Shutdown).
-  SetWorkerOwner(nullptr);
+  shared_->RunLocked();
+  shared_->SetHeldHere(false);
   return result;
 }
 

@@ -188,17 +188,31 @@ void Engine::CloseLane(const std::shared_ptr<UcxLane>& lane) {
 // ---------------------------------------------------------------------------------------------
 // Incoming (worker context).
 
-std::shared_ptr<UcxLane> Engine::LaneFor(const ucp_am_recv_param_t* param) {
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
-  auto it = eps_.find(param->reply_ep);
+std::shared_ptr<UcxLane> Engine::LaneForEp(ucp_ep_h ep) {
+  auto it = eps_.find(ep);
   if (it == eps_.end() || it->second->closed) return nullptr;
   return it->second;
 }
 
+namespace {
+
+// The lane an active message came on, and its engine; null if unknown or closed.
+std::shared_ptr<UcxLane> LaneOf(void* worker_arg, const ucp_am_recv_param_t* param,
+                                Engine** engine) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return nullptr;
+  WorkerClient* client = nullptr;
+  std::shared_ptr<UcxLane> lane =
+      static_cast<Worker*>(worker_arg)->LaneFor(param->reply_ep, &client);
+  *engine = static_cast<Engine*>(client);  // Every client of the worker is an Engine.
+  return lane;
+}
+
+}  // namespace
+
 ucs_status_t Engine::OnAmData(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param) {
-  auto* engine = static_cast<Engine*>(arg);
-  std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
+  Engine* engine = nullptr;
+  std::shared_ptr<UcxLane> lane = LaneOf(arg, param, &engine);
   std::shared_ptr<Link> link = lane ? lane->link.lock() : nullptr;
   if (link == nullptr || header_length != sizeof(ChunkHeader)) return UCS_OK;  // Dropped.
   engine->HeardFrom(*lane);
@@ -221,8 +235,8 @@ ucs_status_t Engine::OnAmData(void* arg, const void* header, size_t header_lengt
 
 ucs_status_t Engine::OnAmControl(void* arg, const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param) {
-  auto* engine = static_cast<Engine*>(arg);
-  std::shared_ptr<UcxLane> lane = engine->LaneFor(param);
+  Engine* engine = nullptr;
+  std::shared_ptr<UcxLane> lane = LaneOf(arg, param, &engine);
   if (lane == nullptr || header_length != sizeof(ControlHeader)) return UCS_OK;
   engine->HeardFrom(*lane);
   ControlHeader h;
@@ -271,10 +285,20 @@ void Engine::HandleControl(const std::shared_ptr<UcxLane>& lane, const ControlHe
 }
 
 void Engine::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* engine = static_cast<Engine*>(arg);
-  auto it = engine->eps_.find(ep);
-  if (it == engine->eps_.end()) return;
-  std::shared_ptr<UcxLane> lane = it->second;
+  // arg: the Worker. The endpoint's engine, if it still has the endpoint (a closed lane's
+  // endpoint is out of its map).
+  Engine* engine = nullptr;
+  std::shared_ptr<UcxLane> lane;
+  for (WorkerClient* client : static_cast<Worker*>(arg)->engines()) {
+    auto* candidate = static_cast<Engine*>(client);  // Every client of the worker is an Engine.
+    auto it = candidate->eps_.find(ep);
+    if (it != candidate->eps_.end()) {
+      engine = candidate;
+      lane = it->second;
+      break;
+    }
+  }
+  if (engine == nullptr) return;
   // Say what happened to the peer, not only UCX's word for it ("Endpoint timeout" alone read as
   // a local timeout to users): the comm layer adds which rank that peer is.
   const char* what = "the connection failed";
