@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The elastic churn tests run many times: how many runs fail, and how many of the failures are
 a process abort (issue 44 item 1: UCX 1.13's `async.c: Assertion handler->async == async`,
-about 1 run in 250 before tools/ucx/'s patch).
+which tools/ucx/'s patches fix).
 
     nice /usr/bin/python3 bench/churn_runs.py [--runs 500] [--batch 50] [--minutes 0]
         [--ucx_library PATH] [--out bench/results/churn_runs.md]
@@ -10,11 +10,11 @@ Runs //comm/elastic:elastic_units_c_api_test and //comm/elastic:elastic_churn_te
 processes over UCX, killed -9, stopped and restarted) in batches of `bazel test
 --runs_per_test=BATCH --jobs=2 --flaky_test_attempts=1 --nocache_test_results`, two runs at a
 time as the abort was first seen. Each run's log is classified: passed, a process abort (a UCX
-or other assertion, SIGABRT), a crash (SIGSEGV), or another failure; a failed run's first
-telling lines go to the page. --minutes stops after the batch that passes that time (0: all
---runs). --ucx_library sets LBCC_UCX_LIBRARY for the tests (libucp.so.0: the system's UCX, the
-baseline). Writes the markdown page (date, machine, load before and after, command, UCX
-library) itself. Not in CI.
+or other assertion, SIGABRT), a crash (SIGSEGV), a timeout (Bazel's), or another failure; a
+failed run's first telling lines go to the page. --minutes stops after the batch that passes
+that time (0: all --runs). --ucx_library sets LBCC_UCX_LIBRARY for the tests (libucp.so.0: the
+system's UCX, the baseline). Writes the markdown page (date, machine, load before and after,
+command, UCX library) itself, after every batch. Not in CI.
 """
 
 import argparse
@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = ["//comm/elastic:elastic_units_c_api_test", "//comm/elastic:elastic_churn_test"]
 PATCHED = os.path.expanduser("~/.cache/lbcc/ucx-1.13.1-lbcc")
 
-ABORT = re.compile(r"Assertion `|SIGABRT|Aborted|signal 6\b|exit(ed)? (code|status) 134")
+ABORT = re.compile(r"Assertion `|SIGABRT|Aborted \(core|signal 6\b|exit(ed)? (code|status) 134")
 CRASH = re.compile(r"SIGSEGV|Segmentation fault|signal 11\b|exit(ed)? (code|status) 139")
 
 
@@ -46,8 +46,8 @@ def testlog_dir(test):
     return os.path.join(ROOT, "bazel-testlogs", package, name)
 
 
-def classify(text):
-    """(kind, telling lines) of a failed run's log."""
+def classify(text, xml):
+    """(kind, telling lines) of a failed run's log and test.xml."""
     all_lines = text.splitlines()
     lines = ([l for l in all_lines if ABORT.search(l) or CRASH.search(l)] +
              [l for l in all_lines if "FAILED" in l or " ERROR " in l])
@@ -55,6 +55,8 @@ def classify(text):
         kind = "abort"
     elif any(CRASH.search(l) for l in lines):
         kind = "crash"
+    elif "TIMEOUT" in xml or "timed out" in xml or "-- Test timed out" in text:
+        kind = "timeout"
     else:
         kind = "other"
     return kind, lines[:4]
@@ -76,13 +78,55 @@ def one_batch(runs, ucx_library):
             d = testlog_dir(test)
             if runs > 1:
                 d = os.path.join(d, f"run_{k}_of_{runs}")
-            xml = open(os.path.join(d, "test.xml"), errors="replace").read()
-            text = open(os.path.join(d, "test.log"), errors="replace").read()
+            try:
+                xml = open(os.path.join(d, "test.xml"), errors="replace").read()
+                text = open(os.path.join(d, "test.log"), errors="replace").read()
+            except OSError as e:  # Bazel stopped before this run: counted, not lost.
+                out.append((False, "other", [f"no result: {e}"]))
+                continue
             failed = bool(re.search(r'(failures|errors)="[1-9]', xml)) or "<error" in xml or \
                 "<failure" in xml
-            out.append((not failed,) + (classify(text) if failed else ("", [])))
+            out.append((not failed,) + (classify(text, xml) if failed else ("", [])))
         results[test] = out
     return results
+
+
+def write_page(a, totals, failures, load_before, wall, partial):
+    """The markdown page, rewritten after every batch (`partial` while more are to come)."""
+    load_after = loadavg()
+    library = a.ucx_library or (f"default: tools/setup's UCX with LBCC's patches ({PATCHED}, "
+                                f"stamp {open(os.path.join(PATCHED, '.lbcc-patches')).read().strip()})")
+    cmd = "bench/churn_runs.py " + " ".join(sys.argv[1:])
+    lines = [
+        "# Elastic churn tests, many runs: failures and process aborts" +
+        (" (so far)" if partial else ""),
+        "",
+        f"Written by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M %Z')}; machine "
+        f"{platform.node()} ({os.cpu_count()} cores); load before {load_before}, after "
+        f"{load_after} (the tests' own: two runs at a time); {wall / 60:.1f} minutes in all; "
+        f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}.",
+        f"UCX: {library}.",
+        "",
+        "| test | runs | passed | process aborts | crashes | timeouts | other failures |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t, v in totals.items():
+        lines.append(f"| `{t}` | {v['runs']} | {v['passed']} | {v['abort']} | {v['crash']} | "
+                     f"{v['timeout']} | {v['other']} |")
+    all_runs = sum(v["runs"] for v in totals.values())
+    all_aborts = sum(v["abort"] for v in totals.values())
+    lines += ["", f"All: {all_runs} runs, {all_aborts} process aborts, "
+              f"{sum(v['crash'] for v in totals.values())} crashes, "
+              f"{sum(v['timeout'] for v in totals.values())} timeouts, "
+              f"{sum(v['other'] for v in totals.values())} other failures."]
+    if failures:
+        lines += ["", "Failed runs (first telling lines of each log):", ""]
+        for test, kind, tell in failures:
+            lines.append(f"- `{test}` ({kind}): " + " / ".join(
+                "`" + l.strip()[:160].replace("`", "'") + "`" for l in tell))
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main():
@@ -103,7 +147,8 @@ def main():
     log(f"building {' '.join(TESTS)}")
     subprocess.run(["bazel", "build"] + TESTS, cwd=ROOT, check=True)
     load_before, t0 = loadavg(), time.time()
-    totals = {t: {"runs": 0, "passed": 0, "abort": 0, "crash": 0, "other": 0} for t in TESTS}
+    totals = {t: {"runs": 0, "passed": 0, "abort": 0, "crash": 0, "timeout": 0, "other": 0}
+              for t in TESTS}
     failures = []
     done = 0
     while done < a.runs:
@@ -122,42 +167,10 @@ def main():
         log(f"{done} runs per test in {minutes:.1f} min: " + "; ".join(
             f"{t.split(':')[1]} {v['passed']}/{v['runs']} passed, {v['abort']} aborts"
             for t, v in totals.items()) + f" (load {loadavg()})")
-        if a.minutes and minutes >= a.minutes:
+        stop = done >= a.runs or (a.minutes and minutes >= a.minutes)
+        write_page(a, totals, failures, load_before, time.time() - t0, partial=not stop)
+        if stop:
             break
-    wall = time.time() - t0
-    load_after = loadavg()
-
-    library = a.ucx_library or (f"default: tools/setup's UCX with LBCC's patches ({PATCHED}, "
-                                f"stamp {open(os.path.join(PATCHED, '.lbcc-patches')).read().strip()})")
-    cmd = "bench/churn_runs.py " + " ".join(sys.argv[1:])
-    lines = [
-        "# Elastic churn tests, many runs: failures and process aborts",
-        "",
-        f"Written by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M %Z')}; machine "
-        f"{platform.node()} ({os.cpu_count()} cores); load before {load_before}, after "
-        f"{load_after} (the tests' own: two runs at a time); {wall / 60:.1f} minutes in all; "
-        f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}.",
-        f"UCX: {library}.",
-        "",
-        "| test | runs | passed | process aborts | crashes | other failures |",
-        "|---|---|---|---|---|---|",
-    ]
-    for t, v in totals.items():
-        lines.append(f"| `{t}` | {v['runs']} | {v['passed']} | {v['abort']} | {v['crash']} | "
-                     f"{v['other']} |")
-    all_runs = sum(v["runs"] for v in totals.values())
-    all_aborts = sum(v["abort"] for v in totals.values())
-    lines += ["", f"All: {all_runs} runs, {all_aborts} process aborts, "
-              f"{sum(v['crash'] for v in totals.values())} crashes, "
-              f"{sum(v['other'] for v in totals.values())} other failures."]
-    if failures:
-        lines += ["", "Failed runs (first telling lines of each log):", ""]
-        for test, kind, tell in failures:
-            lines.append(f"- `{test}` ({kind}): " + " / ".join(
-                "`" + l.strip()[:160].replace("`", "'") + "`" for l in tell))
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
     log(f"wrote {a.out}")
 
 

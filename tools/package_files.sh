@@ -17,7 +17,10 @@
 # objects load except glibc, the C++ runtime and UCX (the machine's own, found by the dynamic
 # linker's search path: a cluster's UCX is the one its network needs; LBCC's copy of it stays in
 # its own namespace beside any other the process loads). Its RPATHs are relative ($ORIGIN), so
-# it runs from any folder.
+# it runs from any folder. Neither carries the UCX that tools/setup builds with tools/ucx/'s
+# patches: an installed LBCC loads the machine's UCX and warns that it lacks them (a Debian 12
+# libucx0 can abort an elastic member under churn: docs/elastic.md), unless LBCC_UCX_LIBRARY
+# names a patched one.
 set -euo pipefail
 source "$(dirname "$0")/flags.sh"
 flags_value out /tmp/lbcc_package "output folder"

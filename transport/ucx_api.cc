@@ -35,14 +35,14 @@ constexpr char kSystemLibrary[] = "libucp.so.0";
 std::string ChooseLibrary(std::string* why) {
   absl::StatusOr<std::string> chosen = env::GetString("LBCC_UCX_LIBRARY");
   if (!chosen.ok()) {
-    *why = std::string(chosen.status().message());
+    *why = absl::StrCat(chosen.status().message(), "; ");
   } else if (!chosen->empty()) {
     return *chosen;
   }
   if (access(LBCC_UCX_PATCHED_LIBRARY, R_OK) == 0) return LBCC_UCX_PATCHED_LIBRARY;
-  *why = absl::StrCat(LBCC_UCX_PATCHED_LIBRARY,
-                      " (UCX with LBCC's patches, from tools/setup) is missing; the system's UCX "
-                      "1.13 can abort a process that opens and closes transports under churn");
+  absl::StrAppend(why, LBCC_UCX_PATCHED_LIBRARY,
+                  " (UCX with LBCC's patches, from tools/setup) is missing; the system's UCX "
+                  "1.13 can abort a process that opens and closes transports under churn");
   return kSystemLibrary;
 }
 

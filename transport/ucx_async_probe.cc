@@ -9,7 +9,8 @@
 //      in context B;
 //   3. A polls its missed events: the queued id now names B's handler.
 // 1.13.1 aborts in step 3 (async.c: Assertion `handler->async == async' failed); with the patch
-// the stale event is dropped and neither handler runs.
+// the stale event is dropped and neither handler runs. `missed-event-same`: the new handler is
+// A's own; 1.13.1 hands it the old fd's event, the patch drops it.
 //
 // ucx_async_probe listener (tools/ucx/tcp-listener-closes-pending-connections.patch): a client
 // connects to a UCP listener and sends nothing; once UCX has accepted the connection, the
@@ -39,8 +40,8 @@
 
 namespace {
 
-std::atomic<int> g_calls_a{0};
-std::atomic<int> g_calls_b{0};
+std::atomic<int> g_calls_old{0};  // The removed handler's.
+std::atomic<int> g_calls_new{0};  // The handler registered on the reused fd number.
 
 void OnEvent(int /*id*/, ucs_event_set_types_t /*events*/, void* arg) {
   static_cast<std::atomic<int>*>(arg)->fetch_add(1);
@@ -51,7 +52,7 @@ int Fail(const char* what, ucs_status_t status) {
   return 2;
 }
 
-int MissedEvent() {
+int MissedEvent(bool same_context) {
   constexpr ucs_async_mode_t kMode = UCS_ASYNC_MODE_THREAD_SPINLOCK;
   ucs_async_context_t* a = nullptr;
   ucs_async_context_t* b = nullptr;
@@ -64,7 +65,7 @@ int MissedEvent() {
   int first[2];
   if (pipe(first) != 0) return Fail("pipe", UCS_ERR_IO_ERROR);
   status = ucs_async_set_event_handler(kMode, first[0], UCS_EVENT_SET_EVREAD, &OnEvent,
-                                       &g_calls_a, a);
+                                       &g_calls_old, a);
   if (status != UCS_OK) return Fail("A's handler", status);
   UCS_ASYNC_BLOCK(a);
   if (write(first[1], "x", 1) != 1) return Fail("write", UCS_ERR_IO_ERROR);
@@ -75,7 +76,7 @@ int MissedEvent() {
       std::fprintf(stderr,
                    "ucx_async_probe: no missed event was queued on A within 10 s (A's "
                    "handler ran %d times)\n",
-                   g_calls_a.load());
+                   g_calls_old.load());
       return 2;
     }
     sched_yield();
@@ -94,21 +95,21 @@ int MissedEvent() {
     return 2;
   }
   status = ucs_async_set_event_handler(kMode, second[0], UCS_EVENT_SET_EVREAD, &OnEvent,
-                                       &g_calls_b, b);
-  if (status != UCS_OK) return Fail("B's handler", status);
+                                       &g_calls_new, same_context ? a : b);
+  if (status != UCS_OK) return Fail("the new handler", status);
 
   // Step 3 (what a worker's progress does after unblocking).
   UCS_ASYNC_UNBLOCK(a);
   ucs_async_check_miss(a);
-  std::printf("A's handler ran %d times, B's %d times, from A's missed events\n",
-              g_calls_a.load(), g_calls_b.load());
+  std::printf("from A's missed events the removed handler ran %d times, the new one (%s) %d\n",
+              g_calls_old.load(), same_context ? "A's" : "B's", g_calls_new.load());
 
   ucs_async_remove_handler(second[0], /*sync=*/1);
   close(second[0]);
   close(second[1]);
   ucs_async_context_destroy(b);
   ucs_async_context_destroy(a);
-  return g_calls_a.load() == 0 && g_calls_b.load() == 0 ? 0 : 1;
+  return g_calls_old.load() == 0 && g_calls_new.load() == 0 ? 0 : 1;
 }
 
 uint16_t PortOf(const sockaddr_storage& address) {
@@ -214,14 +215,17 @@ int Listener() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IONBF, 0);  // Every line out before an abort.
+  std::printf("ucx version: %s\n", ucp_get_version_string());
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&ucs_async_context_create), &info) != 0 &&
       info.dli_fname != nullptr) {
     std::printf("libucs: %s\n", info.dli_fname);
   }
   const char* mode = argc == 2 ? argv[1] : "";
-  if (std::strcmp(mode, "missed-event") == 0) return MissedEvent();
+  if (std::strcmp(mode, "missed-event") == 0) return MissedEvent(/*same_context=*/false);
+  if (std::strcmp(mode, "missed-event-same") == 0) return MissedEvent(/*same_context=*/true);
   if (std::strcmp(mode, "listener") == 0) return Listener();
-  std::fprintf(stderr, "usage: ucx_async_probe missed-event|listener\n");
+  std::fprintf(stderr, "usage: ucx_async_probe missed-event|missed-event-same|listener\n");
   return 2;
 }

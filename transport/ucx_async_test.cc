@@ -35,7 +35,7 @@ ProbeResult RunProbe(const std::string& mode, const std::string& library_path) {
     result.output = std::string(child.status().message());
     return result;
   }
-  absl::StatusOr<std::string> output = (*child)->ReadAll(absl::Seconds(60));
+  absl::StatusOr<std::string> output = (*child)->ReadAll(absl::Seconds(30));
   result.output = output.ok() ? *output : (*child)->output();
   absl::StatusOr<int> code = (*child)->Wait(absl::Seconds(10));
   if (code.ok()) result.exit_code = *code;
@@ -47,15 +47,39 @@ TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEvent) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
   // The probe ran on the patched libucs, through the whole sequence.
   EXPECT_THAT(result.output, HasSubstr(std::string("libucs: ") + LBCC_UCX_PATCHED_LIBDIR));
-  EXPECT_THAT(result.output, HasSubstr("A's handler ran 0 times, B's 0 times"));
+  EXPECT_THAT(result.output,
+              HasSubstr("the removed handler ran 0 times, the new one (B's) 0"));
 }
 
+TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEventInTheSameContext) {
+  const ProbeResult result = RunProbe("missed-event-same", LBCC_UCX_PATCHED_LIBDIR);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output,
+              HasSubstr("the removed handler ran 0 times, the new one (A's) 0"));
+}
+
+// The system's UCX, when it is the 1.13 the patches are for (Debian 12's libucx0): the probe
+// meets the bug each patch fixes. Another UCX skips.
+#define SKIP_UNLESS_SYSTEM_UCX_1_13(result)                                        \
+  if ((result).output.find("ucx version: 1.13.") == std::string::npos) {         \
+    GTEST_SKIP() << "the system's UCX is not 1.13: " << (result).output;           \
+  }
+
 TEST(UcxAsyncTest, SystemUcxAbortsOnAStaleMissedEvent) {
-  // Debian 12's libucx0 1.13.1: the bug the patch fixes, met by the probe deterministically.
   const ProbeResult result = RunProbe("missed-event", "");
+  SKIP_UNLESS_SYSTEM_UCX_1_13(result);
   EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
   EXPECT_THAT(result.output, HasSubstr("handler->async == async")) << result.output;
   EXPECT_EQ(result.exit_code, 128 + 6) << result.output;  // SIGABRT.
+}
+
+TEST(UcxAsyncTest, SystemUcxHandsAStaleEventToTheNewHandler) {
+  // Within one context 1.13.1 does not abort: the new handler takes the old fd's event.
+  const ProbeResult result = RunProbe("missed-event-same", "");
+  SKIP_UNLESS_SYSTEM_UCX_1_13(result);
+  EXPECT_THAT(result.output,
+              HasSubstr("the removed handler ran 0 times, the new one (A's) 1"));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
 }
 
 TEST(UcxAsyncTest, PatchedUcxClosesAListenersPendingConnectionsWithIt) {
@@ -69,6 +93,7 @@ TEST(UcxAsyncTest, PatchedUcxClosesAListenersPendingConnectionsWithIt) {
 TEST(UcxAsyncTest, SystemUcxKeepsADestroyedListenersPendingConnection) {
   // The connection that would call the destroyed listener back once its client speaks.
   const ProbeResult result = RunProbe("listener", "");
+  SKIP_UNLESS_SYSTEM_UCX_1_13(result);
   EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
   EXPECT_THAT(result.output,
               HasSubstr("the accepted connection is open after the listener's destruction"));

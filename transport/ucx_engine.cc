@@ -44,8 +44,8 @@ absl::StatusOr<std::shared_ptr<Engine>> Engine::Create(const TransportOptions& o
   for (const NetInterface& netif : ListNetInterfaces()) local_addresses.push_back(netif.address);
   // The callback thread starts before UCX's first use, as it always has: with UCX loaded and its
   // worker created first in a process that had no other thread yet, ucp_worker_create crashed in
-  // the malloc of UCX's namespace (a chunk of the program's heap in its free lists) in about half
-  // of the runs under Bazel's test runner; with the thread started first, none did. The cause is
+  // the malloc of UCX's namespace (a chunk of the program's heap in its free lists) in many runs
+  // under Bazel's test runner; with the thread started first, none did. The cause is
   // not understood (transport/ucx_api.cc lists the namespace's other thread hazards).
   auto executor = std::make_shared<Executor>("lbcc-ucx-cb");
   LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Worker> shared,
