@@ -42,62 +42,51 @@ ProbeResult RunProbe(const std::string& mode, const std::string& library_path) {
   return result;
 }
 
-TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEvent) {
-  const ProbeResult result = RunProbe("missed-event", LBCC_UCX_PATCHED_LIBDIR);
+// The probe's `mode` on the patched UCX: it ran there, through the whole sequence (exit 0),
+// and printed `line`.
+void ExpectPatched(const std::string& mode, const std::string& line) {
+  const ProbeResult result = RunProbe(mode, LBCC_UCX_PATCHED_LIBDIR);
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  // The probe ran on the patched libucs, through the whole sequence.
   EXPECT_THAT(result.output, HasSubstr(std::string("libucs: ") + LBCC_UCX_PATCHED_LIBDIR));
-  EXPECT_THAT(result.output,
-              HasSubstr("the removed handler ran 0 times, the new one (B's) 0"));
+  EXPECT_THAT(result.output, HasSubstr(line));
+}
+
+// The probe's `mode` on the system's UCX, when it is the 1.13 the patches are for (Debian 12's
+// libucx0; another skips): it printed `line` and exited with `exit_code`.
+void ExpectSystem(const std::string& mode, const std::string& line, int exit_code) {
+  const ProbeResult result = RunProbe(mode, "");
+  if (result.output.find("ucx version: 1.13.") == std::string::npos) {
+    GTEST_SKIP() << "the system's UCX is not 1.13: " << result.output;
+  }
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
+  EXPECT_THAT(result.output, HasSubstr(line));
+  EXPECT_EQ(result.exit_code, exit_code) << result.output;
+}
+
+TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEvent) {
+  ExpectPatched("missed-event", "the removed handler ran 0 times, the new one (B's) 0");
+}
+
+TEST(UcxAsyncTest, SystemUcxAbortsOnAStaleMissedEvent) {
+  ExpectSystem("missed-event", "handler->async == async", 128 + 6);  // SIGABRT.
 }
 
 TEST(UcxAsyncTest, PatchedUcxDropsAStaleMissedEventInTheSameContext) {
-  const ProbeResult result = RunProbe("missed-event-same", LBCC_UCX_PATCHED_LIBDIR);
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output,
-              HasSubstr("the removed handler ran 0 times, the new one (A's) 0"));
-}
-
-// The system's UCX, when it is the 1.13 the patches are for (Debian 12's libucx0): the probe
-// meets the bug each patch fixes. Another UCX skips.
-#define SKIP_UNLESS_SYSTEM_UCX_1_13(result)                                        \
-  if ((result).output.find("ucx version: 1.13.") == std::string::npos) {         \
-    GTEST_SKIP() << "the system's UCX is not 1.13: " << (result).output;           \
-  }
-
-TEST(UcxAsyncTest, SystemUcxAbortsOnAStaleMissedEvent) {
-  const ProbeResult result = RunProbe("missed-event", "");
-  SKIP_UNLESS_SYSTEM_UCX_1_13(result);
-  EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
-  EXPECT_THAT(result.output, HasSubstr("handler->async == async")) << result.output;
-  EXPECT_EQ(result.exit_code, 128 + 6) << result.output;  // SIGABRT.
+  ExpectPatched("missed-event-same", "the removed handler ran 0 times, the new one (A's) 0");
 }
 
 TEST(UcxAsyncTest, SystemUcxHandsAStaleEventToTheNewHandler) {
   // Within one context 1.13.1 does not abort: the new handler takes the old fd's event.
-  const ProbeResult result = RunProbe("missed-event-same", "");
-  SKIP_UNLESS_SYSTEM_UCX_1_13(result);
-  EXPECT_THAT(result.output,
-              HasSubstr("the removed handler ran 0 times, the new one (A's) 1"));
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  ExpectSystem("missed-event-same", "the removed handler ran 0 times, the new one (A's) 1", 1);
 }
 
 TEST(UcxAsyncTest, PatchedUcxClosesAListenersPendingConnectionsWithIt) {
-  const ProbeResult result = RunProbe("listener", LBCC_UCX_PATCHED_LIBDIR);
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_THAT(result.output, HasSubstr(std::string("libucs: ") + LBCC_UCX_PATCHED_LIBDIR));
-  EXPECT_THAT(result.output,
-              HasSubstr("the accepted connection is closed after the listener's destruction"));
+  ExpectPatched("listener", "the accepted connection is closed after the listener's destruction");
 }
 
 TEST(UcxAsyncTest, SystemUcxKeepsADestroyedListenersPendingConnection) {
   // The connection that would call the destroyed listener back once its client speaks.
-  const ProbeResult result = RunProbe("listener", "");
-  SKIP_UNLESS_SYSTEM_UCX_1_13(result);
-  EXPECT_THAT(result.output, ::testing::Not(HasSubstr(LBCC_UCX_PATCHED_LIBDIR)));
-  EXPECT_THAT(result.output,
-              HasSubstr("the accepted connection is open after the listener's destruction"));
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  ExpectSystem("listener", "the accepted connection is open after the listener's destruction", 1);
 }
 
 }  // namespace
