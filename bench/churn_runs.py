@@ -4,14 +4,15 @@ a process abort (issue 44 item 1: UCX 1.13's `async.c: Assertion handler->async 
 which tools/ucx/'s patches fix).
 
     nice /usr/bin/python3 bench/churn_runs.py [--runs 500] [--batch 50] [--minutes 0]
-        [--ucx_library PATH] [--out bench/results/churn_runs.md]
+        [--ucx_library PATH] [--out bench/results/churn_runs.md] [--keep_logs DIR]
 
 Runs //comm/elastic:elastic_units_c_api_test and //comm/elastic:elastic_churn_test (members as
 processes over UCX, killed -9, stopped and restarted) in batches of `bazel test
 --runs_per_test=BATCH --jobs=2 --flaky_test_attempts=1 --nocache_test_results`, two runs at a
 time as the abort was first seen. Each run's log is classified: passed, a process abort (a UCX
 or other assertion, SIGABRT), a crash (SIGSEGV), a timeout (Bazel's), or another failure; a
-failed run's first telling lines go to the page. --minutes stops after the batch that passes
+failed run's first telling lines go to the page, with UCX's backtrace of a crash, and the whole
+log is kept under --keep_logs (one file per failed run). --minutes stops after the batch that passes
 that time (0: all --runs). --ucx_library sets LBCC_UCX_LIBRARY for the tests (libucp.so.0: the
 system's UCX, the baseline). Writes the markdown page (date, machine, load before and after,
 command, UCX library) itself, after every batch. Not in CI.
@@ -19,6 +20,7 @@ command, UCX library) itself, after every batch. Not in CI.
 
 import argparse
 import os
+import shutil
 import platform
 import re
 import subprocess
@@ -30,6 +32,7 @@ TESTS = ["//comm/elastic:elastic_units_c_api_test", "//comm/elastic:elastic_chur
 PATCHED = os.path.expanduser("~/.cache/lbcc/ucx-1.13.1-lbcc")
 
 ABORT = re.compile(r"Assertion `|SIGABRT|Aborted \(core|signal 6\b|exit(ed)? (code|status) 134")
+BACKTRACE = "backtrace:"  # Separates a failure's telling lines from UCX's backtrace frames.
 CRASH = re.compile(r"SIGSEGV|Segmentation fault|signal 11\b|exit(ed)? (code|status) 139")
 
 
@@ -46,6 +49,19 @@ def testlog_dir(test):
     return os.path.join(ROOT, "bazel-testlogs", package, name)
 
 
+def backtrace(lines):
+    """The frames of UCX's first printed backtrace (`==== backtrace (tid: N) ====`), or []."""
+    for i, l in enumerate(lines):
+        if "==== backtrace" in l:
+            frames = []
+            for f in lines[i + 1:]:
+                if "=================" in f or len(frames) == 24:
+                    break
+                frames.append(f)
+            return frames
+    return []
+
+
 def classify(text, xml):
     """(kind, telling lines) of a failed run's log and test.xml."""
     all_lines = text.splitlines()
@@ -59,11 +75,13 @@ def classify(text, xml):
         kind = "timeout"
     else:
         kind = "other"
-    return kind, lines[:4]
+    frames = backtrace(all_lines) if kind in ("abort", "crash") else []
+    return kind, lines[:4] + ([BACKTRACE] + frames if frames else [])
 
 
-def one_batch(runs, ucx_library):
-    """Runs every test `runs` times; {test: [(passed, kind, lines)]}."""
+def one_batch(runs, ucx_library, keep_logs, first):
+    """Runs every test `runs` times; {test: [(passed, kind, lines)]}. A failed run's log is
+    copied to keep_logs as <test>.<run number counted from 1 over all batches>.log."""
     cmd = ["bazel", "test", f"--runs_per_test={runs}", "--jobs=2", "--flaky_test_attempts=1",
            "--nocache_test_results", "--test_output=summary"] + TESTS
     if ucx_library:
@@ -86,6 +104,10 @@ def one_batch(runs, ucx_library):
                 continue
             failed = bool(re.search(r'(failures|errors)="[1-9]', xml)) or "<error" in xml or \
                 "<failure" in xml
+            if failed and keep_logs:
+                os.makedirs(keep_logs, exist_ok=True)
+                shutil.copyfile(os.path.join(d, "test.log"), os.path.join(
+                    keep_logs, f"{test.split(':')[1]}.{first + k}.log"))
             out.append((not failed,) + (classify(text, xml) if failed else ("", [])))
         results[test] = out
     return results
@@ -122,8 +144,12 @@ def write_page(a, totals, failures, load_before, wall, partial):
     if failures:
         lines += ["", "Failed runs (first telling lines of each log):", ""]
         for test, kind, tell in failures:
+            cut = tell.index(BACKTRACE) if BACKTRACE in tell else len(tell)
             lines.append(f"- `{test}` ({kind}): " + " / ".join(
-                "`" + l.strip()[:160].replace("`", "'") + "`" for l in tell))
+                "`" + l.strip()[:160].replace("`", "'") + "`" for l in tell[:cut]))
+            if cut < len(tell):  # UCX's backtrace of an abort or a crash.
+                lines += ["", "  ```"] + ["  " + l.rstrip()[:200] for l in tell[cut + 1:]] + \
+                    ["  ```"]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -139,6 +165,8 @@ def main():
     ap.add_argument("--ucx_library", default="",
                     help="LBCC_UCX_LIBRARY for the tests (default: the transport's own choice)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "churn_runs.md"))
+    ap.add_argument("--keep_logs", default="/tmp/lbcc_churn_runs",
+                    help="folder for the whole log of each failed run ('': keep none)")
     a = ap.parse_args()
     if a.runs < 1 or a.batch < 1:
         sys.exit("churn_runs: --runs and --batch must be at least 1")
@@ -153,7 +181,7 @@ def main():
     done = 0
     while done < a.runs:
         n = min(a.batch, a.runs - done)
-        batch = one_batch(n, a.ucx_library)
+        batch = one_batch(n, a.ucx_library, a.keep_logs, done)
         done += n
         for test, out in batch.items():
             for passed, kind, lines in out:
