@@ -2,17 +2,25 @@
 """An hour of churn against an elastic job, with the long-lived processes' resources sampled
 every minute (issue: flat resources under churn; not in CI).
 
-Layout (tools/testbed, every down-link shaped to --rate): lbcc-master on host 0; --members
-members (//comm/elastic:elastic_churn_test in its member role: 64K-element SparseAllReduce steps
-through ElasticGroup, its committed steps printed and its error feedback replayed at exit), one
-per host 1..N. Member 1 is the observed one and never an event's victim; the others meet an event
+Layout (tools/testbed, every down-link shaped to --rate), --layout pipeline (the default): a
+model in two shard jobs whose two membership services share one ElasticUnits, in one process on
+host 0 (//comm/elastic:elastic_churn_test in its master role); --members full replicas, one per
+host 1..N, each a member of both shard jobs (the test's unit role: 64K-element SparseAllReduce
+steps per shard through ElasticGroup, committed steps printed); and one two-stage pipeline
+replica, stage 0 on host N+1 in shard 0's job and stage 1 on host N+2 in shard 1's, which the
+services take out and readmit as a unit (a stage whose other stage left is told and joins again
+by itself). --layout full: lbcc-master on host 0 and --members members of one job
+(the test's member role, its error feedback replayed at exit), one per host 1..N.
+Member 1 is the observed one and never an event's victim; the others meet an event
 every --every seconds, in turn (--kinds): kill -9, SIGSTOP (evicted, then SIGCONT: it must exit by itself),
 a clean leave (stdin closed: it leaves and exits 0), and a link cut (nftables drops everything on
 the host's eth0 for peer timeout + 2 s, then lets it through again). A member that exited is
 restarted at once (a new incarnation joins).
 
 Every --sample seconds: the resident set (VmRSS), open file descriptors and threads of the
-master and of the observed member (and the committed steps the observed member printed). The
+master and of the observed member (and the committed steps the observed member printed); fds
+and threads are read every 0.25 s for 3 s and the lowest reading is the sample (the settled
+count: a membership change holds a few more for a moment; the highest is shown beside it). The
 figures: RSS at the end against minute 5 (goal within 5 %), descriptors' and threads' range from
 minute 5 to the end (goal flat), events by kind, committed steps, members that exited with an
 error other than the expected ones. Written with the date, machine, load and command to
@@ -21,6 +29,7 @@ error other than the expected ones. Written with the date, machine, load and com
     bench/elastic_soak.py [--minutes 60] [--every 5] [--members 4] [--rate 100mbit]
                           [--sample 60] [--results bench/results/elastic_soak.md]
                           [--transport ucx|socket] [--kinds kill,stop,leave,cut]
+                          [--layout pipeline|full]
 
 Needs root (network namespaces, nftables). Builds the two binaries first.
 """
@@ -60,18 +69,46 @@ def proc_stats(pid):
         return None
 
 
+def settled_stats(pid, seconds=3.0, every=0.25):
+    """(RSS KiB, fds, threads, peak fds, peak threads) of a live process over `seconds`: fds and
+    threads at their lowest reading (a membership change in progress holds a few more for a
+    moment: the peaks), RSS at the last; None if it ended."""
+    readings = []
+    end = time.time() + seconds
+    while True:
+        r = proc_stats(pid)
+        if r is None:
+            return None
+        readings.append(r)
+        if time.time() >= end:
+            break
+        time.sleep(every)
+    return (readings[-1][0], min(r[1] for r in readings), min(r[2] for r in readings),
+            max(r[1] for r in readings), max(r[2] for r in readings))
+
+
 class Member:
     def __init__(self, soak, host, incarnation):
         self.host, self.incarnation = host, incarnation
         self.name = f"m{host}.{incarnation}"
         self.lines = []
         self.commits = 0
+        self.replica_left = 0
         self.event = None  # what was done to it, if anything
         env = ["env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", "UCX_MEM_EVENTS=no",
                f"LBCC_LISTEN_ADDR={soak.addr(host)}", f"LBCC_PEER_TIMEOUT_MS={PEER_TIMEOUT_MS}",
-               "ELASTIC_ROLE=member", f"ELASTIC_MASTER={soak.master_address}",
-               f"ELASTIC_SEED={host}", f"ELASTIC_NAME={self.name}",
-               f"ELASTIC_BACKEND={soak.args.transport}"]
+               f"ELASTIC_SEED={host}", f"ELASTIC_NAME={self.name}"]
+        stage = soak.stage_of(host)
+        if soak.args.layout == "full":
+            env += ["ELASTIC_ROLE=member", f"ELASTIC_MASTER={soak.master_address}",
+                    f"ELASTIC_BACKEND={soak.args.transport}"]
+        elif stage is None:
+            env += ["ELASTIC_ROLE=unit", f"ELASTIC_MASTERS={soak.master_address}",
+                    "ELASTIC_SHARDS=0,1"]
+        else:
+            env += ["ELASTIC_ROLE=unit", f"ELASTIC_MASTERS={soak.master_address}",
+                    f"ELASTIC_SHARDS={stage}", "ELASTIC_REPLICA=pipe", f"ELASTIC_STAGE={stage}",
+                    "ELASTIC_STAGES=2"]
         self.proc = subprocess.Popen(
             [TESTBED, "exec", "--name", soak.name, str(host), "--"] + env + [soak.member_bin],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -82,6 +119,8 @@ class Member:
         for line in self.proc.stdout:
             if line.startswith("COMMIT"):
                 self.commits += 1
+            elif line.startswith("REPLICA_LEFT"):  # told; it joins again by itself
+                self.replica_left += 1
             elif line.strip():
                 self.lines.append(line.rstrip())
 
@@ -101,6 +140,7 @@ class Soak:
         self.events = {"kill": 0, "stop": 0, "leave": 0, "cut": 0}
         self.unexpected = []
         self.samples = []
+        self.replica_left_done = 0  # notices of members restarted since
 
     def tb(self, *argv, check=True):
         return subprocess.run([TESTBED] + list(argv), check=check, capture_output=True,
@@ -109,22 +149,42 @@ class Soak:
     def addr(self, host):
         return self.tb("addr", "--name", self.name, str(host))
 
+    def hosts(self):
+        """Testbed hosts: the master's, the full members', the pipeline stages'."""
+        return 1 + self.args.members + (2 if self.args.layout == "pipeline" else 0)
+
+    def stage_of(self, host):
+        """The pipeline stage on `host`, or None."""
+        if self.args.layout != "pipeline" or host <= self.args.members:
+            return None
+        return host - self.args.members - 1
+
     def start_member(self, host):
         self.incarnation += 1
         self.members[host] = Member(self, host, self.incarnation)
 
     def up(self):
-        n = self.args.members + 1
+        n = self.hosts()
         self.tb("down", "--stale", check=False)
         self.tb("up", "--name", self.name, "--hosts", str(n), "--rate", self.args.rate, "--slow",
                 ",".join(str(i) for i in range(n)), "--owner-pid", str(os.getpid()))
-        port = 29500 + random.randrange(400)
+        port = 29500 + 2 * random.randrange(200)
         self.master_address = f"{self.addr(0)}:{port}"
-        self.master = subprocess.Popen(
-            [TESTBED, "exec", "--name", self.name, "0", "--", "env",
-             f"LBCC_PEER_TIMEOUT_MS={PEER_TIMEOUT_MS}", self.master_bin, "--job_id", "churn",
-             "--listen", self.master_address, "--min_members", "2"],
-            stdout=open(os.path.join(self.workdir, "master.log"), "w"), stderr=subprocess.STDOUT)
+        master_log = open(os.path.join(self.workdir, "master.log"), "w")
+        if self.args.layout == "full":
+            self.master = subprocess.Popen(
+                [TESTBED, "exec", "--name", self.name, "0", "--", "env",
+                 f"LBCC_PEER_TIMEOUT_MS={PEER_TIMEOUT_MS}", self.master_bin, "--job_id", "churn",
+                 "--listen", self.master_address, "--min_members", "2"],
+                stdout=master_log, stderr=subprocess.STDOUT)
+        else:  # the two shard jobs' services, sharing the units, in one process
+            self.master_address += f",{self.addr(0)}:{port + 1}"
+            self.master = subprocess.Popen(
+                [TESTBED, "exec", "--name", self.name, "0", "--", "env",
+                 f"LBCC_PEER_TIMEOUT_MS={PEER_TIMEOUT_MS}", "ELASTIC_ROLE=master",
+                 "ELASTIC_JOBS=shard0,shard1", f"ELASTIC_LISTEN={self.master_address}",
+                 "ELASTIC_MIN_MEMBERS=2", self.member_bin],
+                stdin=subprocess.PIPE, stdout=master_log, stderr=subprocess.STDOUT)
         for host in range(1, n):
             self.start_member(host)
 
@@ -176,12 +236,16 @@ class Soak:
                 self.unexpected.append(f"{m.name} ({m.event or 'no event'}) exited {code}: {text}")
             if host == 1:
                 self.unexpected.append(f"the observed member {m.name} exited {code}")
+            self.replica_left_done += m.replica_left
             self.start_member(host)
 
+    def replica_left_total(self):
+        return self.replica_left_done + sum(m.replica_left for m in self.members.values())
+
     def sample(self, minute):
-        master = proc_stats(self.master.pid)
+        master = settled_stats(self.master.pid)
         member = self.members[1]
-        observed = proc_stats(member.proc.pid) if member.alive() else None
+        observed = settled_stats(member.proc.pid) if member.alive() else None
         self.samples.append((minute, master, observed, member.commits, load(),
                              sum(self.events.values())))
         log(f"minute {minute:.1f}: master {master}, observed member {observed}, "
@@ -192,8 +256,15 @@ class Soak:
             if m.alive():
                 m.proc.kill()
         if getattr(self, "master", None) and self.master.poll() is None:
-            self.master.terminate()
-            self.master.wait()
+            if self.master.stdin:
+                self.master.stdin.close()  # the master role stops when its stdin closes
+                try:
+                    self.master.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.master.poll() is None:
+                self.master.terminate()
+                self.master.wait()
         self.tb("down", "--name", self.name, check=False)
 
 
@@ -215,20 +286,21 @@ def build(workdir):
 
 
 def summarize(soak, args, minutes_run, load_before, load_after):
-    rows = ["| minute | master RSS (KiB) | fds | threads | observed member RSS (KiB) | fds | "
-            "threads | its commits | load |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| minute | master RSS (KiB) | fds (peak) | threads (peak) | observed member RSS "
+            "(KiB) | fds (peak) | threads (peak) | its commits | load |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for minute, master, member, commits, ld, _ in soak.samples:
-        m = master or ("-", "-", "-")
-        o = member or ("-", "-", "-")
-        rows.append(f"| {minute:.0f} | {m[0]} | {m[1]} | {m[2]} | {o[0]} | {o[1]} | {o[2]} | "
-                    f"{commits} | {ld} |")
+        m = master or ("-",) * 5
+        o = member or ("-",) * 5
+        rows.append(f"| {minute:.0f} | {m[0]} | {m[1]} ({m[3]}) | {m[2]} ({m[4]}) | {o[0]} | "
+                    f"{o[1]} ({o[3]}) | {o[2]} ({o[4]}) | {commits} | {ld} |")
     steady = [s for s in soak.samples if s[0] >= 5]
     verdict = []
     for label, idx in (("master", 1), ("observed member", 2)):
         seen = [s[idx] for s in soak.samples if s[idx] is not None]
         if seen:
-            verdict.append(f"- {label}, whole run: at most {max(x[2] for x in seen)} threads, "
-                           f"{max(x[1] for x in seen)} fds, {max(x[0] for x in seen)} KiB RSS "
+            verdict.append(f"- {label}, whole run: at most {max(x[4] for x in seen)} threads, "
+                           f"{max(x[3] for x in seen)} fds, {max(x[0] for x in seen)} KiB RSS "
                            f"({len(seen)} samples)")
     for label, idx in (("master", 1), ("observed member", 2)):
         series = [s[idx] for s in steady if s[idx] is not None]
@@ -241,14 +313,21 @@ def summarize(soak, args, minutes_run, load_before, load_after):
         per_event = f", {(rss1 - rss0) / events:.1f} KiB per event ({events} events)" if events else ""
         fds = [s[1] for s in series]
         threads = [s[2] for s in series]
+        peaks = f"; peaks fds {min(s[3] for s in series)}-{max(s[3] for s in series)}, threads " \
+                f"{min(s[4] for s in series)}-{max(s[4] for s in series)}"
         verdict.append(
             f"- {label}: RSS {rss0} KiB at minute {steady[0][0]:.0f}, {rss1} KiB at the end = "
             f"{rss1 / rss0:.3f}x{per_event} (goal within 5 %: {'met' if abs(rss1 / rss0 - 1) <= 0.05 else 'NOT met'}); "
-            f"fds {min(fds)}-{max(fds)}, threads {min(threads)}-{max(threads)} from minute 5 on "
-            f"({'flat' if max(fds) == min(fds) and max(threads) == min(threads) else 'NOT flat'})")
+            f"settled fds {min(fds)}-{max(fds)}, threads {min(threads)}-{max(threads)} from minute "
+            f"5 on ({'flat' if max(fds) == min(fds) and max(threads) == min(threads) else 'NOT flat'})"
+            f"{peaks}")
     commits = [s[3] for s in soak.samples]
     verdict.append(f"- events: {soak.events} in {minutes_run:.1f} minutes; the observed member "
-                   f"committed {commits[-1] if commits else 0} steps")
+                   f"committed {commits[-1] if commits else 0} "
+                   f"{'steps' if args.layout == 'full' else 'shard exchanges'}")
+    if args.layout == "pipeline":
+        verdict.append(f"- pipeline stages told that their replica left (and joined again): "
+                       f"{soak.replica_left_total()}")
     verdict.append(f"- unexpected exits: {len(soak.unexpected)}" +
                    "".join(f"\n  - {u}" for u in soak.unexpected[:20]))
     return "\n".join(verdict) + "\n\n" + "\n".join(rows)
@@ -265,8 +344,13 @@ def main():
     parser.add_argument("--kinds", default="kill,stop,leave,cut",
                         help="the events, in turn (a subset of kill,stop,leave,cut)")
     parser.add_argument("--transport", default="ucx", choices=["ucx", "socket"],
-                        help="the members' backend (LBCC_TRANSPORT)")
+                        help="the members' backend (LBCC_TRANSPORT; --layout full only)")
+    parser.add_argument("--layout", default="pipeline", choices=["pipeline", "full"],
+                        help="two shard jobs with full replicas and one two-stage pipeline "
+                             "replica, or one job of full replicas under lbcc-master")
     args = parser.parse_args()
+    if args.layout == "pipeline" and args.transport != "ucx":
+        sys.exit("elastic_soak: --layout pipeline runs over ucx only (use --layout full)")
     if not args.kinds or set(args.kinds.split(",")) - {"kill", "stop", "leave", "cut"}:
         sys.exit(f"elastic_soak: --kinds {args.kinds!r}: a subset of kill,stop,leave,cut")
     if os.geteuid() != 0:
@@ -309,10 +393,19 @@ def main():
             f.write(f"Machine: {platform.node()}, {os.cpu_count()} cores, shared with other jobs.\n")
             f.write(f"Command: `{command}`\n")
             f.write(f"Load average (1, 5, 15 min): {load_before} before, {load()} after.\n")
-            f.write(f"Layout: lbcc-master on testbed host 0, {args.members} members on hosts "
-                    f"1..{args.members} over {args.transport} (every down-link {args.rate}), "
-                    "LBCC_PEER_TIMEOUT_MS "
-                    f"{PEER_TIMEOUT_MS}; member 1 observed and never a victim.\n\n")
+            if args.layout == "full":
+                f.write(f"Layout: lbcc-master on testbed host 0, {args.members} members on "
+                        f"hosts 1..{args.members} over {args.transport}")
+            else:
+                f.write(f"Layout: two shard jobs' membership services sharing one ElasticUnits "
+                        f"in one process on testbed host 0 (the master row), {args.members} "
+                        f"full replicas (members of both jobs) on hosts 1..{args.members}, one "
+                        f"two-stage pipeline replica on hosts {args.members + 1} and "
+                        f"{args.members + 2} (stage 0 in shard 0's job, stage 1 in shard 1's), "
+                        "over ucx")
+            f.write(f" (every down-link {args.rate}), LBCC_PEER_TIMEOUT_MS {PEER_TIMEOUT_MS}; "
+                    "member 1 observed and never a victim; the other members and both stages "
+                    "meet the events.\n\n")
             f.write(summary + "\n")
         log(f"wrote {args.results}")
     shutil.rmtree(workdir, ignore_errors=True)

@@ -296,7 +296,8 @@ int RunTestbedBench() {
 // ELASTIC_STAGES make it a pipeline stage. Prints "ADMITTED <shard> <step>" when admitted,
 // "COMMIT <shard> <step> <out hash>" per committed exchange and "REPLICA_LEFT <shard> <message>"
 // when its pipeline replica left (it then joins again, as a trainer would once its other
-// stages are back). Runs until stdin closes.
+// stages are back). Runs until stdin closes; exits 3 when it was evicted itself (as the member
+// program does), 1 on another error.
 int RunUnitMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
   std::atomic<bool> stop{false};
@@ -317,6 +318,7 @@ int RunUnitMember() {
     std::unique_ptr<ElasticGroup> group;
   };
   std::vector<Shard> held(shards.size());
+  int code = 1;  // the exit code of a failed join
   auto join = [&](Shard& sh) {
     ElasticOptions o;
     o.master_address = masters[sh.index];
@@ -339,6 +341,7 @@ int RunUnitMember() {
     if (!g.ok()) {
       std::printf("ERROR join %s\n", g.status().ToString().c_str());
       std::fflush(stdout);
+      code = stop ? 0 : absl::IsFailedPrecondition(g.status()) ? 3 : 1;
       return false;
     }
     sh.group = std::move(*g);
@@ -349,7 +352,7 @@ int RunUnitMember() {
   };
   for (size_t i = 0; i < shards.size(); ++i) {
     held[i].index = shards[i];
-    if (!join(held[i])) return 1;
+    if (!join(held[i])) return code;
   }
   while (!stop) {
     absl::SleepFor(kInnerSteps);
@@ -377,11 +380,11 @@ int RunUnitMember() {
         std::fflush(stdout);
         (void)sh.group->Leave();
         if (stop) break;
-        if (!join(sh)) return stop ? 0 : 1;
+        if (!join(sh)) return stop ? 0 : code;
       } else if (!stop) {
         std::printf("ERROR %d %s\n", sh.index, s.ToString().c_str());
         std::fflush(stdout);
-        return 1;
+        return absl::IsFailedPrecondition(s) ? 3 : 1;  // 3: evicted
       }
     }
   }
@@ -389,24 +392,40 @@ int RunUnitMember() {
   return 0;
 }
 
-// Master mode (ELASTIC_ROLE=master, elastic_cut_test.sh): an ElasticMaster for job "churn" on
-// ELASTIC_LISTEN (bootstrap roots on its host, ELASTIC_MIN_MEMBERS to form), until stdin closes.
+// Master mode (ELASTIC_ROLE=master, elastic_cut_test.sh, bench/elastic_soak.py): an
+// ElasticMaster per address in ELASTIC_LISTEN (comma-separated; bootstrap roots on its host,
+// ELASTIC_MIN_MEMBERS to form), for job "churn", or for the jobs in ELASTIC_JOBS (as many, in
+// order; several share one ElasticUnits, as a model's shard jobs do), until stdin closes.
 int RunMasterRole() {
-  ElasticMasterOptions mo;
-  mo.job_id = "churn";
-  mo.listen_address = std::getenv("ELASTIC_LISTEN");
-  mo.min_members = std::atoi(std::getenv("ELASTIC_MIN_MEMBERS"));
-  absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
-  if (!master.ok()) {
-    std::printf("ERROR master %s\n", master.status().ToString().c_str());
-    return 1;
+  const std::vector<std::string> listen = absl::StrSplit(std::getenv("ELASTIC_LISTEN"), ',');
+  const char* jobs_env = std::getenv("ELASTIC_JOBS");
+  const std::vector<std::string> jobs =
+      absl::StrSplit(jobs_env != nullptr ? jobs_env : "churn", ',');
+  if (jobs.size() != listen.size()) {
+    std::printf("ERROR master: %zu jobs for %zu addresses\n", jobs.size(), listen.size());
+    return 2;
   }
-  std::printf("MASTER %s\n", (*master)->address().c_str());
-  std::fflush(stdout);
+  std::shared_ptr<ElasticUnits> units = jobs.size() > 1 ? NewElasticUnits() : nullptr;
+  std::vector<std::unique_ptr<ElasticMaster>> masters;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ElasticMasterOptions mo;
+    mo.job_id = jobs[i];
+    mo.listen_address = listen[i];
+    mo.min_members = std::atoi(std::getenv("ELASTIC_MIN_MEMBERS"));
+    mo.units = units;
+    absl::StatusOr<std::unique_ptr<ElasticMaster>> master = ElasticMaster::Start(mo);
+    if (!master.ok()) {
+      std::printf("ERROR master %s\n", master.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("MASTER %s\n", (*master)->address().c_str());
+    std::fflush(stdout);
+    masters.push_back(std::move(*master));
+  }
   char c;
   while (read(0, &c, 1) > 0) {
   }
-  (*master)->Stop();
+  for (auto& m : masters) m->Stop();
   return 0;
 }
 
