@@ -21,7 +21,11 @@
 // Semantics (docs/elastic.md has the why):
 //   - Every phase (a Boundary that moves shared state, a SparseAllReduce) commits on every
 //     member of its epoch or on none: the master decides from every member's report, so no
-//     member applies an error-feedback update that another rolled back.
+//     member applies an error-feedback update that another rolled back. The exception is a
+//     member dropped before the decision (killed, evicted, its pipeline replica gone) after its
+//     SparseAllReduce returned OK: the others may roll that step back and run it again without
+//     it; it learns from its next call's error, and when admitted again its first Boundary()
+//     replaces its shared state.
 //   - A member that dies, is cut off or stops (SIGSTOP) is dropped by the master (its TCP
 //     connection closes, or it is silent for the peer timeout); the master hands out a new
 //     epoch, the survivors' running call fails with Aborted "membership changed: ... (epoch
