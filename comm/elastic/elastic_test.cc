@@ -80,11 +80,15 @@ struct Member {
   // it from there to a member whose exchange failed).
   std::vector<float> out = std::vector<float>(kElements);
   int aborted = 0;
+  absl::Duration op_timeout = absl::Seconds(30);
+  absl::Duration setup_timeout = absl::ZeroDuration();  // zero: the group's default
 
   absl::Status Join(const ElasticMaster& master, const std::string& name,
                     int64_t state_step = -1) {
     ElasticOptions o = MemberOptions(master, name);
     o.state_step = state_step;
+    o.op_timeout = op_timeout;
+    if (setup_timeout > absl::ZeroDuration()) o.comm_config.timeout = setup_timeout;
     LBCC_ASSIGN_OR_RETURN(TensorView p, TensorView::Host(params.data(), {kElements}));
     LBCC_ASSIGN_OR_RETURN(group, ElasticGroup::Join(o, {p}));
     return absl::OkStatus();
@@ -305,6 +309,33 @@ TEST(ElasticTest, LeavingWhileOthersAreInAStepAbortsAndRetriesOverTheSurvivors) 
   EXPECT_EQ(m[0].out_hash, m[1].out_hash);
   EXPECT_EQ(m[0].committed, (std::vector<uint64_t>{0, 1, 2}));
   for (int i = 0; i < 4; ++i) ExpectErrorFeedbackExact(m[i], *codec);
+}
+
+// A member that stays in the group but never comes to the exchange (a trainer held inside its
+// other shard group's call) keeps the master from deciding the step the others failed: they
+// leave the group after the set-up and operation timeouts with DeadlineExceeded, states rolled
+// back, instead of waiting for ever.
+TEST(ElasticTest, AMemberThatNeverComesToTheExchangeHoldsTheOthersOnlyForTheTimeouts) {
+  auto master = StartMaster(2);
+  auto codec = Codec();
+  Member m[2];
+  for (int i = 0; i < 2; ++i) {
+    m[i].seed = i;
+    m[i].op_timeout = absl::Seconds(1);
+    m[i].setup_timeout = absl::Seconds(2);
+  }
+  for (const absl::Status& s : JoinAll(*master, {&m[0], &m[1]})) ASSERT_THAT(s, IsOk());
+  for (const absl::Status& s : RunSteps({&m[0], &m[1]}, 1, *codec)) ASSERT_THAT(s, IsOk());
+  // Member 1 makes no call; member 0's exchange of step 1 fails at its operation timeout and
+  // waits for a decision that needs member 1's report.
+  const absl::Status s = m[0].Step(*codec);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                          AllOf(HasSubstr("no decision on step 1"),
+                                HasSubstr("this member left the group"))));
+  EXPECT_EQ(m[0].committed, (std::vector<uint64_t>{0}));
+  ExpectErrorFeedbackExact(m[0], *codec);  // step 1's update rolled back
+  // Out for good: its next call says so at once.
+  EXPECT_THAT(m[0].group->Boundary(), StatusIs(absl::StatusCode::kDeadlineExceeded));
 }
 
 TEST(ElasticTest, ANewcomerWaitsForTheStepInFlightThenGetsTheState) {

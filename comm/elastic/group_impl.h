@@ -115,6 +115,8 @@ class ElasticGroup::Impl : public std::enable_shared_from_this<ElasticGroup::Imp
   absl::Status SettleHeldLocked(absl::Time deadline, absl::Duration limit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ForwardStep(const Acquired& a, ForwardTarget* target);
+  bool AwaitDecisionLocked(const DecisionKey& key, uint64_t epoch, elastic::Phase phase,
+                           uint64_t step, bool or_new_epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BeginPhase(const Acquired& a);
   void EndPhase();
   void Report(const Acquired& a, elastic::Phase phase, uint64_t step, const absl::Status& local);

@@ -118,14 +118,12 @@ absl::Status ElasticGroup::Impl::FailedStep(
   absl::Status fatal;
   {
     MutexLock lock(&mu_);
-    mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return left_ || !fatal_.ok() || decisions_.count(key) > 0;
-    });
+    const bool decided = AwaitDecisionLocked(key, a.info.epoch, Phase::kStep, a.step, false);
     if (left_) {
       fatal = LeftError();
     } else if (!fatal_.ok()) {
       fatal = fatal_;
-    } else {
+    } else if (decided) {
       decision = decisions_[key];
     }
   }
@@ -327,6 +325,31 @@ void ElasticGroup::Impl::EndPhase() {
   close_after_phase_.clear();
 }
 
+// Waits for the master's decision on `key` (or this member leaving or failing; with
+// `or_new_epoch`, a newer epoch). The master decides once every member of the epoch is accounted
+// for, and a member held inside another group's call (a trainer stepping its model's shard
+// groups one after the other) never is: bounded by the set-up and operation timeouts, after
+// which this member fails out of the group (DeadlineExceeded: Join again), so that the master
+// drops it and decides without it. True when the decision is there.
+bool ElasticGroup::Impl::AwaitDecisionLocked(const DecisionKey& key, uint64_t epoch, Phase phase,
+                                             uint64_t step, bool or_new_epoch) {
+  const absl::Duration limit = setup_timeout_ + options_.op_timeout;
+  const bool done = mu_.AwaitWithTimeout(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return left_ || !fatal_.ok() || decisions_.count(key) > 0 ||
+               (or_new_epoch && info_.epoch > epoch);
+      },
+      limit);
+  if (!done) {
+    FailLocked(absl::DeadlineExceededError(absl::StrCat(
+        "ElasticGroup: no decision on ", phase == Phase::kStep ? "step " : "the phase of step ",
+        step, " of epoch ", epoch, " within ", absl::FormatDuration(limit),
+        " (a member of the epoch neither reported nor left: one held in another group's call "
+        "cannot); this member left the group: Join again")));
+  }
+  return decisions_.count(key) > 0;
+}
+
 void ElasticGroup::Impl::Report(const Acquired& a, Phase phase, uint64_t step,
                                 const absl::Status& local) {
   Message report;
@@ -364,9 +387,7 @@ absl::Status ElasticGroup::Impl::AwaitPhaseDecision(const Acquired& a, Phase pha
   {
     MutexLock lock(&mu_);
     const DecisionKey key = Key(a.info.epoch, phase, a.step);
-    mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return left_ || !fatal_.ok() || decisions_.count(key) > 0 || info_.epoch > a.info.epoch;
-    });
+    (void)AwaitDecisionLocked(key, a.info.epoch, phase, a.step, true);
     if (decisions_.count(key)) {
       decided = true;
       decision = decisions_[key];
