@@ -94,6 +94,7 @@ class Member:
         self.lines = []
         self.commits = 0
         self.replica_left = 0
+        self.rejoins = 0
         self.event = None  # what was done to it, if anything
         env = ["env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", "UCX_MEM_EVENTS=no",
                f"LBCC_LISTEN_ADDR={soak.addr(host)}", f"LBCC_PEER_TIMEOUT_MS={PEER_TIMEOUT_MS}",
@@ -121,6 +122,9 @@ class Member:
                 self.commits += 1
             elif line.startswith("REPLICA_LEFT"):  # told; it joins again by itself
                 self.replica_left += 1
+            elif line.startswith("REJOIN"):  # left for want of a decision; joins again
+                self.rejoins += 1
+                self.lines.append(line.rstrip())
             elif line.strip():
                 self.lines.append(line.rstrip())
 
@@ -141,6 +145,7 @@ class Soak:
         self.unexpected = []
         self.samples = []
         self.replica_left_done = 0  # notices of members restarted since
+        self.rejoins_done = 0
 
     def tb(self, *argv, check=True):
         return subprocess.run([TESTBED] + list(argv), check=check, capture_output=True,
@@ -237,10 +242,14 @@ class Soak:
             if host == 1:
                 self.unexpected.append(f"the observed member {m.name} exited {code}")
             self.replica_left_done += m.replica_left
+            self.rejoins_done += m.rejoins
             self.start_member(host)
 
     def replica_left_total(self):
         return self.replica_left_done + sum(m.replica_left for m in self.members.values())
+
+    def rejoin_total(self):
+        return self.rejoins_done + sum(m.rejoins for m in self.members.values())
 
     def sample(self, minute):
         master = settled_stats(self.master.pid)
@@ -327,7 +336,9 @@ def summarize(soak, args, minutes_run, load_before, load_after):
                    f"{'steps' if args.layout == 'full' else 'shard exchanges'}")
     if args.layout == "pipeline":
         verdict.append(f"- pipeline stages told that their replica left (and joined again): "
-                       f"{soak.replica_left_total()}")
+                       f"{soak.replica_left_total()}; members that left a shard's group for "
+                       f"want of a decision (DeadlineExceeded) and joined again: "
+                       f"{soak.rejoin_total()}")
     verdict.append(f"- unexpected exits: {len(soak.unexpected)}" +
                    "".join(f"\n  - {u}" for u in soak.unexpected[:20]))
     return "\n".join(verdict) + "\n\n" + "\n".join(rows)

@@ -296,7 +296,7 @@ int RunTestbedBench() {
 // ELASTIC_STAGES make it a pipeline stage. Prints "ADMITTED <shard> <step>" when admitted,
 // "COMMIT <shard> <step> <out hash>" per committed exchange and "REPLICA_LEFT <shard> <message>"
 // when its pipeline replica left (it then joins again, as a trainer would once its other
-// stages are back). Runs until stdin closes; exits 3 when it was evicted itself (as the member
+// stages are back), "REJOIN <shard> <message>" when it left the group for want of a decision. Runs until stdin closes; exits 3 when it was evicted itself (as the member
 // program does), 1 on another error.
 int RunUnitMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
@@ -375,8 +375,11 @@ int RunUnitMember() {
         std::printf("COMMIT %d %llu %016llx\n", sh.index, static_cast<unsigned long long>(step),
                     static_cast<unsigned long long>(Hash(sh.out)));
         std::fflush(stdout);
-      } else if (IsReplicaLeft(s)) {
-        std::printf("REPLICA_LEFT %d %s\n", sh.index, s.ToString().c_str());
+      } else if (IsReplicaLeft(s) || absl::IsDeadlineExceeded(s)) {
+        // Its replica left, or it left the group itself (no decision within the timeouts: it
+        // was held in its other shard's call): it joins again, as the status says.
+        std::printf("%s %d %s\n", IsReplicaLeft(s) ? "REPLICA_LEFT" : "REJOIN", sh.index,
+                    s.ToString().c_str());
         std::fflush(stdout);
         (void)sh.group->Leave();
         if (stop) break;
