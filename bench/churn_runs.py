@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from baselines import load as loadavg  # /proc/loadavg's 1, 5 and 15 minute averages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = ["//comm/elastic:elastic_units_c_api_test", "//comm/elastic:elastic_churn_test"]
 PATCHED = os.path.expanduser("~/.cache/lbcc/ucx-1.13.1-lbcc")
@@ -34,10 +36,6 @@ PATCHED = os.path.expanduser("~/.cache/lbcc/ucx-1.13.1-lbcc")
 ABORT = re.compile(r"Assertion `|SIGABRT|Aborted \(core|signal 6\b|exit(ed)? (code|status) 134")
 BACKTRACE = "backtrace:"  # Separates a failure's telling lines from UCX's backtrace frames.
 CRASH = re.compile(r"SIGSEGV|Segmentation fault|signal 11\b|exit(ed)? (code|status) 139")
-
-
-def loadavg():
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def log(msg):

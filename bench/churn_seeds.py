@@ -24,12 +24,10 @@ import sys
 import tempfile
 import time
 
+from baselines import load as loadavg  # /proc/loadavg's 1, 5 and 15 minute averages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HETERO = os.path.join(ROOT, "examples", "hetero_training")
-
-
-def loadavg():
-    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def log(msg):

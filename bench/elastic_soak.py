@@ -47,6 +47,8 @@ import tempfile
 import threading
 import time
 
+from baselines import load  # /proc/loadavg's 1, 5 and 15 minute averages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTBED = os.path.join(ROOT, "tools/testbed/testbed")
 PEER_TIMEOUT_MS = 3000
@@ -275,11 +277,6 @@ class Soak:
                 self.master.terminate()
                 self.master.wait()
         self.tb("down", "--name", self.name, check=False)
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def build(workdir):

@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from baselines import load as loadavg  # /proc/loadavg's 1, 5 and 15 minute averages
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TESTBED = os.path.join(ROOT, "tools", "testbed", "testbed")
 EXAMPLE = os.path.join(ROOT, "examples", "hetero_training")
@@ -112,11 +114,6 @@ def worker(a):
         with open(a.result, "w") as f:
             json.dump([r for g in gathered for r in json.loads(g)], f)
     comm.close()
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def payload_bytes(top_k):

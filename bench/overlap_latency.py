@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from baselines import load as loadavg  # /proc/loadavg's 1, 5 and 15 minute averages
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TESTBED = os.path.join(ROOT, "tools", "testbed", "testbed")
 
@@ -104,11 +106,6 @@ def worker(a):
                        "payload_bytes": payload_bytes,
                        "act_bytes": len(codec.encode(act))}, f)
     comm.close()
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def pct(xs, q):
