@@ -167,7 +167,10 @@ void ElasticGroup::Impl::FailLocked(absl::Status why) {
   CancelSetupLocked(absl::CancelledError(absl::StrCat(
       "ElasticGroup ", options_.name, ": the group failed (", why.message(), ")")));
   fatal_ = std::move(why);
-  if (comm_) RetireLocked(comm_);
+  // Out of the group, this member has no outcome left to agree on: its control connections
+  // close too, even inside a phase, so that its own call ends now (not when its peers' votes
+  // come, or their connections close) and its peers see it gone at once.
+  if (comm_) elastic::AbortSoon(comm_, /*control=*/true);
 }
 
 absl::Status ElasticGroup::Impl::MasterLost(absl::string_view how) const {
