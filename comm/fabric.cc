@@ -140,6 +140,11 @@ struct Latch {
 
 }  // namespace
 
+absl::Status BackendAvailable(const std::string& backend) {
+  if (backend == "ucx") return transport::UcxAvailable();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Create(const UniqueId& id, int nranks, int rank,
                                                        FabricOptions options) {
   const std::shared_ptr<Cancellation> cancel = std::move(options.cancel);

@@ -189,6 +189,11 @@ class Fabric {
   const std::shared_ptr<const AbortRecord> abort_record_ = abort_;
 };
 
+// OK when a transport of `backend` ("ucx", "socket", "loopback") can be created in this process
+// at all; FailedPrecondition naming why not (UCX could not be loaded). Settles before any peer
+// is involved what every set-up would otherwise fail on.
+absl::Status BackendAvailable(const std::string& backend);
+
 // The rank (the Fabric's numbering) a failure concerns, carried in the Status's message (a
 // trailing " [failed peer N]") where the fabric knows it: a set-up's connection to that rank
 // failed. Elastic members report it to the master, which drops a member its peers cannot reach

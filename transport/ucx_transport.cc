@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "transport/ucx_engine.h"
 
@@ -37,7 +38,17 @@ class UcxTransport final : public Transport {
 
 }  // namespace
 
+absl::Status UcxAvailable() {
+  const ucx_api::LoadInfo& info = ucx_api::Info();
+  if (info.loaded) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "UCX could not be loaded (", info.error,
+      "): install UCX (Debian: libucx0), point LBCC_UCX_LIBRARY at a libucp.so.0, or choose "
+      "another transport (LBCC_TRANSPORT=socket)"));
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> NewUcxTransport(const TransportOptions& options) {
+  LBCC_RETURN_IF_ERROR(UcxAvailable());
   LBCC_ASSIGN_OR_RETURN(std::shared_ptr<Engine> engine, Engine::Create(options));
   return std::make_unique<UcxTransport>(std::move(engine));
 }

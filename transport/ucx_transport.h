@@ -32,9 +32,13 @@
 
 namespace lbcc::transport {
 
-// Errors: Unavailable when UCX cannot start (no usable transport or device), InvalidArgument for a
-// UCX setting it rejects.
+// Errors: FailedPrecondition when UCX could not be loaded (UcxAvailable), Unavailable when UCX
+// cannot start (no usable transport or device), InvalidArgument for a UCX setting it rejects.
 absl::StatusOr<std::unique_ptr<Transport>> NewUcxTransport(const TransportOptions& options);
+
+// OK when this process could load UCX (transport/ucx_api.h), else FailedPrecondition naming the
+// loader's error: a property of the machine, the same for every transport the process creates.
+absl::Status UcxAvailable();
 
 }  // namespace lbcc::transport
 

@@ -40,7 +40,8 @@
 //
 // Errors: Aborted (membership changed or another member's phase failed: retry), Unavailable
 // (the master is lost), FailedPrecondition (evicted, its pipeline replica left (IsReplicaLeft),
-// refused as stale, or Leave()d; misuse),
+// refused as stale, or Leave()d; misuse; from Join, a transport this process cannot create at
+// all, such as UCX that could not be loaded),
 // InvalidArgument (bad options or input; a wrong job id), DataLoss (shared state whose hash
 // differs, corrupt master messages), DeadlineExceeded (not admitted before join_timeout).
 //

@@ -11,6 +11,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "comm/config.h"
 #include "comm/elastic/background.h"
 #include "comm/elastic/group_impl.h"
 #include "comm/fabric.h"
@@ -62,6 +63,16 @@ absl::Status ElasticGroup::Impl::Join() {
         "ElasticGroup: no master address (ElasticOptions.master_address or LBCC_MASTER_ADDR)");
   }
   LBCC_RETURN_IF_ERROR(CheckOptions());
+  {
+    // A transport this process cannot create at all (UCX not loadable) would fail every epoch's
+    // set-up on every such member, and the master would hand out new epochs for ever.
+    LBCC_ASSIGN_OR_RETURN(const CommConfig resolved, ResolveConfig(options_.comm_config));
+    const std::string backend = resolved.backend.value_or("ucx");
+    if (absl::Status s = BackendAvailable(backend); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("ElasticGroup: the ", backend,
+                                                 " transport: ", s.message()));
+    }
+  }
   if (options_.name.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
