@@ -368,6 +368,10 @@ def main():
         sys.exit(f"elastic_soak: {why.stdout.strip()}")
     command = "bench/elastic_soak.py " + " ".join(sys.argv[1:])
     workdir = tempfile.mkdtemp(prefix="lbcc_soak_")
+    git = lambda *a: subprocess.run(["git"] + list(a), cwd=ROOT, capture_output=True,
+                                    text=True).stdout.strip()
+    tree = git("rev-parse", "--short", "HEAD") + (" with changes" if git("status", "--porcelain",
+                                                                          "-uno") else "")
     build(workdir)
     load_before = load()
     soak = Soak(args, workdir)
@@ -398,7 +402,8 @@ def main():
                     "(bench/elastic_soak.py)\n\n")
             f.write("Written by the script; do not edit. Date: "
                     f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC.\n")
-            f.write(f"Machine: {platform.node()}, {os.cpu_count()} cores, shared with other jobs.\n")
+            f.write(f"Machine: {platform.node()}, {os.cpu_count()} cores, shared with other jobs. "
+                    f"Tree: {tree}.\n")
             f.write(f"Command: `{command}`\n")
             f.write(f"Load average (1, 5, 15 min): {load_before} before, {load()} after.\n")
             if args.layout == "full":
