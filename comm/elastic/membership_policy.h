@@ -127,9 +127,10 @@ class MembershipPolicy {
     bool synced = false;  // holds the shared state
     // The newest (epoch, step) it reported or entered: it takes part in no older exchange.
     std::pair<uint64_t, uint64_t> last{0, 0};
-    // A pipeline stage (ElasticOptions::replica): its replica and stage.
+    // A pipeline stage (ElasticOptions::replica): its replica, stage and the replica's stages.
     std::string replica;
     int stage = 0;
+    int replica_stages = 0;
   };
   struct Report {
     Phase phase;

@@ -526,6 +526,35 @@ TEST_F(PipelineUnitTest, AWaitingStageGoesBackToWaitingWhenItsSiblingLeaves) {
   EXPECT_NE(again, p1);
 }
 
+// Stage 0 misses its replica's outer step (its job committed that step without admitting: a
+// member that failed it was gone) while stage 1 was admitted in the other job: stage 1 is
+// evicted and stage 0 waits again for a whole replica. It used to come back into a unit made
+// anew with no stage count: released alone, and every later stage 1 refused ("has 0 stages").
+TEST_F(PipelineUnitTest, AStageThatMissedItsStepWaitsForAWholeReplicaAgain) {
+  const uint64_t fa2 = a_.Join("full-a2");
+  a_.CommitStep(0);  // fa2 admitted
+  b_.CommitStep(0);
+  ASSERT_THAT(a_.policy.member_ids(), ElementsAre(fa_, fa2));
+  const uint64_t p0 = a_.Join("p0", "p", 0, 2);
+  const uint64_t p1 = b_.Join("p1", "p", 1, 2);  // released: both at outer step 2
+  b_.CommitStep(1);
+  ASSERT_THAT(b_.policy.member_ids(), ElementsAre(fb_, p1));
+  a_.Report(fa_, a_.policy.epoch(), 1, true);
+  a_.policy.Lost(fa2, "connection reset");  // step 1 committed without fa2: nobody admitted
+  a_.CommitStep(2);                          // A at step 3: p0 missed step 2
+  EXPECT_TRUE(b_.out.Last(p1, MsgType::kEvicted).replica_left);
+  EXPECT_THAT(a_.policy.member_ids(), ElementsAre(fa_));
+  EXPECT_TRUE(a_.policy.connected(p0));
+  EXPECT_EQ(a_.policy.waiting(), 0);  // not released without stage 1
+  ASSERT_EQ(units_.units.count("p"), 1u);
+  EXPECT_EQ(units_.units["p"].stages, 2);
+  EXPECT_FALSE(units_.units["p"].released);
+  const uint64_t p1_again = b_.Join("p1-again", "p", 1, 2);
+  EXPECT_TRUE(b_.policy.connected(p1_again));  // not refused
+  EXPECT_EQ(a_.policy.waiting(), 1);
+  EXPECT_EQ(b_.policy.waiting(), 1);
+}
+
 TEST_F(PipelineUnitTest, ANewIncarnationOfAStageReplacesTheOldOne) {
   const uint64_t p0 = a_.Join("p0", "p", 0, 2);
   const uint64_t p0_again = a_.Join("p0-again", "p", 0, 2);

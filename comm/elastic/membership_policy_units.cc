@@ -17,6 +17,7 @@ namespace lbcc::comm::elastic {
 void MembershipPolicy::JoinUnit(Conn& conn, const Message& m) {
   conn.replica = m.replica;
   conn.stage = static_cast<int>(m.stage);
+  conn.replica_stages = static_cast<int>(m.replica_stages);
   auto found = units_->units.find(m.replica);
   if (found != units_->units.end()) {
     auto old = found->second.present.find(conn.stage);
@@ -110,9 +111,12 @@ void MembershipPolicy::EvictStage(const UnitTable::Stage& stage, const std::stri
   FlushFailedSends();
 }
 
-// Puts a stage that missed its replica's step back into its unit (waiting for a release).
+// Puts a stage that missed its replica's step back into its unit (waiting for a release). The
+// unit may be gone (LoseStage erases one left with no stage): made anew with its stage count,
+// else it would count none, release this stage alone and refuse its siblings for ever.
 void MembershipPolicy::RegisterAgain(const Conn& conn) {
   UnitTable::Unit& unit = units_->units[conn.replica];
+  unit.stages = conn.replica_stages;
   unit.present[conn.stage] = UnitTable::Stage{this, conn.id, conn.name};
   ReleaseUnit(conn.replica);
 }
