@@ -143,6 +143,10 @@ struct ElasticOptions {
   // The per-epoch communicator (backend, listen host, ...). Its timeout bounds the epoch's
   // set-up (unset: the master's setup timeout); operations use op_timeout.
   CommConfig comm_config;
+  // Bounds each operation, and with the set-up timeout each wait for the master's decision on
+  // a step or phase, which needs every member's next call on the group: past it this member
+  // fails out of the group with DeadlineExceeded (Join again). Keep it above the time between
+  // a member's outer steps (its inner steps).
   absl::Duration op_timeout = absl::Seconds(300);
   absl::Duration join_timeout = absl::Minutes(10);  // waiting to be admitted
   absl::Duration peer_timeout = absl::ZeroDuration();  // zero: LBCC_PEER_TIMEOUT_MS
