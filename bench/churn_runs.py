@@ -20,9 +20,9 @@ command, UCX library) itself, after every batch. Not in CI.
 
 import argparse
 import os
-import shutil
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time

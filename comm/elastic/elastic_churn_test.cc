@@ -296,8 +296,9 @@ int RunTestbedBench() {
 // ELASTIC_STAGES make it a pipeline stage. Prints "ADMITTED <shard> <step>" when admitted,
 // "COMMIT <shard> <step> <out hash>" per committed exchange and "REPLICA_LEFT <shard> <message>"
 // when its pipeline replica left (it then joins again, as a trainer would once its other
-// stages are back), "REJOIN <shard> <message>" when it left the group for want of a decision. Runs until stdin closes; exits 3 when it was evicted itself (as the member
-// program does), 1 on another error.
+// stages are back), "REJOIN <shard> <message>" when it left the group for want of a decision.
+// Runs until stdin closes; exits 3 when it was evicted itself (as the member program does), 1 on
+// another error.
 int RunUnitMember() {
   const int seed = std::atoi(std::getenv("ELASTIC_SEED"));
   std::atomic<bool> stop{false};
@@ -700,7 +701,12 @@ TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
   // survivors run it again in the next epoch. Such a last step is checked against nobody.
   std::map<uint64_t, std::string> seen;  // step -> "epoch out params"
   std::map<uint64_t, int> count;
-  std::vector<std::string> unconfirmed;  // "name exit step epoch out params" of such last steps
+  struct Unconfirmed {
+    const Child* member;
+    uint64_t step;
+    std::string value;  // "epoch out params"
+  };
+  std::vector<Unconfirmed> unconfirmed;
   std::vector<double> join_ms, first_ms;
   for (const ChildPtr& c : done) {
     EXPECT_EQ(c->output.find("EF MISMATCH"), std::string::npos) << c->name << ":\n" << c->output;
@@ -722,8 +728,7 @@ TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
       }
     }
     if (c->exit_code != 0 && !commits.empty()) {
-      unconfirmed.push_back(absl::StrCat(c->name, " ", c->exit_code, " ", commits.back().first,
-                                         " ", commits.back().second));
+      unconfirmed.push_back({c.get(), commits.back().first, commits.back().second});
       commits.pop_back();
     }
     for (const auto& [step, v] : commits) {
@@ -732,15 +737,13 @@ TEST(ElasticChurnTest, MembersKilledStoppedAndRestartedNeverBreakTheJob) {
       ++count[step];
     }
   }
-  for (const std::string& u : unconfirmed) {
-    std::vector<std::string> f = absl::StrSplit(u, ' ');
-    uint64_t step = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(f[2], &step));
-    auto it = seen.find(step);
-    if (it != seen.end() && it->second != absl::StrCat(f[3], " ", f[4], " ", f[5])) {
-      std::printf("step %s, the last one %s (exit %s) committed (in epoch %s), was rolled back and "
-                  "run again by the others (epoch, out, params: %s)\n",
-                  f[2].c_str(), f[0].c_str(), f[1].c_str(), f[3].c_str(), it->second.c_str());
+  for (const Unconfirmed& u : unconfirmed) {
+    auto it = seen.find(u.step);
+    if (it != seen.end() && it->second != u.value) {
+      std::printf("step %llu, the last one %s (exit %d) committed (epoch, out, params: %s), was "
+                  "rolled back and run again by the others (%s)\n",
+                  static_cast<unsigned long long>(u.step), u.member->name.c_str(),
+                  u.member->exit_code, u.value.c_str(), it->second.c_str());
     }
   }
   EXPECT_GE(seen.size(), static_cast<size_t>(events + 2));

@@ -5,7 +5,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "base/status_matchers.h"
 #include "comm/elastic/elastic.h"
 #include "gtest/gtest.h"
