@@ -100,7 +100,8 @@ constexpr Spec kSpecs[] = {
      "Whether peers can dial this rank: no (behind NAT or a firewall that refuses inbound "
      "connections: it dials every connection of its links and its peers use them; needs "
      "LBCC_TRANSPORT=socket), yes, or auto (no when the address it listens on is not the one "
-     "the bootstrap root saw its connection come from: NAT).",
+     "the bootstrap root saw its connection come from: NAT; over the socket backend also when "
+     "the root cannot connect to its listening port: a firewall).",
      "auto|yes|no"},
     {"LBCC_SECRET_IN_ID", Type::kBool, "0",
      "Where a unique id is created (lbccGetUniqueId, CreateUniqueId) and no LBCC_JOB_SECRET is "

@@ -240,7 +240,39 @@ std::string ErrorReply(const absl::Status& status) { return internal::EncodeErro
 struct Joined {
   Fd fd;
   std::string blob;
+  int dial_port = 0;  // kDialBackRequest: the port to dial at the address the rank came from.
+  std::string dial_host;
 };
+
+// Dials every rank that asked (kDialBackRequest), all at once, each for at most
+// kDialBackTimeout, and appends "\n1" (a connection opened; closed at once, nothing sent) or
+// "\n0" to its blob.
+void AnswerDialBacks(std::map<int, Joined>& joined, absl::Time deadline) {
+  std::vector<Joined*> asked;
+  for (auto& [rank, j] : joined) {
+    if (j.dial_port != 0) asked.push_back(&j);
+  }
+  if (asked.empty()) return;
+  const absl::Time until = std::min(deadline, absl::Now() + kDialBackTimeout);
+  std::vector<char> open(asked.size(), 0);
+  std::vector<std::thread> dialers;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (asked[i]->dial_port < 0) continue;
+    dialers.emplace_back([&open, i, j = asked[i], until] {
+      const SockAddr to = FromNumeric(j->dial_host, j->dial_port);
+      Fd fd(socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+      open[i] = fd.get() >= 0 && transport::ConnectBefore(fd.get(), to.get(), to.len, until) == 0;
+    });
+  }
+  for (std::thread& t : dialers) t.join();
+  int closed = 0;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    absl::StrAppend(&asked[i]->blob, "\n", open[i] ? "1" : "0");
+    closed += open[i] ? 0 : 1;
+  }
+  LBCC_LOG(INFO) << "bootstrap: dialed back " << asked.size() << " rank(s): " << closed
+                 << " could not be reached";
+}
 
 // Whether a new connection to a root that has a job secret is a rank without one: its first
 // frame is a bootstrap hello ([u32 length][kHelloMagic]...) instead of a handshake. Peeks, so
@@ -324,12 +356,14 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
       (void)SendFrame(conn.get(), ErrorReply(problem), absl::Now() + absl::Seconds(5));
       continue;
     }
-    std::string blob = std::move(decoded->blob);
-    if (absl::EndsWith(blob, kObservedAddressRequest)) {
-      blob.resize(blob.size() - kObservedAddressRequest.size());
-      absl::StrAppend(&blob, "\n", FormatHost(from));
+    Joined j{std::move(conn), std::move(decoded->blob)};
+    j.dial_host = FormatHost(from);
+    j.dial_port = internal::TakeDialBackRequest(j.blob, j.dial_host);
+    if (absl::EndsWith(j.blob, kObservedAddressRequest)) {
+      j.blob.resize(j.blob.size() - kObservedAddressRequest.size());
+      absl::StrAppend(&j.blob, "\n", FormatHost(from));
     }
-    joined[static_cast<int>(rank)] = Joined{std::move(conn), std::move(blob)};
+    joined[static_cast<int>(rank)] = std::move(j);
   }
   if (cancel != nullptr && cancel->cancelled()) {
     // Superseded (an elastic epoch): the ranks that joined learn it now, not at the deadline.
@@ -355,6 +389,7 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
     for (auto& [rank, j] : joined) (void)SendFrame(j.fd.get(), ErrorReply(status), reply_deadline);
     return;
   }
+  AnswerDialBacks(joined, deadline);
   std::vector<std::string> blobs;
   for (auto& [rank, j] : joined) blobs.push_back(std::move(j.blob));
   const std::string table = internal::EncodeTable(blobs);
@@ -696,6 +731,26 @@ std::string EncodeErrorReply(const absl::Status& status) {
   Append<uint32_t>(&reply, static_cast<uint32_t>(status.code()));
   reply.append(status.message().data(), status.message().size());
   return reply;
+}
+
+// Only the host the connection came from is dialed: a rank cannot point the root at another
+// machine. A request for another host (behind NAT, which the observed address shows anyway) is
+// answered "0".
+int TakeDialBackRequest(std::string& blob, absl::string_view from_host) {
+  const size_t at = blob.rfind(kDialBackRequest.data(), std::string::npos, kDialBackRequest.size());
+  if (at == std::string::npos) return 0;
+  const absl::string_view target = absl::string_view(blob).substr(at + kDialBackRequest.size());
+  if (absl::StrContains(target, '\n')) return 0;  // Not the last line: not a request.
+  const absl::StatusOr<transport::HostAndPort> hp = transport::ParseHostPort(target, "dial-back");
+  bool ok = hp.ok() && hp->port > 0 && hp->port <= 65535;
+  if (ok) {
+    const absl::StatusOr<transport::SocketAddress> host =
+        transport::NumericSocketAddress(hp->host, 0);
+    ok = host.ok() && host->host == transport::UnmappedIPv4(from_host);
+  }
+  const int port = ok ? hp->port : -1;
+  blob.resize(at);
+  return port;
 }
 
 absl::StatusOr<std::vector<std::string>> DecodeReply(absl::string_view reply, int nranks) {

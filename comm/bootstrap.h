@@ -56,6 +56,16 @@ struct UniqueId {
 // (comm/fabric.cc's LBCC_REACHABLE=auto). Other blobs are passed through untouched.
 inline constexpr absl::string_view kObservedAddressRequest = "\n?observed";
 
+// A rank whose blob ends with this line and a port ("\n?dialback 10.0.0.2:4000": the address it
+// listens on) asks the root to dial that port at the address its connection came from, once
+// every rank joined (all such ranks at once, each for at most kDialBackTimeout). In the table
+// the line reads "\n1" if a TCP connection opened (the root closes it at once, sending nothing)
+// and "\n0" if not: a firewall that refuses or drops inbound connections, or a host other than
+// the one the root saw (NAT; the root dials only the address a connection came from). It is
+// taken off before kObservedAddressRequest, so a blob may end with both, that one first.
+inline constexpr absl::string_view kDialBackRequest = "\n?dialback ";
+inline constexpr absl::Duration kDialBackTimeout = absl::Seconds(2);
+
 // The secret a rank's bootstrap connection authenticates with. Resolved (a communicator's
 // CommConfig, which read the environment once): `secret`, else the one the id carries. Not
 // resolved (the default, for standalone callers): the environment's (LBCC_JOB_SECRET /
@@ -180,6 +190,12 @@ std::string EncodeErrorReply(const absl::Status& status);
 // an absl::StatusCode other than OK is Unavailable "malformed error reply"); Unavailable for a
 // reply that does not parse or lists another number of ranks.
 absl::StatusOr<std::vector<std::string>> DecodeReply(absl::string_view reply, int nranks);
+
+// The root's reading of kDialBackRequest in a rank's blob: 0 without a request (the blob as it
+// was); otherwise the request is taken off `blob` and the result is the port to dial at
+// `from_host` (the address the rank's connection came from), or -1 for a request that names
+// another host or no valid port (answered "0" without dialing).
+int TakeDialBackRequest(std::string& blob, absl::string_view from_host);
 
 // A unique id's fields. InvalidArgument "not an LBCC unique id" for another magic or version.
 struct DecodedUniqueId {

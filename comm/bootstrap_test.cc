@@ -1,7 +1,13 @@
 #include "comm/bootstrap.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <string>
 #include <thread>
@@ -63,6 +69,61 @@ TEST(BootstrapTest, ARankThatAsksLearnsTheAddressTheRootSawItComeFrom) {
   const std::vector<std::string> expected = {"a\nauto\n127.0.0.1",
                                              absl::StrCat("b", kObservedAddressRequest, "x")};
   for (auto& r : results) EXPECT_THAT(r, ::lbcc::testing::IsOkAndHolds(ElementsAreArray(expected)));
+}
+
+// A listening TCP socket on the loopback device, and its port.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 4) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "listener: " << std::strerror(errno);
+    }
+    port = ntohs(a.sin_port);
+  }
+  ~Listener() { close(fd); }
+};
+
+TEST(BootstrapTest, TheRootDialsBackWhoAsksAtTheAddressItCameFromOnly) {
+  LBCC_ASSERT_OK_AND_ASSIGN(UniqueId id, CreateUniqueId("127.0.0.1", absl::Seconds(30)));
+  Listener open;
+  int closed_port = 0;
+  {
+    Listener gone;  // Bound, then closed: a connection to it is refused.
+    closed_port = gone.port;
+  }
+  const std::vector<std::string> blobs = {
+      absl::StrCat("a\nauto", kObservedAddressRequest, kDialBackRequest, "127.0.0.1:", open.port),
+      absl::StrCat("b\nauto", kObservedAddressRequest, kDialBackRequest, "127.0.0.1:", closed_port),
+      // Another host than the one the connection came from: answered 0, never dialed.
+      absl::StrCat("c", kDialBackRequest, "192.0.2.1:", open.port),
+      absl::StrCat("d", kDialBackRequest, "127.0.0.1:0"),
+      absl::StrCat("e", kDialBackRequest, "not an address"),
+      // Not the last line: not a request.
+      absl::StrCat("f", kDialBackRequest, "127.0.0.1:", open.port, "\nx"),
+  };
+  const int n = static_cast<int>(blobs.size());
+  std::vector<absl::StatusOr<std::vector<std::string>>> results(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] { results[r] = BootstrapExchange(id, n, r, blobs[r], absl::Seconds(30)); });
+  }
+  for (std::thread& t : ranks) t.join();
+  const std::vector<std::string> expected = {"a\nauto\n127.0.0.1\n1", "b\nauto\n127.0.0.1\n0",
+                                             "c\n0", "d\n0", "e\n0", blobs[5]};
+  for (auto& r : results) EXPECT_THAT(r, ::lbcc::testing::IsOkAndHolds(ElementsAreArray(expected)));
+  // The root's connection to the open listener arrived, and carried nothing.
+  const int conn = accept4(open.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  ASSERT_GE(conn, 0) << std::strerror(errno);
+  char byte;
+  EXPECT_EQ(recv(conn, &byte, 1, 0), 0);  // Closed by the root, nothing sent.
+  close(conn);
 }
 
 TEST(BootstrapTest, MissingRankTimesOutOnEveryJoinedRank) {

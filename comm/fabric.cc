@@ -48,10 +48,12 @@ constexpr uint32_t kReverseHello = 0x40000000u;
 // address it advertises, so it dials every link itself (socket backend). UCX cannot reverse
 // (CheckReachability), and a host that routes to the root from another of its addresses than
 // the one it listens on (multi-homed) looks the same, so over UCX the rank stays reachable and
-// the mismatch is a warning. An address without an IP host (the loopback backend's) is
-// reachable.
+// the mismatch is a warning. A rank seen at its own address that the root's dial-back could not
+// connect to (`dialed_back` "0"; kDialBackRequest, socket backend only) is behind a firewall
+// that refuses inbound connections: unreachable too. An address without an IP host (the
+// loopback backend's) is reachable.
 bool ReachableByAddress(const std::string& backend, int rank, int me, const std::string& address,
-                        const std::string& observed) {
+                        const std::string& observed, const std::string& dialed_back) {
   // Numeric and canonical ("fd77:0::1" reads "fd77::1", as the root's inet_ntop writes it).
   const absl::StatusOr<transport::SocketAddress> listening =
       transport::NumericSocketAddress(transport::SplitHostPort(address).host, 0);
@@ -59,9 +61,18 @@ bool ReachableByAddress(const std::string& backend, int rank, int me, const std:
   // An IPv4 rank seen by a dual-stack root: "::ffff:10.0.0.2".
   const std::string seen = transport::UnmappedIPv4(observed);
   if (!listening.ok() || host == seen) {
+    if (dialed_back == "0") {
+      LBCC_LOG_IF(INFO, rank == me || me == 0)
+          << "comm: rank " << rank << " listens on " << address << " but the root could not "
+          << "connect to it within " << absl::FormatDuration(kDialBackTimeout) << " (a firewall "
+          << "refusing inbound connections?): it dials every link (LBCC_REACHABLE=auto; set yes "
+          << "if peers can dial it)";
+      return false;
+    }
     LBCC_LOG_IF(INFO, rank == me) << "comm: rank " << rank << " is reachable (LBCC_REACHABLE=auto: "
                                   << "the root saw it come from " << observed << ", the address "
-                                  << "it listens on)";
+                                  << "it listens on"
+                                  << (dialed_back == "1" ? ", and connected to it" : "") << ")";
     return true;
   }
   if (backend == "socket") {
@@ -205,9 +216,16 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Build(const UniqueId& id, int nr
   }
   // Each rank's blob: host name, transport address, whether peers can dial it: 1, 0, or "auto"
   // and the address the root saw it come from (kObservedAddressRequest; see ReachableByAddress).
-  const std::string dialable = options.reachable == "yes"  ? "1"
-                               : options.reachable == "no" ? "0"
-                                                           : absl::StrCat("auto", kObservedAddressRequest);
+  // The socket backend also asks the root to dial it back (kDialBackRequest): a firewall that
+  // refuses inbound connections leaves the address as it is. Over UCX, which cannot reverse
+  // a link anyway, no stranger's connection is made to its listener.
+  const std::string dialable =
+      options.reachable == "yes"  ? "1"
+      : options.reachable == "no" ? "0"
+                                  : absl::StrCat("auto", kObservedAddressRequest,
+                                                 options.backend == "socket"
+                                                     ? absl::StrCat(kDialBackRequest, address)
+                                                     : "");
   LBCC_ASSIGN_OR_RETURN(
       std::vector<std::string> blobs,
       BootstrapExchange(id, nranks, rank, absl::StrCat(hostname, "\n", address, "\n", dialable),
@@ -217,15 +235,19 @@ absl::StatusOr<std::shared_ptr<Fabric>> Fabric::Build(const UniqueId& id, int nr
   std::vector<std::string> addresses;
   std::vector<bool> reachable;
   for (const std::string& blob : blobs) {
-    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 3));
+    // host, address, then "0" / "1", or "auto", the observed address and [the dial-back's 0 / 1].
+    std::vector<std::string> parts = absl::StrSplit(blob, absl::MaxSplits('\n', 4));
     const bool fixed = parts.size() == 3 && (parts[2] == "0" || parts[2] == "1");
-    const bool observed = parts.size() == 4 && parts[2] == "auto";
+    const bool observed =
+        (parts.size() == 4 || (parts.size() == 5 && (parts[4] == "0" || parts[4] == "1"))) &&
+        parts[2] == "auto";
     if (!fixed && !observed) return absl::InternalError("comm: malformed bootstrap blob");
     const int r = static_cast<int>(addresses.size());
     fabric->hostnames_.push_back(parts[0]);
     addresses.push_back(parts[1]);
     reachable.push_back(fixed ? parts[2] == "1"
-                              : ReachableByAddress(options.backend, r, rank, parts[1], parts[3]));
+                              : ReachableByAddress(options.backend, r, rank, parts[1], parts[3],
+                                                   parts.size() == 5 ? parts[4] : ""));
   }
   LBCC_RETURN_IF_ERROR(CheckReachability(options.backend, reachable));
   LBCC_RETURN_IF_ERROR(CheckAdvertisedAddresses(fabric->hostnames_, addresses));

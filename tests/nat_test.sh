@@ -4,9 +4,12 @@
 # the root on public host 0:
 #   1. 4 hosts, host 2 behind NAT, every rank LBCC_REACHABLE=auto (discovery: host 2 logs that
 #      it is behind NAT): sparse all-reduce and dense all-reduce checked on every rank (#wrong 0);
-#   2. 4 hosts, hosts 2 and 3 behind separate NATs, auto: every rank fails at set-up with
+#   2. 4 hosts, none behind NAT, host 2 dropping every new inbound connection (nftables in its
+#      namespace), auto: the root's dial-back finds host 2 unreachable, it dials every link, and
+#      sparse all-reduce is checked on every rank;
+#   3. 4 hosts, hosts 2 and 3 behind separate NATs, auto: every rank fails at set-up with
 #      FailedPrecondition naming the pair 2-3, within the timeout;
-#   3. 2 hosts, host 1 behind NAT over UCX (LBCC_REACHABLE=no): every rank fails at set-up
+#   4. 2 hosts, host 1 behind NAT over UCX (LBCC_REACHABLE=no): every rank fails at set-up
 #      naming the socket backend.
 # Skips without root / network namespaces / nftables.
 #   nat_test.sh LBCC_PERF
@@ -58,6 +61,23 @@ for op in sparse_allreduce allreduce; do
 done
 "$T" down --name "$name" >/dev/null
 
+# No address translation, but host 2 drops every new inbound connection: only the root's
+# dial-back shows it.
+"$T" up --name "$name" --hosts 4 --owner-pid $$ >/dev/null
+"$T" exec --name "$name" 2 -- nft -f - <<'NFT'
+table inet lbcc_fw {
+  chain input { type filter hook input priority 0; policy accept; ct state new drop; }
+}
+NFT
+run 4 auto socket firewall --op sparse_allreduce ||
+  { tail -3 "$out"/firewall.rank*.log >&2; fail "sparse_allreduce with host 2 behind a firewall"; }
+grep -q "Out of bounds values : 0 OK" "$out/firewall.rank0.log" || fail "firewall: wrong values"
+grep -q "rank 2 listens on .* but the root could not connect to it" "$out/firewall.rank2.log" ||
+  fail "firewall: rank 2 did not find itself unreachable: $(grep -i reach "$out/firewall.rank2.log" | head -3)"
+grep -q "rank 1 is reachable (LBCC_REACHABLE=auto.*and connected to it)" "$out/firewall.rank1.log" ||
+  fail "firewall: rank 1 was not dialed back: $(grep -i reach "$out/firewall.rank1.log" | head -3)"
+"$T" down --name "$name" >/dev/null
+
 "$T" up --name "$name" --hosts 4 --nat 2,3 --owner-pid $$ >/dev/null
 start=$SECONDS
 run 4 auto socket two --op sparse_allreduce && fail "two NATed hosts that cannot reach each other connected"
@@ -74,4 +94,4 @@ for rank in 0 1; do
   grep -q "FAILED_PRECONDITION.*LBCC_TRANSPORT=socket" "$out/ucx.rank$rank.log" ||
     fail "rank $rank over UCX: $(tail -2 "$out/ucx.rank$rank.log")"
 done
-echo "PASSED: a NATed rank joins by reversal; unconnectable pairs and UCX fail at set-up, named"
+echo "PASSED: a NATed rank and a firewalled one join by reversal; unconnectable pairs and UCX fail at set-up, named"
