@@ -12,12 +12,19 @@
 # set-up fails between host 3 and the others, and the master drops host 3's member by the
 # unreachable-peer rule (named by two members, docs/elastic.md); it is told it was evicted as
 # unreachable, and the survivors go on.
+#
+# CUT=nat (elastic_nat_test): host 3 is behind NAT (testbed --nat: a masquerading router, no
+# dial-in) and every member runs the socket backend: the NATed member joins (it dials the master
+# and, finding itself behind NAT at each epoch's bootstrap, every link of the epoch), steps with
+# the others, and is then killed -9; the survivors go on without it in a newer epoch.
 set -euo pipefail
 CUT=${CUT:-full}
 T=${TESTBED:-tools/testbed/testbed}
 BIN=${ELASTIC_BIN:-comm/elastic/elastic_churn_test}
 export PATH="$PATH:/usr/sbin:/sbin"
-if ! why=$("$T" check); then echo "SKIPPED: $why"; exit 0; fi
+nat_args=() backend=ucx
+if [[ $CUT == nat ]]; then nat_args=(--nat 3); backend=socket; fi
+if ! why=$("$T" check ${nat_args[@]+"${nat_args[@]}"}); then echo "SKIPPED: $why"; exit 0; fi
 BIN=$(realpath "$BIN")
 name="h21cut$$"
 dir=$(mktemp -d)
@@ -49,7 +56,7 @@ commits() {
 }
 peer_ms=3000
 
-"$T" up --name "$name" --hosts 4 --owner-pid $$ >/dev/null
+"$T" up --name "$name" --hosts 4 ${nat_args[@]+"${nat_args[@]}"} --owner-pid $$ >/dev/null
 a0=$("$T" addr --name "$name" 0)
 port=$((29400 + RANDOM % 500))
 mkfifo "$dir/in_master"
@@ -62,6 +69,7 @@ for r in 0 1 2 3; do
   mkfifo "$dir/in$r"
   "$T" exec --name "$name" "$r" -- env ELASTIC_ROLE=member ELASTIC_MASTER="$a0:$port" \
     ELASTIC_SEED="$r" ELASTIC_NAME="c$r" LBCC_PEER_TIMEOUT_MS=$peer_ms UCX_TLS=tcp \
+    ELASTIC_BACKEND=$backend LBCC_DEBUG=INFO \
     UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no LBCC_LISTEN_ADDR="$("$T" addr --name "$name" "$r")" \
     "$BIN" <"$dir/in$r" >"$dir/m$r.log" 2>"$dir/m$r.err" &
   pids+=($!)
@@ -80,6 +88,10 @@ if [[ $CUT == partial ]]; then
     add chain inet partial_cut out { type filter hook output priority 0; }; \
     add rule inet partial_cut in ip saddr { $a1, $a2 } drop; \
     add rule inet partial_cut out ip daddr { $a1, $a2 } drop"
+elif [[ $CUT == nat ]]; then
+  grep -q "rank [0-9]* listens on .* behind NAT, it dials every link" "$dir/m3.err" ||
+    fail "the NATed member did not find itself behind NAT: $(grep -i reach "$dir/m3.err" | head -3)"
+  kill -9 "${pids[4]}"
 else
   "$T" cut --name "$name" 3
 fi
@@ -92,7 +104,9 @@ await $((peer_ms / 1000 + 60)) cut_exited || fail "the cut member hangs"
 rc=0
 wait "${pids[4]}" || rc=$?
 ((rc != 0)) || fail "the cut member exited 0"
-if [[ $CUT == partial ]]; then
+if [[ $CUT == nat ]]; then
+  :  # Killed: it says nothing more.
+elif [[ $CUT == partial ]]; then
   # It still hears the master, which evicted it as unreachable from its peers.
   grep -q "^ERROR 9 .*evicted by the membership service: unreachable from" "$dir/m3.log" ||
     fail "the cut member was not evicted as unreachable: $(grep ERROR "$dir/m3.log")"
