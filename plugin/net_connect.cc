@@ -119,8 +119,13 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Net::RunAttempt(Device* device,
     const bool retry = code == absl::StatusCode::kDeadlineExceeded ||
                        code == absl::StatusCode::kUnavailable;
     if (!retry || connector_->stopping() || absl::Now() >= deadline) {
-      return absl::Status(code, absl::StrCat("connect to ", address, " (dev ", device->spec().name,
-                                             "): ", endpoint.status().message()));
+      return absl::Status(
+          code, absl::StrCat("connect to ", address, " (dev ", device->spec().name, "): ",
+                             endpoint.status().message(),
+                             retry ? " (is that rank behind NAT or a firewall that refuses inbound "
+                                     "connections? the plugin cannot reach such a rank: "
+                                     "docs/nat.md)"
+                                   : ""));
     }
     slice = std::min(slice * 2, kMaxSlice);
   }

@@ -14,6 +14,16 @@ namespace lbcc::plugin {
 
 absl::StatusOr<NetOptions> NetOptions::FromEnv() {
   NetOptions options;
+  // NCCL has every rank listen and its peers connect, and the plugin's links are UCX's, whose
+  // tcp lanes connect from both ends (docs/nat.md): a rank that cannot be dialed cannot take part.
+  LBCC_ASSIGN_OR_RETURN(const std::string reachable, env::GetString("LBCC_REACHABLE"));
+  if (reachable == "no") {
+    return absl::FailedPreconditionError(
+        "LBCC_REACHABLE=no: this rank cannot be dialed (behind NAT or a firewall), and the NCCL "
+        "net plugin needs every rank's listener reachable (NCCL's peers connect to it, and the "
+        "plugin's UCX links connect from both ends); run such a rank with LBCC's own "
+        "collectives over LBCC_TRANSPORT=socket (docs/nat.md)");
+  }
   LBCC_ASSIGN_OR_RETURN(options.transport, transport::TransportOptions::FromEnv());
   LBCC_ASSIGN_OR_RETURN(const std::string spec, env::GetString("LBCC_PLUGIN_DEVICES"));
   const std::vector<Interface> interfaces = ListInterfaces();

@@ -628,6 +628,11 @@ TEST_P(PluginVersionTest, InitFailsCleanlyOnBadConfiguration) {
   env.push_back("LBCC_SLOW_STRIPES=99");
   pid = Spawn(ChildArgv("initfails", GetParam(), {"--expect_log=LBCC_SLOW_STRIPES"}), env);
   EXPECT_EQ(Wait(pid), "exit 0");
+  // A rank that cannot be dialed is refused at init, saying why (docs/nat.md).
+  env = kLoopbackEnv;
+  env.push_back("LBCC_REACHABLE=no");
+  pid = Spawn(ChildArgv("initfails", GetParam(), {"--expect_log=LBCC_REACHABLE=no"}), env);
+  EXPECT_EQ(Wait(pid), "exit 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Versions, PluginVersionTest, ::testing::Values(8, 9, 10, 11),
