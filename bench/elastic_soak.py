@@ -39,6 +39,7 @@ import datetime
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -112,8 +113,10 @@ class Member:
             env += ["ELASTIC_ROLE=unit", f"ELASTIC_MASTERS={soak.master_address}",
                     f"ELASTIC_SHARDS={stage}", "ELASTIC_REPLICA=pipe", f"ELASTIC_STAGE={stage}",
                     "ELASTIC_STAGES=2"]
+        wrap = shlex.split(soak.args.wrap_observed) if host == 1 else []
         self.proc = subprocess.Popen(
-            [TESTBED, "exec", "--name", soak.name, str(host), "--"] + env + [soak.member_bin],
+            [TESTBED, "exec", "--name", soak.name, str(host), "--"] + env + wrap +
+            [soak.member_bin],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -353,6 +356,10 @@ def main():
                         help="the events, in turn (a subset of kill,stop,leave,cut)")
     parser.add_argument("--transport", default="ucx", choices=["ucx", "socket"],
                         help="the members' backend (LBCC_TRANSPORT; --layout full only)")
+    parser.add_argument("--wrap-observed", default="",
+                        help="a command the observed member runs under, for investigations "
+                             "(e.g. 'heaptrack -o /tmp/member'); its samples then describe "
+                             "the wrapper's process")
     parser.add_argument("--layout", default="pipeline", choices=["pipeline", "full"],
                         help="two shard jobs with full replicas and one two-stage pipeline "
                              "replica, or one job of full replicas under lbcc-master")

@@ -65,7 +65,7 @@ static void Delta(int seed, uint64_t step, float* out) {
  * before shard 1's exchange of step kKillStep, to be killed there). It steps until its stdin
  * closes. Lines on stdout: ADMITTED <shard> <step>, ENTER <shard> <step>, PARKED,
  * RETRY <shard> <message>, COMMIT <shard> <step> <out hash> <params hash> <epoch size>,
- * REPLICA_LEFT <shard> <code's string>|<message>, STOPPED <shard> <step> <code's string>|<message>
+ * REPLICA_LEFT <shard> <step or -1> <code's string>|<message>, STOPPED <shard> <step> <code's string>|<message>
  * (a call that failed once the test had told the member to stop), ERROR ...; with
  * ELASTIC_UNITS_TEST_EPOCHS set, EPOCHS <shard> <step> ... after each COMMIT (the epoch at the
  * boundary and its size, the epoch after the call: for a failure's log). */
@@ -161,12 +161,13 @@ static int Member(char** argv) {
       const float* deltas[1] = {sh->delta};
       float* outs[1] = {sh->out};
       uint64_t step = 0, epoch = 0;
-      int epoch_size = 0;
+      int epoch_size = 0, stepping = 0;
       lbccResult_t rc;
       do {
         rc = lbccElasticBoundary(sh->group);
         if (rc == lbccSuccess) {
           lbccElasticQuery(sh->group, &epoch, NULL, &epoch_size, &step);
+          stepping = 1;
           Delta(seed * 10 + sh->index, step, sh->delta);
           if (park && sh->index == 1 && step == kKillStep) {
             printf("PARKED\n");
@@ -204,8 +205,9 @@ static int Member(char** argv) {
           fflush(stdout);
         }
       } else if (rc == lbccReplicaLeft) {
-        printf("REPLICA_LEFT %d %s|%s\n", sh->index, lbccGetErrorString(rc),
-               lbccGetLastError(NULL));
+        /* The step whose exchange failed (-1: the boundary before it did). */
+        printf("REPLICA_LEFT %d %lld %s|%s\n", sh->index, stepping ? (long long)step : -1LL,
+               lbccGetErrorString(rc), lbccGetLastError(NULL));
         fflush(stdout);
         lbccElasticDestroy(sh->group);
         sh->group = NULL;
@@ -648,9 +650,14 @@ int main(int argc, char** argv) {
       /* Every member of the epoch commits (a split outcome would show fewer); only a member
        * stepping alone once the others stopped commits by itself, and a member told to stop
        * while its exchange of the step failed does not retry it (STOPPED): the step the others
-       * committed is then forwarded to nobody, or rolled back on it (docs/elastic.md). */
+       * committed is then forwarded to nobody, or rolled back on it (docs/elastic.md). So is a
+       * stage whose exchange of the step failed because its replica left (REPLICA_LEFT with
+       * the step: the other stage was stopped meanwhile): it is out of the group, and its
+       * state is replaced when it is admitted again. */
       snprintf(prefix, sizeof(prefix), "STOPPED %d %ld ", s, step);
       int stopped = 0;
+      for (int i = 0; i < nchildren; ++i) stopped += Lines(&children[i], prefix, -1, NULL, 0);
+      snprintf(prefix, sizeof(prefix), "REPLICA_LEFT %d %ld ", s, step);
       for (int i = 0; i < nchildren; ++i) stopped += Lines(&children[i], prefix, -1, NULL, 0);
       EXPECT(on + stopped >= (size < 2 ? size : 2),
              "shard %d step %ld committed on %d member(s) of %d (%d stopped in it)", s, step, on,
