@@ -412,6 +412,12 @@ def main():
             f.write(f"Machine: {platform.node()}, {os.cpu_count()} cores, shared with other jobs. "
                     f"Tree: {tree}.\n")
             f.write(f"Command: `{command}`\n")
+            # Allocator settings the members inherit change what the RSS columns measure.
+            allocator = {k: v for k, v in os.environ.items()
+                         if k == "GLIBC_TUNABLES" or k.startswith("MALLOC_")}
+            if allocator:
+                f.write("Allocator environment: " +
+                        ", ".join(f"`{k}={v}`" for k, v in sorted(allocator.items())) + "\n")
             f.write(f"Load average (1, 5, 15 min): {load_before} before, {load()} after.\n")
             if args.layout == "full":
                 f.write(f"Layout: lbcc-master on testbed host 0, {args.members} members on "
