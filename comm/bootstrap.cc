@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -244,24 +245,31 @@ struct Joined {
   std::string dial_host;
 };
 
-// Dials every rank that asked (kDialBackRequest), all at once, each for at most
+// Dials every rank that asked (kDialBackRequest), up to kDialers at once, each for at most
 // kDialBackTimeout, and appends "\n1" (a connection opened; closed at once, nothing sent) or
-// "\n0" to its blob.
+// "\n0" to its blob. Nothing is dialed past 3 s after the root's deadline (the ranks wait for
+// the table until 5 s after theirs): a rank not dialed by then reads "0".
 void AnswerDialBacks(std::map<int, Joined>& joined, absl::Time deadline) {
+  constexpr size_t kDialers = 64;
   std::vector<Joined*> asked;
   for (auto& [rank, j] : joined) {
     if (j.dial_port != 0) asked.push_back(&j);
   }
   if (asked.empty()) return;
-  const absl::Time until = std::min(deadline, absl::Now() + kDialBackTimeout);
   std::vector<char> open(asked.size(), 0);
+  std::atomic<size_t> next{0};
   std::vector<std::thread> dialers;
-  for (size_t i = 0; i < asked.size(); ++i) {
-    if (asked[i]->dial_port < 0) continue;
-    dialers.emplace_back([&open, i, j = asked[i], until] {
-      const SockAddr to = FromNumeric(j->dial_host, j->dial_port);
-      Fd fd(socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-      open[i] = fd.get() >= 0 && transport::ConnectBefore(fd.get(), to.get(), to.len, until) == 0;
+  for (size_t t = 0; t < std::min(kDialers, asked.size()); ++t) {
+    dialers.emplace_back([&open, &next, &asked, deadline] {
+      for (size_t i = next++; i < asked.size(); i = next++) {
+        const Joined* j = asked[i];
+        if (j->dial_port < 0) continue;
+        const SockAddr to = FromNumeric(j->dial_host, j->dial_port);
+        Fd fd(socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+        const absl::Time until =
+            std::min(deadline + absl::Seconds(3), absl::Now() + kDialBackTimeout);
+        open[i] = fd.get() >= 0 && transport::ConnectBefore(fd.get(), to.get(), to.len, until) == 0;
+      }
     });
   }
   for (std::thread& t : dialers) t.join();

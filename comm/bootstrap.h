@@ -58,7 +58,7 @@ inline constexpr absl::string_view kObservedAddressRequest = "\n?observed";
 
 // A rank whose blob ends with this line and a port ("\n?dialback 10.0.0.2:4000": the address it
 // listens on) asks the root to dial that port at the address its connection came from, once
-// every rank joined (all such ranks at once, each for at most kDialBackTimeout). In the table
+// every rank joined (64 at a time, each for at most kDialBackTimeout). In the table
 // the line reads "\n1" if a TCP connection opened (the root closes it at once, sending nothing)
 // and "\n0" if not: a firewall that refuses or drops inbound connections, or a host other than
 // the one the root saw (NAT; the root dials only the address a connection came from). It is
