@@ -365,11 +365,11 @@ void RunRoot(Fd listener, int nranks, uint64_t session, absl::Time deadline,
       continue;
     }
     Joined j{std::move(conn), std::move(decoded->blob)};
-    j.dial_host = FormatHost(from);
+    j.dial_host = FormatHost(from);  // Also the observed address.
     j.dial_port = internal::TakeDialBackRequest(j.blob, j.dial_host);
     if (absl::EndsWith(j.blob, kObservedAddressRequest)) {
       j.blob.resize(j.blob.size() - kObservedAddressRequest.size());
-      absl::StrAppend(&j.blob, "\n", FormatHost(from));
+      absl::StrAppend(&j.blob, "\n", j.dial_host);
     }
     joined[static_cast<int>(rank)] = std::move(j);
   }
